@@ -1,0 +1,47 @@
+"""TensorBoard tag names, defined once: written by ``callbacks.scaling_metrics`` and the module, read by
+``zerotir.scaling`` and the tests. The README's metrics table documents each one.
+"""
+
+# Rollout statistics, one value per RL step, over all trajectories of the step (before pass-rate filtering).
+REWARD_MEAN = "rollout/reward_mean"  # raw reward average (paper: raw reward avg)
+ACCURACY = "rollout/accuracy"  # share of trajectories with a correct final answer
+CODE_RATE = "rollout/code_rate"  # share of responses with >= 1 code call (paper: code proportion)
+CODE_IN_CORRECT = "rollout/code_in_correct"  # share of correct responses that used code (paper: code in correct)
+CALLS_PER_RESPONSE = "rollout/calls_per_response"  # mean code calls per response (paper: code count avg)
+CALLS_HIST = "rollout/calls"  # histogram of calls per response
+RESPONSE_LENGTH = "rollout/response_length"  # mean response tokens (sampled + injected)
+REPEAT_SCORE = "rollout/repeat_score"  # mean repetition score in [0, 1] (paper: avg repeat score)
+EXEC_ERROR_RATE = "rollout/exec_error_rate"  # executions whose code raised, per execution
+TIMEOUT_RATE = "rollout/timeout_rate"  # executions killed at a limit, per execution
+SANDBOX_ERROR_RATE = "rollout/sandbox_error_rate"  # executions the service failed to run, per execution
+TRUNCATION_RATE = "rollout/truncation_rate"  # share of responses that hit the token budget
+# Count of correct trajectories of the step with exactly k calls (k = 0, 1, 2) or 3 and more.
+CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollout/correct_calls_2",
+                    "rollout/correct_calls_3plus")
+
+KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate filter
+
+# Update statistics.
+KL = "train/kl"
+ENTROPY = "train/entropy"
+POLICY_LOSS = "train/policy_loss"
+VALUE_LOSS = "train/value_loss"
+CLIP_FRACTION = "train/clip_fraction"
+GRAD_NORM = "train/grad_norm"
+LEARNING_RATE = "train/lr"
+
+# Wall time of each phase of an RL step, seconds.
+TIME_GENERATION = "time/generation"
+TIME_SANDBOX = "time/sandbox"
+TIME_REWARD = "time/reward"
+TIME_UPDATE = "time/update"
+TIME_WEIGHT_SYNC = "time/weight_sync"
+TIME_STEP = "time/step"
+
+# Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
+EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)
+EVAL_PASS_AT_K = "pass_at_k"
+EVAL_CODE_RATE = "code_rate"
+EVAL_CALLS_PER_RESPONSE = "calls_per_response"
+EVAL_RESPONSE_LENGTH = "response_length"
+EVAL_SANDBOX_ERROR_RATE = "sandbox_error_rate"

@@ -1,0 +1,111 @@
+"""The batch of trajectories that flows from the rollout loop to the trainer.
+
+Shapes use B = number of trajectories (prompts x samples) and T = the longest prompt + response in the batch.
+Every per-token tensor is aligned with ``input_ids``: the value at ``[b, t]`` concerns the token ``input_ids[b, t]``
+(for log-probs: log p(token t | tokens < t)). Position 0 is always a prompt token, so it never carries an action.
+
+``action_mask`` is the env-token mask of ZeroTIR: 1 only on tokens the policy sampled. Prompt tokens, injected tool
+output (the ```output blocks) and padding are 0, and every loss and every mean over tokens uses this mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+# Why a trajectory stopped.
+FINISH_STOP = "stop"  # the model ended (EOS or a stop string that ends the answer)
+FINISH_LENGTH = "length"  # the response-token budget ran out: truncated, reward 0
+
+
+@dataclass
+class Trajectories:
+    """A batch of tool-integrated trajectories (token-in / token-out).
+
+    Tensors (B = trajectories, T = max prompt + response length, right padded):
+        input_ids:      (B, T) long   prompt ids, then the response ids (sampled and injected), then pad ids.
+        attention_mask: (B, T) long   1 on real tokens (prompt + response), 0 on padding.
+        action_mask:    (B, T) bool   1 on tokens sampled by the policy; 0 on prompt, injected output, padding.
+        logprobs:       (B, T) float  log-prob of each sampled token under the rollout engine; 0 where action_mask is 0.
+        prompt_lens:    (B,) long     number of prompt tokens.
+        response_lens:  (B,) long     number of response tokens (sampled + injected), i.e. real tokens after the prompt.
+        group_ids:      (B,) long     index of the prompt this trajectory answers; the n samples of a prompt share it.
+        rewards:        (B,) float    outcome reward (1 correct final boxed answer, else 0); filled by the reward step.
+        num_calls:      (B,) long     code blocks executed.
+        num_exec_errors:(B,) long     executions whose code raised / exited non-zero (the model's fault).
+        num_timeouts:   (B,) long     executions killed at the time or memory limit.
+        num_sandbox_errors: (B,) long executions the sandbox service failed to run (infrastructure fault).
+        truncated:      (B,) bool     the response hit the token budget (finish_reason == "length").
+
+    Per-trajectory Python lists (length B):
+        finish_reasons: "stop" or "length".
+        response_texts: decoded response (sampled and injected text), for reward, metrics and logs only.
+        ground_truths:  the reference answer of the prompt.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    logprobs: torch.Tensor
+    prompt_lens: torch.Tensor
+    response_lens: torch.Tensor
+    group_ids: torch.Tensor
+    rewards: torch.Tensor
+    num_calls: torch.Tensor
+    num_exec_errors: torch.Tensor
+    num_timeouts: torch.Tensor
+    num_sandbox_errors: torch.Tensor
+    truncated: torch.Tensor
+    finish_reasons: list[str] = field(default_factory=list)
+    response_texts: list[str] = field(default_factory=list)
+    ground_truths: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _map(self, tensor_fn, list_fn) -> Trajectories:
+        values = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            values[f.name] = tensor_fn(v) if isinstance(v, torch.Tensor) else list_fn(v)
+        return Trajectories(**values)
+
+    def select(self, index: torch.Tensor | list[int]) -> Trajectories:
+        """Rows ``index`` (a list of ints or a long / bool tensor), in that order."""
+        idx = torch.as_tensor(index)
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero(as_tuple=True)[0]
+        rows = idx.tolist()
+        return self._map(lambda t: t[idx.to(t.device)], lambda lst: [lst[i] for i in rows])
+
+    def to(self, device: torch.device | str) -> Trajectories:
+        return self._map(lambda t: t.to(device), lambda lst: list(lst))
+
+    @staticmethod
+    def cat(parts: list[Trajectories], pad_token_id: int) -> Trajectories:
+        """Concatenate batches, right-padding per-token tensors to the longest T (group ids are kept as given)."""
+        if not parts:
+            raise ValueError("Trajectories.cat needs at least one batch")
+        width = max(p.input_ids.shape[1] for p in parts)
+        values = {}
+        for f in fields(Trajectories):
+            items = [getattr(p, f.name) for p in parts]
+            if isinstance(items[0], torch.Tensor):
+                if items[0].dim() == 2:
+                    fill = pad_token_id if f.name == "input_ids" else 0
+                    items = [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=fill) for x in items]
+                values[f.name] = torch.cat(items)
+            else:
+                values[f.name] = [x for lst in items for x in lst]
+        return Trajectories(**values)
+
+    @property
+    def used_code(self) -> torch.Tensor:
+        """(B,) bool: the trajectory executed at least one code block."""
+        return self.num_calls > 0
+
+    @property
+    def correct(self) -> torch.Tensor:
+        """(B,) bool: the outcome reward is positive."""
+        return self.rewards > 0
