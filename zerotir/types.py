@@ -73,7 +73,7 @@ class Trajectories:
 
     def select(self, index: torch.Tensor | list[int]) -> Trajectories:
         """Rows ``index`` (a list of ints or a long / bool tensor), in that order."""
-        idx = torch.as_tensor(index)
+        idx = torch.as_tensor(index, dtype=torch.long) if isinstance(index, list) else torch.as_tensor(index)
         if idx.dtype == torch.bool:
             idx = idx.nonzero(as_tuple=True)[0]
         rows = idx.tolist()

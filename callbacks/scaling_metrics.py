@@ -1,0 +1,139 @@
+"""The paper's Figure-4 statistics, written once per RL step: rollout behaviour, update statistics and time split.
+
+Protocol with the module: during each RL step the module sets
+    * ``pl_module.rl_step: int``: the index of the RL step in progress (the x axis of every tag here);
+    * ``pl_module.last_rollout: Trajectories``: all trajectories of the step, scored, *before* pass-rate filtering;
+    * ``pl_module.last_timings: dict[str, float]``: seconds per phase (generation, sandbox, reward, update,
+      weight_sync, step);
+    * ``pl_module.last_update_stats: dict[str, float]``: kl, entropy, policy_loss, value_loss, clip_fraction,
+      grad_norm, lr (empty when the update was skipped).
+``on_train_batch_end`` then logs them under the names of ``zerotir.metric_names``. Keys outside those lists are
+logged as ``time/<key>`` and ``train/<key>``, never dropped. The callback only observes: no loss math here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from callbacks.logging_utils import log_scalars, rl_step
+from zerotir import metric_names as mn
+from zerotir.text_metrics import repeat_score
+from zerotir.types import Trajectories
+
+TIMING_NAMES = {
+    "generation": mn.TIME_GENERATION,
+    "sandbox": mn.TIME_SANDBOX,
+    "reward": mn.TIME_REWARD,
+    "update": mn.TIME_UPDATE,
+    "weight_sync": mn.TIME_WEIGHT_SYNC,
+    "step": mn.TIME_STEP,
+}
+UPDATE_NAMES = {
+    "kl": mn.KL,
+    "entropy": mn.ENTROPY,
+    "policy_loss": mn.POLICY_LOSS,
+    "value_loss": mn.VALUE_LOSS,
+    "clip_fraction": mn.CLIP_FRACTION,
+    "grad_norm": mn.GRAD_NORM,
+    "lr": mn.LEARNING_RATE,
+}
+
+
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> float:
+    """numerator.sum() / denominator.sum(), 0.0 when the denominator is 0 (e.g. no executions: no errors)."""
+    den = float(denominator.sum().item())
+    return float(numerator.sum().item()) / den if den > 0 else 0.0
+
+
+def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dict[str, float]:
+    """Rollout statistics of one RL step, keyed by ``zerotir.metric_names``.
+
+    Means are over trajectories; the execution rates are per execution (errors / calls, 0 when no code ran);
+    code-in-correct is the share of correct trajectories that used code (0 when none is correct). The repeat score
+    is the mean of ``repeat_score(text, repeat_ngram)`` over the response texts.
+
+    Args:
+        batch: the scored trajectories of the step (before filtering), with one response text per row.
+        repeat_ngram: passed to ``repeat_score`` (None: all substring lengths, as in the paper's code).
+
+    Returns:
+        One float per rollout tag of ``metric_names`` (the calls histogram aside).
+    """
+    size = len(batch)
+    if size == 0:
+        raise ValueError("rollout_metrics needs a non-empty batch (pass the rollout before pass-rate filtering)")
+    if len(batch.response_texts) != size:
+        raise ValueError(
+            f"batch.response_texts has {len(batch.response_texts)} entries for {size} trajectories; "
+            "the rollout must fill one decoded response per row"
+        )
+    correct, used = batch.correct, batch.used_code
+    calls = batch.num_calls
+    metrics = {
+        mn.REWARD_MEAN: float(batch.rewards.double().mean().item()),
+        mn.ACCURACY: float(correct.double().mean().item()),
+        mn.CODE_RATE: float(used.double().mean().item()),
+        mn.CODE_IN_CORRECT: _ratio(correct & used, correct),
+        mn.CALLS_PER_RESPONSE: float(calls.double().mean().item()),
+        mn.RESPONSE_LENGTH: float(batch.response_lens.double().mean().item()),
+        mn.REPEAT_SCORE: sum(repeat_score(text, repeat_ngram) for text in batch.response_texts) / size,
+        mn.EXEC_ERROR_RATE: _ratio(batch.num_exec_errors, calls),
+        mn.TIMEOUT_RATE: _ratio(batch.num_timeouts, calls),
+        mn.SANDBOX_ERROR_RATE: _ratio(batch.num_sandbox_errors, calls),
+        mn.TRUNCATION_RATE: float(batch.truncated.double().mean().item()),
+    }
+    buckets = (calls == 0, calls == 1, calls == 2, calls >= 3)
+    for name, bucket in zip(mn.CORRECT_BY_CALLS, buckets):
+        metrics[name] = float((correct & bucket).sum().item())
+    return metrics
+
+
+def named_stats(stats: dict[str, float], names: dict[str, str], prefix: str) -> dict[str, float]:
+    """Map the module's short keys to metric names; unknown keys become ``prefix/key``."""
+    return {names.get(key, f"{prefix}/{key}"): float(value) for key, value in stats.items()}
+
+
+class ScalingMetrics(Callback):
+    """Log the rollout metrics, the calls histogram, the update statistics and the phase timings of each RL step.
+
+    Args:
+        repeat_ngram: n-gram length for the repeat score; None counts every substring length (the paper's measure).
+        histogram: also write the calls-per-response histogram (needs a ``TensorBoardLogger``; others are skipped).
+    """
+
+    def __init__(self, repeat_ngram: int | None = None, histogram: bool = True) -> None:
+        if repeat_ngram is not None and (not isinstance(repeat_ngram, int) or repeat_ngram < 1):
+            raise ValueError(f"ScalingMetrics: repeat_ngram must be None or an int >= 1, got {repeat_ngram!r}")
+        self.repeat_ngram = repeat_ngram
+        self.histogram = histogram
+
+    @staticmethod
+    def _required(pl_module: Any, name: str) -> Any:
+        value = getattr(pl_module, name, None)
+        if value is None:
+            raise AttributeError(
+                f"ScalingMetrics needs `{type(pl_module).__name__}.{name}` to be set during each RL step "
+                "(see callbacks/scaling_metrics.py for the protocol)"
+            )
+        return value
+
+    def step_metrics(self, pl_module: Any) -> dict[str, float]:
+        """All scalars of the step: rollout metrics, update statistics and timings."""
+        rollout = self._required(pl_module, "last_rollout")
+        metrics = rollout_metrics(rollout, self.repeat_ngram)
+        metrics.update(named_stats(self._required(pl_module, "last_update_stats"), UPDATE_NAMES, "train"))
+        metrics.update(named_stats(self._required(pl_module, "last_timings"), TIMING_NAMES, "time"))
+        return metrics
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = rl_step(pl_module)
+        log_scalars(trainer, pl_module, self.step_metrics(pl_module), step)
+        if self.histogram and getattr(trainer, "is_global_zero", True):
+            calls = pl_module.last_rollout.num_calls.detach().cpu()
+            for logger in getattr(trainer, "loggers", []):
+                if isinstance(logger, TensorBoardLogger):
+                    logger.experiment.add_histogram(mn.CALLS_HIST, calls, global_step=step)

@@ -1,0 +1,407 @@
+"""The RL math of ZeroTIR as pure tensor functions: masked statistics, KL estimators, advantages, losses.
+
+No Lightning, vLLM or transformers import: everything here takes and returns plain tensors, so it is tested with
+hand-worked numbers and shared by PPO, REINFORCE++ and GRPO.
+
+Conventions (see ``zerotir.types``):
+    * Per-token tensors are ``(B, T)`` and aligned with ``input_ids``: ``logp[b, t]`` is log p(token t | tokens < t),
+      and ``values[b, t]`` is the critic's estimate of the state in which token t is about to be sampled.
+    * ``mask`` is the ``action_mask``: nonzero only on tokens the policy sampled. Prompt, injected tool output and
+      padding are 0 and are left out of every loss, every KL and every mean (ZeroTIR's env-token masking).
+
+How env tokens are skipped in returns and GAE (value function masking):
+    The recursions run over the *action* tokens of a row only. For an action token t, "the next step" is the next
+    action token t' > t of the same row, however many injected tokens lie between them: the injected tool output is
+    not a decision of the policy, so it neither adds reward nor costs a discount step (gamma and lambda are applied
+    once per action-to-action hop). The value at t' already sees the injected tokens, since they precede t' in the
+    context. Consequently a trajectory with an injected span gets exactly the same returns and advantages on its
+    action tokens as the same trajectory with the span cut out; non-action positions get 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KL_KINDS = ("k1", "k2", "k3")
+# exp() of a larger exponent overflows quickly in low precision; k3 clamps its exponent here (exp(20) ~ 4.9e8).
+_K3_MAX_LOG_RATIO = 20.0
+
+
+def _check_shape(name: str, tensor: Tensor, like_name: str, like: Tensor) -> None:
+    if tensor.shape != like.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(tensor.shape)} but {like_name} has shape {tuple(like.shape)}; "
+            f"per-token tensors must all be (B, T) and aligned with input_ids"
+        )
+
+
+def _bool_mask(mask: Tensor) -> Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+# ---- Masked statistics -----------------------------------------------------------------------------------------------
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x`` over the entries where ``mask`` is nonzero.
+
+    Masked-out entries are replaced by 0 rather than multiplied by 0, so a NaN or inf there cannot leak in.
+
+    Args:
+        x: values, any shape.
+        mask: same shape as ``x``; nonzero = counted.
+        dim: reduce over this dimension only; ``None`` reduces over everything.
+    """
+    _check_shape("mask", mask, "x", x)
+    kept = torch.where(_bool_mask(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return kept.sum() if dim is None else kept.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over the entries where ``mask`` is nonzero; 0 (never NaN) when the mask is empty.
+
+    Args:
+        x: values, any shape.
+        mask: same shape as ``x``; nonzero = counted.
+        dim: reduce over this dimension only (an empty row gives 0); ``None`` reduces over everything.
+    """
+    count = masked_sum(torch.ones_like(x), mask, dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of ``x`` over the masked entries (whole tensor).
+
+    Args:
+        x: values, any shape.
+        mask: same shape as ``x``.
+        unbiased: Bessel's correction (divide by count - 1). With fewer than 2 entries (unbiased) or none (biased)
+            the variance is undefined and 0 is returned, so whitening leaves such a batch at 0 instead of NaN.
+    """
+    mean = masked_mean(x, mask)
+    count = masked_sum(torch.ones_like(x), mask)
+    sq_sum = masked_sum((x - mean) ** 2, mask)
+    denom = count - 1 if unbiased else count
+    return torch.where(denom > 0, sq_sum / denom.clamp(min=1), torch.zeros_like(sq_sum))
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalise the masked entries of ``x`` to mean 0 and variance 1 (unbiased), over the whole tensor.
+
+    Args:
+        x: values, any shape.
+        mask: same shape as ``x``.
+        shift_mean: if False, the mean is added back (only the scale changes).
+        eps: added to the variance before the square root.
+
+    Returns:
+        The whitened values where ``mask`` is nonzero and 0 elsewhere.
+    """
+    mean = masked_mean(x, mask)
+    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(_bool_mask(mask), whitened, torch.zeros_like(whitened))
+
+
+# ---- KL estimators ---------------------------------------------------------------------------------------------------
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", mask: Tensor | None = None) -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from the log-probs of the sampled tokens (Schulman's k1/k2/k3).
+
+    With ``log_ratio = logp - ref_logp``:
+        k1 = log_ratio (unbiased, can be negative);
+        k2 = 0.5 * log_ratio^2;
+        k3 = exp(-log_ratio) + log_ratio - 1 = exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0). Its exponent
+            ref - logp is clamped at 20 so a token the policy finds far less likely than the reference gives a large
+            finite penalty (~4.9e8) rather than inf.
+
+    Args:
+        logp: (B, T) log-probs under the current policy.
+        ref_logp: (B, T) log-probs under the frozen reference.
+        kind: "k1", "k2" or "k3".
+        mask: optional (B, T) action mask; positions outside it are set to 0.
+    """
+    _check_shape("ref_logp", ref_logp, "logp", logp)
+    log_ratio = logp - ref_logp
+    if mask is not None:
+        _check_shape("mask", mask, "logp", logp)
+        # Zero the ratio before any exp so garbage outside the mask never makes inf (nor NaN gradients).
+        log_ratio = torch.where(_bool_mask(mask), log_ratio, torch.zeros_like(log_ratio))
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        neg = (-log_ratio).clamp(max=_K3_MAX_LOG_RATIO)
+        return torch.exp(neg) - neg - 1
+    raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+
+
+# ---- Rewards, returns and advantages ---------------------------------------------------------------------------------
+
+
+def last_action_index(mask: Tensor) -> Tensor:
+    """(B,) index of the last action token of each row; -1 for a row without any."""
+    m = _bool_mask(mask)
+    positions = torch.arange(m.shape[1], device=m.device).expand_as(m)
+    return torch.where(m, positions, torch.full_like(positions, -1)).max(dim=1).values
+
+
+def token_level_rewards(
+    rewards: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0
+) -> Tensor:
+    """Spread an outcome reward over the tokens: REINFORCE++ / PPO reward shaping with a per-token KL penalty.
+
+    Args:
+        rewards: (B,) outcome reward of each trajectory.
+        mask: (B, T) action mask.
+        kl: optional (B, T) per-token KL estimate (see ``kl_penalty``).
+        kl_coef: the KL coefficient beta.
+
+    Returns:
+        (B, T): ``-kl_coef * kl`` on every action token, plus the outcome reward on the last action token of each row,
+        0 elsewhere. A row without action tokens gets all zeros (its reward has no token to land on).
+    """
+    if rewards.dim() != 1 or rewards.shape[0] != mask.shape[0]:
+        raise ValueError(f"rewards must be (B,) = ({mask.shape[0]},), got {tuple(rewards.shape)}")
+    m = _bool_mask(mask)
+    out = torch.zeros(mask.shape, dtype=rewards.dtype, device=mask.device)
+    if kl is not None and kl_coef != 0.0:
+        _check_shape("kl", kl, "mask", mask)
+        out = torch.where(m, -kl_coef * kl.to(out.dtype), out)
+    last = last_action_index(m)
+    rows = torch.nonzero(last >= 0, as_tuple=True)[0]
+    out[rows, last[rows]] += rewards[rows]
+    return out
+
+
+def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """REINFORCE++ returns G_t = r_t + gamma * G_next over the action tokens of each row.
+
+    ``next`` is the next action token of the row (env tokens are skipped: they neither add reward nor discount, see
+    the module docstring). Rewards placed on non-action tokens are ignored.
+
+    Args:
+        token_rewards: (B, T) per-token rewards (see ``token_level_rewards``).
+        mask: (B, T) action mask.
+        gamma: discount per action token.
+
+    Returns:
+        (B, T) returns on action tokens, 0 elsewhere.
+    """
+    _check_shape("token_rewards", token_rewards, "mask", mask)
+    m = _bool_mask(mask)
+    r = torch.where(m, token_rewards, torch.zeros_like(token_rewards))
+    if gamma == 1.0:
+        # Undiscounted: a reverse cumulative sum over the row (non-action tokens add 0).
+        returns = r.flip(1).cumsum(1).flip(1)
+        return torch.where(m, returns, torch.zeros_like(returns))
+    returns = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in range(r.shape[1] - 1, -1, -1):
+        # The running return only moves on action tokens, so env tokens are transparent.
+        running = torch.where(m[:, t], r[:, t] + gamma * running, running)
+        returns[:, t] = running
+    return torch.where(m, returns, torch.zeros_like(returns))
+
+
+def reinforce_pp_advantages(
+    rewards: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0, gamma: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: KL folded into token rewards, discounted returns, advantages whitened over the batch.
+
+    Args:
+        rewards: (B,) outcome rewards.
+        mask: (B, T) action mask.
+        kl: optional (B, T) per-token KL estimate.
+        kl_coef: KL coefficient.
+        gamma: discount per action token.
+
+    Returns:
+        (advantages, returns), both (B, T) and 0 off the mask. The advantages are the returns whitened over all action
+        tokens of the batch (this process's batch: in data-parallel runs, pass the gathered batch for a global mean).
+    """
+    returns = discounted_returns(token_level_rewards(rewards, mask, kl, kl_coef), mask, gamma)
+    return masked_whiten(returns, mask), returns
+
+
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the action tokens (PPO), env tokens skipped.
+
+    For action token t with next action token t' (none after the last one: V = 0, A = 0 there):
+        delta_t = r_t + gamma * V_t' - V_t;    A_t = delta_t + gamma * lam * A_t';    returns_t = A_t + V_t.
+
+    Args:
+        token_rewards: (B, T) per-token rewards.
+        values: (B, T) critic values (values outside the mask are ignored).
+        mask: (B, T) action mask.
+        gamma: discount per action token.
+        lam: GAE lambda.
+
+    Returns:
+        (advantages, returns), both (B, T) and 0 off the mask. Advantages are not whitened here.
+    """
+    _check_shape("token_rewards", token_rewards, "mask", mask)
+    _check_shape("values", values, "mask", mask)
+    m = _bool_mask(mask)
+    values = values.detach().to(token_rewards.dtype)
+    advantages = torch.zeros_like(token_rewards)
+    next_value = torch.zeros_like(token_rewards[:, 0])
+    next_adv = torch.zeros_like(next_value)
+    for t in range(token_rewards.shape[1] - 1, -1, -1):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        # Only action tokens update the carried state: an env token leaves V_next and A_next as they were.
+        next_adv = torch.where(m[:, t], adv, next_adv)
+        next_value = torch.where(m[:, t], values[:, t], next_value)
+        advantages[:, t] = next_adv
+    zeros = torch.zeros_like(advantages)
+    advantages = torch.where(m, advantages, zeros)
+    returns = torch.where(m, advantages + values, zeros)
+    return advantages, returns
+
+
+def group_advantages(
+    rewards: Tensor, group_ids: Tensor, scale_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO baseline: each reward minus the mean of its prompt group, divided by the group std.
+
+    Args:
+        rewards: (B,) outcome rewards.
+        group_ids: (B,) prompt index of each trajectory (any integers; groups need not be contiguous).
+        scale_by_std: divide by (group std + eps); the std is unbiased (Bessel), as in GRPO's reference code. A group
+            of one sample has std 0 and advantage 0.
+        eps: added to the std.
+
+    Returns:
+        (B,) advantages (broadcast them over the action tokens for the policy loss).
+    """
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both be (B,), got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    r = rewards.to(torch.float64)
+    counts = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, torch.ones_like(r))
+    sums = torch.zeros_like(counts).index_add_(0, inverse, r)
+    centered = r - (sums / counts)[inverse]
+    if scale_by_std:
+        sq = torch.zeros_like(counts).index_add_(0, inverse, centered**2)
+        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
+        centered = centered / (std[inverse] + eps)
+    return centered.to(rewards.dtype)
+
+
+# ---- Losses ----------------------------------------------------------------------------------------------------------
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate with an asymmetric clip range [1 - clip_low, 1 + clip_high], token mean over the mask.
+
+    Per action token: ratio = exp(logp - old_logp); loss = -min(ratio * A, clip(ratio) * A).
+
+    Args:
+        logp: (B, T) log-probs under the policy being trained (carries the gradient).
+        old_logp: (B, T) log-probs under the policy that sampled the batch.
+        advantages: (B, T) per-token advantages, or (B,) per-trajectory ones (GRPO), broadcast over tokens.
+        mask: (B, T) action mask.
+        clip_low: lower clip epsilon (ratio floor 1 - clip_low).
+        clip_high: upper clip epsilon (ratio ceiling 1 + clip_high); the paper's code uses 0.28 ("clip higher").
+
+    Returns:
+        (loss, stats): a scalar loss (0 with an empty mask), and detached scalars ``clip_fraction`` (share of action
+        tokens where the clipped term is the one taken), ``approx_kl`` (k3 estimate of KL(old || new):
+        mean of ratio - 1 - log ratio) and ``ratio_mean``.
+    """
+    _check_shape("old_logp", old_logp, "logp", logp)
+    _check_shape("mask", mask, "logp", logp)
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logp.shape[0]:
+            raise ValueError(f"advantages (B,) must have B = {logp.shape[0]}, got {advantages.shape[0]}")
+        advantages = advantages[:, None].expand_as(logp)
+    _check_shape("advantages", advantages, "logp", logp)
+    m = _bool_mask(mask)
+    # Zero the log-ratio off the mask before exp: prompt positions can hold garbage that would overflow to inf,
+    # and inf * 0 in the backward pass would poison the gradient with NaN.
+    log_ratio = torch.where(m, logp - old_logp.detach(), torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio)
+    advantages = advantages.detach().to(ratio.dtype)
+    surr = ratio * advantages
+    surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = masked_mean(-torch.minimum(surr, surr_clipped), m)
+    with torch.no_grad():
+        stats = {
+            "clip_fraction": masked_mean((surr_clipped < surr).to(ratio.dtype), m),
+            "approx_kl": masked_mean(ratio - 1 - log_ratio, m),
+            "ratio_mean": masked_mean(ratio, m),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2
+) -> Tensor:
+    """Clipped value loss: 0.5 * max((V - R)^2, (V_clipped - R)^2), token mean over the mask.
+
+    ``V_clipped = old_values + clamp(values - old_values, -clip, clip)``; ``clip=None`` gives the plain 0.5 * (V - R)^2.
+    The mask is the action mask, so the critic trains only on tokens the policy produced (value function masking).
+    """
+    _check_shape("old_values", old_values, "values", values)
+    _check_shape("returns", returns, "values", values)
+    _check_shape("mask", mask, "values", values)
+    returns = returns.detach()
+    sq = (values - returns) ** 2
+    if clip is not None:
+        old = old_values.detach()
+        clipped = old + (values - old).clamp(-clip, clip)
+        sq = torch.maximum(sq, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(sq, mask)
+
+
+# ---- From logits -----------------------------------------------------------------------------------------------------
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax over the last dimension, (B, T, V) -> (B, T).
+
+    H = logsumexp(z) - sum softmax(z) * z, computed from the shifted log-probs so large logits do not overflow;
+    tokens with probability 0 (logit -inf) contribute 0, not NaN.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+    return -plogp.sum(dim=-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """Log-softmax of ``logits`` gathered at ``labels``, (B, T, V), (B, T) -> (B, T), in float32.
+
+    Memory-lean: log p(label) = z[label] - logsumexp(z), computed one row at a time, so no full (B, T, V) log-softmax
+    is materialised (or kept for backward). Align before calling: Trajectories log-probs at position t score token t,
+    which the model predicts from position t - 1.
+    """
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} plus a vocabulary dimension"
+        )
+    rows = []
+    for row_logits, row_labels in zip(logits, labels):
+        row_logits = row_logits.float()  # logsumexp in bf16/fp16 loses too much precision
+        picked = row_logits.gather(-1, row_labels.long().unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(row_logits, dim=-1))
+    if not rows:
+        return torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+    return torch.stack(rows)
