@@ -1,0 +1,144 @@
+"""Prompt templates, chosen by name in config.
+
+Built in:
+    ``orz_tool``: the paper's prompt for base models, an Open-Reasoner-Zero-style User/Assistant conversation whose user
+        turn says Python may be used, will be executed and its result shown, and asks for the answer in ``\\boxed{}``;
+        the assistant turn starts with ``<think>``.
+    ``plain``: the problem and a request for a boxed answer, nothing else (no tool mention).
+    ``chat``: the tokenizer's own chat template, with a system prompt about tool use (instruct models).
+
+More can be added with ``register_template(name, fn)`` (e.g. the toy world's ``toy``), or named in config as
+``"package.module:function"``, imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TemplateFn = Callable[[str, Any], str]  # (problem, tokenizer or None) -> prompt text
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A named template.
+
+    Args:
+        name: the config name.
+        render: ``(problem, tokenizer) -> prompt text``.
+        add_special_tokens: whether tokenizing the text should add the tokenizer's special tokens (BOS). False for
+            chat templates, whose text already holds them.
+    """
+
+    name: str
+    render: TemplateFn
+    add_special_tokens: bool = True
+
+
+_REGISTRY: dict[str, PromptTemplate] = {}
+
+ORZ_TOOL_TEMPLATE = (
+    "A conversation between User and Assistant. The User gives a math problem and the Assistant solves it. "
+    "The Assistant first reasons step by step inside <think> </think> tags, then gives the answer inside "
+    "<answer> </answer> tags. While reasoning, the Assistant may write Python code in a block that starts with "
+    "```python and ends with ```; the code is executed right away and its printed result is shown to the Assistant "
+    "in a ```output block, after which the Assistant continues.\n"
+    "User: Solve the problem below. You may use Python code to compute or check intermediate results. "
+    "Put the final answer inside <answer> </answer> tags and write it as \\boxed{{...}}.\n"
+    "Problem:\n{problem}\n"
+    "Assistant: <think>"
+)
+
+PLAIN_TEMPLATE = (
+    "Problem:\n{problem}\n\nSolve the problem step by step and put the final answer in \\boxed{{}}.\n\nSolution:\n"
+)
+
+CHAT_SYSTEM_PROMPT = (
+    "You are a careful mathematician. You may write Python code in a block that starts with ```python and ends "
+    "with ```; it is executed right away and its printed output is returned to you in a ```output block. "
+    "Reason step by step and put your final answer within \\boxed{}."
+)
+
+
+def _orz_tool(problem: str, tokenizer: Any = None) -> str:
+    return ORZ_TOOL_TEMPLATE.format(problem=problem)
+
+
+def _plain(problem: str, tokenizer: Any = None) -> str:
+    return PLAIN_TEMPLATE.format(problem=problem)
+
+
+def _chat(problem: str, tokenizer: Any = None) -> str:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("template 'chat' needs a tokenizer with a chat template (tokenizer.chat_template); "
+                         "for a base model use template 'orz_tool' or 'plain'")
+    messages = [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def register_template(name: str, fn: TemplateFn, *, add_special_tokens: bool = True, overwrite: bool = False) -> None:
+    """Make template ``fn`` available under ``name``.
+
+    Args:
+        name: the config name.
+        fn: ``(problem, tokenizer_or_None) -> prompt text``.
+        add_special_tokens: see ``PromptTemplate``.
+        overwrite: replace an existing template of that name (otherwise that is an error).
+    """
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"prompt template {name!r} is already registered; pass overwrite=True to replace it")
+    _REGISTRY[name] = PromptTemplate(name, fn, add_special_tokens)
+
+
+def template_names() -> list[str]:
+    """Names of the registered templates, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_template(name: str) -> PromptTemplate:
+    """The template registered as ``name``, or the function at ``"package.module:function"`` (registered on first use).
+
+    Raises:
+        ValueError: unknown name; the message lists the valid ones.
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"prompt template {name!r}: cannot import {attr!r} from {module_name!r} ({exc})") from exc
+        if not callable(fn):
+            raise ValueError(f"prompt template {name!r} is not callable")
+        register_template(name, fn)
+        return _REGISTRY[name]
+    raise ValueError(f"unknown prompt template {name!r}; valid names: {', '.join(template_names())} "
+                     "(or 'package.module:function')")
+
+
+def render_prompt(name: str, problem: str, tokenizer: Any = None) -> str:
+    """The prompt text of ``problem`` under template ``name``.
+
+    Args:
+        name: a registered template name (see ``template_names()``) or ``"package.module:function"``.
+        problem: the problem statement.
+        tokenizer: a transformers tokenizer; required by ``chat``, ignored by the text templates.
+    """
+    return get_template(name).render(problem, tokenizer)
+
+
+def tokenize_prompts(name: str, prompt_texts: list[str], tokenizer: Any) -> list[list[int]]:
+    """Token ids of rendered prompts, adding special tokens (BOS) only where the template's text lacks them."""
+    if not prompt_texts:
+        return []
+    template = get_template(name)
+    encoded = tokenizer(list(prompt_texts), add_special_tokens=template.add_special_tokens)["input_ids"]
+    return [list(ids) for ids in encoded]
+
+
+register_template("orz_tool", _orz_tool)
+register_template("plain", _plain)
+register_template("chat", _chat, add_special_tokens=False)
