@@ -1,0 +1,291 @@
+"""The GPU check of the scale path, driven by ``scripts/gpu_check.sh``: a few ``fit`` steps of a random
+Qwen2.5-0.5B-shaped model under DeepSpeed ZeRO-2 and ZeRO-3 on one GPU, with step time, peak GPU memory and the time
+of a bucketed (ZeRO-3 gathering) weight sync.
+
+    python scripts/gpu_check.py env                                  # versions; fails fast without CUDA / deepspeed
+    python scripts/gpu_check.py build --out runs/gpu_check/model     # random model + byte tokenizer, no download
+    python scripts/gpu_check.py config --zero 3 --model runs/gpu_check/model --out runs/gpu_check/zero3.yaml
+    python scripts/gpu_check.py run --config runs/gpu_check/zero3.yaml --report runs/gpu_check/zero3.json
+    python scripts/gpu_check.py summary runs/gpu_check/zero2.json runs/gpu_check/zero3.json
+
+``--cpu`` (build / config) makes a tiny model and a CPU config with Lightning's default strategy: it exercises this
+script (model building, config, the recorder, the sync measurement, the report) on a machine without a GPU. DeepSpeed
+itself only runs on CUDA under Lightning, so the CPU run says nothing about ZeRO.
+
+Rollouts use the transformers engine (vLLM is not assumed on the GPU machine). That engine shares the actor module, so
+the run's own ``time/weight_sync`` is only a cache reset; the recorder therefore also times
+``zerotir.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the work a
+colocated vLLM engine's update does, with the real bucketed ZeRO-3 gather. A checksum of the synced embedding must
+change from step to step (the update reached the weights) and every step's gradient norm must be finite and > 0
+(PPO: the random critic's values make the advantages nonzero even though every reward is 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+
+from zerotir.architecture import KNOWN, from_hf_config  # noqa: E402
+
+STEPS = 3
+GIB = 1 << 30
+
+
+# ----- model and config -----
+
+def qwen_05b_config(tokenizer: Any, tiny: bool) -> Any:
+    """The Qwen2.5-0.5B shape (vocab 151936, tied embeddings; ids above the byte tokenizer's 259 are never decoded to
+    text, they decode to nothing) or, with ``tiny``, a 2-layer, 64-wide one over the byte vocabulary."""
+    from transformers import Qwen2Config
+
+    shape = KNOWN["qwen2.5-0.5b"]
+    sizes = dict(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                 num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+                 num_key_value_heads=shape.num_kv_heads)
+    if tiny:
+        sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2)
+    return Qwen2Config(**sizes, tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1_000_000.0,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
+
+
+def build(out: Path, tiny: bool) -> None:
+    """Random-init the model (on the GPU when there is one: fast) in bf16 and save it with the byte tokenizer."""
+    from transformers import Qwen2ForCausalLM
+
+    from zerotir.toy.tokenizer import build_byte_tokenizer
+
+    tokenizer = build_byte_tokenizer()
+    config = qwen_05b_config(tokenizer, tiny)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16 if not tiny else torch.float32)
+    numel = sum(p.numel() for p in model.parameters())
+    planned = from_hf_config(config).num_params
+    if numel != planned:
+        raise RuntimeError(f"memory-plan parameter count {planned} != model numel {numel}")
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    print(f"built {'tiny' if tiny else 'Qwen2.5-0.5B-shaped'} random model: {numel:,} parameters -> {out}")
+
+
+def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]:
+    """The run config: PPO (actor + critic + reference under one DeepSpeed engine), 8 prompts x 4 samples, 3 steps."""
+    trainer: dict[str, Any] = {
+        "accelerator": "cpu" if cpu else "gpu", "devices": 1, "max_steps": STEPS, "log_every_n_steps": 1,
+        "default_root_dir": str(root), "limit_val_batches": 0, "precision": "32-true" if cpu else "bf16-mixed",
+        "callbacks": [{"class_path": "callbacks.ScalingMetrics"}],
+    }
+    if not cpu:
+        trainer["strategy"] = {"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+                               "init_args": {"config": str(REPO / "configs" / "deepspeed" / f"zero{zero}.json")}}
+    return {
+        "seed_everything": 0,
+        "trainer": trainer,
+        "checkpoint": {"save_top_k": 0, "save_last": False},  # a 0.5B PPO checkpoint would cost more than the steps
+        "model": {
+            "model_path": str(model), "dtype": "float32" if cpu else "bfloat16", "gradient_checkpointing": True,
+            "algorithm": "ppo", "kl_coef": 0.01, "kl_estimator": "k1", "n_samples": 2 if cpu else 4,
+            "temperature": 1.0, "max_response_tokens": 32 if cpu else 256, "max_tool_calls": 2,
+            "rollout_backend": "hf", "local_sandbox_options": {"workers": 2},
+            "micro_batch_size": 8, "lr": 1.0e-4, "critic_lr": 1.0e-4, "max_grad_norm": 1.0, "seed": 0,
+        },
+        "data": {"train_files": ["gsm8k_train"], "template": "orz_tool", "prompts_per_step": 2 if cpu else 8,
+                 "max_prompt_tokens": 1024, "seed": 0},
+    }
+
+
+# ----- measuring a run -----
+
+class SinkEngine:
+    """Receives synced weights as a colocated engine would: copies each tensor on its device, then drops it. Keeps a
+    checksum of the embedding (the first bucket) so a changed model can be told from an unchanged one."""
+
+    def __init__(self) -> None:
+        self.checksum: float | None = None
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            copy = tensor.detach().clone()
+            if name == "model.embed_tokens.weight":
+                self.checksum = float(copy.float().sum())
+
+
+class StepRecorder(Callback):
+    """Per RL step: wall time, the run's phase timings, peak GPU memory, grad norm, and a timed bucketed sync."""
+
+    def __init__(self, bucket_mb: int = 256) -> None:
+        self.bucket_bytes = bucket_mb << 20
+        self.steps: list[dict[str, Any]] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        from zerotir.weight_sync import sync_weights
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        row = {"step": len(self.steps) + 1, "wall_s": time.perf_counter() - self._start,
+               "timings": dict(pl_module.last_timings), "grad_norm": pl_module.last_update_stats.get("grad_norm"),
+               "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
+               "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None}
+        sink = SinkEngine()
+        sync = sync_weights(trainer.model, sink, self.bucket_bytes, prefix="actor.")
+        if cuda:
+            torch.cuda.synchronize()
+        row.update(sync_s=sync["seconds"], sync_gib=sync["bytes"] / GIB, sync_buckets=sync["buckets"],
+                   embed_checksum=sink.checksum)
+        self.steps.append(row)
+        print(f"[gpu_check] step {row['step']}: {row['wall_s']:.1f} s, peak {_num(row['peak_allocated_gib'])} GiB, "
+              f"sync {row['sync_s']:.2f} s for {row['sync_gib']:.2f} GiB in {row['sync_buckets']} buckets", flush=True)
+
+
+def check_steps(steps: list[dict[str, Any]]) -> list[str]:
+    """What went wrong, if anything: step count, gradient norms, weights that did not change."""
+    problems = []
+    if len(steps) != STEPS:
+        problems.append(f"{len(steps)} steps recorded, expected {STEPS}")
+    for row in steps:
+        norm = row["grad_norm"]
+        if norm is None or not math.isfinite(norm) or norm <= 0:
+            problems.append(f"step {row['step']}: gradient norm {norm} (expected finite and > 0)")
+    sums = [row["embed_checksum"] for row in steps]
+    if None in sums:
+        problems.append("the weight sync sent no model.embed_tokens.weight")
+    elif any(a == b for a, b in zip(sums, sums[1:])):
+        problems.append(f"the synced embedding did not change between steps (checksums {sums})")
+    return problems
+
+
+def run(config: Path, report: Path) -> int:
+    from zerotir.cli import ZeroTIRCLI
+
+    recorder = StepRecorder()
+    start = time.perf_counter()
+    ZeroTIRCLI(args=["fit", "--config", str(config)], trainer_defaults={"callbacks": [recorder]})
+    problems = check_steps(recorder.steps)
+    result = {"config": str(config), "total_s": time.perf_counter() - start, "steps": recorder.steps,
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "problems": problems}
+    report.write_text(json.dumps(result, indent=2))
+    for problem in problems:
+        print(f"[gpu_check] PROBLEM: {problem}", flush=True)
+    return 1 if problems else 0
+
+
+# ----- environment and summary -----
+
+def env(need_gpu: bool) -> int:
+    import lightning
+    import transformers
+
+    lines = [f"python {sys.version.split()[0]}", f"torch {torch.__version__} (CUDA {torch.version.cuda})",
+             f"lightning {lightning.__version__}", f"transformers {transformers.__version__}"]
+    deepspeed_ok = True
+    try:
+        import deepspeed
+
+        lines.append(f"deepspeed {deepspeed.__version__}")
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        if not hasattr(DeepSpeedEngine, "managed_gradient_accumulation"):
+            # configs/deepspeed/*.json set "managed_gradient_accumulation": false; an older DeepSpeed ignores the key
+            # and ZeRO-2 then keeps only the last micro-batch's gradient (tests/test_deepspeed_configs.py).
+            deepspeed_ok = False
+            lines.append("deepspeed too old: no managed_gradient_accumulation option (0.19.8 has it)")
+    except Exception as exc:  # a wheel built for another torch fails in many ways
+        deepspeed_ok = False
+        lines.append(f"deepspeed NOT importable: {type(exc).__name__}: {exc}")
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        lines.append(f"GPU {props.name}, {props.total_memory / GIB:.1f} GiB")
+    print("\n".join(lines), flush=True)
+    missing = [name for name, ok in (("CUDA", torch.cuda.is_available()), ("deepspeed", deepspeed_ok)) if not ok]
+    if need_gpu and missing:
+        print(f"gpu_check needs {' and '.join(missing)}; see docs/scale.md", file=sys.stderr)
+        return 1
+    return 0
+
+
+def summary(reports: list[Path]) -> str:
+    """A Markdown table over the runs: per step wall time, update and sync times, peak memory."""
+    lines = ["| run | step | step s | update s | generation s | sync s (GiB, buckets) | peak alloc GiB | "
+             "peak reserved GiB | grad norm |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for path in reports:
+        if not path.is_file():
+            lines.append(f"| {path.stem} | - | FAILED: no report | | | | | | |")
+            continue
+        data = json.loads(path.read_text())
+        for row in data["steps"]:
+            t = row["timings"]
+            lines.append(f"| {path.stem} | {row['step']} | {row['wall_s']:.1f} | {t.get('update', 0):.1f} | "
+                         f"{t.get('generation', 0):.1f} | {row['sync_s']:.2f} ({row['sync_gib']:.2f}, "
+                         f"{row['sync_buckets']}) | {_num(row['peak_allocated_gib'])} | "
+                         f"{_num(row['peak_reserved_gib'])} | {_num(row['grad_norm'], '.3g')} |")
+        if data["problems"]:
+            lines.append(f"| {path.stem} | | PROBLEMS: {'; '.join(data['problems'])} | | | | | | |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def _num(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("env").add_argument("--cpu", action="store_true")
+    p = sub.add_parser("build")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cpu", action="store_true")
+    p = sub.add_parser("config")
+    p.add_argument("--zero", type=int, choices=(2, 3), required=True)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cpu", action="store_true")
+    p = sub.add_parser("run")
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--report", type=Path, required=True)
+    sub.add_parser("summary").add_argument("reports", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "env":
+        return env(need_gpu=not args.cpu)
+    if args.command == "build":
+        build(args.out, tiny=args.cpu)
+    elif args.command == "config":
+        config = make_config(args.model.resolve(), args.zero, args.out.parent.resolve() / args.out.stem, args.cpu)
+        header = f"# python -m zerotir fit --config {args.out}\n# generated by scripts/gpu_check.py config\n"
+        args.out.write_text(header + yaml.safe_dump(config, sort_keys=False))
+        print(f"wrote {args.out}")
+    elif args.command == "run":
+        return run(args.config, args.report)
+    else:
+        summary(args.reports)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
