@@ -1,0 +1,179 @@
+"""Sandbox throughput and latency through HTTP, against a fresh ``python -c`` per call, measured in one run.
+
+    python benchmarks/sandbox_throughput.py --workers 2
+
+Starts a real server (``sandbox.local_sandbox``), sends ``print(1+1)`` and a sympy ``solve`` (different coefficients
+per call, so no cache helps) through ``SandboxClient`` with ``--concurrency`` requests in flight, and runs the same
+snippets as ``python -c`` subprocesses with ``--workers`` in flight (the baseline gets no HTTP overhead, which
+favours it). Prints a Markdown table, the ratios, and the targets (150/s trivial, 40/s sympy, sympy >= 10x baseline).
+
+The machine may be shared, so it also counts the CPU time every process involved spent per call (server, workers,
+snippet children, this client; or this process and its ``python -c`` children for the baseline) and prints the
+throughput that CPU time allows on the cores of this machine when nothing else runs: ``cores / cpu_per_call``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import httpx
+
+from sandbox import SandboxClient, local_sandbox  # after the path set-up
+
+TRIVIAL = "print(1+1)"
+TARGETS = {"trivial": 150.0, "sympy": 40.0}
+
+
+def sympy_snippet(i: int) -> str:
+    """A small symbolic solve whose coefficients change with ``i``: roots ``i + 1`` and ``i + 2``."""
+    a, b = i + 1, i + 2
+    return f"import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - {a + b}*x + {a * b}, x))"
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its children it has reaped (for a worker: every finished snippet)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds spent by this process, its reaped children, and (optionally) a sandbox server and its workers."""
+
+    def __init__(self, server_pid: int | None = None) -> None:
+        self.pids = [server_pid] if server_pid else []
+        if server_pid:
+            with open(f"/proc/{server_pid}/task/{server_pid}/children") as f:
+                self.pids += [int(p) for p in f.read().split()]
+
+    def total(self) -> float:
+        own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                  for f in ("ru_utime", "ru_stime"))
+        return own + sum(process_cpu(pid) for pid in self.pids)
+
+
+@dataclass
+class Measure:
+    """Throughput, latency and CPU cost of one configuration."""
+
+    name: str
+    calls: int
+    seconds: float
+    latencies: list[float]
+    failures: int
+    cpu_seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.calls / self.seconds
+
+    @property
+    def cpu_ms_per_call(self) -> float:
+        return self.cpu_seconds / self.calls * 1000
+
+    def row(self) -> str:
+        p50, p95 = np.percentile(np.array(self.latencies) * 1000, [50, 95])
+        capacity = (os.cpu_count() or 1) * 1000 / self.cpu_ms_per_call
+        return (f"| {self.name} | {self.calls} | {self.per_second:.1f} | {p50:.1f} | {p95:.1f} | "
+                f"{self.cpu_ms_per_call:.1f} | {capacity:.0f} | {self.failures} |")
+
+
+async def measure(name: str, codes: list[str], concurrency: int, call: Callable[[str], Awaitable[bool]],
+                  meter: CpuMeter) -> Measure:
+    """Run ``call`` on every code with at most ``concurrency`` in flight; time each call, the whole, the CPU."""
+    limit = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    failures = 0
+
+    async def one(code: str) -> None:
+        nonlocal failures
+        async with limit:
+            start = time.perf_counter()
+            ok = await call(code)
+            latencies.append(time.perf_counter() - start)
+            failures += not ok
+
+    cpu_start = meter.total()
+    start = time.perf_counter()
+    await asyncio.gather(*(one(code) for code in codes))
+    seconds = time.perf_counter() - start
+    return Measure(name, len(codes), seconds, latencies, failures, meter.total() - cpu_start)
+
+
+async def fresh_python(code: str) -> bool:
+    """The baseline: a new interpreter per snippet."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    await proc.communicate()
+    return proc.returncode == 0
+
+
+async def run_all(url: str, args: argparse.Namespace) -> list[Measure]:
+    server_pid = httpx.get(url + "/health", trust_env=False).json()["server_pid"]
+    meter, own = CpuMeter(server_pid), CpuMeter()
+    async with SandboxClient(url, max_concurrency=args.concurrency, run_timeout=10.0) as client:
+
+        async def sandboxed(code: str) -> bool:
+            return (await client.run(code)).ok
+
+        await measure("warm-up", [TRIVIAL] * 50 + [sympy_snippet(-50 - i) for i in range(20)], args.concurrency,
+                      sandboxed, meter)
+        trivial = await measure("sandbox, print(1+1)", [TRIVIAL] * args.calls, args.concurrency, sandboxed, meter)
+        sympy = await measure("sandbox, sympy solve", [sympy_snippet(i) for i in range(args.sympy_calls)],
+                              args.concurrency, sandboxed, meter)
+    base_trivial = await measure("fresh python -c, print(1+1)", [TRIVIAL] * args.baseline_calls, args.workers,
+                                 fresh_python, own)
+    base_sympy = await measure("fresh python -c, sympy solve", [sympy_snippet(i) for i in range(args.baseline_calls)],
+                               args.workers, fresh_python, own)
+    return [trivial, sympy, base_trivial, base_sympy]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers (and baseline processes in flight)")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="client requests in flight (latency includes the wait behind the others)")
+    parser.add_argument("--calls", type=int, default=1000, help="print(1+1) calls through the sandbox")
+    parser.add_argument("--sympy_calls", type=int, default=400, help="sympy calls through the sandbox")
+    parser.add_argument("--baseline_calls", type=int, default=20, help="calls of each kind for the baseline")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with local_sandbox(workers=args.workers, log_level="warning") as urls:
+        trivial, sympy, base_trivial, base_sympy = asyncio.run(run_all(urls[0], args))
+    load_after = os.getloadavg()[0]
+    print(f"\n{os.cpu_count()} CPUs, {args.workers} workers, {args.concurrency} requests in flight; "
+          f"1-min load average {load_before:.1f} before, {load_after:.1f} after\n")
+    print("| configuration | calls | executions/s | p50 ms | p95 ms | CPU ms/call | /s if the CPUs were free | "
+          "failures |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m in (trivial, sympy, base_trivial, base_sympy):
+        print(m.row())
+    print()
+    ratios = {"trivial": trivial.per_second / base_trivial.per_second,
+              "sympy": sympy.per_second / base_sympy.per_second}
+    cores = os.cpu_count() or 1
+    for kind, m in (("trivial", trivial), ("sympy", sympy)):
+        verdict = "met" if m.per_second >= TARGETS[kind] else "NOT met"
+        free = cores * 1000 / m.cpu_ms_per_call
+        print(f"{kind}: {m.per_second:.1f}/s through HTTP (target {TARGETS[kind]:.0f}/s: {verdict} as measured; "
+              f"{free:.0f}/s from its CPU cost on {cores} free cores); {ratios[kind]:.1f}x the fresh-interpreter "
+              f"baseline")
+    print(f"sympy speed-up target (>= 10x): {'met' if ratios['sympy'] >= 10 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""What happens inside the forked child that runs one snippet. Never returns: it always ends in ``os._exit``.
+
+Every page a child writes costs a copy-on-write fault (~5 us in a VM), so whatever can be prepared once is prepared
+in the worker by :func:`prepare_worker_process` (environment, standard streams) and :func:`reseed` (run between
+jobs), and the preamble's namespace is built once: each child runs in its own copy-on-write copy of that dict.
+
+Order matters: resource limits are set while still root (an unprivileged process cannot raise them back), then the
+uid is dropped (which also makes the process non-dumpable: its /proc entries become unreadable to itself), then
+``no_new_privs`` and the parent-death signal (the uid change clears a parent-death signal set earlier).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import os
+import resource
+import signal
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from types import CodeType, TracebackType
+from typing import Any
+
+from sandbox.isolation import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl
+from sandbox.policy import SNIPPET_FILENAME
+
+#: Bytes the child writes on its status pipe when the snippet died of a MemoryError.
+STATUS_MEMORY = b"memory"
+_STATUS_FD = 3
+
+
+@dataclass
+class ChildPlan:
+    """Everything the child needs; built by the worker before forking (so the child allocates little)."""
+
+    code: CodeType
+    namespace: dict[str, Any]
+    run_dir: str
+    uid: int | None
+    run_timeout: float
+    memory_limit_mb: int
+    max_processes: int
+    max_open_files: int
+    max_file_size_mb: int
+    stdout_fd: int
+    stderr_fd: int
+    status_fd: int
+
+
+def run_child(plan: ChildPlan) -> None:
+    """Set up the child and run the snippet; exits the process with the snippet's exit code."""
+    exit_code = 1
+    try:
+        _enter_sandbox(plan)
+        exit_code = _run_snippet(plan)
+    except BaseException:  # a failure of the set-up itself: report it, never return to the worker
+        with contextlib.suppress(OSError):
+            os.write(2, f"sandbox child set-up failed:\n{traceback.format_exc()}".encode(errors="replace"))
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # a closed or broken stream must not keep the child alive
+            pass
+        os._exit(exit_code)
+
+
+def _enter_sandbox(plan: ChildPlan) -> None:
+    os.setsid()  # own session and process group: the worker kills the group at the time limit
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(plan.stdout_fd, 1)
+    os.dup2(plan.stderr_fd, 2)
+    os.dup2(plan.status_fd, _STATUS_FD)
+    os.closerange(_STATUS_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.chdir(plan.run_dir)
+    _set_limits(plan)
+    if plan.uid is not None:
+        os.setgroups([])
+        os.setresgid(plan.uid, plan.uid, plan.uid)
+        os.setresuid(plan.uid, plan.uid, plan.uid)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def prepare_worker_process(run_dir: str) -> None:
+    """Once per worker: make its environment and standard streams exactly what every child should start with.
+
+    The worker keeps fds 0-2 as /dev/null and its stderr; a child's ``dup2`` onto fds 0-2 then redirects these same
+    stream objects to its pipes, so no child builds streams or an environment of its own.
+    """
+    os.environ.clear()
+    os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=run_dir, TMPDIR=run_dir, LANG="C.UTF-8",
+                      OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    tempfile.tempdir = None  # recomputed from TMPDIR on next use
+    # Line-buffered so output printed before a timeout kill still reaches the worker.
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.argv = [SNIPPET_FILENAME]
+    sys.set_int_max_str_digits(0)  # math snippets print 10**5-digit integers; the 4300-digit guard only gets in the way
+
+
+def build_namespace(preamble: str | None) -> dict[str, Any]:
+    """The globals every snippet starts from: ``__main__``'s basics plus whatever the preamble defines."""
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    if preamble:
+        exec(compile(preamble, "<preamble>", "exec"), namespace)  # trusted server configuration
+    return namespace
+
+
+def reseed() -> None:
+    """Between jobs, in the worker: new random state for the next child, as a fresh interpreter would have.
+
+    (``random`` reseeds itself in every forked child; numpy's global generator does not.) A 32-bit seed from
+    os.urandom: ``numpy.random.seed()`` without one costs three times as much, every call.
+    """
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def _set_limits(plan: ChildPlan) -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/statm") as f:
+        current = int(f.read().split()[0]) * page
+    address_space = current + plan.memory_limit_mb * 2**20  # a budget on top of the worker's own size
+    cpu = int(plan.run_timeout) + 2  # a backstop only: the worker's wall-time kill comes first
+    limits = {
+        resource.RLIMIT_AS: (address_space, address_space),
+        resource.RLIMIT_CPU: (cpu, cpu + 1),
+        resource.RLIMIT_FSIZE: (plan.max_file_size_mb * 2**20,) * 2,
+        resource.RLIMIT_NOFILE: (plan.max_open_files,) * 2,
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    if plan.uid is not None:  # root ignores RLIMIT_NPROC, so it only means something after the uid drop
+        limits[resource.RLIMIT_NPROC] = (plan.max_processes, plan.max_processes)
+    for which, value in limits.items():
+        resource.setrlimit(which, value)
+
+
+def _run_snippet(plan: ChildPlan) -> int:
+    try:
+        exec(plan.code, plan.namespace)  # this is the sandbox (the dict is this child's own copy)
+        return 0
+    except SystemExit as e:
+        return _exit_code_of(e)
+    except BaseException as e:  # every snippet failure is reported, like the interpreter does
+        if isinstance(e, MemoryError):
+            with contextlib.suppress(OSError):
+                os.write(_STATUS_FD, STATUS_MEMORY)
+        _print_snippet_traceback(e)
+        return 1
+
+
+def _exit_code_of(e: SystemExit) -> int:
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _print_snippet_traceback(e: BaseException) -> None:
+    """Print the traceback starting at the snippet's own frame (the sandbox's frames mean nothing to the model)."""
+    tb: TracebackType | None = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != SNIPPET_FILENAME:
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb if tb is not None else e.__traceback__, file=sys.stderr)

@@ -1,0 +1,258 @@
+"""Run one snippet in a forked child and supervise it: drain output, enforce the wall time, clean up everything.
+
+Used inside a worker process (:mod:`sandbox.worker`), one job at a time. The worker has already imported the heavy
+modules, so ``fork`` gives the child a warm interpreter in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import select
+import shutil
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+from sandbox.child import STATUS_MEMORY, ChildPlan, build_namespace, reseed, run_child
+from sandbox.config import ExecConfig
+from sandbox.isolation import PidNamespaces
+from sandbox.policy import SNIPPET_FILENAME, Policy
+
+#: Time allowed after the child's exit for its output pipes to reach end-of-file. Only a surviving grandchild that
+#: holds a pipe open makes this wait; the worker then closes the pipe and moves on.
+DRAIN_GRACE_S = 0.2
+_READ_CHUNK = 1 << 16
+
+
+class CappedBuffer:
+    """Keeps the first and last ``cap // 2`` bytes of a stream and counts what it drops in between."""
+
+    def __init__(self, cap: int) -> None:
+        self.head_cap = cap - cap // 2
+        self.tail_cap = cap // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        """Append a chunk read from the pipe."""
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            excess = len(self.tail) - self.tail_cap
+            if excess > 0:
+                self.dropped += excess
+                del self.tail[:excess]
+
+    def text(self) -> str:
+        """Decoded output with a marker where bytes were dropped."""
+        head = self.head.decode("utf-8", errors="replace")
+        tail = self.tail.decode("utf-8", errors="replace")
+        if not self.dropped:
+            return head + tail
+        return f"{head}\n[... {self.dropped} bytes of output omitted by the sandbox ...]\n{tail}"
+
+
+@dataclass
+class Job:
+    """One snippet to run, with its limits already resolved by the server."""
+
+    id: int
+    code: str
+    run_timeout: float
+    memory_limit_mb: int
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Job:
+        """Build from the JSON message the server sends."""
+        return cls(id=int(raw["id"]), code=str(raw["code"]), run_timeout=float(raw["run_timeout"]),
+                   memory_limit_mb=int(raw["memory_limit_mb"]))
+
+
+class Executor:
+    """Runs jobs for one worker.
+
+    Args:
+        config: Limits and policy.
+        run_dir: The private temp dir given to each child as cwd, HOME and TMPDIR (emptied between jobs).
+        uid: The uid children drop to, or None when the worker cannot drop privileges.
+        pid_namespaces: Per-child PID namespaces (possibly disabled).
+    """
+
+    def __init__(self, config: ExecConfig, run_dir: str, uid: int | None, pid_namespaces: PidNamespaces) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.uid = uid
+        self.pidns = pid_namespaces
+        self.policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
+        self.namespace = build_namespace(config.preamble)  # raises here, at start-up, if the preamble is broken
+        self._fresh_run_dir()
+
+    def run(self, job: Job) -> dict[str, Any]:
+        """Run ``job`` and return the result message (``reason``, ``return_code``, ``stdout``, ``stderr``, ...)."""
+        code, message, reason = self._compile(job.code)
+        if code is None:
+            return _result(job, reason, 1, "", message, 0.0)
+        try:
+            return self._run_compiled(job, code)
+        finally:
+            self._fresh_run_dir()
+            reseed()
+
+    def _compile(self, source: str) -> tuple[CodeType | None, str, str]:
+        """(code object or None, error message, reason): reason is "error" for invalid syntax, "refused" when
+        the static check refuses the snippet."""
+        try:
+            tree = ast.parse(source, filename=SNIPPET_FILENAME)
+        except (SyntaxError, ValueError) as e:  # ValueError: source with NUL bytes
+            return None, "".join(traceback.format_exception_only(type(e), e)), "error"
+        if self.policy is not None:
+            refusals = self.policy.check(tree)
+            if refusals:
+                return None, "\n".join(r.format() for r in refusals) + "\n", "refused"
+        try:
+            return compile(tree, SNIPPET_FILENAME, "exec"), "", "ok"
+        except (SyntaxError, ValueError) as e:  # e.g. 'return' outside function is found only by compile
+            return None, "".join(traceback.format_exception_only(type(e), e)), "error"
+
+    def _run_compiled(self, job: Job, code: CodeType) -> dict[str, Any]:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        st_r, st_w = os.pipe()
+        plan = ChildPlan(code=code, namespace=self.namespace, run_dir=self.run_dir, uid=self.uid,
+                         run_timeout=job.run_timeout, memory_limit_mb=job.memory_limit_mb,
+                         max_processes=self.config.max_processes, max_open_files=self.config.max_open_files,
+                         max_file_size_mb=self.config.max_file_size_mb, stdout_fd=out_w, stderr_fd=err_w,
+                         status_fd=st_w)
+        self.pidns.before_fork()
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns from run_child
+            run_child(plan)
+        self.pidns.after_fork()
+        for fd in (out_w, err_w, st_w):
+            os.close(fd)
+        try:
+            status, timed_out, out, err = self._supervise(pid, out_r, err_r, start + job.run_timeout)
+            elapsed = time.monotonic() - start
+            memory = _read_status(st_r) == STATUS_MEMORY
+        finally:
+            for fd in (out_r, err_r, st_r):
+                os.close(fd)
+        return_code = os.waitstatus_to_exitcode(status)
+        if timed_out:
+            reason = "timeout"
+        elif memory:
+            reason = "memory"
+        elif return_code < 0:
+            reason = "signal"
+        else:
+            reason = "ok" if return_code == 0 else "error"
+        truncated = bool(out.dropped or err.dropped)
+        return _result(job, reason, return_code, out.text(), err.text(), elapsed, truncated)
+
+    def _supervise(self, pid: int, out_r: int, err_r: int,
+                   deadline: float) -> tuple[int, bool, CappedBuffer, CappedBuffer]:
+        """Drain both pipes until the child exits (or is killed at ``deadline``) and the pipes close."""
+        cap = self.config.max_output_bytes
+        buffers = {out_r: CappedBuffer(cap), err_r: CappedBuffer(cap)}
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        for fd in (out_r, err_r, pidfd):
+            poller.register(fd, select.POLLIN)
+        open_pipes = {out_r, err_r}
+        status: int | None = None
+        timed_out = False
+        drain_until = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if status is None and now >= deadline:
+                    timed_out = True
+                    status = self._kill_and_reap(pid)
+                    poller.unregister(pidfd)
+                    drain_until = time.monotonic() + DRAIN_GRACE_S
+                if status is not None and (not open_pipes or now >= drain_until):
+                    break
+                wait_s = (deadline if status is None else drain_until) - now
+                for fd, _ in poller.poll(max(0.0, wait_s) * 1000):
+                    if fd == pidfd:
+                        status = self._kill_and_reap(pid)
+                        poller.unregister(pidfd)
+                        drain_until = time.monotonic() + DRAIN_GRACE_S
+                        continue
+                    data = os.read(fd, _READ_CHUNK)
+                    if data:
+                        buffers[fd].feed(data)
+                    else:
+                        poller.unregister(fd)
+                        open_pipes.discard(fd)
+        finally:
+            os.close(pidfd)
+        return status, timed_out, buffers[out_r], buffers[err_r]
+
+    def _kill_and_reap(self, pid: int) -> int:
+        """Kill the child's whole process group and anything it left behind; return its wait status.
+
+        With PID namespaces, the child is its namespace's init: killing it (or its normal exit) makes the kernel
+        kill every process in the namespace, including double-forked daemons that left the process group.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        if not self.pidns.enabled:
+            _kill_adopted_orphans()
+        return status
+
+    def _fresh_run_dir(self) -> None:
+        """Give the next child an empty private temp dir owned by its uid."""
+        if os.path.isdir(self.run_dir) and not os.listdir(self.run_dir):
+            return
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.mkdir(self.run_dir, 0o700)
+        if self.uid is not None:
+            os.chown(self.run_dir, self.uid, self.uid)
+
+
+def _read_status(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 64)
+    except BlockingIOError:
+        return b""
+
+
+def _kill_adopted_orphans() -> None:
+    """Without PID namespaces the worker is a child subreaper: orphans of the snippet become its children."""
+    pids: set[int] = set()
+    task_dir = f"/proc/{os.getpid()}/task"
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    for orphan in pids:
+        with contextlib.suppress(OSError):
+            os.killpg(orphan, signal.SIGKILL)
+        try:
+            os.kill(orphan, signal.SIGKILL)
+            os.waitpid(orphan, 0)
+        except OSError:
+            pass
+
+
+def _result(job: Job, reason: str, return_code: int, stdout: str, stderr: str, elapsed: float,
+            truncated: bool = False) -> dict[str, Any]:
+    return {"id": job.id, "reason": reason, "return_code": return_code, "stdout": stdout, "stderr": stderr,
+            "execution_time": round(elapsed, 6), "output_truncated": truncated}

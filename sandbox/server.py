@@ -1,0 +1,200 @@
+"""The HTTP service: ``POST /run_code`` (SandboxFusion's shape), ``POST /run_batch``, ``GET /health``, ``GET /metrics``.
+
+A SandboxFusion client can point at this server unchanged, and :class:`sandbox.client.SandboxClient` can point at a
+real SandboxFusion. The response adds two keys SandboxFusion does not have and its clients ignore: ``request_id``
+(echoed from the request, as the paper's client requires) and ``details`` (``reason`` and ``output_truncated``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.config import ExecConfig
+from sandbox.metrics import Metrics
+from sandbox.pool import WorkerPool
+
+log = logging.getLogger("sandbox")
+MAX_CODE_CHARS = 1_000_000
+_PYTHON = {"python", "python3"}
+
+
+class RunCodeRequest(BaseModel):
+    """SandboxFusion's ``/run_code`` request (fields it has and this server does not use are accepted and ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    code: str = Field(max_length=MAX_CODE_CHARS, description="The Python source to run.")
+    language: str = Field("python", description="Only 'python' (or 'python3') is supported.")
+    compile_timeout: float | None = Field(None, description="Ignored (Python needs no compile step).")
+    run_timeout: float | None = Field(None, description="Wall-time limit in seconds; null or <= 0 for the default.")
+    memory_limit_MB: int | None = Field(None, description="Memory budget in MB; null or <= 0 (SandboxFusion's -1) "
+                                                          "for the default.")
+    stdin: str | None = Field(None, description="Not supported: must be empty (snippets get a closed stdin).")
+    files: dict[str, str | None] = Field(default_factory=dict, description="Not supported: must be empty.")
+    fetch_files: list[str] = Field(default_factory=list, description="Not supported: must be empty.")
+    request_id: str | int | None = Field(None, description="Echoed in the response.")
+
+
+class RunBatchRequest(BaseModel):
+    """``/run_batch``: several ``/run_code`` requests, answered in the same order."""
+
+    requests: list[RunCodeRequest]
+
+
+def _resolve(req: RunCodeRequest, config: ExecConfig) -> tuple[dict[str, Any] | None, str]:
+    """(job for the pool or None, message): the message explains a refusal, or notes a clamped limit."""
+    if req.language.lower() not in _PYTHON:
+        return None, f"language {req.language!r} is not supported by this sandbox; use 'python'"
+    for name in ("stdin", "files", "fetch_files"):
+        if getattr(req, name):
+            return None, f"field {name!r} is not supported by this sandbox: leave it empty and put the data in code"
+    notes = []
+    timeout = req.run_timeout if req.run_timeout and req.run_timeout > 0 else config.run_timeout
+    if timeout > config.max_run_timeout:
+        notes.append(f"run_timeout {timeout:g} s clamped to the server's max_run_timeout {config.max_run_timeout:g} s")
+        timeout = config.max_run_timeout
+    memory = req.memory_limit_MB if req.memory_limit_MB and req.memory_limit_MB > 0 else config.memory_limit_mb
+    if memory > config.max_memory_limit_mb:
+        notes.append(f"memory_limit_MB {memory} clamped to the server's max_memory_limit_mb "
+                     f"{config.max_memory_limit_mb}")
+        memory = config.max_memory_limit_mb
+    return {"code": req.code, "run_timeout": timeout, "memory_limit_mb": memory}, "; ".join(notes)
+
+
+def to_sandboxfusion(result: dict[str, Any], request_id: str | int | None, message: str = "") -> dict[str, Any]:
+    """Turn a worker's result into SandboxFusion's ``/run_code`` response."""
+    reason = result["reason"]
+    base = {"compile_result": None, "executor_pod_name": None, "files": {}, "request_id": request_id}
+    if reason == "sandbox_error":
+        return {**base, "status": "SandboxError", "message": result.get("error") or message, "run_result": None,
+                "details": {"reason": "sandbox_error", "output_truncated": False}}
+    run_result = {
+        "status": "TimeLimitExceeded" if reason == "timeout" else "Finished",
+        "execution_time": result["execution_time"],
+        "return_code": result["return_code"],
+        "stdout": result["stdout"],
+        "stderr": result["stderr"],
+    }
+    return {**base, "status": "Success" if reason == "ok" else "Failed", "message": message,
+            "run_result": run_result, "details": {"reason": reason, "output_truncated": result["output_truncated"]}}
+
+
+class SandboxService:
+    """The request handlers, over one worker pool and one set of metrics."""
+
+    def __init__(self, config: ExecConfig, pool: WorkerPool, metrics: Metrics) -> None:
+        self.config = config
+        self.pool = pool
+        self.metrics = metrics
+
+    def _busy(self) -> JSONResponse:
+        self.metrics.record_rejected()
+        typical = self.metrics.latency_summary()["p50_ms"] / 1000.0 or self.config.run_timeout
+        retry_after = min(30, max(1, math.ceil(self.pool.queue_depth * typical / self.pool.size)))
+        return JSONResponse({"detail": f"sandbox queue is full ({self.pool.queue_size} snippets admitted); "
+                                       "retry later"}, status_code=429, headers={"Retry-After": str(retry_after)})
+
+    async def _execute(self, req: RunCodeRequest, job: dict[str, Any] | None, message: str) -> dict[str, Any]:
+        if job is None:
+            return to_sandboxfusion({"reason": "sandbox_error", "error": message}, req.request_id)
+        start = time.perf_counter()
+        result = await self.pool.run_admitted(job)
+        self.metrics.record_result(result["reason"], time.perf_counter() - start)
+        return to_sandboxfusion(result, req.request_id, message)
+
+    async def run_code(self, req: RunCodeRequest) -> JSONResponse:
+        """``POST /run_code``: one snippet, SandboxFusion's shape; 429 with Retry-After when the queue is full."""
+        self.metrics.record_request("run_code")
+        job, message = _resolve(req, self.config)
+        if job is not None and not self.pool.try_admit():
+            return self._busy()
+        return JSONResponse(await self._execute(req, job, message))
+
+    async def run_batch(self, batch: RunBatchRequest) -> JSONResponse:
+        """``POST /run_batch``: several snippets admitted together, answered in the same order."""
+        self.metrics.record_request("run_batch")
+        resolved = [_resolve(req, self.config) for req in batch.requests]
+        runnable = sum(job is not None for job, _ in resolved)
+        if runnable > self.pool.queue_size:
+            return JSONResponse({"detail": f"batch of {runnable} snippets exceeds the server queue "
+                                           f"(queue_size={self.pool.queue_size}); split it or raise --queue_size"},
+                                status_code=413)
+        if runnable and not self.pool.try_admit(runnable):
+            return self._busy()
+        pairs = zip(batch.requests, resolved, strict=True)
+        results = await asyncio.gather(*(self._execute(req, job, msg) for req, (job, msg) in pairs))
+        return JSONResponse({"results": results})
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /health``: workers, every protection layer (on, or off with the reason), limits."""
+        self.metrics.record_request("health")
+        pool, config = self.pool, self.config
+        layers = pool.layers()
+        alive = len(pool.workers)
+        return {
+            "status": "ok" if alive == pool.size else ("degraded" if alive else "down"),
+            "workers": pool.size, "workers_alive": alive, "queue_size": pool.queue_size,
+            "protections": {k: ("on" if v is None else f"off: {v}") for k, v in sorted(layers.items())},
+            "protections_off": sorted(k for k, v in layers.items() if v is not None),
+            "sandbox_uids": pool.uids(), "server_pid": os.getpid(),
+            "limits": {"run_timeout": config.run_timeout, "max_run_timeout": config.max_run_timeout,
+                       "memory_limit_mb": config.memory_limit_mb, "max_memory_limit_mb": config.max_memory_limit_mb,
+                       "max_output_bytes": config.max_output_bytes, "max_processes": config.max_processes,
+                       "max_file_size_mb": config.max_file_size_mb, "tmpfs_size_mb": config.tmpfs_size_mb},
+            "static_check": config.static_check, "preamble": config.preamble is not None,
+        }
+
+    async def metrics_view(self) -> dict[str, Any]:
+        """``GET /metrics``: requests, results by reason, 429s, latency percentiles, queue depth, kills by reason."""
+        metrics, pool = self.metrics, self.pool
+        return {
+            "uptime_s": round(time.time() - metrics.started, 3),
+            "requests": dict(metrics.requests), "results": dict(metrics.results),
+            "rejected_429": metrics.rejected, "latency": metrics.latency_summary(),
+            "in_flight": pool.pending, "busy_workers": pool.busy, "queue_depth": pool.queue_depth,
+            "kills": dict(pool.kills), "worker_restarts": pool.restarts,
+        }
+
+
+def create_app(config: ExecConfig, workers: int, queue_size: int, startup_timeout: float = 120.0) -> FastAPI:
+    """Build the FastAPI application; the worker pool starts and stops with the application's lifespan."""
+    pool = WorkerPool(config, workers=workers, queue_size=queue_size, startup_timeout=startup_timeout)
+    service = SandboxService(config, pool, Metrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            _report_layers(pool, config)
+            yield
+        finally:
+            await pool.stop()
+
+    app = FastAPI(title="zerotir sandbox", lifespan=lifespan)
+    app.state.service = service
+    app.add_api_route("/run_code", service.run_code, methods=["POST"])
+    app.add_api_route("/run_batch", service.run_batch, methods=["POST"])
+    app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/metrics", service.metrics_view, methods=["GET"])
+    return app
+
+
+def _report_layers(pool: WorkerPool, config: ExecConfig) -> None:
+    layers = pool.layers()
+    off = {k: v for k, v in layers.items() if v is not None}
+    log.info("sandbox: %d workers ready; protections on: %s", pool.size,
+             ", ".join(sorted(k for k, v in layers.items() if v is None)))
+    for layer, reason in sorted(off.items()):
+        log.warning("sandbox: protection OFF: %s (%s)", layer, reason)
+    if off and config.require_isolation:
+        raise RuntimeError(f"--require_isolation is set but these protections are off: {sorted(off)}")

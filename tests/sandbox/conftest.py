@@ -1,0 +1,122 @@
+"""A real sandbox server process shared by the sandbox tests, and helpers to inspect what it leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbox import ExecResult, SandboxClient, local_sandbox
+from sandbox.config import DEFAULT_ALLOWED_IMPORTS
+
+SECRET_NAME = "ZEROTIR_SANDBOX_TEST_SECRET"
+SECRET_VALUE = f"secret-{uuid.uuid4().hex}"
+QUEUE_SIZE = 8
+WORKERS = 2
+MAX_OUTPUT_BYTES = 4096
+# The adversarial snippets need os, socket, ... to reach the kernel layers; `shutil` stays out for the refusal test.
+TEST_IMPORTS = [*DEFAULT_ALLOWED_IMPORTS, "os", "socket", "signal", "ctypes", "pathlib", "tempfile", "subprocess",
+                "threading", "ast", "wave"]
+TEST_REFUSED_CALLS = ["eval"]
+
+
+@dataclass
+class Server:
+    """The running test server: its URL and its ``/health`` answer at start-up."""
+
+    url: str
+    health: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        """The server's process id."""
+        return self.health["server_pid"]
+
+    def require(self, *layers: str) -> None:
+        """Skip the calling test, naming the reason, when a protection it checks is off on this machine."""
+        off = {k: v for k, v in self.health["protections"].items() if k in layers and v != "on"}
+        if off:
+            pytest.skip("protection unavailable on this machine: " + "; ".join(f"{k} {v}" for k, v in off.items()))
+
+    def health_now(self) -> dict[str, Any]:
+        """The server's ``/health`` right now."""
+        return httpx.get(self.url + "/health", timeout=10, trust_env=False).json()
+
+    def metrics(self) -> dict[str, Any]:
+        """The server's ``/metrics`` right now."""
+        return httpx.get(self.url + "/metrics", timeout=10, trust_env=False).json()
+
+    def run(self, code: str, **kw: Any) -> ExecResult:
+        """Run one snippet through the real client."""
+
+        async def once() -> ExecResult:
+            async with SandboxClient(self.url, retries=0) as client:
+                return await client.run(code, **kw)
+
+        return asyncio.run(once())
+
+
+@pytest.fixture(scope="session")
+def sandbox_server() -> Server:
+    """Start ``python -m sandbox serve`` once for the whole session (with a secret in its environment)."""
+    previous = os.environ.get(SECRET_NAME)
+    os.environ[SECRET_NAME] = SECRET_VALUE
+    try:
+        with local_sandbox(workers=WORKERS, queue_size=QUEUE_SIZE, allow_imports=TEST_IMPORTS,
+                           refused_calls=TEST_REFUSED_CALLS, run_timeout=2.0, max_output_bytes=MAX_OUTPUT_BYTES,
+                           startup_timeout=90, log_level="warning") as urls:
+            health = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()
+            yield Server(url=urls[0], health=health)
+    finally:
+        if previous is None:
+            os.environ.pop(SECRET_NAME, None)
+        else:
+            os.environ[SECRET_NAME] = previous
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, real uid)} for every process on the machine."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            table[int(entry)] = (int(fields["PPid"]), int(fields["Uid"].split()[0]))
+        except (OSError, KeyError, ValueError):
+            continue  # exited while we looked
+    return table
+
+
+def leftover_processes(server: Server) -> list[int]:
+    """Processes a snippet left: below the server's workers, or running as a sandbox uid anywhere."""
+    table = _process_table()
+    workers = {pid for pid, (ppid, _) in table.items() if ppid == server.pid}
+    uids = set(server.health["sandbox_uids"])
+    left = []
+    for pid, (ppid, uid) in table.items():
+        if uid in uids:
+            left.append(pid)
+            continue
+        while ppid > 1 and ppid not in workers and ppid in table:  # walk up to see if a worker is an ancestor
+            ppid = table[ppid][0]
+        if ppid in workers:
+            left.append(pid)
+    return sorted(left)
+
+
+def wait_for_no_leftovers(server: Server, timeout: float) -> list[int]:
+    """Poll until no leftover process remains or ``timeout`` passes; returns what is left."""
+    deadline = time.monotonic() + timeout
+    left = leftover_processes(server)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = leftover_processes(server)
+    return left

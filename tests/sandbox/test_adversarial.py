@@ -1,0 +1,188 @@
+"""Hostile-by-accident snippets against a real server process: one property per test.
+
+The last test checks the server after all the others ran (pytest keeps file order), so run this file as a whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import tempfile
+import time
+
+from sandbox import ExecStatus, format_for_model
+from tests.sandbox.conftest import MAX_OUTPUT_BYTES, SECRET_VALUE, WORKERS, Server, wait_for_no_leftovers
+
+LIMIT_SLACK_S = 0.5
+
+
+def test_infinite_loop_is_killed_within_half_a_second_of_the_limit(sandbox_server: Server) -> None:
+    result = sandbox_server.run("while True:\n    pass", run_timeout=1.0)
+    assert result.status is ExecStatus.TIMEOUT
+    assert 1.0 <= result.wall_time <= 1.0 + LIMIT_SLACK_S, result
+
+
+def test_sleep_is_killed_within_half_a_second_of_the_limit(sandbox_server: Server) -> None:
+    result = sandbox_server.run("import time\nprint('before', flush=True)\ntime.sleep(100)", run_timeout=1.0)
+    assert result.status is ExecStatus.TIMEOUT
+    assert 1.0 <= result.wall_time <= 1.0 + LIMIT_SLACK_S, result
+    assert result.stdout == "before\n"  # output printed before the kill is kept
+
+
+def test_10gb_allocation_is_a_memory_error_and_the_service_lives(sandbox_server: Server) -> None:
+    result = sandbox_server.run("x = bytearray(10 * 2**30)\nprint(len(x))")
+    assert result.status is ExecStatus.MEMORY, result
+    assert sandbox_server.run("print(1 + 1)").stdout == "2\n"
+
+
+def test_fork_bomb_is_contained_and_gone_two_seconds_later(sandbox_server: Server) -> None:
+    sandbox_server.require("uid_drop")  # RLIMIT_NPROC only holds for a non-root uid
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = sandbox_server.run(bomb, run_timeout=1.0)
+    assert result.status in (ExecStatus.TIMEOUT, ExecStatus.KILLED), result
+    time.sleep(2.0)
+    assert wait_for_no_leftovers(sandbox_server, timeout=0.0) == []
+
+
+def test_connection_to_a_host_tcp_server_fails(sandbox_server: Server) -> None:
+    sandbox_server.require("network_namespace")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        code = ("import socket\n"
+                "try:\n"
+                f"    socket.create_connection(('127.0.0.1', {port}), timeout=1.0)\n"
+                "    print('CONNECTED')\n"
+                "except OSError as e:\n"
+                "    print('FAILED', type(e).__name__)\n")
+        result = sandbox_server.run(code)
+        listener.setblocking(False)
+        try:
+            listener.accept()  # a completed handshake would wait here in the backlog
+            reached = True
+        except BlockingIOError:
+            reached = False
+    assert result.ok, result
+    assert result.stdout.startswith("FAILED"), result
+    assert not reached
+
+
+def test_snippet_sees_no_interface_but_loopback(sandbox_server: Server) -> None:
+    sandbox_server.require("network_namespace")
+    result = sandbox_server.run("import socket\nprint(socket.if_nameindex())")
+    assert result.ok, result
+    assert [name for _, name in ast.literal_eval(result.stdout)] == ["lo"]
+
+
+def test_write_outside_the_temp_dir_fails_and_the_target_is_unchanged(sandbox_server: Server) -> None:
+    sandbox_server.require("readonly_root")
+    folder = tempfile.mkdtemp(prefix="zerotir-sandbox-target-")
+    target = os.path.join(folder, "target.txt")
+    try:
+        os.chmod(folder, 0o777)  # world-writable, so only the read-only view can stop the write
+        with open(target, "w") as f:
+            f.write("original")
+        os.chmod(target, 0o666)
+        code = (f"for path in [{target!r}, {os.path.join(folder, 'new.txt')!r}]:\n"
+                "    try:\n"
+                "        open(path, 'w').write('changed')\n"
+                "        print('WROTE', path)\n"
+                "    except OSError as e:\n"
+                "        print('REFUSED', type(e).__name__)\n")
+        result = sandbox_server.run(code)
+        with open(target) as f:
+            content = f.read()
+        assert result.stdout.splitlines() == ["REFUSED OSError", "REFUSED OSError"], result
+        assert content == "original"
+        assert os.listdir(folder) == ["target.txt"]
+    finally:
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+
+def test_snippet_can_write_and_read_its_own_temp_dir(sandbox_server: Server) -> None:
+    code = ("import os, tempfile\n"
+            "path = os.path.join(tempfile.gettempdir(), 'scratch.txt')\n"
+            "open(path, 'w').write('x' * 1000)\n"
+            "print(len(open(path).read()), os.path.dirname(path) == os.getcwd())\n")
+    result = sandbox_server.run(code)
+    assert result.stdout == "1000 True\n", result
+
+
+def test_a_stdlib_module_no_worker_preloaded_imports_as_the_sandbox_uid(sandbox_server: Server) -> None:
+    # `wave` is in no preload list and nothing the worker imports needs it, so this reads it from disk as the uid.
+    result = sandbox_server.run("import os, sys\nassert 'wave' not in sys.modules\nimport wave\n"
+                                "print(wave.__name__, os.getuid() != 0)")
+    assert result.stdout == "wave True\n", result
+
+
+def test_server_environment_secret_is_not_visible(sandbox_server: Server) -> None:
+    sandbox_server.require("uid_drop")  # without it the snippet could read the server's /proc/<pid>/environ
+    code = ("import os\n"
+            "print(dict(os.environ))\n"
+            f"for path in ['/proc/self/environ', '/proc/1/environ', '/proc/{sandbox_server.pid}/environ']:\n"
+            "    try:\n"
+            "        print(open(path, 'rb').read())\n"
+            "    except OSError as e:\n"
+            "        print(path, type(e).__name__)\n")
+    result = sandbox_server.run(code)
+    assert result.ok, result
+    assert "PATH" in result.stdout  # the snippet did print its environment
+    assert SECRET_VALUE not in result.stdout + result.stderr
+    assert SECRET_VALUE in os.environ.values()  # ...while the server was started with it
+
+
+def test_killing_the_parent_takes_down_neither_worker_nor_server(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    result = sandbox_server.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('alive')")
+    assert result.status in (ExecStatus.OK, ExecStatus.ERROR), result  # EPERM, or a no-op kill(0) as namespace init
+    assert sandbox_server.run("print(1 + 1)").stdout == "2\n"
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+def test_10mb_of_printing_returns_capped_output_with_a_marker(sandbox_server: Server) -> None:
+    result = sandbox_server.run("for _ in range(10):\n    print('x' * 1_000_000)")
+    assert result.ok, result
+    assert len(result.stdout.encode()) <= MAX_OUTPUT_BYTES + 100
+    assert "bytes of output omitted by the sandbox" in result.stdout
+    assert result.stdout.startswith("xxxx") and result.stdout.endswith("xxxx\n")
+
+
+def test_double_forked_daemon_does_not_survive_its_call(sandbox_server: Server) -> None:
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        open('daemon_started', 'w').close()\n"
+            "        time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "while not os.path.exists('daemon_started'):\n"
+            "    time.sleep(0.01)\n"
+            "print('daemon running')\n")
+    result = sandbox_server.run(code)
+    assert result.stdout == "daemon running\n", result
+    assert wait_for_no_leftovers(sandbox_server, timeout=1.0) == []
+
+
+def test_disallowed_import_returns_a_clear_error(sandbox_server: Server) -> None:
+    result = sandbox_server.run("import math\nimport shutil\nprint('ran')")
+    assert result.status is ExecStatus.ERROR
+    assert result.stdout == ""  # refused before anything ran
+    shown = format_for_model(result)
+    assert 'File "<snippet>", line 2' in shown
+    assert "ImportError: import of module 'shutil' is not allowed in this sandbox. Allowed modules:" in shown
+
+
+def test_refused_call_returns_a_clear_error(sandbox_server: Server) -> None:
+    result = sandbox_server.run("print(eval('1 + 1'))")
+    assert result.status is ExecStatus.ERROR
+    assert "PermissionError: calling eval() is not allowed in this sandbox" in result.stderr
+
+
+def test_after_the_adversarial_suite_the_server_answers_and_no_child_is_left(sandbox_server: Server) -> None:
+    assert sandbox_server.run("print(1+1)").stdout == "2\n"
+    assert wait_for_no_leftovers(sandbox_server, timeout=1.0) == []
+    metrics = sandbox_server.metrics()
+    assert metrics["busy_workers"] == 0 and metrics["in_flight"] == 0
+    assert sandbox_server.health_now()["workers_alive"] == WORKERS

@@ -1,0 +1,192 @@
+"""SandboxClient, CodeSession and local_sandbox: retry rules on a mock transport, the rest on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandbox import CodeSession, ExecStatus, SandboxClient, SandboxUnavailable, local_sandbox
+from tests.sandbox.conftest import Server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OK_BODY = {"status": "Success", "message": "", "run_result": {"status": "Finished", "execution_time": 0.01,
+                                                              "return_code": 0, "stdout": "2\n", "stderr": ""}}
+
+
+def scripted(answers: list, seen: list[str]) -> httpx.MockTransport:
+    """A transport answering from ``answers`` in turn (an exception instance is raised); records URLs hit."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return httpx.MockTransport(handler)
+
+
+def run_with(answers: list, urls: list[str], retries: int = 3) -> tuple[object, list[str]]:
+    seen: list[str] = []
+
+    async def once():
+        async with SandboxClient(urls, retries=retries, backoff=0.001, transport=scripted(answers, seen)) as c:
+            return await c.run("print(1 + 1)")
+
+    return asyncio.run(once()), seen
+
+
+def test_connection_error_is_retried_on_the_next_url() -> None:
+    answers = [httpx.ConnectError("refused"), httpx.Response(200, json=OK_BODY)]
+    result, seen = run_with(answers, ["http://a:1", "http://b:2"])
+    assert result.status is ExecStatus.OK and result.stdout == "2\n"
+    assert seen == ["http://a:1/run_code", "http://b:2/run_code"]
+
+
+def test_429_is_retried_after_its_retry_after() -> None:
+    answers = [httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200, json=OK_BODY)]
+    result, seen = run_with(answers, ["http://a:1"])
+    assert result.ok and len(seen) == 2
+
+
+def test_read_timeout_is_not_retried_and_gives_sandbox_error() -> None:
+    answers = [httpx.ReadTimeout("slow"), httpx.Response(200, json=OK_BODY)]
+    result, seen = run_with(answers, ["http://a:1"])
+    assert result.status is ExecStatus.SANDBOX_ERROR and len(seen) == 1
+
+
+def test_server_error_is_not_retried_and_gives_sandbox_error() -> None:
+    answers = [httpx.Response(500, text="boom"), httpx.Response(200, json=OK_BODY)]
+    result, seen = run_with(answers, ["http://a:1"])
+    assert result.status is ExecStatus.SANDBOX_ERROR and "HTTP 500" in result.stderr and len(seen) == 1
+
+
+def test_exhausted_retries_give_sandbox_error_naming_every_attempt() -> None:
+    answers = [httpx.ConnectError("refused")] * 3
+    result, seen = run_with(answers, ["http://a:1", "http://b:2"], retries=2)
+    assert result.status is ExecStatus.SANDBOX_ERROR and len(seen) == 3
+    assert "after 3 attempts" in result.stderr and "http://a:1" in result.stderr and "http://b:2" in result.stderr
+
+
+def test_answer_that_is_not_json_is_a_sandbox_error_not_an_exception() -> None:
+    result, _ = run_with([httpx.Response(200, text="<html>proxy error</html>")], ["http://a:1"])
+    assert result.status is ExecStatus.SANDBOX_ERROR and "not JSON" in result.stderr
+
+
+def test_response_for_another_request_id_is_a_sandbox_error() -> None:
+    answers = [httpx.Response(200, json={**OK_BODY, "request_id": "someone-else"})]
+    result, _ = run_with(answers, ["http://a:1"])
+    assert result.status is ExecStatus.SANDBOX_ERROR
+
+
+def test_request_carries_the_sandboxfusion_fields() -> None:
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=OK_BODY)
+
+    async def once() -> None:
+        async with SandboxClient("http://a:1/run_code", run_timeout=3.0, memory_limit_mb=256,
+                                 transport=httpx.MockTransport(handler)) as client:
+            await client.run("x = 1", run_timeout=1.5)
+
+    asyncio.run(once())
+    body = bodies[0]
+    assert (body["code"], body["language"], body["run_timeout"], body["memory_limit_MB"]) == ("x = 1", "python",
+                                                                                              1.5, 256)
+    assert isinstance(body["request_id"], str) and body["request_id"]
+
+
+def test_bad_url_is_refused_naming_the_field_and_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"SandboxClient urls: '127\.0\.0\.1:8080' is not an http"):
+        SandboxClient("127.0.0.1:8080")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_with_no_server_raises_naming_every_url_and_the_fix() -> None:
+    urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    with pytest.raises(SandboxUnavailable) as info:
+        SandboxClient(urls).check_health()
+    message = str(info.value)
+    assert all(url in message for url in urls)
+    assert "python -m sandbox serve" in message
+
+
+def test_check_health_works_inside_a_running_event_loop(sandbox_server: Server) -> None:
+    async def inside_loop() -> dict:
+        return SandboxClient(sandbox_server.url).check_health()
+
+    report = asyncio.run(inside_loop())
+    assert report["healthy"][sandbox_server.url]["status"] == "ok" and report["unreachable"] == {}
+
+
+def test_run_many_returns_results_in_order(sandbox_server: Server) -> None:
+    async def many() -> list:
+        async with SandboxClient(sandbox_server.url, max_concurrency=4) as client:
+            return await client.run_many([f"import time\ntime.sleep({0.02 * (8 - i)})\nprint({i})"
+                                          for i in range(8)])
+
+    assert [r.stdout for r in asyncio.run(many())] == [f"{i}\n" for i in range(8)]
+
+
+def test_code_session_keeps_variables_and_skips_failed_cells(sandbox_server: Server) -> None:
+    async def cells() -> list:
+        async with SandboxClient(sandbox_server.url) as client:
+            session = CodeSession(client)
+            return [await session.run("a = 6\nprint('set a')"),
+                    await session.run("b = undefined_name"),
+                    await session.run("print(a * 7)"),
+                    await session.run("c = a\n\nprint(c / 0)")]
+
+    first, failed, second, third = asyncio.run(cells())
+    assert first.stdout == "set a\n"
+    assert failed.status is ExecStatus.ERROR
+    assert second.stdout == "42\n"  # 'set a' was replayed silently; the failed cell was not replayed
+    assert 'File "<snippet>", line 3, in <module>' in third.stderr  # line numbers of the new cell, not the program
+
+
+def test_local_sandbox_failure_to_start_shows_the_server_output() -> None:
+    failing = local_sandbox(workers=1, preamble="import no_such_module_zt\n", preload=["math"], startup_timeout=60)
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code.*No module named 'no_such_module_zt'"), failing:
+        pass
+
+
+def test_local_sandbox_unknown_option_is_refused_listing_the_known_ones() -> None:
+    misspelt = local_sandbox(run_timout=3)
+    with pytest.raises(TypeError, match=r"unknown server option 'run_timout'.*run_timeout"), misspelt:
+        pass
+
+
+def test_local_server_exits_when_its_parent_is_killed() -> None:
+    script = ("import sys, time\n"
+              "from sandbox import local_sandbox\n"
+              "with local_sandbox(workers=1, preload=['math'], preamble=None, log_level='warning') as urls:\n"
+              "    print(urls[0], flush=True)\n"
+              "    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        url = parent.stdout.readline().strip()
+        server_pid = httpx.get(url + "/health", timeout=10, trust_env=False).json()["server_pid"]
+    finally:
+        parent.kill()  # SIGKILL: local_sandbox gets no chance to stop the server
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{server_pid}"):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{server_pid}")

@@ -1,0 +1,155 @@
+"""The HTTP service against a real server process: the SandboxFusion contract, batching, overload, health."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+
+from sandbox import ExecStatus, local_sandbox
+from tests.sandbox.conftest import QUEUE_SIZE, WORKERS, Server
+
+RUN_RESULT_KEYS = {"status", "execution_time", "return_code", "stdout", "stderr"}
+RESPONSE_KEYS = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files", "request_id",
+                 "details"}
+
+
+def post(server: Server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=30, trust_env=False)
+
+
+def test_run_code_response_has_sandboxfusion_shape_and_echoes_request_id(sandbox_server: Server) -> None:
+    answer = post(sandbox_server, "/run_code", {"code": "print(1 + 1)", "language": "python", "run_timeout": 3,
+                                                "memory_limit_MB": -1, "request_id": "req-42"})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert set(body) == RESPONSE_KEYS
+    assert (body["status"], body["request_id"], body["compile_result"], body["files"]) == ("Success", "req-42",
+                                                                                           None, {})
+    run = body["run_result"]
+    assert set(run) == RUN_RESULT_KEYS
+    assert (run["status"], run["return_code"], run["stdout"], run["stderr"]) == ("Finished", 0, "2\n", "")
+    assert isinstance(run["execution_time"], float) and 0 < run["execution_time"] < 3
+
+
+def test_failing_snippet_is_failed_finished_with_its_traceback(sandbox_server: Server) -> None:
+    body = post(sandbox_server, "/run_code", {"code": "x = 1\n1 / 0", "language": "python"}).json()
+    assert (body["status"], body["run_result"]["status"], body["run_result"]["return_code"]) == ("Failed",
+                                                                                                 "Finished", 1)
+    assert body["run_result"]["stderr"].endswith('line 2, in <module>\nZeroDivisionError: division by zero\n')
+
+
+def test_timeout_is_time_limit_exceeded(sandbox_server: Server) -> None:
+    body = post(sandbox_server, "/run_code", {"code": "while True: pass", "run_timeout": 0.3}).json()
+    assert (body["status"], body["run_result"]["status"]) == ("Failed", "TimeLimitExceeded")
+
+
+def test_unsupported_language_is_a_sandbox_error_naming_it(sandbox_server: Server) -> None:
+    body = post(sandbox_server, "/run_code", {"code": "console.log(1)", "language": "nodejs"}).json()
+    assert body["status"] == "SandboxError" and body["run_result"] is None
+    assert "'nodejs' is not supported" in body["message"]
+
+
+def test_run_timeout_above_the_server_max_is_clamped_and_said(sandbox_server: Server) -> None:
+    body = post(sandbox_server, "/run_code", {"code": "print(3)", "run_timeout": 10_000}).json()
+    assert body["status"] == "Success"
+    assert "clamped to the server's max_run_timeout 60 s" in body["message"]
+
+
+def test_missing_code_is_rejected_naming_the_field(sandbox_server: Server) -> None:
+    answer = post(sandbox_server, "/run_code", {"language": "python"})
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body", "code"]
+
+
+def test_run_batch_answers_in_request_order(sandbox_server: Server) -> None:
+    codes = [f"import time\ntime.sleep({0.05 * (5 - i)})\nprint({i})" for i in range(5)]
+    answer = post(sandbox_server, "/run_batch", {"requests": [{"code": c, "request_id": i} for i, c in
+                                                              enumerate(codes)]})
+    results = answer.json()["results"]
+    assert [r["run_result"]["stdout"] for r in results] == [f"{i}\n" for i in range(5)]
+    assert [r["request_id"] for r in results] == list(range(5))
+
+
+def test_batch_larger_than_the_queue_is_refused_with_the_fix(sandbox_server: Server) -> None:
+    answer = post(sandbox_server, "/run_batch", {"requests": [{"code": "pass"}] * (QUEUE_SIZE + 1)})
+    assert answer.status_code == 413
+    assert "split it or raise --queue_size" in answer.json()["detail"]
+
+
+def test_overload_gives_429s_no_5xx_and_answers_every_accepted_request(sandbox_server: Server) -> None:
+    n = 4 * QUEUE_SIZE
+    rejected_before = sandbox_server.metrics()["rejected_429"]
+
+    async def fire() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=n)
+        async with httpx.AsyncClient(limits=limits, timeout=60, trust_env=False) as http:
+            return await asyncio.gather(*(http.post(sandbox_server.url + "/run_code", json={
+                "code": f"import time\ntime.sleep(1.0)\nprint({i})", "request_id": i}) for i in range(n)))
+
+    answers = asyncio.run(fire())
+    codes = [a.status_code for a in answers]
+    assert set(codes) <= {200, 429}, codes
+    busy = [a for a in answers if a.status_code == 429]
+    # All n arrive within the first snippets' 1 s, so most find the queue full (a few slip in as early ones end).
+    assert len(busy) >= n // 2, codes
+    assert all(int(a.headers["Retry-After"]) >= 1 for a in busy)
+    for i, answer in enumerate(answers):
+        if answer.status_code == 200:
+            body = answer.json()
+            assert (body["status"], body["request_id"], body["run_result"]["stdout"]) == ("Success", i, f"{i}\n")
+    assert sandbox_server.metrics()["rejected_429"] - rejected_before == len(busy)
+
+
+def test_health_lists_every_protection_and_the_ones_that_are_off(sandbox_server: Server) -> None:
+    health = sandbox_server.health_now()
+    assert health["status"] == "ok" and health["workers_alive"] == WORKERS
+    expected = {"network_namespace", "mount_namespace", "readonly_root", "private_tmpfs", "pid_namespace",
+                "uid_drop", "rlimits", "no_new_privs"}
+    assert expected <= set(health["protections"])
+    assert health["protections_off"] == sorted(k for k, v in health["protections"].items() if v != "on")
+    if os.geteuid() != 0:
+        assert "uid_drop" in health["protections_off"]
+
+
+def test_metrics_count_results_and_kills_by_reason(sandbox_server: Server) -> None:
+    before = sandbox_server.metrics()
+    post(sandbox_server, "/run_code", {"code": "import time\ntime.sleep(5)", "run_timeout": 0.2})
+    post(sandbox_server, "/run_code", {"code": "print(1)"})
+    after = sandbox_server.metrics()
+    assert after["kills"].get("timeout", 0) - before["kills"].get("timeout", 0) == 1
+    assert after["results"].get("ok", 0) - before["results"].get("ok", 0) == 1
+    assert after["requests"]["run_code"] - before["requests"]["run_code"] == 2
+    assert after["latency"]["count"] >= 2 and after["latency"]["p50_ms"] > 0
+
+
+def test_per_request_memory_limit_applies(sandbox_server: Server) -> None:
+    code = "x = bytearray(300 * 2**20)\nprint(len(x) // 2**20)"
+    assert sandbox_server.run(code, memory_limit_mb=64).status is ExecStatus.MEMORY
+    assert sandbox_server.run(code, memory_limit_mb=512).stdout == "300\n"
+
+
+def test_a_killed_worker_is_replaced_and_the_service_goes_on(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    with open(f"/proc/{sandbox_server.pid}/task/{sandbox_server.pid}/children") as f:
+        victim = int(f.read().split()[0])
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sandbox_server.metrics()["worker_restarts"] == restarts:
+        time.sleep(0.2)
+    assert sandbox_server.metrics()["worker_restarts"] == restarts + 1
+    assert sandbox_server.health_now()["workers_alive"] == WORKERS
+    assert [r.stdout for r in (sandbox_server.run(f"print({i})") for i in range(4))] == ["0\n", "1\n", "2\n", "3\n"]
+
+
+def test_without_isolation_the_service_starts_and_health_names_what_is_off() -> None:
+    with local_sandbox(workers=1, isolate=False, preload=["math"], preamble=None, startup_timeout=60,
+                       log_level="warning") as urls:
+        health = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()
+        answer = post(Server(urls[0], health), "/run_code", {"code": "print(6 * 7)"}).json()
+    assert {"network_namespace", "pid_namespace", "readonly_root", "uid_drop"} <= set(health["protections_off"])
+    assert health["protections"]["uid_drop"] == "off: disabled by --isolate false"
+    assert answer["run_result"]["stdout"] == "42\n"
