@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.logging_utils import log_scalars, rl_step
 from zerotir import metric_names
+from zerotir.distributed import global_group_counts
 from zerotir.types import Trajectories
 
 
@@ -85,18 +86,19 @@ class PassRateFilter(Callback):
     def filter(self, batch: Trajectories) -> Trajectories:
         """Apply the filter to ``batch`` and update the statistics (no logging)."""
         keep = pass_rate_keep_mask(batch.rewards, batch.group_ids, self.low, self.high)
-        groups = torch.unique(batch.group_ids)
-        kept_groups = torch.unique(batch.group_ids[keep])
-        if kept_groups.numel() < self.min_keep_groups:
+        # Counted over all ranks (each rank holds whole prompt groups), so every rank takes the same skip decision
+        # and logs the same kept fraction; equal to the local counts in a single process.
+        kept_groups, groups = global_group_counts(keep, batch.group_ids)
+        if kept_groups < self.min_keep_groups:
             keep = torch.zeros_like(keep)
-            kept_groups = kept_groups[:0]
+            kept_groups = 0
             self.steps_skipped += 1
         self.steps_seen += 1
-        self.groups_seen += groups.numel()
-        self.groups_kept += kept_groups.numel()
+        self.groups_seen += groups
+        self.groups_kept += kept_groups
         self.trajectories_seen += len(batch)
         self.trajectories_kept += int(keep.sum().item())
-        self.last_kept_fraction = kept_groups.numel() / max(groups.numel(), 1)
+        self.last_kept_fraction = kept_groups / max(groups, 1)
         return batch.select(keep)
 
     def on_rollout_scored(self, trainer: Any, pl_module: Any, batch: Trajectories) -> Trajectories:
