@@ -48,12 +48,16 @@ class Sample:
         finish_reason: "eos" (end-of-sequence token sampled; it is included in ``token_ids``), "stop"
             (a stop string was completed), or "length" (``max_new_tokens`` reached).
         stop_str: the stop string that ended the sample when ``finish_reason == "stop"``.
+        partial: the engine paused this sample before any finish condition (only an engine asked to return early,
+            e.g. ``HFEngine.generate(..., pause_fraction=0.25)``); ``finish_reason`` is then "length" and the sample can be
+            continued by sending its prompt + ids again.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     stop_str: str | None = None
+    partial: bool = False
 
 
 @runtime_checkable

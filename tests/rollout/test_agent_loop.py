@@ -1,0 +1,294 @@
+"""The tool loop with a scripted engine over the byte tokenizer (one token per character): every count below is
+worked by hand from the transcript strings."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from sandbox import ExecResult, ExecStatus, format_for_model
+from tests.rollout.scripted import ScriptedBatchSandbox, ScriptedEngine, ScriptedSandbox, fake_logprob, ok
+from zerotir.rollout.agent_loop import ToolConfig, rollout, rollout_sync
+from zerotir.rollout.engine import SamplingParams
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
+PROMPT = "Q: 2+3?\n"  # 8 tokens
+STEP1 = "Let me compute.\n```python"  # 16 + 9 = 25 sampled tokens, ends on the first stop
+STEP2 = "\nprint(2+3)\n```"  # 1 + 10 + 1 + 3 = 15 sampled tokens, ends on the closing fence
+INJECTED = "\n```output\n5\n```\n"  # 17 injected tokens
+ANSWER = "\nThe answer is \\boxed{5}."  # 25 sampled tokens, then EOS
+CODE = "\nprint(2+3)\n"
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4096)
+LOCKSTEP = ToolConfig(tokens_per_call=None)  # one call per phase: the call structure below is exact
+
+
+def run(scripts, sandbox, prompts, params=GREEDY, tool=None, truths=None, param_list=False, pause=False):
+    engine = ScriptedEngine(TOK, scripts, accepts_param_list=param_list, can_pause=pause)
+    ids = [TOK.encode(p, add_special_tokens=False) for p in prompts]
+    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool or ToolConfig(), truths)
+    return traj, timings, engine
+
+
+def test_code_block_output_injected_then_answer():
+    sandbox = ScriptedSandbox({CODE: ok("5\n")})
+    traj, timings, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, sandbox, [PROMPT], tool=LOCKSTEP, truths=["5"])
+    assert traj.response_texts == [STEP1 + STEP2 + INJECTED + ANSWER]
+    assert sandbox.codes == [CODE] and sandbox.timeouts == [5.0]
+    assert traj.num_calls.tolist() == [1] and traj.num_exec_errors.tolist() == [0]
+    assert traj.finish_reasons == ["stop"] and traj.truncated.tolist() == [False]
+    assert traj.ground_truths == ["5"] and traj.rewards.tolist() == [0.0]
+    # Three phases: text (stop on the opening), code (stop on the closing fence), text again.
+    assert [c[1].stop for c in engine.calls] == [["```python"], ["```"], ["```python"]]
+    assert engine.calls[1][0] == [PROMPT + STEP1]
+    assert engine.calls[2][0] == [PROMPT + STEP1 + STEP2 + INJECTED]
+    assert set(timings) == {"generation", "sandbox"} and min(timings.values()) >= 0
+
+
+def test_action_mask_covers_exactly_the_sampled_tokens():
+    traj, _, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: ok("5\n")}), [PROMPT],
+                          tool=LOCKSTEP)
+    # prompt 8 | sampled 25 + 15 | injected 17 | sampled 25 + EOS
+    assert traj.prompt_lens.tolist() == [8] and traj.response_lens.tolist() == [83]
+    expected = [0] * 8 + [1] * 40 + [0] * 17 + [1] * 26
+    assert traj.action_mask[0].long().tolist() == expected
+    assert traj.attention_mask[0].tolist() == [1] * 91
+    # Token-in / token-out: the response ids are the engine's sampled ids and the encoded output block, in order.
+    sampled = [s[0].token_ids for s in (r[0] for r in engine.returned)]
+    assert traj.input_ids[0, 8:48].tolist() == sampled[0] + sampled[1]
+    assert traj.input_ids[0, 48:65].tolist() == TOK.encode(INJECTED, add_special_tokens=False)
+    assert traj.input_ids[0, 65:].tolist() == sampled[2] and sampled[2][-1] == TOK.eos_token_id
+    # Log-probs sit on their own tokens (the scripted value restarts at index 0 in each call), 0 elsewhere.
+    want = torch.zeros(91)
+    for start, ids in ((8, sampled[0]), (33, sampled[1]), (65, sampled[2])):
+        want[start : start + len(ids)] = torch.tensor([fake_logprob(t, i) for i, t in enumerate(ids)])
+    assert torch.allclose(traj.logprobs[0], want)
+
+
+def test_rows_are_right_padded_and_grouped():
+    scripts = {"A?": [["\\boxed{1}"]], "Bb?": [["x```python\nprint(1)\n```", "\\boxed{1}"]]}
+    traj, _, _ = run(scripts, ScriptedSandbox(default=ok("1")), ["A?", "Bb?"], SamplingParams(n=2, max_new_tokens=99),
+                     truths=["1", "2"])
+    assert traj.group_ids.tolist() == [0, 0, 1, 1] and traj.ground_truths == ["1", "1", "2", "2"]
+    # "A?" 2 + "\boxed{1}" 9 + EOS = 12; "Bb?" 3 + "x```python\nprint(1)\n```" 1 + 9 + 1 + 8 + 1 + 3 = 23 sampled
+    # + "\n```output\n1\n```\n" 17 injected + "\boxed{1}" 9 + EOS = 53
+    assert (traj.prompt_lens + traj.response_lens).tolist() == [12, 12, 53, 53]
+    assert traj.input_ids.shape == (4, 53)
+    assert traj.attention_mask[0].tolist() == [1] * 12 + [0] * 41
+    assert traj.input_ids[0, 12:].tolist() == [TOK.pad_token_id] * 41
+    assert not traj.action_mask[0, 12:].any() and not traj.action_mask[:, :2].any()
+
+
+def test_tool_call_cap_holds_and_drops_the_code_stops():
+    turns = ["A```python\nprint(1)\n```", "B```python\nprint(2)\n```", "C```python\nprint(3)\n```D"]
+    sandbox = ScriptedSandbox(default=ok("x"))
+    traj, _, engine = run({"P": [turns]}, sandbox, ["P"], tool=ToolConfig(max_tool_calls=2, tokens_per_call=None))
+    assert traj.num_calls.tolist() == [2] and sandbox.codes == ["\nprint(1)\n", "\nprint(2)\n"]
+    # After the second call the model writes on with no code stop at all: the third block is plain text.
+    assert engine.calls[-1][1].stop == []
+    out = "\n```output\nx\n```\n"
+    assert traj.response_texts == [turns[0] + out + turns[1] + out + turns[2]]
+    assert traj.finish_reasons == ["stop"]
+
+
+def test_zero_tool_calls_means_no_code_stops():
+    sandbox = ScriptedSandbox()
+    traj, _, engine = run({"P": [["A```python\nprint(1)\n```B"]]}, sandbox, ["P"],
+                          tool=ToolConfig(max_tool_calls=0, tokens_per_call=None))
+    assert [c[1].stop for c in engine.calls] == [[]] and sandbox.codes == []
+    assert traj.num_calls.tolist() == [0] and traj.response_texts == ["A```python\nprint(1)\n```B"]
+
+
+def test_long_output_is_cut_with_a_marker():
+    long = ExecResult(ExecStatus.OK, "0123456789" * 500, "", 0.01, 0)
+    tool = ToolConfig(max_output_chars=200)
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: long}), [PROMPT], tool=tool)
+    shown = format_for_model(long, 200)
+    assert len(shown) <= 200 and "omitted" in shown
+    assert traj.response_texts == [STEP1 + STEP2 + "\n```output\n" + shown + "\n```\n" + ANSWER]
+
+
+@pytest.mark.parametrize("budget, calls, injected, codes", [
+    (30, 0, 0, []),  # 25 + 5 sampled: the budget ends inside the code, nothing runs
+    (40, 0, 0, []),  # the closing fence lands exactly on the budget: no room to inject, nothing runs
+    (45, 1, 5, [CODE]),  # 40 sampled, then only 5 of the 17 output tokens fit
+])
+def test_response_budget_truncates(budget, calls, injected, codes):
+    sandbox = ScriptedSandbox({CODE: ok("5\n")})
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, sandbox, [PROMPT],
+                     tool=ToolConfig(max_response_tokens=budget))
+    assert traj.finish_reasons == ["length"] and traj.truncated.tolist() == [True]
+    assert traj.response_lens.tolist() == [budget] and sandbox.codes == codes
+    assert traj.num_calls.tolist() == [calls]
+    mask = traj.action_mask[0, 8 : 8 + budget].long().tolist()
+    assert mask == [1] * (budget - injected) + [0] * injected
+
+
+def test_budget_is_the_smaller_of_params_and_tool():
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox(), [PROMPT],
+                     SamplingParams(temperature=0.0, max_new_tokens=10), ToolConfig(max_response_tokens=500))
+    assert traj.response_lens.tolist() == [10] and traj.response_texts == [STEP1[:10]]
+
+
+def test_execution_error_is_injected_as_the_model_sees_it():
+    trace = ('Traceback (most recent call last):\n  File "/srv/sandbox/tmp/snippet.py", line 1, in <module>\n'
+             "    1/0\nZeroDivisionError: division by zero\n")
+    error = ExecResult(ExecStatus.ERROR, "partial\n", trace, 0.01, 1)
+    sandbox = ScriptedSandbox({CODE: error})
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, "\nOops."]]}, sandbox, [PROMPT])
+    shown = format_for_model(error, 1024)
+    assert traj.response_texts == [STEP1 + STEP2 + "\n```output\n" + shown + "\n```\n" + "\nOops."]
+    assert shown.startswith("partial\n") and shown.endswith("ZeroDivisionError: division by zero")
+    assert "/srv/sandbox" not in shown
+    assert traj.num_exec_errors.tolist() == [1] and traj.num_timeouts.tolist() == [0]
+
+
+@pytest.mark.parametrize("status, field", [
+    (ExecStatus.ERROR, "num_exec_errors"), (ExecStatus.TIMEOUT, "num_timeouts"), (ExecStatus.MEMORY, "num_timeouts"),
+    (ExecStatus.KILLED, "num_timeouts"), (ExecStatus.SANDBOX_ERROR, "num_sandbox_errors"),
+])
+def test_outcomes_are_counted(status, field):
+    result = ExecResult(status, "", "boom", 0.01, None)
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: result}), [PROMPT])
+    counts = {f: getattr(traj, f).item() for f in ("num_exec_errors", "num_timeouts", "num_sandbox_errors")}
+    assert counts == {f: int(f == field) for f in counts} and traj.num_calls.item() == 1
+    assert "\n```output\n" + format_for_model(result, 1024) + "\n```\n" in traj.response_texts[0]
+
+
+def test_a_sandbox_that_raises_counts_as_sandbox_error_and_the_model_is_told():
+    sandbox = ScriptedSandbox(raises=ConnectionError("refused"))
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, sandbox, [PROMPT])
+    assert traj.num_sandbox_errors.tolist() == [1] and traj.num_calls.tolist() == [1]
+    assert "could not be run" in traj.response_texts[0] and traj.finish_reasons == ["stop"]
+
+
+def test_rows_finish_at_different_times():
+    block = "```python\nprint(1)\n```"
+    scripts = {
+        "A?": [["\\boxed{1}"]],  # answers at once
+        "B?": [["b" + block, "\\boxed{1}"], ["I know: \\boxed{1}"]],  # sample 0: one call; sample 1: none
+        "C?": [["c" + block, "c" + block, "c" + block, "\\boxed{1}"]],  # three calls
+    }
+    sandbox = ScriptedSandbox(default=ok("1"))
+    traj, _, engine = run(scripts, sandbox, ["A?", "B?", "C?"], SamplingParams(n=2, max_new_tokens=999), LOCKSTEP)
+    assert traj.num_calls.tolist() == [0, 0, 1, 0, 3, 3]
+    assert traj.finish_reasons == ["stop"] * 6 and len(sandbox.codes) == 7
+    # One generate call per phase, and finished rows are not sent again: the first call asks n=2 per prompt.
+    assert [len(c[0]) for c in engine.calls] == [3, 3, 3, 2, 2, 2, 2]
+    assert [c[1].n for c in engine.calls] == [2, 1, 1, 1, 1, 1, 1]
+    out = "\n```output\n1\n```\n"
+    assert traj.response_texts[2] == "b" + block + out + "\\boxed{1}"
+    assert traj.response_texts[3] == "I know: \\boxed{1}"
+    assert traj.response_texts[4] == ("c" + block + out) * 3 + "\\boxed{1}"
+
+
+def test_prompt_that_opens_a_block_starts_in_the_code_phase():
+    prompt = "Solve.\n```python\nx = 6*7\n"
+    sandbox = ScriptedSandbox({"\nx = 6*7\nprint(x)\n": ok("42\n")})
+    traj, _, engine = run({prompt: [["print(x)\n```", "\\boxed{42}"]]}, sandbox, [prompt], tool=LOCKSTEP)
+    assert engine.calls[0][1].stop == ["```"]
+    assert traj.response_texts == ["print(x)\n```\n```output\n42\n```\n\\boxed{42}"]
+    assert traj.num_calls.tolist() == [1]
+
+
+def test_caller_stop_strings_end_the_response():
+    params = SamplingParams(temperature=0.0, max_new_tokens=999, stop=["</answer>"])
+    traj, _, engine = run({"P": [["<answer>1</answer> trailing"]]}, ScriptedSandbox(), ["P"], params, LOCKSTEP)
+    assert engine.calls[0][1].stop == ["```python", "</answer>"]
+    assert traj.response_texts == ["<answer>1</answer>"] and traj.finish_reasons == ["stop"]
+
+
+def test_seed_is_offset_per_phase():
+    params = SamplingParams(temperature=1.0, max_new_tokens=999, seed=5)
+    _, _, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: ok("5")}), [PROMPT], params,
+                       LOCKSTEP)
+    seeds = [c[1].seed for c in engine.calls]
+    assert seeds[0] == 5 and len(set(seeds)) == 3
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="ground_truths"):
+        run({PROMPT: [[ANSWER]]}, ScriptedSandbox(), [PROMPT], truths=["1", "2"])
+    with pytest.raises(ValueError, match="prompts"):
+        rollout_sync(ScriptedEngine(TOK, {}), TOK, ScriptedSandbox(), [], GREEDY, ToolConfig())
+    for kwargs, name in (({"max_tool_calls": -1}, "max_tool_calls"), ({"max_response_tokens": 0}, "max_response"),
+                         ({"output_template": "no slot"}, "output_template"), ({"code_end": ""}, "code_end"),
+                         ({"run_timeout": 0}, "run_timeout"), ({"max_output_chars": 10}, "max_output_chars")):
+        with pytest.raises(ValueError, match=name):
+            ToolConfig(**kwargs)
+
+
+def test_rollout_sync_refuses_a_running_loop_and_rollout_is_awaitable():
+    engine = ScriptedEngine(TOK, {PROMPT: [[ANSWER]]})
+    ids = [TOK.encode(PROMPT)]
+
+    async def inside():
+        with pytest.raises(RuntimeError, match="await rollout"):
+            rollout_sync(engine, TOK, ScriptedSandbox(), ids, GREEDY, ToolConfig())
+        return await rollout(engine, TOK, ScriptedSandbox(), ids, GREEDY, ToolConfig())
+
+    traj, _ = asyncio.run(inside())
+    assert traj.response_texts == [ANSWER]
+
+
+@pytest.mark.parametrize("tokens_per_call", [None, 64, 5, 1])
+@pytest.mark.parametrize("param_list, pause", [(False, False), (True, False), (True, True)])
+def test_rounds_of_any_size_give_the_same_trajectories(tokens_per_call, param_list, pause):
+    """Cutting generation into calls of a few tokens (stops then span calls: "```python" is 9 tokens) and running
+    code while other rows generate change when things happen, never what the trajectories are."""
+    block = "```python\nprint(1)\n```"
+    scripts = {"A?": [["\\boxed{1}"]], "B?": [["b" + block, "\\boxed{1}"], ["I know: \\boxed{1}"]],
+               "C?": [["c" + block, "cc" + block, "ccc" + block, "\\boxed{1} end"]]}
+    params = SamplingParams(n=2, max_new_tokens=999, stop=["end"])
+    tool = ToolConfig(tokens_per_call=tokens_per_call)
+    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), ["A?", "B?", "C?"], params, tool,
+                          param_list=param_list, pause=pause)
+    out = "\n```output\n1\n```\n"
+    assert traj.response_texts == [
+        "\\boxed{1}", "\\boxed{1}", "b" + block + out + "\\boxed{1}", "I know: \\boxed{1}",
+        "c" + block + out + "cc" + block + out + "ccc" + block + out + "\\boxed{1} end",
+        "c" + block + out + "cc" + block + out + "ccc" + block + out + "\\boxed{1} end"]
+    assert traj.num_calls.tolist() == [0, 0, 1, 0, 3, 3] and traj.finish_reasons == ["stop"] * 6
+    sampled = [len(TOK.encode(t)) for t in ("\\boxed{1}", "b" + block + "\\boxed{1}", "I know: \\boxed{1}",
+                                            "c" + block + "cc" + block + "ccc" + block + "\\boxed{1} end")]
+    eos = [1, 1, 1, 1, 0, 0]  # "end" is a caller stop: no EOS after it
+    want = [sampled[0], sampled[0], sampled[1], sampled[2], sampled[3], sampled[3]]
+    assert traj.action_mask.sum(1).tolist() == [w + e for w, e in zip(want, eos)]
+    if tokens_per_call is not None and param_list:
+        assert all(len(c[0]) > 0 for c in engine.calls)
+        assert max(p.max_new_tokens for c in engine.calls for p in c[1]) <= tokens_per_call
+
+
+def test_a_paused_round_leaves_the_stragglers_for_the_next_round():
+    # Six rows: the loop pauses a round below ceil(0.25 * 6) = 2 running rows. Five rows end after 10 tokens ("\boxed{1}" + EOS); the long row
+    # is then alone (1 < 2 running) and comes back paused with its first 10 tokens, to go on in the next round.
+    scripts = {"A?": [["\\boxed{1}"]], "L?": [["x" * 40 + "```python\nprint(1)\n```", "\\boxed{1}"]]}
+    prompts = ["A?"] * 5 + ["L?"]
+    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), prompts, SamplingParams(max_new_tokens=999),
+                          ToolConfig(tokens_per_call=64), param_list=True, pause=True)
+    first = engine.returned[0]
+    assert first[5][0].partial and len(first[5][0].token_ids) == 10  # paused when the A rows ended (9 + EOS)
+    assert traj.response_texts[5] == "x" * 40 + "```python\nprint(1)\n```\n```output\n1\n```\n\\boxed{1}"
+    assert traj.num_calls.tolist() == [0] * 5 + [1]
+
+
+def test_a_batch_capable_sandbox_gets_each_rounds_code_in_one_call():
+    block = "```python\nprint(1)\n```"
+    scripts = {"B?": [["b" + block, "\\boxed{1}"]], "C?": [["c" + block, "c" + block, "\\boxed{1}"]]}
+    sandbox = ScriptedBatchSandbox(default=ok("1"))
+    traj, _, _ = run(scripts, sandbox, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), LOCKSTEP)
+    assert [len(b) for b in sandbox.batches] == [4, 2] and traj.num_calls.tolist() == [1, 1, 2, 2]
+    failing = ScriptedBatchSandbox(raises=RuntimeError("down"))
+    traj, _, _ = run(scripts, failing, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), LOCKSTEP)
+    assert traj.num_sandbox_errors.tolist() == [1, 1, 2, 2]
+
+
+def test_a_sandbox_returning_the_wrong_number_of_results_is_an_error():
+    class Broken(ScriptedBatchSandbox):
+        async def run_many(self, codes, *, run_timeout=None):
+            return []
+
+    with pytest.raises(RuntimeError, match="0 results for 1 snippets"):
+        run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, Broken(default=ok("5")), [PROMPT])

@@ -1,0 +1,156 @@
+"""The tool loop on HFEngine with real tiny models (built in the test, never downloaded).
+
+1. A random-init model with stop strings taken from its own greedy output, so that it really makes tool calls:
+   shapes, masks, log-probs recomputed by a plain forward, and determinism of greedy decoding.
+2. A model trained for a few seconds to memorise two tool-using documents, against the real sandbox server: it
+   writes code, the code runs, the real output is injected and the model answers; a division by zero comes back as
+   the traceback the model sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import torch
+
+from sandbox import SandboxClient, format_for_model, local_sandbox
+from tests.rollout.scripted import ScriptedSandbox, ok
+from zerotir.rollout.agent_loop import ToolConfig, rollout_sync
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=160)
+DOCS = {
+    "Q: 12*34?\n": "```python\nprint(12*34)\n```\n```output\n408\n```\nA: \\boxed{408}",
+    "Q: 1/0?\n": "```python\nprint(1/0)\n```\n```output\nError\n```\nA: undefined",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=0).eval()
+
+
+def greedy_tool_config(model, prompt: list[int]) -> ToolConfig:
+    """Fences made of the model's own greedy output: single-byte windows, so the loop stops on them for sure."""
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    ref = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=60))[0][0].token_ids
+    single_byte = [3 <= t < 131 for t in ref]
+    i = next(i for i in range(len(ref) - 1) if single_byte[i] and single_byte[i + 1])
+    j = next(j for j in range(i + 2, len(ref)) if single_byte[j])  # the first such character after the opening
+    return ToolConfig(code_start=TOK.decode(ref[i : i + 2]), code_end=TOK.decode(ref[j : j + 1]), max_tool_calls=3,
+                      max_response_tokens=120, output_template="<o>{output}</o>")
+
+
+@torch.inference_mode()
+def recomputed_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) for t >= 1 from one plain forward over the whole sequence."""
+    logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    return logp[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+
+
+def test_random_model_makes_tool_calls_with_exact_masks_and_logprobs(random_model):
+    prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?")]
+    tool = greedy_tool_config(random_model, prompts[0])
+    sandbox = ScriptedSandbox(default=ok("7"))
+    traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, SamplingParams(n=2, temperature=0.0,
+                           max_new_tokens=500), tool)
+    assert traj.input_ids.shape[0] == 4 and traj.group_ids.tolist() == [0, 0, 1, 1]
+    assert traj.num_calls[0] >= 1 and len(sandbox.codes) == int(traj.num_calls.sum())
+    injected = TOK.encode("<o>7</o>", add_special_tokens=False)
+    for b in range(4):
+        p, n = int(traj.prompt_lens[b]), int(traj.response_lens[b])
+        assert n <= 120 and traj.attention_mask[b].sum() == p + n
+        ids = traj.input_ids[b, : p + n].tolist()
+        action = traj.action_mask[b]
+        assert not action[:p].any() and not action[p + n :].any()
+        # The unmasked response tokens are exactly the injected blocks, whole except a cut at the budget.
+        env = [t for t, a in zip(ids[p:], action[p : p + n].tolist()) if not a]
+        calls = int(traj.num_calls[b])
+        assert env == (injected * calls)[: len(env)] and len(env) > len(injected) * (calls - 1)
+        # Each sampled token's log-prob is the model's under plain full-sequence recompute (greedy: raw logits).
+        want = recomputed_logprobs(random_model, ids)[p - 1 :]
+        got = traj.logprobs[b, p : p + n]
+        mask = action[p : p + n]
+        assert torch.allclose(got[mask], want[mask], atol=1e-4) and not got[~mask].any()
+
+
+def test_greedy_tool_loop_is_deterministic(random_model):
+    prompts = [TOK.encode("Hello"), TOK.encode("x")]
+    # Strict lockstep: the rows batched together do not depend on when code results come back, so even float
+    # rounding (which can depend on the batch) is the same from run to run.
+    tool = replace(greedy_tool_config(random_model, prompts[0]), tokens_per_call=None)
+
+    def once(**engine_kwargs):
+        engine = HFEngine(random_model, TOK, **engine_kwargs)
+        return rollout_sync(engine, TOK, ScriptedSandbox(default=ok("7")), prompts, GREEDY, tool)[0]
+
+    a, b, fresh = once(), once(), once(prefix_cache_tokens=0)  # lockstep: the same batches each time
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.action_mask, b.action_mask)
+    assert torch.equal(a.input_ids, fresh.input_ids)  # reusing cached prefixes changes nothing
+    assert a.num_calls.sum() >= 1
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    """A tiny Llama that has memorised ``DOCS`` (about 100 full-batch steps, a few seconds)."""
+    docs = [TOK.encode(q + a) + [TOK.eos_token_id] for q, a in DOCS.items()]
+    width = max(map(len, docs))
+    ids = torch.full((len(docs), width), TOK.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, d in enumerate(docs):
+        ids[i, : len(d)], mask[i, : len(d)] = torch.tensor(d), 1
+    model = build_tiny_model(TOK, hidden_size=64, num_layers=2, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.01:
+            break
+    assert loss.item() < 0.05, f"the tiny model did not memorise the documents (loss {loss.item():.3f})"
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def sandbox_urls():
+    with local_sandbox(workers=1) as urls:
+        yield urls
+
+
+def test_trained_model_calls_the_real_sandbox_and_answers(trained_model, sandbox_urls):
+    client = SandboxClient(sandbox_urls)
+    prompts = [TOK.encode(q) for q in DOCS]
+    traj, timings = rollout_sync(HFEngine(trained_model, TOK), TOK, client, prompts, GREEDY, ToolConfig(),
+                                 ["408", "undefined"])
+    # Row 0 follows its document: the real output "408" is what it memorised, so it answers.
+    assert traj.response_texts[0] == DOCS["Q: 12*34?\n"]
+    assert traj.num_calls[0] == 1 and traj.num_exec_errors[0] == 0 and traj.finish_reasons[0] == "stop"
+    assert traj.input_ids[0, int(traj.prompt_lens[0] + traj.response_lens[0]) - 1] == TOK.eos_token_id
+    # Row 1's code raises: the model sees the sandbox's own formatting of the traceback.
+    error = asyncio.run(client.run("\nprint(1/0)\n"))
+    shown = ToolConfig().output_template.format(output=format_for_model(error, 1024))
+    assert "ZeroDivisionError: division by zero" in shown
+    assert traj.response_texts[1].startswith("```python\nprint(1/0)\n```" + shown)
+    assert traj.num_exec_errors.tolist() == [0, 1] and traj.num_sandbox_errors.tolist() == [0, 0]
+    assert timings["sandbox"] > 0 and timings["generation"] > 0
+    # The injected output carries action 0; the code the model wrote carries action 1.
+    p = int(traj.prompt_lens[1])
+    code_len = len(TOK.encode("```python\nprint(1/0)\n```"))
+    shown_len = len(TOK.encode(shown, add_special_tokens=False))
+    assert traj.action_mask[1, p : p + code_len].all()
+    assert not traj.action_mask[1, p + code_len : p + code_len + shown_len].any()

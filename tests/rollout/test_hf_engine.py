@@ -1,0 +1,251 @@
+"""HFEngine on a tiny random Llama, checked against a plain full-sequence forward (no cache, one row at a time)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerotir.rollout.engine import RolloutEngine, SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
+TEXTS = ["Hello", "What is 2+3? Let me think about it", "x"]
+PROMPTS = [TOK.encode(t) for t in TEXTS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The references below run many tiny forwards: one thread avoids stalls on a shared, loaded CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(TOK, hidden_size=32, num_layers=2, num_heads=4, seed=0).eval()
+
+
+@pytest.fixture()
+def engine(model):
+    return HFEngine(model, TOK, max_batch_size=8)
+
+
+@torch.inference_mode()
+def reference_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """Greedy decoding by recomputing the whole sequence at each step: the slow, obviously right way."""
+    ids, out, lps = list(prompt), [], []
+    for _ in range(steps):
+        logits = model(torch.tensor([ids])).logits[0, -1].float()
+        tok = int(logits.argmax())
+        out.append(tok)
+        lps.append(float(torch.log_softmax(logits, -1)[tok]))
+        ids.append(tok)
+        if tok == TOK.eos_token_id:
+            break
+    return out, lps
+
+
+def ascii_stop(ids: list[int], length: int, start: int = 0) -> str:
+    """A stop string of ``length`` single-byte (ASCII) tokens of ``ids`` from ``start`` on: it decodes the same
+    whatever bytes surround it, so where it first appears is unambiguous."""
+    for i in range(start, len(ids) - length + 1):
+        if all(3 <= t < 3 + 128 for t in ids[i : i + length]):
+            return TOK.decode(ids[i : i + length])
+    raise AssertionError("no ASCII window in the greedy continuation; pick another seed")
+
+
+def first_completion(ids: list[int], stop: str) -> int | None:
+    """Number of tokens after which ``stop`` first appears in the decoded text, or None."""
+    return next((i + 1 for i in range(len(ids)) if stop in TOK.decode(ids[: i + 1])), None)
+
+
+@torch.inference_mode()
+def sequence_logprobs(model, prompt: list[int], sampled: list[int], temperature: float) -> list[float]:
+    logits = model(torch.tensor([prompt + sampled])).logits[0].float() / temperature
+    logp = torch.log_softmax(logits, -1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(sampled)]
+
+
+def test_is_a_rollout_engine(engine):
+    assert isinstance(engine, RolloutEngine)
+
+
+def test_greedy_matches_full_recompute_in_a_ragged_batch(engine, model):
+    out = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40))
+    for prompt, samples in zip(PROMPTS, out):
+        want_ids, want_lps = reference_greedy(model, prompt, 40)
+        assert samples[0].token_ids == want_ids
+        assert samples[0].logprobs == pytest.approx(want_lps, abs=1e-4)
+        assert samples[0].finish_reason == "length"
+
+
+def test_greedy_is_deterministic_and_batch_independent(engine):
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    together = engine.generate(PROMPTS, params)
+    alone = [engine.generate([p], params)[0] for p in PROMPTS]
+    again = engine.generate(PROMPTS, params)
+    assert [s[0].token_ids for s in together] == [s[0].token_ids for s in alone] == [s[0].token_ids for s in again]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_are_those_of_the_sampling_distribution(engine, model, temperature):
+    out = engine.generate(PROMPTS[:2], SamplingParams(n=3, temperature=temperature, max_new_tokens=25, seed=3))
+    for prompt, samples in zip(PROMPTS, out):
+        assert len(samples) == 3
+        for s in samples:
+            assert s.logprobs == pytest.approx(sequence_logprobs(model, prompt, s.token_ids, temperature), abs=1e-4)
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(engine):
+    def ids(seed):
+        out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=20, seed=seed))
+        return [s.token_ids for samples in out for s in samples]
+
+    assert ids(1) == ids(1)
+    assert ids(1) != ids(2)
+
+
+def test_tiny_top_p_is_greedy(engine):
+    greedy = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=15))
+    nucleus = engine.generate(PROMPTS, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=15, seed=0))
+    assert [s[0].token_ids for s in nucleus] == [s[0].token_ids for s in greedy]
+    assert all(lp == 0.0 for s in nucleus for lp in s[0].logprobs)  # the nucleus holds one token: p = 1
+
+
+def test_stop_string_ends_the_row_right_after_the_completing_token(engine, model):
+    full, _ = reference_greedy(model, PROMPTS[1], 30)
+    stop = ascii_stop(full, 3, start=4)
+    out = engine.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_new_tokens=30, stop=[stop]))
+    s = out[0][0]
+    assert s.finish_reason == "stop" and s.stop_str == stop
+    assert s.token_ids == full[: first_completion(full, stop)] and len(s.token_ids) < 30
+
+
+def test_eos_ends_the_row_and_is_kept(engine, model):
+    full, _ = reference_greedy(model, PROMPTS[0], 10)
+    engine.eos_ids = {full[3]}
+    s = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=10))[0][0]
+    first = full.index(full[3])
+    assert s.finish_reason == "eos" and s.token_ids == full[: first + 1]
+
+
+def test_rows_finish_independently(engine, model):
+    refs = [reference_greedy(model, p, 40)[0] for p in PROMPTS]
+    stop = ascii_stop(refs[1], 2, start=10)  # ends row 1 around token 12; the other rows run to the limit
+    out = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40, stop=[stop]))
+    lengths = []
+    for ref, samples in zip(refs, out):
+        s = samples[0]
+        ends = first_completion(ref, stop)
+        assert s.token_ids == ref[: ends or 40]
+        assert s.finish_reason == ("stop" if ends else "length")
+        lengths.append(len(s.token_ids))
+    assert len(set(lengths)) > 1
+
+
+def test_more_rows_than_the_batch_size(model):
+    engine = HFEngine(model, TOK, max_batch_size=2)
+    out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=12))
+    assert [len(s) for s in out] == [2, 2, 2]
+    for prompt, samples in zip(PROMPTS, out):
+        want = reference_greedy(model, prompt, 12)[0]
+        assert [s.token_ids for s in samples] == [want, want]
+
+
+def test_continuation_reuses_the_prefix_and_matches_a_fresh_prefill(model):
+    cached, fresh = HFEngine(model, TOK), HFEngine(model, TOK, prefix_cache_tokens=0)
+    full, _ = reference_greedy(model, PROMPTS[1], 20)
+    stop = ascii_stop(full, 2)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, stop=[stop])
+    first = cached.generate(PROMPTS, params)
+    assert sum(s[0].finish_reason == "stop" for s in first) >= 1
+    assert len(cached.prefix_store) == 3  # rows that ended on a stop or their budget (not EOS) may be continued
+    nexts = [p + s[0].token_ids + TOK.encode("\n```output\n42\n```\n") for p, s in zip(PROMPTS, first)]
+    cont = SamplingParams(temperature=0.0, max_new_tokens=15)
+    got, want = cached.generate(nexts, cont), fresh.generate(nexts, cont)
+    # Each continuation found its row: only the injected block and the last sampled id were prefilled.
+    assert cached.prefix_store.hits == 3 and fresh.prefix_store.hits == 0
+    assert cached.prefix_store.reused_tokens == sum(len(p) + len(s[0].token_ids) - 1 for p, s in zip(PROMPTS, first))
+    assert [s[0].token_ids for s in got] == [s[0].token_ids for s in want]
+    for a, b in zip(got, want):
+        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+
+
+def test_update_weights_loads_another_model_and_drops_cached_prefixes():
+    a = build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=0)
+    b = build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=1)
+    engine = HFEngine(a, TOK)
+    stop = ascii_stop(reference_greedy(a, PROMPTS[1], 12)[0], 2)
+    engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12, stop=[stop]))
+    assert len(engine.prefix_store) >= 1
+    engine.update_weights((name, t.clone()) for name, t in b.state_dict().items())
+    assert len(engine.prefix_store) == 0
+    got = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12))
+    assert [s[0].token_ids for s in got] == [reference_greedy(b, p, 12)[0] for p in PROMPTS]
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        engine.update_weights([("nope", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights({"lm_head.weight": torch.zeros(3, 3)})
+
+
+def test_loads_a_saved_folder(tmp_path, model):
+    model.save_pretrained(tmp_path)
+    TOK.save_pretrained(tmp_path)
+    engine = HFEngine(str(tmp_path))
+    out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=10))
+    assert out[0][0].token_ids == reference_greedy(model, PROMPTS[0], 10)[0]
+
+
+def test_training_mode_and_threads_are_restored(model):
+    engine = HFEngine(model, TOK)
+    assert engine.num_threads == 1  # a tiny model on CPU decodes on one thread
+    model.train()
+    torch.set_num_threads(2)
+    try:
+        engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=3))
+        assert model.training and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+        model.eval()
+
+
+@pytest.mark.parametrize("prompts, params, match", [
+    ([[]], SamplingParams(), "prompt 0 is empty"),
+    ([[5, 999]], SamplingParams(), "outside"),
+    ([[5]], SamplingParams(n=0), "n must be"),
+    ([[5]], SamplingParams(temperature=-1), "temperature"),
+    ([[5]], SamplingParams(top_p=0), "top_p"),
+    ([[5]], SamplingParams(max_new_tokens=0), "max_new_tokens"),
+    ([[5]], SamplingParams(stop=[""]), "empty string"),
+    ([[5] * 3000], SamplingParams(), "context"),
+])
+def test_bad_requests_are_named(engine, prompts, params, match):
+    with pytest.raises(ValueError, match=match):
+        engine.generate(prompts, params)
+
+
+def test_needs_a_tokenizer(model):
+    with pytest.raises(ValueError, match="tokenizer"):
+        HFEngine(model)
+
+
+def test_per_prompt_params_and_pausing(engine, model):
+    refs = [reference_greedy(model, p, 30)[0] for p in PROMPTS]
+    plist = [SamplingParams(temperature=0.0, max_new_tokens=k) for k in (5, 5, 30)]
+    out = engine.generate(PROMPTS, plist)
+    assert [s[0].token_ids for s in out] == [refs[0][:5], refs[1][:5], refs[2]]
+    # pause_fraction 0.5 of 3 rows: pause below 2 running. Once rows 0 and 1 end (step 5), row 2 runs alone and
+    # comes back paused with 5 tokens.
+    paused = engine.generate(PROMPTS, plist, pause_fraction=0.5)
+    assert [s[0].partial for s in paused] == [False, False, True]
+    assert paused[2][0].token_ids == refs[2][:5] and paused[2][0].finish_reason == "length"
+    rest = engine.generate([PROMPTS[2] + refs[2][:5]], SamplingParams(temperature=0.0, max_new_tokens=25))
+    assert paused[2][0].token_ids + rest[0][0].token_ids == refs[2]
+    with pytest.raises(ValueError, match="temperature, top_p or seed"):
+        engine.generate(PROMPTS[:2], [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)])
+    with pytest.raises(ValueError, match="one per prompt"):
+        engine.generate(PROMPTS, plist[:2])

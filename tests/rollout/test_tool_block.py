@@ -1,0 +1,57 @@
+"""String rules of a tool call (zerotir.rollout.tool_block)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox import ExecResult, ExecStatus, format_for_model
+from zerotir.rollout.tool_block import (
+    ToolConfig, code_after_start, code_before_end, failed_call_result, format_result, open_block_head, status_of,
+    straddling_stop,
+)
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
+
+
+def ids(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("prompt, head", [
+    ("Solve.\n```python\nx = 1\n", "\nx = 1\n"),
+    ("Solve.\n```python", ""),
+    ("Example: ```python\nprint(1)\n``` then solve.", None),  # a closed block does not count
+    ("No code here.", None),
+])
+def test_open_block_head(prompt, head):
+    assert open_block_head(prompt, "```python", "```") == head
+
+
+def test_code_extraction():
+    assert code_after_start("Let me see.\n```python\nprint(1)\n", "```python") == "\nprint(1)\n"
+    assert code_before_end("\nprint(1)\n```\nmore", "```") == "\nprint(1)\n"
+    assert code_before_end("\nprint(1)\n", "```") == "\nprint(1)\n"
+    with pytest.raises(ValueError, match="not found"):
+        code_after_start("no fence", "```python")
+
+
+def test_straddling_stop_finds_a_stop_split_by_a_call_boundary():
+    seq = ids("abc```python\nprint")
+    # The first call produced "abc```py", the second "thon\nprint": the stop ends at "n", 12 tokens in.
+    assert straddling_stop(TOK, seq, 0, 8, ["```python"]) == (12, "```python")
+    # A stop complete before the boundary is not this call's; one wholly after it is where the engine stopped.
+    assert straddling_stop(TOK, seq, 0, 13, ["```python"]) is None
+    assert straddling_stop(TOK, ids("abc```python"), 0, 2, ["```python"]) == (12, "```python")
+    assert straddling_stop(TOK, ids("abc```pyth"), 0, 8, ["```python"]) is None  # not complete yet
+    # Only the current mode's text counts: a stop before ``start`` is ignored.
+    assert straddling_stop(TOK, ids("``` x"), 3, 4, ["```"]) is None
+
+
+def test_status_and_formatting():
+    result = ExecResult(ExecStatus.TIMEOUT, "", "", 5.0)
+    assert status_of(result) == "timeout"
+    tool = ToolConfig(output_template="[{output}]")
+    assert format_result(result, tool) == "[" + format_for_model(result, 1024) + "]"
+    failed = failed_call_result(ConnectionError("refused"))
+    assert status_of(failed) == "sandbox_error" and "refused" in failed.stderr

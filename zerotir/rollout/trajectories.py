@@ -1,0 +1,54 @@
+"""Assembling the ``Trajectories`` batch from the tool loop's finished rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zerotir.types import FINISH_LENGTH, Trajectories
+
+
+def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Trajectories:
+    """Right-padded tensors in the layout documented on ``Trajectories``.
+
+    Args:
+        rows: ``agent_loop.Row`` s: ``prompt``, ``response`` (sampled + injected ids), ``action`` and ``logprobs``
+            (one per response id), ``group``, ``finish`` and the tool counters.
+        tokenizer: decodes the responses and gives the pad id.
+        truths: the reference answer of each prompt (indexed by ``row.group``).
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    width = max(len(r.prompt) + len(r.response) for r in rows)
+    b = len(rows)
+    input_ids = torch.full((b, width), pad, dtype=torch.long)
+    attention = torch.zeros(b, width, dtype=torch.long)
+    action = torch.zeros(b, width, dtype=torch.bool)
+    logprobs = torch.zeros(b, width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        p, n = len(r.prompt), len(r.response)
+        input_ids[i, : p + n] = torch.tensor(r.prompt + r.response, dtype=torch.long)
+        attention[i, : p + n] = 1
+        if n:
+            action[i, p : p + n] = torch.tensor(r.action, dtype=torch.bool)
+            logprobs[i, p : p + n] = torch.tensor(r.logprobs, dtype=torch.float32)
+
+    def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype)
+
+    finish = [r.finish or FINISH_LENGTH for r in rows]
+    return Trajectories(
+        input_ids=input_ids, attention_mask=attention, action_mask=action, logprobs=logprobs,
+        prompt_lens=column([len(r.prompt) for r in rows], torch.long),
+        response_lens=column([len(r.response) for r in rows], torch.long),
+        group_ids=column([r.group for r in rows], torch.long),
+        rewards=torch.zeros(b, dtype=torch.float32),
+        num_calls=column([r.calls for r in rows], torch.long),
+        num_exec_errors=column([r.exec_errors for r in rows], torch.long),
+        num_timeouts=column([r.timeouts for r in rows], torch.long),
+        num_sandbox_errors=column([r.sandbox_errors for r in rows], torch.long),
+        truncated=column([f == FINISH_LENGTH for f in finish], torch.bool),
+        finish_reasons=finish,
+        response_texts=tokenizer.batch_decode([r.response for r in rows], skip_special_tokens=True),
+        ground_truths=[truths[r.group] for r in rows],
+    )
