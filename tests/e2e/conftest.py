@@ -1,0 +1,75 @@
+"""Shared pieces of the end-to-end tests: the quickly pretrained base model, the prompt files, and a runner of the
+real command line (in-process ``LightningCLI`` with the shipped configs, or ``python -m zerotir`` in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
+from zerotir.cli import ZeroTIRCLI
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Two shared cores: a second intra-op thread only adds contention (measured 5x slower per step under load).
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def e2e_base(request, tmp_path_factory) -> Path:
+    """The pretrained tiny base, cached in pytest's cache folder between runs (rebuilt when its settings change);
+    built in a temporary folder when the cache is off (``-p no:cacheprovider``)."""
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("zerotir_e2e_base") if cache is not None else tmp_path_factory.mktemp("e2e_base")
+    return pretrain(Path(folder))
+
+
+@pytest.fixture(scope="session")
+def e2e_data(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("e2e_data")
+    return {"train": write_problems(folder / "train.jsonl", 64, seed=1),
+            "heldout": write_problems(folder / "heldout.jsonl", 16, seed=2)}
+
+
+def cli_args(subcommand: str, config: str, base: Path, data: dict[str, Path], root: Path, *extra: str) -> list[str]:
+    """Arguments running ``configs/<config>.yaml`` shrunk to the e2e model and data under ``root``."""
+    return [
+        subcommand, "--config", str(REPO / "configs" / f"{config}.yaml"),
+        "--model.model_path", str(base), "--model.build_toy_base_if_missing", "false",
+        "--model.max_response_tokens", "80", "--model.local_sandbox_options", json.dumps({"workers": 1}),
+        "--model.sandbox_client_kwargs", json.dumps({"retries": 0}),
+        "--data.train_files", json.dumps([str(data["train"])]),
+        "--data.val_files", json.dumps([str(data["heldout"])]), "--data.test_files", json.dumps([str(data["heldout"])]),
+        "--data.limit_val_rows", "4", "--data.limit_test_rows", "8", "--data.template", TEMPLATE,
+        "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        *extra,
+    ]
+
+
+def run_cli(args: list[str]) -> ZeroTIRCLI:
+    """Run the command line in this process (what ``python -m zerotir`` does, minus the interpreter start)."""
+    return ZeroTIRCLI(args=args)
+
+
+def run_subprocess(args: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start ``python -m zerotir <args>`` from the repository root."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, "-m", "zerotir", *args], cwd=REPO, env=env, **popen_kwargs)
+
+
+def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of a TensorBoard folder as ``{tag: [(step, value), ...]}``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(event_dir), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    out.update({tag: [] for tag in acc.Tags()["histograms"]})
+    return out

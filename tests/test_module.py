@@ -1,0 +1,214 @@
+"""The module's Lightning plumbing with a scripted rollout (no sandbox, no generation): step counting, the update of
+every trainable parameter, the frozen reference, skipped updates, checkpoint contents and in-process resume."""
+
+from __future__ import annotations
+
+import json
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from callbacks import PassRateFilter, ScalingMetrics
+from zerotir.data import PromptDataModule
+from zerotir.module import ZeroTIRModule
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
+from zerotir.types import Trajectories
+
+RESPONSE = 8  # scripted response: 3 sampled, 2 injected, 3 sampled
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
+    return path
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    rows = [{"id": f"q{i}", "problem": f"{i} + {i}", "answer": str(2 * i)} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+class ScriptedRuntime:
+    """Stands in for the sandbox + engine: records the rows it was asked to roll out."""
+
+    def __init__(self, all_wrong: bool = False):
+        self.all_wrong = all_wrong
+        self.seen: list[list[str]] = []
+        self.stale = False
+        self.urls = ["scripted"]
+        self.closed = False
+
+    def start(self, actor, tokenizer, device) -> None:
+        pass
+
+    def sync(self, actor) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def scripted_rollout(module: ZeroTIRModule, runtime: ScriptedRuntime):
+    def rollout(rows, params):
+        runtime.seen.append([r["id"] for r in rows])
+        g = torch.Generator().manual_seed(params.seed)
+        parts = []
+        for gi, row in enumerate(rows):
+            for s in range(params.n):
+                prompt = torch.tensor(row["prompt_ids"])
+                response = torch.randint(3, 250, (RESPONSE,), generator=g)
+                ids = torch.cat([prompt, response])[None]
+                action = torch.zeros_like(ids, dtype=torch.bool)
+                action[0, len(prompt):] = True
+                action[0, len(prompt) + 3:len(prompt) + 5] = False  # injected tool output
+                reward = 0.0 if runtime.all_wrong else float(s % 2 == 0)
+                parts.append(_traj(ids, action, len(prompt), gi, reward))
+        return Trajectories.cat(parts, pad_token_id=0), {"generation": 0.01, "sandbox": 0.0, "reward": 0.0}
+
+    return rollout
+
+
+def _traj(ids, action, prompt_len, group, reward) -> Trajectories:
+    one = torch.ones(1, dtype=torch.long)
+    return Trajectories(
+        input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
+        logprobs=torch.where(action, -5.5, 0.0), prompt_lens=one * prompt_len, response_lens=one * RESPONSE,
+        group_ids=one * group, rewards=torch.tensor([reward]), num_calls=one, num_exec_errors=one * 0,
+        num_timeouts=one * 0, num_sandbox_errors=one * 0, truncated=torch.zeros(1, dtype=torch.bool),
+        finish_reasons=["stop"], response_texts=["\\boxed{1}"], ground_truths=["1"],
+    )
+
+
+def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, **module_kwargs):
+    kwargs = {"n_samples": 2, "micro_batch_size": 2, "lr": 1e-2, "max_response_tokens": 16, "seed": 3}
+    kwargs.update(module_kwargs)
+    pl.seed_everything(0)  # the critic's value head is initialised from the global RNG
+    module = ZeroTIRModule(str(tiny_dir), **kwargs)
+    runtime = ScriptedRuntime(all_wrong)
+    module.runtime = runtime
+    module.rollout = scripted_rollout(module, runtime)
+    data = PromptDataModule(train_files=[str(train_file)], template="plain", tokenizer=str(tiny_dir),
+                            prompts_per_step=2, test_files=[])
+    ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=root,
+                         callbacks=[PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt])
+    return module, data, trainer, runtime
+
+
+def _snapshot(module):
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("algorithm,kl_coef,steps_per_rl_step", [("ppo", 0.05, 1), ("grpo", 0.0, 2)])
+def test_every_trainable_parameter_changes_and_the_reference_does_not(
+        tiny_dir, train_file, tmp_path, algorithm, kl_coef, steps_per_rl_step):
+    # max_steps counts optimizer steps: ppo_epochs of them per RL step.
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm=algorithm, kl_coef=kl_coef,
+                                        ppo_epochs=steps_per_rl_step, max_steps=2 * steps_per_rl_step)
+    module.configure_model()
+    before = _snapshot(module)
+    trainer.fit(module, datamodule=data)
+    assert module.rl_steps_done == 2 and trainer.global_step == 2 * steps_per_rl_step
+    after = _snapshot(module)
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert trainable and all(not torch.equal(before[n], after[n]) for n in trainable)
+    if kl_coef:
+        frozen = [n for n in before if n.startswith("ref_model.")]
+        assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
+        assert "kl" in module.last_update_stats
+    groups = trainer.optimizers[0].param_groups
+    assert [g["name"] for g in groups] == (["actor", "critic"] if algorithm == "ppo" else ["actor"])
+    n_opt = sum(p.numel() for g in groups for p in g["params"])
+    assert n_opt == sum(p.numel() for n, p in module.named_parameters() if not n.startswith("ref_model."))
+    assert data.consumed == 2
+
+
+def test_skipped_update_keeps_step_count_and_weights(tiny_dir, train_file, tmp_path):
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, all_wrong=True, algorithm="grpo")
+    module.configure_model()
+    before = _snapshot(module)
+    trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 2 and module.rl_steps_done == 2 and data.consumed == 2
+    assert all(torch.equal(before[n], p) for n, p in module.named_parameters())
+    assert module.last_update_stats == {} and module.last_rollout is not None
+
+
+def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_file, tmp_path):
+    module, data, trainer, runtime = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
+    trainer.fit(module, datamodule=data)
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert not any(k.startswith("ref_model.") for k in ckpt["state_dict"])
+    assert ckpt["zerotir"]["rl_steps_done"] == 2 and ckpt["global_step"] == 2
+    assert ckpt["PromptDataModule"]["consumed"] == 2
+    # Straight run of 3 steps vs. 2 + resume 1: same prompts in step 3, same step counters.
+    straight, sdata, strainer, sruntime = make_run(tiny_dir, train_file, tmp_path / "s", max_steps=3,
+                                                   algorithm="ppo", kl_coef=0.05)
+    strainer.fit(straight, datamodule=sdata)
+    resumed, rdata, rtrainer, rruntime = make_run(tiny_dir, train_file, tmp_path / "r", max_steps=3,
+                                                  algorithm="ppo", kl_coef=0.05)
+    rtrainer.fit(resumed, datamodule=rdata, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert rruntime.seen == [sruntime.seen[2]] and runtime.seen == sruntime.seen[:2]
+    assert resumed.rl_steps_done == 3 and rtrainer.global_step == 3
+    opt_state = rtrainer.optimizers[0].state_dict()["state"]
+    assert all(int(s["step"]) == 3 for s in opt_state.values())
+    for name, p in straight.named_parameters():
+        assert torch.allclose(p, dict(resumed.named_parameters())[name], atol=1e-6), name
+
+
+def test_train_mode_keeps_reference_frozen(tiny_dir):
+    module = ZeroTIRModule(str(tiny_dir), kl_coef=0.1)
+    module.configure_model()
+    module.train()
+    assert module.actor.training and not module.ref_model.training
+    assert not any(p.requires_grad for p in module.ref_model.parameters())
+
+
+def test_no_reference_without_kl_and_no_critic_without_ppo(tiny_dir):
+    module = ZeroTIRModule(str(tiny_dir), algorithm="grpo", kl_coef=0.0)
+    module.configure_model()
+    assert module.ref_model is None and module.critic is None
+
+
+def test_bad_arguments_name_the_field(tiny_dir):
+    with pytest.raises(ValueError, match="n_samples=0"):
+        ZeroTIRModule(str(tiny_dir), n_samples=0)
+    with pytest.raises(ValueError, match="rollout_backend='sglang'"):
+        ZeroTIRModule(str(tiny_dir), rollout_backend="sglang")
+    with pytest.raises(FileNotFoundError, match="model_path='./nope'"):
+        ZeroTIRModule("./nope")
+
+
+def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_file, tmp_path):
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
+    trainer.fit(module, datamodule=data)
+    evaluated, edata, etrainer, runtime = make_run(tiny_dir, train_file, tmp_path / "eval", algorithm="ppo",
+                                                   kl_coef=0.05, eval_n_samples=2)
+    edata.test_files = [str(train_file)]
+    etrainer.test(evaluated, datamodule=edata, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert evaluated.critic is None and evaluated.ref_model is None and evaluated.rl_step == 2
+    for name, p in evaluated.actor.named_parameters():
+        assert torch.equal(p, dict(module.actor.named_parameters())[name]), name
+    report = json.loads((tmp_path / "eval" / "eval" / "test_train.json").read_text())
+    metrics = report["benchmarks"]["train"]
+    assert metrics["num_problems"] == 6 and metrics["samples_per_problem"] == 2 and metrics["accuracy"] == 0.5
+    assert (tmp_path / "eval" / "eval" / "test_summary.md").is_file() and len(runtime.seen) == 1
+
+
+def test_a_failing_step_stops_the_runtime(tiny_dir, train_file, tmp_path):
+    module, data, trainer, runtime = make_run(tiny_dir, train_file, tmp_path, algorithm="grpo")
+
+    def broken(rows, params):
+        raise RuntimeError("engine crashed")
+
+    module.rollout = broken
+    with pytest.raises(RuntimeError, match="engine crashed"):
+        trainer.fit(module, datamodule=data)
+    assert runtime.closed  # the embedded sandbox does not outlive a failed run

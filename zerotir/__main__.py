@@ -1,0 +1,50 @@
+"""``python -m zerotir <command>`` (also the ``zerotir`` console script).
+
+Commands:
+    fit | validate | test | predict   the LightningCLI (``zerotir.cli``); ``--help`` and ``--print_config`` work.
+    toy-base                          pretrain the toy base model (``zerotir.toy.pretrain``).
+    scaling                           the scaling report from TensorBoard logs (``zerotir.scaling``).
+    export                            write a checkpoint's policy as a HF folder (``zerotir.models.export_policy``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = __doc__
+
+
+def export_main(args: list[str]) -> None:
+    """``export --ckpt_path CKPT --out_dir DIR [--model_path BASE]``: the policy of a checkpoint as a HF folder."""
+    from jsonargparse import CLI
+
+    from zerotir.models import export_policy
+
+    out = CLI(export_policy, args=args, as_positional=False)
+    print(f"exported policy to {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else ""
+    if command == "toy-base":
+        from zerotir.toy.pretrain import main as toy_main
+
+        toy_main(argv[1:])
+    elif command == "scaling":
+        from zerotir.scaling import main as scaling_main
+
+        sys.exit(scaling_main(argv[1:]))
+    elif command == "export":
+        export_main(argv[1:])
+    elif command in ("-h", "--help", ""):
+        print(USAGE)
+    else:
+        from zerotir.cli import cli_main
+
+        cli_main(None if from_command_line else argv)  # None: LightningCLI reads sys.argv itself
+
+
+if __name__ == "__main__":
+    main()

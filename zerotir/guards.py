@@ -1,0 +1,110 @@
+"""Failures that must stop a run loudly: a non-finite loss, and a sandbox that keeps failing.
+
+A dead or overloaded sandbox does not crash the rollout: the client reports each failed execution as a sandbox error
+and the model sees an error message instead of its output. Left alone, that silently turns ZeroTIR into a no-tool
+run, so ``SandboxErrorGuard`` stops the run once the error rate stays above a threshold for several steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from zerotir.types import Trajectories
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN or inf; the message names the RL step and the batch statistics."""
+
+
+class SandboxFailureError(RuntimeError):
+    """The sandbox service failed too many executions for too long."""
+
+
+def _range(t: Tensor | None, mask: Tensor) -> str:
+    if t is None:
+        return "-"
+    vals = t[mask.bool()] if t.shape == mask.shape else t.flatten()
+    if vals.numel() == 0:
+        return "empty"
+    vals = vals.float()
+    return f"[{vals.min().item():.4g}, {vals.max().item():.4g}] (finite {bool(torch.isfinite(vals).all())})"
+
+
+def check_finite(loss: Tensor, stats: Mapping[str, Tensor], rl_step: int, batch: Any) -> None:
+    """Raise ``NonFiniteLossError`` if ``loss`` (or a loss term in ``stats``) is NaN or inf.
+
+    Args:
+        loss: the micro-batch loss about to be back-propagated.
+        stats: its named terms (policy_loss, value_loss, ...), reported in the message.
+        rl_step: the RL step, named in the message.
+        batch: the micro-batch (a ``rl_step.TrainBatch``) whose statistics the message reports.
+    """
+    if bool(torch.isfinite(loss.detach()).all()):
+        return
+    terms = ", ".join(f"{k}={float(v):.4g}" for k, v in stats.items())
+    mask = batch.action_mask
+    raise NonFiniteLossError(
+        f"RL step {rl_step}: the loss is {float(loss.detach()):.4g} ({terms}). Batch: {len(batch)} trajectories, "
+        f"{int(mask.sum())} action tokens; advantages {_range(batch.advantages, mask)}; old log-probs "
+        f"{_range(batch.old_logp, mask)}; returns {_range(batch.returns, mask)}; old values "
+        f"{_range(batch.old_values, mask)}. Fix: lower lr, keep max_grad_norm set, train in float32/bf16 rather "
+        "than float16, or resume from the last checkpoint."
+    )
+
+
+class SandboxErrorGuard:
+    """Stop the run when the sandbox error rate (per execution) stays above ``max_rate`` for ``patience`` steps.
+
+    Args:
+        urls: the sandbox URLs, named in the message.
+        max_rate: the highest tolerated share of executions the service failed to run.
+        patience: consecutive steps above ``max_rate`` that stop the run.
+    """
+
+    def __init__(self, urls: Sequence[str], max_rate: float = 0.5, patience: int = 3):
+        if not 0.0 <= max_rate <= 1.0:
+            raise ValueError(f"max_sandbox_error_rate={max_rate}: must lie in [0, 1]")
+        if patience < 1:
+            raise ValueError(f"sandbox_error_patience={patience}: must be >= 1")
+        self.urls = list(urls)
+        self.max_rate = max_rate
+        self.patience = patience
+        self.bad_steps = 0
+
+    @staticmethod
+    def error_rate(traj: Trajectories) -> float | None:
+        """Sandbox errors per execution in ``traj``; None when nothing was executed."""
+        calls = int(traj.num_calls.sum())
+        return None if calls == 0 else int(traj.num_sandbox_errors.sum()) / calls
+
+    def update(self, traj: Trajectories, rl_step: int) -> float | None:
+        """Record one step's rollouts; raise ``SandboxFailureError`` when the patience is exhausted.
+
+        A step without any execution neither counts as bad nor resets the count: it says nothing about the service.
+
+        Returns:
+            This step's error rate (None without executions).
+        """
+        rate = self.error_rate(traj)
+        if rate is None:
+            return None
+        self.bad_steps = self.bad_steps + 1 if rate > self.max_rate else 0
+        if self.bad_steps >= self.patience:
+            raise SandboxFailureError(
+                f"RL step {rl_step}: the sandbox failed {rate:.0%} of executions, above max_sandbox_error_rate="
+                f"{self.max_rate} for {self.bad_steps} consecutive steps (sandbox_error_patience={self.patience}). "
+                f"Sandbox URLs: {', '.join(self.urls)}. Without a working sandbox the run would silently train "
+                "without tools. Fix: check that the servers are up (`python -m sandbox serve`, GET /health), or "
+                "leave sandbox_urls unset for an embedded local sandbox; then resume with `fit --ckpt_path last`."
+            )
+        return rate
+
+    def state_dict(self) -> dict[str, int]:
+        return {"bad_steps": self.bad_steps}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.bad_steps = int(state.get("bad_steps", 0))

@@ -1,0 +1,196 @@
+"""The models of an RL run: the actor (the policy being trained), its frozen reference copy (for the KL), the PPO
+critic (the same backbone with a scalar value head), and the export of a trained policy as a HF folder.
+
+A model is named by a local folder or a hub id. A local folder is loaded with ``HF_HUB_OFFLINE=1`` so that nothing
+waits on the network; a name that looks like a local path but does not exist fails at once with the fix, instead of
+turning into a hub lookup that hangs or fails much later.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The configured model is neither a local folder nor a cached / reachable hub id."""
+
+
+def resolve_model_path(name_or_path: str | Path, field: str = "model_path") -> str:
+    """Turn a model name into something ``from_pretrained`` loads without a long network wait.
+
+    Args:
+        name_or_path: a local HF folder, or a hub id such as ``Qwen/Qwen2.5-7B``.
+        field: the config field that holds it, named in the error.
+
+    Returns:
+        The absolute folder for a local model (and ``HF_HUB_OFFLINE`` is set to 1), or the hub id unchanged.
+
+    Raises:
+        ModelNotFoundError: the name looks like a local path and no such folder exists, a local folder has no
+            ``config.json``, or ``HF_HUB_OFFLINE`` is set and the hub id is not in the local cache.
+    """
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"{field}={text!r}: the folder exists but has no config.json, so it is not a HF model folder. "
+                "Point it at a folder written by save_pretrained (or by `python -m zerotir export` / `toy-base`)."
+            )
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return str(path.resolve())
+    if _looks_local(text):
+        raise ModelNotFoundError(
+            f"{field}={text!r}: no such folder. Give an existing HF model folder (config.json + weights + tokenizer), "
+            "a hub id like 'Qwen/Qwen2.5-7B', or build the toy base with `python -m zerotir toy-base`."
+        )
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") and not _in_hub_cache(text):
+        raise ModelNotFoundError(
+            f"{field}={text!r}: not a local folder and not in the hub cache, and HF_HUB_OFFLINE is set. "
+            "Download it first (huggingface-cli download ...) or point the field at a local folder."
+        )
+    return text
+
+
+def _looks_local(text: str) -> bool:
+    """A name that can only mean a local path: absolute, relative with ./ or ~, more than one '/', or whose first
+    component is an existing local folder (``runs/toy`` when ``runs/`` exists)."""
+    if text.startswith(("/", ".", "~")) or text.count("/") != 1 or text.endswith("/"):
+        return True
+    return Path(text.split("/")[0]).is_dir()
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder / hub id; a missing pad token falls back to EOS (base models often lack one)."""
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r}: choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_causal_lm(
+    name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False
+) -> PreTrainedModel:
+    """A trainable causal LM (the actor).
+
+    Args:
+        name_or_path: local folder or hub id (see ``resolve_model_path``).
+        dtype: parameter dtype, one of ``DTYPES``.
+        gradient_checkpointing: recompute activations in the backward pass (non-reentrant; active in train mode).
+    """
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_dtype(dtype))
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Generation caches keys/values; training never needs them (and they clash with checkpointing).
+    model.config.use_cache = False
+    return model
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Put ``model`` in eval mode with no trainable parameter, so no optimizer state is ever made for it."""
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_reference(name_or_path: str | Path, dtype: str = "float32") -> PreTrainedModel:
+    """The frozen reference policy for the KL term: the initial actor weights, eval mode, no gradients."""
+    return freeze(load_causal_lm(name_or_path, dtype=dtype))
+
+
+class ValueModel(nn.Module):
+    """The PPO critic: the causal LM's backbone (its own copy, trained) with a scalar value head instead of the LM head.
+
+    ``forward`` returns one value per position: ``values[b, t]`` is the value of the prefix ``input_ids[b, :t + 1]``.
+    The trainer shifts it by one so that it lines up with the action at ``t + 1`` (see ``rl_step.sequence_values``).
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        # Small random init (not zero): a zero head would block the backbone's gradient in the first update.
+        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+def load_critic(name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False) -> ValueModel:
+    """A critic initialised from the actor's pretrained backbone (the LM head is dropped)."""
+    lm = load_causal_lm(name_or_path, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+    critic = ValueModel(lm.base_model, lm.config.hidden_size)
+    return critic.to(_dtype(dtype))
+
+
+def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | None = None) -> Path:
+    """Write the actor of a training checkpoint as a HF folder (weights + config + tokenizer).
+
+    Args:
+        ckpt_path: a Lightning checkpoint file, or a DeepSpeed checkpoint folder (consolidated to fp32 first).
+        out_dir: the folder to write; the rollout engines load it like any HF model.
+        model_path: the model the run started from (architecture and tokenizer); defaults to the checkpoint's
+            ``model_path`` hyperparameter.
+    """
+    checkpoint = _load_checkpoint(Path(ckpt_path))
+    base = model_path or checkpoint.get("hyper_parameters", {}).get("model_path")
+    if base is None:
+        raise ValueError(f"{ckpt_path}: the checkpoint names no model_path; pass --model_path (the run's base model)")
+    dtype = checkpoint.get("hyper_parameters", {}).get("dtype", "float32")
+    actor = load_causal_lm(base, dtype=dtype)
+    prefix = "actor."
+    weights = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    if not weights:
+        raise ValueError(f"{ckpt_path}: no '{prefix}*' weights in the checkpoint's state_dict; is it a zerotir run?")
+    missing, unexpected = actor.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{ckpt_path}: actor weights do not match {base}: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    actor.config.use_cache = True
+    actor.save_pretrained(str(out))
+    load_tokenizer(base).save_pretrained(str(out))
+    return out
+
+
+def _load_checkpoint(path: Path) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"ckpt_path={str(path)!r}: no such checkpoint file or folder")
+    if path.is_dir():  # a DeepSpeed checkpoint: gather the ZeRO shards into one fp32 state dict
+        from lightning.pytorch.utilities.deepspeed import (
+            convert_zero_checkpoint_to_fp32_state_dict,
+        )
+
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / "consolidated.ckpt"
+            convert_zero_checkpoint_to_fp32_state_dict(str(path), str(target))
+            return torch.load(target, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False)
