@@ -2,6 +2,8 @@
 
 One shared httpx connection pool, one global concurrency limit, retries with exponential backoff only on connection
 errors and 429 (the code never runs twice because of a slow answer), and several server URLs used round-robin.
+``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks no larger than the server's queue, spread
+over the URLs) and falls back to one ``/run_code`` per snippet on a server without that endpoint (SandboxFusion).
 
     async with SandboxClient("http://127.0.0.1:8080") as client:
         result = await client.run("print(1 + 1)")
@@ -13,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import math
 import random
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -26,12 +29,37 @@ from sandbox.result import ExecResult, ExecStatus, parse_run_code_response
 #: server closed a kept-alive connection under it.
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
              httpx.WriteError, httpx.PoolTimeout)
+#: Chunk size of ``run_many`` for a server whose ``/health`` does not report its ``queue_size``.
+DEFAULT_BATCH_SIZE = 256
 _FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave the sandbox URL "
         "list empty so a local server is started for you (sandbox.local_sandbox).")
 
 
 class SandboxUnavailable(RuntimeError):
     """No sandbox server answered (raised by the health checks)."""
+
+
+class _Reply(NamedTuple):
+    """What ``_post`` got: the JSON object (None on failure), why it failed, the last URL tried, its HTTP status."""
+
+    body: dict[str, Any] | None
+    error: str
+    url: str
+    status: int | None
+
+
+def _sandbox_error(why: str, wall: float) -> ExecResult:
+    return ExecResult(ExecStatus.SANDBOX_ERROR, "", why, wall, None, wall)
+
+
+def _parse(answer: Any, request_id: str, wall: float) -> ExecResult:
+    """One ``/run_code`` answer as an :class:`ExecResult`; an answer for another request is a SANDBOX_ERROR."""
+    if not isinstance(answer, dict):
+        return _sandbox_error(f"sandbox answered {type(answer).__name__} instead of a /run_code object", wall)
+    echoed = answer.get("request_id")
+    if echoed is not None and echoed != request_id:
+        return _sandbox_error(f"response for request {echoed!r}, expected {request_id!r}", wall)
+    return parse_run_code_response(answer, wall)
 
 
 def _normalise_urls(urls: str | list[str]) -> list[str]:
@@ -43,7 +71,7 @@ def _normalise_urls(urls: str | list[str]) -> list[str]:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"SandboxClient urls: {url!r} is not an http(s) URL; write e.g. 'http://127.0.0.1:8080'")
         url = url.rstrip("/")
-        cleaned.append(url[: -len("/run_code")] if url.endswith("/run_code") else url)
+        cleaned.append(url.removesuffix("/run_code"))
     if not cleaned:
         raise ValueError(f"SandboxClient urls is empty. {_FIX}")
     return cleaned
@@ -87,6 +115,8 @@ class SandboxClient:
         self._http: httpx.AsyncClient | None = None
         self._limit: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._servers: dict[str, tuple[int, int]] = {}  # url -> (queue_size, workers), from its /health
+        self._no_batch: set[str] = set()  # urls that answered 404/405 for /run_batch (SandboxFusion)
 
     def _new_http(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
@@ -100,60 +130,151 @@ class SandboxClient:
             self._http, self._limit, self._loop = self._new_http(), asyncio.Semaphore(self.max_concurrency), loop
         return self._http, self._limit
 
+    def _payload(self, code: str, run_timeout: float | None, memory_limit_mb: int | None) -> dict[str, Any]:
+        """The ``/run_code`` request of one snippet (SandboxFusion's fields), with a fresh ``request_id``."""
+        timeout = run_timeout if run_timeout is not None else self.run_timeout
+        memory = memory_limit_mb if memory_limit_mb is not None else self.memory_limit_mb
+        return {"code": code, "language": "python", "run_timeout": timeout,
+                "memory_limit_MB": memory if memory is not None else -1, "request_id": uuid.uuid4().hex}
+
     async def run(self, code: str, *, run_timeout: float | None = None,
                   memory_limit_mb: int | None = None) -> ExecResult:
         """Run one snippet. Never raises for a failure of the code; an unreachable service gives SANDBOX_ERROR."""
-        timeout = run_timeout if run_timeout is not None else self.run_timeout
-        memory = memory_limit_mb if memory_limit_mb is not None else self.memory_limit_mb
-        request_id = uuid.uuid4().hex
-        payload = {"code": code, "language": "python", "run_timeout": timeout,
-                   "memory_limit_MB": memory if memory is not None else -1, "request_id": request_id}
+        payload = self._payload(code, run_timeout, memory_limit_mb)
         http, limit = self._shared()
         start = time.monotonic()
         async with limit:
-            answer, error = await self._post(http, "/run_code", payload, max(self.request_timeout, timeout + 10))
+            reply = await self._post(http, "/run_code", payload,
+                                     max(self.request_timeout, payload["run_timeout"] + 10))
         wall = time.monotonic() - start
-        if answer is None:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, "", error, wall, None, wall)
-        echoed = answer.get("request_id")
-        if echoed is not None and echoed != request_id:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, "", f"response for request {echoed!r}, expected "
-                              f"{request_id!r}", wall, None, wall)
-        return parse_run_code_response(answer, wall)
+        if reply.body is None:
+            return _sandbox_error(reply.error, wall)
+        return _parse(reply.body, payload["request_id"], wall)
 
-    async def run_many(self, codes: list[str], **kw: Any) -> list[ExecResult]:
-        """Run snippets concurrently (within ``max_concurrency``); results in the same order as ``codes``."""
-        return list(await asyncio.gather(*(self.run(code, **kw) for code in codes)))
+    async def run_many(self, codes: list[str], *, run_timeout: float | None = None,
+                       memory_limit_mb: int | None = None) -> list[ExecResult]:
+        """Run snippets, results in the same order as ``codes``; never raises for a failure of the service.
 
-    async def _post(self, http: httpx.AsyncClient, path: str, payload: dict[str, Any],
-                    timeout: float) -> tuple[dict[str, Any] | None, str]:
-        """(JSON answer, "") or (None, why it failed after the retries)."""
+        Sends one ``POST /run_batch`` per chunk of at most the servers' smallest ``queue_size`` (from ``/health``,
+        else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch alone never fills a queue. Chunks are spread over the
+        URLs, one in flight per URL at a time; retries (connection errors, 429) work as in :meth:`run`. A server
+        that answers 404/405 for ``/run_batch`` (SandboxFusion) is remembered, and its snippets go one
+        ``/run_code`` request each.
+        """
+        if not codes:
+            return []
+        http, limit = self._shared()
+        await self._learn_servers(http)
+        batch_urls = [url for url in self.urls if url not in self._no_batch]
+        if not batch_urls:
+            return await self._one_by_one(codes, run_timeout, memory_limit_mb)
+        size = min(self._servers.get(url, (DEFAULT_BATCH_SIZE, 1))[0] for url in batch_urls)
+        chunks = [list(range(i, min(i + size, len(codes)))) for i in range(0, len(codes), size)]
+        results: list[ExecResult | None] = [None] * len(codes)
+        first = next(self._next_url)
+
+        async def lane(k: int) -> None:  # chunks k, k + len(urls), ... go to one URL, one after another
+            url = batch_urls[(first + k) % len(batch_urls)]
+            for idx in chunks[k :: len(batch_urls)]:
+                part = await self._run_chunk(http, limit, url, [codes[i] for i in idx], run_timeout, memory_limit_mb)
+                for i, result in zip(idx, part, strict=True):
+                    results[i] = result
+
+        await asyncio.gather(*(lane(k) for k in range(min(len(batch_urls), len(chunks)))))
+        return results  # type: ignore[return-value]  # every slot was filled by its lane
+
+    async def _one_by_one(self, codes: list[str], run_timeout: float | None,
+                          memory_limit_mb: int | None) -> list[ExecResult]:
+        """One ``/run_code`` per snippet, concurrently (within ``max_concurrency``)."""
+        return list(await asyncio.gather(*(self.run(code, run_timeout=run_timeout, memory_limit_mb=memory_limit_mb)
+                                           for code in codes)))
+
+    async def _run_chunk(self, http: httpx.AsyncClient, limit: asyncio.Semaphore, url: str, codes: list[str],
+                         run_timeout: float | None, memory_limit_mb: int | None) -> list[ExecResult]:
+        """One ``/run_batch`` request for ``codes``, first to ``url`` (retries go on to the other batch URLs)."""
+        batch_urls = [u for u in self.urls if u not in self._no_batch]
+        if url not in batch_urls:  # found out during this call that it has no /run_batch
+            return await self._one_by_one(codes, run_timeout, memory_limit_mb)
+        order = batch_urls[batch_urls.index(url):] + batch_urls[: batch_urls.index(url)]
+        payloads = [self._payload(code, run_timeout, memory_limit_mb) for code in codes]
+        workers = min(self._servers.get(u, (0, 1))[1] for u in batch_urls)
+        # The server runs the chunk on its workers: allow for every snippet running to its time limit.
+        timeout = max(self.request_timeout, math.ceil(len(codes) / workers) * payloads[0]["run_timeout"] + 10)
+        start = time.monotonic()
+        async with limit:
+            reply = await self._post(http, "/run_batch", {"requests": payloads}, timeout, urls=order)
+        wall = time.monotonic() - start
+        if reply.status in (404, 405):
+            self._no_batch.add(reply.url)
+            return await self._one_by_one(codes, run_timeout, memory_limit_mb)
+        if reply.status == 413 and len(codes) > 1:  # its queue shrank since /health: halve, and remember
+            half = len(codes) // 2
+            queue, workers_there = self._servers.get(reply.url, (DEFAULT_BATCH_SIZE, 1))
+            self._servers[reply.url] = (min(queue, half), workers_there)
+            return [*await self._run_chunk(http, limit, url, codes[:half], run_timeout, memory_limit_mb),
+                    *await self._run_chunk(http, limit, url, codes[half:], run_timeout, memory_limit_mb)]
+        if reply.body is None:
+            return [_sandbox_error(reply.error, wall) for _ in codes]
+        answers = reply.body.get("results")
+        if not isinstance(answers, list) or len(answers) != len(codes):
+            got = len(answers) if isinstance(answers, list) else type(answers).__name__
+            why = f"{reply.url}: /run_batch answered {got} results for {len(codes)} snippets"
+            return [_sandbox_error(why, wall) for _ in codes]
+        return [_parse(answer, p["request_id"], wall) for answer, p in zip(answers, payloads, strict=True)]
+
+    async def _learn_servers(self, http: httpx.AsyncClient) -> None:
+        """Read ``queue_size`` and ``workers`` from the ``/health`` of each batch URL not asked yet.
+
+        A server without ``/health`` (SandboxFusion) gets the defaults; an unreachable one is asked again next time.
+        """
+
+        async def ask(url: str) -> None:
+            try:
+                response = await http.get(url + "/health", timeout=10.0)
+                payload = response.json() if response.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                return
+            payload = payload if isinstance(payload, dict) else {}
+            queue, workers = payload.get("queue_size"), payload.get("workers")
+            self._servers[url] = (queue if isinstance(queue, int) and queue > 0 else DEFAULT_BATCH_SIZE,
+                                  workers if isinstance(workers, int) and workers > 0 else 1)
+
+        await asyncio.gather(*(ask(u) for u in self.urls if u not in self._servers and u not in self._no_batch))
+
+    async def _post(self, http: httpx.AsyncClient, path: str, payload: dict[str, Any], timeout: float,
+                    urls: list[str] | None = None) -> _Reply:
+        """POST with retries on connection errors and 429, each on the next URL (of ``urls``, else round-robin)."""
         failures = []
+        url = ""
         for attempt in range(self.retries + 1):
-            url = self.urls[next(self._next_url) % len(self.urls)]
+            url = urls[attempt % len(urls)] if urls else self.urls[next(self._next_url) % len(self.urls)]
             delay = self.backoff * (2**attempt) * (0.5 + random.random())
             try:
                 response = await http.post(url + path, json=payload, timeout=timeout)
             except RETRYABLE as e:
                 failures.append(f"{url}: {type(e).__name__}: {e}")
             except httpx.HTTPError as e:  # a read timeout: the code may be running, so do not send it again
-                return None, f"{url}: {type(e).__name__}: {e or 'no answer'} (after {timeout:g} s)"
+                return _Reply(None, f"{url}: {type(e).__name__}: {e or 'no answer'} (after {timeout:g} s)", url, None)
             else:
-                if response.status_code == 200:
+                status = response.status_code
+                if status == 200:
                     try:
                         answer = response.json()
                     except ValueError:
-                        return None, f"{url}: answered 200 with a body that is not JSON: {response.text[:200]!r}"
+                        return _Reply(None, f"{url}: answered 200 with a body that is not JSON: "
+                                            f"{response.text[:200]!r}", url, status)
                     if not isinstance(answer, dict):
-                        return None, f"{url}: answered 200 with JSON that is not an object: {response.text[:200]!r}"
-                    return answer, ""
-                if response.status_code != 429:
-                    return None, f"{url}: HTTP {response.status_code}: {response.text[:300]}"
+                        return _Reply(None, f"{url}: answered 200 with JSON that is not an object: "
+                                            f"{response.text[:200]!r}", url, status)
+                    return _Reply(answer, "", url, status)
+                if status != 429:
+                    return _Reply(None, f"{url}: HTTP {status}: {response.text[:300]}", url, status)
                 failures.append(f"{url}: 429 queue full")
                 delay = max(delay, _retry_after(response))
             if attempt < self.retries:
                 await asyncio.sleep(delay)
-        return None, f"no sandbox server accepted the request after {self.retries + 1} attempts: " + "; ".join(failures)
+        return _Reply(None, f"no sandbox server accepted the request after {self.retries + 1} attempts: "
+                            + "; ".join(failures), url, None)
 
     async def health(self) -> dict[str, Any]:
         """Ask every server for its health. Raises SandboxUnavailable naming every URL tried when none is healthy.

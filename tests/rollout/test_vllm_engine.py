@@ -13,7 +13,13 @@ import torch
 from transformers import LlamaForCausalLM
 
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.vllm_engine import VLLMEngine, completion_to_sample, engine_settings, vllm_available
+from zerotir.rollout.vllm_engine import (
+    VLLMEngine,
+    _per_prompt_params,
+    completion_to_sample,
+    engine_settings,
+    vllm_available,
+)
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import EOS, build_byte_tokenizer
 
@@ -60,6 +66,17 @@ def test_engine_settings_cpu_and_gpu():
         engine_settings(False, 2, False, 1.0, None)
     with pytest.raises(ValueError, match="cpu_kv_cache_gib"):
         engine_settings(False, 1, False, 0.0, None)
+
+
+def test_param_list_is_accepted_and_checked_per_prompt():
+    assert VLLMEngine.accepts_param_list is True
+    one, two = SamplingParams(n=2), SamplingParams(max_new_tokens=3, stop=["x"])
+    assert _per_prompt_params([[5], [6]], one) == [one, one]
+    assert _per_prompt_params([[5], [6]], [one, two]) == [one, two]
+    with pytest.raises(ValueError, match="1 SamplingParams for 2 prompts"):
+        _per_prompt_params([[5], [6]], [one])
+    with pytest.raises(ValueError, match=r"params\[1\]\.max_new_tokens=0"):
+        _per_prompt_params([[5], [6]], [one, SamplingParams(max_new_tokens=0)])
 
 
 # ---------------------------------------------------------------- real engine
@@ -151,6 +168,42 @@ def test_stop_string_ends_the_sample_and_is_kept(world):
     assert (sample.finish_reason, sample.stop_str) == ("stop", stop)
     assert sample.token_ids == ids[:cut]
     assert world.tok.decode(sample.token_ids).endswith(stop)
+
+
+def _outcome(row):
+    return [(s.token_ids, s.finish_reason, s.stop_str) for s in row]
+
+
+@pytest.mark.vllm
+def test_param_list_equals_separate_calls_for_greedy(world):
+    # A stop string that greedy decoding of prompt 1 does reach: its first printable ASCII character (one byte, one
+    # token) after the first token, so the stop ends that row early in both the list call and the separate call.
+    (full,) = world.engine.generate([world.prompts[1]], SamplingParams(temperature=0, max_new_tokens=20))[0]
+    chars = [world.tok.decode([t]) for t in full.token_ids]
+    at = next((j for j in range(1, len(chars)) if chars[j].isascii() and chars[j].isprintable()), None)
+    if at is None:
+        pytest.skip(f"greedy text of this random model has no printable ASCII character: {chars!r}")
+    plist = [SamplingParams(n=2, temperature=0, max_new_tokens=6),
+             SamplingParams(n=1, temperature=0, max_new_tokens=20, stop=[chars[at]]),
+             SamplingParams(n=1, temperature=0, max_new_tokens=11, stop=["\u0101"])]
+    mixed = world.engine.generate(world.prompts, plist)
+    separate = [world.engine.generate([p], prm)[0] for p, prm in zip(world.prompts, plist, strict=True)]
+    assert [_outcome(row) for row in mixed] == [_outcome(row) for row in separate]
+    assert [len(row) for row in mixed] == [2, 1, 1]
+    assert [len(s.token_ids) for s in mixed[0]] == [6, 6] and mixed[0][0].token_ids == mixed[0][1].token_ids
+    assert _outcome(mixed[1]) == [(full.token_ids[: at + 1], "stop", chars[at])]
+    assert len(mixed[2][0].token_ids) == 11 and mixed[2][0].finish_reason == "length"
+    for row, other in zip(mixed, separate, strict=True):
+        for a, b in zip(row, other, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.vllm
+def test_list_of_equal_params_equals_single_params_when_sampling(world):
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=8, seed=3)
+    single = world.engine.generate(world.prompts[:2], params)
+    listed = world.engine.generate(world.prompts[:2], [params, params])
+    assert [[s.token_ids for s in row] for row in listed] == [[s.token_ids for s in row] for row in single]
 
 
 @pytest.mark.vllm

@@ -190,3 +190,142 @@ def test_local_server_exits_when_its_parent_is_killed() -> None:
     while time.monotonic() < deadline and os.path.exists(f"/proc/{server_pid}"):
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{server_pid}")
+
+
+# --- run_many: one /run_batch per chunk ------------------------------------------------------------------------------
+
+def batch_answer(body: dict) -> dict:
+    """A /run_batch answer that prints each snippet's code (request ids echoed)."""
+    return {"results": [{**OK_BODY, "request_id": r["request_id"],
+                         "run_result": {**OK_BODY["run_result"], "stdout": r["code"]}} for r in body["requests"]]}
+
+
+def code_answer(body: dict) -> dict:
+    return batch_answer({"requests": [body]})["results"][0]
+
+
+def run_many_with(handler, urls: list[str], codes: list[str], calls: int = 1, **kw) -> list[list]:
+    """Run ``codes`` through ``run_many`` ``calls`` times with one client over a transport built from ``handler``."""
+
+    async def many() -> list[list]:
+        async with SandboxClient(urls, backoff=0.001, transport=handler, **kw) as client:
+            return [await client.run_many(codes) for _ in range(calls)]
+
+    return asyncio.run(many())
+
+
+def test_run_many_batch_429_is_retried_and_request_ids_are_checked() -> None:
+    posts: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json={"status": "ok", "queue_size": 4, "workers": 1})
+        posts.append(request.url.path)
+        body = json.loads(request.content)
+        if len(posts) == 1:
+            return httpx.Response(429, headers={"Retry-After": "0"})
+        answer = batch_answer(body)
+        answer["results"][1]["request_id"] = "someone-else"
+        return httpx.Response(200, json=answer)
+
+    (results,) = run_many_with(httpx.MockTransport(handler), ["http://a:1"], ["a", "b", "c"])
+    assert posts == ["/run_batch", "/run_batch"]
+    assert [r.status for r in results] == [ExecStatus.OK, ExecStatus.SANDBOX_ERROR, ExecStatus.OK]
+    assert [results[0].stdout, results[2].stdout] == ["a", "c"] and "someone-else" in results[1].stderr
+
+
+def test_run_many_with_no_server_gives_sandbox_errors_not_an_exception() -> None:
+    (results,) = run_many_with(None, [f"http://127.0.0.1:{free_port()}"], ["print(1)", "print(2)"], retries=1)
+    assert [r.status for r in results] == [ExecStatus.SANDBOX_ERROR] * 2
+    assert all("after 2 attempts" in r.stderr for r in results)
+
+
+def only_run_code_app(extra_get_run_batch: bool):
+    """A tiny FastAPI server with only ``/run_code`` (as SandboxFusion), optionally a GET-only ``/run_batch``."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.state.run_code_calls = 0
+
+    @app.post("/run_code")
+    async def run_code(body: dict) -> dict:
+        app.state.run_code_calls += 1
+        return code_answer(body)
+
+    if extra_get_run_batch:
+
+        @app.get("/run_batch")
+        async def run_batch_get() -> dict:
+            return {}
+    return app
+
+
+@pytest.mark.parametrize("get_only", [False, True], ids=["404", "405"])
+def test_run_many_falls_back_to_run_code_on_a_server_without_run_batch(get_only: bool) -> None:
+    app = only_run_code_app(get_only)
+    codes = [f"print({i})" for i in range(5)]
+    first, second = run_many_with(httpx.ASGITransport(app=app), ["http://sf:1"], codes, calls=2)
+    assert [r.stdout for r in first] == [r.stdout for r in second] == codes
+    assert all(r.ok for r in first + second) and app.state.run_code_calls == 10
+
+
+def test_run_many_remembers_per_url_which_server_has_no_run_batch() -> None:
+    hits: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        hits.append((host, path))
+        if path == "/health":  # "a" is a SandboxFusion (no /health); "b" reports a queue of 2
+            return httpx.Response(404) if host == "a" else httpx.Response(200, json={"status": "ok", "queue_size": 2,
+                                                                                     "workers": 1})
+        body = json.loads(request.content)
+        if path == "/run_batch":
+            return httpx.Response(404) if host == "a" else httpx.Response(200, json=batch_answer(body))
+        return httpx.Response(200, json=code_answer(body))
+
+    codes = [f"c{i}" for i in range(5)]
+    first, second = run_many_with(httpx.MockTransport(handler), ["http://a:1", "http://b:2"], codes, calls=2)
+    assert [r.stdout for r in first] == [r.stdout for r in second] == codes
+    assert hits.count(("a", "/run_batch")) == 1  # learned once, never asked again
+    assert hits.count(("a", "/health")) == hits.count(("b", "/health")) == 1
+    # Second call: only "b" gets batches, in chunks of its queue size (2 + 2 + 1).
+    tail = hits[len(hits) - 3:]
+    assert tail == [("b", "/run_batch")] * 3
+
+
+def metric_counts(server: Server) -> tuple[int, int, int]:
+    m = server.metrics()
+    return m["requests"].get("run_batch", 0), m["requests"].get("run_code", 0), m["rejected_429"]
+
+
+def test_run_many_one_batch_keeps_order_of_ok_error_and_timeout(sandbox_server: Server) -> None:
+    codes = ["print('first')", "raise ValueError('bad')", "while True:\n    pass", "print(6 * 7)",
+             "import sys\nsys.exit(3)", "print('last')"]
+    before = metric_counts(sandbox_server)
+
+    async def many() -> list:
+        async with SandboxClient(sandbox_server.url) as client:
+            return await client.run_many(codes, run_timeout=1.0)
+
+    results = asyncio.run(many())
+    after = metric_counts(sandbox_server)
+    assert [r.status for r in results] == [ExecStatus.OK, ExecStatus.ERROR, ExecStatus.TIMEOUT, ExecStatus.OK,
+                                           ExecStatus.ERROR, ExecStatus.OK]
+    assert [results[0].stdout, results[3].stdout, results[5].stdout] == ["first\n", "42\n", "last\n"]
+    assert "ValueError: bad" in results[1].stderr and results[4].return_code == 3
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)  # one /run_batch, no /run_code
+
+
+def test_run_many_splits_a_batch_larger_than_the_server_queue(sandbox_server: Server) -> None:
+    queue = sandbox_server.health["queue_size"]
+    codes = [f"print({i} * {i})" for i in range(2 * queue + 3)]
+    before = metric_counts(sandbox_server)
+
+    async def many() -> list:
+        async with SandboxClient(sandbox_server.url) as client:
+            return await client.run_many(codes)
+
+    results = asyncio.run(many())
+    after = metric_counts(sandbox_server)
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(len(codes))]
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (3, 0, 0)  # 3 chunks, no 429

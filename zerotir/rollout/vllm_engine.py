@@ -101,7 +101,13 @@ class VLLMEngine:
             measured decoding got ~4x slower on 2 cores. None leaves the count alone.
         distributed_executor_backend: override of the executor picked by ``engine_settings``.
         **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are.
+
+    Attributes:
+        accepts_param_list: ``generate`` takes one ``SamplingParams`` per prompt (the tool loop then gives each row
+            its own stops and budget in one call per round).
     """
+
+    accepts_param_list = True
 
     def __init__(
         self,
@@ -145,26 +151,40 @@ class VLLMEngine:
         self.max_model_len = model_config.max_model_len
         self.packed_modules = _packed_modules(self.llm)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
-        """For each prompt (token ids), ``params.n`` samples (see ``RolloutEngine.generate``).
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[list[Sample]]:
+        """For each prompt (token ids), ``n`` samples (see ``RolloutEngine.generate``).
+
+        ``params`` may also be a list with one ``SamplingParams`` per prompt (``accepts_param_list``); they may differ
+        in anything (vLLM samples each request on its own), e.g. ``n``, ``max_new_tokens`` and ``stop``. A list of
+        equal params gives what the single params gives.
 
         Raises:
-            ValueError: an empty prompt, an id outside the vocabulary, a prompt that fills the context, or bad params.
+            ValueError: an empty prompt, an id outside the vocabulary, a prompt that fills the context, bad params, or
+                a params list whose length differs from the prompts'.
         """
         from vllm.inputs import TokensPrompt
 
-        _check_request(prompts, params, self.vocab_size, self.max_model_len)
-        # vLLM refuses n > 1 with greedy decoding: send such a prompt n times with n = 1 (identical samples).
-        copies, n = (params.n, 1) if params.temperature == 0 else (1, params.n)
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
-        # One seed per prompt (vLLM gives the n samples of a request seed + index): identical prompts in one batch
-        # must not get identical samples, as with HFEngine's single generator per call.
-        per_request = [_vllm_params(params, n, None if params.seed is None else params.seed + i * params.n)
-                       for i in range(len(requests))]
+        per_prompt = _per_prompt_params(prompts, params)
+        _check_prompts(prompts, self.vocab_size, self.max_model_len)
+        requests, per_request, offset = [], [], 0
+        for prompt, prm in zip(prompts, per_prompt, strict=True):
+            # vLLM refuses n > 1 with greedy decoding: send such a prompt n times with n = 1 (identical samples).
+            copies, n = (prm.n, 1) if prm.temperature == 0 else (1, prm.n)
+            for _ in range(copies):
+                requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
+                # Seeds advance by the samples before (vLLM gives the n samples of a request seed + index): identical
+                # prompts in one batch must not get identical samples, as with HFEngine's one generator per call.
+                per_request.append(_vllm_params(prm, n, None if prm.seed is None else prm.seed + offset))
+                offset += n
         with _torch_threads(self.serving_threads):
             outputs = self.llm.generate(requests, per_request, use_tqdm=False)
         flat = [completion_to_sample(c) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
-        return [flat[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        samples, at = [], 0
+        for prm in per_prompt:
+            samples.append(flat[at : at + prm.n])
+            at += prm.n
+        return samples
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
         """Load ``(HF name, tensor)`` pairs into the engine in place, then drop its prefix cache.
@@ -295,15 +315,24 @@ def completion_to_sample(completion: Any) -> Sample:
     return Sample(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, stop_str=stop_str)
 
 
-def _check_request(prompts: list[list[int]], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
-    if params.n < 1:
-        raise ValueError(f"SamplingParams.n={params.n}: must be >= 1")
-    if params.temperature < 0:
-        raise ValueError(f"SamplingParams.temperature={params.temperature}: must be >= 0 (0 = greedy)")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"SamplingParams.top_p={params.top_p}: must be in (0, 1]")
-    if params.max_new_tokens < 1:
-        raise ValueError(f"SamplingParams.max_new_tokens={params.max_new_tokens}: must be >= 1")
+def _per_prompt_params(prompts: list[list[int]],
+                       params: SamplingParams | list[SamplingParams]) -> list[SamplingParams]:
+    """One ``SamplingParams`` per prompt: the single one repeated, or the list checked against the prompts."""
+    if isinstance(params, SamplingParams):
+        _check_params(params, "SamplingParams")
+        return [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"generate: {len(params)} SamplingParams for {len(prompts)} prompts; pass one per prompt "
+                         "(or a single SamplingParams for all)")
+    for i, prm in enumerate(params):
+        if not isinstance(prm, SamplingParams):
+            raise TypeError(f"generate: params[{i}] is a {type(prm).__name__}, expected zerotir SamplingParams")
+        _check_params(prm, f"params[{i}]")
+    return params
+
+
+def _check_prompts(prompts: list[list[int]], vocab_size: int, max_model_len: int) -> None:
     for i, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token id")
@@ -313,6 +342,18 @@ def _check_request(prompts: list[list[int]], params: SamplingParams, vocab_size:
         bad = next((t for t in prompt if not 0 <= int(t) < vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompts[{i}] holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
+def _check_params(params: SamplingParams, name: str) -> None:
+    """Reject bad sampling settings, naming the field as ``name.field`` (e.g. ``params[2].top_p``)."""
+    if params.n < 1:
+        raise ValueError(f"{name}.n={params.n}: must be >= 1")
+    if params.temperature < 0:
+        raise ValueError(f"{name}.temperature={params.temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"{name}.top_p={params.top_p}: must be in (0, 1]")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"{name}.max_new_tokens={params.max_new_tokens}: must be >= 1")
 
 
 class _PackedTracker:
