@@ -12,9 +12,10 @@ closes code blocks on its own, and the tool loop really runs them in a real loca
 
 Measured in one run, alternating ``--repeats`` times (medians reported), with three sandboxes:
 
-* ``real``: ``SandboxClient`` against the local server (one HTTP request per snippet, as the trainer runs today);
-* ``real, /run_batch``: the same server, one ``/run_batch`` request per round (what ``SandboxClient.run_many`` would
-  give if it used that endpoint);
+* ``real``: ``SandboxClient`` against the local server, as the trainer runs it (``run_many``: one ``/run_batch``
+  request per round, chunked to the server's queue size);
+* ``real, /run_batch``: the same server through a minimal hand-written ``/run_batch`` caller (a reference for the
+  client's own overhead: the two rows should agree);
 * ``instant``: an object that answers at once with a fixed output: the loop's own cost, without the sandbox's.
 
 For each, the tool loop (``rollout_sync`` over ``--prompts`` x ``--n`` rows; wall time of the whole call; tokens =
@@ -110,8 +111,8 @@ def sandbox_cpu(url: str) -> float:
 
 class BatchEndpointSandbox:
     """The same server reached with one ``POST /run_batch`` per round (results parsed by the sandbox package's own
-    ``parse_run_code_response``): what the loop gets when ``SandboxClient.run_many`` uses ``/run_batch`` instead of
-    one HTTP request per snippet (measured here: ~0.03 ms of client CPU per snippet instead of 2-10 ms)."""
+    ``parse_run_code_response``), with none of the client's retry / chunking logic: a reference for the client's
+    own overhead (~0.03 ms of client CPU per snippet; per-snippet ``/run_code`` requests cost 2-10 ms each)."""
 
     def __init__(self, url: str):
         self.url = url
