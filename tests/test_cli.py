@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,18 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
                            "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert calls[0] == (str(tmp_path / "toy"), None)  # None: the toy world's default settings
     assert cli.model.model_path == str((tmp_path / "toy").resolve())
+
+
+def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
+    import zerotir.cli
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr(zerotir.cli.torch.cuda, "is_available", lambda: True)
+    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    assert "DS_ACCELERATOR" not in os.environ  # a GPU machine keeps DeepSpeed's own detection
+    monkeypatch.setattr(zerotir.cli.torch.cuda, "is_available", lambda: False)
+    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # an explicit choice wins
+    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    assert os.environ["DS_ACCELERATOR"] == "xpu"

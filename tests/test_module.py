@@ -212,3 +212,124 @@ def test_a_failing_step_stops_the_runtime(tiny_dir, train_file, tmp_path):
     with pytest.raises(RuntimeError, match="engine crashed"):
         trainer.fit(module, datamodule=data)
     assert runtime.closed  # the embedded sandbox does not outlive a failed run
+
+
+# ----- DeepSpeed and tensor-parallel plumbing, with stand-ins for Lightning's trainer and strategy -----
+class DeepSpeedStrategy:  # matched by class name, like Lightning's
+    def __init__(self, config: dict):
+        self.config = config
+        self.zero_stage_3 = config["zero_optimization"]["stage"] == 3
+
+
+class FakeTrainer:
+    def __init__(self, strategy=None, world_size=1, global_rank=0, fn="fit"):
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        self.strategy = strategy or object()
+        self.world_size, self.global_rank = world_size, global_rank
+        self.state = type("State", (), {"fn": TrainerFn(fn)})()
+        self.callbacks, self.datamodule = [], None
+        self.model = type("Engine", (), {"get_global_grad_norm": lambda self: 2.5})()
+
+
+class RecordingOptimizer:
+    def __init__(self):
+        self.calls = []
+
+    def step(self):
+        self.calls.append("step")
+
+    def zero_grad(self, set_to_none=True):
+        self.calls.append("zero_grad")
+
+    def _on_before_step(self):
+        self.calls.append("count")
+
+    def _on_after_step(self):
+        self.calls.append("counted")
+
+
+def _ds_config(name: str) -> dict:
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "configs" / "deepspeed" / name).read_text())
+
+
+def test_deepspeed_skipped_update_counts_the_step_without_stepping_the_engine(tiny_dir):
+    module = ZeroTIRModule(str(tiny_dir))
+    opt, sched_steps = RecordingOptimizer(), []
+    module.optimizers = lambda: opt
+    module.lr_schedulers = lambda: type("S", (), {"step": lambda self: sched_steps.append(1)})()
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero2.json")))
+    assert module._optimizer_step(False) == 0.0 and opt.calls == ["count", "counted"]
+    assert module._optimizer_step(True) == 2.5 and opt.calls[2:] == ["step", "zero_grad"]
+    assert len(sched_steps) == 2  # the schedule follows the RL step either way
+
+
+@pytest.mark.timeout(300)  # a step count that does not advance would never reach max_steps
+def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_file, tmp_path, monkeypatch):
+    import zerotir.module
+
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, all_wrong=True, algorithm="grpo")
+    monkeypatch.setattr(zerotir.module, "is_deepspeed", lambda trainer: True)  # take the DeepSpeed branch on CPU
+    monkeypatch.setattr(zerotir.module, "check_deepspeed_config", lambda *args: None)
+    monkeypatch.setattr(trainer.strategy, "config", {}, raising=False)
+    stepped = []
+    monkeypatch.setattr(trainer.strategy, "optimizer_step", lambda *a, **k: stepped.append(1))
+    trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 2 and module.rl_steps_done == 2 and stepped == []
+
+
+def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
+    from zerotir.deepspeed_setup import DeepSpeedConfigError
+
+    module = ZeroTIRModule(str(tiny_dir), max_grad_norm=0.5)
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))
+    with pytest.raises(DeepSpeedConfigError, match=r"gradient_clipping=1.0 but model.max_grad_norm=0.5"):
+        module.setup("fit")
+    module.setup("test")  # evaluation takes no optimizer step
+    module._trainer = FakeTrainer()
+    module.setup("fit")  # no DeepSpeed: nothing to check
+
+
+def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
+    pytest.importorskip("accelerate", reason="transformers' HfDeepSpeedConfig needs accelerate")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import gc
+
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from zerotir import models
+
+    seen = []
+
+    def fake_load(path, dtype="float32", gradient_checkpointing=False):  # a real load needs a process group
+        seen.append(is_deepspeed_zero3_enabled())
+        return torch.nn.Linear(2, 2)
+
+    monkeypatch.setattr(models, "load_causal_lm", fake_load)
+    module = ZeroTIRModule(str(tiny_dir), kl_coef=0.1)
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))
+    module.configure_model()
+    assert seen == [True, True]  # actor and reference
+    module.teardown("fit")
+    gc.collect()
+    assert not is_deepspeed_zero3_enabled()
+
+
+def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their_share(tiny_dir):
+    module = ZeroTIRModule(str(tiny_dir), n_samples=2, rollout_backend="vllm",
+                           engine_kwargs={"tensor_parallel_size": 2})
+    runtime = ScriptedRuntime()
+    module.runtime, module.rollout = runtime, scripted_rollout(module, runtime)
+    module.log = lambda *args, **kwargs: None
+    trained = []
+    module._update = lambda traj: trained.append(traj) or {}
+    module._trainer = FakeTrainer(world_size=4, global_rank=3)  # engine 1 = ranks 2 and 3
+    tok = build_byte_tokenizer()
+    batch = [{"id": f"q{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i)} for i in range(4)]
+    module.training_step(batch, 0)
+    assert runtime.seen == [["q2", "q3"]]  # the engine's prompts
+    assert trained[0].group_ids.tolist() == [1, 1] and len(module.last_rollout) == 2  # rank 3: the 2nd group
+    with pytest.raises(ValueError, match=r"data.prompts_per_step=6.*multiple of devices x num_nodes = 4"):
+        module.training_step(batch + batch[:2], 1)

@@ -17,9 +17,11 @@ What the subclass adds to Lightning's CLI:
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -36,10 +38,22 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
 
 
+def use_cpu_deepspeed_without_cuda() -> None:
+    """Without CUDA, let DeepSpeed use its CPU accelerator (``DS_ACCELERATOR=cpu``) unless the variable is set.
+
+    Parsing a config with a DeepSpeed strategy imports DeepSpeed, whose accelerator detection otherwise prints a
+    warning to stdout; that line would end up in ``--print_config > full.yaml``. Must run before DeepSpeed is
+    imported (it reads the variable once).
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 class ZeroTIRCLI(LightningCLI):
     """``LightningCLI`` with zerotir's links and defaults (see the module docstring)."""
 
     def __init__(self, *args, **kwargs) -> None:
+        use_cpu_deepspeed_without_cuda()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a resumed run rewrites its config.yaml
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("auto_configure_optimizers", False)  # the module builds its one optimizer itself

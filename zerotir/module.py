@@ -26,7 +26,13 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
-from zerotir.distributed import global_sum, shard_prompts
+from zerotir.deepspeed_setup import (
+    check_deepspeed_config,
+    count_skipped_step,
+    hf_zero3_config,
+    is_deepspeed,
+)
+from zerotir.distributed import global_sum, shard_prompts, training_share
 from zerotir.eval_loop import EvalAccumulator
 from zerotir.guards import SandboxErrorGuard
 from zerotir.rl_step import RLConfig, placeholder, ppo_update, prepare_batch
@@ -174,18 +180,29 @@ class ZeroTIRModule(LightningModule):
         self.last_rollout: Trajectories | None = None
         self.last_timings: dict[str, float] = {}
         self.last_update_stats: dict[str, float] = {}
+        self._hf_zero3: Any = None  # transformers' ZeRO-3 switch, held while the run lasts (see configure_model)
 
     # ----- models and optimizer -----
+    def setup(self, stage: str) -> None:
+        """Before any model is loaded: a DeepSpeed config that disagrees with the module fails here, naming the fix."""
+        if stage == "fit" and is_deepspeed(self.trainer):
+            hp = self.hparams
+            check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
+
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
 
         ``validate`` / ``test`` need only the actor: the other models are not loaded, and their weights in a
-        checkpoint are ignored (see ``on_load_checkpoint``).
+        checkpoint are ignored (see ``on_load_checkpoint``). Under ZeRO-3 Lightning calls this inside
+        ``deepspeed.zero.Init``; transformers' ``HfDeepSpeedConfig`` is made live first so that ``from_pretrained``
+        loads into the partitioned parameters (``zerotir.deepspeed_setup.hf_zero3_config``).
         """
         if self.actor is not None:
             return
         hp = self.hparams
         fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
+        if self._trainer is not None and self._hf_zero3 is None:
+            self._hf_zero3 = hf_zero3_config(self.trainer)
         self.actor = models.load_causal_lm(self.model_path, hp.dtype, hp.gradient_checkpointing)
         if fitting and hp.kl_coef > 0:
             self.ref_model = models.load_reference(self.model_path, hp.dtype)
@@ -218,18 +235,24 @@ class ZeroTIRModule(LightningModule):
         """Clip per parameter group, step, zero the gradients, advance the schedule; returns the actor grad norm.
 
         Without gradients (``has_grad=False``) every ``.grad`` is None, so the optimizer skips every parameter:
-        the step only keeps Lightning's step count and the schedule in line with the RL step.
+        the step only keeps Lightning's step count and the schedule in line with the RL step. Under DeepSpeed the
+        engine's ``step()`` is not called at all then (no backward ran; every rank skips together, the decision is
+        global), only Lightning's count advances. DeepSpeed clips inside its step (``gradient_clipping``).
         """
         opt = self.optimizers()
+        deepspeed = is_deepspeed(self.trainer)
         norm = 0.0
-        if has_grad and self.hparams.max_grad_norm > 0 and not _is_deepspeed(self.trainer):
+        if has_grad and self.hparams.max_grad_norm > 0 and not deepspeed:
             norms = [torch.nn.utils.clip_grad_norm_(g["params"], self.hparams.max_grad_norm)
                      for g in opt.optimizer.param_groups]
             norm = float(norms[0])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if deepspeed and not has_grad:
+            count_skipped_step(opt)
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         self.lr_schedulers().step()
-        if has_grad and _is_deepspeed(self.trainer):
+        if has_grad and deepspeed:
             norm = float(self.trainer.model.get_global_grad_norm() or 0.0)
         return norm
 
@@ -279,8 +302,16 @@ class ZeroTIRModule(LightningModule):
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
         start = time.perf_counter()
         self.rl_step = self.rl_steps_done + 1
-        rows = shard_prompts(batch, self.global_rank, self.trainer.world_size)  # all rows on a single process
+        tp = self.tensor_parallel_size
+        world = self.trainer.world_size
+        if tp > 1 and len(batch) % world:
+            raise ValueError(f"data.prompts_per_step={len(batch)}: with tensor-parallel engines (tensor_parallel_size="
+                             f"{tp}) every rank trains on an equal share, so set it to a multiple of devices x "
+                             f"num_nodes = {world}")
+        rows = shard_prompts(batch, self.global_rank, world, tp)  # all rows on a single process
         traj, timings = self.rollout(rows, self.train_params())
+        if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
+            traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
         self.sandbox_guard.update(traj, self.rl_step)
         self.last_rollout = traj
         kept = self._filter(traj)
@@ -298,6 +329,13 @@ class ZeroTIRModule(LightningModule):
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
         self.rl_steps_done = self.rl_step
         self.log("rl_step", float(self.rl_step), prog_bar=True, logger=False, batch_size=1)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """GPUs per rollout engine: ``engine_kwargs.tensor_parallel_size`` of a vLLM backend, else 1."""
+        if self.hparams.rollout_backend != "vllm":
+            return 1
+        return int((self.hparams.engine_kwargs or {}).get("tensor_parallel_size", 1))
 
     def _filter(self, traj: Trajectories) -> Trajectories:
         """Every callback that defines ``on_rollout_scored`` (e.g. ``PassRateFilter``), in order."""
@@ -379,6 +417,7 @@ class ZeroTIRModule(LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.runtime.close()
+        self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
         # Lightning skips the module's teardown when a run fails; the embedded sandbox must stop then too.
@@ -390,10 +429,6 @@ class _CloseRuntimeOnException(Callback):
 
     def on_exception(self, trainer: Any, pl_module: ZeroTIRModule, exception: BaseException) -> None:
         pl_module.runtime.close()
-
-
-def _is_deepspeed(trainer: Any) -> bool:
-    return type(trainer.strategy).__name__.startswith("DeepSpeed")
 
 
 def ensure_toy_base(model_path: str, settings: dict[str, Any] | None) -> None:

@@ -1,0 +1,117 @@
+"""What ``ZeroTIRModule`` does differently under Lightning's ``DeepSpeedStrategy``.
+
+    * ``check_deepspeed_config``: the DeepSpeed JSON must agree with the module's settings, checked in ``setup``
+      (before any model is loaded), each mismatch named with its fix. Lightning refuses ``trainer.gradient_clip_val``
+      with manual optimization, so the clipping lives in the JSON; DeepSpeed's *managed* gradient accumulation at
+      ``gradient_accumulation_steps = 1`` keeps only the last micro-batch's gradient under ZeRO-2.
+    * ``hf_zero3_config``: under ZeRO-3 ``from_pretrained`` must know it loads into partitioned parameters. Lightning
+      calls ``configure_model`` inside ``deepspeed.zero.Init``; without a live ``HfDeepSpeedConfig`` transformers
+      loads the checkpoint into parameters of size 0 and fails with size mismatches (Lightning issue #19259).
+    * ``count_skipped_step``: a skipped update must not call the DeepSpeed engine's ``step()`` (no backward ran, so
+      there is nothing to reduce), but Lightning's step count must still advance.
+
+DeepSpeed and transformers' DeepSpeed glue are imported only inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+CONFIG_FIELD = "trainer.strategy.init_args.config"
+OFFLOAD_DEVICES = ("cpu", "nvme")
+
+
+class DeepSpeedConfigError(ValueError):
+    """The DeepSpeed config disagrees with the module's settings; the message names the field and the fix."""
+
+
+def is_deepspeed(trainer: Any) -> bool:
+    """True when ``trainer`` runs Lightning's ``DeepSpeedStrategy`` (or a subclass)."""
+    return any(cls.__name__ == "DeepSpeedStrategy" for cls in type(trainer.strategy).__mro__)
+
+
+def is_zero3(trainer: Any) -> bool:
+    """True under DeepSpeed ZeRO stage 3 (parameters partitioned over the ranks)."""
+    return is_deepspeed(trainer) and bool(getattr(trainer.strategy, "zero_stage_3", False))
+
+
+def check_deepspeed_config(config: Mapping[str, Any], max_grad_norm: float, optimizer: str) -> None:
+    """Raise ``DeepSpeedConfigError`` when the DeepSpeed config disagrees with the module's settings.
+
+    Args:
+        config: the strategy's DeepSpeed config (``trainer.strategy.config``).
+        max_grad_norm: ``model.max_grad_norm`` (0 = no clipping).
+        optimizer: ``model.optimizer`` ("adamw" or "deepspeed_cpu_adam").
+
+    Raises:
+        DeepSpeedConfigError: ``managed_gradient_accumulation`` is not false; ``gradient_clipping`` differs from
+            ``max_grad_norm``; the config has its own ``optimizer`` / ``scheduler``; or the optimizer offload and
+            ``model.optimizer`` do not match.
+    """
+    problems = []
+    if config.get("managed_gradient_accumulation") is not False:
+        problems.append(
+            f"managed_gradient_accumulation={config.get('managed_gradient_accumulation')!r}: the module runs one "
+            "backward per micro-batch and one optimizer step per mini-batch; with DeepSpeed's managed accumulation "
+            "ZeRO-2 keeps only the last micro-batch's gradient. Fix: set \"managed_gradient_accumulation\": false "
+            "(as configs/deepspeed/*.json do)."
+        )
+    clipping = float(config.get("gradient_clipping", 0.0) or 0.0)
+    if not math.isclose(clipping, float(max_grad_norm), rel_tol=1e-6, abs_tol=1e-12):
+        problems.append(
+            f"gradient_clipping={config.get('gradient_clipping')!r} but model.max_grad_norm={max_grad_norm}: under "
+            "DeepSpeed the clipping happens in DeepSpeed's step (Lightning refuses trainer.gradient_clip_val with "
+            f"manual optimization). Fix: set \"gradient_clipping\": {float(max_grad_norm)} in the DeepSpeed config, "
+            f"or model.max_grad_norm: {clipping}."
+        )
+    for section in ("optimizer", "scheduler"):
+        if section in config:
+            problems.append(
+                f"{section}: the DeepSpeed config defines its own {section}, which would replace the module's "
+                "(actor / critic parameter groups, warmup). Fix: remove the section and set model.lr, "
+                "model.critic_lr, model.warmup_steps and model.optimizer instead."
+            )
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    offloaded = str(offload.get("device", "none")).lower() in OFFLOAD_DEVICES
+    if offloaded and optimizer != "deepspeed_cpu_adam":
+        problems.append(
+            f"zero_optimization.offload_optimizer.device={offload.get('device')!r} with model.optimizer="
+            f"{optimizer!r}: the offloaded optimizer steps on the CPU. Fix: set model.optimizer: deepspeed_cpu_adam."
+        )
+    if optimizer == "deepspeed_cpu_adam" and not offloaded:
+        problems.append(
+            "model.optimizer='deepspeed_cpu_adam' without zero_optimization.offload_optimizer: DeepSpeedCPUAdam needs "
+            "the optimizer states on the CPU. Fix: add \"offload_optimizer\": {\"device\": \"cpu\"} to "
+            "zero_optimization, or set model.optimizer: adamw."
+        )
+    if problems:
+        raise DeepSpeedConfigError(
+            f"the DeepSpeed config ({CONFIG_FIELD}) does not fit the module:\n  - " + "\n  - ".join(problems)
+        )
+
+
+def hf_zero3_config(trainer: Any) -> Any | None:
+    """A ``transformers.integrations.HfDeepSpeedConfig`` of the strategy's config under ZeRO-3, else None.
+
+    transformers keeps only a weak reference to it: the caller must hold the returned object for as long as
+    ``from_pretrained`` (and ZeRO-3-aware generation) should see ZeRO-3; dropping it turns that off again.
+    """
+    if not is_zero3(trainer):
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(trainer.strategy.config)
+
+
+def count_skipped_step(optimizer: Any) -> None:
+    """Advance Lightning's optimizer-step count for a step that is not taken.
+
+    Under manual optimization Lightning counts ``LightningOptimizer.step()`` calls through the hooks it injects
+    around the real step (``_on_before_step`` / ``_on_after_step``; ``trainer.global_step`` is that count). Calling
+    the hooks without the step keeps ``global_step``, ``max_steps`` and ``every_n_train_steps`` in line with the RL
+    step while the DeepSpeed engine is left alone.
+    """
+    optimizer._on_before_step()
+    optimizer._on_after_step()
