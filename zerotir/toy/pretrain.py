@@ -1,0 +1,267 @@
+"""Pretrain the toy base model: a byte tokenizer and a tiny Llama trained on the synthetic corpus, cached on disk.
+
+``python -m zerotir toy-base --out runs/toy_base`` (the lead's ``__main__`` calls :func:`main`), or
+:func:`ensure_toy_base` from the toy config when the model folder is missing. The folder holds the model and the
+tokenizer (``save_pretrained``, so both rollout engines load it), ``toy_base.json`` (settings, training record,
+measured base statistics) and ``corpus.jsonl.gz`` (the documents trained on).
+
+Seeded and deterministic for a given number of steps. ``minutes`` is a budget, not the length of training: a run
+that reaches it stops early, says so, and records the steps it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from zerotir.toy.corpus import CorpusSettings, document
+from zerotir.toy.tasks import heldout_set
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+log = logging.getLogger(__name__)
+INFO_FILE = "toy_base.json"
+CORPUS_FILE = "corpus.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    """Everything that determines the toy base model; two runs with equal settings give the same folder.
+
+    Args:
+        seed: seeds the corpus, the initialization and the data order.
+        steps: optimizer steps.
+        batch_size: rows per step.
+        seq_len: tokens per row; rows start at a document boundary (as RL prompts start at position 0).
+        lr: peak AdamW learning rate (linear warmup over ``warmup_steps``, cosine decay to 10%).
+        warmup_steps: warmup length.
+        hidden_size / num_layers / num_heads / intermediate_size: the tiny Llama.
+        mixed_share / code_share / worked_share / easy_share: corpus shares (see :class:`zerotir.toy.corpus.CorpusSettings`).
+        heldout_n / heldout_seed: the held-out task set kept out of the corpus (must match the task's held-out set).
+        minutes: wall-time budget of the training loop.
+        threads: torch CPU threads (the result can differ in the last bits between thread counts).
+        eval_n: held-out questions sampled once each at temperature 1 to measure the base statistics (0 = skip).
+    """
+
+    seed: int = 0
+    steps: int = 1200
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 512
+    mixed_share: float = 0.05
+    code_share: float = 0.30
+    worked_share: float = 0.10
+    easy_share: float = 0.5
+    heldout_n: int = 256
+    heldout_seed: int = 1234
+    minutes: float = 6.0
+    threads: int = 2
+    eval_n: int = 128
+
+    def __post_init__(self) -> None:
+        positive = ("steps", "batch_size", "seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                    "heldout_n", "threads")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.lr <= 0 or self.minutes <= 0 or self.warmup_steps < 0 or self.eval_n < 0:
+            raise ValueError("lr and minutes must be > 0, warmup_steps and eval_n >= 0")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}")
+        self.corpus()  # validates the shares
+
+    def corpus(self) -> CorpusSettings:
+        return CorpusSettings(seed=self.seed, mixed_share=self.mixed_share, code_share=self.code_share,
+                              worked_share=self.worked_share, easy_share=self.easy_share)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Batches:
+    """Rows of whole documents, each ended by EOS, right-padded; a document never straddles two rows."""
+
+    settings: PretrainSettings
+    eos_id: int
+    pad_id: int
+    docs_used: list[tuple[str, str]] = field(default_factory=list)
+
+    def _documents(self) -> Iterator[tuple[str, str, list[int]]]:
+        """Endless ``(kind, text, token ids + EOS)`` of the corpus seed, without the hard held-out questions."""
+        s = self.settings
+        rng = random.Random(f"corpus-{s.seed}")
+        # Only the hard held-out questions are kept out: the easy question space is small (81 one-digit sums), and
+        # the held-out task is hard questions.
+        exclude = {q.problem for q in heldout_set(s.heldout_n, s.heldout_seed, "hard")}
+        while True:
+            kind, text = document(rng, s.corpus(), exclude)
+            ids = [b + 3 for b in text.encode("utf-8")] + [self.eos_id]  # byte tokenizer: id = byte + 3
+            if len(ids) > s.seq_len:
+                raise ValueError(f"seq_len={s.seq_len}: a corpus document has {len(ids)} tokens with its EOS; "
+                                 "use a larger seq_len")
+            yield kind, text, ids
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        s = self.settings
+        docs = self._documents()
+        kind, text, ids = next(docs)
+        while True:
+            batch = torch.full((s.batch_size, s.seq_len), self.pad_id, dtype=torch.long)
+            for r in range(s.batch_size):
+                col = 0
+                while col + len(ids) <= s.seq_len:  # a document that does not fit starts the next row
+                    batch[r, col : col + len(ids)] = torch.tensor(ids)
+                    self.docs_used.append((kind, text))
+                    col += len(ids)
+                    kind, text, ids = next(docs)
+            yield batch
+
+
+def lr_at(step: int, s: PretrainSettings) -> float:
+    """Linear warmup, then cosine decay from ``lr`` to ``lr / 10`` at the last step."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def _train(model: torch.nn.Module, batches: Batches, s: PretrainSettings, show_progress: bool) -> dict:
+    """The optimizer loop; stops after ``s.steps`` steps or at the time budget. Returns losses and counts."""
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    start, losses, tokens = time.monotonic(), [], 0
+    columns = (TextColumn("toy-base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=not show_progress) as progress:
+        task = progress.add_task("pretrain", total=s.steps, loss="-")
+        for step, batch in zip(range(s.steps), batches, strict=False):
+            if time.monotonic() - start > 60 * s.minutes:
+                log.warning("toy-base: time budget of %.1f min reached after %d of %d steps", s.minutes, step, s.steps)
+                break
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, s)
+            real = batch != batches.pad_id
+            loss = model(input_ids=batch, labels=batch.masked_fill(~real, -100)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            tokens += int(real.sum())
+            recent = sum(losses[-20:]) / len(losses[-20:])
+            progress.update(task, advance=1, loss=f"{recent:.3f}")
+            if not show_progress and len(losses) % 100 == 0:
+                elapsed = time.monotonic() - start
+                log.info("toy-base: step %d/%d loss %.3f (%.0f s)", len(losses), s.steps, recent, elapsed)
+    return {"losses": losses, "tokens": tokens, "seconds": time.monotonic() - start}
+
+
+def pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool = True) -> dict:
+    """Train the tiny Llama on the corpus and save model, tokenizer and corpus into ``out_dir``; returns the record."""
+    torch.set_num_threads(s.threads)
+    tok = build_byte_tokenizer()
+    if tok("A\n")["input_ids"] != [ord("A") + 3, ord("\n") + 3]:  # the packer relies on id = byte + 3
+        raise RuntimeError("byte tokenizer layout changed: expected id = byte + 3")
+    model = build_tiny_model(tok, seed=s.seed, hidden_size=s.hidden_size, num_layers=s.num_layers,
+                             num_heads=s.num_heads, intermediate_size=s.intermediate_size, max_position_embeddings=512)
+    model.train()
+    batches = Batches(s, tok.eos_token_id, tok.pad_token_id)
+    run = _train(model, batches, s, show_progress)
+    model.eval()
+    model.save_pretrained(str(out_dir))
+    tok.save_pretrained(str(out_dir))
+    with gzip.open(out_dir / CORPUS_FILE, "wt") as f:
+        for kind, text in batches.docs_used:
+            f.write(json.dumps({"kind": kind, "text": text}) + "\n")
+    tail = run["losses"][-50:]
+    return {
+        "steps_done": len(run["losses"]),
+        "stopped_by_time": len(run["losses"]) < s.steps,
+        "train_seconds": round(run["seconds"], 1),
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": round(sum(tail) / max(1, len(tail)), 4),
+        "documents": len(batches.docs_used),
+        "tokens_trained": run["tokens"],
+    }
+
+
+def read_info(path: str | Path) -> dict | None:
+    """The ``toy_base.json`` record of a toy-base folder, or None if there is none."""
+    info = Path(path) / INFO_FILE
+    return json.loads(info.read_text()) if info.is_file() else None
+
+
+def ensure_toy_base(path: str | Path, show_progress: bool = True, **settings) -> Path:
+    """Return ``path`` holding a toy base model made with ``settings``; build it first unless a matching one is there.
+
+    Args:
+        path: the model folder.
+        show_progress: show the rich progress bar.
+        **settings: fields of :class:`PretrainSettings` (unknown names raise ``TypeError`` naming them).
+    """
+    unknown = sorted(set(settings) - {f.name for f in fields(PretrainSettings)})
+    if unknown:
+        known = [f.name for f in fields(PretrainSettings)]
+        raise TypeError(f"ensure_toy_base: unknown settings {unknown}; known: {known}")
+    s = PretrainSettings(**settings)
+    path = Path(path)
+    info = read_info(path)
+    if info is not None and info.get("settings") == s.to_dict():
+        log.info("toy-base: reusing %s (settings match)", path)
+        return path
+    if path.exists() and info is None and any(path.iterdir()):
+        raise FileExistsError(f"{path} exists and is not a toy-base folder (no {INFO_FILE}); choose another --out")
+    # Build in a sibling folder and move it in place at the end, so a killed run never leaves a folder that looks done.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    record = pretrain(s, tmp, show_progress)
+    if s.eval_n:
+        from zerotir.toy.base_stats import measure_base
+
+        record["base_stats"] = measure_base(tmp, n=s.eval_n, seed=s.seed, heldout_n=s.heldout_n,
+                                            heldout_seed=s.heldout_seed)
+    (tmp / INFO_FILE).write_text(json.dumps({"settings": s.to_dict(), "record": record}, indent=2) + "\n")
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``toy-base`` command line: ``--out`` plus one flag per field of :class:`PretrainSettings`."""
+    parser = argparse.ArgumentParser(prog="python -m zerotir toy-base", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="model folder to write (reused when its settings match)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    for f in fields(PretrainSettings):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default,
+                            help=f"(default {f.default})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Entry point of ``python -m zerotir toy-base``; prints the record and returns the folder."""
+    args = vars(build_parser().parse_args(argv))
+    out, quiet = args.pop("out"), args.pop("no_progress")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = ensure_toy_base(out, show_progress=not quiet, **args)
+    print(json.dumps(read_info(path), indent=2))
+    return path
