@@ -216,7 +216,7 @@ def test_training_mode_and_threads_are_restored(model):
 @pytest.mark.parametrize("prompts, params, match", [
     ([[]], SamplingParams(), "prompt 0 is empty"),
     ([[5, 999]], SamplingParams(), "outside"),
-    ([[5]], SamplingParams(n=0), "n must be"),
+    ([[5]], SamplingParams(n=0), r"SamplingParams\.n=0: must be >= 1"),
     ([[5]], SamplingParams(temperature=-1), "temperature"),
     ([[5]], SamplingParams(top_p=0), "top_p"),
     ([[5]], SamplingParams(max_new_tokens=0), "max_new_tokens"),

@@ -371,7 +371,7 @@ def _per_prompt_params(prompts: list[list[int]], params: SamplingParams | list[S
 def _validate(prompts: list[list[int]], params: list[SamplingParams], vocab_size: int, max_positions: int) -> None:
     """Reject bad requests with a message naming the field."""
     for prm in params:
-        _validate_params(prm)
+        prm.validate()
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token id (e.g. BOS)")
@@ -380,15 +380,3 @@ def _validate(prompts: list[list[int]], params: list[SamplingParams], vocab_size
         if len(p) >= max_positions:
             raise ValueError(f"prompt {i} has {len(p)} tokens, the model's context is {max_positions}: shorten it")
 
-
-def _validate_params(params: SamplingParams) -> None:
-    if params.n < 1:
-        raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
-    if params.temperature < 0:
-        raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
-    if params.max_new_tokens < 1:
-        raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {params.max_new_tokens}")
-    if any(not s for s in params.stop):
-        raise ValueError("SamplingParams.stop contains an empty string; remove it")

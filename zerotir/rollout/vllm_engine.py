@@ -319,7 +319,7 @@ def _per_prompt_params(prompts: list[list[int]],
                        params: SamplingParams | list[SamplingParams]) -> list[SamplingParams]:
     """One ``SamplingParams`` per prompt: the single one repeated, or the list checked against the prompts."""
     if isinstance(params, SamplingParams):
-        _check_params(params, "SamplingParams")
+        params.validate("SamplingParams")
         return [params] * len(prompts)
     params = list(params)
     if len(params) != len(prompts):
@@ -328,7 +328,7 @@ def _per_prompt_params(prompts: list[list[int]],
     for i, prm in enumerate(params):
         if not isinstance(prm, SamplingParams):
             raise TypeError(f"generate: params[{i}] is a {type(prm).__name__}, expected zerotir SamplingParams")
-        _check_params(prm, f"params[{i}]")
+        prm.validate(f"params[{i}]")
     return params
 
 
@@ -343,17 +343,6 @@ def _check_prompts(prompts: list[list[int]], vocab_size: int, max_model_len: int
         if bad is not None:
             raise ValueError(f"prompts[{i}] holds token id {bad}, outside the vocabulary [0, {vocab_size})")
 
-
-def _check_params(params: SamplingParams, name: str) -> None:
-    """Reject bad sampling settings, naming the field as ``name.field`` (e.g. ``params[2].top_p``)."""
-    if params.n < 1:
-        raise ValueError(f"{name}.n={params.n}: must be >= 1")
-    if params.temperature < 0:
-        raise ValueError(f"{name}.temperature={params.temperature}: must be >= 0 (0 = greedy)")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"{name}.top_p={params.top_p}: must be in (0, 1]")
-    if params.max_new_tokens < 1:
-        raise ValueError(f"{name}.max_new_tokens={params.max_new_tokens}: must be >= 1")
 
 
 class _PackedTracker:
