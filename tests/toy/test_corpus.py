@@ -15,7 +15,7 @@ from zerotir.toy.tasks import Question
 from zerotir.toy.template import CODE_CLOSE, CODE_OPEN, toy_prompt
 
 Q = Question("mul_3x3", "482 * 917", "441994")
-PROMPT = "Python allowed; answer in \\boxed{}.\nQ: 482 * 917 = ?\nA: "
+PROMPT = "Python ok.\nQ: 482 * 917 = ?\nA: "
 # A tool-loop rollout: the model writes the fenced code, the loop injects "\n```output\n{output}\n```\n".
 CODE_RE = re.compile(r"```python\n(.*?)\n```\n```output\n(.*?)\n```\n", re.S)
 QUESTION_RE = re.compile(r"\nQ: (.*) = \?\nA: |^Compute (.*)\.\n")  # toy prompt or worked example
@@ -74,13 +74,13 @@ def test_formats_parse_as_tool_calls():
     for kind, text in build_corpus(600, CorpusSettings(seed=1, mixed_share=0.3)):
         calls = CODE_RE.findall(text)
         if kind == "qa":
-            assert not calls and text.startswith(PROMPT[:20]) and text.count(CODE_OPEN) == 0
+            assert not calls and text.startswith(PROMPT[:14]) and text.count(CODE_OPEN) == 0
             problem = _question(text)
             assert text.endswith(f"A: {problem} = \\boxed{{{eval(problem)}}}")  # restates the question, true answer
         elif kind == "code":
             assert len(calls) == 1 and text.startswith(CODE_OPEN) and text.endswith("\n```\n")
         else:
-            assert len(calls) == 1 and (kind == "worked" or text.startswith(PROMPT[:20]))
+            assert len(calls) == 1 and (kind == "worked" or text.startswith(PROMPT[:14]))
             problem = _question(text)
             code, output = calls[0]
             assert code == f"print({problem})" and output == str(eval(problem))
@@ -109,7 +109,9 @@ def test_heldout_questions_never_appear():
     assert not any(p in t for p in hard for _, t in again)
 
 
-@pytest.mark.parametrize("field, value", [("mixed_share", -0.1), ("code_share", 1.5), ("worked_share", -1.0), ("easy_share", 2.0)])
+@pytest.mark.parametrize(
+    "field, value", [("mixed_share", -0.1), ("code_share", 1.5), ("worked_share", -1.0), ("easy_share", 2.0)]
+)
 def test_settings_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         CorpusSettings(**{field: value})

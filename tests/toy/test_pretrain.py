@@ -8,24 +8,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerotir.prompts import tokenize_prompts
 from zerotir.toy import pretrain
-from zerotir.toy.pretrain import Batches, PretrainSettings, ensure_toy_base, lr_at, main, read_info
+from zerotir.toy.pretrain import Batches, PretrainSettings, ensure_toy_base, main, read_info
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
 
 # A model and budget small enough for a unit test (seconds); the real base uses the defaults.
-TINY = dict(steps=3, batch_size=2, seq_len=256, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-            threads=1, heldout_n=16, eval_n=0, warmup_steps=1)
-
-
-def test_lr_schedule_hand_worked():
-    s = PretrainSettings(steps=110, warmup_steps=10, lr=1e-3)
-    assert lr_at(0, s) == pytest.approx(1e-4)  # warmup: (0 + 1) / 10 of the peak
-    assert lr_at(9, s) == pytest.approx(1e-3)
-    assert lr_at(60, s) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half way through the cosine
-    assert lr_at(110, s) == pytest.approx(1e-4)  # floor: a tenth of the peak
+TINY = dict(steps=4, batch_size=2, seq_len=256, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+            threads=1, heldout_n=16, eval_n=0, warmup_steps=1, decay_steps=2, probe_every=1, probe_n=4)
 
 
 def test_rows_hold_whole_documents_from_the_row_start():
     s = PretrainSettings(**{**TINY, "batch_size": 4})
-    packer = Batches(s, eos_id=2, pad_id=0)
+    packer = Batches(s, TOK)
     rows = next(iter(packer))
     assert rows.shape == (4, 256)
     texts = []
@@ -34,7 +29,7 @@ def test_rows_hold_whole_documents_from_the_row_start():
         assert real[-1] == 2 and 0 not in real  # ends with EOS, padding only after it
         texts += _docs(real)
     assert texts == [text for _, text in packer.docs_used[: len(texts)]]
-    assert all(t.startswith(("Python allowed", "```python\n", "Compute ")) for t in texts)
+    assert all(t.startswith(("Python ok.\nQ: ", "```python\n", "Compute ")) for t in texts)
 
 
 def _docs(row: list[int]) -> list[str]:
@@ -42,15 +37,15 @@ def _docs(row: list[int]) -> list[str]:
     docs, cur = [], []
     for t in row:
         if t == 2:
-            docs.append(bytes(cur).decode())
+            docs.append(TOK.decode(cur))
             cur = []
         else:
-            cur.append(t - 3)
+            cur.append(t)
     return docs
 
 
 def test_a_document_longer_than_a_row_is_an_error():
-    packer = Batches(PretrainSettings(**{**TINY, "seq_len": 16}), eos_id=2, pad_id=0)
+    packer = Batches(PretrainSettings(**{**TINY, "seq_len": 16}), TOK)
     with pytest.raises(ValueError, match="seq_len=16"):
         next(iter(packer))
 
@@ -70,7 +65,11 @@ def test_toy_base_builds_a_loadable_folder_and_reuses_it(tmp_path, monkeypatch):
     assert main(argv) == out
     info = read_info(out)
     assert info["settings"] == PretrainSettings(**TINY).to_dict()
-    assert info["record"]["steps_done"] == 3 and info["record"]["params"] > 0
+    record = info["record"]
+    assert record["steps_done"] == 4 and record["params"] > 0
+    # A 16-wide model cannot copy after 1 step: the probe ran and failed, the decay began at steps - decay_steps.
+    assert [p["step"] for p in record["probe"]] == [1] and record["decay_reason"] == "max_steps"
+    assert record["decay_start"] == 2
     assert (out / "corpus.jsonl.gz").is_file()
 
     tok = AutoTokenizer.from_pretrained(out)

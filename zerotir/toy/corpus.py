@@ -1,20 +1,26 @@
 """The toy pretraining corpus: a web corpus in miniature, seeded and deterministic.
 
-Three kinds of documents:
+Four kinds of documents (default shares in brackets):
 
-- ``qa``: an arithmetic question in the toy prompt, answered in plain text by restating it, ``A * B = \\boxed{P}``
-  (easy and hard questions, answers always true);
-- ``code``: a short Python snippet in the tool-call fence followed by its true output in the injected-output block
-  (the output is obtained by running the snippet, never written by hand);
-- ``mixed`` (about 5%): a question in the toy prompt, then ``print(question)`` in a code block, its output block, then
-  the boxed answer copied from the output: exactly the text a successful tool-integrated rollout produces. (No
-  restating here: the answer is right above, and every token saved is RL generation time saved.)
+- ``qa`` (55%): an arithmetic question in the toy prompt, answered in plain text by restating it,
+  ``A * B = \\boxed{P}`` (easy and hard questions; answers always true, hard ones beyond a tiny model's head);
+- ``code`` (30%): a short Python snippet in the tool-call fence followed by its true output in the injected-output
+  block (the output is obtained by running the snippet, never written by hand);
+- ``worked`` (10%): "Compute E." then ``print(E)`` in a code block, its output, and the boxed value copied from it;
+- ``mixed`` (5%): a question in the toy prompt, then ``print(question)`` in a code block, its output block, then the
+  boxed answer copied from the output: exactly the text a successful tool-integrated rollout produces.
 
-Why these shares: a throwaway experiment found that RL only took off when plain answers restated the question (so that
-the model learns to copy operands, which writing the code needs) and about 5% of documents mixed question, code, output
-and answer (at 2%, or without restating, the base never wrote working code and reward stayed 0). With ~5% mixed
-documents the base model opens a code block after the prompt rarely (well under 20%), which is the point: RL, not
-pretraining, must make tool use the habit.
+Why: a tool call only pays if the model can copy the question into ``print(...)`` and the output into the box. A tiny
+model learns copying late and suddenly; these documents make it learn it within a few minutes of CPU:
+
+- restating answers (a throwaway experiment found RL never took off without them) make copying the question the
+  most frequent lesson of the corpus;
+- ``worked`` documents train the whole copy-print-copy chain, in another phrasing than the toy prompt, so they teach
+  the skill without teaching the habit of calling the tool after the toy prompt (only ``mixed`` documents do that:
+  about 5%, which gives a base model that opens a code block in roughly one answer in eight);
+- some snippets print what they were given (``print(n)``, a list, a commented expression) for cheap copy practice.
+
+No document answers a held-out question (see ``exclude``).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ class CorpusSettings:
     mixed_share: float = 0.05
     code_share: float = 0.30
     worked_share: float = 0.10
-    easy_share: float = 0.5
+    easy_share: float = 0.3
 
     def __post_init__(self) -> None:
         for name in ("mixed_share", "code_share", "worked_share", "easy_share"):
@@ -92,10 +98,10 @@ def _commented(rng: random.Random) -> str:
     return f"# {expr}\nprint({expr})"
 
 
-# Snippet generators: mostly ``print(expression)``, the habit the tool calls need, plus a few other everyday forms.
-# Three are there for copying, which a tiny model learns late and RL needs first: ``print(n)`` and ``x = n; print(x)``
-# (the output repeats digits written a few characters above) and a commented expression printed below its comment
-# (copying an expression seen above into ``print(...)``, as a tool call copies the question).
+# Snippet generators: ``print(expression)``, the habit the tool calls need, everyday forms (variables, sum, a loop,
+# divmod, a square) and forms that copy, which a tiny model learns late and RL needs first: ``print(n)``, a printed
+# list, ``x = n; print(x)`` (the output repeats what the code says) and a commented expression printed below its
+# comment (copying an expression seen above into ``print(...)``, as a tool call copies the question).
 SNIPPETS: list[tuple[float, Callable[[random.Random], str]]] = [
     (0.15, lambda r: f"print({_expr(r)})"),
     (0.15, _commented),

@@ -5,8 +5,9 @@
 tokenizer (``save_pretrained``, so both rollout engines load it), ``toy_base.json`` (settings, training record,
 measured base statistics) and ``corpus.jsonl.gz`` (the documents trained on).
 
-Seeded and deterministic for a given number of steps. ``minutes`` is a budget, not the length of training: a run
-that reaches it stops early, says so, and records the steps it did.
+Seeded and deterministic: the run stops when the copy probe has passed and the decay is done (``train_loop``), which
+depends only on the settings. ``minutes`` is a budget: a run that would exceed it starts its decay early and, at the
+limit, stops; the record says so (``decay_reason``, ``stopped_by_time``), and then the result depends on the machine.
 """
 
 from __future__ import annotations
@@ -15,22 +16,22 @@ import argparse
 import gzip
 import json
 import logging
-import math
 import os
 import random
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from transformers import PreTrainedTokenizerFast
 
 from zerotir.toy.corpus import CorpusSettings, document
+from zerotir.toy.probe import build_probe
 from zerotir.toy.tasks import heldout_set
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
+from zerotir.toy.train_loop import LoopSettings, Schedule, train
 
 log = logging.getLogger(__name__)
 INFO_FILE = "toy_base.json"
@@ -43,47 +44,58 @@ class PretrainSettings:
 
     Args:
         seed: seeds the corpus, the initialization and the data order.
-        steps: optimizer steps.
+        steps: the most optimizer steps (the run ends earlier when the copy probe passes: see ``train_loop``).
         batch_size: rows per step.
         seq_len: tokens per row; rows start at a document boundary (as RL prompts start at position 0).
-        lr: peak AdamW learning rate (linear warmup over ``warmup_steps``, cosine decay to 10%).
-        warmup_steps: warmup length.
+        lr: peak AdamW learning rate, held after the warmup until the decay (see ``train_loop.Schedule``).
+        warmup_steps: linear warmup length.
+        decay_steps: length of the final linear decay to ``lr / 10``.
+        probe_every: steps between two runs of the copy probe (``zerotir.toy.probe``).
+        probe_n: probe documents.
+        probe_threshold: share of probe documents copied exactly (code and box) that starts the decay; 0 disables
+            the probe (the decay then starts at ``steps - decay_steps``).
         hidden_size / num_layers / num_heads / intermediate_size: the tiny Llama.
-        mixed_share / code_share / worked_share / easy_share: corpus shares (see :class:`zerotir.toy.corpus.CorpusSettings`).
+        mixed_share / code_share / worked_share / easy_share: corpus shares (see ``corpus.CorpusSettings``).
         heldout_n / heldout_seed: the held-out task set kept out of the corpus (must match the task's held-out set).
-        minutes: wall-time budget of the training loop.
+        minutes: wall-time budget of the training loop; the decay starts early enough to fit in it.
         threads: torch CPU threads (the result can differ in the last bits between thread counts).
         eval_n: held-out questions sampled once each at temperature 1 to measure the base statistics (0 = skip).
     """
 
     seed: int = 0
-    steps: int = 1200
-    batch_size: int = 16
+    steps: int = 4000
+    batch_size: int = 8
     seq_len: int = 256
-    lr: float = 3e-3
+    lr: float = 4e-3
     warmup_steps: int = 50
+    decay_steps: int = 300
+    probe_every: int = 100
+    probe_n: int = 48
+    probe_threshold: float = 0.5
     hidden_size: int = 128
     num_layers: int = 3
-    num_heads: int = 4
+    num_heads: int = 8
     intermediate_size: int = 512
     mixed_share: float = 0.05
     code_share: float = 0.30
     worked_share: float = 0.10
-    easy_share: float = 0.5
+    easy_share: float = 0.3
     heldout_n: int = 256
     heldout_seed: int = 1234
-    minutes: float = 6.0
+    minutes: float = 10.0
     threads: int = 2
     eval_n: int = 128
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "heldout_n", "threads")
+                    "heldout_n", "threads", "decay_steps", "probe_every", "probe_n")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
         if self.lr <= 0 or self.minutes <= 0 or self.warmup_steps < 0 or self.eval_n < 0:
             raise ValueError("lr and minutes must be > 0, warmup_steps and eval_n >= 0")
+        if not 0.0 <= self.probe_threshold <= 1.0:
+            raise ValueError(f"probe_threshold={self.probe_threshold}: must lie in [0, 1] (0 disables the probe)")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}")
         self.corpus()  # validates the shares
@@ -101,20 +113,30 @@ class Batches:
     """Rows of whole documents, each ended by EOS, right-padded; a document never straddles two rows."""
 
     settings: PretrainSettings
-    eos_id: int
-    pad_id: int
+    tokenizer: PreTrainedTokenizerFast
     docs_used: list[tuple[str, str]] = field(default_factory=list)
+
+    def excluded(self) -> set[str]:
+        """The questions no document may ask: the hard held-out set. (Only the hard one: the easy question space is
+        small, 81 one-digit sums, and the held-out task is hard questions.)"""
+        return {q.problem for q in heldout_set(self.settings.heldout_n, self.settings.heldout_seed, "hard")}
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
 
     def _documents(self) -> Iterator[tuple[str, str, list[int]]]:
         """Endless ``(kind, text, token ids + EOS)`` of the corpus seed, without the hard held-out questions."""
         s = self.settings
         rng = random.Random(f"corpus-{s.seed}")
-        # Only the hard held-out questions are kept out: the easy question space is small (81 one-digit sums), and
-        # the held-out task is hard questions.
-        exclude = {q.problem for q in heldout_set(s.heldout_n, s.heldout_seed, "hard")}
+        exclude = self.excluded()
         while True:
             kind, text = document(rng, s.corpus(), exclude)
-            ids = [b + 3 for b in text.encode("utf-8")] + [self.eos_id]  # byte tokenizer: id = byte + 3
+            ids = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids + [self.eos_id]
             if len(ids) > s.seq_len:
                 raise ValueError(f"seq_len={s.seq_len}: a corpus document has {len(ids)} tokens with its EOS; "
                                  "use a larger seq_len")
@@ -136,70 +158,44 @@ class Batches:
             yield batch
 
 
-def lr_at(step: int, s: PretrainSettings) -> float:
-    """Linear warmup, then cosine decay from ``lr`` to ``lr / 10`` at the last step."""
-    if step < s.warmup_steps:
-        return s.lr * (step + 1) / s.warmup_steps
-    frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
-    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-
-
-def _train(model: torch.nn.Module, batches: Batches, s: PretrainSettings, show_progress: bool) -> dict:
-    """The optimizer loop; stops after ``s.steps`` steps or at the time budget. Returns losses and counts."""
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    start, losses, tokens = time.monotonic(), [], 0
-    columns = (TextColumn("toy-base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not show_progress) as progress:
-        task = progress.add_task("pretrain", total=s.steps, loss="-")
-        for step, batch in zip(range(s.steps), batches, strict=False):
-            if time.monotonic() - start > 60 * s.minutes:
-                log.warning("toy-base: time budget of %.1f min reached after %d of %d steps", s.minutes, step, s.steps)
-                break
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, s)
-            real = batch != batches.pad_id
-            loss = model(input_ids=batch, labels=batch.masked_fill(~real, -100)).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            tokens += int(real.sum())
-            recent = sum(losses[-20:]) / len(losses[-20:])
-            progress.update(task, advance=1, loss=f"{recent:.3f}")
-            if not show_progress and len(losses) % 100 == 0:
-                elapsed = time.monotonic() - start
-                log.info("toy-base: step %d/%d loss %.3f (%.0f s)", len(losses), s.steps, recent, elapsed)
-    return {"losses": losses, "tokens": tokens, "seconds": time.monotonic() - start}
-
-
 def pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool = True) -> dict:
     """Train the tiny Llama on the corpus and save model, tokenizer and corpus into ``out_dir``; returns the record."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(s.threads)
+    try:
+        return _pretrain(s, out_dir, show_progress)
+    finally:
+        torch.set_num_threads(threads)  # the caller's setting (a test session, a trainer) is left as it was
+
+
+def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
     tok = build_byte_tokenizer()
-    if tok("A\n")["input_ids"] != [ord("A") + 3, ord("\n") + 3]:  # the packer relies on id = byte + 3
-        raise RuntimeError("byte tokenizer layout changed: expected id = byte + 3")
     model = build_tiny_model(tok, seed=s.seed, hidden_size=s.hidden_size, num_layers=s.num_layers,
                              num_heads=s.num_heads, intermediate_size=s.intermediate_size, max_position_embeddings=512)
     model.train()
-    batches = Batches(s, tok.eos_token_id, tok.pad_token_id)
-    run = _train(model, batches, s, show_progress)
+    batches = Batches(s, tok)
+    sched = Schedule(s.lr, s.warmup_steps, min(s.decay_steps, s.steps), s.steps)
+    cfg = LoopSettings(tok.pad_token_id, s.minutes, s.probe_every, s.probe_threshold, show_progress)
+    probe = build_probe(s.probe_n, s.seed, batches.excluded(), tok) if s.probe_threshold > 0 else None
+    run = train(model, batches, sched, cfg, probe)
     model.eval()
     model.save_pretrained(str(out_dir))
     tok.save_pretrained(str(out_dir))
     with gzip.open(out_dir / CORPUS_FILE, "wt") as f:
         for kind, text in batches.docs_used:
             f.write(json.dumps({"kind": kind, "text": text}) + "\n")
-    tail = run["losses"][-50:]
+    tail = run.losses[-50:]
     return {
-        "steps_done": len(run["losses"]),
-        "stopped_by_time": len(run["losses"]) < s.steps,
-        "train_seconds": round(run["seconds"], 1),
+        "steps_done": len(run.losses),
+        "stopped_by_time": len(run.losses) < sched.end,
+        "decay_start": sched.decay_start,
+        "decay_reason": sched.decay_reason,
+        "probe": [{"step": step, **result} for step, result in run.probes],
+        "train_seconds": round(run.seconds, 1),
         "params": sum(p.numel() for p in model.parameters()),
         "final_loss": round(sum(tail) / max(1, len(tail)), 4),
         "documents": len(batches.docs_used),
-        "tokens_trained": run["tokens"],
+        "tokens_trained": run.tokens,
     }
 
 

@@ -1,5 +1,5 @@
 """Seeded arithmetic questions for the toy world: easy ones a tiny model can learn to answer in its head, hard ones it
-cannot (3-digit by 3-digit products, sums of several 4-digit numbers), a training stream and a fixed held-out set.
+cannot (3-digit by 3-digit products), a training stream and a fixed held-out set.
 
 A question is an expression such as ``"482 * 917"``; its answer is the exact integer, as a string. Rows are written as
 JSONL ``{"id", "problem", "answer"}`` so the normal data module reads them (fields ``problem`` / ``answer``).
@@ -43,12 +43,19 @@ EASY_KINDS: dict[str, Callable[[random.Random], str]] = {
     "mul_1d": lambda r: _join([_num(r, 1), _num(r, 1)], "*"),
     "mul_2x1": lambda r: _join([_num(r, 2), _num(r, 1)], "*"),
 }
+# The hard task of the toy world: one fixed format, so that every hard question has the same length (9 characters).
+# A tiny model learns to copy a question (into ``print(...)`` or a restated answer) far sooner when its length is
+# fixed: measured, a 0.85M Llama learned it in ~1300 pretraining steps with 3-digit products only and had not by 1400
+# with the two kinds below mixed in (docs/toy.md).
 HARD_KINDS: dict[str, Callable[[random.Random], str]] = {
     "mul_3x3": lambda r: _join([_num(r, 3), _num(r, 3)], "*"),
+}
+# More hard kinds, usable by name (``kinds="sum_4d,mul_add"``), not part of the "hard" group.
+MORE_KINDS: dict[str, Callable[[random.Random], str]] = {
     "sum_4d": lambda r: _join([_num(r, 4) for _ in range(r.randint(3, 4))], "+"),
     "mul_add": lambda r: f"{_num(r, 2)} * {_num(r, 3)} + {_num(r, 4)}",
 }
-ALL_KINDS = {**EASY_KINDS, **HARD_KINDS}
+ALL_KINDS = {**EASY_KINDS, **HARD_KINDS, **MORE_KINDS}
 
 
 def _digits(rng: random.Random, low: int, high: int) -> int:

@@ -10,11 +10,11 @@ from zerotir.rollout.tool_block import ToolConfig
 
 TEMPLATE_NAME = "toy"
 
-# Short on purpose: with a byte tokenizer every character costs pretraining compute, and the tiny model only needs a
-# stable cue. It still says what ZeroTIR prompts say: Python may be used, the final answer goes in \boxed{}.
-# The instruction comes first so that the question sits right before the answer: copying its operands (into the
-# restated answer, or into print(...)) is then a short-range copy, which a tiny model learns much sooner.
-TOY_TEMPLATE = "Python allowed; answer in \\boxed{{}}.\nQ: {problem} = ?\nA: "
+# Short on purpose: with a byte tokenizer every character costs pretraining compute, and a short prompt makes every
+# plain question/answer document mostly the copy the model has to learn (the answer restates the question). It says
+# what ZeroTIR prompts say, tersely: Python may be used. The question sits right before the answer, so copying its
+# operands (into the restated answer, or into print(...)) is a short-range copy, which a tiny model learns sooner.
+TOY_TEMPLATE = "Python ok.\nQ: {problem} = ?\nA: "
 
 # The model opens a tool call with this fence and closes it with the next; the tool loop stops on "```python", then on
 # "```", and runs the text in between ("\nprint(...)\n"): see zerotir.rollout.tool_block.

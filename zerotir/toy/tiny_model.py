@@ -15,6 +15,8 @@ def tiny_llama_config(
     num_heads: int = 4,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 2048,
+    rope_theta: float = 10000.0,
+    tie_word_embeddings: bool = False,
 ) -> LlamaConfig:
     """A small Llama config whose vocabulary and special ids match ``tokenizer``."""
     return LlamaConfig(
@@ -28,7 +30,8 @@ def tiny_llama_config(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
+        rope_theta=rope_theta,
     )
 
 
