@@ -203,8 +203,18 @@ def test_resume_continues_with_the_next_unseen_batch(tmp_path: Path, tok) -> Non
     assert nxt == batches[2]
 
     other = module(tok, train_files=[str(path)], prompts_per_step=3, seed=8, test_files=[])
+    other.load_state_dict(state)  # checked once the training rows are loaded
     with pytest.raises(ValueError, match="seed=7 but this run has seed=8"):
-        other.load_state_dict(state)
+        other.setup("fit")
+    fitted = module(tok, train_files=[str(path)], prompts_per_step=4, seed=7, test_files=[])
+    fitted.setup("fit")
+    with pytest.raises(ValueError, match="prompts_per_step=3 but this run has prompts_per_step=4"):
+        fitted.load_state_dict(state)  # restored after setup, as Lightning does in fit
+    # Evaluating a checkpoint never reads the training stream: other data settings are fine there.
+    evaluating = module(tok, train_files=[str(path)], prompts_per_step=128, seed=0, test_files=[str(path)])
+    evaluating.setup("test")
+    evaluating.load_state_dict(state)
+    assert evaluating.consumed == 2
 
 
 class _Recorder(LightningModule):

@@ -252,7 +252,11 @@ class PromptDataModule(LightningDataModule):
                  prompts_per_step: int = 128, eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024,
                  seed: int = 0, limit_val_rows: int | None = None, limit_test_rows: int | None = None) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # ``seed`` stays out of the logged hyperparameters: the module has its own ``seed`` (rollout sampling), and
+        # Lightning refuses to log two different values under one name. That happens when `test --ckpt_path` takes
+        # the module's hyperparameters from a checkpoint trained with another seed. The data seed is in the saved
+        # config and in this module's checkpoint state.
+        self.save_hyperparameters(ignore=["seed"])
         if prompts_per_step < 1 or eval_prompts_per_batch < 1:
             raise ValueError("prompts_per_step and eval_prompts_per_batch must be >= 1")
         get_template(template)  # fail at construction on an unknown template name
@@ -370,8 +374,10 @@ class PromptDataModule(LightningDataModule):
 
     def _check_state(self) -> None:
         # The same stream needs the same seed, batch size and rows; anything else would silently replay or skip data.
+        # Checked once the training rows are loaded (fit): evaluating a checkpoint (`test --ckpt_path`) with other
+        # data settings is fine, it never reads the training stream.
         state = self._pending_state
-        if state is None:
+        if state is None or self.train_rows is None:
             return
         now = {"seed": self.seed, "prompts_per_step": self.prompts_per_step}
         if self.train_rows is not None:

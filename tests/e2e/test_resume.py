@@ -71,10 +71,13 @@ def test_two_plus_two_steps_equal_four_straight(e2e_base, e2e_data, tmp_path):
     assert b["lr_schedulers"][0]["last_epoch"] == a["lr_schedulers"][0]["last_epoch"] == 4
     assert [s for s, _ in read_scalars(resumed / "tensorboard")[mn.REWARD_MEAN]] == [1, 2, 3, 4]
 
-    # Evaluate the resumed checkpoint: a JSON and a Markdown report per benchmark, curves at the RL step.
+    # Evaluate the resumed checkpoint: a JSON and a Markdown report per benchmark, curves at the RL step. Other data
+    # settings than training's (seed, batch) are fine: evaluation never reads the training stream, and the data
+    # seed (5) differs from the module's (0, restored from the checkpoint) without a hyperparameter clash.
     test_root = tmp_path / "test"
     run_cli(cli_args("test", "tiny_cpu_reinforce", e2e_base, e2e_data, test_root,
-                     "--ckpt_path", str(resumed / "checkpoints" / "last.ckpt")))
+                     "--ckpt_path", str(resumed / "checkpoints" / "last.ckpt"),
+                     "--data.seed", "5", "--data.prompts_per_step", "128"))
     report = json.loads((test_root / "eval" / "test_heldout.json").read_text())
     assert report["benchmarks"]["heldout"]["num_problems"] == 8 and report["meta"]["rl_step"] == 4
     assert (test_root / "eval" / "test_heldout.md").read_text().count("| heldout |") == 1
