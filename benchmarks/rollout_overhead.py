@@ -170,13 +170,14 @@ def measure(fixed, engine, tok, sandbox, prompts, args, seed, url: str) -> dict[
     uwall, utokens = time_generate(fixed, prompts, SamplingParams(n=args.n, temperature=1.0, seed=seed,
                                                                   max_new_tokens=round(sum(sampled) / len(rows))))
     nwall, ntokens = time_generate(engine, prompts, params)
-    print(f"    tool {sum(sampled)} sampled + {injected} injected tokens in {wall:.2f}s (generation "
+    load = os.getloadavg()[0]  # other jobs on the cores slow the sandbox and the engine unevenly: say so
+    print(f"    load {load:.1f} | tool {sum(sampled)} sampled + {injected} injected tokens in {wall:.2f}s (generation "
           f"{timings['generation']:.2f}s, sandbox wait {timings['sandbox']:.2f}s, {calls:.2f} calls/row; CPU "
           f"seconds: this process {own_cpu:.2f}, sandbox server {server_cpu:.2f}) | same "
           f"tokens per row {stokens} in {swall:.2f}s | uniform {utokens} in {uwall:.2f}s | natural {ntokens} in "
           f"{nwall:.2f}s", flush=True)
     return {"tool": sum(sampled) / wall, "same": stokens / swall, "uniform": utokens / uwall,
-            "natural": ntokens / nwall}
+            "natural": ntokens / nwall, "load": load}
 
 
 def overhead(args: argparse.Namespace) -> None:
@@ -207,9 +208,11 @@ def overhead(args: argparse.Namespace) -> None:
 
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, rows: int) -> None:
     med = statistics.median
+    loads = [x["load"] for runs in results.values() for x in runs]
     print(f"\nhidden {args.hidden}, {args.layers} layers; {rows} rows ({args.prompts} prompts x {args.n}), budget "
           f"{args.max_response_tokens}, tokens_per_call "
-          f"{args.tokens_per_call or 'None (lockstep)'}; tokens/s, medians of {args.repeats}:\n")
+          f"{args.tokens_per_call or 'None (lockstep)'}; 1-minute load average {min(loads):.1f}-{max(loads):.1f}; "
+          f"tokens/s, medians of {args.repeats}:\n")
     print("| sandbox | tool loop | same tokens per row, no tools | ratio | uniform lengths | natural |")
     print("|---|---|---|---|---|---|")
     ratios = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zerotir.rollout import hf_engine
 from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
@@ -171,6 +172,29 @@ def test_continuation_reuses_the_prefix_and_matches_a_fresh_prefill(model):
     assert cached.prefix_store.hits == 3 and fresh.prefix_store.hits == 0
     assert cached.prefix_store.reused_tokens == sum(len(p) + len(s[0].token_ids) - 1 for p, s in zip(PROMPTS, first))
     assert [s[0].token_ids for s in got] == [s[0].token_ids for s in want]
+    for a, b in zip(got, want):
+        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+
+
+def test_grouped_prefill_matches_a_fresh_prefill(model, monkeypatch):
+    """Rows resuming with new parts of different lengths are prefilled one group each into one batch; greedy
+    tokens are those of a fresh full prefill and of the plain recompute."""
+    monkeypatch.setattr(hf_engine, "_FORWARD_COST_TOKENS", 0)  # every distinct length its own forward
+    seen = []
+    split = hf_engine.prefill_groups
+    monkeypatch.setattr(hf_engine, "prefill_groups", lambda *a: seen.append(split(*a)) or seen[-1])
+    cached, fresh = HFEngine(model, TOK), HFEngine(model, TOK, prefix_cache_tokens=0)
+    first = cached.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=6))  # all stored (limit)
+    # Row 0 goes on at once (1 new token: its last sampled id), row 1 after a long injected block, row 2 after 2
+    # tokens; row 1 also appears twice (deduplicated, then expanded in the batch).
+    extra = [[], TOK.encode("\n```output\n12345678\n```\n"), TOK.encode("ab")]
+    nexts = [p + s[0].token_ids + e for p, s, e in zip(PROMPTS, first, extra)]
+    nexts.append(nexts[1])
+    cont = SamplingParams(temperature=0.0, max_new_tokens=10)
+    got, want = cached.generate(nexts, cont), fresh.generate(nexts, cont)
+    assert seen == [[[0], [2], [1]]] and cached.prefix_store.hits == 3
+    assert [s[0].token_ids for s in got] == [s[0].token_ids for s in want]
+    assert [s[0].token_ids for s in got] == [reference_greedy(model, p, 10)[0] for p in nexts]
     for a, b in zip(got, want):
         assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from zerotir.rollout.kv_cache import PrefixEntry, PrefixStore, SlotLayer, drop_leading, grow_columns, select_rows, slot_cache
+from zerotir.rollout.kv_cache import (
+    PrefixEntry, PrefixStore, SlotLayer, drop_leading, grow_columns, prefill_groups, row_view, select_rows, set_length,
+    slot_cache,
+)
 
 
 def entry(ids: list[int]) -> PrefixEntry:
@@ -66,3 +69,29 @@ def test_prefix_store_evicts_the_oldest_over_its_budget():
     assert store.num_tokens == 2
     store.clear()
     assert len(store) == 0 and store.num_tokens == 0
+
+
+def test_prefill_groups_split_where_padding_costs_more_than_a_forward():
+    # One forward: 5 * 21 + 4 = 109 positions; [1, 1, 1] + [20, 21]: 3 + 4 + 42 + 4 = 53; three groups: 3 + 4 +
+    # 20 + 4 + 21 + 4 = 56.
+    assert prefill_groups([1, 1, 1, 20, 21], forward_cost=4) == [[0, 1, 2], [3, 4]]
+    assert prefill_groups([21, 1, 20, 1, 1], forward_cost=4) == [[1, 3, 4], [2, 0]]  # sorted by length
+    assert prefill_groups([1, 1, 1, 20, 21], forward_cost=0) == [[0, 1, 2], [3], [4]]
+    # Cost 61: one forward 105 + 61 = 166 beats two, 45 + 2 * 61 = 167.
+    assert prefill_groups([1, 1, 1, 20, 21], forward_cost=61) == [[0, 1, 2, 3, 4]]
+    assert prefill_groups([3, 3], forward_cost=0) == [[0, 1]]
+    assert prefill_groups([7], forward_cost=0) == [[0]]
+
+
+def test_row_view_writes_into_the_shared_buffers():
+    cache = slot_cache(num_layers=2, capacity=5)
+    for layer in cache.layers:
+        layer.preload(torch.zeros(3, 1, 5, 2), torch.zeros(3, 1, 5, 2), 1)
+    view = row_view(cache, 1, 3, length=2)  # rows 1 and 2, their next column is 2
+    for layer in view.layers:
+        layer.update(torch.ones(2, 1, 2, 2), 2 * torch.ones(2, 1, 2, 2))  # columns 2 and 3
+    set_length(cache, 4)
+    for layer in cache.layers:
+        assert layer.keys.shape == (3, 1, 4, 2)
+        assert layer.keys[1:, :, 2:4].eq(1).all() and layer.values[1:, :, 2:4].eq(2).all()
+        assert not layer.keys[0].any() and not layer.keys[:, :, :2].any()

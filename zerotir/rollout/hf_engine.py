@@ -8,7 +8,9 @@ other processors), the same rule as vLLM's greedy sampler, so both engines agree
 For the tool loop it also takes one ``SamplingParams`` per prompt (each row its own stops and limit, as vLLM's
 ``LLM.generate`` does), can pause a call once few rows still run (``pause_fraction``), and keeps the keys / values of
 rows that ended on a stop string or their limit in a prefix store: when such a row is continued (its ids + the
-injected tool output as the next prompt) only the new tokens are prefilled. See ``kv_cache``.
+injected tool output as the next prompt) only the new tokens are prefilled. See ``kv_cache``. Those new parts differ
+in length (one token for a paused row, a whole output block for a row whose code has run): rows are prefilled in
+groups of similar length, one forward each, into the same cache, so that short rows are not padded to the longest.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from zerotir.rollout.engine import Sample, SamplingParams
-from zerotir.rollout.kv_cache import PrefixEntry, PrefixStore, drop_leading, grow_columns, select_rows, slot_cache
+from zerotir.rollout.kv_cache import (
+    PrefixEntry, PrefixStore, drop_leading, grow_columns, prefill_groups, row_view, select_rows, set_length, slot_cache,
+)
 from zerotir.rollout.sampling import StopMatcher, sample_tokens
 
 # Decode columns reserved up front per call; the cache doubles beyond that (keeps memory small for short calls).
 _INITIAL_DECODE_ROOM = 256
 # Below this many parameters a CPU model decodes faster on one thread (see ``num_threads``).
 _SMALL_MODEL_PARAMS = 20_000_000
+# Fixed cost of one prefill forward in token positions, for splitting a prefill into groups (``prefill_groups``):
+# a second forward pays off only when it saves more padding than this. ~2 decode steps of a 128-row batch.
+_FORWARD_COST_TOKENS = 256
 
 
 @dataclass
@@ -260,8 +267,11 @@ class HFEngine:
     def _prefill(self, rows: list[list[int]], decode_room: int) -> _Batch:
         """Run the prompts (identical prompts once, reusing stored prefixes) and return the batch ready to decode.
 
-        Layout: C = longest reused prefix, S = longest new part. Row i's reused keys / values sit right-aligned in
-        columns [C - m_i, C) and its new tokens right-aligned in [C + S - s_i, C + S); the gaps are masked out.
+        Rows are prefilled in groups of similar new-part lengths (``prefill_groups``), one forward each, into one
+        cache: the rows continuing after a pause (one new token) are not padded to the length of an injected tool
+        output. Layout: E = the common end column. Group g has longest new part S_g; its rows' new tokens sit
+        right-aligned in [E - S_g, E), their reused keys / values right-aligned just before, ending at E - S_g;
+        gaps are masked out. E is the smallest end that fits every group's longest reused prefix.
         """
         index: dict[tuple, int] = {}
         inverse = [index.setdefault(tuple(p), len(index)) for p in rows]
@@ -269,43 +279,66 @@ class HFEngine:
         entries = [self.prefix_store.take(p) if self.prefix_store.max_tokens else None for p in uniq]
         reused = [len(e.ids) if e is not None else 0 for e in entries]
         fresh = [len(p) - m for p, m in zip(uniq, reused)]
-        c, s, u = max(reused), max(fresh), len(uniq)
-        cache = slot_cache(self.num_layers, c + s + decode_room)
-        if c > 0:
-            self._load_prefixes(cache, entries, c, c + s + decode_room)
-        attn = torch.zeros(u, c + s + decode_room, dtype=torch.bool, device=self.device)
-        ids = torch.full((u, s), self.pad_id, dtype=torch.long)
-        for i, (p, m, f) in enumerate(zip(uniq, reused, fresh)):
-            attn[i, c - m : c] = True
-            attn[i, c + s - f : c + s] = True
-            ids[i, s - f :] = torch.tensor(p[m:])
-        offsets = torch.tensor([m - (s - f) for m, f in zip(reused, fresh)])
-        positions = (torch.arange(s)[None, :] + offsets[:, None]).clamp(min=0)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=attn[:, : c + s],
-                         position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
-        batch = _Batch(cache, attn, c + s, torch.tensor([len(p) for p in uniq], device=self.device),
-                       out.logits[:, -1].float(), list(range(len(rows))))
-        if u < len(rows):  # expand identical prompts (the n samples of one prompt) to their rows
-            inv = torch.tensor(inverse, device=self.device)
-            select_rows(cache, inv)
-            batch.attn, batch.next_pos, batch.logits = attn[inv], batch.next_pos[inv], batch.logits[inv]
+        # Without a reused prefix the buffers' shape is known only after the first forward: one group then.
+        groups = prefill_groups(fresh, _FORWARD_COST_TOKENS) if any(reused) else [list(range(len(uniq)))]
+        order = [i for g in groups for i in g]
+        spans, at = [], 0  # (first, last + 1, longest new part) of each group, in batch positions
+        for g in groups:
+            spans.append((at, at + len(g), max(fresh[i] for i in g)))
+            at += len(g)
+        uniq, entries = [uniq[i] for i in order], [entries[i] for i in order]
+        reused, fresh = [reused[i] for i in order], [fresh[i] for i in order]
+        end = max(max(reused[a:b]) + s for a, b, s in spans)
+        cache = slot_cache(self.num_layers, end + decode_room)
+        if any(reused):
+            splits = [end - s for a, b, s in spans for _ in range(a, b)]
+            self._load_prefixes(cache, entries, splits, end + decode_room)
+        attn = torch.zeros(len(uniq), end + decode_room, dtype=torch.bool, device=self.device)
+        logits = [self._prefill_group(cache if len(spans) == 1 else row_view(cache, a, b, end - s), uniq[a:b],
+                                      reused[a:b], attn[a:b], end, s) for a, b, s in spans]
+        set_length(cache, end)
+        batch = _Batch(cache, attn, end, torch.tensor([len(p) for p in uniq], device=self.device),
+                       torch.cat(logits), list(range(len(rows))))
+        position = {u: k for k, u in enumerate(order)}  # unique prompt -> its batch position
+        inv = [position[u] for u in inverse]
+        if inv != list(range(len(uniq))):  # expand identical prompts (the n samples of one prompt) to their rows
+            idx = torch.tensor(inv, device=self.device)
+            select_rows(cache, idx)
+            batch.attn, batch.next_pos, batch.logits = attn[idx], batch.next_pos[idx], batch.logits[idx]
         return batch
 
-    def _load_prefixes(self, cache, entries: list[PrefixEntry | None], c: int, capacity: int) -> None:
-        """Copy the reused keys / values into fresh buffers, right-aligned at column ``c``."""
+    def _prefill_group(self, cache, prompts: list[list[int]], reused: list[int], attn: torch.Tensor, end: int,
+                       s: int) -> torch.Tensor:
+        """Feed the new tokens of ``prompts`` (right-aligned in [end - s, end)) through ``cache``, whose columns
+        before ``end - s`` hold their reused prefixes; mark the real columns in ``attn``; return last logits."""
+        ids = torch.full((len(prompts), s), self.pad_id, dtype=torch.long)
+        for i, (p, m) in enumerate(zip(prompts, reused)):
+            f = len(p) - m
+            attn[i, end - s - m : end - s] = True
+            attn[i, end - f : end] = True
+            ids[i, s - f :] = torch.tensor(p[m:])
+        offsets = torch.tensor([m - (s - (len(p) - m)) for p, m in zip(prompts, reused)])
+        positions = (torch.arange(s)[None, :] + offsets[:, None]).clamp(min=0)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attn[:, :end],
+                         position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    def _load_prefixes(self, cache, entries: list[PrefixEntry | None], splits: list[int], capacity: int) -> None:
+        """Copy the reused keys / values into fresh buffers, row i's right-aligned to end at column ``splits[i]``
+        (the cache counts as filled up to the last of them; ``_prefill`` sets the real length afterwards)."""
         sample = next(e for e in entries if e is not None)
         for layer_idx, layer in enumerate(cache.layers):
             heads, _, dim = sample.keys[layer_idx].shape
             kv = sample.keys[layer_idx]
             keys = kv.new_zeros(len(entries), heads, capacity, dim)
             values = torch.zeros_like(keys)
-            for i, e in enumerate(entries):
+            for i, (e, c) in enumerate(zip(entries, splits)):
                 if e is not None:
                     m = len(e.ids)
                     keys[i, :, c - m : c] = e.keys[layer_idx]
                     values[i, :, c - m : c] = e.values[layer_idx]
-            layer.preload(keys, values, c)
+            layer.preload(keys, values, max(splits))
 
     def _remember(self, batch: _Batch, pos: int, ids: list[int]) -> None:
         """Keep row ``pos``'s keys / values (its prompt + sampled ids but the last, not yet fed) for a continuation."""

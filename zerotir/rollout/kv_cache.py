@@ -95,6 +95,58 @@ def slot_cache(num_layers: int, capacity: int) -> Cache:
     return Cache(layers=[SlotLayer(capacity) for _ in range(num_layers)])
 
 
+def row_view(cache: Cache, start: int, stop: int, length: int) -> Cache:
+    """A ``Cache`` over rows ``[start, stop)`` of ``cache``'s (allocated) buffers, filled up to column ``length``.
+
+    It shares the buffers: a forward through it writes its keys / values straight into ``cache`` (no copy), so
+    groups of rows can be prefilled one forward each into one batch. ``cache``'s own fill length is not changed
+    (``set_length`` does it once every group has run).
+    """
+    view = slot_cache(len(cache.layers), 0)
+    for layer, part in zip(cache.layers, view.layers):
+        part.preload(layer.key_buf[start:stop], layer.value_buf[start:stop], length)
+    return view
+
+
+def set_length(cache: Cache, length: int) -> None:
+    """Mark the first ``length`` columns of every layer as filled."""
+    for layer in cache.layers:
+        layer.length = length
+        layer._refresh()
+
+
+def prefill_groups(fresh: list[int], forward_cost: int) -> list[list[int]]:
+    """Split rows into prefill forwards so that short rows are not padded to the longest one.
+
+    A forward over a group feeds ``len(group) * max(fresh in group)`` token positions (shorter rows are padded);
+    each forward also costs a fixed ``forward_cost`` positions' worth. Rows are sorted by length and cut into
+    consecutive groups minimising the total (exact dynamic programme over the distinct lengths). E.g. lengths
+    ``[1, 1, 1, 20, 21]`` with cost 4: one forward is 5 * 21 + 4 = 109 positions, two ``[1, 1, 1] [20, 21]`` are
+    3 + 4 + 42 + 4 = 53.
+
+    Args:
+        fresh: tokens to prefill per row (>= 1).
+        forward_cost: fixed cost of one forward, in token positions.
+
+    Returns:
+        Row indices per group, shortest rows first, each group sorted by length.
+    """
+    order = sorted(range(len(fresh)), key=lambda i: fresh[i])
+    lengths = [fresh[i] for i in order]
+    # Candidate cut points: after the last row of each distinct length.
+    ends = [k + 1 for k in range(len(lengths)) if k + 1 == len(lengths) or lengths[k + 1] != lengths[k]]
+    best: dict[int, tuple[int, int]] = {0: (0, 0)}  # rows covered -> (cost, where the last group starts)
+    for end in ends:
+        best[end] = min((best[start][0] + (end - start) * lengths[end - 1] + forward_cost, start)
+                        for start in [0, *ends] if start < end)
+    groups, end = [], len(lengths)
+    while end > 0:
+        start = best[end][1]
+        groups.append(order[start:end])
+        end = start
+    return groups[::-1]
+
+
 def select_rows(cache: Cache, indices: torch.Tensor) -> None:
     """Keep only the rows ``indices`` (in that order) in every layer."""
     for layer in cache.layers:
