@@ -1,0 +1,232 @@
+"""Tool use emerging on 2 CPU cores: pretrain the toy base, then RL by outcome reward alone, timed end to end.
+
+    python benchmarks/toy_emergence.py                      # REINFORCE++ on seeds 0 1 2, PPO and GRPO on seed 0
+    python benchmarks/toy_emergence.py --seeds 0 --algorithms reinforce_pp
+
+Method. For each seed, in this order and alone on the machine:
+
+1. ``toy-base``: the toy base model of ``configs/toy_cpu.yaml`` (``zerotir.toy.pretrain`` defaults) with that seed,
+   built into ``<out>/base_s<seed>`` (reused when present; its recorded training seconds are what is reported). Its
+   base statistics are measured on held-out questions with the real tool loop (one sample each at temperature 1):
+   how often it opens a code block, how often it is right.
+2. For each algorithm run on this seed: ``python -m zerotir fit --config configs/toy_cpu[_<algo>].yaml`` from that
+   base, validation on 64 held-out questions (greedy) every ``--val_every`` RL steps, stopped by Lightning's
+   ``EarlyStopping`` once held-out accuracy reaches ``--target`` (or at ``--max_steps``). Wall time is measured
+   from the start of the process; the time of each validation comes from its TensorBoard event.
+3. The last checkpoint is evaluated on all 256 held-out questions (``zerotir test``): the confirmation figure.
+
+Printed and written to ``<out>/emergence.{json,md,png}``: per run, base accuracy and code rate, pretraining
+minutes, RL steps and minutes to the target, total minutes (pretraining + RL), the held-out accuracy and code use at
+that point and on all 256 questions. The PNG shows held-out accuracy and code use against wall minutes, pretraining
+included. ``python -m zerotir scaling --logdir <out>`` draws the paper's Figure-4 panels for the same runs.
+
+Target (issue #5): accuracy >= 80% and code use >= 80% on held-out questions within 15 minutes including pretraining.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from zerotir.toy.pretrain import ensure_toy_base, read_info  # noqa: E402 - after the path set-up
+
+CONFIGS = {"reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml"}
+VAL_NAME = "heldout"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the first algorithm")
+    p.add_argument("--algorithms", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--other_seeds", type=int, nargs="+", default=[0], help="seeds of the other algorithms")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "emergence")
+    p.add_argument("--target", type=float, default=0.8, help="held-out accuracy that ends a run")
+    p.add_argument("--max_steps", type=int, default=60, help="RL steps at most")
+    p.add_argument("--val_every", type=int, default=5, help="RL steps between validations")
+    p.add_argument("--final_rows", type=int, default=256, help="held-out questions of the final evaluation")
+    return p.parse_args(argv)
+
+
+def build_base(out: Path, seed: int) -> dict:
+    """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
+    t0 = time.monotonic()
+    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed)
+    record = read_info(path)["record"]
+    stats = record.get("base_stats", {})
+    return {
+        "path": str(path),
+        "pretrain_minutes": record["train_seconds"] / 60,
+        "build_minutes_this_run": (time.monotonic() - t0) / 60,  # ~0 when the folder was reused
+        "steps": record["steps_done"],
+        "decay_reason": record.get("decay_reason"),
+        "base_accuracy": stats.get("accuracy"),
+        "base_code_rate": stats.get("code_rate"),
+        "base_stats": stats,
+    }
+
+
+def overlay(path: Path, target: float) -> Path:
+    """A config overlay adding Lightning's EarlyStopping on held-out accuracy to the shipped callbacks."""
+    stop = {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+            "init_args": {"monitor": f"{VAL_NAME}/accuracy", "mode": "max", "stopping_threshold": target,
+                          "patience": 10_000, "check_on_train_epoch_end": False}}
+    callbacks = [{"class_path": "callbacks.PassRateFilter", "init_args": {"low": 0.01, "high": 0.99}},
+                 {"class_path": "callbacks.ScalingMetrics"}, stop]
+    path.write_text(json.dumps({"trainer": {"callbacks": callbacks}}, indent=2))  # JSON is YAML
+    return path
+
+
+def zerotir(args: list[str], log: Path) -> float:
+    """Run ``python -m zerotir <args>`` with its output in ``log``; returns the start time (epoch seconds)."""
+    start = time.time()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with log.open("w") as f:
+        done = subprocess.run([sys.executable, "-m", "zerotir", *args], cwd=REPO, env=env, stdout=f,
+                              stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"python -m zerotir {' '.join(args[:3])} failed ({done.returncode}); see {log}")
+    return start
+
+
+def val_curve(run_dir: Path, start: float) -> list[dict]:
+    """Each validation of a run: RL step, minutes since ``start``, held-out accuracy and code use."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    code = {e.step: e.value for e in acc.Scalars(f"{VAL_NAME}/code_rate")}
+    return [{"step": e.step, "minutes": (e.wall_time - start) / 60, "accuracy": e.value, "code_rate": code[e.step]}
+            for e in acc.Scalars(f"{VAL_NAME}/accuracy")]
+
+
+def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dict:
+    """RL from ``base`` until held-out accuracy reaches the target, then the final evaluation."""
+    run_dir = args.out / f"{algo}_s{seed}"
+    common = ["--model.model_path", base["path"], "--model.build_toy_base_if_missing", "false",
+              "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
+    fit = ["fit", "--config", CONFIGS[algo], "--config", str(overlay(args.out / "early_stop.yaml", args.target)),
+           "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),
+           "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every), *common]
+    print(f"[{algo} seed {seed}] RL from {base['path']} (log {run_dir}.log)", flush=True)
+    for old in (run_dir, args.out / f"{algo}_s{seed}_final"):  # a rerun starts clean: no stale curves or reports
+        shutil.rmtree(old, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    start = zerotir(fit, Path(f"{run_dir}.log"))
+    curve = val_curve(run_dir, start)
+    rl_minutes = (time.time() - start) / 60
+    hit = next((v for v in curve if v["accuracy"] >= args.target and v["code_rate"] >= args.target), None)
+    final_dir = args.out / f"{algo}_s{seed}_final"  # its own folder: no test scalars in the training curves
+    test = ["test", "--config", "configs/eval_toy_heldout.yaml", "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"),
+            "--data.limit_test_rows", str(args.final_rows), *common[:4], "--trainer.default_root_dir", str(final_dir),
+            "--trainer.enable_progress_bar", "false"]
+    zerotir(test, Path(f"{final_dir}.log"))
+    final = json.loads((final_dir / "eval" / "test_summary.json").read_text())["benchmarks"][VAL_NAME]
+    return {
+        "algorithm": algo, "seed": seed, **{k: base[k] for k in ("pretrain_minutes", "base_accuracy", "base_code_rate")},
+        "reached": hit is not None, "steps_to_target": hit and hit["step"], "rl_minutes_to_target": hit and hit["minutes"],
+        "total_minutes_to_target": hit and hit["minutes"] + base["pretrain_minutes"],
+        "accuracy_at_target": hit and hit["accuracy"], "code_rate_at_target": hit and hit["code_rate"],
+        "rl_minutes": rl_minutes, "final_accuracy": final["accuracy"], "final_code_rate": final["code_rate"],
+        "final_rows": final["num_problems"], "curve": curve,
+    }
+
+
+def _cell(value: object, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None or value is False else fmt.format(value) if isinstance(value, float) else str(value)
+
+
+def markdown(runs: list[dict], target: float) -> str:
+    head = ("| algorithm | seed | base acc % | base code % | pretrain min | RL steps to target | RL min to target | "
+            "total min | acc % at target | code % at target | acc % (all held-out) | code % (all held-out) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in runs:
+        pct = lambda v: _cell(v if v is None else 100 * v, "{:.1f}")  # noqa: E731
+        lines.append("| " + " | ".join([
+            r["algorithm"], str(r["seed"]), pct(r["base_accuracy"]), pct(r["base_code_rate"]),
+            _cell(r["pretrain_minutes"]), _cell(r["steps_to_target"]), _cell(r["rl_minutes_to_target"]),
+            _cell(r["total_minutes_to_target"]), pct(r["accuracy_at_target"]), pct(r["code_rate_at_target"]),
+            pct(r["final_accuracy"]), pct(r["final_code_rate"])]) + " |")
+    reached = sum(r["reached"] and r["total_minutes_to_target"] <= 15 for r in runs)
+    lines.append(f"\nTarget: held-out accuracy and code use >= {100 * target:.0f}% within 15 minutes including "
+                 f"pretraining: met by {reached} of {len(runs)} runs.")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Held-out accuracy and code use (greedy validation) against wall minutes, pretraining included (top), and
+    against RL steps (bottom); colour = algorithm, line style = seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {a: f"C{i}" for i, a in enumerate(CONFIGS)}
+    styles = ["-", "--", ":", "-."]
+    seeds = sorted({r["seed"] for r in runs})
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for r in runs:
+        style = dict(color=colours[r["algorithm"]], ls=styles[seeds.index(r["seed"]) % len(styles)], marker="o", ms=3,
+                     label=f"{r['algorithm']} seed {r['seed']}")
+        minutes = [r["pretrain_minutes"] + v["minutes"] for v in r["curve"]]
+        steps = [v["step"] for v in r["curve"]]
+        for col, key in enumerate(("accuracy", "code_rate")):
+            values = [100 * v[key] for v in r["curve"]]
+            axes[0, col].plot(minutes, values, **style)
+            axes[1, col].plot(steps, values, **style)
+    for col, title in enumerate(("held-out accuracy %", "held-out responses with code %")):
+        axes[0, col].set(title=title, xlabel="wall minutes on 2 CPU cores (pretraining + RL)", xlim=(0, 15.5))
+        axes[0, col].axvline(15, color="grey", ls="--", lw=1)
+        axes[1, col].set(xlabel="RL step")
+        for ax in axes[:, col]:
+            ax.axhline(80, color="grey", ls=":", lw=1)
+            ax.set_ylim(0, 102)
+            ax.grid(alpha=0.3)
+    axes[1, 0].legend(fontsize=7, ncol=1)
+    fig.suptitle("ZeroTIR toy world: tool use emerging from outcome reward alone (validation: 64 held-out, greedy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # toy-base progress: step, loss, copy probe
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not every sandbox request of the base statistics
+    args.out.mkdir(parents=True, exist_ok=True)
+    first, runs = args.algorithms[0], []
+    for seed in sorted(set(args.seeds) | set(args.other_seeds)):
+        plan = [a for a in args.algorithms if (seed in args.seeds if a == first else seed in args.other_seeds)]
+        if not plan:
+            continue
+        print(f"[seed {seed}] toy base -> {args.out / f'base_s{seed}'}", flush=True)
+        base = build_base(args.out, seed)
+        print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay by "
+              f"{base['decay_reason']}), accuracy {base['base_accuracy']}, code rate {base['base_code_rate']}",
+              flush=True)
+        for algo in plan:
+            runs.append(train_run(args, algo, seed, base))
+            r = runs[-1]
+            print(f"[{algo} seed {seed}] target {'reached' if r['reached'] else 'NOT reached'}: "
+                  f"{_cell(r['steps_to_target'])} steps, {_cell(r['total_minutes_to_target'])} min in all; "
+                  f"all held-out: accuracy {r['final_accuracy']:.3f}, code {r['final_code_rate']:.3f}", flush=True)
+    table = markdown(runs, args.target)
+    (args.out / "emergence.json").write_text(json.dumps(runs, indent=2) + "\n")
+    (args.out / "emergence.md").write_text(table + "\n")
+    plot(runs, args.out / "emergence.png")
+    print(table)
+    print(f"written: {args.out / 'emergence.json'}, .md, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
