@@ -59,31 +59,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_base(out: Path, seed: int) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
-    t0 = time.monotonic()
     path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed)
     record = read_info(path)["record"]
     stats = record.get("base_stats", {})
     return {
         "path": str(path),
         "pretrain_minutes": record["train_seconds"] / 60,
-        "build_minutes_this_run": (time.monotonic() - t0) / 60,  # ~0 when the folder was reused
         "steps": record["steps_done"],
         "decay_reason": record.get("decay_reason"),
         "base_accuracy": stats.get("accuracy"),
         "base_code_rate": stats.get("code_rate"),
-        "base_stats": stats,
     }
 
 
-def overlay(path: Path, target: float) -> Path:
-    """A config overlay adding Lightning's EarlyStopping on held-out accuracy to the shipped callbacks."""
-    stop = {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
-            "init_args": {"monitor": f"{VAL_NAME}/accuracy", "mode": "max", "stopping_threshold": target,
-                          "patience": 10_000, "check_on_train_epoch_end": False}}
-    callbacks = [{"class_path": "callbacks.PassRateFilter", "init_args": {"low": 0.01, "high": 0.99}},
-                 {"class_path": "callbacks.ScalingMetrics"}, stop]
-    path.write_text(json.dumps({"trainer": {"callbacks": callbacks}}, indent=2))  # JSON is YAML
-    return path
+def early_stop_args(target: float) -> list[str]:
+    """Append Lightning's EarlyStopping on held-out accuracy to the config's own callbacks."""
+    return ["--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping",
+            "--trainer.callbacks.monitor", f"{VAL_NAME}/accuracy", "--trainer.callbacks.mode", "max",
+            "--trainer.callbacks.stopping_threshold", str(target), "--trainer.callbacks.patience", "10000",
+            "--trainer.callbacks.check_on_train_epoch_end", "false"]
 
 
 def zerotir(args: list[str], log: Path) -> float:
@@ -114,7 +108,7 @@ def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dic
     run_dir = args.out / f"{algo}_s{seed}"
     common = ["--model.model_path", base["path"], "--model.build_toy_base_if_missing", "false",
               "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
-    fit = ["fit", "--config", CONFIGS[algo], "--config", str(overlay(args.out / "early_stop.yaml", args.target)),
+    fit = ["fit", "--config", CONFIGS[algo], *early_stop_args(args.target),
            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),
            "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every), *common]
     print(f"[{algo} seed {seed}] RL from {base['path']} (log {run_dir}.log)", flush=True)
