@@ -1,21 +1,28 @@
 """Overhead of the tool loop: tokens per second with real tool calls against the same engine without tools.
 
-    python benchmarks/rollout_overhead.py            # about 2 minutes on 2 cores
-    python benchmarks/rollout_overhead.py --sweep    # also HFEngine's plain tokens/s by model size and batch
+    python benchmarks/rollout_overhead.py                    # both workloads, about 10 minutes on 2 cores
+    python benchmarks/rollout_overhead.py --profiles dense   # the stress workload only, about 2 minutes
+    python benchmarks/rollout_overhead.py --sweep            # also HFEngine's plain tokens/s by model size and batch
 
-Method. A random model almost never writes a code fence, so the script first pretrains a tiny Llama (byte tokenizer,
-hidden 64, 2 layers, 0.16M parameters) for ``--train_steps`` steps on synthetic documents in the shape of a
-tool-integrated solution (``Q: what is A*B?`` / a ```python block that prints it / the ```output block / a boxed
-answer; a third of them with two code blocks). Sampled at temperature 1 on held-out questions, it then opens and
-closes code blocks on its own, and the tool loop really runs them in a real local sandbox server
-(``sandbox.local_sandbox``) and injects the results.
+Method. A random model almost never writes a code fence, so for each workload (``--profiles``) the script first
+pretrains a tiny Llama (byte tokenizer, hidden 64, 2 layers, 0.16M parameters) for ``--train_steps`` steps on
+synthetic documents of that shape. Sampled at temperature 1 on held-out questions, it then opens and closes code
+blocks on its own, and the tool loop really runs them in a real local sandbox server (``sandbox.local_sandbox``)
+and injects the results. Two workloads:
 
-Measured in one run, alternating ``--repeats`` times (medians reported), with three sandboxes:
+* ``paper`` (the headline): shaped like a ZeroTIR rollout. Sentences of reasoning, one code block (two in one
+  document of ten: the paper finds over 90% of successful trajectories use exactly one execution), the output, a
+  check, the boxed answer; budget 1024. About 860 sampled tokens per call: still denser in calls than the paper's
+  responses of thousands of tokens.
+* ``dense`` (stress): ``Q: what is A*B?``, a code block at once, its output, the answer; budget 256. About 50
+  sampled tokens per call, and as many injected as sampled: every sandbox call weighs about as much as the whole
+  row's decoding.
+
+Measured in one run, alternating ``--repeats`` times (medians reported), for two sandboxes and both schedules of the
+tool loop (``ToolConfig.continuous``: rounds of ``generate`` calls, or one continuously batched decode session):
 
 * ``real``: ``SandboxClient`` against the local server, as the trainer runs it (``run_many``: one ``/run_batch``
-  request per round, chunked to the server's queue size);
-* ``real, /run_batch``: the same server through a minimal hand-written ``/run_batch`` caller (a reference for the
-  client's own overhead: the two rows should agree);
+  request per batch of finished code blocks);
 * ``instant``: an object that answers at once with a fixed output: the loop's own cost, without the sandbox's.
 
 For each, the tool loop (``rollout_sync`` over ``--prompts`` x ``--n`` rows; wall time of the whole call; tokens =
@@ -23,12 +30,11 @@ tokens the policy sampled, ``action_mask``) against, on the same model and promp
 
 * same tokens per row, no tools (the headline's denominator): one ``generate`` call in which every row decodes
   exactly as many tokens as it sampled in the tool run (per-row ``max_new_tokens``, EOS disabled, no stop string);
-* uniform lengths (reference): every row decodes the mean length: a full batch to the end, the best case;
 * natural (reference): one ``generate`` call with EOS on and no stop strings; the model writes its own imagined
   output blocks and ends when it likes.
 
 Also printed: CPU seconds of this process and of the sandbox server (with its workers) during the tool run: on a
-2-core machine the sandbox's CPU, not the loop, is what the real-sandbox ratio pays for.
+2-core machine the sandbox's CPU competes with decoding.
 
 The headline is ``tool tok/s / same-tokens-per-row tok/s`` (target >= 0.8 on CPU).
 """
@@ -48,7 +54,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox import ExecResult, ExecStatus, SandboxClient, local_sandbox  # noqa: E402 - after the path set-up
-from sandbox.result import parse_run_code_response  # noqa: E402
 from zerotir.rollout.agent_loop import ToolConfig, rollout_sync  # noqa: E402
 from zerotir.rollout.engine import SamplingParams  # noqa: E402
 from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
@@ -58,8 +63,8 @@ from zerotir.toy.tokenizer import build_byte_tokenizer  # noqa: E402
 TARGET = 0.8
 
 
-def document(rng: random.Random) -> str:
-    """One synthetic tool-integrated solution (the shape a ZeroTIR rollout takes)."""
+def dense_document(rng: random.Random) -> str:
+    """The ``dense`` profile: a code block every ~25 sampled tokens (a stress case, far denser than ZeroTIR)."""
     a, b = rng.randint(10, 999), rng.randint(10, 999)
     if rng.random() < 2 / 3:
         return (f"Q: what is {a}*{b}?\n```python\nprint({a}*{b})\n```\n```output\n{a * b}\n```\n"
@@ -69,8 +74,42 @@ def document(rng: random.Random) -> str:
             f"```python\nprint({a * b}+{c})\n```\n```output\n{a * b + c}\n```\nA: \\boxed{{{a * b + c}}}")
 
 
-def pretrain(tok, steps: int, batch: int, seed: int, hidden: int, layers: int) -> torch.nn.Module:
-    """A tiny Llama trained briefly on ``document`` s (next-token loss, AdamW)."""
+_THINK = ("Let me think about this step by step.", "We need the product of {a} and {b}.",
+          "The first factor is {a} and the second one is {b}.", "Multiplying by hand is slow and easy to get wrong.",
+          "A rough estimate first: about {ra} times {rb}.", "So the result should be near {est}.",
+          "Python can compute this exactly, so I will use it.", "I will write a short program and check its output.",
+          "The last digit of the product is the last digit of {la} times {lb}.", "Both numbers are positive.")
+_AFTER = ("The program printed {p}.", "That agrees with the estimate of {est}.", "The last digit checks out too.",
+          "So the product is {p}.")
+
+
+def paper_document(rng: random.Random) -> str:
+    """The ``paper`` profile, shaped like a ZeroTIR rollout: several sentences of reasoning, one code block (two in
+    one document of ten: "over 90% of successful trajectories use exactly one code execution"), the output, a
+    check, the boxed answer. About 400 sampled tokens per call with the byte tokenizer, i.e. still denser in tool
+    calls than the paper's responses of thousands of tokens."""
+    a, b = rng.randint(100, 999), rng.randint(100, 999)
+    p, ra, rb = a * b, round(a, -2), round(b, -2)
+    fill = {"a": a, "b": b, "p": p, "ra": ra, "rb": rb, "est": ra * rb, "la": a % 10, "lb": b % 10}
+    think = " ".join(rng.choice(_THINK) for _ in range(rng.randint(5, 12))).format(**fill)
+    after = " ".join(rng.choice(_AFTER) for _ in range(rng.randint(2, 4))).format(**fill)
+    if rng.random() < 0.9:
+        code = f"```python\nprint({a}*{b})\n```\n```output\n{p}\n```\n"
+    else:
+        c = rng.randint(10, 99)
+        code = (f"```python\nx = {a}*{b}\nprint(x)\n```\n```output\n{p}\n```\nNow add {c}. "
+                f"```python\nprint({p}+{c})\n```\n```output\n{p + c}\n```\n")
+        p += c
+    return f"Q: what is {a}*{b}?\n{think}\n{code}{after}\nA: \\boxed{{{p}}}"
+
+
+PROFILES = {"paper": paper_document, "dense": dense_document}
+BUDGET = {"paper": 1024, "dense": 256}  # response tokens per row
+TRAIN_TOKENS = 2048  # tokens per pretraining batch (batch = this / the profile's longest document, at least 4)
+
+
+def pretrain(tok, document, steps: int, batch: int, seed: int, hidden: int, layers: int) -> torch.nn.Module:
+    """A tiny Llama trained briefly on ``document(rng)`` s (next-token loss, AdamW)."""
     rng = random.Random(seed)
     model = build_tiny_model(tok, hidden_size=hidden, num_layers=layers, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -109,29 +148,6 @@ def sandbox_cpu(url: str) -> float:
     return total
 
 
-class BatchEndpointSandbox:
-    """The same server reached with one ``POST /run_batch`` per round (results parsed by the sandbox package's own
-    ``parse_run_code_response``), with none of the client's retry / chunking logic: a reference for the client's
-    own overhead (~0.03 ms of client CPU per snippet; per-snippet ``/run_code`` requests cost 2-10 ms each)."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.http: httpx.AsyncClient | None = None
-
-    async def run_many(self, codes: list[str], *, run_timeout: float | None = None) -> list[ExecResult]:
-        if self.http is None:
-            self.http = httpx.AsyncClient(timeout=120, trust_env=False)
-        start = time.monotonic()
-        body = {"requests": [{"code": c, "language": "python", "run_timeout": run_timeout} for c in codes]}
-        answer = await self.http.post(self.url + "/run_batch", json=body)
-        answer.raise_for_status()
-        wall = time.monotonic() - start
-        return [parse_run_code_response(r, wall) for r in answer.json()["results"]]
-
-    async def run(self, code: str, *, run_timeout: float | None = None) -> ExecResult:
-        return (await self.run_many([code], run_timeout=run_timeout))[0]
-
-
 class InstantSandbox:
     """Answers every snippet at once with a fixed output: isolates the loop's own cost from the sandbox's."""
 
@@ -155,11 +171,12 @@ def time_generate(engine, prompts, params) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(s.token_ids) for samples in out for s in samples)
 
 
-def measure(fixed, engine, tok, sandbox, prompts, args, seed, url: str) -> dict[str, float]:
+def measure(fixed, engine, tok, sandbox, prompts, args, budget: int, seed: int, url: str,
+            continuous: bool) -> dict[str, float]:
     """One tool-loop run and its no-tool baselines; tokens per second of each."""
-    params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_response_tokens, seed=seed)
-    tool = ToolConfig(max_tool_calls=args.max_tool_calls, max_response_tokens=args.max_response_tokens,
-                      tokens_per_call=args.tokens_per_call or None)
+    params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=budget, seed=seed)
+    tool = ToolConfig(max_tool_calls=args.max_tool_calls, max_response_tokens=budget,
+                      tokens_per_call=args.tokens_per_call or None, continuous=continuous)
     cpu_before, own_before = sandbox_cpu(url), time.process_time()
     wall, sampled, injected, calls, timings = time_tool_loop(engine, tok, sandbox, prompts, params, tool)
     server_cpu, own_cpu = sandbox_cpu(url) - cpu_before, time.process_time() - own_before
@@ -167,63 +184,73 @@ def measure(fixed, engine, tok, sandbox, prompts, args, seed, url: str) -> dict[
     # Same tokens row by row: each row decodes exactly what it sampled in the tool run, in one call.
     per_row = [SamplingParams(max_new_tokens=k, temperature=1.0, seed=seed) for k in sampled]
     swall, stokens = time_generate(fixed, rows, per_row)
-    uwall, utokens = time_generate(fixed, prompts, SamplingParams(n=args.n, temperature=1.0, seed=seed,
-                                                                  max_new_tokens=round(sum(sampled) / len(rows))))
     nwall, ntokens = time_generate(engine, prompts, params)
     load = os.getloadavg()[0]  # other jobs on the cores slow the sandbox and the engine unevenly: say so
     print(f"    load {load:.1f} | tool {sum(sampled)} sampled + {injected} injected tokens in {wall:.2f}s (generation "
           f"{timings['generation']:.2f}s, sandbox wait {timings['sandbox']:.2f}s, {calls:.2f} calls/row; CPU "
-          f"seconds: this process {own_cpu:.2f}, sandbox server {server_cpu:.2f}) | same "
-          f"tokens per row {stokens} in {swall:.2f}s | uniform {utokens} in {uwall:.2f}s | natural {ntokens} in "
-          f"{nwall:.2f}s", flush=True)
-    return {"tool": sum(sampled) / wall, "same": stokens / swall, "uniform": utokens / uwall,
-            "natural": ntokens / nwall, "load": load}
+          f"seconds: this process {own_cpu:.2f}, sandbox server {server_cpu:.2f}) | same tokens per row {stokens} "
+          f"in {swall:.2f}s | natural {ntokens} in {nwall:.2f}s", flush=True)
+    return {"tool": sum(sampled) / wall, "same": stokens / swall, "natural": ntokens / nwall, "load": load,
+            "per_call": sum(sampled) / max(1.0, calls * len(rows)), "injected_share": injected / sum(sampled)}
 
 
-def overhead(args: argparse.Namespace) -> None:
+def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
+    """Pretrain a model on the profile's documents and measure; returns the median ratio per configuration."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     tok = build_byte_tokenizer()
-    print(f"pretraining a tiny model for {args.train_steps} steps ...", flush=True)
-    model = pretrain(tok, args.train_steps, 32, args.seed, args.hidden, args.layers)
+    budget = args.max_response_tokens or BUDGET[profile]
+    batch = max(4, TRAIN_TOKENS // max(len(PROFILES[profile](random.Random(k))) for k in range(64)))
+    print(f"\n== profile {profile}: pretraining a tiny model for {args.train_steps} steps (batch {batch}) ...",
+          flush=True)
+    model = pretrain(tok, PROFILES[profile], args.train_steps, batch, args.seed, args.hidden, args.layers)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     rng = random.Random(args.seed + 1)
-    prompts = [tok.encode(f"Q: what is {rng.randint(10, 999)}*{rng.randint(10, 999)}?\n") for _ in range(args.prompts)]
+    prompts = [tok.encode(f"Q: what is {rng.randint(100, 999)}*{rng.randint(100, 999)}?\n")
+               for _ in range(args.prompts)]
     rows = args.prompts * args.n
     engine = HFEngine(model, tok, max_batch_size=rows)
     fixed = HFEngine(model, tok, max_batch_size=rows)
     fixed.eos_ids = set()  # decode exactly max_new_tokens per row
-    results: dict[str, list[dict[str, float]]] = {"real": [], "real, /run_batch": [], "instant": []}
+    schedules = {"rounds": False, "continuous": True}
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with local_sandbox(workers=args.sandbox_workers) as urls:
-        sandboxes = {"real": SandboxClient(urls), "real, /run_batch": BatchEndpointSandbox(urls[0]),
-                     "instant": InstantSandbox()}
+        sandboxes = {"real": SandboxClient(urls), "instant": InstantSandbox()}
         warm = ToolConfig(max_response_tokens=32)
         time_tool_loop(engine, tok, sandboxes["real"], prompts[:2], SamplingParams(n=2, max_new_tokens=32), warm)
         for r in range(args.repeats):
             for name, sandbox in sandboxes.items():
-                print(f"  run {r}, {name} sandbox:", flush=True)
-                results[name].append(measure(fixed, engine, tok, sandbox, prompts, args, args.seed + r, urls[0]))
-    report(results, args, rows)
+                for schedule, continuous in schedules.items():
+                    print(f"  run {r}, {name} sandbox, {schedule}:", flush=True)
+                    results.setdefault((name, schedule), []).append(
+                        measure(fixed, engine, tok, sandbox, prompts, args, budget, args.seed + r, urls[0],
+                                continuous))
+    return report(results, args, rows, profile, budget)
 
 
-def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, rows: int) -> None:
+def report(results: dict[tuple[str, str], list[dict[str, float]]], args: argparse.Namespace, rows: int,
+           profile: str, budget: int) -> dict[str, float]:
     med = statistics.median
     loads = [x["load"] for runs in results.values() for x in runs]
-    print(f"\nhidden {args.hidden}, {args.layers} layers; {rows} rows ({args.prompts} prompts x {args.n}), budget "
-          f"{args.max_response_tokens}, tokens_per_call "
-          f"{args.tokens_per_call or 'None (lockstep)'}; 1-minute load average {min(loads):.1f}-{max(loads):.1f}; "
-          f"tokens/s, medians of {args.repeats}:\n")
-    print("| sandbox | tool loop | same tokens per row, no tools | ratio | uniform lengths | natural |")
-    print("|---|---|---|---|---|---|")
+    print(f"\nprofile {profile}: hidden {args.hidden}, {args.layers} layers; {rows} rows ({args.prompts} prompts x "
+          f"{args.n}), budget {budget}, rounds of tokens_per_call {args.tokens_per_call or 'None (lockstep)'}; "
+          f"1-minute load average {min(loads):.1f}-{max(loads):.1f}; medians of {args.repeats}:\n")
+    print("| sandbox | schedule | sampled tokens per call | injected / sampled | tool loop tok/s | same tokens per "
+          "row, no tools | ratio | natural, no tools |")
+    print("|---|---|---|---|---|---|---|---|")
     ratios = {}
-    for name, runs in results.items():
-        ratios[name] = med([x["tool"] / x["same"] for x in runs])
-        print(f"| {name} | {med([x['tool'] for x in runs]):.0f} | {med([x['same'] for x in runs]):.0f} | "
-              f"{ratios[name]:.2f} | {med([x['uniform'] for x in runs]):.0f} | {med([x['natural'] for x in runs]):.0f} |")
-    verdict = "meets" if ratios["real"] >= TARGET else "MISSES"
-    print(f"\nratio tool loop / same tokens without tools (real sandbox): {ratios['real']:.2f} -> {verdict} the "
-          f"target {TARGET}; with one /run_batch per round: {ratios['real, /run_batch']:.2f}; the loop alone "
-          f"(instant sandbox): {ratios['instant']:.2f}")
+    for (name, schedule), runs in results.items():
+        ratios[f"{name}, {schedule}"] = ratio = med([x["tool"] / x["same"] for x in runs])
+        print(f"| {name} | {schedule} | {med([x['per_call'] for x in runs]):.0f} | "
+              f"{med([x['injected_share'] for x in runs]):.2f} | {med([x['tool'] for x in runs]):.0f} | "
+              f"{med([x['same'] for x in runs]):.0f} | {ratio:.2f} | {med([x['natural'] for x in runs]):.0f} |")
+    best = max(("rounds", "continuous"), key=lambda sch: ratios[f"real, {sch}"])
+    verdict = "meets" if ratios[f"real, {best}"] >= TARGET else "MISSES"
+    print(f"\nprofile {profile}: ratio tool loop / same tokens without tools, real sandbox: rounds "
+          f"{ratios['real, rounds']:.2f}, continuous {ratios['real, continuous']:.2f} -> the better {verdict} the "
+          f"target {TARGET}; the loop alone (instant sandbox): rounds {ratios['instant, rounds']:.2f}, continuous "
+          f"{ratios['instant, continuous']:.2f}", flush=True)
+    return ratios
 
 
 def sweep(args: argparse.Namespace) -> None:
@@ -248,7 +275,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16, help="questions per rollout")
     parser.add_argument("--n", type=int, default=8, help="samples per question")
-    parser.add_argument("--max_response_tokens", type=int, default=256, help="response budget per row")
+    parser.add_argument("--profiles", default="paper,dense",
+                        help="comma-separated workloads: paper (ZeroTIR-shaped) and / or dense (stress)")
+    parser.add_argument("--max_response_tokens", type=int, default=0,
+                        help="response budget per row (0: the profile's, paper 1024, dense 256)")
     parser.add_argument("--max_tool_calls", type=int, default=4, help="code blocks executed per row at most")
     parser.add_argument("--tokens_per_call", type=int, default=ToolConfig.tokens_per_call,
                         help="ToolConfig.tokens_per_call (0 = None, strict lockstep)")
@@ -263,7 +293,14 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also print HFEngine tokens/s by model size and batch")
     parser.add_argument("--sweep_tokens", type=int, default=256, help="tokens per row in the sweep")
     args = parser.parse_args()
-    overhead(args)
+    profiles = [p for p in args.profiles.split(",") if p]
+    unknown = [p for p in profiles if p not in PROFILES]
+    if unknown or not profiles:
+        parser.error(f"--profiles: unknown {unknown}; choose from {sorted(PROFILES)}")
+    ratios = {p: overhead(args, p) for p in profiles}
+    print(f"\nsummary, tool loop / same tokens without tools (target {TARGET}):")
+    for p, r in ratios.items():
+        print(f"  {p}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
     if args.sweep:
         sweep(args)
 

@@ -63,6 +63,9 @@ class ZeroTIRModule(LightningModule):
         max_output_chars: injected tool output is truncated to this many characters.
         run_timeout: seconds one code execution may run in the sandbox.
         rollout_backend: "hf" (transformers, wraps the actor itself) or "vllm" (separate engine, weights synced).
+        rollout_schedule: how the "hf" backend runs the tool loop: "rounds" of generate calls, or "continuous" (one
+            decode session; rows leave at a code block and rejoin when its result is back). Continuous is faster
+            for long responses with few calls, rounds for short tool-dense ones (ToolConfig.continuous).
         engine_kwargs: extra keyword arguments of the engine class.
         weight_sync_bucket_mb: bucket size of the vLLM weight sync.
         sandbox_urls: sandbox servers; None starts an embedded local sandbox for the run.
@@ -115,6 +118,7 @@ class ZeroTIRModule(LightningModule):
         max_output_chars: int = 512,
         run_timeout: float = 5.0,
         rollout_backend: Literal["hf", "vllm"] = "hf",
+        rollout_schedule: Literal["rounds", "continuous"] = "rounds",
         engine_kwargs: dict[str, Any] | None = None,
         weight_sync_bucket_mb: int = 256,
         sandbox_urls: list[str] | None = None,
@@ -281,7 +285,8 @@ class ZeroTIRModule(LightningModule):
 
         hp = self.hparams
         return ToolConfig(max_tool_calls=hp.max_tool_calls, max_response_tokens=hp.max_response_tokens,
-                          max_output_chars=hp.max_output_chars, run_timeout=hp.run_timeout)
+                          max_output_chars=hp.max_output_chars, run_timeout=hp.run_timeout,
+                          continuous=hp.rollout_schedule == "continuous")
 
     def rollout(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
         """Roll out ``rows`` (the datamodule's prompt dicts) and score them; timings of generation, sandbox, reward."""

@@ -31,12 +31,7 @@ DOCS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +57,10 @@ def recomputed_logprobs(model, ids: list[int]) -> torch.Tensor:
     return logp[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
 
 
-def test_random_model_makes_tool_calls_with_exact_masks_and_logprobs(random_model):
+@pytest.mark.parametrize("continuous", [False, True], ids=["rounds", "continuous"])
+def test_random_model_makes_tool_calls_with_exact_masks_and_logprobs(random_model, continuous):
     prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?")]
-    tool = greedy_tool_config(random_model, prompts[0])
+    tool = replace(greedy_tool_config(random_model, prompts[0]), continuous=continuous)
     sandbox = ScriptedSandbox(default=ok("7"))
     traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, SamplingParams(n=2, temperature=0.0,
                            max_new_tokens=500), tool)
@@ -104,6 +100,25 @@ def test_greedy_tool_loop_is_deterministic(random_model):
     assert a.num_calls.sum() >= 1
 
 
+def test_continuous_session_gives_the_rounds_trajectories(random_model):
+    """Greedy decoding: one decode session (rows leave at a code block and rejoin with the output) produces exactly
+    the trajectories of rounds of generate calls, with the same tool calls."""
+    prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?"), TOK.encode("x")]
+    tool = greedy_tool_config(random_model, prompts[0])
+
+    def once(continuous: bool):
+        sandbox = ScriptedSandbox(default=ok("7"))
+        traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, GREEDY,
+                               replace(tool, continuous=continuous))
+        return traj, sorted(sandbox.codes)
+
+    (rounds, codes_r), (cont, codes_c) = once(False), once(True)
+    assert codes_r == codes_c and len(codes_c) >= 1
+    for name in ("input_ids", "action_mask", "num_calls", "response_lens"):
+        assert torch.equal(getattr(rounds, name), getattr(cont, name)), name
+    assert torch.allclose(rounds.logprobs, cont.logprobs, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def trained_model():
     """A tiny Llama that has memorised ``DOCS`` (about 100 full-batch steps, a few seconds)."""
@@ -132,11 +147,12 @@ def sandbox_urls():
         yield urls
 
 
-def test_trained_model_calls_the_real_sandbox_and_answers(trained_model, sandbox_urls):
+@pytest.mark.parametrize("continuous", [False, True], ids=["rounds", "continuous"])
+def test_trained_model_calls_the_real_sandbox_and_answers(trained_model, sandbox_urls, continuous):
     client = SandboxClient(sandbox_urls)
     prompts = [TOK.encode(q) for q in DOCS]
-    traj, timings = rollout_sync(HFEngine(trained_model, TOK), TOK, client, prompts, GREEDY, ToolConfig(),
-                                 ["408", "undefined"])
+    traj, timings = rollout_sync(HFEngine(trained_model, TOK), TOK, client, prompts, GREEDY,
+                                 ToolConfig(continuous=continuous), ["408", "undefined"])
     # Row 0 follows its document: the real output "408" is what it memorised, so it answers.
     assert traj.response_texts[0] == DOCS["Q: 12*34?\n"]
     assert traj.num_calls[0] == 1 and traj.num_exec_errors[0] == 0 and traj.finish_reasons[0] == "stop"

@@ -16,13 +16,7 @@ TEXTS = ["Hello", "What is 2+3? Let me think about it", "x"]
 PROMPTS = [TOK.encode(t) for t in TEXTS]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The references below run many tiny forwards: one thread avoids stalls on a shared, loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

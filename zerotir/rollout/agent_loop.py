@@ -14,6 +14,10 @@ which runs it while the other rows generate, and rejoins the next round once its
 wait on the sandbox than could generate, the loop waits for results rather than run a thin batch.
 ``tokens_per_call=None`` is the paper's strict lockstep: one call per phase, then all code at once.
 
+With ``tool.continuous`` and an engine that has a decode session (``HFEngine.session``), there are no rounds: one
+session decodes the whole rollout, a row leaves the batch when it closes a block and rejoins, its keys / values in
+place, as soon as its result is injected (continuous batching; see ``hf_session``).
+
 Token-in / token-out: sampled ids are kept exactly as the engine returned them; only the injected output block is
 tokenized. ``action_mask`` is 1 exactly on sampled ids. A row ends on EOS or one of the caller's stop strings ("stop"),
 or when its response (sampled + injected) reaches the token budget ("length", truncated).
@@ -39,6 +43,7 @@ __all__ = ["ToolConfig", "rollout", "rollout_sync"]
 
 TEXT, CODE, FINAL = "text", "code", "final"
 _IO_TURNS = 8  # event-loop turns given to sandbox calls between rounds (see _let_io_run)
+_STEPS_PER_TURN = 4  # continuous decoding: tokens per row between two looks at the sandbox results
 # A round ends once fewer than this share of its rows still generate (engines that can pause): the stragglers go on
 # in the next round, together with the rows whose code has run, instead of holding them up.
 _PAUSE_FRACTION = 0.25
@@ -101,31 +106,92 @@ async def rollout(
     budget = min(params.max_new_tokens, tool.max_response_tokens)
     rows = _initial_rows(tokenizer, prompts, params.n, tool)
     timings = {"generation": 0.0, "sandbox": 0.0}
-    lockstep = tool.tokens_per_call is None
-    round_idx = 0
     try:
-        while True:
-            await _let_io_run()
-            ready, waiting = _collect(rows, tokenizer, tool, budget)
-            if waiting and (not ready or lockstep or len(waiting) > len(ready)):
-                start = time.perf_counter()
-                await asyncio.wait({r.pending for r in waiting}, return_when=asyncio.ALL_COMPLETED if lockstep
-                                   else asyncio.FIRST_COMPLETED)
-                timings["sandbox"] += time.perf_counter() - start
-                continue
-            if not ready:
-                break
-            start = time.perf_counter()
-            _generate_round(engine, tokenizer, ready, params, tool, budget, round_idx)
-            timings["generation"] += time.perf_counter() - start
-            _submit([r for r in ready if r.code is not None], sandbox, tool)
-            round_idx += 1
+        if tool.continuous and tool.tokens_per_call is not None and getattr(engine, "can_continue", False):
+            await _run_continuous(engine, tokenizer, sandbox, rows, params, tool, budget, timings)
+        else:
+            await _run_rounds(engine, tokenizer, sandbox, rows, params, tool, budget, timings)
     finally:
         for row in rows:  # only on an error: nothing is pending after a normal finish
             if row.pending is not None:
                 row.pending.cancel()
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
     return to_trajectories(rows, tokenizer, truths), timings
+
+
+async def _run_rounds(engine: RolloutEngine, tokenizer: Any, sandbox: Any, rows: list[Row], params: SamplingParams,
+                      tool: ToolConfig, budget: int, timings: dict[str, float]) -> None:
+    """Rows step together in rounds of ``engine.generate`` calls (see the module doc)."""
+    lockstep = tool.tokens_per_call is None
+    round_idx = 0
+    while True:
+        await _let_io_run()
+        ready, waiting = _collect(rows, tokenizer, tool, budget)
+        if waiting and (not ready or lockstep or len(waiting) > len(ready)):
+            start = time.perf_counter()
+            await asyncio.wait({r.pending for r in waiting}, return_when=asyncio.ALL_COMPLETED if lockstep
+                               else asyncio.FIRST_COMPLETED)
+            timings["sandbox"] += time.perf_counter() - start
+            continue
+        if not ready:
+            break
+        start = time.perf_counter()
+        _generate_round(engine, tokenizer, ready, params, tool, budget, round_idx)
+        timings["generation"] += time.perf_counter() - start
+        _submit([r for r in ready if r.code is not None], sandbox, tool)
+        round_idx += 1
+
+
+async def _run_continuous(engine: Any, tokenizer: Any, sandbox: Any, rows: list[Row], params: SamplingParams,
+                          tool: ToolConfig, budget: int, timings: dict[str, float]) -> None:
+    """One decode session for the whole rollout (``HFEngine.session``): a row leaves the batch when it closes a
+    code block and rejoins, its keys / values still in place, as soon as its result is injected; a row that opens
+    a block goes on at once with the closing fence as its stop. The engine never waits for the sandbox while any
+    row can generate."""
+
+    def start(key: int, row: Row) -> None:
+        session.add(key, row.prompt + row.response, replace(
+            params, n=1, stop=_stops(row.mode, tool, params.stop), max_new_tokens=budget - len(row.response)))
+
+    with engine.session(replace(params, n=1)) as session:
+        for key, row in enumerate(rows):
+            if row.finish is None:
+                start(key, row)
+        while True:
+            await _let_io_run()
+            for key, row in enumerate(rows):  # results that are back: inject, and the row rejoins
+                if row.pending is not None and row.pending.done():
+                    result, row.pending = row.pending.result()[row.slot], None
+                    _inject(row, result, tokenizer, tool, budget)
+                    if row.finish is None:
+                        start(key, row)
+                    else:
+                        session.release(key)
+            waiting = [r for r in rows if r.pending is not None]
+            running = session.num_running
+            # Parked rows still ride in every decode forward: with more of them than running rows, a step costs
+            # about a full batch for a few tokens, so wait for results instead (as the rounds do).
+            if not running or len(waiting) > running:
+                if not waiting:
+                    return
+                begin = time.perf_counter()
+                await asyncio.wait({r.pending for r in waiting}, return_when=asyncio.FIRST_COMPLETED)
+                timings["sandbox"] += time.perf_counter() - begin
+                continue
+            begin = time.perf_counter()
+            finished = session.step(_STEPS_PER_TURN)
+            timings["generation"] += time.perf_counter() - begin
+            to_run = []
+            for key, sample in finished:
+                row = rows[key]
+                _absorb(row, sample, budget - len(row.response), tokenizer, tool, budget, params.stop)
+                if row.finish is not None:
+                    session.release(key)
+                elif row.code is not None:
+                    to_run.append(row)
+                else:  # it opened a code block: on with the closing fence as its stop
+                    start(key, row)
+            _submit(to_run, sandbox, tool)
 
 
 async def _let_io_run() -> None:

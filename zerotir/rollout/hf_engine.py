@@ -21,11 +21,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.hf_session import SUPPORTED_ATTENTION, DecodeSession
 from zerotir.rollout.kv_cache import (
-    PrefixEntry, PrefixStore, drop_leading, grow_columns, prefill_groups, row_view, select_rows, set_length, slot_cache,
+    PrefixEntry,
+    PrefixStore,
+    drop_leading,
+    grow_columns,
+    prefill_groups,
+    row_view,
+    select_rows,
+    set_length,
+    slot_cache,
 )
 from zerotir.rollout.sampling import StopMatcher, sample_tokens
 
@@ -180,6 +194,21 @@ class HFEngine:
             out.append(samples[at : at + prm.n])
             at += prm.n
         return out
+
+    @property
+    def can_continue(self) -> bool:
+        """Whether ``session`` is available (it builds attention masks for sdpa and eager attention)."""
+        return self.model.config._attn_implementation in SUPPORTED_ATTENTION
+
+    def session(self, params: SamplingParams) -> DecodeSession:
+        """A continuous-batching session (``hf_session.DecodeSession``) sampling with ``params``' temperature,
+        top_p and seed; each row added brings its own stops and limit."""
+        params.validate()
+        if not self.can_continue:
+            raise ValueError(f"HFEngine.session: attention implementation "
+                             f"{self.model.config._attn_implementation!r} is not supported; load the model with "
+                             f"attn_implementation='sdpa' or 'eager', or use generate")
+        return DecodeSession(self, params.temperature, params.top_p, params.seed)
 
     def _matcher(self, stops: list[str]) -> StopMatcher:
         """The stop matcher of ``stops``, built once (it scans the vocabulary) and kept for later calls."""

@@ -1,0 +1,164 @@
+"""HFEngine's continuous-batching session, checked against ``HFEngine.generate`` on the same tiny random Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=30)
+PROMPTS = [TOK.encode("Hello"), TOK.encode("What is 2+3?"), TOK.encode("x"), TOK.encode("A longer prompt here.")]
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request):
+    m = build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=0).eval()
+    m.config._attn_implementation = request.param
+    return m
+
+
+def drain(session, max_steps: int = 3, release: bool = False, max_slots: int | None = None) -> dict:
+    """Step until nothing runs; the last sample of every key (``release``: free each finished row's slot; with
+    ``max_slots``, check the batch never holds more slots)."""
+    out = {}
+    while session.num_running:
+        assert max_slots is None or len(session.slots) <= max_slots
+        for key, sample in session.step(max_steps):
+            out[key] = sample
+            if release:
+                session.release(key)
+    return out
+
+
+def assert_same(want, got) -> None:
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4)
+
+
+def test_session_decodes_what_generate_decodes(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    want = engine.generate(PROMPTS, GREEDY)
+    with engine.session(GREEDY) as session:
+        for i, p in enumerate(PROMPTS):
+            session.add(i, p, GREEDY)
+        got = drain(session)
+    for i in range(len(PROMPTS)):
+        assert_same(want[i][0], got[i])
+
+
+def test_rows_with_their_own_limits_and_stops_finish_on_their_own(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    ref = engine.generate([PROMPTS[0]], GREEDY)[0][0].token_ids
+    stop = TOK.decode(ref[5:7])  # a stop string the model will write
+    plist = [SamplingParams(temperature=0.0, max_new_tokens=4), SamplingParams(temperature=0.0, stop=[stop]),
+             SamplingParams(temperature=0.0, max_new_tokens=12)]
+    want = engine.generate(PROMPTS[:1] * 3, plist)
+    with engine.session(GREEDY) as session:
+        for i, p in enumerate(plist):
+            session.add(i, PROMPTS[0], p)
+        got = drain(session, max_steps=1)
+    assert [got[i].finish_reason for i in range(3)] == ["length", "stop", "length"] and got[1].stop_str == stop
+    for i in range(3):
+        assert_same(want[i][0], got[i])
+
+
+def test_a_parked_row_continues_with_injected_tokens_as_if_prefilled_whole(model):
+    """Rows stop at different steps, get tokens appended (an injected tool output) and go on, each feeding only the
+    new tokens into its own columns; the result equals generating from the whole context."""
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    injected = TOK.encode("<o>7</o>", add_special_tokens=False)
+    with engine.session(GREEDY) as session:
+        for i, p in enumerate(PROMPTS):
+            session.add(i, p, SamplingParams(temperature=0.0, max_new_tokens=3 + 4 * i))
+        first = drain(session, max_steps=1)
+        contexts = [PROMPTS[i] + first[i].token_ids + injected * (i + 1) for i in range(len(PROMPTS))]
+        fed_before = [len(session.slots[session.index[i]].fed) for i in range(len(PROMPTS))]
+        for i, ctx in enumerate(contexts):
+            session.add(i, ctx, GREEDY)
+        # Only the new ids are pending: the parked row's keys / values were kept.
+        assert [len(session.slots[session.index[i]].pending) for i in range(4)] == [
+            len(c) - f for c, f in zip(contexts, fed_before)]
+        got = drain(session)
+    want = engine.generate(contexts, GREEDY)
+    for i in range(len(PROMPTS)):
+        assert_same(want[i][0], got[i])
+
+
+def test_more_rows_than_the_batch_queue_and_reuse_freed_slots(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0, max_batch_size=2)
+    prompts = PROMPTS * 2
+    plist = [SamplingParams(temperature=0.0, max_new_tokens=5 + 3 * i) for i in range(len(prompts))]
+    want = engine.generate(prompts, plist)
+    with engine.session(GREEDY) as session:
+        for i, p in enumerate(plist):
+            session.add(i, prompts[i], p)
+        got = drain(session, max_steps=2, release=True, max_slots=2)
+    for i in range(len(prompts)):
+        assert_same(want[i][0], got[i])
+
+
+def test_released_rows_are_dropped_from_the_batch_and_the_rest_goes_on(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    prompts = PROMPTS * 2
+    plist = [SamplingParams(temperature=0.0, max_new_tokens=2 if i < 6 else 25) for i in range(len(prompts))]
+    want = engine.generate(prompts, plist)
+    with engine.session(GREEDY) as session:
+        for i, p in enumerate(plist):
+            session.add(i, prompts[i], p)
+        got = drain(session, max_steps=1, release=True)
+        assert len(session.slots) < len(prompts)  # compacted once an eighth of the slots were free
+    for i in range(len(prompts)):
+        assert_same(want[i][0], got[i])
+
+
+def test_ids_that_do_not_extend_the_parked_row_start_it_afresh(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    with engine.session(GREEDY) as session:
+        session.add("a", PROMPTS[0], SamplingParams(temperature=0.0, max_new_tokens=3))
+        drain(session)
+        session.add("a", PROMPTS[1], GREEDY)  # a different text: nothing of the parked row can be reused
+        assert len(session.queue) == 1
+        got = drain(session)
+    assert_same(engine.generate([PROMPTS[1]], GREEDY)[0][0], got["a"])
+
+
+def test_bad_requests_are_refused_with_the_reason(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    with engine.session(GREEDY) as session:
+        with pytest.raises(ValueError, match="no ids"):
+            session.add(0, [], GREEDY)
+        session.add(0, PROMPTS[0], GREEDY)
+        with pytest.raises(ValueError, match="still running"):
+            session.add(0, PROMPTS[0], GREEDY)
+        with pytest.raises(ValueError, match="context"):
+            session.add(1, [5] * engine.max_positions, GREEDY)
+    model.config._attn_implementation, kept = "flash_attention_2", model.config._attn_implementation
+    try:
+        assert not engine.can_continue
+        with pytest.raises(ValueError, match="attn_implementation"):
+            engine.session(GREEDY)
+    finally:
+        model.config._attn_implementation = kept
+
+
+def test_sampling_is_reproducible_with_a_seed(model):
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=3)
+
+    def run():
+        with engine.session(params) as session:
+            for i, p in enumerate(PROMPTS):
+                session.add(i, p, params)
+            return drain(session)
+
+    a, b = run(), run()
+    assert all(a[i].token_ids == b[i].token_ids for i in range(len(PROMPTS)))
+    assert len({tuple(a[i].token_ids) for i in range(len(PROMPTS))}) > 1

@@ -1,0 +1,356 @@
+"""Continuous batching for ``HFEngine``: a decode session that rows leave and rejoin without rebuilding the batch.
+
+The tool loop's rows stop at every code block: the row waits for the sandbox, then goes on with the injected output.
+Run as separate ``generate`` calls (rounds), every call rebuilds the batch: keys / values are copied out and back in,
+rows that stopped early idle until the round ends, and a row paused at a round's end pays a prefill to resume. A
+``DecodeSession`` keeps one batch for the whole rollout instead:
+
+* every row owns a slot (a row of the cache buffers) and its own fill column: rows are *ragged*, each writes its
+  next token at its own column, so a row that rejoins after its tool call, or a new row in a freed slot, never
+  shifts the others;
+* a row that stops (a stop string, EOS, its limit) is returned at once and *parked*: its keys / values stay where
+  they are; ``add`` with its ids + new tokens (the injected output) feeds only the new tokens, into its own columns;
+* rows with several new tokens are fed in one forward over just those rows; every other step is one decode forward
+  over the whole batch (parked and free slots compute a throw-away token: cheaper than moving the cache around).
+  Free slots are dropped from the batch once they are an eighth of it.
+
+Masks are built here, one ``(B, 1, S, W)`` boolean (sdpa) or additive (eager) mask per forward, with W = the widest
+row's columns: a query sees its row's filled columns and, among the new ones, itself and those before it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Self
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.sampling import StopMatcher, sample_tokens
+
+# Attention implementations whose mask this module can build (a custom 4D mask is passed to them as is).
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+_INITIAL_COLUMNS = 256  # at most this many columns allocated up front (buffers double when full)
+
+
+class RaggedLayer(DynamicLayer):
+    """One layer's keys / values in buffers ``(B, heads, capacity, head_dim)``; each row writes at its own column.
+
+    Before each forward the session sets ``rows`` (the batch rows fed, None = all), ``cols`` ``(rows, S)`` (the
+    column each new token goes to) and ``width`` (the columns attention reads). ``update`` writes the new keys / values
+    there and returns the first ``width`` columns of the fed rows.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.key_buf, self.value_buf = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self.rows: torch.Tensor | None = None
+        self.cols = torch.zeros(0, 0, dtype=torch.long)
+        self.width = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.rows is None:  # every row, one scatter along the columns
+            index = self.cols[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+            self.key_buf.scatter_(2, index, key_states.to(self.dtype))
+            self.value_buf.scatter_(2, index, value_states.to(self.dtype))
+        else:
+            self.key_buf[self.rows[:, None], :, self.cols] = key_states.transpose(1, 2).to(self.dtype)
+            self.value_buf[self.rows[:, None], :, self.cols] = value_states.transpose(1, 2).to(self.dtype)
+        if self.rows is None:
+            self.keys, self.values = self.key_buf[:, :, : self.width], self.value_buf[:, :, : self.width]
+        else:
+            self.keys = self.key_buf[self.rows, :, : self.width]
+            self.values = self.value_buf[self.rows, :, : self.width]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.width
+
+
+@dataclass
+class _Slot:
+    """One batch row: what its cache holds, what it must feed next, what it has sampled since its last ``add``."""
+
+    key: Hashable
+    fed: list[int]  # ids whose keys / values fill columns [0, len(fed)) of this row
+    pending: list[int]  # ids to feed at the next step (the prompt, the new tokens, or the last sampled id)
+    limit: int = 0
+    matcher: StopMatcher | None = None
+    running: bool = False
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+
+
+class DecodeSession:
+    """Rows decoded together, each leaving on its own stop and rejoining with new tokens (see the module doc).
+
+    Made by ``HFEngine.session``; use as a context manager or call ``close``. All rows share temperature, top_p
+    and seed (one sampler); each ``add`` brings its own stops and token limit.
+    """
+
+    def __init__(self, engine, temperature: float, top_p: float, seed: int | None):
+        self.engine = engine
+        self.model = engine.model
+        self.temperature, self.top_p = temperature, top_p
+        self.device = engine.device
+        self.generator = None if seed is None else torch.Generator(self.device).manual_seed(seed)
+        config = self.model.config.get_text_config()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._kv_shape = (heads, head_dim)
+        self._dtype = next(self.model.parameters()).dtype
+        self._eager = self.model.config._attn_implementation == "eager"
+        self.slots: list[_Slot | None] = []
+        self.index: dict[Hashable, int] = {}  # key -> slot
+        self.queue: deque[_Slot] = deque()  # rows waiting for a free slot
+        self.cache: Cache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (B, capacity): filled columns
+        self.next_logits: torch.Tensor | None = None  # (B, V): each row's next-token logits
+        self.was_training = self.model.training
+        self.threads = torch.get_num_threads()
+        self.model.eval()
+        if engine.num_threads is not None:
+            torch.set_num_threads(engine.num_threads)
+
+    # ---------------------------------------------------------------------------------------------- public API
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the cache and restore the model's mode and torch's thread count."""
+        self.cache, self.slots, self.index, self.next_logits = None, [], {}, None
+        self.model.train(self.was_training)
+        torch.set_num_threads(self.threads)
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in self.slots if s is not None and s.running) + len(self.queue)
+
+    def add(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        """Start (or continue) row ``key`` from ``ids`` with ``params.stop`` and ``params.max_new_tokens``.
+
+        A parked row whose ids ``ids`` extend keeps its cache and feeds only the new ids; any other ``ids`` (or an
+        unknown key) start the row afresh, in a free slot or, when none is free, once one frees up.
+        """
+        if not ids:
+            raise ValueError(f"DecodeSession.add: row {key!r} has no ids; give at least one token id")
+        limit = min(params.max_new_tokens, self.engine.max_positions - len(ids))
+        if limit < 1:
+            raise ValueError(f"DecodeSession.add: row {key!r} has {len(ids)} ids, the model's context is "
+                             f"{self.engine.max_positions}: no room to generate")
+        matcher = self.engine._matcher(params.stop) if params.stop else None
+        at = self.index.get(key)
+        slot = self.slots[at] if at is not None else None
+        if (slot is not None and slot.running) or any(q.key == key for q in self.queue):
+            raise ValueError(f"DecodeSession.add: row {key!r} is still running")
+        if slot is not None and len(ids) > len(slot.fed) and ids[: len(slot.fed)] == slot.fed:
+            slot.pending = ids[len(slot.fed) :]
+        else:
+            if at is not None:
+                self.release(key)
+            slot = _Slot(key, [], list(ids))
+            self.queue.append(slot)
+        slot.limit, slot.matcher, slot.running, slot.ids, slot.lps = limit, matcher, True, [], []
+
+    def release(self, key: Hashable) -> None:
+        """Forget row ``key`` (it has finished): its slot is free for another row."""
+        at = self.index.pop(key, None)
+        if at is not None:
+            self.slots[at] = None
+        else:
+            self.queue = deque(s for s in self.queue if s.key != key)
+
+    @torch.inference_mode()
+    def step(self, max_steps: int = 1) -> list[tuple[Hashable, Sample]]:
+        """Decode up to ``max_steps`` tokens per running row; return at the first step where rows finish, with
+        ``(key, Sample)`` for each (finish "eos", "stop" or "length"). A finished row is parked until ``add`` or
+        ``release``."""
+        done: list[tuple[Hashable, Sample]] = []
+        for _ in range(max_steps):
+            self._admit()
+            running = [i for i, s in enumerate(self.slots) if s is not None and s.running]
+            if not running:
+                break
+            self._feed(running)
+            done = self._sample(running)
+            if done:
+                break
+        return done
+
+    # ------------------------------------------------------------------------------------------------ internals
+    def _admit(self) -> None:
+        """Move queued rows into free slots (growing the batch up to the engine's ``max_batch_size``)."""
+        if not self.queue:
+            return
+        free = [i for i, s in enumerate(self.slots) if s is None]
+        grow = min(len(self.queue) - len(free), self.engine.max_batch_size - len(self.slots))
+        if grow > 0:
+            longest = max(len(slot.pending) + slot.limit for slot in self.queue)
+            self._grow_rows(grow, min(longest, _INITIAL_COLUMNS))
+            free += list(range(len(self.slots) - grow, len(self.slots)))
+        for i in free:
+            if not self.queue:
+                break
+            slot = self.queue.popleft()
+            self.slots[i], self.index[slot.key] = slot, i
+            self.valid[i] = False
+
+    def _feed(self, running: list[int]) -> None:
+        """Run the pending ids of ``running`` rows: several-token rows in one forward over just them, then one
+        decode forward over the whole batch for the one-token rows (when there are any)."""
+        multi = [i for i in running if len(self.slots[i].pending) > 1]
+        single = [i for i in running if len(self.slots[i].pending) == 1]
+        if multi:
+            self._forward(multi, all_rows=False)
+        if single:
+            self._forward(single, all_rows=True)
+
+    def _forward(self, fed: list[int], all_rows: bool) -> None:
+        """Feed the pending ids of rows ``fed``; with ``all_rows`` the forward covers every slot (the rows not in
+        ``fed`` compute one throw-away token at their next free column), else only ``fed``.
+
+        New ids are right-aligned (the last one of every row at the last query, so one logit per row is computed);
+        a row's padding queries write to scratch columns past its new ones, which stay unfilled.
+        """
+        slots = self.slots
+        batch_rows = list(range(len(slots))) if all_rows else fed
+        is_fed = set(fed)
+        news = [slots[i].pending if i in is_fed else [] for i in batch_rows]
+        s = max(map(len, news))
+        fills = [len(slots[i].fed) if slots[i] is not None else 0 for i in batch_rows]
+        width = max(fills) + s
+        self._ensure_columns(width)
+        pad_id = self.engine.pad_id
+        ids = torch.tensor([[pad_id] * (s - len(n)) + n for n in news], device=self.device)
+        fill = torch.tensor(fills, device=self.device)[:, None]
+        rows_t = None if all_rows else torch.tensor(fed, device=self.device)
+        old = self.valid[:, :width] if rows_t is None else self.valid[rows_t, :width]
+        if s == 1:  # decoding: each row writes at its fill column and sees its filled columns and that one
+            cols = fill
+            mask = old.clone()
+            mask.scatter_(1, fill, True)
+            mask = mask[:, None, None, :]
+        else:
+            count = torch.tensor(list(map(len, news)), device=self.device)[:, None]
+            t = torch.arange(s, device=self.device)[None, :]
+            pad = s - count  # queries before this are padding
+            cols = torch.where(t >= pad, fill + t - pad, fill + count + t)  # (n, s): the column each query writes
+            c = torch.arange(width, device=self.device)[None, None, :]
+            # A query sees its row's filled columns, its row's new columns up to its own, and its own column.
+            mask = old[:, None, :] | ((c >= fill[:, :, None]) & (c <= cols[:, :, None])
+                                      & (c < (fill + count)[:, :, None])) | (c == cols[:, :, None])
+            mask = mask[:, None]
+        if self._eager:
+            mask = torch.zeros(mask.shape, dtype=self._dtype, device=self.device).masked_fill(
+                ~mask, torch.finfo(self._dtype).min)
+        for layer in self.cache.layers:
+            layer.rows, layer.cols, layer.width = rows_t, cols, width
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        if self.next_logits is None:
+            self.next_logits = logits.new_zeros(len(slots), logits.shape[-1])
+        fed_t = torch.tensor(fed, device=self.device)
+        if all_rows:
+            self.next_logits[fed_t] = logits[fed_t]
+            self.valid[fed_t, fill[fed_t, 0]] = True
+        else:
+            self.next_logits[fed_t] = logits
+        for j, i in enumerate(batch_rows):
+            if news[j]:
+                slot = slots[i]
+                if not all_rows:
+                    self.valid[i, fills[j] : fills[j] + len(news[j])] = True
+                slot.fed += news[j]
+                slot.pending = []
+
+    def _sample(self, running: list[int]) -> list[tuple[Hashable, Sample]]:
+        """Sample the next id of every running row; end rows on EOS, a stop string or their limit."""
+        logits = self.next_logits[torch.tensor(running, device=self.device)]
+        tokens, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator)
+        done, to_check = [], {}
+        eos = self.engine.eos_ids
+        for i, tok, lp in zip(running, tokens.tolist(), logps.tolist()):
+            slot = self.slots[i]
+            slot.ids.append(tok)
+            slot.lps.append(lp)
+            slot.pending = [tok]
+            if tok in eos:
+                done.append((i, "eos", None))
+            elif slot.matcher is not None and slot.matcher.candidate[tok]:
+                to_check.setdefault(slot.matcher, []).append(i)
+            elif len(slot.ids) >= slot.limit:
+                done.append((i, "length", None))
+        for matcher, items in to_check.items():
+            hits = matcher.match([self.slots[i].ids[-matcher.window :] for i in items])
+            for i, hit in zip(items, hits):
+                if hit is not None:
+                    done.append((i, "stop", hit))
+                elif len(self.slots[i].ids) >= self.slots[i].limit:
+                    done.append((i, "length", None))
+        out = []
+        for i, reason, stop in done:
+            slot = self.slots[i]
+            slot.running, slot.pending = False, []
+            out.append((slot.key, Sample(slot.ids, slot.lps, reason, stop)))
+        if done:
+            self._compact()
+        return out
+
+    def _ensure_columns(self, needed: int) -> None:
+        capacity = self.valid.shape[1]
+        if needed <= capacity:
+            return
+        size = max(needed, 2 * capacity)
+        for layer in self.cache.layers:
+            for name in ("key_buf", "value_buf"):
+                old = getattr(layer, name)
+                buf = old.new_zeros(old.shape[0], old.shape[1], size, old.shape[3])
+                buf[:, :, :capacity] = old
+                setattr(layer, name, buf)
+        valid = self.valid.new_zeros(self.valid.shape[0], size)
+        valid[:, :capacity] = self.valid
+        self.valid = valid
+
+    def _grow_rows(self, extra: int, columns: int) -> None:
+        """Add ``extra`` free slots at the end of the batch (with room for ``columns`` columns in a new cache)."""
+        heads, dim = self._kv_shape
+        capacity = max(self.valid.shape[1], columns)
+        zeros = torch.zeros(extra, heads, capacity, dim, dtype=self._dtype, device=self.device)
+        if self.cache is None:
+            num_layers = self.engine.num_layers
+            self.cache = Cache(layers=[RaggedLayer(zeros.clone(), zeros.clone()) for _ in range(num_layers)])
+            self.valid = torch.zeros(extra, capacity, dtype=torch.bool, device=self.device)
+        else:
+            for layer in self.cache.layers:
+                layer.key_buf = torch.cat([layer.key_buf, zeros])
+                layer.value_buf = torch.cat([layer.value_buf, zeros])
+            self.valid = torch.cat([self.valid, self.valid.new_zeros(extra, self.valid.shape[1])])
+        if self.next_logits is not None:
+            self.next_logits = torch.cat([self.next_logits, self.next_logits.new_zeros(extra, self.next_logits.shape[1])])
+        self.slots += [None] * extra
+
+    def _compact(self) -> None:
+        """Drop free slots once they are an eighth of the batch (and no queued row could use them)."""
+        free = [i for i, s in enumerate(self.slots) if s is None]
+        if self.queue or len(free) < max(1, len(self.slots) // 8):
+            return
+        keep = [i for i, s in enumerate(self.slots) if s is not None]
+        idx = torch.tensor(keep, device=self.device)
+        used = max(len(self.slots[i].fed) for i in keep) if keep else 0
+        cols = min(self.valid.shape[1], max(64, used + used // 4))  # room to go on before growing
+        for layer in self.cache.layers:
+            layer.key_buf, layer.value_buf = layer.key_buf[idx, :, :cols], layer.value_buf[idx, :, :cols]
+        self.valid = self.valid[idx, :cols]
+        if self.next_logits is not None:
+            self.next_logits = self.next_logits[idx]
+        self.slots = [self.slots[i] for i in keep]
+        self.index = {s.key: j for j, s in enumerate(self.slots)}
