@@ -14,7 +14,7 @@ rows that stopped early idle until the round ends, and a row paused at a round's
   over the whole batch (parked and free slots compute a throw-away token: cheaper than moving the cache around).
   Free slots are dropped from the batch once they are an eighth of it.
 
-Masks are built here, one ``(B, 1, S, W)`` boolean (sdpa) or additive (eager) mask per forward, with W = the widest
+Masks are built here, one additive ``(B, 1, S, W)`` mask per forward (sdpa and eager attention alike), with W = the widest
 row's columns: a query sees its row's filled columns and, among the new ones, itself and those before it.
 """
 
@@ -104,7 +104,6 @@ class DecodeSession:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._kv_shape = (heads, head_dim)
         self._dtype = next(self.model.parameters()).dtype
-        self._eager = self.model.config._attn_implementation == "eager"
         self.slots: list[_Slot | None] = []
         self.index: dict[Hashable, int] = {}  # key -> slot
         self.queue: deque[_Slot] = deque()  # rows waiting for a free slot
@@ -205,13 +204,14 @@ class DecodeSession:
 
     def _feed(self, running: list[int]) -> None:
         """Run the pending ids of ``running`` rows: several-token rows in one forward over just them, then one
-        decode forward over the whole batch for the one-token rows (when there are any)."""
+        decode forward for the one-token rows: over the whole batch, or over just them (their keys / values
+        gathered, a copy) when they are fewer than half of it."""
         multi = [i for i in running if len(self.slots[i].pending) > 1]
         single = [i for i in running if len(self.slots[i].pending) == 1]
         if multi:
             self._forward(multi, all_rows=False)
-        if single:
-            self._forward(single, all_rows=True)
+        if single:  # over every slot (no copy) unless most slots would compute a throw-away token
+            self._forward(single, all_rows=2 * len(single) >= len(self.slots))
 
     def _forward(self, fed: list[int], all_rows: bool) -> None:
         """Feed the pending ids of rows ``fed``; with ``all_rows`` the forward covers every slot (the rows not in
@@ -248,9 +248,10 @@ class DecodeSession:
             mask = old[:, None, :] | ((c >= fill[:, :, None]) & (c <= cols[:, :, None])
                                       & (c < (fill + count)[:, :, None])) | (c == cols[:, :, None])
             mask = mask[:, None]
-        if self._eager:
-            mask = torch.zeros(mask.shape, dtype=self._dtype, device=self.device).masked_fill(
-                ~mask, torch.finfo(self._dtype).min)
+        # Additive (0 / most negative), for eager attention and for sdpa alike: sdpa's CPU kernel runs a float mask
+        # as fast as no mask, a boolean one ~7% slower (measured at 128 rows x 600 columns).
+        mask = torch.zeros(mask.shape, dtype=self._dtype, device=self.device).masked_fill_(
+            ~mask, torch.finfo(self._dtype).min)
         for layer in self.cache.layers:
             layer.rows, layer.cols, layer.width = rows_t, cols, width
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
@@ -345,11 +346,9 @@ class DecodeSession:
             return
         keep = [i for i, s in enumerate(self.slots) if s is not None]
         idx = torch.tensor(keep, device=self.device)
-        used = max(len(self.slots[i].fed) for i in keep) if keep else 0
-        cols = min(self.valid.shape[1], max(64, used + used // 4))  # room to go on before growing
-        for layer in self.cache.layers:
-            layer.key_buf, layer.value_buf = layer.key_buf[idx, :, :cols], layer.value_buf[idx, :, :cols]
-        self.valid = self.valid[idx, :cols]
+        for layer in self.cache.layers:  # the capacity stays: shrinking it only to grow it again costs two copies
+            layer.key_buf, layer.value_buf = layer.key_buf[idx], layer.value_buf[idx]
+        self.valid = self.valid[idx]
         if self.next_logits is not None:
             self.next_logits = self.next_logits[idx]
         self.slots = [self.slots[i] for i in keep]

@@ -42,10 +42,11 @@ class ToolConfig:
             batch) and ``tokens_per_call`` set, decode the whole rollout as one continuously batched session: a row
             leaves the batch at the end of a code block and rejoins, its keys / values in place, once the result
             is injected. Rounds and ``tokens_per_call`` then do not apply. Measured on 2 CPU cores
-            (benchmarks/rollout_overhead.py): faster for long responses with few calls (ZeroTIR-shaped, ~860
-            sampled tokens per call: 0.77 of plain decoding against 0.62 with rounds, instant sandbox), slower for
-            short tool-dense ones (the toy world's 25-token answers: 0.53 s against 0.40 s per rollout), where
-            parked and finished rows riding in every forward cost more than the rounds' copies. Default False.
+            (benchmarks/rollout_overhead.py, tool-loop tokens/s over plain decoding of the same tokens): faster for
+            long responses with few calls (ZeroTIR-shaped, ~850 sampled tokens per call: 0.67 against 0.58 with
+            rounds, real sandbox), slower for short tool-dense ones (a call every ~50 tokens: 0.31 against 0.42;
+            the toy world's rollouts: 0.49 s against 0.41 s), where parked rows and many small joins cost more
+            than the rounds' copies. Default False.
     """
 
     max_tool_calls: int = 20
