@@ -65,7 +65,7 @@ class ZeroTIRModule(LightningModule):
         rollout_backend: "hf" (transformers, wraps the actor itself) or "vllm" (separate engine, weights synced).
         rollout_schedule: how the "hf" backend runs the tool loop: "rounds" of generate calls, or "continuous" (one
             decode session; rows leave at a code block and rejoin when its result is back). Continuous is faster
-            for long responses with few calls, rounds for short tool-dense ones (ToolConfig.continuous).
+            for long responses with few calls, rounds for the toy world's short answers (ToolConfig.continuous).
         engine_kwargs: extra keyword arguments of the engine class.
         weight_sync_bucket_mb: bucket size of the vLLM weight sync.
         sandbox_urls: sandbox servers; None starts an embedded local sandbox for the run.
@@ -169,6 +169,8 @@ class ZeroTIRModule(LightningModule):
                             ("max_response_tokens", max_response_tokens)):
             if value < 1:
                 raise ValueError(f"{name}={value}: must be >= 1")
+        if rollout_schedule not in ("rounds", "continuous"):
+            raise ValueError(f"rollout_schedule={rollout_schedule!r}: choose 'rounds' or 'continuous'")
         self.tokenizer = models.load_tokenizer(self.model_path)
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None

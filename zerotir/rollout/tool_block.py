@@ -43,10 +43,10 @@ class ToolConfig:
             leaves the batch at the end of a code block and rejoins, its keys / values in place, once the result
             is injected. Rounds and ``tokens_per_call`` then do not apply. Measured on 2 CPU cores
             (benchmarks/rollout_overhead.py, tool-loop tokens/s over plain decoding of the same tokens): faster for
-            long responses with few calls (ZeroTIR-shaped, ~850 sampled tokens per call: 0.67 against 0.58 with
-            rounds, real sandbox), slower for short tool-dense ones (a call every ~50 tokens: 0.31 against 0.42;
-            the toy world's rollouts: 0.49 s against 0.41 s), where parked rows and many small joins cost more
-            than the rounds' copies. Default False.
+            long responses with few calls (ZeroTIR-shaped, ~600 sampled tokens per call: 0.81 against 0.70 with
+            rounds for the loop alone, 0.60 against 0.56 with the real sandbox), no faster for short tool-dense
+            ones (a call every ~60 tokens: 0.39 against 0.40) and slower in the toy world (0.49 s against 0.41 s
+            per rollout), where parked rows and many small joins cost more than the rounds' copies. Default False.
     """
 
     max_tool_calls: int = 20
