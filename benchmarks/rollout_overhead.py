@@ -191,7 +191,8 @@ def measure(fixed, engine, tok, sandbox, prompts, args, budget: int, seed: int, 
           f"seconds: this process {own_cpu:.2f}, sandbox server {server_cpu:.2f}) | same tokens per row {stokens} "
           f"in {swall:.2f}s | natural {ntokens} in {nwall:.2f}s", flush=True)
     return {"tool": sum(sampled) / wall, "same": stokens / swall, "natural": ntokens / nwall, "load": load,
-            "per_call": sum(sampled) / max(1.0, calls * len(rows)), "injected_share": injected / sum(sampled)}
+            "per_call": sum(sampled) / max(1.0, calls * len(rows)), "injected_share": injected / sum(sampled),
+            "calls": calls}
 
 
 def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
@@ -246,6 +247,10 @@ def report(results: dict[tuple[str, str], list[dict[str, float]]], args: argpars
         print(f"| {name} | {schedule} | {med([x['per_call'] for x in runs]):.0f} | "
               f"{med([x['injected_share'] for x in runs]):.2f} | {med([x['tool'] for x in runs]):.0f} | "
               f"{med([x['same'] for x in runs]):.0f} | {ratio:.2f} | {med([x['natural'] for x in runs]):.0f} |")
+    calls = med([x["calls"] for runs in results.values() for x in runs])
+    if calls < 0.5:
+        print(f"\nWARNING: only {calls:.2f} tool calls per row: this model rarely writes code, so these ratios say "
+              f"little about the tool loop; pretrain it longer (--train_steps)")
     best = max(("rounds", "continuous"), key=lambda sch: ratios[f"real, {sch}"])
     verdict = "meets" if ratios[f"real, {best}"] >= TARGET else "MISSES"
     print(f"\nprofile {profile}: ratio tool loop / same tokens without tools, real sandbox: rounds "
