@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotir.rollout.sampling import StopMatcher, sample_tokens
+from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -71,3 +71,19 @@ def test_only_tokens_holding_a_stops_last_character_are_candidates():
     assert not m.candidate[TOK.eos_token_id]  # a special token adds no text
     assert StopMatcher(TOK, ["\n"], len(TOK)).candidate == [True] * len(TOK)  # whitespace: no filter
     assert StopMatcher(TOK, ["x"], len(TOK) + 5).candidate[-5:] == [True] * 5  # ids past the tokenizer
+
+
+def test_ended_rows_names_eos_stop_and_length_per_row():
+    m = StopMatcher(TOK, ["```"], len(TOK))
+    eos = TOK.eos_token_id
+    rows = [
+        ("eos", ids("ab") + [eos], m, 10),  # EOS wins even where a stop could end
+        ("stop", ids("x ```"), m, 5),  # the stop completes exactly at the limit: "stop", not "length"
+        ("length", ids("abcd"), m, 4),  # not a candidate id, at its limit
+        ("running", ids("ab`"), m, 10),  # a candidate, no stop yet, under its limit
+        ("limit after check", ids("a``"), m, 3),  # a candidate without a stop, at its limit
+        ("no matcher", ids("```"), None, 10),
+    ]
+    got = {key: (reason, stop) for key, reason, stop in ended_rows(rows, {eos})}
+    assert got == {"eos": ("eos", None), "stop": ("stop", "```"), "length": ("length", None),
+                   "limit after check": ("length", None)}

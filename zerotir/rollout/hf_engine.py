@@ -41,7 +41,7 @@ from zerotir.rollout.kv_cache import (
     set_length,
     slot_cache,
 )
-from zerotir.rollout.sampling import StopMatcher, sample_tokens
+from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
 
 # Decode columns reserved up front per call; the cache doubles beyond that (keeps memory small for short calls).
 _INITIAL_DECODE_ROOM = 256
@@ -265,28 +265,13 @@ class HFEngine:
 
     def _take_step(self, batch: _Batch, out: _Outputs, toks: list[int], lps: list[float]) -> None:
         """Append each running row's new token and end the rows that hit EOS, a stop string or their limit."""
-        to_check: dict[StopMatcher, list[tuple[int, int]]] = {}
-        ended: list[tuple[int, int, str, str | None]] = []
+        running = []
         for pos, row in enumerate(batch.slots):
-            if row < 0:
-                continue
-            tok = toks[pos]
-            out.ids[row].append(tok)
-            out.lps[row].append(lps[pos])
-            matcher = out.matchers[row]
-            if tok in self.eos_ids:
-                ended.append((pos, row, "eos", None))
-            elif matcher is not None and matcher.candidate[tok]:
-                to_check.setdefault(matcher, []).append((pos, row))
-            elif len(out.ids[row]) >= out.limits[row]:
-                ended.append((pos, row, "length", None))
-        for matcher, items in to_check.items():
-            hits = matcher.match([out.ids[r][-matcher.window :] for _, r in items])
-            for (pos, row), hit in zip(items, hits):
-                if hit is not None:
-                    ended.append((pos, row, "stop", hit))
-                elif len(out.ids[row]) >= out.limits[row]:
-                    ended.append((pos, row, "length", None))
+            if row >= 0:
+                out.ids[row].append(toks[pos])
+                out.lps[row].append(lps[pos])
+                running.append(((pos, row), out.ids[row], out.matchers[row], out.limits[row]))
+        ended = [(pos, row, reason, stop) for (pos, row), reason, stop in ended_rows(running, self.eos_ids)]
         for pos, row, reason, stop in ended:
             out.results[row] = Sample(out.ids[row], out.lps[row], reason, stop)
             if reason != "eos":  # a row that ends on a stop or its limit may be continued (tool loop)

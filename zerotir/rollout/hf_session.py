@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from zerotir.rollout.engine import Sample, SamplingParams
-from zerotir.rollout.sampling import StopMatcher, sample_tokens
+from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
 
 # Attention implementations whose mask this module can build (a custom 4D mask is passed to them as is).
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -55,7 +55,7 @@ class RaggedLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.rows is None:  # every row: one index_copy_ of (row, head) vectors into the flat buffers
-            n, heads, steps, dim = key_states.shape
+            n, heads, _, dim = key_states.shape
             capacity = self.key_buf.shape[2]
             base = torch.arange(n * heads, device=self.device).view(n, heads, 1) * capacity
             index = (base + self.cols[:, None, :]).reshape(-1)
@@ -111,7 +111,6 @@ class DecodeSession:
         self.index: dict[Hashable, int] = {}  # key -> slot
         self.queue: deque[_Slot] = deque()  # rows waiting for a free slot
         self.cache: Cache | None = None
-        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (B, capacity): filled columns
         self.next_logits: torch.Tensor | None = None  # (B, V): each row's next-token logits
         self.was_training = self.model.training
         self.threads = torch.get_num_threads()
@@ -203,7 +202,6 @@ class DecodeSession:
                 break
             slot = self.queue.popleft()
             self.slots[i], self.index[slot.key] = slot, i
-            self.valid[i] = False
 
     def _feed(self, running: list[int]) -> None:
         """Run the pending ids of ``running`` rows: several-token rows in one forward over just them, then one
@@ -235,21 +233,19 @@ class DecodeSession:
         ids = torch.tensor([[pad_id] * (s - len(n)) + n for n in news], device=self.device)
         fill = torch.tensor(fills, device=self.device)[:, None]
         rows_t = None if all_rows else torch.tensor(fed, device=self.device)
-        old = self.valid[:, :width] if rows_t is None else self.valid[rows_t, :width]
+        # A row's filled columns are always [0, fill): it starts at column 0 and every feed appends at its fill.
         if s == 1:  # decoding: each row writes at its fill column and sees its filled columns and that one
             cols = fill
-            mask = old.clone()
-            mask.scatter_(1, fill, True)
-            mask = mask[:, None, None, :]
+            mask = (torch.arange(width, device=self.device)[None, :] <= fill)[:, None, None, :]
         else:
             count = torch.tensor(list(map(len, news)), device=self.device)[:, None]
             t = torch.arange(s, device=self.device)[None, :]
             pad = s - count  # queries before this are padding
             cols = torch.where(t >= pad, fill + t - pad, fill + count + t)  # (n, s): the column each query writes
             c = torch.arange(width, device=self.device)[None, None, :]
-            # A query sees its row's filled columns, its row's new columns up to its own, and its own column.
-            mask = old[:, None, :] | ((c >= fill[:, :, None]) & (c <= cols[:, :, None])
-                                      & (c < (fill + count)[:, :, None])) | (c == cols[:, :, None])
+            # A real query sees its row's columns up to its own (filled, then new); a padding query (whose output is
+            # thrown away) sees the row's real columns and its own scratch column.
+            mask = ((c <= cols[:, :, None]) & (c < (fill + count)[:, :, None])) | (c == cols[:, :, None])
             mask = mask[:, None]
         # Additive (0 / most negative), for eager attention and for sdpa alike: sdpa's CPU kernel runs a float mask
         # as fast as no mask, a boolean one ~7% slower (measured at 128 rows x 600 columns).
@@ -265,45 +261,27 @@ class DecodeSession:
         fed_t = torch.tensor(fed, device=self.device)
         if all_rows and len(fed) == len(slots):  # every slot fed (fed is in slot order): no gather
             self.next_logits = logits
-            self.valid.scatter_(1, fill, True)
         elif all_rows:
             self.next_logits[fed_t] = logits[fed_t]
-            self.valid[fed_t, fill[fed_t, 0]] = True
         else:
             self.next_logits[fed_t] = logits
         for j, i in enumerate(batch_rows):
             if news[j]:
-                slot = slots[i]
-                if not all_rows:
-                    self.valid[i, fills[j] : fills[j] + len(news[j])] = True
-                slot.fed += news[j]
-                slot.pending = []
+                slots[i].fed += news[j]
+                slots[i].pending = []
 
     def _sample(self, running: list[int]) -> list[tuple[Hashable, Sample]]:
         """Sample the next id of every running row; end rows on EOS, a stop string or their limit."""
         logits = (self.next_logits if len(running) == len(self.slots)
                   else self.next_logits[torch.tensor(running, device=self.device)])
         tokens, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator)
-        done, to_check = [], {}
-        eos = self.engine.eos_ids
         for i, tok, lp in zip(running, tokens.tolist(), logps.tolist()):
             slot = self.slots[i]
             slot.ids.append(tok)
             slot.lps.append(lp)
             slot.pending = [tok]
-            if tok in eos:
-                done.append((i, "eos", None))
-            elif slot.matcher is not None and slot.matcher.candidate[tok]:
-                to_check.setdefault(slot.matcher, []).append(i)
-            elif len(slot.ids) >= slot.limit:
-                done.append((i, "length", None))
-        for matcher, items in to_check.items():
-            hits = matcher.match([self.slots[i].ids[-matcher.window :] for i in items])
-            for i, hit in zip(items, hits):
-                if hit is not None:
-                    done.append((i, "stop", hit))
-                elif len(self.slots[i].ids) >= self.slots[i].limit:
-                    done.append((i, "length", None))
+        done = ended_rows([(i, self.slots[i].ids, self.slots[i].matcher, self.slots[i].limit) for i in running],
+                          self.engine.eos_ids)
         out = []
         for i, reason, stop in done:
             slot = self.slots[i]
@@ -313,8 +291,13 @@ class DecodeSession:
             self._compact()
         return out
 
+    @property
+    def _capacity(self) -> int:
+        """Columns the cache buffers hold per row (0 before the first slot)."""
+        return 0 if self.cache is None else self.cache.layers[0].key_buf.shape[2]
+
     def _ensure_columns(self, needed: int) -> None:
-        capacity = self.valid.shape[1]
+        capacity = self._capacity
         if needed <= capacity:
             return
         size = max(needed, 2 * capacity)
@@ -324,24 +307,19 @@ class DecodeSession:
                 buf = old.new_zeros(old.shape[0], old.shape[1], size, old.shape[3])
                 buf[:, :, :capacity] = old
                 setattr(layer, name, buf)
-        valid = self.valid.new_zeros(self.valid.shape[0], size)
-        valid[:, :capacity] = self.valid
-        self.valid = valid
 
     def _grow_rows(self, extra: int, columns: int) -> None:
         """Add ``extra`` free slots at the end of the batch (with room for ``columns`` columns in a new cache)."""
         heads, dim = self._kv_shape
-        capacity = max(self.valid.shape[1], columns)
+        capacity = max(self._capacity, columns)
         zeros = torch.zeros(extra, heads, capacity, dim, dtype=self._dtype, device=self.device)
         if self.cache is None:
             num_layers = self.engine.num_layers
             self.cache = Cache(layers=[RaggedLayer(zeros.clone(), zeros.clone()) for _ in range(num_layers)])
-            self.valid = torch.zeros(extra, capacity, dtype=torch.bool, device=self.device)
         else:
             for layer in self.cache.layers:
                 layer.key_buf = torch.cat([layer.key_buf, zeros])
                 layer.value_buf = torch.cat([layer.value_buf, zeros])
-            self.valid = torch.cat([self.valid, self.valid.new_zeros(extra, self.valid.shape[1])])
         if self.next_logits is not None:
             self.next_logits = torch.cat([self.next_logits, self.next_logits.new_zeros(extra, self.next_logits.shape[1])])
         self.slots += [None] * extra
@@ -355,7 +333,6 @@ class DecodeSession:
         idx = torch.tensor(keep, device=self.device)
         for layer in self.cache.layers:  # the capacity stays: shrinking it only to grow it again costs two copies
             layer.key_buf, layer.value_buf = layer.key_buf[idx], layer.value_buf[idx]
-        self.valid = self.valid[idx]
         if self.next_logits is not None:
             self.next_logits = self.next_logits[idx]
         self.slots = [self.slots[i] for i in keep]

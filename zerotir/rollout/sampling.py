@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -79,3 +81,32 @@ class StopMatcher:
         """For each tail of ids, the first stop (in ``stops`` order) found in its decoded text, or None."""
         texts = self._decode(tails)
         return [next((s for s in self.stops if s in text), None) for text in texts]
+
+
+def ended_rows(rows: list[tuple[Hashable, list[int], StopMatcher | None, int]],
+               eos_ids: set[int]) -> list[tuple[Hashable, str, str | None]]:
+    """The rows that the id they just sampled ends, as ``(key, reason, stop)``: reason "eos" (an EOS id), "stop"
+    (``stop`` completed; looked for only when the new id can complete one, ``StopMatcher.candidate``) or "length"
+    (the row's limit reached).
+
+    Args:
+        rows: ``(key, ids sampled so far with the new one last, stop matcher or None, token limit)`` per running row.
+        eos_ids: ids that end a row.
+    """
+    ended: list[tuple[Hashable, str, str | None]] = []
+    to_check: dict[StopMatcher, list[tuple[Hashable, list[int], int]]] = {}
+    for key, ids, matcher, limit in rows:
+        if ids[-1] in eos_ids:
+            ended.append((key, "eos", None))
+        elif matcher is not None and matcher.candidate[ids[-1]]:
+            to_check.setdefault(matcher, []).append((key, ids, limit))
+        elif len(ids) >= limit:
+            ended.append((key, "length", None))
+    for matcher, items in to_check.items():
+        hits = matcher.match([ids[-matcher.window :] for _, ids, _ in items])
+        for (key, ids, limit), hit in zip(items, hits):
+            if hit is not None:
+                ended.append((key, "stop", hit))
+            elif len(ids) >= limit:
+                ended.append((key, "length", None))
+    return ended
