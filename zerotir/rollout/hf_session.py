@@ -12,7 +12,9 @@ rows that stopped early idle until the round ends, and a row paused at a round's
   they are; ``add`` with its ids + new tokens (the injected output) feeds only the new tokens, into its own columns;
 * rows with several new tokens are fed in one forward over just those rows; every other step is one decode forward
   over the whole batch (parked and free slots compute a throw-away token: cheaper than moving the cache around).
-  Free slots are dropped from the batch once they are an eighth of it.
+  Free slots are dropped from the batch once they are an eighth of it (the last rows move into the free slots).
+* on sdpa, a decode step whose rows differ much in width (a few rows carry a long tool output) attends to the
+  wide rows apart over their own columns, the rest over a narrower width (``ragged_attention``).
 
 Masks are built here, one additive ``(B, 1, S, W)`` mask per forward (sdpa and eager attention alike), with W = the widest
 row's columns: a query sees its row's filled columns and, among the new ones, itself and those before it.
@@ -29,6 +31,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.ragged_attention import RAGGED_ATTENTION, RaggedPlan, row_cost_cells, split_width
 from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
 
 # Attention implementations whose mask this module can build (a custom 4D mask is passed to them as is).
@@ -112,6 +115,10 @@ class DecodeSession:
         self.queue: deque[_Slot] = deque()  # rows waiting for a free slot
         self.cache: Cache | None = None
         self.next_logits: torch.Tensor | None = None  # (B, V): each row's next-token logits
+        self._text_config = config
+        # Decode attention split by width (``ragged_attention``) runs on transformers' sdpa.
+        self._ragged = config._attn_implementation == "sdpa"
+        self._row_cost = row_cost_cells(config.num_attention_heads, head_dim)
         self.was_training = self.model.training
         self.threads = torch.get_num_threads()
         self.model.eval()
@@ -229,6 +236,13 @@ class DecodeSession:
         fills = [len(slots[i].fed) if slots[i] is not None else 0 for i in batch_rows]
         width = max(fills) + s
         self._ensure_columns(width)
+        plan = None
+        if s == 1 and self._ragged:  # decoding: a few much wider rows get their attention apart
+            fed_widths = [fill + 1 if i in is_fed else 1 for i, fill in zip(batch_rows, fills)]
+            main = split_width(fed_widths, self._row_cost)
+            if main is not None:
+                plan = self._plan(batch_rows, fed_widths, main)
+                width = main
         pad_id = self.engine.pad_id
         ids = torch.tensor([[pad_id] * (s - len(n)) + n for n in news], device=self.device)
         fill = torch.tensor(fills, device=self.device)[:, None]
@@ -253,8 +267,16 @@ class DecodeSession:
                            torch.tensor(torch.finfo(self._dtype).min, dtype=self._dtype, device=self.device))
         for layer in self.cache.layers:
             layer.rows, layer.cols, layer.width = rows_t, cols, width
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        if plan is None:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
+                             use_cache=True, logits_to_keep=1)
+        else:
+            self._text_config._attn_implementation = RAGGED_ATTENTION
+            try:
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
+                                 use_cache=True, logits_to_keep=1, ragged_plan=plan)
+            finally:
+                self._text_config._attn_implementation = "sdpa"
         logits = out.logits[:, -1].float()
         if self.next_logits is None:
             self.next_logits = logits.new_zeros(len(slots), logits.shape[-1])
@@ -269,6 +291,12 @@ class DecodeSession:
             if news[j]:
                 slots[i].fed += news[j]
                 slots[i].pending = []
+
+    def _plan(self, batch_rows: list[int], widths: list[int], main: int) -> RaggedPlan:
+        """The rows of a decode forward wider than ``main`` columns (``widths``: each row's columns, its new
+        one included), each to be attended apart over its own columns (see ``ragged_attention``)."""
+        wide = [(j, batch_rows[j], w) for j, w in enumerate(widths) if w > main]
+        return RaggedPlan(rows=torch.tensor([j for j, _, _ in wide], device=self.device), wide=wide, cache=self.cache)
 
     def _sample(self, running: list[int]) -> list[tuple[Hashable, Sample]]:
         """Sample the next id of every running row; end rows on EOS, a stop string or their limit."""
@@ -325,15 +353,28 @@ class DecodeSession:
         self.slots += [None] * extra
 
     def _compact(self) -> None:
-        """Drop free slots once they are an eighth of the batch (and no queued row could use them)."""
+        """Drop free slots once they are an eighth of the batch (and no queued row could use them): the rows in the
+        last slots move into the free ones before them (a copy of those rows' filled columns only), and the buffers
+        become views of their first rows. The capacity stays: shrinking it only to grow it again costs two copies."""
         free = [i for i, s in enumerate(self.slots) if s is None]
         if self.queue or len(free) < max(1, len(self.slots) // 8):
             return
-        keep = [i for i, s in enumerate(self.slots) if s is not None]
-        idx = torch.tensor(keep, device=self.device)
-        for layer in self.cache.layers:  # the capacity stays: shrinking it only to grow it again costs two copies
-            layer.key_buf, layer.value_buf = layer.key_buf[idx], layer.value_buf[idx]
+        keep = len(self.slots) - len(free)
+        holes = [i for i in free if i < keep]
+        movers = [i for i in range(keep, len(self.slots)) if self.slots[i] is not None]
+        if movers:
+            dst, src = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
+            columns = max(len(self.slots[i].fed) for i in movers) + 1
+            for layer in self.cache.layers:
+                for buf in (layer.key_buf, layer.value_buf):
+                    buf[:, :, :columns].index_copy_(0, dst, buf[:, :, :columns].index_select(0, src))
+            if self.next_logits is not None:
+                self.next_logits.index_copy_(0, dst, self.next_logits.index_select(0, src))
+            for hole, mover in zip(holes, movers):
+                self.slots[hole] = self.slots[mover]
+        for layer in self.cache.layers:
+            layer.key_buf, layer.value_buf = layer.key_buf[:keep], layer.value_buf[:keep]
         if self.next_logits is not None:
-            self.next_logits = self.next_logits[idx]
-        self.slots = [self.slots[i] for i in keep]
+            self.next_logits = self.next_logits[:keep]
+        self.slots = self.slots[:keep]
         self.index = {s.key: j for j, s in enumerate(self.slots)}
