@@ -133,6 +133,40 @@ def reduce_traceback(stderr: str) -> str:
     return "\n".join([header, *body, *rest])
 
 
+_CARETS = re.compile(r"^ *[~^]+[~^ ]*$")
+# A source line in a traceback or syntax error report longer than this is cut to a window around its caret.
+MAX_SOURCE_LINE = 120
+
+
+def shorten_source_lines(report: str, max_line: int = MAX_SOURCE_LINE) -> str:
+    """Cut source lines longer than ``max_line`` in a traceback or syntax error report (Python echoes the whole
+    line: hundreds of characters when a model writes prose in a code block), keeping the window around the caret
+    line's mark (or the line's head when there is none) with ``...`` where text was cut; the caret line is moved
+    to match.
+    """
+    lines = report.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        carets = lines[i + 1] if i + 1 < len(lines) and _CARETS.match(lines[i + 1]) else None
+        if len(line) <= max_line or _FRAME.match(line):
+            out.append(line)
+            i += 1
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        mark = len(carets) - len(carets.lstrip(" ")) if carets is not None else indent
+        start = max(indent, mark - max_line // 2)
+        end = min(len(line), start + max_line - indent)
+        head = line[:indent] + ("..." if start > indent else "")
+        out.append(head + line[start:end] + ("..." if end < len(line) else ""))
+        if carets is not None:
+            out.append(" " * (len(head) + mark - start) + carets.lstrip(" ")[: max(1, end - mark)])
+            i += 1
+        i += 1
+    return "\n".join(out)
+
+
 def truncate_middle(text: str, max_chars: int) -> str:
     """Head and tail of ``text`` with a marker in between, at most ``max_chars`` characters in all."""
     if len(text) <= max_chars:
@@ -146,7 +180,8 @@ def truncate_middle(text: str, max_chars: int) -> str:
 def format_for_model(result: ExecResult, max_chars: int = 1024) -> str:
     """The text that goes inside the model's ```output block.
 
-    stdout, then (for a failure) the traceback reduced to its useful last lines with server paths removed, then a
+    stdout, then (for a failure) the traceback reduced to its useful last lines with server paths removed and long
+    source lines cut around their caret, then a
     clear sentence for a timeout, memory or sandbox error; head and tail with a marker when longer than ``max_chars``.
     """
     if max_chars < 80:
@@ -155,7 +190,7 @@ def format_for_model(result: ExecResult, max_chars: int = 1024) -> str:
     if result.status is ExecStatus.SANDBOX_ERROR:
         parts = [_MESSAGES[result.status]]
     elif result.status in (ExecStatus.ERROR, ExecStatus.KILLED) or (result.status is ExecStatus.OK and result.stderr):
-        parts.append(reduce_traceback(strip_server_paths(result.stderr)))
+        parts.append(shorten_source_lines(reduce_traceback(strip_server_paths(result.stderr))))
         if result.status is ExecStatus.ERROR and not result.stderr.strip():
             parts.append(f"The code exited with code {result.return_code}.")
         if result.status is ExecStatus.KILLED:

@@ -189,8 +189,8 @@ def test_bad_arguments_name_the_field(tiny_dir):
 
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):
-    assert not ZeroTIRModule(str(tiny_dir)).tool_config().continuous
-    assert ZeroTIRModule(str(tiny_dir), rollout_schedule="continuous").tool_config().continuous
+    assert ZeroTIRModule(str(tiny_dir)).tool_config().continuous  # the default
+    assert not ZeroTIRModule(str(tiny_dir), rollout_schedule="rounds").tool_config().continuous
 
 
 def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_file, tmp_path):

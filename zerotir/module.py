@@ -60,12 +60,13 @@ class ZeroTIRModule(LightningModule):
         top_p: nucleus mass of training rollouts.
         max_response_tokens: total response budget per trajectory (sampled + injected tokens).
         max_tool_calls: code executions allowed per trajectory (the paper: 20); after that code stops are dropped.
-        max_output_chars: injected tool output is truncated to this many characters.
+        max_output_chars: injected tool output is truncated to this many characters,
+        max_output_tokens: then to this many tokens (None: characters only; the paper's code: 256).
         run_timeout: seconds one code execution may run in the sandbox.
         rollout_backend: "hf" (transformers, wraps the actor itself) or "vllm" (separate engine, weights synced).
-        rollout_schedule: how the "hf" backend runs the tool loop: "rounds" of generate calls, or "continuous" (one
-            decode session; rows leave at a code block and rejoin when its result is back). Continuous is faster
-            for long responses with few calls, rounds for the toy world's short answers (ToolConfig.continuous).
+        rollout_schedule: how the "hf" backend runs the tool loop: "continuous" (default: one decode session;
+            rows leave at a code block and rejoin when its result is back) or "rounds" of generate calls. See
+            ToolConfig.continuous for what each costs.
         engine_kwargs: extra keyword arguments of the engine class.
         weight_sync_bucket_mb: bucket size of the vLLM weight sync.
         sandbox_urls: sandbox servers; None starts an embedded local sandbox for the run.
@@ -116,9 +117,10 @@ class ZeroTIRModule(LightningModule):
         max_response_tokens: int = 1024,
         max_tool_calls: int = 4,
         max_output_chars: int = 512,
+        max_output_tokens: int | None = 256,
         run_timeout: float = 5.0,
         rollout_backend: Literal["hf", "vllm"] = "hf",
-        rollout_schedule: Literal["rounds", "continuous"] = "rounds",
+        rollout_schedule: Literal["rounds", "continuous"] = "continuous",
         engine_kwargs: dict[str, Any] | None = None,
         weight_sync_bucket_mb: int = 256,
         sandbox_urls: list[str] | None = None,
@@ -287,7 +289,8 @@ class ZeroTIRModule(LightningModule):
 
         hp = self.hparams
         return ToolConfig(max_tool_calls=hp.max_tool_calls, max_response_tokens=hp.max_response_tokens,
-                          max_output_chars=hp.max_output_chars, run_timeout=hp.run_timeout,
+                          max_output_chars=hp.max_output_chars, max_output_tokens=hp.max_output_tokens,
+                          run_timeout=hp.run_timeout,
                           continuous=hp.rollout_schedule == "continuous")
 
     def rollout(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:

@@ -110,6 +110,16 @@ def test_long_output_is_cut_with_a_marker():
     assert traj.response_texts == [STEP1 + STEP2 + "\n```output\n" + shown + "\n```\n" + ANSWER]
 
 
+def test_long_output_is_cut_to_the_token_cap_with_a_marker():
+    long = ExecResult(ExecStatus.OK, "0123456789" * 300, "", 0.01, 0)  # 3000 characters = 3000 byte tokens
+    tool = ToolConfig(max_output_chars=4096, max_output_tokens=100)
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: long}), [PROMPT], tool=tool)
+    marker = "\n... [3000 tokens in all, the middle omitted] ...\n"  # 50 tokens: 50 left, 25 head + 25 tail
+    shown = "0123456789" * 2 + "01234" + marker + "56789" + "0123456789" * 2
+    assert traj.response_texts == [STEP1 + STEP2 + "\n```output\n" + shown + "\n```\n" + ANSWER]
+    assert len(TOK.encode(shown, add_special_tokens=False)) == 100
+
+
 @pytest.mark.parametrize("budget, calls, injected, codes", [
     (30, 0, 0, []),  # 25 + 5 sampled: the budget ends inside the code, nothing runs
     (40, 0, 0, []),  # the closing fence lands exactly on the budget: no room to inject, nothing runs
@@ -215,7 +225,8 @@ def test_bad_inputs_are_named():
         rollout_sync(ScriptedEngine(TOK, {}), TOK, ScriptedSandbox(), [], GREEDY, ToolConfig())
     for kwargs, name in (({"max_tool_calls": -1}, "max_tool_calls"), ({"max_response_tokens": 0}, "max_response"),
                          ({"output_template": "no slot"}, "output_template"), ({"code_end": ""}, "code_end"),
-                         ({"run_timeout": 0}, "run_timeout"), ({"max_output_chars": 10}, "max_output_chars")):
+                         ({"run_timeout": 0}, "run_timeout"), ({"max_output_chars": 10}, "max_output_chars"),
+                         ({"max_output_tokens": 8}, "max_output_tokens")):
         with pytest.raises(ValueError, match=name):
             ToolConfig(**kwargs)
 

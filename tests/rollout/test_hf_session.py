@@ -162,3 +162,33 @@ def test_sampling_is_reproducible_with_a_seed(model):
     a, b = run(), run()
     assert all(a[i].token_ids == b[i].token_ids for i in range(len(PROMPTS)))
     assert len({tuple(a[i].token_ids) for i in range(len(PROMPTS))}) > 1
+
+
+def test_samples_of_one_prompt_share_its_prefill(model, monkeypatch):
+    """n rows with the same prompt: one row per distinct prompt is prefilled, the others get copies of its keys /
+    values; every row then decodes as ``generate`` does (greedy), and sampled rows still differ."""
+    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    want = engine.generate(prompts, GREEDY)
+    prefill_rows = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            prefill_rows.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    with engine.session(GREEDY) as session:
+        for i, p in enumerate(prompts):
+            session.add(i, p, GREEDY)
+        got = drain(session)
+    assert prefill_rows == [sum(len(p) > 1 for p in PROMPTS)]  # one-token prompts are decoded, not prefilled
+    for i in range(len(prompts)):
+        assert_same(want[i][0], got[i])
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=20, seed=0)
+    with engine.session(sampled) as session:
+        for i in range(3):
+            session.add(i, PROMPTS[1], sampled)
+        got = drain(session)
+    assert len({tuple(got[i].token_ids) for i in range(3)}) > 1

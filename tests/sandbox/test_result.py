@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox.result import (ExecResult, ExecStatus, format_for_model, parse_run_code_response, reduce_traceback,
-                            strip_server_paths, truncate_middle)
+                            shorten_source_lines, strip_server_paths, truncate_middle)
 
 
 def response(status: str, run_status: str | None, return_code: int | None = 0, stdout: str = "", stderr: str = "",
@@ -141,3 +141,39 @@ def test_format_long_output_has_head_tail_and_marker() -> None:
 def test_format_refuses_a_budget_too_small_for_the_marker() -> None:
     with pytest.raises(ValueError, match="max_chars must be >= 80"):
         format_for_model(ExecResult(ExecStatus.OK, "x", "", 0.1, 0), max_chars=10)
+
+
+def test_a_long_source_line_is_cut_around_its_caret() -> None:
+    line = "    " + "a" * 100 + "X" + "b" * 100  # X at column 104
+    report = f'  File "<snippet>", line 2\n{line}\n' + " " * 104 + "^\nSyntaxError: invalid syntax"
+    out = shorten_source_lines(report, max_line=40).split("\n")
+    # Window: from column 104 - 20 = 84 to 84 + 36 = 120, with "..." on both cut sides; the caret follows the X.
+    assert out[1] == "    ..." + "a" * 20 + "X" + "b" * 15 + "..."
+    assert out[2] == " " * 27 + "^"
+    assert out[1][out[2].index("^")] == "X"
+    assert out[0] == '  File "<snippet>", line 2' and out[3] == "SyntaxError: invalid syntax"
+
+
+def test_a_long_traceback_line_keeps_its_carets_under_the_failing_expression() -> None:
+    code = 'print("' + "words " * 20 + '", a[1] + len("' + "more " * 20 + '"))'
+    col = code.index("a[1]")
+    report = ('Traceback (most recent call last):\n  File "<snippet>", line 2, in <module>\n    ' + code + "\n"
+              + " " * (4 + col) + "~^^^\nIndexError: list index out of range")
+    out = shorten_source_lines(report, max_line=60).split("\n")
+    assert len(out) == 5 and len(out[2]) <= 60 + 6 and out[2].startswith("    ...") and out[2].endswith("...")
+    caret = out[3].index("~")
+    assert out[2][caret : caret + 4] == "a[1]" and out[3].strip() == "~^^^"
+
+
+def test_short_reports_and_lines_without_carets() -> None:
+    short = '  File "<snippet>", line 1\n    x = (\n        ^\nSyntaxError: \'(\' was never closed'
+    assert shorten_source_lines(short) == short
+    assert shorten_source_lines("    " + "z" * 300 + "\nNameError: x", max_line=40) == (
+        "    " + "z" * 36 + "...\nNameError: x")
+
+
+def test_format_cuts_long_source_lines_of_errors_but_not_stdout() -> None:
+    printed = "1" * 300
+    err = '  File "<snippet>", line 1\n    ' + "y" * 300 + "\n    ^\nSyntaxError: invalid syntax\n"
+    text = format_for_model(ExecResult(ExecStatus.ERROR, printed + "\n", err, 0.0, 1), max_chars=4096)
+    assert text.startswith(printed + "\n") and "    " + "y" * 116 + "...\n" in text and "y" * 117 not in text

@@ -385,7 +385,7 @@ def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int
     row.exec_errors += status == STATUS_ERROR
     row.timeouts += status in TIMEOUT_STATUSES
     row.sandbox_errors += status == STATUS_SANDBOX_ERROR
-    injected = tokenizer.encode(format_result(result, tool), add_special_tokens=False)
+    injected = tokenizer.encode(format_result(result, tool, tokenizer), add_special_tokens=False)
     room = budget - len(row.response)
     row.response += injected[:room]
     row.action += [False] * len(injected[:room])

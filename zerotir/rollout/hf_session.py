@@ -217,7 +217,14 @@ class DecodeSession:
         multi = [i for i in running if len(self.slots[i].pending) > 1]
         single = [i for i in running if len(self.slots[i].pending) == 1]
         if multi:
-            self._forward(multi, all_rows=False)
+            # Fresh rows with the same prompt (n samples of one question): prefill one, copy its keys / values.
+            first: dict[tuple[int, ...], int] = {}
+            copies = [(i, first.setdefault(tuple(self.slots[i].pending), i)) for i in multi if not self.slots[i].fed]
+            copies = [(i, src) for i, src in copies if src != i]
+            copied = {i for i, _ in copies}
+            self._forward([i for i in multi if i not in copied], all_rows=False)
+            if copies:
+                self._copy_rows(copies)
         if single:  # over every slot (no copy) unless most slots would compute a throw-away token
             self._forward(single, all_rows=2 * len(single) >= len(self.slots))
 
@@ -291,6 +298,18 @@ class DecodeSession:
             if news[j]:
                 slots[i].fed += news[j]
                 slots[i].pending = []
+
+    def _copy_rows(self, copies: list[tuple[int, int]]) -> None:
+        """Give each ``(row, source)`` pair's row the source's filled columns, fed ids and next-token logits."""
+        dst = torch.tensor([i for i, _ in copies], device=self.device)
+        src = torch.tensor([j for _, j in copies], device=self.device)
+        columns = max(len(self.slots[j].fed) for _, j in copies)
+        for layer in self.cache.layers:
+            for buf in (layer.key_buf, layer.value_buf):
+                buf[:, :, :columns].index_copy_(0, dst, buf[:, :, :columns].index_select(0, src))
+        self.next_logits.index_copy_(0, dst, self.next_logits.index_select(0, src))
+        for i, j in copies:
+            self.slots[i].fed, self.slots[i].pending = list(self.slots[j].fed), []
 
     def _plan(self, batch_rows: list[int], widths: list[int], main: int) -> RaggedPlan:
         """The rows of a decode forward wider than ``main`` columns (``widths``: each row's columns, its new

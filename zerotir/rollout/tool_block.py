@@ -28,6 +28,10 @@ class ToolConfig:
             (finish reason "length", reward 0).
         max_output_chars: the injected output is cut to this many characters (head + tail with a marker) by
             ``sandbox.format_for_model``.
+        max_output_tokens: then cut to this many tokens of the model's tokenizer (head + tail with a marker): a
+            character cap does not bound tokens (Qwen2.5 spends one token per digit of a printed number). The
+            paper's public code replaces results longer than 256 tokens by a short message; ToRL keeps head and
+            tail. None = characters only.
         code_start: the stop string that opens a code block (first phase).
         code_end: the stop string that closes it (second phase).
         output_template: the injected block; ``{output}`` is replaced by the formatted result.
@@ -42,22 +46,23 @@ class ToolConfig:
             batch) and ``tokens_per_call`` set, decode the whole rollout as one continuously batched session: a row
             leaves the batch at the end of a code block and rejoins, its keys / values in place, once the result
             is injected. Rounds and ``tokens_per_call`` then do not apply. Measured on 2 CPU cores
-            (benchmarks/rollout_overhead.py, tool-loop tokens/s over plain decoding of the same tokens): faster for
-            long responses with few calls (ZeroTIR-shaped, ~600 sampled tokens per call: 0.81 against 0.70 with
-            rounds for the loop alone, 0.60 against 0.56 with the real sandbox), no faster for short tool-dense
-            ones (a call every ~60 tokens: 0.39 against 0.40) and slower in the toy world (0.49 s against 0.41 s
-            per rollout), where parked rows and many small joins cost more than the rounds' copies. Default False.
+            (benchmarks/rollout_overhead.py, tool-loop tokens/s over plain decoding of the same tokens, real
+            sandbox): ZeroTIR-shaped responses (~600 sampled tokens per call) 0.82 against 0.67 with rounds at the
+            toy world's model size, 0.73 against 0.57 with the 0.16M-parameter model; short tool-dense ones (a
+            call every ~60 tokens) 0.37 against 0.38; the toy world's rollouts take as long either way (0.41 s).
+            Default True; False = rounds.
     """
 
     max_tool_calls: int = 20
     max_response_tokens: int = 1024
     max_output_chars: int = 1024
+    max_output_tokens: int | None = 256
     code_start: str = "```python"
     code_end: str = "```"
     output_template: str = "\n```output\n{output}\n```\n"
     run_timeout: float = 5.0
     tokens_per_call: int | None = 32
-    continuous: bool = False
+    continuous: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tool_calls < 0:
@@ -67,6 +72,9 @@ class ToolConfig:
         if self.max_output_chars < 80:
             raise ValueError(f"ToolConfig.max_output_chars must be >= 80 (room for a message and the truncation "
                              f"marker), got {self.max_output_chars}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 32:
+            raise ValueError(f"ToolConfig.max_output_tokens must be >= 32 (room for a message and the truncation "
+                             f"marker) or None, got {self.max_output_tokens}")
         if not self.code_start or not self.code_end:
             raise ValueError("ToolConfig.code_start and code_end must be non-empty stop strings")
         if "{output}" not in self.output_template:
@@ -135,11 +143,27 @@ def status_of(result: Any) -> str:
     return str(getattr(status, "value", status))
 
 
-def format_result(result: Any, tool: ToolConfig) -> str:
-    """The injected text for one execution: ``tool.output_template`` around ``sandbox.format_for_model``."""
+def format_result(result: Any, tool: ToolConfig, tokenizer: Any = None) -> str:
+    """The injected text for one execution: ``tool.output_template`` around ``sandbox.format_for_model``, cut to
+    ``tool.max_output_tokens`` tokens of ``tokenizer`` when both are given."""
     from sandbox.result import format_for_model
 
-    return tool.output_template.format(output=format_for_model(result, tool.max_output_chars))
+    output = format_for_model(result, tool.max_output_chars)
+    if tokenizer is not None and tool.max_output_tokens is not None:
+        output = truncate_tokens(output, tokenizer, tool.max_output_tokens)
+    return tool.output_template.format(output=output)
+
+
+def truncate_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """Head and tail of ``text`` with a marker in between, about ``max_tokens`` tokens in all (exactly, unless the
+    tokenizer merges across the cuts)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return text
+    marker = f"\n... [{len(ids)} tokens in all, the middle omitted] ...\n"
+    room = max(2, max_tokens - len(tokenizer.encode(marker, add_special_tokens=False)))
+    head = room // 2
+    return tokenizer.decode(ids[:head]) + marker + tokenizer.decode(ids[len(ids) - (room - head):])
 
 
 def failed_call_result(error: BaseException) -> Any:
