@@ -300,16 +300,22 @@ class DecodeSession:
                 slots[i].pending = []
 
     def _copy_rows(self, copies: list[tuple[int, int]]) -> None:
-        """Give each ``(row, source)`` pair's row the source's filled columns, fed ids and next-token logits."""
-        dst = torch.tensor([i for i, _ in copies], device=self.device)
-        src = torch.tensor([j for _, j in copies], device=self.device)
-        columns = max(len(self.slots[j].fed) for _, j in copies)
+        """Give each ``(row, source)`` pair's row the source's fed ids and, in the cache, its filled columns and
+        next-token logits."""
+        self._copy_cache_rows([i for i, _ in copies], [j for _, j in copies])
+        for i, j in copies:
+            self.slots[i].fed, self.slots[i].pending = list(self.slots[j].fed), []
+
+    def _copy_cache_rows(self, dst_rows: list[int], src_rows: list[int]) -> None:
+        """Copy the filled columns of cache rows ``src_rows`` (keys / values of every layer) and their next-token
+        logits into rows ``dst_rows``."""
+        dst, src = torch.tensor(dst_rows, device=self.device), torch.tensor(src_rows, device=self.device)
+        columns = max(len(self.slots[j].fed) for j in src_rows)
         for layer in self.cache.layers:
             for buf in (layer.key_buf, layer.value_buf):
                 buf[:, :, :columns].index_copy_(0, dst, buf[:, :, :columns].index_select(0, src))
-        self.next_logits.index_copy_(0, dst, self.next_logits.index_select(0, src))
-        for i, j in copies:
-            self.slots[i].fed, self.slots[i].pending = list(self.slots[j].fed), []
+        if self.next_logits is not None:
+            self.next_logits.index_copy_(0, dst, self.next_logits.index_select(0, src))
 
     def _plan(self, batch_rows: list[int], widths: list[int], main: int) -> RaggedPlan:
         """The rows of a decode forward wider than ``main`` columns (``widths``: each row's columns, its new
@@ -382,13 +388,7 @@ class DecodeSession:
         holes = [i for i in free if i < keep]
         movers = [i for i in range(keep, len(self.slots)) if self.slots[i] is not None]
         if movers:
-            dst, src = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
-            columns = max(len(self.slots[i].fed) for i in movers) + 1
-            for layer in self.cache.layers:
-                for buf in (layer.key_buf, layer.value_buf):
-                    buf[:, :, :columns].index_copy_(0, dst, buf[:, :, :columns].index_select(0, src))
-            if self.next_logits is not None:
-                self.next_logits.index_copy_(0, dst, self.next_logits.index_select(0, src))
+            self._copy_cache_rows(holes, movers)
             for hole, mover in zip(holes, movers):
                 self.slots[hole] = self.slots[mover]
         for layer in self.cache.layers:
