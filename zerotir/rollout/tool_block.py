@@ -47,9 +47,9 @@ class ToolConfig:
             leaves the batch at the end of a code block and rejoins, its keys / values in place, once the result
             is injected. Rounds and ``tokens_per_call`` then do not apply. Measured on 2 CPU cores
             (benchmarks/rollout_overhead.py, tool-loop tokens/s over plain decoding of the same tokens, real
-            sandbox): ZeroTIR-shaped responses (~600 sampled tokens per call) 0.82 against 0.67 with rounds at the
-            toy world's model size, 0.73 against 0.57 with the 0.16M-parameter model; short tool-dense ones (a
-            call every ~60 tokens) 0.37 against 0.38; the toy world's rollouts take as long either way (0.41 s).
+            sandbox): ZeroTIR-shaped responses 0.89 against 0.65 with rounds at the toy world's model size, 0.73
+            against 0.57 with the 0.16M-parameter model; short tool-dense ones (a call every ~60 tokens) 0.40
+            either way; the toy world's rollouts take as long either way (0.41 s).
             Default True; False = rounds.
     """
 
