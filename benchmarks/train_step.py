@@ -41,10 +41,10 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks import PassRateFilter
 from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
-from zerotir import algorithms as A
-from zerotir.data import PromptDataModule
+from zerotir.rl import algorithms as A
+from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
-from zerotir.rl_step import iter_rows, ppo_update, prepare_batch
+from zerotir.rl.update import iter_rows, ppo_update, prepare_batch
 
 PHASES = ("generation", "sandbox", "reward", "update", "weight_sync")
 

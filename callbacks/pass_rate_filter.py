@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.logging_utils import log_scalars, rl_step
 from zerotir import metric_names
-from zerotir.distributed import global_group_counts
+from zerotir.scale.distributed import global_group_counts
 from zerotir.types import Trajectories
 
 

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.logging_utils import log_scalars, rl_step
 from zerotir import metric_names as mn
-from zerotir.text_metrics import repeat_score
+from zerotir.eval.text_metrics import repeat_score
 from zerotir.types import Trajectories
 
 TIMING_NAMES = {

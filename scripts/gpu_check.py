@@ -14,7 +14,7 @@ itself only runs on CUDA under Lightning, so the CPU run says nothing about ZeRO
 
 Rollouts use the transformers engine (vLLM is not assumed on the GPU machine). That engine shares the actor module, so
 the run's own ``time/weight_sync`` is only a cache reset; the recorder therefore also times
-``zerotir.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the work a
+``zerotir.scale.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the work a
 colocated vLLM engine's update does, with the real bucketed ZeRO-3 gather. A checksum of the synced embedding must
 change from step to step (the update reached the weights) and every step's gradient norm must be finite and > 0
 (PPO: the random critic's values make the advantages nonzero even though every reward is 0).
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-from zerotir.architecture import KNOWN, from_hf_config  # noqa: E402
+from zerotir.scale.architecture import KNOWN, from_hf_config  # noqa: E402
 
 STEPS = 3
 GIB = 1 << 30
@@ -141,7 +141,7 @@ class StepRecorder(Callback):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        from zerotir.weight_sync import sync_weights
+        from zerotir.scale.weight_sync import sync_weights
 
         cuda = torch.cuda.is_available()
         if cuda:
@@ -211,7 +211,7 @@ def env(need_gpu: bool) -> int:
 
         if not hasattr(DeepSpeedEngine, "managed_gradient_accumulation"):
             # configs/deepspeed/*.json set "managed_gradient_accumulation": false; an older DeepSpeed ignores the key
-            # and ZeRO-2 then keeps only the last micro-batch's gradient (tests/test_deepspeed_configs.py).
+            # and ZeRO-2 then keeps only the last micro-batch's gradient (tests/scale/test_deepspeed_configs.py).
             deepspeed_ok = False
             lines.append("deepspeed too old: no managed_gradient_accumulation option (0.19.8 has it)")
     except Exception as exc:  # a wheel built for another torch fails in many ways

@@ -69,11 +69,11 @@ def test_missing_model_folder_fails_fast(capsys, monkeypatch, tmp_path):
 
 def test_dispatch_of_extra_commands(monkeypatch, capsys):
     calls = {}
-    import zerotir.scaling
+    import zerotir.scaling.report
     import zerotir.toy.pretrain
 
     monkeypatch.setattr(zerotir.toy.pretrain, "main", lambda argv: calls.setdefault("toy-base", argv))
-    monkeypatch.setattr(zerotir.scaling, "main", lambda argv: calls.setdefault("scaling", argv) and 0)
+    monkeypatch.setattr(zerotir.scaling.report, "main", lambda argv: calls.setdefault("scaling", argv) and 0)
     entry.main(["toy-base", "--out", "x"])
     with pytest.raises(SystemExit):
         entry.main(["scaling", "--logdir", "runs"])

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from callbacks import PassRateFilter, ScalingMetrics
-from zerotir.data import PromptDataModule
+from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -288,7 +288,7 @@ def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_fi
 
 
 def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
-    from zerotir.deepspeed_setup import DeepSpeedConfigError
+    from zerotir.scale.deepspeed_setup import DeepSpeedConfigError
 
     module = ZeroTIRModule(str(tiny_dir), max_grad_norm=0.5)
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))

@@ -3,7 +3,7 @@
 Commands:
     fit | validate | test | predict   the LightningCLI (``zerotir.cli``); ``--help`` and ``--print_config`` work.
     toy-base                          pretrain the toy base model (``zerotir.toy.pretrain``).
-    scaling                           the scaling report from TensorBoard logs (``zerotir.scaling``).
+    scaling                           the scaling report from TensorBoard logs (``zerotir.scaling.report``).
     export                            write a checkpoint's policy as a HF folder (``zerotir.models.export_policy``).
 """
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
 
         toy_main(argv[1:])
     elif command == "scaling":
-        from zerotir.scaling import main as scaling_main
+        from zerotir.scaling.report import main as scaling_main
 
         sys.exit(scaling_main(argv[1:]))
     elif command == "export":

@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
-from zerotir.data import PromptDataModule
+from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"

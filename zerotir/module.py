@@ -4,8 +4,8 @@
     (callbacks) -> old log-probs / reference / values -> advantages (PPO | REINFORCE++ | GRPO) -> PPO-epoch update
     -> weight sync to the rollout engine -> statistics for ``ScalingMetrics``.
 
-The math lives in ``zerotir.rl_step`` and ``zerotir.algorithms``; the sandbox and engine in ``zerotir.runtime``;
-validation / test in ``zerotir.eval_loop``. This file is the Lightning plumbing.
+The math lives in ``zerotir.rl.update`` and ``zerotir.rl.algorithms``; the sandbox and engine in ``zerotir.rollout.runtime``;
+validation / test in ``zerotir.eval.loop``. This file is the Lightning plumbing.
 
 Steps: optimization is manual with ONE optimizer (actor and critic are two parameter groups; Lightning's DeepSpeed
 strategy accepts a single optimizer). Lightning's ``trainer.global_step`` counts ``optimizer.step()`` calls, and each
@@ -26,18 +26,18 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
-from zerotir.deepspeed_setup import (
+from zerotir.scale.deepspeed_setup import (
     check_deepspeed_config,
     count_skipped_step,
     hf_zero3_config,
     is_deepspeed,
 )
-from zerotir.distributed import global_sum, shard_prompts, training_share
-from zerotir.eval_loop import EvalAccumulator
-from zerotir.guards import SandboxErrorGuard
-from zerotir.rl_step import RLConfig, placeholder, ppo_update, prepare_batch
+from zerotir.scale.distributed import global_sum, shard_prompts, training_share
+from zerotir.eval.loop import EvalAccumulator
+from zerotir.rl.guards import SandboxErrorGuard
+from zerotir.rl.update import RLConfig, placeholder, ppo_update, prepare_batch
 from zerotir.rollout.engine import SamplingParams
-from zerotir.runtime import RolloutRuntime
+from zerotir.rollout.runtime import RolloutRuntime
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class ZeroTIRModule(LightningModule):
         ``validate`` / ``test`` need only the actor: the other models are not loaded, and their weights in a
         checkpoint are ignored (see ``on_load_checkpoint``). Under ZeRO-3 Lightning calls this inside
         ``deepspeed.zero.Init``; transformers' ``HfDeepSpeedConfig`` is made live first so that ``from_pretrained``
-        loads into the partitioned parameters (``zerotir.deepspeed_setup.hf_zero3_config``).
+        loads into the partitioned parameters (``zerotir.scale.deepspeed_setup.hf_zero3_config``).
         """
         if self.actor is not None:
             return
@@ -375,7 +375,7 @@ class ZeroTIRModule(LightningModule):
             self._optimizer_step(False)
         return {}
 
-    # ----- validation and test: the same rollout path, reports through zerotir.evaluation -----
+    # ----- validation and test: the same rollout path, reports through zerotir.eval.report -----
     def eval_params(self, batch_idx: int) -> SamplingParams:
         hp = self.hparams
         return SamplingParams(n=hp.eval_n_samples, temperature=hp.eval_temperature, top_p=hp.eval_top_p,

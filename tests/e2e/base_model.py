@@ -33,7 +33,7 @@ TEMPLATE = "tests.e2e.base_model:prompt"  # the data module's template name for 
 
 
 def prompt(problem: str, tokenizer: object | None = None) -> str:
-    """The prompt of one question (a template function for ``zerotir.prompts``)."""
+    """The prompt of one question (a template function for ``zerotir.data.prompts``)."""
     return PROMPT.format(problem=problem)
 
 

@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-from zerotir.prompts import render_prompt, tokenize_prompts
+from zerotir.data.prompts import render_prompt, tokenize_prompts
 from zerotir.toy import base_stats
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer

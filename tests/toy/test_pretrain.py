@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zerotir.prompts import tokenize_prompts
+from zerotir.data.prompts import tokenize_prompts
 from zerotir.toy import pretrain
 from zerotir.toy.pretrain import Batches, PretrainSettings, ensure_toy_base, main, read_info
 from zerotir.toy.tokenizer import build_byte_tokenizer

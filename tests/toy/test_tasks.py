@@ -80,7 +80,7 @@ def test_task_files_disjoint_and_readable(tmp_path):
 
 
 def test_task_files_load_with_the_data_module(tmp_path):
-    from zerotir.data import load_rows
+    from zerotir.data.datamodule import load_rows
 
     _, held_path = write_task_files(tmp_path, n_train=10, n_heldout=5)
     rows = load_rows(str(held_path))

@@ -12,7 +12,7 @@ Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise re
 a function (``_reload_in_worker``, which also cleans up after a failed load), then ``reset_prefix_cache()``. vLLM fuses some HF tensors into one layer (``q_proj``/``k_proj``/``v_proj`` into
 ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``) and rebuilds a fused layer only when *all* its parts
 arrive in the same reload; a part sent alone leaves that layer with uninitialised memory. So every
-``update_weights`` call must hold whole layers (``zerotir.weight_sync`` buckets whole decoder layers); a call that
+``update_weights`` call must hold whole layers (``zerotir.scale.weight_sync`` buckets whole decoder layers); a call that
 splits one raises after the fact, naming the layer, instead of generating garbage silently.
 """
 
@@ -373,7 +373,7 @@ class _PackedTracker:
                 raise ValueError(
                     f"update_weights: {fused} got only {sorted(seen)} of {parts} in this call. vLLM rebuilds a fused "
                     "layer only from all its parts in one call, so that layer now holds invalid values; send the "
-                    "whole layer in one call (zerotir.weight_sync buckets whole decoder layers).")
+                    "whole layer in one call (zerotir.scale.weight_sync buckets whole decoder layers).")
 
 
 def _fused_part(fused_name: str, packed_modules: dict[str, list[str]]) -> str:

@@ -60,7 +60,7 @@ def restated_answer(problem: str, answer: str) -> str:
 def register() -> None:
     """Register :func:`toy_prompt` as prompt template ``"toy"`` (idempotent). No special tokens are added when the
     prompt is tokenized: the base model was pretrained on documents without BOS, so RL prompts start the same way."""
-    from zerotir.prompts import register_template, template_names
+    from zerotir.data.prompts import register_template, template_names
 
     if TEMPLATE_NAME not in template_names():
         register_template(TEMPLATE_NAME, toy_prompt, add_special_tokens=False)

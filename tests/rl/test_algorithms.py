@@ -1,0 +1,298 @@
+"""Hand-worked checks of the RL math in zerotir.rl.algorithms (the arithmetic is written next to each expectation)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zerotir.rl import algorithms as alg
+
+T = torch.tensor
+
+
+def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
+    torch.testing.assert_close(actual.double(), torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+
+
+# ---- masked statistics ---------------------------------------------------------------------------------------------
+
+
+def test_masked_sum_and_mean_ignore_masked_entries_even_nan():
+    x = T([[1.0, float("nan"), 3.0], [4.0, 5.0, 6.0]])
+    mask = T([[1, 0, 1], [0, 0, 0]], dtype=torch.bool)
+    close(alg.masked_sum(x, mask), 4.0)  # 1 + 3
+    close(alg.masked_mean(x, mask), 2.0)  # (1 + 3) / 2
+    close(alg.masked_mean(x, mask, dim=1), [2.0, 0.0])  # empty second row -> 0, not NaN
+    close(alg.masked_sum(x, mask, dim=0), [1.0, 0.0, 3.0])
+
+
+def test_masked_var_biased_and_unbiased():
+    x = T([1.0, 2.0, 3.0, 4.0, 100.0])
+    mask = T([1, 1, 1, 1, 0])
+    # mean 2.5, squared deviations 2.25 + 0.25 + 0.25 + 2.25 = 5 -> unbiased 5 / 3, biased 5 / 4
+    close(alg.masked_var(x, mask), 5 / 3)
+    close(alg.masked_var(x, mask, unbiased=False), 1.25)
+    # one entry: unbiased variance undefined -> 0; none: 0 either way
+    close(alg.masked_var(x, T([0, 0, 1, 0, 0])), 0.0)
+    close(alg.masked_var(x, torch.zeros(5), unbiased=False), 0.0)
+
+
+def test_masked_whiten():
+    x = T([1.0, 2.0, 3.0, 100.0])
+    mask = T([1, 1, 1, 0])
+    # mean 2, unbiased var (1 + 0 + 1) / 2 = 1 -> (x - 2) / 1, and 0 off the mask
+    close(alg.masked_whiten(x, mask), [-1.0, 0.0, 1.0, 0.0], atol=1e-6)
+    close(alg.masked_whiten(x, mask, shift_mean=False), [1.0, 2.0, 3.0, 0.0], atol=1e-6)  # mean 2 added back
+    close(alg.masked_whiten(x, torch.zeros(4)), [0.0, 0.0, 0.0, 0.0])
+
+
+def test_shape_mismatch_names_the_argument():
+    with pytest.raises(ValueError, match="mask has shape"):
+        alg.masked_mean(torch.zeros(2, 3), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="values has shape"):
+        alg.gae_advantages(torch.zeros(1, 3), torch.zeros(1, 4), torch.ones(1, 3))
+
+
+# ---- KL ------------------------------------------------------------------------------------------------------------
+
+
+def test_kl_estimators_hand_worked():
+    ln2 = math.log(2.0)
+    logp = torch.log(T([[0.5, 0.25]]))
+    ref = torch.log(T([[0.25, 0.5]]))
+    # token 0: log_ratio = ln 2;  token 1: log_ratio = -ln 2
+    close(alg.kl_penalty(logp, ref, "k1"), [[ln2, -ln2]])
+    close(alg.kl_penalty(logp, ref, "k2"), [[0.5 * ln2**2, 0.5 * ln2**2]])  # 0.2402265 each
+    # k3 = exp(ref - logp) - (ref - logp) - 1: token 0: 0.5 + ln2 - 1 = 0.1931472; token 1: 2 - ln2 - 1 = 0.3068528
+    close(alg.kl_penalty(logp, ref, "k3"), [[0.5 + ln2 - 1, 2 - ln2 - 1]])
+    close(alg.kl_penalty(logp, ref, "k3", mask=T([[0, 1]])), [[0.0, 2 - ln2 - 1]])
+    with pytest.raises(ValueError, match="kl kind"):
+        alg.kl_penalty(logp, ref, "k4")
+
+
+def test_k3_clamps_its_exponent_instead_of_overflowing():
+    out = alg.kl_penalty(T([[-100.0]]), T([[0.0]]), "k3")  # exponent 100 clamped to 20: exp(20) - 20 - 1
+    assert out.item() == pytest.approx(math.exp(20.0) - 21.0, rel=1e-6)  # 4.85e8, float32 precision
+    assert torch.isfinite(out).all()
+
+
+# ---- rewards and returns -------------------------------------------------------------------------------------------
+
+# Row layout used below: position 0 prompt, 1-2 sampled, 3 injected tool output, 4 sampled, 5 padding.
+MASK_ROW = [0, 1, 1, 0, 1, 0]
+
+
+def test_token_level_rewards_places_reward_on_last_action_token():
+    mask = T([MASK_ROW, [0] * 6], dtype=torch.bool)
+    kl = torch.full((2, 6), 0.1)
+    kl[0, 3] = 9.0  # KL on an env token must not count
+    out = alg.token_level_rewards(T([1.0, 5.0]), mask, kl=kl, kl_coef=0.5)
+    # -0.5 * 0.1 = -0.05 on action tokens; the last one (position 4) also gets the reward: 1 - 0.05 = 0.95.
+    # The second row has no action token: all zeros, its reward has nowhere to go.
+    close(out, [[0, -0.05, -0.05, 0, 0.95, 0], [0] * 6])
+    close(alg.token_level_rewards(T([1.0, 5.0]), mask), [[0, 0, 0, 0, 1, 0], [0] * 6])
+
+
+def test_discounted_returns_skip_env_tokens():
+    mask = T([MASK_ROW])
+    rewards = T([[0.0, 1.0, 2.0, 100.0, 4.0, 50.0]])  # 100 and 50 sit on non-action tokens: ignored
+    # gamma 0.5: G4 = 4; G2 = 2 + 0.5 * 4 = 4 (the env token costs no discount); G1 = 1 + 0.5 * 4 = 3
+    close(alg.discounted_returns(rewards, mask, gamma=0.5), [[0, 3, 4, 0, 4, 0]])
+    # gamma 1: G4 = 4, G2 = 6, G1 = 7
+    close(alg.discounted_returns(rewards, mask, gamma=1.0), [[0, 7, 6, 0, 4, 0]])
+
+
+def test_reinforce_pp_whitens_over_the_batch():
+    mask = T([[0, 1, 1, 0], [0, 1, 1, 1]])
+    adv, ret = alg.reinforce_pp_advantages(T([1.0, 0.0]), mask)
+    close(ret, [[0, 1, 1, 0], [0, 0, 0, 0]])  # gamma 1, reward on the last action token, summed backwards
+    # action-token returns [1, 1, 0, 0, 0]: mean 0.4, unbiased var (2 * 0.36 + 3 * 0.16) / 4 = 0.3, std 0.5477226
+    hi, lo = 0.6 / math.sqrt(0.3), -0.4 / math.sqrt(0.3)  # 1.0954451, -0.7302967
+    close(adv, [[0, hi, hi, 0], [0, lo, lo, lo]], atol=1e-5)
+
+
+def test_reinforce_pp_folds_kl_into_rewards():
+    _, ret = alg.reinforce_pp_advantages(T([1.0]), T([[0, 1, 1]]), kl=T([[0.0, 0.2, 0.4]]), kl_coef=0.5)
+    # token rewards [0, -0.1, -0.2 + 1 = 0.8]; returns [0, -0.1 + 0.8 = 0.7, 0.8]
+    close(ret, [[0, 0.7, 0.8]])
+
+
+def test_gae_hand_worked_with_env_token():
+    mask = T([MASK_ROW])
+    rewards = T([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = T([[3.0, 0.5, 0.6, 9.0, 0.8, 7.0]])  # 3 (prompt), 9 (env) and 7 (pad) must be ignored
+    adv, ret = alg.gae_advantages(rewards, values, mask, gamma=0.9, lam=0.5)
+    # position 4 (last): delta = 1 + 0.9 * 0 - 0.8 = 0.2;                       A = 0.2
+    # position 2: next action token is 4: delta = 0 + 0.9 * 0.8 - 0.6 = 0.12;    A = 0.12 + 0.45 * 0.2 = 0.21
+    # position 1: delta = 0 + 0.9 * 0.6 - 0.5 = 0.04;                           A = 0.04 + 0.45 * 0.21 = 0.1345
+    close(adv, [[0, 0.1345, 0.21, 0, 0.2, 0]])
+    close(ret, [[0, 0.1345 + 0.5, 0.21 + 0.6, 0, 0.2 + 0.8, 0]])  # returns = A + V
+
+
+def test_gae_with_gamma_lambda_one_is_return_minus_value():
+    mask = T([[0, 1, 1, 1]])
+    rewards = T([[0.0, 0.5, 0.0, 1.0]])
+    values = T([[0.0, 1.0, 2.0, 3.0]])
+    adv, ret = alg.gae_advantages(rewards, values, mask)
+    # Monte-Carlo returns: [_, 1.5, 1, 1]; A = G - V = [_, 0.5, -1, -2]
+    close(ret, [[0, 1.5, 1.0, 1.0]])
+    close(adv, [[0, 0.5, -1.0, -2.0]])
+
+
+def _with_and_without_span():
+    """The same trajectory twice: with an injected span (2 env tokens) and with the span cut out."""
+    with_span = T([[0, 1, 1, 0, 0, 1, 1, 0]], dtype=torch.bool)  # prompt, a, a, env, env, a, a, pad
+    without = T([[0, 1, 1, 1, 1, 0, 0, 0]], dtype=torch.bool)  # prompt, a, a, a, a, pad...
+    a_with = with_span[0].nonzero().flatten()
+    a_without = without[0].nonzero().flatten()
+    return with_span, without, a_with, a_without
+
+
+def _place(actions: list[float], mask: torch.Tensor, positions: torch.Tensor, fill: float) -> torch.Tensor:
+    out = torch.full(mask.shape, fill)
+    out[0, positions] = T(actions)
+    return out
+
+
+def test_injected_span_does_not_change_advantages_on_action_tokens():
+    with_span, without, a_with, a_without = _with_and_without_span()
+    action_values = [0.2, -0.3, 0.7, 0.1]
+    action_kl = [0.05, 0.2, -0.1, 0.3]
+    # Garbage (77) on non-action positions must not matter.
+    v1, v2 = _place(action_values, with_span, a_with, 77.0), _place(action_values, without, a_without, 77.0)
+    k1, k2 = _place(action_kl, with_span, a_with, 77.0), _place(action_kl, without, a_without, 77.0)
+    reward = T([1.0])
+    for gamma, lam in [(1.0, 1.0), (0.9, 0.8)]:
+        r1 = alg.token_level_rewards(reward, with_span, k1, kl_coef=0.1)
+        r2 = alg.token_level_rewards(reward, without, k2, kl_coef=0.1)
+        close(r1[0, a_with], r2[0, a_without])
+        ret1, ret2 = alg.discounted_returns(r1, with_span, gamma), alg.discounted_returns(r2, without, gamma)
+        close(ret1[0, a_with], ret2[0, a_without])
+        g1, g2 = alg.gae_advantages(r1, v1, with_span, gamma, lam), alg.gae_advantages(r2, v2, without, gamma, lam)
+        close(g1[0][0, a_with], g2[0][0, a_without])
+        close(g1[1][0, a_with], g2[1][0, a_without])
+        p1 = alg.reinforce_pp_advantages(reward, with_span, k1, 0.1, gamma)[0]
+        p2 = alg.reinforce_pp_advantages(reward, without, k2, 0.1, gamma)[0]
+        close(p1[0, a_with], p2[0, a_without])
+        assert (g1[0][0, ~with_span[0]] == 0).all() and (p1[0, ~with_span[0]] == 0).all()
+    # The check can fail: discounting through the env tokens (treating them as steps) would change position 2.
+    r = alg.token_level_rewards(reward, with_span)
+    naive = alg.discounted_returns(r, torch.ones_like(with_span), gamma=0.5)
+    assert not torch.allclose(naive[0, a_with], alg.discounted_returns(r, with_span, 0.5)[0, a_with])
+
+
+# ---- GRPO ----------------------------------------------------------------------------------------------------------
+
+
+def test_group_advantages_hand_worked():
+    rewards = T([1.0, 1.0, 0.0, 5.0, 0.0, 1.0, 1.0])
+    groups = T([3, 9, 3, 5, 3, 9, 3])
+    # group 3: [1, 0, 0, 1], mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.5773503 -> +-0.5 / 0.5773503 = +-0.8660254
+    # group 9: [1, 1], std 0 -> 0 / (0 + eps) = 0;  group 5: one sample -> 0
+    a = 0.5 / math.sqrt(1 / 3)
+    close(alg.group_advantages(rewards, groups, eps=1e-12), [a, 0, -a, 0, -a, 0, a], atol=1e-5)
+    close(alg.group_advantages(rewards, groups, scale_by_std=False), [0.5, 0, -0.5, 0, -0.5, 0, 0.5])
+
+
+# ---- losses --------------------------------------------------------------------------------------------------------
+
+
+def _policy_case():
+    # position 0 is a prompt token holding garbage log-probs (exp(100) would overflow)
+    ratios = [1.5, 0.5, 0.5, 1.5]
+    logp = torch.cat([T([100.0]), torch.log(T(ratios))])[None].clone().requires_grad_(True)
+    old = torch.zeros(1, 5)
+    adv = T([[123.0, 1.0, 1.0, -1.0, -1.0]])
+    mask = T([[0, 1, 1, 1, 1]], dtype=torch.bool)
+    return logp, old, adv, mask
+
+
+def test_policy_loss_asymmetric_clip_hand_worked():
+    logp, old, adv, mask = _policy_case()
+    loss, stats = alg.policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    # token 1: r 1.5, A +1: min(1.5, 1.28) = 1.28 -> -1.28 (clipped)
+    # token 2: r 0.5, A +1: min(0.5, 0.8) = 0.5 -> -0.5
+    # token 3: r 0.5, A -1: min(-0.5, -0.8) = -0.8 -> 0.8 (clipped)
+    # token 4: r 1.5, A -1: min(-1.5, -1.28) = -1.5 -> 1.5
+    close(loss, (-1.28 - 0.5 + 0.8 + 1.5) / 4)  # 0.13
+    close(stats["clip_fraction"], 0.5)
+    close(stats["ratio_mean"], 1.0)  # (1.5 + 0.5 + 0.5 + 1.5) / 4
+    # approx_kl = mean(r - 1 - ln r): 1.5 -> 0.0945349, 0.5 -> 0.1931472
+    close(stats["approx_kl"], (2 * (0.5 - math.log(1.5)) + 2 * (-0.5 + math.log(2))) / 4)
+    loss.backward()
+    # d/dlogp of -r A / 4 is -r A / 4 on unclipped tokens: token 2: -0.125, token 4: +0.375; clipped and prompt: 0
+    close(logp.grad, [[0.0, 0.0, -0.125, 0.0, 0.375]])
+
+
+def test_policy_loss_broadcasts_trajectory_advantages():
+    logp, old, _, mask = _policy_case()
+    per_traj, _ = alg.policy_loss(logp, old, T([2.0]), mask)
+    per_token, _ = alg.policy_loss(logp, old, torch.full((1, 5), 2.0), mask)
+    close(per_traj, per_token.detach())
+    # r 1.5 -> 1.28 * 2; r 0.5 -> 0.5 * 2 (taken unclipped): loss = -(2 * 2.56 + 2 * 1) / 4 = -1.78
+    close(per_traj, -1.78)
+
+
+def test_value_loss_clipped_hand_worked():
+    values = T([[9.0, 1.0, 2.0, 0.0]])
+    old = T([[0.0, 0.5, 2.5, 0.1]])
+    returns = T([[-9.0, 1.5, 1.0, 0.0]])
+    mask = T([[0, 1, 1, 1]])
+    # t1: (1 - 1.5)^2 = 0.25; clipped V = 0.5 + 0.2 = 0.7 -> (0.7 - 1.5)^2 = 0.64; max 0.64
+    # t2: (2 - 1)^2 = 1;      clipped V = 2.5 - 0.2 = 2.3 -> 1.3^2 = 1.69;         max 1.69
+    # t3: 0;                  clipped V = 0.1 - 0.1 = 0.0 -> 0;                    max 0
+    close(alg.value_loss(values, old, returns, mask, clip=0.2), 0.5 * (0.64 + 1.69) / 3)  # 0.3883333
+    close(alg.value_loss(values, old, returns, mask, clip=None), 0.5 * (0.25 + 1.0) / 3)  # 0.2083333
+
+
+def test_entropy_from_logits():
+    logits = T([[[0.0, 0.0, 0.0, 0.0], [0.0, -math.inf, 0.0, -math.inf], [1000.0, 1000.0, -1000.0, -1000.0]]])
+    # uniform over 4 -> ln 4; uniform over 2 (the -inf are impossible) -> ln 2; huge logits, two equal -> ln 2
+    close(alg.entropy_from_logits(logits), [[math.log(4), math.log(2), math.log(2)]])
+    random_logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0))
+    close(alg.entropy_from_logits(random_logits), torch.distributions.Categorical(logits=random_logits).entropy())
+
+
+def test_logprobs_from_logits():
+    logits = torch.log(T([[[1.0, 2.0, 5.0], [1.0, 2.0, 5.0]]]))  # softmax = [1, 2, 5] / 8
+    close(alg.logprobs_from_logits(logits, T([[2, 0]])), [[math.log(5 / 8), math.log(1 / 8)]])  # -0.47, -2.079
+    x = torch.randn(2, 4, 11, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    labels = torch.randint(0, 11, (2, 4), generator=torch.Generator().manual_seed(2))
+    ours = alg.logprobs_from_logits(x, labels)
+    ref = torch.log_softmax(x, -1).gather(-1, labels[..., None]).squeeze(-1)
+    close(ours, ref.detach())
+    (g1,) = torch.autograd.grad(ours.sum(), x)
+    (g2,) = torch.autograd.grad(ref.sum(), x)
+    close(g1, g2)
+    assert alg.logprobs_from_logits(x.to(torch.bfloat16), labels).dtype == torch.float32
+
+
+# ---- no NaN with empty masks ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [[[0, 1, 1], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]]], ids=["one_empty_row", "all_empty"])
+def test_empty_mask_rows_never_give_nan(rows):
+    mask = T(rows, dtype=torch.bool)
+    logp = torch.full((2, 3), -1.0, requires_grad=True)
+    old = torch.full((2, 3), -1.2)
+    values = torch.full((2, 3), 0.3, requires_grad=True)
+    rewards = T([1.0, 1.0])
+    kl = alg.kl_penalty(logp, old, "k3", mask)
+    outputs = [
+        alg.masked_mean(logp, mask),
+        alg.masked_mean(logp, mask, dim=1),
+        alg.masked_whiten(old, mask),
+        kl,
+        *alg.reinforce_pp_advantages(rewards, mask, kl, 0.1, 0.9),
+        *alg.gae_advantages(alg.token_level_rewards(rewards, mask), values, mask, 0.9, 0.9),
+        alg.group_advantages(rewards, T([0, 1])),
+    ]
+    ploss, stats = alg.policy_loss(logp, old, T([1.0, 1.0]), mask)
+    vloss = alg.value_loss(values, values.detach() + 0.1, torch.ones(2, 3), mask)
+    (ploss + vloss).backward()
+    for out in [*outputs, ploss, vloss, *stats.values(), logp.grad, values.grad]:
+        assert torch.isfinite(out).all()
+    if not mask.any():
+        assert ploss.item() == 0.0 and vloss.item() == 0.0

@@ -1,0 +1,297 @@
+"""The RL step as plain functions (zerotir.rl.update) and the run guards (zerotir.rl.guards), on a tiny random model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zerotir.rl import algorithms as A
+from zerotir.rl.guards import NonFiniteLossError, SandboxErrorGuard, SandboxFailureError
+from zerotir.rl.update import (
+    RLConfig,
+    TrainBatch,
+    compute_advantages,
+    forward_in_chunks,
+    micro_batch_loss,
+    ppo_update,
+    prepare_batch,
+    sequence_logprobs,
+)
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
+from zerotir.types import Trajectories
+
+# Row layout used throughout (T = 10): prompt 0..2, sampled 3..4, injected 5..6, sampled 7..8, then padding.
+ROW_MASK = [0, 0, 0, 1, 1, 0, 0, 1, 1, 0]
+
+
+def make_traj(rewards: list[float], groups: list[int], seed: int = 0) -> Trajectories:
+    g = torch.Generator().manual_seed(seed)
+    b, t = len(rewards), len(ROW_MASK)
+    ids = torch.randint(3, 250, (b, t), generator=g)
+    ids[:, -1] = 0
+    attn = torch.ones(b, t, dtype=torch.long)
+    attn[:, -1] = 0
+    action = torch.tensor([ROW_MASK] * b, dtype=torch.bool)
+    zeros = torch.zeros(b, dtype=torch.long)
+    return Trajectories(
+        input_ids=ids, attention_mask=attn, action_mask=action, logprobs=torch.zeros(b, t),
+        prompt_lens=torch.full((b,), 3), response_lens=torch.full((b,), 6), group_ids=torch.tensor(groups),
+        rewards=torch.tensor(rewards), num_calls=zeros + 1, num_exec_errors=zeros, num_timeouts=zeros,
+        num_sandbox_errors=zeros, truncated=torch.zeros(b, dtype=torch.bool),
+        finish_reasons=["stop"] * b, response_texts=["x"] * b, ground_truths=["1"] * b,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return build_tiny_model(build_byte_tokenizer(), hidden_size=32, num_layers=2, num_heads=2)
+
+
+def test_sequence_logprobs_are_aligned_with_input_ids(tiny):
+    traj = make_traj([1.0, 0.0], [0, 0])
+    logp, entropy = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, with_entropy=True)
+    logits = tiny(input_ids=traj.input_ids, attention_mask=traj.attention_mask).logits
+    # Token t is scored by the logits at t - 1; position 0 is a prompt token and gets 0.
+    expected = torch.log_softmax(logits[1, 4], -1)[traj.input_ids[1, 5]]
+    assert logp[1, 5].item() == pytest.approx(expected.item(), abs=1e-5)
+    assert logp[:, 0].abs().sum() == 0 and entropy[:, 0].abs().sum() == 0
+    assert entropy[0, 3].item() == pytest.approx(A.entropy_from_logits(logits[0, 2]).item(), abs=1e-5)
+
+
+def test_chunked_forward_matches_a_full_forward(tiny):
+    traj = make_traj([1.0, 0.0, 1.0], [0, 0, 1])
+    traj.attention_mask[2, 6:] = 0  # a shorter row: its chunk is trimmed to 6 columns
+    fn = lambda i, m: sequence_logprobs(tiny, i, m)[0]
+    full = fn(traj.input_ids, traj.attention_mask)
+    chunked = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, micro_batch_size=2)
+    assert torch.allclose(chunked[:2, :9], full[:2, :9], atol=1e-5)  # padding columns are cut, left 0
+    assert torch.allclose(chunked[2, :6], full[2, :6], atol=1e-5) and chunked[2, 6:].abs().sum() == 0
+
+
+def test_grpo_advantages_by_hand():
+    traj = make_traj([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+    adv, returns = compute_advantages(RLConfig(algorithm="grpo"), traj, traj.action_mask, None, None)
+    # Group 0: mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / 0.7071 = +-0.7071; group 1 is all right -> 0.
+    s = 0.5 / math.sqrt(0.5)
+    assert returns is None
+    assert torch.allclose(adv[0], torch.tensor(ROW_MASK) * s, atol=1e-4)
+    assert torch.allclose(adv[1], -torch.tensor(ROW_MASK) * s, atol=1e-4)
+    assert adv[2:].abs().sum() == 0
+
+
+def test_reinforce_pp_kl_goes_into_reward_unless_it_is_a_loss():
+    traj = make_traj([1.0, 0.0], [0, 1])
+    kl = torch.tensor([ROW_MASK, ROW_MASK], dtype=torch.float32) * 0.5
+    mask = traj.action_mask
+    shaped, _ = compute_advantages(RLConfig(kl_coef=0.1), traj, mask, kl, None)
+    # Returns with gamma 1: row 0 = 1 - 0.05 * (actions from t on) -> [0.8, 0.85, 0.9, 0.95]; row 1 = -[0.2 .. 0.05].
+    returns = torch.tensor([[0.8, 0.85, 0.9, 0.95], [-0.2, -0.15, -0.1, -0.05]])
+    full = torch.zeros(2, 10)
+    full[:, [3, 4, 7, 8]] = returns
+    assert torch.allclose(shaped, A.masked_whiten(full, mask), atol=1e-5)
+    as_loss, _ = compute_advantages(RLConfig(kl_coef=0.1, use_kl_loss=True), traj, mask, kl, None)
+    plain = torch.zeros(2, 10)
+    plain[0, [3, 4, 7, 8]] = 1.0
+    assert torch.allclose(as_loss, A.masked_whiten(plain, mask), atol=1e-5)
+
+
+def test_ppo_advantages_use_gae_over_action_tokens_only():
+    traj = make_traj([1.0], [0])
+    values = torch.zeros(1, 10)
+    values[0, [3, 4, 7, 8]] = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    cfg = RLConfig(algorithm="ppo", gae_lambda=1.0, whiten_ppo_advantages=False)
+    adv, returns = compute_advantages(cfg, traj, traj.action_mask, None, values)
+    # lambda = gamma = 1: A_t = R - V_t = 0.5 on every action token; returns = 1; injected tokens get 0.
+    assert torch.allclose(adv[0], torch.tensor(ROW_MASK) * 0.5)
+    assert torch.allclose(returns[0], torch.tensor(ROW_MASK, dtype=torch.float32))
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _run_update(model, batch, cfg):
+    model.zero_grad(set_to_none=True)
+    captured, calls = [], []
+
+    def step(has_grad: bool) -> float:
+        calls.append(has_grad)
+        captured.append(_grads(model))
+        model.zero_grad(set_to_none=True)
+        return 1.0
+
+    stats = ppo_update(cfg, batch, model, None, lambda loss: loss.backward(), step, rl_step=3,
+                       generator=torch.Generator().manual_seed(0))
+    return captured, calls, stats
+
+
+def _batch(model, traj, cfg):
+    model.eval()
+    batch, _ = prepare_batch(cfg, traj, model, None, None)
+    return batch
+
+
+def test_accumulated_gradient_is_the_token_mean_over_the_batch_whatever_the_micro_batch(tiny):
+    traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
+    traj.action_mask[0, 7:9] = False  # rows with different action counts make the weighting matter
+    base = RLConfig(algorithm="grpo", micro_batch_size=4)
+    batch = _batch(tiny, traj, base)
+    whole, calls, _ = _run_update(tiny, batch, base)
+    pieces, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1))
+    assert calls == [True]
+    for name, g in whole[0].items():
+        assert torch.allclose(g, pieces[0][name], atol=1e-6), name
+
+
+def test_injected_tokens_do_not_reach_the_gradient(tiny):
+    cfg = RLConfig(algorithm="grpo", ppo_epochs=2)  # two epochs: the old log-probs are a separate tensor
+    traj = make_traj([1.0, 0.0], [0, 0])
+    batch = _batch(tiny, traj, cfg)
+    ref, _, _ = _run_update(tiny, batch, cfg)
+    # Garbage in old log-probs and advantages at prompt / injected positions changes nothing.
+    off = ~batch.action_mask
+    batch.old_logp = torch.where(off, torch.full_like(batch.old_logp, -50.0), batch.old_logp)
+    batch.advantages = torch.where(off, torch.full_like(batch.advantages, 99.0), batch.advantages)
+    other, _, _ = _run_update(tiny, batch, cfg)
+    for name, g in ref[0].items():
+        assert torch.allclose(g, other[0][name], atol=1e-7), name
+
+
+def test_optimizer_step_count_is_epochs_times_mini_batches(tiny):
+    cfg = RLConfig(algorithm="grpo", ppo_epochs=2, num_mini_batches=3)
+    assert cfg.optimizer_steps_per_rl_step == 6
+    batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
+    _, calls, stats = _run_update(tiny, batch, cfg)
+    # Two rows in three mini-batches: one of them is empty in each epoch and makes a no-op step.
+    assert len(calls) == 6 and calls.count(False) == 2
+    assert stats["grad_norm"] == 1.0 and 0.0 <= stats["clip_fraction"] <= 1.0
+
+
+def test_engine_logprob_diff_is_reported_with_and_without_the_recompute_pass(tiny):
+    traj = make_traj([1.0, 0.0], [0, 0])
+    tiny.eval()
+    truth = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask)[0]
+    traj.logprobs = torch.where(traj.action_mask, truth + 0.25, torch.zeros_like(truth))
+    two_epochs = RLConfig(algorithm="grpo", ppo_epochs=2)
+    batch, stats = prepare_batch(two_epochs, traj, tiny, None, None)
+    assert not two_epochs.single_pass and batch.old_logp is not None
+    assert stats["engine_logprob_diff"] == pytest.approx(0.25, abs=1e-4)
+    assert "kl" not in stats and batch.ref_logp is None  # kl_coef 0: no reference forward
+    single = RLConfig(algorithm="grpo")
+    batch, stats = prepare_batch(single, traj, tiny, None, None)
+    assert single.single_pass and batch.old_logp is None and stats == {}
+    _, _, upd = _run_update(tiny, batch, single)
+    assert upd["engine_logprob_diff"] == pytest.approx(0.25, abs=1e-4) and upd["clip_fraction"] == 0.0
+
+
+def test_single_pass_gradient_equals_the_recomputed_old_logprobs_one(tiny):
+    cfg = RLConfig(algorithm="reinforce_pp")
+    traj = make_traj([1.0, 0.0, 0.0], [0, 0, 1])
+    batch = _batch(tiny, traj, cfg)
+    assert batch.old_logp is None
+    fast, _, _ = _run_update(tiny, batch, cfg)
+    tiny.eval()
+    batch.old_logp = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask)[0].detach()
+    slow, _, _ = _run_update(tiny, batch, cfg)
+    for name, g in fast[0].items():
+        assert torch.allclose(g, slow[0][name], atol=1e-6), name
+
+
+def test_kl_in_the_reward_needs_the_recompute_pass():
+    assert not RLConfig(algorithm="reinforce_pp", kl_coef=0.01).single_pass
+    assert RLConfig(algorithm="reinforce_pp", kl_coef=0.01, use_kl_loss=True).single_pass
+    assert RLConfig(algorithm="grpo", kl_coef=0.01).single_pass  # GRPO never folds the KL into rewards
+    assert not RLConfig(num_mini_batches=2).single_pass
+
+
+def test_kl_against_reference_is_computed_and_kept_for_the_loss(tiny):
+    cfg = RLConfig(algorithm="reinforce_pp", kl_coef=0.1, kl_estimator="k1")
+    traj = make_traj([1.0, 0.0], [0, 0])
+    batch, stats = prepare_batch(cfg, traj, tiny, tiny, None)  # reference == actor: KL 0, folded into the reward
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6) and batch.ref_logp is None
+    as_loss = RLConfig(algorithm="grpo", kl_coef=0.1, use_kl_loss=True, kl_estimator="k1")
+    batch, stats = prepare_batch(as_loss, traj, tiny, tiny, None)
+    assert batch.ref_logp is not None and "kl" not in stats  # measured in the update's forward pass
+    _, _, upd = _run_update(tiny, batch, as_loss)
+    assert upd["kl"] == pytest.approx(0.0, abs=1e-5) and upd["kl_loss"] == upd["kl"]
+
+
+def test_nan_loss_stops_naming_step_and_batch(tiny):
+    cfg = RLConfig(algorithm="grpo")
+    batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
+    batch.advantages[0, 3] = float("nan")
+    with pytest.raises(NonFiniteLossError, match=r"RL step 3: the loss is nan.*2 trajectories.*advantages"):
+        _run_update(tiny, batch, cfg)
+
+
+def test_train_batch_select_trims_padding():
+    t = torch.zeros(2, 6)
+    attn = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]])
+    b = TrainBatch(t.long(), attn, t.bool(), t, t)
+    assert b.select(torch.tensor([0])).input_ids.shape == (1, 3)
+    assert b.select(torch.tensor([0, 1])).attention_mask.shape == (2, 4)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="algorithm='dpo'"):
+        RLConfig(algorithm="dpo")
+    with pytest.raises(ValueError, match="micro_batch_size=0"):
+        RLConfig(micro_batch_size=0)
+    with pytest.raises(ValueError, match="kl_estimator='k9'"):
+        RLConfig(kl_estimator="k9")
+
+
+def _with_errors(calls: int, errors: int) -> Trajectories:
+    traj = make_traj([0.0], [0])
+    traj.num_calls = torch.tensor([calls])
+    traj.num_sandbox_errors = torch.tensor([errors])
+    return traj
+
+
+def test_sandbox_guard_stops_after_patience_consecutive_bad_steps():
+    guard = SandboxErrorGuard(["http://127.0.0.1:9"], max_rate=0.5, patience=2)
+    assert guard.update(_with_errors(4, 4), 1) == 1.0
+    assert guard.update(_with_errors(0, 0), 2) is None  # nothing executed: says nothing, keeps the count
+    assert guard.bad_steps == 1
+    guard.update(_with_errors(4, 1), 3)  # a good step resets
+    assert guard.bad_steps == 0
+    guard.update(_with_errors(2, 2), 4)
+    with pytest.raises(SandboxFailureError, match=r"RL step 5.*http://127.0.0.1:9.*python -m sandbox serve"):
+        guard.update(_with_errors(3, 3), 5)
+    restored = SandboxErrorGuard(["u"], 0.5, 2)
+    restored.load_state_dict({"bad_steps": 1})
+    assert restored.bad_steps == 1
+
+
+def test_entropy_bonus_reaches_the_gradient_only_when_asked(tiny):
+    traj = make_traj([1.0, 0.0], [0, 0])
+    plain_cfg, bonus_cfg = RLConfig(algorithm="grpo"), RLConfig(algorithm="grpo", entropy_coef=0.5)
+    plain, _, stats = _run_update(tiny, _batch(tiny, traj, plain_cfg), plain_cfg)
+    bonus, _, _ = _run_update(tiny, _batch(tiny, traj, bonus_cfg), bonus_cfg)
+    name = "lm_head.weight"
+    assert not torch.allclose(plain[0][name], bonus[0][name])
+    assert stats["entropy"] > 0
+
+
+@pytest.mark.parametrize("entropy_coef,with_grad", [(0.0, False), (0.5, True)])
+def test_entropy_keeps_no_graph_unless_it_is_in_the_loss(tiny, monkeypatch, entropy_coef, with_grad):
+    # A graph through a (T, V) float32 softmax per row costs ~16 GiB for a 9k-token sequence with a 152k vocabulary.
+    seen = []
+    original = A.entropy_from_logits
+
+    def spy(logits):
+        out = original(logits)
+        seen.append((logits.requires_grad, out.requires_grad))
+        return out
+
+    monkeypatch.setattr(A, "entropy_from_logits", spy)
+    cfg = RLConfig(algorithm="grpo", entropy_coef=entropy_coef)
+    batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
+    loss, stats = micro_batch_loss(cfg, batch, tiny, None)
+    assert len(seen) == 2 and all(logits_grad for logits_grad, _ in seen)  # one call per row, inside the graph
+    assert all(out_grad is with_grad for _, out_grad in seen)
+    assert loss.requires_grad and stats["entropy"] > 0

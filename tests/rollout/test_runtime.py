@@ -1,0 +1,66 @@
+"""RolloutRuntime's engine calls around a rollout and a weight sync, with a fake engine in sleep mode (the real sleep
+mode needs CUDA): sleep(level=2) after the rollout, then weights -> sync -> KV cache."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from zerotir.rollout import agent_loop
+from zerotir.rollout.runtime import RolloutRuntime
+
+
+class FakeEngine:
+    def __init__(self, sleep_mode: bool):
+        self.sleep_mode = sleep_mode
+        self.calls: list[tuple] = []
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", tuple(tags or ())))
+
+    def update_weights(self, bucket) -> None:
+        self.calls.append(("update_weights", tuple(name for name, _ in bucket)))
+
+
+class Actor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    def rollout_sync(engine, *args, **kwargs):
+        engine.calls.append(("generate",))
+        return "trajectories", {"generation": 0.0}
+
+    monkeypatch.setattr(agent_loop, "rollout_sync", rollout_sync)
+    rt = RolloutRuntime("vllm", model_path="unused", weight_sync_bucket_mb=1)
+    rt.sandbox = object()
+    return rt
+
+
+def test_sleep_mode_releases_after_rollout_and_wakes_weights_before_kv_cache(runtime):
+    runtime.engine = engine = FakeEngine(sleep_mode=True)
+    runtime.stale = False
+    assert runtime.rollout(None, [[1]], ["1"], None, None) == ("trajectories", {"generation": 0.0})
+    assert engine.calls == [("generate",), ("sleep", 2)] and runtime.asleep and runtime.stale
+    with pytest.raises(RuntimeError, match="sleeps; call sync"):
+        runtime.rollout(None, [[1]], ["1"], None, None)
+    engine.calls.clear()
+    runtime.sync(Actor())
+    weights = ("layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias")
+    assert engine.calls == [("wake_up", ("weights",)), ("update_weights", weights), ("wake_up", ("kv_cache",))]
+    assert not runtime.asleep and not runtime.stale
+    runtime.rollout(None, [[1]], ["1"], None, None)  # awake again
+    assert engine.calls[-2:] == [("generate",), ("sleep", 2)]
+
+
+def test_without_sleep_mode_the_engine_is_never_put_to_sleep(runtime):
+    runtime.engine = engine = FakeEngine(sleep_mode=False)
+    runtime.rollout(None, [[1]], ["1"], None, None)
+    runtime.sync(Actor())
+    assert [c[0] for c in engine.calls] == ["generate", "update_weights"] and not runtime.asleep

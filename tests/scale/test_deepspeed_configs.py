@@ -1,0 +1,105 @@
+"""The DeepSpeed configs under configs/deepspeed/ accumulate gradients the way the trainer uses them.
+
+The module runs several ``manual_backward`` calls (micro-batches, each loss weighted by its share of the tokens) and
+then one ``optimizer.step()``. Under ZeRO-2 DeepSpeed's default *managed* accumulation with
+``gradient_accumulation_steps = 1`` treats every backward as a boundary and keeps only the last micro-batch's
+gradient; ``"managed_gradient_accumulation": false`` makes ``step()`` the boundary. This test runs each shipped config
+(bf16 off so the comparison is exact, clipping off) on a small MLP on CPU with gloo, and checks that two half-batch
+backward calls and one SGD step move the weights exactly like one full-batch gradient step, and that the same run with
+the flag removed does not (so the check can fail). Each config runs in a fresh subprocess (DeepSpeed keeps global
+state and must see DS_ACCELERATOR before it is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs" / "deepspeed").glob("*.json"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _deepspeed_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def run_check(config_path: Path, drop_flag: bool) -> dict:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    args = [sys.executable, __file__, str(config_path)] + (["--drop-flag"] if drop_flag else [])
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_config_sets_the_flag() -> None:
+    assert {p.name for p in CONFIGS} >= {"zero2.json", "zero3.json", "zero3_offload_optimizer.json"}
+    for path in CONFIGS:
+        config = json.loads(path.read_text())
+        assert config.get("managed_gradient_accumulation") is False, f"{path.name}: set it to false (see docstring)"
+        assert config["bf16"] == {"enabled": True}
+        assert config["gradient_clipping"] > 0  # the module's max_grad_norm lives here under DeepSpeed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+@pytest.mark.parametrize("name", ["zero2.json", "zero3.json"])
+def test_micro_batches_accumulate_like_one_batch(name: str) -> None:
+    result = run_check(REPO / "configs" / "deepspeed" / name, drop_flag=False)
+    assert result["max_err"] < 1e-6, result
+    if name == "zero2.json":  # without the flag ZeRO-2 keeps only the last micro-batch's gradient
+        assert run_check(REPO / "configs" / "deepspeed" / name, drop_flag=True)["max_err"] > 1e-3
+
+
+def _worker(config_path: str, drop_flag: bool) -> dict:
+    import copy
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    config = json.loads(Path(config_path).read_text())
+    config["bf16"] = {"enabled": False}  # exact fp32 comparison on CPU
+    config["gradient_clipping"] = 0.0
+    config["zero_optimization"].pop("offload_optimizer", None)  # SGD as the client optimizer; offload needs CPU Adam
+    if drop_flag:
+        config.pop("managed_gradient_accumulation")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(6, 4), torch.randn(6, 1)
+    full = copy.deepcopy(model)
+    torch.nn.functional.mse_loss(full(x), y).backward()
+    grads = [p.grad.clone() for p in full.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config,
+                                           model_parameters=model.parameters())
+    for rows in (slice(0, 3), slice(3, 6)):  # two micro-batches of 3, each weighted by its share (1/2)
+        engine.backward(torch.nn.functional.mse_loss(engine(x[rows]), y[rows]) * 0.5)
+    engine.step()
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
+        after = [p.detach().clone() for p in engine.module.parameters()]
+    # SGD with lr 1: after = before - full-batch gradient.
+    err = max(float((b - a - g).abs().max()) for b, a, g in zip(before, after, grads))
+    dist.destroy_process_group()
+    return {"config": Path(config_path).name, "drop_flag": drop_flag, "max_err": err}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_worker(sys.argv[1], "--drop-flag" in sys.argv)))

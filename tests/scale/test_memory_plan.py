@@ -1,0 +1,235 @@
+"""The memory plan: parameter counts against real transformers models, and a whole plan against hand-worked bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from zerotir.scale import architecture as arch_mod
+from zerotir.scale import memory_plan as mp
+from zerotir.scale.architecture import KNOWN, Architecture, from_hf_config, resolve
+from zerotir.scale.memory_plan import GIB, PlanSettings, plan_rows, render_markdown, totals
+
+# ----- parameter counts -----
+
+# Hand-worked model: 2 layers, h = 8, i = 16, 2 heads of 4 dims (q = 8), 1 KV head (kv = 4), V = 32, untied,
+# Qwen2 biases.
+#   attention: h*q + 2*h*kv + q*h = 64 + 64 + 64 = 192, q/k/v biases 8 + 4 + 4 = 16           -> 208
+#   MLP: 3 * 8 * 16 = 384;  norms: 2 * 8 = 16                                                   -> layer = 608
+#   model: 2 * 608 + embedding 32 * 8 = 256 + final norm 8 + LM head 256                       -> 1736
+#   critic: 2 * 608 + 256 + 8 + value head 8 + 1                                                -> 1489
+#   KV cache per token: 2 (k, v) * 2 layers * 1 head * 4 dims * 2 bytes                         -> 32 bytes
+HAND = Architecture("hand", num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1,
+                    vocab_size=32, tie_word_embeddings=False, qkv_bias=True)
+
+
+def test_hand_worked_parameter_counts() -> None:
+    assert HAND.layer_params == 608
+    assert HAND.num_params == 1736
+    assert HAND.critic_params == 1489
+    assert HAND.kv_cache_bytes_per_token() == 32
+    assert HAND.kv_cache_bytes_per_token(tensor_parallel=2) == 32  # one KV head: replicated on both GPUs
+
+
+def test_known_qwen_counts() -> None:
+    # 7B: layer = (3584*3584 + 3584) + 2*(3584*512 + 512) + 3584*3584 + 3*3584*18944 + 2*3584 = 233,057,792;
+    #     28 layers + 2 * 152064*3584 (untied) + 3584 = 7,615,616,512.
+    assert KNOWN["qwen2.5-7b"].num_params == 7_615_616_512
+    # 32B: layer = (5120^2 + 5120) + 2*(5120*1024 + 1024) + 5120^2 + 3*5120*27648 + 2*5120 = 487,605,248;
+    #      64 layers + 2 * 152064*5120 + 5120 = 32,763,876,352.
+    assert KNOWN["qwen2.5-32b"].num_params == 32_763_876_352
+    # 0.5B: layer = (896^2 + 896) + 2*(896*128 + 128) + 896^2 + 3*896*4864 + 2*896 = 14,912,384;
+    #       24 layers + 151936*896 (tied, once) + 896 = 494,032,768.
+    assert KNOWN["qwen2.5-0.5b"].num_params == 494_032_768
+    assert arch_mod.known_name("Qwen/Qwen2.5-7B") == "qwen2.5-7b" and arch_mod.known_name("gpt2") is None
+
+
+TINY_CONFIGS = [
+    {"model_type": "qwen2", "tie_word_embeddings": False},
+    {"model_type": "qwen2", "tie_word_embeddings": True},
+    {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
+    {"model_type": "mistral", "head_dim": 12},
+    {"model_type": "qwen3", "head_dim": 6, "attention_bias": True},
+]
+
+
+@pytest.mark.parametrize("extra", TINY_CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_counts_equal_real_transformers_models(extra: dict) -> None:
+    values = {"hidden_size": 16, "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 50, **extra}
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    arch = from_hf_config(config)
+    assert arch.num_params == sum(p.numel() for p in model.parameters())
+    from zerotir.models import ValueModel
+
+    critic = ValueModel(model.base_model, config.hidden_size)
+    assert arch.critic_params == sum(p.numel() for p in critic.parameters())
+
+
+def test_resolve_reads_a_model_folder_and_a_config_file(tmp_path: Path) -> None:
+    config = AutoConfig.for_model("qwen2", hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=32)
+    config.save_pretrained(tmp_path)
+    from_folder = resolve(str(tmp_path))
+    assert from_folder.num_params == HAND.num_params  # the same shape as the hand-worked model
+    assert resolve(str(tmp_path / "config.json")).num_params == HAND.num_params
+    (tmp_path / "bad.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
+    with pytest.raises(ValueError, match="model_type='gpt2'"):
+        resolve(str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="not a known architecture"):
+        resolve("no-such-model")
+
+
+# ----- the plan -----
+
+# gpu_mem_gib = 2^-14 GiB = 65536 bytes, so the vLLM budget at 0.5 is 32768 bytes; small fixed overheads in bytes.
+HAND_SETTINGS = PlanSettings(gpus=2, nodes=1, zero=3, critic=True, reference=True, micro_batch_size=1, seq_len=4,
+                             gradient_checkpointing=True, vllm_tp=1, gpu_memory_utilization=0.5, gpu_mem_gib=2**-14,
+                             overhead_gib=2**-20, vllm_overhead_gib=2**-20, vllm_sleep_gib=2**-21,
+                             sync_bucket_mb=2**-10, samples_per_step=8)
+
+# Rows by hand (P = 1736, Pc = 1489, N = 2 GPUs, ZeRO-3, no offload):
+#   actor params 2P/N = 1736 | grads 2P/N = 1736, during the update + fp32 4P/N = 3472 -> 5208 | Adam 12P/N = 10416
+#   critic params 1489 | grads 1489, update 1489 + 2978 = 4467 | Adam 12 * 1489 / 2 = 8934
+#   ZeRO-3 gathered: 2 bytes * max(2 layers * 608, embedding 256) = 2432 (update)
+#   reference 2P/N = 1736
+#   actor activations, 4 tokens, checkpointed: layer inputs 2 layers * 2h = 32 bytes/token -> 128;
+#       one layer recomputed 2 * (8h + 2kv + 4i) = 2 * (64 + 8 + 64) = 272 bytes/token -> 1088;
+#       logits 4 tokens * 32 * 18 bytes = 2304                                                   -> 3520
+#   critic activations: 128 + 1088 = 1216
+#   vLLM weights 2P = 3472; work 1024; KV = 32768 - 3472 - 1024 = 28272; asleep 512 (update); bucket 1024; context 1024
+#   rollout total: 1736+1736+10416 + 1489+1489+8934 + 1736 + 3472+1024+28272 + 1024 + 1024 = 62352
+#   update total:  1736+5208+10416 + 1489+4467+8934 + 2432 + 1736 + 3520+1216 + 512 + 1024 = 42690
+#   KV capacity: 28272 // 32 = 883 tokens = 220 sequences of 4 tokens; 8 samples over 2 engines = 4 each.
+HAND_TABLE = """\
+**hand** (0.00B params, critic 0.00B), 1 node(s) x 2 GPUs of 6.10352e-05 GiB, ZeRO-3, vLLM TP 1 at gpu_memory_utilization 0.5
+
+| component | rollout (B/GPU) | update (B/GPU) | CPU (B/node) | note |
+|---|---:|---:|---:|---|
+| actor: params (bf16) | 1736 | 1736 | 0 | ZeRO-3 |
+| actor: grads (bf16 + fp32 partition) | 1736 | 5208 | 0 | fp32 grads on GPU during the step |
+| actor: optimizer (fp32 master, Adam m, v) | 10416 | 10416 | 0 | partitioned |
+| critic: params (bf16) | 1489 | 1489 | 0 | ZeRO-3 |
+| critic: grads (bf16 + fp32 partition) | 1489 | 4467 | 0 | fp32 grads on GPU during the step |
+| critic: optimizer (fp32 master, Adam m, v) | 8934 | 8934 | 0 | partitioned |
+| ZeRO-3 gathered params | 0 | 2432 | 0 | 2 layers or the LM head |
+| reference (bf16) | 1736 | 1736 | 0 | frozen, no optimizer state |
+| activations: actor | 0 | 3520 | 0 | 1 x 4 tokens, checkpointed |
+| activations: critic | 0 | 1216 | 0 |  |
+| vLLM: weights (bf16) | 3472 | 0 | 0 | TP 1; dropped while asleep, re-synced |
+| vLLM: activations + CUDA graphs | 1024 | 0 | 0 | assumed |
+| vLLM: KV cache | 28272 | 0 | 0 | rest of the vLLM budget |
+| vLLM: asleep (level 2) | 0 | 512 | 0 | assumed |
+| weight-sync bucket | 1024 | 0 | 0 | gathered before a rollout |
+| CUDA context, NCCL, slack | 1024 | 1024 | 0 | assumed |
+| **total** | 62352 | 42690 | 0 |  |
+
+- KV cache: 0 KiB per token per GPU -> 883 tokens per engine = 220 sequences of 4 tokens at once
+- each of the 2 engines generates 4 samples per step
+- rollout: 62352 of 65536 B per GPU -> fits
+- update: 42690 of 65536 B per GPU -> fits"""
+
+
+def test_hand_worked_plan_table() -> None:
+    assert render_markdown(HAND, HAND_SETTINGS, unit="B") == HAND_TABLE
+
+
+def test_offload_moves_states_to_the_cpu() -> None:
+    # ZeRO-2 over 2 nodes x 4 GPUs (N = 8), optimizer offload, no critic / reference, vLLM level-1 sleep:
+    #   params replicated 2P = 3472 on the GPU; bf16 grads 2P/N = 434 in both phases (fp32 grads go to the CPU);
+    #   CPU per node: (12P/N + 4P/N) * 4 GPUs = 16 * 1736 / 8 * 4 = 13888;
+    #   vLLM level 1 keeps each of the node's 4 engines' weights (2P = 3472) on the CPU: 13888.
+    s = PlanSettings(gpus=4, nodes=2, zero=2, offload_optimizer=True, vllm_sleep_level=1, seq_len=4)
+    rows = {r.component: r for r in plan_rows(HAND, s)}
+    assert (rows["actor: params (bf16)"].rollout, rows["actor: params (bf16)"].cpu_per_node) == (3472, 0)
+    grads = rows["actor: grads (bf16 + fp32 partition)"]
+    assert (grads.rollout, grads.update) == (434, 434)
+    opt = rows["actor: optimizer (fp32 master, Adam m, v)"]
+    assert (opt.rollout, opt.update, opt.cpu_per_node) == (0, 0, 13888)
+    assert rows["vLLM: weights (bf16)"].cpu_per_node == 13888
+    assert rows["ZeRO-3 gathered params"].update == 0
+    assert rows["critic: params + grads + optimizer"].update == 0
+    assert totals(list(rows.values())).cpu_per_node == 13888 * 2
+    # ZeRO-3 parameter offload: no bf16 partition on the GPU, 2P/N per GPU on the CPU (4 GPUs: 1736).
+    s3 = PlanSettings(gpus=4, nodes=2, zero=3, offload_optimizer=True, offload_params=True, seq_len=4)
+    p3 = {r.component: r for r in plan_rows(HAND, s3)}["actor: params (bf16)"]
+    assert (p3.rollout, p3.cpu_per_node) == (0, 1736)
+
+
+def test_too_small_vllm_budget_is_flagged() -> None:
+    s = PlanSettings(gpus=8, zero=3, gpu_memory_utilization=0.1, gpu_mem_gib=80)  # 8 GiB < 14.2 GiB of 7B weights
+    text = render_markdown(KNOWN["qwen2.5-7b"], s)
+    assert "NEGATIVE: budget too small" in text and "DOES NOT FIT" in text
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"zero": 2, "offload_params": True}, "offload_params=True needs zero=3"),
+    ({"gpus": 8, "vllm_tp": 3}, "vllm_tp=3 must divide gpus=8"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
+    ({"seq_len": 0}, "seq_len=0"),
+])
+def test_bad_settings_name_the_field(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PlanSettings(**kwargs)
+
+
+# ----- command line and run configs -----
+
+RUN_CONFIG = """\
+trainer:
+  devices: 4
+  num_nodes: 2
+  strategy:
+    class_path: lightning.pytorch.strategies.DeepSpeedStrategy
+    init_args:
+      config:
+        zero_optimization: {stage: 3, offload_optimizer: {device: cpu}}
+model:
+  model_path: Qwen/Qwen2.5-7B
+  algorithm: ppo
+  kl_coef: 0.0
+  micro_batch_size: 2
+  max_response_tokens: 8192
+  n_samples: 16
+  gradient_checkpointing: true
+  engine_kwargs: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2}
+data:
+  max_prompt_tokens: 1024
+  prompts_per_step: 128
+"""
+
+
+def test_settings_from_run_config(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(RUN_CONFIG)
+    model, values = mp.settings_from_run_config(path)
+    assert model == "Qwen/Qwen2.5-7B"
+    assert values == {"gpus": 4, "nodes": 2, "zero": 3, "offload_optimizer": True, "offload_params": False,
+                      "critic": True, "reference": False, "micro_batch_size": 2, "seq_len": 9216,
+                      "gradient_checkpointing": True, "vllm_tp": 2, "gpu_memory_utilization": 0.4,
+                      "samples_per_step": 2048, "sync_bucket_mb": 256.0}
+    path.write_text("trainer: {devices: 8, strategy: ddp}\nmodel: {model_path: Qwen/Qwen2.5-7B}\n")
+    with pytest.raises(ValueError, match="strategy='ddp' is not DeepSpeed"):
+        mp.settings_from_run_config(path)
+
+
+def test_command_line_with_run_config_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(RUN_CONFIG)
+    text = mp.main(["--run_config", str(path), "--nodes", "4", "--plan.gpu_mem_gib", "141"])
+    assert text == capsys.readouterr().out.strip()
+    assert text.startswith("**Qwen2.5-7B** (7.62B params, critic 7.07B), 4 node(s) x 4 GPUs of 141 GiB, ZeRO-3, "
+                           "optimizer offload, vLLM TP 2 at gpu_memory_utilization 0.4")
+    assert "each of the 8 engines generates 256 samples per step" in text  # 2048 samples / (16 GPUs / TP 2)
+    expected = render_markdown(KNOWN["qwen2.5-7b"], PlanSettings(
+        gpus=4, nodes=4, zero=3, offload_optimizer=True, critic=True, micro_batch_size=2, seq_len=9216, vllm_tp=2,
+        gpu_memory_utilization=0.4, gpu_mem_gib=141, samples_per_step=2048))
+    assert text == expected
+    assert mp.main(["--model", "qwen2.5-0.5b", "--gpus", "1", "--unit", "MiB"]).count("MiB/GPU") == 2
+    assert GIB == 1 << 30

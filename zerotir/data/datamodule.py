@@ -1,0 +1,397 @@
+"""Prompt data: files (JSONL / Parquet / a ``datasets`` dataset / a bundled benchmark) -> rendered, tokenized prompts.
+
+A source is named in config as one of:
+    * a bundled name (``math500``, ``aime24``, ... see ``BUNDLED``), read from the repo's ``data/`` folder
+      (``$ZEROTIR_DATA_DIR`` overrides it). Bundled files always use the fields ``id`` / ``problem`` / ``answer``;
+    * a path ending in ``.jsonl`` / ``.json`` (one object per line) or ``.parquet``;
+    * ``hf:<dataset>[:<split>]``, loaded with ``datasets.load_dataset`` if that package is installed.
+
+Rows are validated up front: a missing or empty problem / answer field raises with the file, the line (JSONL, 1-based)
+or row (Parquet / datasets, 0-based) and the field name. Prompts longer than ``max_prompt_tokens`` are dropped, with
+a warning giving the count per source (kept in ``PromptDataModule.dropped``): an over-long prompt cannot be generated
+from within the budget, and dropping keeps a run going where one long problem would otherwise stop it.
+
+Batches are plain lists of dicts (no tensors): ``{"id", "problem", "answer", "prompt_text", "prompt_ids", "source"}``,
+plus ``"batch_index"`` on training rows. The train loader is an endless, seeded stream, reshuffled every epoch, whose
+cursor follows *consumption* (``mark_consumed``), so a resumed run continues with exactly the next unseen batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from zerotir.data.prompts import get_template, tokenize_prompts
+
+logger = logging.getLogger(__name__)
+
+# Bundled sources: config name -> file under data/ (see data/README.md for origins and licenses).
+BUNDLED: dict[str, str] = {
+    "math500": "math500_test.jsonl",
+    "aime24": "aime24_test.jsonl",
+    "aime25": "aime25_test.jsonl",
+    "amc23": "amc23_test.jsonl",
+    "gsm8k": "gsm8k_test.jsonl",
+    "minerva": "minerva_math_test.jsonl",
+    "olympiadbench": "olympiadbench_test.jsonl",
+    "simplelr_math_level3to5": "simplelr_math_level3to5_train.jsonl",
+    "gsm8k_train": "gsm8k_train.jsonl",
+}
+BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "gsm8k", "minerva", "olympiadbench")
+
+
+def data_dir() -> Path:
+    """The folder of the bundled files: ``$ZEROTIR_DATA_DIR`` or the repo's ``data/``."""
+    return Path(os.environ.get("ZEROTIR_DATA_DIR") or Path(__file__).resolve().parents[2] / "data")
+
+
+def source_name(spec: str) -> str:
+    """The short name of a source: the bundled name, the file stem, or the dataset name (with its split)."""
+    if spec in BUNDLED:
+        return spec
+    if spec.startswith("hf:"):
+        return spec[3:].replace("/", "_").replace(":", "_")
+    return Path(spec).name.split(".")[0]
+
+
+def _field(obj: dict, field: str, where: str) -> str:
+    value = obj.get(field) if isinstance(obj, dict) else None
+    text = "" if value is None else str(value)
+    if not text.strip():
+        state = "missing" if not isinstance(obj, dict) or field not in obj else "null" if value is None else "empty"
+        raise ValueError(f"{where}: field {field!r} is {state}; every row needs a non-empty {field!r} "
+                         "(set problem_field / answer_field if the file names it differently)")
+    return text
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+            yield f"{path}:{line_no}", obj
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
+    import pyarrow.parquet as pq
+
+    for i, obj in enumerate(pq.read_table(path).to_pylist()):
+        yield f"{path} row {i}", obj
+
+
+def _read_hf(spec: str, default_split: str) -> Iterator[tuple[str, dict]]:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(f"{spec!r} needs the 'datasets' package (pip install datasets), "
+                          "or export the data to JSONL / Parquet and name the file instead") from exc
+    name, _, split = spec[3:].partition(":")
+    for i, obj in enumerate(datasets.load_dataset(name, split=split or default_split)):
+        yield f"{spec} row {i}", dict(obj)
+
+
+def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "answer", id_field: str = "id",
+              default_split: str = "test", limit: int | None = None) -> list[dict[str, str]]:
+    """Read and validate one source into ``[{"id", "problem", "answer"}]``.
+
+    Args:
+        spec: a bundled name, a JSONL / Parquet path, or ``hf:<dataset>[:<split>]``.
+        problem_field / answer_field / id_field: field names in the source (bundled files use the defaults).
+            A row without an id gets ``"<source name>-<index>"``.
+        default_split: the split of an ``hf:`` source that names none.
+        limit: keep only the first ``limit`` rows.
+
+    Raises:
+        ValueError: a missing / empty problem or answer (with file and line), bad JSON, an unknown file type.
+        FileNotFoundError: the file does not exist.
+    """
+    if spec in BUNDLED:
+        path = data_dir() / BUNDLED[spec]
+        problem_field, answer_field, id_field = "problem", "answer", "id"
+        reader = _read_jsonl(path)
+    elif spec.startswith("hf:"):
+        path, reader = None, _read_hf(spec, default_split)
+    else:
+        path = Path(spec)
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            reader = _read_jsonl(path)
+        elif suffix == ".parquet":
+            reader = _read_parquet(path)
+        else:
+            raise ValueError(f"data source {spec!r}: unknown file type {suffix!r}; use .jsonl or .parquet, "
+                             f"'hf:<dataset>', or a bundled name ({', '.join(BUNDLED)})")
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(f"data source {spec!r}: no file at {path}")
+    name = source_name(spec)
+    rows = []
+    for where, obj in reader:
+        if limit is not None and len(rows) >= limit:
+            break
+        problem = _field(obj, problem_field, where)
+        answer = _field(obj, answer_field, where).strip()
+        row_id = obj.get(id_field) if isinstance(obj, dict) else None
+        rows.append({"id": str(row_id) if row_id not in (None, "") else f"{name}-{len(rows)}",
+                     "problem": problem, "answer": answer})
+    if not rows:
+        raise ValueError(f"data source {spec!r} has no rows")
+    return rows
+
+
+def build_prompts(rows: list[dict[str, str]], source: str, template: str, tokenizer: Any,
+                  max_prompt_tokens: int | None) -> tuple[list[dict[str, Any]], int]:
+    """Render and tokenize ``rows``; returns the kept rows (with ``prompt_text``, ``prompt_ids``, ``source``) and
+    the number dropped for exceeding ``max_prompt_tokens``."""
+    tpl = get_template(template)
+    texts = [tpl.render(row["problem"], tokenizer) for row in rows]
+    ids = tokenize_prompts(template, texts, tokenizer)
+    kept = [{**row, "prompt_text": text, "prompt_ids": tok_ids, "source": source}
+            for row, text, tok_ids in zip(rows, texts, ids)
+            if max_prompt_tokens is None or len(tok_ids) <= max_prompt_tokens]
+    dropped = len(rows) - len(kept)
+    if dropped:
+        logger.warning("data: dropped %d of %d prompts of %r longer than max_prompt_tokens=%s",
+                       dropped, len(rows), source, max_prompt_tokens)
+    if not kept:
+        raise ValueError(f"data source {source!r}: every prompt is longer than max_prompt_tokens={max_prompt_tokens}")
+    return kept, dropped
+
+
+def _row_copy(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "prompt_ids": list(row["prompt_ids"])}
+
+
+class PromptStream(IterableDataset):
+    """The endless training stream: batch ``b`` holds items ``b*P .. b*P+P-1`` of the concatenation of per-epoch
+    permutations (epoch ``e`` shuffled with seed ``(seed, e)``), so any batch can be rebuilt from its index alone.
+
+    Args:
+        rows: the prepared prompt rows.
+        prompts_per_step: P, prompts per batch.
+        seed: shuffling seed.
+        start: called at the start of each iteration; returns the first batch index to yield (default 0).
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int,
+                 start: Callable[[], int] | None = None) -> None:
+        self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
+        self.start = start or (lambda: 0)
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:  # a batch spans at most two epochs; keep memory flat
+                self._perms.clear()
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+        return self._perms[epoch]
+
+    def batch(self, batch_index: int) -> list[dict[str, Any]]:
+        """The rows of global batch ``batch_index``, each tagged with ``"batch_index"``."""
+        n, size = len(self.rows), self.prompts_per_step
+        out = []
+        for k in range(batch_index * size, (batch_index + 1) * size):
+            row = _row_copy(self.rows[int(self._perm(k // n)[k % n])])
+            row["batch_index"] = batch_index
+            out.append(row)
+        return out
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        batch_index = int(self.start())
+        while True:
+            yield self.batch(batch_index)
+            batch_index += 1
+
+
+class _ListDataset(Dataset):
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return _row_copy(self.rows[i])
+
+
+class PromptDataModule(LightningDataModule):
+    """Prompts for training (an endless seeded stream), validation and test (one loader per source).
+
+    Args:
+        train_files: training sources (bundled names, JSONL / Parquet paths, ``hf:<dataset>[:<split>]``); rows of all
+            sources are pooled into one stream.
+        val_files: validation sources, one dataloader each (names in ``val_names``).
+        test_files: test sources, one dataloader each (names in ``test_names``); default: the 7 bundled benchmarks.
+        problem_field: field holding the problem in user files.
+        answer_field: field holding the reference answer in user files.
+        id_field: field holding a row id in user files (optional in the rows).
+        template: prompt template name (see ``zerotir.data.prompts.template_names()``).
+        tokenizer: path of a tokenizer (an HF model folder); or call ``set_tokenizer`` before ``setup``.
+        prompts_per_step: prompts per training batch.
+        eval_prompts_per_batch: prompts per validation / test batch.
+        max_prompt_tokens: prompts with more tokens are dropped with a warning (counts in ``dropped``); None = keep all.
+        seed: seed of the training shuffle.
+        limit_val_rows: use only the first N rows of each validation source.
+        limit_test_rows: use only the first N rows of each test source.
+    """
+
+    def __init__(self, train_files: list[str] | None = None, val_files: list[str] | None = None,
+                 test_files: list[str] | None = None, problem_field: str = "problem", answer_field: str = "answer",
+                 id_field: str = "id", template: str = "orz_tool", tokenizer: str | None = None,
+                 prompts_per_step: int = 128, eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024,
+                 seed: int = 0, limit_val_rows: int | None = None, limit_test_rows: int | None = None) -> None:
+        super().__init__()
+        # ``seed`` stays out of the logged hyperparameters: the module has its own ``seed`` (rollout sampling), and
+        # Lightning refuses to log two different values under one name. That happens when `test --ckpt_path` takes
+        # the module's hyperparameters from a checkpoint trained with another seed. The data seed is in the saved
+        # config and in this module's checkpoint state.
+        self.save_hyperparameters(ignore=["seed"])
+        if prompts_per_step < 1 or eval_prompts_per_batch < 1:
+            raise ValueError("prompts_per_step and eval_prompts_per_batch must be >= 1")
+        get_template(template)  # fail at construction on an unknown template name
+        self.train_files = list(train_files or [])
+        self.val_files = list(val_files or [])
+        self.test_files = list(test_files) if test_files is not None else list(BENCHMARKS)
+        self.fields = {"problem_field": problem_field, "answer_field": answer_field, "id_field": id_field}
+        self.template, self.tokenizer_path = template, tokenizer
+        self.prompts_per_step, self.eval_prompts_per_batch = prompts_per_step, eval_prompts_per_batch
+        self.max_prompt_tokens, self.seed = max_prompt_tokens, seed
+        self.limits = {"val": limit_val_rows, "test": limit_test_rows}
+        self.tokenizer: Any = None
+        self.dropped: dict[str, int] = {}  # source name -> prompts dropped as too long
+        self.train_rows: list[dict[str, Any]] | None = None
+        self.eval_rows: dict[str, dict[str, list[dict[str, Any]]]] = {}  # "val" / "test" -> name -> rows
+        self._consumed = 0
+        self._pending_state: dict[str, Any] | None = None
+        self._stream: PromptStream | None = None
+
+    @property
+    def val_names(self) -> list[str]:
+        """Names of the validation dataloaders, in order."""
+        return _unique_names(self.val_files, "val_files")
+
+    @property
+    def test_names(self) -> list[str]:
+        """Names of the test dataloaders (benchmarks), in order."""
+        return _unique_names(self.test_files, "test_files")
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Use an already-loaded tokenizer (e.g. the policy's) instead of loading ``tokenizer`` from a path."""
+        self.tokenizer = tokenizer
+
+    def _get_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            if self.tokenizer_path is None:
+                raise ValueError("PromptDataModule needs a tokenizer: set data.tokenizer to a tokenizer / model folder "
+                                 "or call set_tokenizer() before setup()")
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        return self.tokenizer
+
+    def _prepare(self, spec: str, split: str, limit: int | None) -> list[dict[str, Any]]:
+        rows = load_rows(spec, default_split=split, limit=limit, **self.fields)
+        name = source_name(spec)
+        kept, dropped = build_prompts(rows, name, self.template, self._get_tokenizer(), self.max_prompt_tokens)
+        self.dropped[name] = dropped
+        return kept
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, validate and tokenize the sources the stage needs (each only once)."""
+        if stage in (None, "fit") and self.train_rows is None and self.train_files:
+            rows = [row for spec in self.train_files for row in self._prepare(spec, "train", None)]
+            if len(rows) < self.prompts_per_step:
+                logger.warning("data: %d train prompts < prompts_per_step=%d; batches repeat prompts",
+                               len(rows), self.prompts_per_step)
+            self.train_rows = rows
+            self._check_state()
+        splits = (("val", self.val_files, self.val_names), ("test", self.test_files, self.test_names))
+        for split, files, names in splits:
+            wanted = stage is None or stage == split or (split == "val" and stage in ("fit", "validate"))
+            if wanted and split not in self.eval_rows:
+                self.eval_rows[split] = {name: self._prepare(spec, split, self.limits[split])
+                                         for spec, name in zip(files, names)}
+
+    def train_dataloader(self) -> DataLoader:
+        if not self.train_files:
+            raise ValueError("no training data: set data.train_files")
+        if self.train_rows is None:
+            self.setup("fit")
+        # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts.
+        self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed, start=lambda: self._consumed)
+        return DataLoader(self._stream, batch_size=None, collate_fn=list, num_workers=0)
+
+    def _eval_loaders(self, split: str) -> list[DataLoader]:
+        if split not in self.eval_rows:
+            self.setup("validate" if split == "val" else "test")
+        return [DataLoader(_ListDataset(rows), batch_size=self.eval_prompts_per_batch, shuffle=False, collate_fn=list)
+                for rows in self.eval_rows[split].values()]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._eval_loaders("val") if self.val_files else []
+
+    def test_dataloader(self) -> list[DataLoader]:
+        if not self.test_files:
+            raise ValueError("no test data: set data.test_files (bundled names: " + ", ".join(BENCHMARKS) + ")")
+        return self._eval_loaders("test")
+
+    # ----- resume -----
+    @property
+    def consumed(self) -> int:
+        """Training batches consumed so far (the index of the next batch a fresh loader yields)."""
+        return self._consumed
+
+    def mark_consumed(self, batch_index: int) -> None:
+        """Record that training batch ``batch_index`` was used by a step (call after the step, not on prefetch).
+
+        Raises:
+            ValueError: the batch was already consumed (the cursor only moves forward).
+        """
+        if batch_index < self._consumed:
+            raise ValueError(f"mark_consumed({batch_index}): batches up to {self._consumed - 1} are already consumed")
+        self._consumed = batch_index + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        num_rows = len(self.train_rows) if self.train_rows is not None else None
+        return {"consumed": self._consumed, "seed": self.seed, "prompts_per_step": self.prompts_per_step,
+                "num_train_rows": num_rows}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._consumed = int(state_dict["consumed"])
+        self._pending_state = dict(state_dict)
+        self._check_state()
+
+    def _check_state(self) -> None:
+        # The same stream needs the same seed, batch size and rows; anything else would silently replay or skip data.
+        # Checked once the training rows are loaded (fit): evaluating a checkpoint (`test --ckpt_path`) with other
+        # data settings is fine, it never reads the training stream.
+        state = self._pending_state
+        if state is None or self.train_rows is None:
+            return
+        now = {"seed": self.seed, "prompts_per_step": self.prompts_per_step}
+        if self.train_rows is not None:
+            now["num_train_rows"] = len(self.train_rows)
+        for key, value in now.items():
+            saved = state.get(key)
+            if saved is not None and saved != value:
+                raise ValueError(f"resumed data state has {key}={saved} but this run has {key}={value}; the training "
+                                 f"stream would differ. Use the same data settings to resume.")
+
+
+def _unique_names(files: list[str], what: str) -> list[str]:
+    names = [source_name(spec) for spec in files]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what}: several sources share the name(s) {duplicates}; rename the files")
+    return names

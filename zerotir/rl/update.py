@@ -1,0 +1,313 @@
+"""One RL step after the rollout, as plain functions on plain data: forward passes of the models over a batch of
+trajectories, advantages per algorithm, and the PPO-epoch micro-batch update.
+
+Nothing here imports Lightning: the module passes ``backward`` and ``optimizer_step`` callables, so the update is
+tested with plain torch and runs unchanged under any Lightning strategy.
+
+Alignment (see ``zerotir.types``): every per-token tensor is ``(B, T)`` and aligned with ``input_ids``; the log-prob at
+``t`` scores token ``t`` given the tokens before it, and the value at ``t`` is the critic's estimate of that state.
+Position 0 is a prompt token and gets 0.
+
+Data parallel: each rank holds its own trajectories. Whitening uses the global batch statistics, the loss weights
+use the global token count, and every rank runs the same number of forward / backward passes (the largest local
+count; the extra passes repeat a local row with weight 0), which ZeRO-3's collective parameter gathers require. A
+rank whose filter kept nothing is given a one-row placeholder with an empty action mask (``placeholder``).
+Without a process group all of this reduces to the single-process computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from zerotir.rl import algorithms as A
+from zerotir.scale.distributed import (
+    global_masked_whiten,
+    global_max,
+    global_sum,
+    rank_and_world_size,
+)
+from zerotir.rl.guards import check_finite
+from zerotir.types import Trajectories
+
+Algorithm = Literal["ppo", "reinforce_pp", "grpo"]
+ALGORITHMS = ("ppo", "reinforce_pp", "grpo")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Hyperparameters of the advantage computation and the update (see ``ZeroTIRModule`` for each meaning)."""
+
+    algorithm: Algorithm = "reinforce_pp"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    use_kl_loss: bool = False
+    gamma: float = 1.0
+    gae_lambda: float = 1.0
+    whiten_ppo_advantages: bool = True
+    grpo_scale_by_std: bool = True
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    value_clip: float | None = 0.2
+    vf_coef: float = 0.5
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    num_mini_batches: int = 1
+    micro_batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm={self.algorithm!r}: choose one of {ALGORITHMS}")
+        if self.kl_estimator not in A.KL_KINDS:
+            raise ValueError(f"kl_estimator={self.kl_estimator!r}: choose one of {A.KL_KINDS}")
+        for name in ("ppo_epochs", "num_mini_batches", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef={self.kl_coef}: must be >= 0 (0 turns the KL term and the reference model off)")
+
+    @property
+    def optimizer_steps_per_rl_step(self) -> int:
+        """How many ``optimizer.step()`` calls (Lightning's ``global_step``) one RL step makes."""
+        return self.ppo_epochs * self.num_mini_batches
+
+    @property
+    def single_pass(self) -> bool:
+        """One epoch, one mini-batch, and no KL folded into the rewards: every micro-batch's forward in the update
+        runs before the (single) optimizer step, so the actor's log-probs there *are* the old log-probs and the
+        separate recomputation pass is skipped (the ratio is exactly 1 with its gradient)."""
+        kl_in_reward = self.kl_coef > 0 and not self.use_kl_loss and self.algorithm != "grpo"
+        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not kl_in_reward
+
+
+@dataclass
+class TrainBatch:
+    """What the update needs, all ``(B, T)`` unless noted; tensors the algorithm does not use are None."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    action_mask: Tensor  # bool, the env-token mask
+    old_logp: Tensor | None  # the actor's log-probs before the update; None: taken in the update (single pass)
+    advantages: Tensor
+    engine_logp: Tensor | None = None  # the rollout engine's log-probs (for the sanity statistic only)
+    ref_logp: Tensor | None = None  # only with use_kl_loss
+    old_values: Tensor | None = None  # PPO
+    returns: Tensor | None = None  # PPO (value targets)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: Tensor) -> TrainBatch:
+        """Rows ``rows``, trimmed to their longest real sequence (right padding costs compute for nothing)."""
+        width = int(self.attention_mask[rows].sum(1).max().item()) if len(rows) else 1
+        values = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            values[f.name] = None if v is None else v[rows, :width]
+        return TrainBatch(**values)
+
+
+def iter_rows(n: int, size: int) -> list[Tensor]:
+    """Index chunks ``[0, size), [size, 2 size), ...`` of ``range(n)``."""
+    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def sequence_logprobs(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of every token under ``model`` (and the entropy of each position's distribution), ``(B, T)``.
+
+    The model's logits at ``t - 1`` predict token ``t``, so both outputs are shifted right by one; position 0 is 0.
+    The entropy is computed one row at a time (a full float32 softmax of a (B, T, V) batch is large for big
+    vocabularies) and without gradient unless ``entropy_grad`` (an entropy bonus in the loss).
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    logp = A.logprobs_from_logits(logits, input_ids[:, 1:])
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = torch.stack([A.entropy_from_logits(row) for row in logits])
+    pad = (1, 0)
+    return nn.functional.pad(logp, pad), None if entropy is None else nn.functional.pad(entropy, pad)
+
+
+def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Critic values aligned with the actions, ``(B, T)``: the value at ``t`` is read after token ``t - 1``."""
+    values = critic(input_ids, attention_mask)[:, :-1].float()
+    return nn.functional.pad(values, (1, 0))
+
+
+def aligned_chunks(n: int, size: int) -> list[tuple[Tensor, bool]]:
+    """``(rows, is_padding)`` chunks of ``range(n)``, padded to the largest chunk count over all ranks with
+    repeats of row 0 (padding chunks must not count)."""
+    chunks = [(rows, False) for rows in iter_rows(n, size)]
+    total = int(global_max(len(chunks)))
+    return chunks + [(torch.zeros(1, dtype=torch.long), True)] * (total - len(chunks))
+
+
+@torch.no_grad()
+def forward_in_chunks(fn: Callable[[Tensor, Tensor], Tensor], input_ids: Tensor, attention_mask: Tensor,
+                      micro_batch_size: int) -> Tensor:
+    """``fn(ids, mask) -> (b, t)`` over micro-batches (each trimmed to its longest row), re-padded to ``(B, T)``."""
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    for rows, padding in aligned_chunks(input_ids.shape[0], micro_batch_size):
+        width = int(attention_mask[rows].sum(1).max().item())
+        values = fn(input_ids[rows, :width], attention_mask[rows, :width]).float()
+        if not padding:
+            out[rows, :width] = values
+    return out
+
+
+def placeholder(traj: Trajectories) -> Trajectories:
+    """Row 0 of ``traj`` with an empty action mask and reward 0: this rank's stand-in when its filter kept nothing
+    but other ranks train (it contributes zero gradient and keeps the collective passes in step)."""
+    row = traj.select([0])
+    row.action_mask = torch.zeros_like(row.action_mask)
+    row.rewards = torch.zeros_like(row.rewards)
+    return row
+
+
+def compute_advantages(
+    cfg: RLConfig, traj: Trajectories, mask: Tensor, kl: Tensor | None, values: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """Advantages ``(B, T)`` (0 off the action mask) and, for PPO, the value targets.
+
+    ``kl`` is the per-token KL estimate of the sampling policy against the reference; it is folded into the token
+    rewards (PPO, REINFORCE++) unless ``use_kl_loss`` moves it into the loss. GRPO never shapes rewards with it.
+    """
+    rewards = traj.rewards.to(mask.device, torch.float32)
+    kl_coef = 0.0 if (kl is None or cfg.use_kl_loss) else cfg.kl_coef
+    if cfg.algorithm == "reinforce_pp":
+        # algorithms.reinforce_pp_advantages, with the whitening over the global batch.
+        returns = A.discounted_returns(A.token_level_rewards(rewards, mask, kl, kl_coef), mask, cfg.gamma)
+        return global_masked_whiten(returns, mask), None
+    if cfg.algorithm == "grpo":
+        per_traj = A.group_advantages(rewards, traj.group_ids.to(mask.device), cfg.grpo_scale_by_std)
+        return torch.where(mask, per_traj[:, None].expand_as(mask), torch.zeros_like(mask, dtype=torch.float32)), None
+    if values is None:
+        raise ValueError("algorithm 'ppo' needs critic values")
+    token_rewards = A.token_level_rewards(rewards, mask, kl, kl_coef)
+    adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda)
+    if cfg.whiten_ppo_advantages:
+        adv = global_masked_whiten(adv, mask)
+    return adv, returns
+
+
+@torch.no_grad()
+def prepare_batch(
+    cfg: RLConfig, traj: Trajectories, actor: nn.Module, ref: nn.Module | None, critic: nn.Module | None
+) -> tuple[TrainBatch, dict[str, float]]:
+    """Recompute the old log-probs with the actor (the engine's are informational; skipped in a single pass, see
+    ``RLConfig.single_pass``), the reference log-probs and the critic values, then the advantages.
+
+    Returns:
+        The batch and its statistics: ``kl`` (policy vs reference on the action tokens) and
+        ``engine_logprob_diff`` (mean |actor - engine| log-prob), unless the update measures them (single pass).
+    """
+    ids, attn = traj.input_ids, traj.attention_mask
+    mask = traj.action_mask.bool()
+    mb = cfg.micro_batch_size
+    stats: dict[str, float] = {}
+    old_logp = None
+    if not cfg.single_pass:
+        old_logp = forward_in_chunks(lambda i, m: sequence_logprobs(actor, i, m)[0], ids, attn, mb)
+        stats["engine_logprob_diff"] = A.masked_mean((old_logp - traj.logprobs.float()).abs(), mask).item()
+    ref_logp = kl = None
+    if ref is not None and cfg.kl_coef > 0:
+        ref_logp = forward_in_chunks(lambda i, m: sequence_logprobs(ref, i, m)[0], ids, attn, mb)
+        if old_logp is not None:
+            kl = A.kl_penalty(old_logp, ref_logp, cfg.kl_estimator, mask)
+            stats["kl"] = A.masked_mean(kl, mask).item()
+    values = None
+    if cfg.algorithm == "ppo":
+        if critic is None:
+            raise ValueError("algorithm 'ppo' needs a critic")
+        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m), ids, attn, mb)
+    adv, returns = compute_advantages(cfg, traj, mask, kl, values)
+    batch = TrainBatch(ids, attn, mask, old_logp, adv, traj.logprobs.float(),
+                       ref_logp if cfg.use_kl_loss else None, values, returns)
+    return batch, stats
+
+
+def micro_batch_loss(
+    cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of one micro-batch: clipped policy loss + vf_coef * value loss (+ kl_coef * KL, - entropy bonus),
+    each a token mean over the micro-batch's action tokens. Returns the loss and detached statistics."""
+    logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, with_entropy=True,
+                                      entropy_grad=cfg.entropy_coef != 0)
+    mask = mb.action_mask
+    single_pass = mb.old_logp is None
+    old_logp = logp.detach() if single_pass else mb.old_logp
+    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high)
+    stats = dict(stats, policy_loss=loss.detach(), entropy=A.masked_mean(entropy, mask).detach())
+    if single_pass and mb.engine_logp is not None:
+        stats["engine_logprob_diff"] = A.masked_mean((old_logp - mb.engine_logp).abs(), mask)
+    if cfg.entropy_coef:
+        loss = loss - cfg.entropy_coef * A.masked_mean(entropy, mask)
+    if mb.ref_logp is not None:
+        kl_loss = A.masked_mean(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask), mask)
+        stats["kl_loss"] = kl_loss.detach()
+        if single_pass:  # the KL before the update, measured in the same forward pass
+            stats["kl"] = stats["kl_loss"]
+        loss = loss + cfg.kl_coef * kl_loss
+    if cfg.algorithm == "ppo":
+        values = sequence_values(critic, mb.input_ids, mb.attention_mask)
+        v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip)
+        stats["value_loss"] = v_loss.detach()
+        loss = loss + cfg.vf_coef * v_loss
+    return loss, stats
+
+
+def ppo_update(
+    cfg: RLConfig,
+    batch: TrainBatch,
+    actor: nn.Module,
+    critic: nn.Module | None,
+    backward: Callable[[Tensor], None],
+    optimizer_step: Callable[[bool], float],
+    rl_step: int,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """``ppo_epochs`` passes over the batch, each split into ``num_mini_batches`` optimizer steps, each accumulated
+    over micro-batches of ``micro_batch_size`` trajectories.
+
+    A micro-batch's loss is weighted by its share of the mini-batch's action tokens, so the accumulated gradient is
+    the token mean over the whole mini-batch whatever the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
+    calls of ``optimizer_step(has_grad)`` are made; an empty mini-batch calls it with ``has_grad=False`` (the step is
+    then a no-op that keeps Lightning's step count in line with the RL step).
+
+    Returns:
+        Token-weighted means of the micro-batch statistics and the mean gradient norm of the real steps.
+    """
+    sums: dict[str, float] = {}
+    norms = []
+    weight_total = 0.0
+    world = rank_and_world_size()[1]
+    for _ in range(cfg.ppo_epochs):
+        order = torch.randperm(len(batch), generator=generator)
+        # tensor_split gives exactly num_mini_batches parts (some empty when the batch is small).
+        for mini_rows in torch.tensor_split(order, cfg.num_mini_batches):
+            tokens = global_sum(batch.action_mask[mini_rows].sum())
+            if tokens == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
+                optimizer_step(False)
+                continue
+            for rows, padding in aligned_chunks(len(mini_rows), cfg.micro_batch_size):
+                mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])
+                loss, stats = micro_batch_loss(cfg, mb, actor, critic)
+                check_finite(loss, stats, rl_step, mb)
+                # Data-parallel backends average gradients over ranks, hence * world: the sum is the token mean.
+                weight = 0.0 if padding else float(mb.action_mask.sum().item()) * world / tokens
+                backward(loss * weight)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * weight
+                weight_total += weight
+            norms.append(optimizer_step(True))
+    out = {k: v / max(weight_total, 1e-12) for k, v in sums.items()}
+    out["grad_norm"] = sum(norms) / max(len(norms), 1)
+    return out

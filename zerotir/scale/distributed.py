@@ -1,0 +1,229 @@
+"""Cross-rank statistics for data-parallel RL steps: the same numbers as one process on the whole batch.
+
+In a multi-GPU / multi-node run every rank rolls out its own share of the prompts (all ``n`` samples of a prompt on
+the same rank, see ``shard_prompts``; with tensor-parallel vLLM engines the ranks of an engine share its prompts and
+``training_share`` splits the resulting trajectories between them), so per-group quantities (GRPO baselines,
+pass-rate keep masks) stay local.
+Quantities defined over the *whole* batch need reductions:
+
+    * REINFORCE++ whitens the returns over every action token of the global batch -> ``global_masked_whiten``;
+    * PPO's optional advantage whitening, likewise -> ``global_masked_whiten``;
+    * the pass-rate filter's kept fraction and the decision to skip an update -> ``global_group_counts`` /
+      ``global_kept_fraction``;
+    * logged means (reward, accuracy, ...) -> ``global_mean``; token counts and micro-batch counts that must agree
+      across ranks (ZeRO-3 gathers parameters collectively, so every rank must run the same number of forward and
+      backward passes) -> ``global_sum`` / ``global_max``.
+
+Every function falls back to the local computation when ``torch.distributed`` is not initialised or the world has one
+rank, so the CPU path and the tests need no process group. Reductions run in float64 on the device the process group
+wants (CUDA for NCCL, CPU otherwise) and the result comes back on the input's device.
+
+The whitening is two-pass (sum and count -> mean; then the sum of squared deviations -> variance), like
+``zerotir.rl.algorithms.masked_var``: the one-pass ``sum(x^2) - n * mean^2`` loses digits when the mean is large compared
+with the spread. It costs one more all-reduce of two numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from zerotir.rl import algorithms as A
+
+T = TypeVar("T")
+
+
+def is_distributed() -> bool:
+    """True when a process group with more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group; ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _reduce_device() -> torch.device:
+    # NCCL reduces CUDA tensors only; gloo (CPU runs, tests) reduces CPU tensors.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_reduce(values: Tensor, op: Any = None) -> Tensor:
+    """All-reduce (``op``, default SUM) a small float64 vector when distributed (on a copy); else return it."""
+    if not is_distributed():
+        return values
+    buf = values.detach().to(_reduce_device(), torch.float64, copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM if op is None else op)
+    return buf.to(values.device)
+
+
+def global_sum(value: float | int | Tensor) -> float:
+    """Sum of a scalar over all ranks (e.g. action tokens of a mini-batch, trajectories kept by the filter)."""
+    local = torch.as_tensor(value, dtype=torch.float64).reshape(1)
+    return float(_all_reduce(local)[0])
+
+
+def global_max(value: float | int) -> float:
+    """Maximum of a scalar over all ranks (e.g. the number of micro-batches every rank must run under ZeRO-3)."""
+    local = torch.as_tensor(value, dtype=torch.float64).reshape(1)
+    return float(_all_reduce(local, dist.ReduceOp.MAX)[0])
+
+
+def global_mean(values: Tensor | Sequence[float]) -> float:
+    """Mean of all elements of ``values`` over all ranks, each element weighted equally (not each rank).
+
+    Ranks may hold different numbers of elements (after filtering). Returns 0.0 when no rank holds any element,
+    as ``zerotir.rl.algorithms.masked_mean`` does for an empty mask.
+    """
+    x = torch.as_tensor(values, dtype=torch.float64).detach().flatten().cpu()
+    sums = _all_reduce(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=torch.float64)]))
+    return float(sums[0] / sums[1].clamp(min=1))
+
+
+def global_masked_mean_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean and variance of the masked entries of ``x`` over all ranks, and their total count.
+
+    Args:
+        x: values, any shape (each rank may have its own shape, e.g. its own padded T).
+        mask: same shape as ``x``; nonzero = counted.
+        unbiased: Bessel's correction. With too few entries in the whole batch the variance is 0 (not NaN), as in
+            ``zerotir.rl.algorithms.masked_var``.
+
+    Returns:
+        ``(mean, var, count)``: 0-dim tensors in ``x``'s dtype and device (count in float64).
+    """
+    if mask.shape != x.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)} but x has shape {tuple(x.shape)}; they must match")
+    m = mask if mask.dtype == torch.bool else mask != 0
+    x64 = x.detach().to(torch.float64)
+    kept = torch.where(m, x64, torch.zeros_like(x64))
+    first = _all_reduce(torch.stack([kept.sum(), m.sum().to(torch.float64)]))
+    total, count = first[0], first[1]
+    mean = total / count.clamp(min=1)
+    sq = torch.where(m, (x64 - mean) ** 2, torch.zeros_like(x64)).sum()
+    sq = _all_reduce(sq.reshape(1))[0]
+    denom = count - 1 if unbiased else count
+    var = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
+    return mean.to(x.dtype), var.to(x.dtype), count
+
+
+def global_masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """``zerotir.rl.algorithms.masked_whiten`` over the masked entries of *all* ranks' batches.
+
+    Without a multi-rank process group this *is* ``masked_whiten`` (the same function is called), so single-process
+    runs are bit-for-bit unchanged. With one, mean and variance come from ``global_masked_mean_var`` and each rank
+    whitens its own entries with them; the concatenated result equals one process whitening the concatenated batch
+    (up to float rounding of the sums).
+
+    Args:
+        x: values, any shape.
+        mask: same shape as ``x``.
+        shift_mean: if False, the mean is added back (only the scale changes).
+        eps: added to the variance before the square root.
+
+    Returns:
+        The whitened values where ``mask`` is nonzero and 0 elsewhere.
+    """
+    if not is_distributed():
+        return A.masked_whiten(x, mask, shift_mean=shift_mean, eps=eps)
+    mean, var, _ = global_masked_mean_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    m = mask if mask.dtype == torch.bool else mask != 0
+    return torch.where(m, whitened, torch.zeros_like(whitened))
+
+
+def gather_objects(obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group.
+
+    For small things only (per-rank statistics, sample texts for logging): it pickles through the process group.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def global_group_counts(keep_mask: Tensor, group_ids: Tensor) -> tuple[int, int]:
+    """``(kept_groups, groups)`` summed over all ranks.
+
+    Each rank holds whole prompt groups (``shard_prompts``), so its group ids need not be unique across ranks:
+    groups are counted per rank and the counts are added.
+
+    Args:
+        keep_mask: (B,) bool, the rank's trajectories kept by the pass-rate filter.
+        group_ids: (B,) prompt index of each trajectory on this rank.
+    """
+    if keep_mask.dim() != 1 or group_ids.shape != keep_mask.shape:
+        raise ValueError(f"keep_mask and group_ids must both be (B,), got {tuple(keep_mask.shape)} and "
+                         f"{tuple(group_ids.shape)}")
+    if keep_mask.dtype != torch.bool:
+        raise ValueError(f"keep_mask must be a bool tensor (from pass_rate_keep_mask), got {keep_mask.dtype}")
+    groups = torch.unique(group_ids).numel()
+    kept = torch.unique(group_ids[keep_mask]).numel()
+    counts = _all_reduce(torch.tensor([float(kept), float(groups)], dtype=torch.float64))
+    return int(counts[0]), int(counts[1])
+
+
+def global_kept_fraction(keep_mask: Tensor, group_ids: Tensor) -> float:
+    """Share of prompt groups kept by the pass-rate filter over the whole batch (all ranks); 1.0 for no groups.
+
+    Same definition as ``PassRateFilter.last_kept_fraction`` (kept groups / groups), but global.
+    """
+    kept, groups = global_group_counts(keep_mask, group_ids)
+    return kept / groups if groups else 1.0
+
+
+def shard_prompts(rows: Sequence[T], rank: int, world_size: int, tensor_parallel_size: int = 1) -> list[T]:
+    """This rank's contiguous share of a step's prompts (all of a prompt's samples are then rolled out here).
+
+    Every rank's dataloader yields the same global batch of ``P`` prompts. With one engine per rank
+    (``tensor_parallel_size=1``) rank ``r`` takes rows ``[r * P / W, (r + 1) * P / W)``. With tensor-parallel engines
+    the ``W / tp`` engines split the batch and every rank of an engine's group (ranks ``g * tp .. g * tp + tp - 1``)
+    gets the group's share, since all of them must submit the same requests; ``training_share`` then splits the
+    group's trajectories between them for the update. Shares must be equal: equal work keeps the ranks' rollouts
+    and updates (and their collective calls) in step.
+
+    Raises:
+        ValueError: a rank outside ``[0, world_size)``, ``tensor_parallel_size`` not dividing ``world_size``, or
+            ``P`` not a multiple of the number of engines.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must divide the world size {world_size} "
+                         f"(model.engine_kwargs.tensor_parallel_size vs trainer.devices x trainer.num_nodes)")
+    engines = world_size // tensor_parallel_size
+    if len(rows) % engines:
+        raise ValueError(
+            f"{len(rows)} prompts per step cannot be split evenly over {engines} rollout engines; set "
+            f"data.prompts_per_step to a multiple of devices x num_nodes / tensor_parallel_size = {engines}"
+        )
+    share, group = len(rows) // engines, rank // tensor_parallel_size
+    return list(rows[group * share:(group + 1) * share])
+
+
+def training_share(group_ids: Tensor, rank: int, tensor_parallel_size: int = 1) -> Tensor:
+    """Which of a tensor-parallel group's trajectories this rank trains on: a (B,) bool mask of whole prompt groups.
+
+    The ranks of a TP group hold identical trajectories (they rolled out the same prompts together). Training on
+    all of them on every rank would count each trajectory ``tp`` times in the data-parallel update and in every
+    global statistic, so rank ``r`` keeps the prompt groups whose position among the sorted group ids is
+    ``r % tp`` modulo ``tp``. Apply it before filtering and advantages. With ``tp = 1`` everything is kept.
+    """
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: must be >= 1")
+    if tensor_parallel_size == 1:
+        return torch.ones(group_ids.shape, dtype=torch.bool, device=group_ids.device)
+    _, position = torch.unique(group_ids, return_inverse=True)
+    return position % tensor_parallel_size == rank % tensor_parallel_size
