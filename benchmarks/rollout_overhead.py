@@ -19,7 +19,7 @@ and injects the results. Two workloads:
   decoding.
 
 Measured in one run, alternating ``--repeats`` times (medians reported), for two sandboxes and both schedules of the
-tool loop (``ToolConfig.continuous``: rounds of ``generate`` calls, or one continuously batched decode session):
+tool loop (``HFRollout.schedule``: rounds of ``generate`` calls, or one continuously batched decode session):
 
 * ``real``: ``SandboxClient`` against the local server, as the trainer runs it (``run_many``: one ``/run_batch``
   request per batch of finished code blocks);
@@ -54,7 +54,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox import ExecResult, ExecStatus, SandboxClient, local_sandbox  # noqa: E402 - after the path set-up
-from zerotir.rollout.agent_loop import ToolConfig, rollout_sync  # noqa: E402
+from zerotir.config import ToolConfig  # noqa: E402
+from zerotir.rollout.agent_loop import DEFAULT_TOKENS_PER_CALL, Schedule, rollout_sync  # noqa: E402
 from zerotir.rollout.engine import SamplingParams  # noqa: E402
 from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
 from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402
@@ -155,10 +156,11 @@ class InstantSandbox:
         return ExecResult(ExecStatus.OK, "0\n", "", 0.0, 0)
 
 
-def time_tool_loop(engine, tok, sandbox, prompts, params, tool) -> tuple[float, list[int], int, float, dict]:
+def time_tool_loop(engine, tok, sandbox, prompts, params, tool,
+                   schedule=Schedule()) -> tuple[float, list[int], int, float, dict]:
     """Wall time, sampled tokens per row, injected tokens, mean calls per row, the loop's timings."""
     start = time.perf_counter()
-    traj, timings = rollout_sync(engine, tok, sandbox, prompts, params, tool)
+    traj, timings = rollout_sync(engine, tok, sandbox, prompts, params, tool, schedule=schedule)
     wall = time.perf_counter() - start
     sampled = traj.action_mask.sum(1).tolist()
     injected = int(traj.response_lens.sum()) - sum(sampled)
@@ -175,10 +177,11 @@ def measure(fixed, engine, tok, sandbox, prompts, args, budget: int, seed: int, 
             continuous: bool) -> dict[str, float]:
     """One tool-loop run and its no-tool baselines; tokens per second of each."""
     params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=budget, seed=seed)
-    tool = ToolConfig(max_tool_calls=args.max_tool_calls, max_response_tokens=budget,
-                      tokens_per_call=args.tokens_per_call or None, continuous=continuous)
+    tool = ToolConfig(max_tool_calls=args.max_tool_calls, max_output_chars=1024)
+    rounds = Schedule("rounds", args.tokens_per_call) if args.tokens_per_call else Schedule("lockstep")
+    schedule = Schedule("continuous") if continuous else rounds
     cpu_before, own_before = sandbox_cpu(url), time.process_time()
-    wall, sampled, injected, calls, timings = time_tool_loop(engine, tok, sandbox, prompts, params, tool)
+    wall, sampled, injected, calls, timings = time_tool_loop(engine, tok, sandbox, prompts, params, tool, schedule)
     server_cpu, own_cpu = sandbox_cpu(url) - cpu_before, time.process_time() - own_before
     rows = [p for p in prompts for _ in range(args.n)]
     # Same tokens row by row: each row decodes exactly what it sampled in the tool run, in one call.
@@ -219,8 +222,8 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with local_sandbox(workers=args.sandbox_workers) as urls:
         sandboxes = {"real": SandboxClient(urls), "instant": InstantSandbox()}
-        warm = ToolConfig(max_response_tokens=32)
-        time_tool_loop(engine, tok, sandboxes["real"], prompts[:2], SamplingParams(n=2, max_new_tokens=32), warm)
+        time_tool_loop(engine, tok, sandboxes["real"], prompts[:2], SamplingParams(n=2, max_new_tokens=32),
+                       ToolConfig())
         for r in range(args.repeats):
             for name, sandbox in sandboxes.items():
                 for schedule, continuous in schedules.items():
@@ -287,8 +290,8 @@ def main() -> None:
     parser.add_argument("--max_response_tokens", type=int, default=0,
                         help="response budget per row (0: the profile's, paper 1024, dense 256)")
     parser.add_argument("--max_tool_calls", type=int, default=4, help="code blocks executed per row at most")
-    parser.add_argument("--tokens_per_call", type=int, default=ToolConfig.tokens_per_call,
-                        help="ToolConfig.tokens_per_call (0 = None, strict lockstep)")
+    parser.add_argument("--tokens_per_call", type=int, default=DEFAULT_TOKENS_PER_CALL,
+                        help="tokens per engine call of the rounds schedule (0 = lockstep)")
     parser.add_argument("--train_steps", type=int, default=300, help="pretraining steps of the tiny model")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny Llama (128: ~0.6M params)")
     parser.add_argument("--layers", type=int, default=2, help="layers of the tiny Llama")

@@ -43,6 +43,7 @@ from callbacks import PassRateFilter
 from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
 from zerotir.rl import algorithms as A
 from zerotir.data.datamodule import PromptDataModule
+from zerotir.config import OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.module import ZeroTIRModule
 from zerotir.rl.update import iter_rows, ppo_update, prepare_batch
 
@@ -57,15 +58,16 @@ class Recorder(Callback):
         self.last = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.timings.append(dict(pl_module.last_timings))
-        self.last = pl_module.last_rollout
+        self.timings.append(dict(outputs["step"].timings))
+        self.last = outputs["step"].rollout
 
 
 def run_steps(args: argparse.Namespace, base: Path, train_file: Path) -> tuple[ZeroTIRModule, Recorder]:
     pl.seed_everything(0)
-    module = ZeroTIRModule(str(base), algorithm=args.algorithm, n_samples=args.n, max_response_tokens=64,
-                           max_tool_calls=2, max_output_chars=128, lr=1e-4, kl_coef=args.kl_coef,
-                           micro_batch_size=args.micro_batch_size, local_sandbox_options={"workers": 1})
+    module = ZeroTIRModule(str(base), rl=RLConfig(algorithm=args.algorithm, kl_coef=args.kl_coef,
+                                                  micro_batch_size=args.micro_batch_size),
+                           optim=OptimConfig(lr=1e-4), sampling=SamplingConfig(n=args.n, max_response_tokens=64),
+                           tool=ToolConfig(max_tool_calls=2, max_output_chars=128), sandbox=SandboxConfig(workers=1))
     data = PromptDataModule(train_files=[str(train_file)], template=TEMPLATE, tokenizer=str(base),
                             prompts_per_step=args.prompts, test_files=[])
     recorder = Recorder()

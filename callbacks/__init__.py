@@ -1,6 +1,8 @@
 """Lightning callbacks of zerotir: they observe and schedule, never compute a loss."""
 
-from callbacks.pass_rate_filter import PassRateFilter, pass_rate_keep_mask
+from callbacks.pass_rate_filter import PassRateFilter, pass_rate_decision, pass_rate_keep_mask
+from callbacks.progress import RLStepProgressBar
 from callbacks.scaling_metrics import ScalingMetrics, rollout_metrics
 
-__all__ = ["PassRateFilter", "ScalingMetrics", "pass_rate_keep_mask", "rollout_metrics"]
+__all__ = ["PassRateFilter", "RLStepProgressBar", "ScalingMetrics", "pass_rate_decision", "pass_rate_keep_mask",
+           "rollout_metrics"]

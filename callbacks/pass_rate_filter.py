@@ -3,21 +3,25 @@
 A prompt group whose n samples are all right or all wrong carries no learning signal for group baselines (every
 advantage is 0) and little for the others, so ZeroTIR drops it (e.g. keeps 2..6 correct of 8).
 
-Protocol with the module: after rewards are filled, the module calls
-``batch = callback.on_rollout_scored(trainer, pl_module, batch)`` on every callback that defines that method, in
-order, and trains on what comes back. When no group passes (or fewer than ``min_keep_groups``), the filter returns
-an empty selection (``len(batch) == 0``) and the module must skip the update of that step.
+The decision is a pure function of the rewards (``pass_rate_decision``). The callback hands it to the module once,
+through the module's one explicit hook (``set_rollout_filter``, at ``setup``); the RL step applies it
+(``zerotir.rl.step``) and returns it in its ``StepResult``, from which the callback counts and logs what was kept
+(``on_train_batch_end``). When fewer than ``min_keep_groups`` groups pass, the decision keeps nothing and the step's
+update is skipped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.logging_utils import log_scalars, rl_step
+from callbacks.logging_utils import log_scalars
 from zerotir import metric_names
+from zerotir.rl.algorithms import group_stats
+from zerotir.rl.step import FilterDecision, StepResult
 from zerotir.scale.distributed import global_group_counts
 from zerotir.types import Trajectories
 
@@ -39,19 +43,27 @@ def pass_rate_keep_mask(rewards: torch.Tensor, group_ids: torch.Tensor, low: flo
     """
     if low > high:
         raise ValueError(f"low ({low}) must be <= high ({high})")
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be (B,), got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
-    if rewards.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1
-    r = rewards.to(torch.float64)
-    sums = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, r)
-    counts = torch.zeros_like(sums).index_add_(0, inverse, torch.ones_like(r))
-    means = sums / counts
-    return ((means >= low) & (means <= high))[inverse]
+    means, _, _ = group_stats(rewards, group_ids)
+    return (means >= low) & (means <= high)
+
+
+def pass_rate_decision(rewards: torch.Tensor, group_ids: torch.Tensor, low: float, high: float,
+                       min_keep_groups: int = 1,
+                       count_groups: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = global_group_counts,
+                       ) -> FilterDecision:
+    """The filter's decision for one step: keep mask, group counts, and whether the update is skipped.
+
+    Args:
+        rewards / group_ids / low / high: as in ``pass_rate_keep_mask``.
+        min_keep_groups: fewer kept groups than this (over all ranks) keep nothing: the step is skipped.
+        count_groups: ``(kept_groups, groups)`` of a keep mask; the default counts over all ranks (each rank holds
+            whole prompt groups), so every rank takes the same skip decision.
+    """
+    keep = pass_rate_keep_mask(rewards, group_ids, low, high)
+    kept_groups, groups = count_groups(keep, group_ids)
+    if kept_groups < min_keep_groups:
+        return FilterDecision(torch.zeros_like(keep), 0, groups, skipped=True)
+    return FilterDecision(keep, kept_groups, groups)
 
 
 class PassRateFilter(Callback):
@@ -62,8 +74,8 @@ class PassRateFilter(Callback):
     Args:
         low: smallest group mean reward kept (inclusive). The default 0.01 drops all-wrong groups for any n <= 100.
         high: largest group mean reward kept (inclusive). The default 0.99 drops all-right groups for any n <= 100.
-        enabled: when False the batch passes through untouched and nothing is counted or logged.
-        min_keep_groups: if fewer groups than this pass, the whole step is skipped (an empty selection is returned).
+        enabled: when False every trajectory trains and nothing is counted or logged.
+        min_keep_groups: if fewer groups than this pass, the whole step is skipped.
     """
 
     def __init__(self, low: float = 0.01, high: float = 0.99, enabled: bool = True, min_keep_groups: int = 1) -> None:
@@ -83,31 +95,38 @@ class PassRateFilter(Callback):
         self.trajectories_kept = 0
         self.last_kept_fraction = 1.0
 
-    def filter(self, batch: Trajectories) -> Trajectories:
-        """Apply the filter to ``batch`` and update the statistics (no logging)."""
-        keep = pass_rate_keep_mask(batch.rewards, batch.group_ids, self.low, self.high)
-        # Counted over all ranks (each rank holds whole prompt groups), so every rank takes the same skip decision
-        # and logs the same kept fraction; equal to the local counts in a single process.
-        kept_groups, groups = global_group_counts(keep, batch.group_ids)
-        if kept_groups < self.min_keep_groups:
-            keep = torch.zeros_like(keep)
-            kept_groups = 0
-            self.steps_skipped += 1
-        self.steps_seen += 1
-        self.groups_seen += groups
-        self.groups_kept += kept_groups
-        self.trajectories_seen += len(batch)
-        self.trajectories_kept += int(keep.sum().item())
-        self.last_kept_fraction = kept_groups / max(groups, 1)
-        return batch.select(keep)
+    def decide(self, batch: Trajectories) -> FilterDecision:
+        """This filter's decision for ``batch`` (a pure function of its rewards; nothing is counted here)."""
+        return pass_rate_decision(batch.rewards, batch.group_ids, self.low, self.high, self.min_keep_groups)
 
-    def on_rollout_scored(self, trainer: Any, pl_module: Any, batch: Trajectories) -> Trajectories:
-        """Return the kept rows of ``batch`` (possibly none: then skip the update) and log the kept fraction."""
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.enabled and stage == "fit":
+            pl_module.set_rollout_filter(self.decide)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.enabled and stage == "fit":
+            pl_module.set_rollout_filter(None)
+
+    def observe(self, result: StepResult) -> None:
+        """Count what the step kept (its decision came from ``decide``)."""
+        decision = result.filter
+        if decision is None:
+            return
+        self.steps_seen += 1
+        self.steps_skipped += int(decision.skipped)
+        self.groups_seen += decision.groups
+        self.groups_kept += decision.kept_groups
+        self.trajectories_seen += len(result.rollout)
+        self.trajectories_kept += int(decision.keep.sum().item())
+        self.last_kept_fraction = decision.kept_fraction
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if not self.enabled:
-            return batch
-        kept = self.filter(batch)
-        log_scalars(trainer, pl_module, {metric_names.KEPT_FRACTION: self.last_kept_fraction}, rl_step(pl_module))
-        return kept
+            return
+        result: StepResult = outputs["step"]
+        self.observe(result)
+        if result.filter is not None:
+            log_scalars(trainer, pl_module, {metric_names.KEPT_FRACTION: self.last_kept_fraction}, result.rl_step)
 
     _STATE_KEYS = (
         "steps_seen",

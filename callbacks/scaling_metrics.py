@@ -1,13 +1,10 @@
 """The paper's Figure-4 statistics, written once per RL step: rollout behaviour, update statistics and time split.
 
-Protocol with the module: during each RL step the module sets
-    * ``pl_module.rl_step: int``: the index of the RL step in progress (the x axis of every tag here);
-    * ``pl_module.last_rollout: Trajectories``: all trajectories of the step, scored, *before* pass-rate filtering;
-    * ``pl_module.last_timings: dict[str, float]``: seconds per phase (generation, sandbox, reward, update,
-      weight_sync, step);
-    * ``pl_module.last_update_stats: dict[str, float]``: kl, entropy, policy_loss, value_loss, clip_fraction,
-      grad_norm, lr (empty when the update was skipped).
-``on_train_batch_end`` then logs them under the names of ``zerotir.metric_names``. Keys outside those lists are
+What it reads: the ``StepResult`` (``zerotir.rl.step``) that ``training_step`` returns, as ``outputs["step"]`` of
+``on_train_batch_end``: its ``rl_step`` (the x axis of every tag here), ``rollout`` (all trajectories of the step,
+scored, *before* pass-rate filtering), ``timings`` (seconds per phase: generation, sandbox, reward, update,
+weight_sync, step) and ``stats`` (kl, entropy, policy_loss, value_loss, clip_fraction, grad_norm, lr; empty when
+the update was skipped). It logs them under the names of ``zerotir.metric_names``. Keys outside those lists are
 logged as ``time/<key>`` and ``train/<key>``, never dropped. The callback only observes: no loss math here.
 """
 
@@ -19,9 +16,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks.logging_utils import log_scalars, rl_step
+from callbacks.logging_utils import log_scalars
 from zerotir import metric_names as mn
 from zerotir.eval.text_metrics import repeat_score
+from zerotir.rl.step import StepResult
 from zerotir.types import Trajectories
 
 TIMING_NAMES = {
@@ -111,29 +109,18 @@ class ScalingMetrics(Callback):
         self.repeat_ngram = repeat_ngram
         self.histogram = histogram
 
-    @staticmethod
-    def _required(pl_module: Any, name: str) -> Any:
-        value = getattr(pl_module, name, None)
-        if value is None:
-            raise AttributeError(
-                f"ScalingMetrics needs `{type(pl_module).__name__}.{name}` to be set during each RL step "
-                "(see callbacks/scaling_metrics.py for the protocol)"
-            )
-        return value
-
-    def step_metrics(self, pl_module: Any) -> dict[str, float]:
+    def step_metrics(self, result: StepResult) -> dict[str, float]:
         """All scalars of the step: rollout metrics, update statistics and timings."""
-        rollout = self._required(pl_module, "last_rollout")
-        metrics = rollout_metrics(rollout, self.repeat_ngram)
-        metrics.update(named_stats(self._required(pl_module, "last_update_stats"), UPDATE_NAMES, "train"))
-        metrics.update(named_stats(self._required(pl_module, "last_timings"), TIMING_NAMES, "time"))
+        metrics = rollout_metrics(result.rollout, self.repeat_ngram)
+        metrics.update(named_stats(result.stats, UPDATE_NAMES, "train"))
+        metrics.update(named_stats(result.timings, TIMING_NAMES, "time"))
         return metrics
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = rl_step(pl_module)
-        log_scalars(trainer, pl_module, self.step_metrics(pl_module), step)
-        if self.histogram and getattr(trainer, "is_global_zero", True):
-            calls = pl_module.last_rollout.num_calls.detach().cpu()
-            for logger in getattr(trainer, "loggers", []):
+        result: StepResult = outputs["step"]
+        log_scalars(trainer, pl_module, self.step_metrics(result), result.rl_step)
+        if self.histogram and trainer.is_global_zero:
+            calls = result.rollout.num_calls.detach().cpu()
+            for logger in trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
-                    logger.experiment.add_histogram(mn.CALLS_HIST, calls, global_step=step)
+                    logger.experiment.add_histogram(mn.CALLS_HIST, calls, global_step=result.rl_step)

@@ -100,10 +100,13 @@ def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]
         "checkpoint": {"save_top_k": 0, "save_last": False},  # a 0.5B PPO checkpoint would cost more than the steps
         "model": {
             "model_path": str(model), "dtype": "float32" if cpu else "bfloat16", "gradient_checkpointing": True,
-            "algorithm": "ppo", "kl_coef": 0.01, "kl_estimator": "k1", "n_samples": 2 if cpu else 4,
-            "temperature": 1.0, "max_response_tokens": 32 if cpu else 256, "max_tool_calls": 2,
-            "rollout_backend": "hf", "local_sandbox_options": {"workers": 2},
-            "micro_batch_size": 8, "lr": 1.0e-4, "critic_lr": 1.0e-4, "max_grad_norm": 1.0, "seed": 0,
+            "rl": {"algorithm": "ppo", "kl_coef": 0.01, "kl_estimator": "k1", "micro_batch_size": 8},
+            "optim": {"lr": 1.0e-4, "critic_lr": 1.0e-4, "max_grad_norm": 1.0},
+            "sampling": {"n": 2 if cpu else 4, "temperature": 1.0, "max_response_tokens": 32 if cpu else 256},
+            "tool": {"max_tool_calls": 2},
+            "rollout": {"class_path": "zerotir.rollout.backends.HFRollout"},
+            "sandbox": {"workers": 2},
+            "seed": 0,
         },
         "data": {"train_files": ["gsm8k_train"], "template": "orz_tool", "prompts_per_step": 2 if cpu else 8,
                  "max_prompt_tokens": 1024, "seed": 0},
@@ -147,7 +150,7 @@ class StepRecorder(Callback):
         if cuda:
             torch.cuda.synchronize()
         row = {"step": len(self.steps) + 1, "wall_s": time.perf_counter() - self._start,
-               "timings": dict(pl_module.last_timings), "grad_norm": pl_module.last_update_stats.get("grad_norm"),
+               "timings": dict(outputs["step"].timings), "grad_norm": outputs["step"].stats.get("grad_norm"),
                "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None}
         sink = SinkEngine()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,11 @@ import torch
 
 import zerotir.__main__ as entry
 from zerotir import models
+from callbacks.progress import RLStepProgressBar, rl_step_description
+from lightning.pytorch.callbacks import ModelCheckpoint
 from zerotir.cli import ZeroTIRCLI
+from zerotir.rollout.backends import HFRollout
+from zerotir.toy.pretrain import PretrainSettings
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -33,8 +38,8 @@ def parse_error(args: list[str], capsys) -> str:
     return capsys.readouterr().err
 
 
-@pytest.mark.parametrize("field,value", [("model.algorithm", "dpo"), ("model.kl_coef", "abc"),
-                                         ("model.rollout_backend", "sglang"), ("data.prompts_per_step", "many")])
+@pytest.mark.parametrize("field,value", [("model.rl.algorithm", "dpo"), ("model.rl.kl_coef", "abc"),
+                                         ("model.rollout", "sglang"), ("data.prompts_per_step", "many")])
 def test_bad_value_names_the_field(field, value, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     err = parse_error(["fit", "--config", CONFIG, f"--{field}", value, "--print_config"], capsys)
@@ -50,20 +55,60 @@ def test_tokenizer_is_linked_not_set_twice(capsys, monkeypatch):
 def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir),
-                           "--model.build_toy_base_if_missing", "false", "--trainer.default_root_dir", str(tmp_path)],
+                           "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)],
                      run=False)
     assert cli.datamodule.tokenizer_path == str(tiny_dir)  # one argument, two users
     assert cli.trainer.checkpoint_callback.dirpath == str(tmp_path / "checkpoints")
     assert cli.trainer.checkpoint_callback.save_last is True
     assert Path(cli.trainer.logger.log_dir) == tmp_path / "tensorboard"  # fixed folder: a resume appends to it
-    assert cli.model.hparams.algorithm == "ppo" and cli.trainer.max_steps == 20
+    assert cli.model.rl.algorithm == "ppo" and cli.trainer.max_steps == 20
+    assert cli.model.hparams.rl["algorithm"] == "ppo"  # plain data in checkpoints
+    assert isinstance(cli.trainer.progress_bar_callback, RLStepProgressBar)
+
+
+def test_checkpoint_group_follows_enable_checkpointing(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                           "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_checkpointing", "false"],
+                     run=False)
+    assert cli.trainer.checkpoint_callback is None
+    assert not any(isinstance(cb, ModelCheckpoint) for cb in cli.trainer.callbacks)
+
+
+def test_a_setting_of_another_engine_is_an_error(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    vllm = ["--model.rollout", "zerotir.rollout.backends.VLLMRollout"]
+    err = parse_error(["fit", "--config", CONFIG, *vllm, "--model.rollout.schedule", "continuous", "--print_config"],
+                      capsys)
+    assert "model.rollout" in err and "schedule" in err
+    err = parse_error(["fit", "--config", CONFIG, "--model.rollout.gpu_memory_utilization", "0.5", "--print_config"],
+                      capsys)  # a vLLM setting with the transformers engine
+    assert "HFRollout" in err and "gpu_memory_utilization" in err and "not accepted" in err
+    with pytest.raises(ValueError, match="tokens_per_call=8 applies to schedule 'rounds' only"):
+        HFRollout(tokens_per_call=8)
+
+
+def test_help_lists_every_group_with_its_meaning(capsys):
+    with pytest.raises(SystemExit):
+        ZeroTIRCLI(args=["fit", "--help"])
+    out = capsys.readouterr().out
+    for group, field, meaning in (("rl", "clip_low", "Lower clip epsilon"), ("optim", "warmup_steps", "Linear warmup"),
+                                  ("tool", "max_tool_calls", "ZeroRL baseline"), ("sampling", "n", "Samples per"),
+                                  ("eval_sampling", "temperature", "greedy"), ("sandbox", "urls", "embedded"),
+                                  ("rollout", "", "HFRollout")):
+        assert f"--model.{group}" + (f".{field}" if field else "") in out, group
+        assert meaning in out, meaning
+
+
+def test_progress_bar_names_rl_steps():
+    assert rl_step_description(40) == "RL steps (of 40)" and rl_step_description(-1) == "RL steps"
 
 
 def test_missing_model_folder_fails_fast(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     with pytest.raises(FileNotFoundError, match="model_path='./no_such_model'"):
         ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", "./no_such_model",
-                         "--model.build_toy_base_if_missing", "false", "--trainer.default_root_dir", str(tmp_path)],
+                         "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
 
 
@@ -97,21 +142,19 @@ def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys):
 
 def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
     import zerotir.cli
-    import zerotir.module
 
     calls = []
 
-    def fake_build(path, settings):  # stands in for the minutes-long toy pretraining
+    def fake_build(path, **settings):  # stands in for the minutes-long toy pretraining
         calls.append((path, settings))
         if not (tmp_path / "toy" / "config.json").exists():
             build_tiny_model(build_byte_tokenizer(), save_dir=tmp_path / "toy", hidden_size=32, num_heads=2)
 
     monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
-    monkeypatch.setattr(zerotir.module, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
     cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tmp_path / "toy"),
                            "--trainer.default_root_dir", str(tmp_path)], run=False)
-    assert calls[0] == (str(tmp_path / "toy"), None)  # None: the toy world's default settings
+    assert calls == [(str(tmp_path / "toy"), asdict(PretrainSettings()))]  # toy_base: {} = the toy world's defaults
     assert cli.model.model_path == str((tmp_path / "toy").resolve())
 
 

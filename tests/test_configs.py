@@ -49,7 +49,8 @@ def test_config_parses_with_its_header_command(path, capsys, monkeypatch, tmp_pa
     args = header_args(path)
     full = print_config(args, capsys)
     assert full["model"]["model_path"]
-    assert full["model"]["algorithm"] in ("ppo", "reinforce_pp", "grpo")
+    assert full["model"]["rl"]["algorithm"] in ("ppo", "reinforce_pp", "grpo")
+    assert set(full["model"]) >= {"rl", "optim", "tool", "sampling", "eval_sampling", "rollout", "sandbox"}
     # The printed config is complete and parses on its own.
     again = tmp_path / "full.yaml"
     again.write_text(yaml.safe_dump(full))

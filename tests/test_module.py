@@ -8,11 +8,13 @@ import json
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from callbacks import PassRateFilter, ScalingMetrics
 from zerotir.data.datamodule import PromptDataModule
+from zerotir.config import OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.module import ZeroTIRModule
+from zerotir.rollout.backends import VLLMRollout
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.types import Trajectories
@@ -86,11 +88,25 @@ def _traj(ids, action, prompt_len, group, reward) -> Trajectories:
     )
 
 
-def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, **module_kwargs):
-    kwargs = {"n_samples": 2, "micro_batch_size": 2, "lr": 1e-2, "max_response_tokens": 16, "seed": 3}
-    kwargs.update(module_kwargs)
+class Recorder(Callback):
+    """Keeps the ``StepResult`` of every training step, as the callbacks receive it."""
+
+    def __init__(self):
+        self.results = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.results.append(outputs["step"])
+
+
+def small_module(tiny_dir, eval_n=1, **rl) -> ZeroTIRModule:
+    return ZeroTIRModule(str(tiny_dir), rl=RLConfig(**{"micro_batch_size": 2, **rl}), optim=OptimConfig(lr=1e-2),
+                         sampling=SamplingConfig(n=2, max_response_tokens=16),
+                         eval_sampling=SamplingConfig(n=eval_n, temperature=0.0, max_response_tokens=16), seed=3)
+
+
+def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1, **rl):
     pl.seed_everything(0)  # the critic's value head is initialised from the global RNG
-    module = ZeroTIRModule(str(tiny_dir), **kwargs)
+    module = small_module(tiny_dir, eval_n, **rl)
     runtime = ScriptedRuntime(all_wrong)
     module.runtime = runtime
     module.rollout = scripted_rollout(module, runtime)
@@ -99,8 +115,12 @@ def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, **module_
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=root,
-                         callbacks=[PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt])
+                         callbacks=[PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()])
     return module, data, trainer, runtime
+
+
+def recorded(trainer) -> list:
+    return next(cb for cb in trainer.callbacks if isinstance(cb, Recorder)).results
 
 
 def _snapshot(module):
@@ -123,7 +143,7 @@ def test_every_trainable_parameter_changes_and_the_reference_does_not(
     if kl_coef:
         frozen = [n for n in before if n.startswith("ref_model.")]
         assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
-        assert "kl" in module.last_update_stats
+        assert "kl" in recorded(trainer)[-1].stats
     groups = trainer.optimizers[0].param_groups
     assert [g["name"] for g in groups] == (["actor", "critic"] if algorithm == "ppo" else ["actor"])
     n_opt = sum(p.numel() for g in groups for p in g["params"])
@@ -138,7 +158,9 @@ def test_skipped_update_keeps_step_count_and_weights(tiny_dir, train_file, tmp_p
     trainer.fit(module, datamodule=data)
     assert trainer.global_step == 2 and module.rl_steps_done == 2 and data.consumed == 2
     assert all(torch.equal(before[n], p) for n, p in module.named_parameters())
-    assert module.last_update_stats == {} and module.last_rollout is not None
+    results = recorded(trainer)
+    assert [r.rl_step for r in results] == [1, 2] and all(r.skipped and r.stats == {} for r in results)
+    assert all(len(r.rollout) == 4 and not r.kept.any() for r in results)
 
 
 def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_file, tmp_path):
@@ -164,7 +186,7 @@ def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_fil
 
 
 def test_train_mode_keeps_reference_frozen(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir), kl_coef=0.1)
+    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(kl_coef=0.1))
     module.configure_model()
     module.train()
     assert module.actor.training and not module.ref_model.training
@@ -172,35 +194,31 @@ def test_train_mode_keeps_reference_frozen(tiny_dir):
 
 
 def test_no_reference_without_kl_and_no_critic_without_ppo(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir), algorithm="grpo", kl_coef=0.0)
+    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(algorithm="grpo", kl_coef=0.0))
     module.configure_model()
     assert module.ref_model is None and module.critic is None
 
 
 def test_bad_arguments_name_the_field(tiny_dir):
-    with pytest.raises(ValueError, match="n_samples=0"):
-        ZeroTIRModule(str(tiny_dir), n_samples=0)
-    with pytest.raises(ValueError, match="rollout_backend='sglang'"):
-        ZeroTIRModule(str(tiny_dir), rollout_backend="sglang")
     with pytest.raises(FileNotFoundError, match="model_path='./nope'"):
         ZeroTIRModule("./nope")
-    with pytest.raises(ValueError, match="rollout_schedule='async'"):
-        ZeroTIRModule(str(tiny_dir), rollout_schedule="async")
+    with pytest.raises(ValueError, match="model.sandbox.urls is set but model.tool.max_tool_calls=0"):
+        ZeroTIRModule(str(tiny_dir), tool=ToolConfig(max_tool_calls=0), sandbox=SandboxConfig(urls=["http://x"]))
 
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):
-    assert ZeroTIRModule(str(tiny_dir)).tool_config().continuous  # the default
-    assert not ZeroTIRModule(str(tiny_dir), rollout_schedule="rounds").tool_config().continuous
+    module = ZeroTIRModule(str(tiny_dir))
+    assert module.runtime.backend.loop_schedule.kind == "continuous"  # the default engine and schedule
 
 
 def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_file, tmp_path):
     module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
     trainer.fit(module, datamodule=data)
     evaluated, edata, etrainer, runtime = make_run(tiny_dir, train_file, tmp_path / "eval", algorithm="ppo",
-                                                   kl_coef=0.05, eval_n_samples=2)
+                                                   kl_coef=0.05, eval_n=2)
     edata.test_files = [str(train_file)]
     etrainer.test(evaluated, datamodule=edata, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
-    assert evaluated.critic is None and evaluated.ref_model is None and evaluated.rl_step == 2
+    assert evaluated.critic is None and evaluated.ref_model is None and evaluated.rl_steps_done == 2
     for name, p in evaluated.actor.named_parameters():
         assert torch.equal(p, dict(module.actor.named_parameters())[name]), name
     report = json.loads((tmp_path / "eval" / "eval" / "test_train.json").read_text())
@@ -290,9 +308,9 @@ def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_fi
 def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
     from zerotir.scale.deepspeed_setup import DeepSpeedConfigError
 
-    module = ZeroTIRModule(str(tiny_dir), max_grad_norm=0.5)
+    module = ZeroTIRModule(str(tiny_dir), optim=OptimConfig(max_grad_norm=0.5))
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))
-    with pytest.raises(DeepSpeedConfigError, match=r"gradient_clipping=1.0 but model.max_grad_norm=0.5"):
+    with pytest.raises(DeepSpeedConfigError, match=r"gradient_clipping=1.0 but model.optim.max_grad_norm=0.5"):
         module.setup("fit")
     module.setup("test")  # evaluation takes no optimizer step
     module._trainer = FakeTrainer()
@@ -315,7 +333,7 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
         return torch.nn.Linear(2, 2)
 
     monkeypatch.setattr(models, "load_causal_lm", fake_load)
-    module = ZeroTIRModule(str(tiny_dir), kl_coef=0.1)
+    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(kl_coef=0.1))
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))
     module.configure_model()
     assert seen == [True, True]  # actor and reference
@@ -324,19 +342,25 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
     assert not is_deepspeed_zero3_enabled()
 
 
-def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their_share(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir), n_samples=2, rollout_backend="vllm",
-                           engine_kwargs={"tensor_parallel_size": 2})
+def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their_share(tiny_dir, monkeypatch):
+    import zerotir.module
+
+    module = ZeroTIRModule(str(tiny_dir), sampling=SamplingConfig(n=2), rollout=VLLMRollout(tensor_parallel_size=2))
     runtime = ScriptedRuntime()
     module.runtime, module.rollout = runtime, scripted_rollout(module, runtime)
     module.log = lambda *args, **kwargs: None
     trained = []
-    module._update = lambda traj: trained.append(traj) or {}
+
+    def fake_step(cfg, traj, decision, *args):
+        trained.append(traj)
+        return zerotir.module.StepResult(1, traj, torch.ones(len(traj), dtype=torch.bool), decision, {})
+
+    monkeypatch.setattr(zerotir.module, "rl_step", fake_step)
     module._trainer = FakeTrainer(world_size=4, global_rank=3)  # engine 1 = ranks 2 and 3
     tok = build_byte_tokenizer()
     batch = [{"id": f"q{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i)} for i in range(4)]
-    module.training_step(batch, 0)
+    out = module.training_step(batch, 0)
     assert runtime.seen == [["q2", "q3"]]  # the engine's prompts
-    assert trained[0].group_ids.tolist() == [1, 1] and len(module.last_rollout) == 2  # rank 3: the 2nd group
+    assert trained[0].group_ids.tolist() == [1, 1] and len(out["step"].rollout) == 2  # rank 3: the 2nd group
     with pytest.raises(ValueError, match=r"data.prompts_per_step=6.*multiple of devices x num_nodes = 4"):
         module.training_step(batch + batch[:2], 1)

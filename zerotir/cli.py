@@ -7,28 +7,39 @@
     python -m zerotir fit --config configs/tiny_cpu_ppo.yaml --print_config             # the full config
 
 What the subclass adds to Lightning's CLI:
+    * the module's settings are typed groups (``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling``,
+      ``model.eval_sampling``, ``model.rollout``, ``model.sandbox``: ``zerotir.config``); ``--help`` shows each
+      field's docstring;
     * shared arguments are set once: ``model.model_path`` also names the data module's tokenizer;
     * a ``checkpoint`` group (a ``ModelCheckpoint``; ``save_last`` on) whose folder defaults to
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
+      it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
     * a TensorBoard logger at ``<trainer.default_root_dir>/tensorboard`` (fixed, not versioned) unless the config
       names a logger, so a resumed run continues the same event folder;
-    * the toy base model is built before anything loads it when ``model.build_toy_base_if_missing`` is set.
+    * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
+    * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
+      ``model.model_path`` before anything loads it, unless one with the same settings is there.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
-from jsonargparse import Namespace
-from lightning.pytorch.callbacks import ModelCheckpoint
+from jsonargparse import Namespace, set_parsing_settings
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
 from zerotir.data.datamodule import PromptDataModule
-from zerotir.module import ZeroTIRModule, ensure_toy_base
+from zerotir.module import ZeroTIRModule
+from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"
 
@@ -47,6 +58,10 @@ def use_cpu_deepspeed_without_cuda() -> None:
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+# Field docstrings of the configuration dataclasses are their --help text.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 
 class ZeroTIRCLI(LightningCLI):
@@ -69,6 +84,9 @@ class ZeroTIRCLI(LightningCLI):
             "trainer.default_root_dir": DEFAULT_ROOT,
         })
         parser.link_arguments("model.model_path", "data.tokenizer")
+        parser.add_argument("--toy_base", type=PretrainSettings | None, default=None,
+                            help="Build the toy base model at model.model_path first (unless one with these settings "
+                                 "is there); {} = the toy world's defaults, as `python -m zerotir toy-base`.")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -80,9 +98,35 @@ class ZeroTIRCLI(LightningCLI):
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
                 init_args=Namespace(save_dir=str(root), name="tensorboard", version=""),
             )
-        if config.model.build_toy_base_if_missing:
+        if config.trainer.enable_progress_bar is not False and not any(
+                _is_progress_bar(cb) for cb in _as_list(config.trainer.callbacks)):
+            config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
+                Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+        if config.get("toy_base") is not None:
             # Before the data module (which loads the tokenizer from the same folder) is set up.
-            ensure_toy_base(config.model.model_path, config.model.toy_base_settings)
+            settings = config.toy_base
+            settings = asdict(settings) if isinstance(settings, PretrainSettings) else settings.as_dict()
+            ensure_toy_base(config.model.model_path, **settings)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """Lightning's, with the ``checkpoint`` group following ``trainer.enable_checkpointing``."""
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        if trainer_config.get("enable_checkpointing") is False:
+            callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+        return self._instantiate_trainer(trainer_config, callbacks)
+
+
+def _as_list(callbacks: Any) -> list[Any]:
+    return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
+
+
+def _is_progress_bar(callback: Any) -> bool:
+    """A configured callback (a class_path Namespace or an instance) that is a progress bar."""
+    if isinstance(callback, ProgressBar):
+        return True
+    module, _, name = str(callback["class_path"]).rpartition(".")  # resolved to a full path by the parser
+    return issubclass(getattr(importlib.import_module(module), name), ProgressBar)
 
 
 def cli_main(args: list[str] | None = None) -> ZeroTIRCLI:

@@ -1,11 +1,12 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
-    prompts -> tool-integrated rollouts (n per prompt) -> outcome rewards -> sandbox guard -> pass-rate filter
-    (callbacks) -> old log-probs / reference / values -> advantages (PPO | REINFORCE++ | GRPO) -> PPO-epoch update
-    -> weight sync to the rollout engine -> statistics for ``ScalingMetrics``.
+    prompts -> tool-integrated rollouts (n per prompt; ``zerotir.rollout``) -> outcome rewards -> sandbox guard
+    -> ``zerotir.rl.step.rl_step`` (the rollout filter's keep decision, old log-probs / reference / values,
+    advantages, the PPO-epoch update) -> weight push to the rollout engine -> ``StepResult`` returned to the
+    callbacks (``outputs["step"]`` of ``on_train_batch_end``).
 
-The math lives in ``zerotir.rl.update`` and ``zerotir.rl.algorithms``; the sandbox and engine in ``zerotir.rollout.runtime``;
-validation / test in ``zerotir.eval.loop``. This file is the Lightning plumbing.
+The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
+hooks, checkpoints. Its settings are the typed groups of ``zerotir.config`` and ``zerotir.rollout.backends``.
 
 Steps: optimization is manual with ONE optimizer (actor and critic are two parameter groups; Lightning's DeepSpeed
 strategy accepts a single optimizer). Lightning's ``trainer.global_step`` counts ``optimizer.step()`` calls, and each
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -26,18 +29,15 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
-from zerotir.scale.deepspeed_setup import (
-    check_deepspeed_config,
-    count_skipped_step,
-    hf_zero3_config,
-    is_deepspeed,
-)
-from zerotir.scale.distributed import global_sum, shard_prompts, training_share
+from zerotir.config import EVAL_SAMPLING, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig, as_plain
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
-from zerotir.rl.update import RLConfig, placeholder, ppo_update, prepare_batch
+from zerotir.rl.step import Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rollout.backends import HFRollout, RolloutBackend
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.runtime import RolloutRuntime
+from zerotir.scale.deepspeed_setup import check_deepspeed_config, count_skipped_step, hf_zero3_config, is_deepspeed
+from zerotir.scale.distributed import shard_prompts, training_share
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -48,154 +48,78 @@ class ZeroTIRModule(LightningModule):
 
     Args:
         model_path: HF model folder or hub id of the base model (actor, reference and critic start from it).
-        algorithm: "reinforce_pp" (token-level KL in the reward, whitened returns), "ppo" (critic + GAE) or "grpo"
-            (group mean / std baseline).
         dtype: parameter dtype of the models: float32, bfloat16 or float16.
         gradient_checkpointing: recompute activations in the backward pass (actor and critic).
-        build_toy_base_if_missing: build the toy base model at ``model_path`` (``zerotir.toy.pretrain``) unless a
-            toy base with the same settings is there.
-        toy_base_settings: ``PretrainSettings`` fields for that build.
-        n_samples: samples per prompt in training rollouts.
-        temperature: sampling temperature of training rollouts.
-        top_p: nucleus mass of training rollouts.
-        max_response_tokens: total response budget per trajectory (sampled + injected tokens).
-        max_tool_calls: code executions allowed per trajectory (the paper: 20); after that code stops are dropped.
-        max_output_chars: injected tool output is truncated to this many characters,
-        max_output_tokens: then to this many tokens (None: characters only; the paper's code: 256).
-        run_timeout: seconds one code execution may run in the sandbox.
-        rollout_backend: "hf" (transformers, wraps the actor itself) or "vllm" (separate engine, weights synced).
-        rollout_schedule: how the "hf" backend runs the tool loop: "continuous" (default: one decode session;
-            rows leave at a code block and rejoin when its result is back) or "rounds" of generate calls. See
-            ToolConfig.continuous for what each costs.
-        engine_kwargs: extra keyword arguments of the engine class.
-        weight_sync_bucket_mb: bucket size of the vLLM weight sync.
-        sandbox_urls: sandbox servers; None starts an embedded local sandbox for the run.
-        local_sandbox_options: options of that embedded server (``workers``, ``run_timeout``, ...).
-        sandbox_client_kwargs: options of the ``SandboxClient`` (``max_concurrency``, ``retries``, ...).
-        max_sandbox_error_rate: highest tolerated share of executions the sandbox fails to run.
-        sandbox_error_patience: consecutive steps above that rate that stop the run.
-        eval_n_samples: samples per problem in validation / test (avg@k and pass@k with k = this).
-        eval_temperature: sampling temperature of validation / test (0 = greedy).
-        eval_top_p: nucleus mass of validation / test.
-        eval_report_dir: where evaluation reports go; default ``<log dir>/eval``.
-        kl_coef: KL coefficient beta; 0 skips the reference model entirely.
-        kl_estimator: k1, k2 or k3.
-        use_kl_loss: put the KL in the loss (GRPO style) instead of the token rewards.
-        gamma: discount per action token.
-        gae_lambda: GAE lambda (PPO).
-        whiten_ppo_advantages: normalise PPO's GAE advantages over the batch.
-        grpo_scale_by_std: divide GRPO's group-centred rewards by the group std.
-        clip_low: lower clip epsilon of the ratio (the paper's code: 0.22).
-        clip_high: upper clip epsilon of the ratio (the paper's code: 0.28).
-        value_clip: clip range of the value loss (None: unclipped).
-        vf_coef: weight of the value loss.
-        entropy_coef: weight of an entropy bonus (0 = none).
-        ppo_epochs: passes over each RL batch.
-        num_mini_batches: optimizer steps per pass.
-        micro_batch_size: trajectories per forward / backward.
-        lr: actor learning rate.
-        critic_lr: critic learning rate (default: ``lr``).
-        weight_decay: AdamW weight decay.
-        betas: Adam betas.
-        warmup_steps: linear warmup in optimizer steps, constant afterwards.
-        max_grad_norm: gradient clipping per parameter group (actor, critic) (0 = off).
-        optimizer: "adamw" (torch) or "deepspeed_cpu_adam" (for ZeRO optimizer offload).
+        rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
+        optim: the optimizer and its schedule.
+        tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
+        sampling: sampling of training rollouts.
+        eval_sampling: sampling of validation / test rollouts (avg@k and pass@k with k = its n).
+        rollout: the rollout engine, a ``class_path``: ``zerotir.rollout.backends.HFRollout`` (transformers, the
+            default) or ``zerotir.rollout.backends.VLLMRollout``, each with its own ``init_args``.
+        sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
+        eval_report_dir: where evaluation reports go; default ``<trainer.default_root_dir>/eval``.
         seed: seed of rollout sampling (step k samples with ``seed + k``), so a resumed run repeats a step exactly.
     """
 
     def __init__(
         self,
         model_path: str,
-        algorithm: Literal["reinforce_pp", "ppo", "grpo"] = "reinforce_pp",
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         gradient_checkpointing: bool = False,
-        build_toy_base_if_missing: bool = False,
-        toy_base_settings: dict[str, Any] | None = None,
-        n_samples: int = 8,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_response_tokens: int = 1024,
-        max_tool_calls: int = 4,
-        max_output_chars: int = 512,
-        max_output_tokens: int | None = 256,
-        run_timeout: float = 5.0,
-        rollout_backend: Literal["hf", "vllm"] = "hf",
-        rollout_schedule: Literal["rounds", "continuous"] = "continuous",
-        engine_kwargs: dict[str, Any] | None = None,
-        weight_sync_bucket_mb: int = 256,
-        sandbox_urls: list[str] | None = None,
-        local_sandbox_options: dict[str, Any] | None = None,
-        sandbox_client_kwargs: dict[str, Any] | None = None,
-        max_sandbox_error_rate: float = 0.5,
-        sandbox_error_patience: int = 3,
-        eval_n_samples: int = 1,
-        eval_temperature: float = 0.0,
-        eval_top_p: float = 1.0,
+        rl: RLConfig = RLConfig(),
+        optim: OptimConfig = OptimConfig(),
+        tool: ToolConfig = ToolConfig(),
+        sampling: SamplingConfig = SamplingConfig(),
+        eval_sampling: SamplingConfig = EVAL_SAMPLING,
+        rollout: RolloutBackend = HFRollout(),
+        sandbox: SandboxConfig = SandboxConfig(),
         eval_report_dir: str | None = None,
-        kl_coef: float = 0.0,
-        kl_estimator: Literal["k1", "k2", "k3"] = "k3",
-        use_kl_loss: bool = False,
-        gamma: float = 1.0,
-        gae_lambda: float = 1.0,
-        whiten_ppo_advantages: bool = True,
-        grpo_scale_by_std: bool = True,
-        clip_low: float = 0.2,
-        clip_high: float = 0.28,
-        value_clip: float | None = 0.2,
-        vf_coef: float = 0.5,
-        entropy_coef: float = 0.0,
-        ppo_epochs: int = 1,
-        num_mini_batches: int = 1,
-        micro_batch_size: int = 8,
-        lr: float = 1e-6,
-        critic_lr: float | None = None,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.95),
-        warmup_steps: int = 0,
-        max_grad_norm: float = 1.0,
-        optimizer: Literal["adamw", "deepspeed_cpu_adam"] = "adamw",
         seed: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters()
+        self._plain_hparams()
         self.automatic_optimization = False
-        if build_toy_base_if_missing:
-            ensure_toy_base(model_path, toy_base_settings)
         self.model_path = models.resolve_model_path(model_path)
-        self.rl = RLConfig(
-            algorithm, kl_coef, kl_estimator, use_kl_loss, gamma, gae_lambda, whiten_ppo_advantages,
-            grpo_scale_by_std, clip_low, clip_high, value_clip, vf_coef, entropy_coef, ppo_epochs, num_mini_batches,
-            micro_batch_size,
-        )
-        for name, value in (("n_samples", n_samples), ("eval_n_samples", eval_n_samples),
-                            ("max_response_tokens", max_response_tokens)):
-            if value < 1:
-                raise ValueError(f"{name}={value}: must be >= 1")
-        if rollout_schedule not in ("rounds", "continuous"):
-            raise ValueError(f"rollout_schedule={rollout_schedule!r}: choose 'rounds' or 'continuous'")
+        self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
+        self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
+        self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
+        if sandbox.urls is not None and not tool.enabled:
+            raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
+                             "or allow tool calls")
         self.tokenizer = models.load_tokenizer(self.model_path)
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        self.runtime = RolloutRuntime(rollout_backend, self.model_path, sandbox_urls, engine_kwargs,
-                                      weight_sync_bucket_mb, sandbox_client_kwargs, local_sandbox_options)
-        self.sandbox_guard = SandboxErrorGuard(sandbox_urls or ["<embedded local sandbox>"], max_sandbox_error_rate,
-                                               sandbox_error_patience)
+        self.runtime = RolloutRuntime(rollout, sandbox, tool, self.model_path, seed)
+        self.sandbox_guard = SandboxErrorGuard(sandbox.urls or ["<embedded local sandbox>"], sandbox.max_error_rate,
+                                               sandbox.error_patience)
         self.evaluator = EvalAccumulator()
-        # The protocol read by the callbacks (see callbacks/scaling_metrics.py).
-        self.rl_step = 0  # index (1-based) of the RL step in progress / last done
-        self.rl_steps_done = 0
-        self.last_rollout: Trajectories | None = None
-        self.last_timings: dict[str, float] = {}
-        self.last_update_stats: dict[str, float] = {}
+        self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
+        self.rollout_filter: RolloutFilter | None = None  # set by a filter callback (set_rollout_filter)
         self._hf_zero3: Any = None  # transformers' ZeRO-3 switch, held while the run lasts (see configure_model)
+
+    def _plain_hparams(self) -> None:
+        """Groups as plain dicts in ``hparams`` (as the CLI gives them), so checkpoints load with ``weights_only``."""
+        for key, value in list(self.hparams.items()):
+            if is_dataclass(value) and not isinstance(value, type):
+                plain = asdict(value)
+                if isinstance(value, RolloutBackend):
+                    plain = {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": plain}
+                self.hparams[key] = plain
+
+    def set_rollout_filter(self, decide: RolloutFilter | None) -> None:
+        """The one hook through which a callback (``PassRateFilter``) gives the RL step its keep decision."""
+        if decide is not None and self.rollout_filter is not None and self.rollout_filter != decide:
+            raise ValueError("two rollout filters were registered (e.g. two PassRateFilter callbacks); keep one")
+        self.rollout_filter = decide
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
         """Before any model is loaded: a DeepSpeed config that disagrees with the module fails here, naming the fix."""
         if stage == "fit" and is_deepspeed(self.trainer):
-            hp = self.hparams
-            check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
+            check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -207,15 +131,14 @@ class ZeroTIRModule(LightningModule):
         """
         if self.actor is not None:
             return
-        hp = self.hparams
         fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         if self._trainer is not None and self._hf_zero3 is None:
             self._hf_zero3 = hf_zero3_config(self.trainer)
-        self.actor = models.load_causal_lm(self.model_path, hp.dtype, hp.gradient_checkpointing)
-        if fitting and hp.kl_coef > 0:
-            self.ref_model = models.load_reference(self.model_path, hp.dtype)
-        if fitting and hp.algorithm == "ppo":
-            self.critic = models.load_critic(self.model_path, hp.dtype, hp.gradient_checkpointing)
+        self.actor = models.load_causal_lm(self.model_path, self.dtype_name, self.gradient_checkpointing)
+        if fitting and self.rl.kl_coef > 0:
+            self.ref_model = models.load_reference(self.model_path, self.dtype_name)
+        if fitting and self.rl.algorithm == "ppo":
+            self.critic = models.load_critic(self.model_path, self.dtype_name, self.gradient_checkpointing)
 
     def train(self, mode: bool = True) -> ZeroTIRModule:
         """Lightning switches the whole module to train mode; the reference model stays frozen in eval mode."""
@@ -225,17 +148,17 @@ class ZeroTIRModule(LightningModule):
         return self
 
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": hp.lr, "name": "actor"}]
+        o = self.optim
+        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": o.lr, "name": "actor"}]
         if self.critic is not None:
-            groups.append({"params": list(self.critic.parameters()), "lr": hp.critic_lr or hp.lr, "name": "critic"})
-        if hp.optimizer == "deepspeed_cpu_adam":
+            groups.append({"params": list(self.critic.parameters()), "lr": o.critic_lr or o.lr, "name": "critic"})
+        if o.optimizer == "deepspeed_cpu_adam":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            opt = DeepSpeedCPUAdam(groups, betas=tuple(hp.betas), weight_decay=hp.weight_decay, adamw_mode=True)
+            opt = DeepSpeedCPUAdam(groups, betas=tuple(o.betas), weight_decay=o.weight_decay, adamw_mode=True)
         else:
-            opt = torch.optim.AdamW(groups, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-        warmup = max(hp.warmup_steps, 0)
+            opt = torch.optim.AdamW(groups, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        warmup = o.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -250,8 +173,8 @@ class ZeroTIRModule(LightningModule):
         opt = self.optimizers()
         deepspeed = is_deepspeed(self.trainer)
         norm = 0.0
-        if has_grad and self.hparams.max_grad_norm > 0 and not deepspeed:
-            norms = [torch.nn.utils.clip_grad_norm_(g["params"], self.hparams.max_grad_norm)
+        if has_grad and self.optim.max_grad_norm > 0 and not deepspeed:
+            norms = [torch.nn.utils.clip_grad_norm_(g["params"], self.optim.max_grad_norm)
                      for g in opt.optimizer.param_groups]
             norm = float(norms[0])
         if deepspeed and not has_grad:
@@ -279,19 +202,9 @@ class ZeroTIRModule(LightningModule):
         self._start_runtime()
 
     # ----- one RL step -----
-    def train_params(self) -> SamplingParams:
-        hp = self.hparams
-        return SamplingParams(n=hp.n_samples, temperature=hp.temperature, top_p=hp.top_p,
-                              max_new_tokens=hp.max_response_tokens, seed=hp.seed + self.rl_step)
-
-    def tool_config(self) -> Any:
-        from zerotir.rollout.agent_loop import ToolConfig
-
-        hp = self.hparams
-        return ToolConfig(max_tool_calls=hp.max_tool_calls, max_response_tokens=hp.max_response_tokens,
-                          max_output_chars=hp.max_output_chars, max_output_tokens=hp.max_output_tokens,
-                          run_timeout=hp.run_timeout,
-                          continuous=hp.rollout_schedule == "continuous")
+    def params(self, sampling: SamplingConfig, seed: int) -> SamplingParams:
+        return SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_new_tokens=sampling.max_response_tokens, seed=seed)
 
     def rollout(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
         """Roll out ``rows`` (the datamodule's prompt dicts) and score them; timings of generation, sandbox, reward."""
@@ -302,87 +215,51 @@ class ZeroTIRModule(LightningModule):
             self.runtime.sync(self.actor)
         self.actor.eval()
         traj, timings = self.runtime.rollout(self.tokenizer, [r["prompt_ids"] for r in rows],
-                                             [r["answer"] for r in rows], params, self.tool_config())
+                                             [r["answer"] for r in rows], params)
         start = time.perf_counter()
         rewards = score_batch_sync(traj.response_texts, traj.ground_truths, traj.truncated.tolist())
         traj.rewards = torch.tensor(rewards, dtype=torch.float32)
         timings = dict(timings, reward=time.perf_counter() - start)
         return traj, timings
 
-    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> dict[str, StepResult]:
+        """One RL step; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""
         start = time.perf_counter()
-        self.rl_step = self.rl_steps_done + 1
-        tp = self.tensor_parallel_size
-        world = self.trainer.world_size
+        step = self.rl_steps_done + 1
+        traj, timings = self.rollout(self._my_prompts(batch), self.params(self.sampling, self.seed + step))
+        tp = self.backend.tensor_parallel_size
+        if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
+            traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
+        self.sandbox_guard.update(traj, step)
+        decision = self.rollout_filter(traj) if self.rollout_filter is not None else None
+        update_start = time.perf_counter()
+        result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
+                         StepOptimizer(self.manual_backward, self._optimizer_step), step, self.seed, self.device)
+        if result.stats:
+            result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
+        timings["update"] = time.perf_counter() - update_start
+        timings["weight_sync"] = self.runtime.sync(self.actor)
+        timings["step"] = time.perf_counter() - start
+        result.timings = timings
+        datamodule = self.trainer.datamodule
+        if datamodule is not None and hasattr(datamodule, "mark_consumed") and "batch_index" in batch[0]:
+            datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
+        self.rl_steps_done = step
+        self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
+        return {"step": result}
+
+    def _my_prompts(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """This rank's share of the step's prompts (all of them on a single process)."""
+        tp, world = self.backend.tensor_parallel_size, self.trainer.world_size
         if tp > 1 and len(batch) % world:
             raise ValueError(f"data.prompts_per_step={len(batch)}: with tensor-parallel engines (tensor_parallel_size="
                              f"{tp}) every rank trains on an equal share, so set it to a multiple of devices x "
                              f"num_nodes = {world}")
-        rows = shard_prompts(batch, self.global_rank, world, tp)  # all rows on a single process
-        traj, timings = self.rollout(rows, self.train_params())
-        if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
-            traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
-        self.sandbox_guard.update(traj, self.rl_step)
-        self.last_rollout = traj
-        kept = self._filter(traj)
-        update_start = time.perf_counter()
-        if global_sum(len(kept)) == 0:  # no rank kept anything
-            stats = self._skip_update()
-        else:
-            stats = self._update((kept if len(kept) else placeholder(traj)).to(self.device))
-        timings["update"] = time.perf_counter() - update_start
-        timings["weight_sync"] = self.runtime.sync(self.actor)
-        timings["step"] = time.perf_counter() - start
-        self.last_timings, self.last_update_stats = timings, stats
-        datamodule = self.trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "mark_consumed") and "batch_index" in batch[0]:
-            datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
-        self.rl_steps_done = self.rl_step
-        self.log("rl_step", float(self.rl_step), prog_bar=True, logger=False, batch_size=1)
+        return shard_prompts(batch, self.global_rank, world, tp)
 
-    @property
-    def tensor_parallel_size(self) -> int:
-        """GPUs per rollout engine: ``engine_kwargs.tensor_parallel_size`` of a vLLM backend, else 1."""
-        if self.hparams.rollout_backend != "vllm":
-            return 1
-        return int((self.hparams.engine_kwargs or {}).get("tensor_parallel_size", 1))
-
-    def _filter(self, traj: Trajectories) -> Trajectories:
-        """Every callback that defines ``on_rollout_scored`` (e.g. ``PassRateFilter``), in order."""
-        for cb in self.trainer.callbacks:
-            hook = getattr(cb, "on_rollout_scored", None)
-            if hook is not None:
-                traj = hook(self.trainer, self, traj)
-        return traj
-
-    def _update(self, traj: Trajectories) -> dict[str, float]:
-        for m in (self.actor, self.critic):
-            if m is not None:
-                m.eval()  # old log-probs / values without dropout, as the rollout saw them
-        batch, stats = prepare_batch(self.rl, traj, self.actor, self.ref_model, self.critic)
-        for m in (self.actor, self.critic):
-            if m is not None:
-                m.train()  # gradient checkpointing is only active in train mode
-        gen = torch.Generator().manual_seed(self.hparams.seed + self.rl_step)
-        stats.update(ppo_update(self.rl, batch, self.actor, self.critic, self.manual_backward, self._optimizer_step,
-                                self.rl_step, gen))
-        stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
-        return stats
-
-    def _skip_update(self) -> dict[str, float]:
-        """The filter kept nothing: no update, but the same number of (no-op) optimizer steps."""
-        for _ in range(self.rl.optimizer_steps_per_rl_step):
-            self._optimizer_step(False)
-        return {}
-
-    # ----- validation and test: the same rollout path, reports through zerotir.eval.report -----
-    def eval_params(self, batch_idx: int) -> SamplingParams:
-        hp = self.hparams
-        return SamplingParams(n=hp.eval_n_samples, temperature=hp.eval_temperature, top_p=hp.eval_top_p,
-                              max_new_tokens=hp.max_response_tokens, seed=hp.seed + batch_idx)
-
+    # ----- validation and test: the same rollout path, reports through zerotir.eval -----
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
-        traj, _ = self.rollout(batch, self.eval_params(batch_idx))
+        traj, _ = self.rollout(batch, self.params(self.eval_sampling, self.seed + batch_idx))
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -398,10 +275,16 @@ class ZeroTIRModule(LightningModule):
         self.evaluator.reset()
 
     def on_validation_epoch_end(self) -> None:
-        self.evaluator.finish(self, "val", self.trainer.datamodule.val_names)
+        self._finish_eval("val", self.trainer.datamodule.val_names)
 
     def on_test_epoch_end(self) -> None:
-        self.evaluator.finish(self, "test", self.trainer.datamodule.test_names)
+        self._finish_eval("test", self.trainer.datamodule.test_names)
+
+    def _finish_eval(self, split: str, names: list[str]) -> None:
+        out = Path(self.eval_report_dir or Path(self.trainer.default_root_dir) / "eval")
+        meta = {"model_path": self.model_path, "sampling": as_plain(self.eval_sampling),
+                "max_tool_calls": self.tool.max_tool_calls}
+        self.evaluator.finish(self, split, names, out, meta, self.rl_steps_done)
 
     # ----- checkpoints and teardown -----
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -414,7 +297,7 @@ class ZeroTIRModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("zerotir", {})
-        self.rl_steps_done = self.rl_step = int(saved.get("rl_steps_done", 0))
+        self.rl_steps_done = int(saved.get("rl_steps_done", 0))
         self.sandbox_guard.load_state_dict(saved.get("sandbox_guard", {}))
         state = checkpoint.get("state_dict")
         if state is not None:
@@ -440,9 +323,3 @@ class _CloseRuntimeOnException(Callback):
     def on_exception(self, trainer: Any, pl_module: ZeroTIRModule, exception: BaseException) -> None:
         pl_module.runtime.close()
 
-
-def ensure_toy_base(model_path: str, settings: dict[str, Any] | None) -> None:
-    """Build the toy base model at ``model_path`` unless one made with the same settings is there."""
-    from zerotir.toy.pretrain import ensure_toy_base as build
-
-    build(model_path, **(settings or {}))

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from zerotir.rl.step import FilterDecision, StepResult
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, Trajectories
 
 
@@ -65,14 +66,21 @@ class FakeTrainer:
 
 
 class FakeModule:
-    """The attributes the callbacks read from the module, and a ``log`` that records its calls."""
+    """The module's side of the callbacks' protocol: ``log`` (recorded) and the rollout-filter hook."""
 
-    def __init__(self, rl_step: int = 0) -> None:
-        self.rl_step = rl_step
+    def __init__(self) -> None:
         self.logged: dict[str, tuple[float, dict[str, Any]]] = {}
-        self.last_rollout: Trajectories | None = None
-        self.last_timings: dict[str, float] = {}
-        self.last_update_stats: dict[str, float] = {}
+        self.rollout_filter = None
 
     def log(self, name: str, value: float, **kwargs: Any) -> None:
         self.logged[name] = (value, kwargs)
+
+    def set_rollout_filter(self, decide) -> None:
+        self.rollout_filter = decide
+
+
+def step_outputs(batch: Trajectories, rl_step: int = 1, decision: FilterDecision | None = None,
+                 stats: dict[str, float] | None = None, timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """What ``training_step`` returns (``outputs`` of ``on_train_batch_end``) for a step over ``batch``."""
+    keep = decision.keep if decision is not None else torch.ones(len(batch), dtype=torch.bool)
+    return {"step": StepResult(rl_step, batch, keep, decision, dict(stats or {}), dict(timings or {}))}

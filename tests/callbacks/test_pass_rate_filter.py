@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from callbacks import PassRateFilter, pass_rate_keep_mask
-from tests.callbacks.helpers import FakeModule, FakeTrainer, make_batch
+from callbacks import PassRateFilter, pass_rate_decision, pass_rate_keep_mask
+from tests.callbacks.helpers import FakeModule, FakeTrainer, make_batch, step_outputs
+from zerotir.types import Trajectories
 from zerotir import metric_names
 
 
@@ -47,10 +48,28 @@ def three_groups():
     return make_batch([0, 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1], [10] * 4 + [11] * 4 + [12] * 4)
 
 
+def run_step(callback, trainer, module, batch, rl_step=1) -> Trajectories:
+    """The module's part: register at setup, decide, train on the kept rows; the callback observes the result."""
+    callback.setup(trainer, module, "fit")
+    decision = module.rollout_filter(batch) if module.rollout_filter is not None else None
+    callback.on_train_batch_end(trainer, module, step_outputs(batch, rl_step, decision), None, 0)
+    return batch if decision is None else batch.select(decision.keep)
+
+
+def test_decision_is_a_pure_function_of_the_rewards():
+    batch = three_groups()
+    decision = pass_rate_decision(batch.rewards, batch.group_ids, 0.01, 0.99, count_groups=lambda k, g: (1, 3))
+    assert decision.keep.tolist() == [False] * 4 + [True] * 4 + [False] * 4
+    assert (decision.kept_groups, decision.groups, decision.skipped) == (1, 3, False)
+    assert decision.kept_fraction == pytest.approx(1 / 3)
+    skipped = pass_rate_decision(batch.rewards, batch.group_ids, 0.01, 0.99, min_keep_groups=2)
+    assert skipped.skipped and not skipped.keep.any() and skipped.kept_groups == 0 and skipped.groups == 3
+
+
 def test_filter_keeps_mixed_groups_and_logs_kept_fraction():
-    trainer, module = FakeTrainer(), FakeModule(rl_step=7)
+    trainer, module = FakeTrainer(), FakeModule()
     callback = PassRateFilter()  # defaults drop all-wrong and all-right groups
-    kept = callback.on_rollout_scored(trainer, module, three_groups())
+    kept = run_step(callback, trainer, module, three_groups(), rl_step=7)
     assert kept.group_ids.tolist() == [11] * 4
     assert kept.rewards.tolist() == [1, 0, 1, 0]
     assert len(kept.response_texts) == 4
@@ -67,7 +86,7 @@ def test_filter_keeps_mixed_groups_and_logs_kept_fraction():
 def test_filter_returns_empty_selection_when_too_few_groups_pass():
     callback = PassRateFilter(min_keep_groups=2)
     module = FakeModule()
-    kept = callback.on_rollout_scored(FakeTrainer(), module, three_groups())
+    kept = run_step(callback, FakeTrainer(), module, three_groups())
     assert len(kept) == 0 and kept.input_ids.shape == (0, 6) and kept.response_texts == []
     assert module.logged[metric_names.KEPT_FRACTION][0] == 0.0
     assert callback.steps_skipped == 1 and callback.groups_kept == 0 and callback.groups_seen == 3
@@ -77,14 +96,14 @@ def test_disabled_filter_passes_through_without_counting():
     callback = PassRateFilter(enabled=False)
     module = FakeModule()
     batch = three_groups()
-    assert callback.on_rollout_scored(FakeTrainer(), module, batch) is batch
-    assert module.logged == {} and callback.steps_seen == 0
+    assert run_step(callback, FakeTrainer(), module, batch) is batch
+    assert module.rollout_filter is None and module.logged == {} and callback.steps_seen == 0
 
 
 def test_state_dict_round_trip():
     first = PassRateFilter(low=0.25, high=0.75)
     for _ in range(2):
-        first.on_rollout_scored(FakeTrainer(), FakeModule(), three_groups())
+        run_step(first, FakeTrainer(), FakeModule(), three_groups())
     restored = PassRateFilter(low=0.25, high=0.75)
     restored.load_state_dict(first.state_dict())
     assert restored.state_dict() == first.state_dict()

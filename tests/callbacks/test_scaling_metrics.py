@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from callbacks import ScalingMetrics, rollout_metrics
-from tests.callbacks.helpers import FakeModule, FakeTrainer, make_batch
+from tests.callbacks.helpers import FakeModule, FakeTrainer, make_batch, step_outputs
 from zerotir import metric_names as mn
 
 
@@ -64,13 +64,13 @@ def test_rollout_metrics_repeat_ngram_and_bad_input():
 
 
 def test_on_train_batch_end_logs_everything_on_the_rl_step_axis():
-    trainer, module = FakeTrainer(), FakeModule(rl_step=5)
-    module.last_rollout = four_trajectories()
-    module.last_timings = {"generation": 2.0, "sandbox": 0.5, "reward": 0.1, "update": 1.0, "weight_sync": 0.2,
-                           "step": 3.9, "queue": 0.05}
-    module.last_update_stats = {"kl": 0.01, "entropy": 1.2, "policy_loss": -0.1, "value_loss": 0.3,
-                                "clip_fraction": 0.05, "grad_norm": 0.9, "lr": 1e-6, "ratio_mean": 1.0}
-    ScalingMetrics().on_train_batch_end(trainer, module, None, None, 0)
+    trainer, module = FakeTrainer(), FakeModule()
+    timings = {"generation": 2.0, "sandbox": 0.5, "reward": 0.1, "update": 1.0, "weight_sync": 0.2, "step": 3.9,
+               "queue": 0.05}
+    stats = {"kl": 0.01, "entropy": 1.2, "policy_loss": -0.1, "value_loss": 0.3, "clip_fraction": 0.05,
+             "grad_norm": 0.9, "lr": 1e-6, "ratio_mean": 1.0}
+    outputs = step_outputs(four_trajectories(), rl_step=5, stats=stats, timings=timings)
+    ScalingMetrics().on_train_batch_end(trainer, module, outputs, None, 0)
     [(metrics, step)] = trainer.loggers[0].calls
     assert step == 5
     assert metrics[mn.TIME_GENERATION] == 2.0 and metrics[mn.TIME_STEP] == 3.9 and metrics["time/queue"] == 0.05
@@ -80,13 +80,6 @@ def test_on_train_batch_end_logs_everything_on_the_rl_step_axis():
     assert all(kwargs["logger"] is False for _, kwargs in module.logged.values())
 
 
-def test_missing_module_attributes_are_named():
-    module = FakeModule()
-    with pytest.raises(AttributeError, match="last_rollout"):
-        ScalingMetrics().on_train_batch_end(FakeTrainer(), module, None, None, 0)
-    module.last_rollout = four_trajectories()
-    module.rl_step = None  # type: ignore[assignment]
-    with pytest.raises(AttributeError, match="rl_step"):
-        ScalingMetrics().on_train_batch_end(FakeTrainer(), module, None, None, 0)
+def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="repeat_ngram"):
         ScalingMetrics(repeat_ngram=0)

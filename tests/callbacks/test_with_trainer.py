@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks import PassRateFilter, ScalingMetrics
-from tests.callbacks.helpers import make_batch
+from tests.callbacks.helpers import make_batch, step_outputs
 from zerotir import metric_names as mn
 
 OPTIMIZER_STEPS_PER_RL_STEP = 2  # so trainer.global_step and the RL step differ
@@ -23,8 +23,11 @@ class ScriptedRLModule(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.layer = torch.nn.Linear(2, 1)
-        self.rl_step = 0
         self.trained_rows: list[int] = []
+        self.rollout_filter = None
+
+    def set_rollout_filter(self, decide) -> None:
+        self.rollout_filter = decide
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(list(range(3)), batch_size=1)
@@ -33,24 +36,20 @@ class ScriptedRLModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def training_step(self, batch, batch_idx):
-        self.rl_step = self.trainer.global_step // OPTIMIZER_STEPS_PER_RL_STEP
+        rl_step = self.trainer.global_step // OPTIMIZER_STEPS_PER_RL_STEP
         # group 0 all right, group 1 half right: the filter keeps group 1 only
         rollout = make_batch([1, 1, 1, 0], [0, 0, 1, 1], num_calls=[1, 0, 2, 0], texts=["a", "b", "cc", "d"])
-        kept = rollout
-        for callback in self.trainer.callbacks:
-            if hasattr(callback, "on_rollout_scored"):
-                kept = callback.on_rollout_scored(self.trainer, self, kept)
-        self.trained_rows.append(len(kept))
+        decision = self.rollout_filter(rollout)
+        self.trained_rows.append(int(decision.keep.sum()))
         optimizer = self.optimizers()
         for _ in range(OPTIMIZER_STEPS_PER_RL_STEP):
             optimizer.zero_grad()
             self.manual_backward(self.layer(torch.ones(1, 2)).sum())
             optimizer.step()
-        self.last_rollout = rollout
-        self.last_timings = {"generation": 0.3, "sandbox": 0.1, "reward": 0.01, "update": 0.2, "weight_sync": 0.0,
-                             "step": 0.61}
-        self.last_update_stats = {"kl": 0.0, "entropy": 1.0, "policy_loss": 0.1, "value_loss": 0.0,
-                                  "clip_fraction": 0.0, "grad_norm": 1.0, "lr": 0.1}
+        timings = {"generation": 0.3, "sandbox": 0.1, "reward": 0.01, "update": 0.2, "weight_sync": 0.0, "step": 0.61}
+        stats = {"kl": 0.0, "entropy": 1.0, "policy_loss": 0.1, "value_loss": 0.0, "clip_fraction": 0.0,
+                 "grad_norm": 1.0, "lr": 0.1}
+        return step_outputs(rollout, rl_step, decision, stats, timings)
 
 
 def make_trainer(root: Path, epochs: int) -> pl.Trainer:

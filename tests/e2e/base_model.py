@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from zerotir.rollout.agent_loop import ToolConfig
+from zerotir.config import ToolConfig
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 

@@ -41,9 +41,9 @@ def cli_args(subcommand: str, config: str, base: Path, data: dict[str, Path], ro
     """Arguments running ``configs/<config>.yaml`` shrunk to the e2e model and data under ``root``."""
     return [
         subcommand, "--config", str(REPO / "configs" / f"{config}.yaml"),
-        "--model.model_path", str(base), "--model.build_toy_base_if_missing", "false",
-        "--model.max_response_tokens", "80", "--model.local_sandbox_options", json.dumps({"workers": 1}),
-        "--model.sandbox_client_kwargs", json.dumps({"retries": 0}),
+        "--model.model_path", str(base), "--toy_base", "null",
+        "--model.sampling.max_response_tokens", "80", "--model.eval_sampling.max_response_tokens", "80",
+        "--model.sandbox.workers", "1", "--model.sandbox.retries", "0",
         "--data.train_files", json.dumps([str(data["train"])]),
         "--data.val_files", json.dumps([str(data["heldout"])]), "--data.test_files", json.dumps([str(data["heldout"])]),
         "--data.limit_val_rows", "4", "--data.limit_test_rows", "8", "--data.template", TEMPLATE,

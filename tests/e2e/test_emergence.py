@@ -36,8 +36,8 @@ def test_tool_use_and_reward_rise_under_outcome_reward(emergence_base, tmp_path)
     assert record["decay_reason"] == "probe", f"the base never learned to copy: {record['probe'][-3:]}"
     args = [
         "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),
-        "--model.model_path", str(emergence_base), "--model.build_toy_base_if_missing", "false",
-        "--model.local_sandbox_options", json.dumps({"workers": 1}),
+        "--model.model_path", str(emergence_base), "--toy_base", "null",
+        "--model.sandbox.workers", "1",
         "--data.train_files", json.dumps([str(REPO / "data" / "toy" / "train.jsonl")]),
         "--trainer.max_steps", str(RL_STEPS), "--trainer.limit_val_batches", "0",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",

@@ -10,7 +10,8 @@ import torch
 
 from sandbox import ExecResult, ExecStatus, format_for_model
 from tests.rollout.scripted import ScriptedBatchSandbox, ScriptedEngine, ScriptedSandbox, fake_logprob, ok
-from zerotir.rollout.agent_loop import ToolConfig, rollout, rollout_sync
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import Schedule, rollout, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -22,19 +23,21 @@ INJECTED = "\n```output\n5\n```\n"  # 17 injected tokens
 ANSWER = "\nThe answer is \\boxed{5}."  # 25 sampled tokens, then EOS
 CODE = "\nprint(2+3)\n"
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4096)
-LOCKSTEP = ToolConfig(tokens_per_call=None)  # one call per phase: the call structure below is exact
+LOCKSTEP = Schedule("lockstep")  # one call per phase: the call structure below is exact
 
 
-def run(scripts, sandbox, prompts, params=GREEDY, tool=None, truths=None, param_list=False, pause=False):
+def run(scripts, sandbox, prompts, params=GREEDY, tool=None, truths=None, param_list=False, pause=False,
+        schedule=Schedule()):
     engine = ScriptedEngine(TOK, scripts, accepts_param_list=param_list, can_pause=pause)
     ids = [TOK.encode(p, add_special_tokens=False) for p in prompts]
-    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool or ToolConfig(), truths)
+    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool or ToolConfig(max_tool_calls=20), truths,
+                                 schedule)
     return traj, timings, engine
 
 
 def test_code_block_output_injected_then_answer():
     sandbox = ScriptedSandbox({CODE: ok("5\n")})
-    traj, timings, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, sandbox, [PROMPT], tool=LOCKSTEP, truths=["5"])
+    traj, timings, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, sandbox, [PROMPT], schedule=LOCKSTEP, truths=["5"])
     assert traj.response_texts == [STEP1 + STEP2 + INJECTED + ANSWER]
     assert sandbox.codes == [CODE] and sandbox.timeouts == [5.0]
     assert traj.num_calls.tolist() == [1] and traj.num_exec_errors.tolist() == [0]
@@ -49,7 +52,7 @@ def test_code_block_output_injected_then_answer():
 
 def test_action_mask_covers_exactly_the_sampled_tokens():
     traj, _, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: ok("5\n")}), [PROMPT],
-                          tool=LOCKSTEP)
+                          schedule=LOCKSTEP)
     # prompt 8 | sampled 25 + 15 | injected 17 | sampled 25 + EOS
     assert traj.prompt_lens.tolist() == [8] and traj.response_lens.tolist() == [83]
     expected = [0] * 8 + [1] * 40 + [0] * 17 + [1] * 26
@@ -84,7 +87,7 @@ def test_rows_are_right_padded_and_grouped():
 def test_tool_call_cap_holds_and_drops_the_code_stops():
     turns = ["A```python\nprint(1)\n```", "B```python\nprint(2)\n```", "C```python\nprint(3)\n```D"]
     sandbox = ScriptedSandbox(default=ok("x"))
-    traj, _, engine = run({"P": [turns]}, sandbox, ["P"], tool=ToolConfig(max_tool_calls=2, tokens_per_call=None))
+    traj, _, engine = run({"P": [turns]}, sandbox, ["P"], tool=ToolConfig(max_tool_calls=2), schedule=LOCKSTEP)
     assert traj.num_calls.tolist() == [2] and sandbox.codes == ["\nprint(1)\n", "\nprint(2)\n"]
     # After the second call the model writes on with no code stop at all: the third block is plain text.
     assert engine.calls[-1][1].stop == []
@@ -96,7 +99,7 @@ def test_tool_call_cap_holds_and_drops_the_code_stops():
 def test_zero_tool_calls_means_no_code_stops():
     sandbox = ScriptedSandbox()
     traj, _, engine = run({"P": [["A```python\nprint(1)\n```B"]]}, sandbox, ["P"],
-                          tool=ToolConfig(max_tool_calls=0, tokens_per_call=None))
+                          tool=ToolConfig(max_tool_calls=0), schedule=LOCKSTEP)
     assert [c[1].stop for c in engine.calls] == [[]] and sandbox.codes == []
     assert traj.num_calls.tolist() == [0] and traj.response_texts == ["A```python\nprint(1)\n```B"]
 
@@ -128,18 +131,12 @@ def test_long_output_is_cut_to_the_token_cap_with_a_marker():
 def test_response_budget_truncates(budget, calls, injected, codes):
     sandbox = ScriptedSandbox({CODE: ok("5\n")})
     traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, sandbox, [PROMPT],
-                     tool=ToolConfig(max_response_tokens=budget))
+                     SamplingParams(temperature=0.0, max_new_tokens=budget))
     assert traj.finish_reasons == ["length"] and traj.truncated.tolist() == [True]
     assert traj.response_lens.tolist() == [budget] and sandbox.codes == codes
     assert traj.num_calls.tolist() == [calls]
     mask = traj.action_mask[0, 8 : 8 + budget].long().tolist()
     assert mask == [1] * (budget - injected) + [0] * injected
-
-
-def test_budget_is_the_smaller_of_params_and_tool():
-    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox(), [PROMPT],
-                     SamplingParams(temperature=0.0, max_new_tokens=10), ToolConfig(max_response_tokens=500))
-    assert traj.response_lens.tolist() == [10] and traj.response_texts == [STEP1[:10]]
 
 
 def test_execution_error_is_injected_as_the_model_sees_it():
@@ -182,7 +179,8 @@ def test_rows_finish_at_different_times():
         "C?": [["c" + block, "c" + block, "c" + block, "\\boxed{1}"]],  # three calls
     }
     sandbox = ScriptedSandbox(default=ok("1"))
-    traj, _, engine = run(scripts, sandbox, ["A?", "B?", "C?"], SamplingParams(n=2, max_new_tokens=999), LOCKSTEP)
+    traj, _, engine = run(scripts, sandbox, ["A?", "B?", "C?"], SamplingParams(n=2, max_new_tokens=999),
+                          schedule=LOCKSTEP)
     assert traj.num_calls.tolist() == [0, 0, 1, 0, 3, 3]
     assert traj.finish_reasons == ["stop"] * 6 and len(sandbox.codes) == 7
     # One generate call per phase, and finished rows are not sent again: the first call asks n=2 per prompt.
@@ -197,7 +195,7 @@ def test_rows_finish_at_different_times():
 def test_prompt_that_opens_a_block_starts_in_the_code_phase():
     prompt = "Solve.\n```python\nx = 6*7\n"
     sandbox = ScriptedSandbox({"\nx = 6*7\nprint(x)\n": ok("42\n")})
-    traj, _, engine = run({prompt: [["print(x)\n```", "\\boxed{42}"]]}, sandbox, [prompt], tool=LOCKSTEP)
+    traj, _, engine = run({prompt: [["print(x)\n```", "\\boxed{42}"]]}, sandbox, [prompt], schedule=LOCKSTEP)
     assert engine.calls[0][1].stop == ["```"]
     assert traj.response_texts == ["print(x)\n```\n```output\n42\n```\n\\boxed{42}"]
     assert traj.num_calls.tolist() == [1]
@@ -205,7 +203,7 @@ def test_prompt_that_opens_a_block_starts_in_the_code_phase():
 
 def test_caller_stop_strings_end_the_response():
     params = SamplingParams(temperature=0.0, max_new_tokens=999, stop=["</answer>"])
-    traj, _, engine = run({"P": [["<answer>1</answer> trailing"]]}, ScriptedSandbox(), ["P"], params, LOCKSTEP)
+    traj, _, engine = run({"P": [["<answer>1</answer> trailing"]]}, ScriptedSandbox(), ["P"], params, schedule=LOCKSTEP)
     assert engine.calls[0][1].stop == ["```python", "</answer>"]
     assert traj.response_texts == ["<answer>1</answer>"] and traj.finish_reasons == ["stop"]
 
@@ -213,7 +211,7 @@ def test_caller_stop_strings_end_the_response():
 def test_seed_is_offset_per_phase():
     params = SamplingParams(temperature=1.0, max_new_tokens=999, seed=5)
     _, _, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: ok("5")}), [PROMPT], params,
-                       LOCKSTEP)
+                       schedule=LOCKSTEP)
     seeds = [c[1].seed for c in engine.calls]
     assert seeds[0] == 5 and len(set(seeds)) == 3
 
@@ -223,7 +221,9 @@ def test_bad_inputs_are_named():
         run({PROMPT: [[ANSWER]]}, ScriptedSandbox(), [PROMPT], truths=["1", "2"])
     with pytest.raises(ValueError, match="prompts"):
         rollout_sync(ScriptedEngine(TOK, {}), TOK, ScriptedSandbox(), [], GREEDY, ToolConfig())
-    for kwargs, name in (({"max_tool_calls": -1}, "max_tool_calls"), ({"max_response_tokens": 0}, "max_response"),
+    with pytest.raises(ValueError, match="continuous"):  # a scripted engine has no decode session: never a fallback
+        run({PROMPT: [[ANSWER]]}, ScriptedSandbox(), [PROMPT], schedule=Schedule("continuous"))
+    for kwargs, name in (({"max_tool_calls": -1}, "max_tool_calls"),
                          ({"output_template": "no slot"}, "output_template"), ({"code_end": ""}, "code_end"),
                          ({"run_timeout": 0}, "run_timeout"), ({"max_output_chars": 10}, "max_output_chars"),
                          ({"max_output_tokens": 8}, "max_output_tokens")):
@@ -253,9 +253,9 @@ def test_rounds_of_any_size_give_the_same_trajectories(tokens_per_call, param_li
     scripts = {"A?": [["\\boxed{1}"]], "B?": [["b" + block, "\\boxed{1}"], ["I know: \\boxed{1}"]],
                "C?": [["c" + block, "cc" + block, "ccc" + block, "\\boxed{1} end"]]}
     params = SamplingParams(n=2, max_new_tokens=999, stop=["end"])
-    tool = ToolConfig(tokens_per_call=tokens_per_call)
-    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), ["A?", "B?", "C?"], params, tool,
-                          param_list=param_list, pause=pause)
+    schedule = LOCKSTEP if tokens_per_call is None else Schedule("rounds", tokens_per_call)
+    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), ["A?", "B?", "C?"], params,
+                          param_list=param_list, pause=pause, schedule=schedule)
     out = "\n```output\n1\n```\n"
     assert traj.response_texts == [
         "\\boxed{1}", "\\boxed{1}", "b" + block + out + "\\boxed{1}", "I know: \\boxed{1}",
@@ -278,7 +278,7 @@ def test_a_paused_round_leaves_the_stragglers_for_the_next_round():
     scripts = {"A?": [["\\boxed{1}"]], "L?": [["x" * 40 + "```python\nprint(1)\n```", "\\boxed{1}"]]}
     prompts = ["A?"] * 5 + ["L?"]
     traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), prompts, SamplingParams(max_new_tokens=999),
-                          ToolConfig(tokens_per_call=64), param_list=True, pause=True)
+                          param_list=True, pause=True, schedule=Schedule("rounds", 64))
     first = engine.returned[0]
     assert first[5][0].partial and len(first[5][0].token_ids) == 10  # paused when the A rows ended (9 + EOS)
     assert traj.response_texts[5] == "x" * 40 + "```python\nprint(1)\n```\n```output\n1\n```\n\\boxed{1}"
@@ -289,10 +289,10 @@ def test_a_batch_capable_sandbox_gets_each_rounds_code_in_one_call():
     block = "```python\nprint(1)\n```"
     scripts = {"B?": [["b" + block, "\\boxed{1}"]], "C?": [["c" + block, "c" + block, "\\boxed{1}"]]}
     sandbox = ScriptedBatchSandbox(default=ok("1"))
-    traj, _, _ = run(scripts, sandbox, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), LOCKSTEP)
+    traj, _, _ = run(scripts, sandbox, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), schedule=LOCKSTEP)
     assert [len(b) for b in sandbox.batches] == [4, 2] and traj.num_calls.tolist() == [1, 1, 2, 2]
     failing = ScriptedBatchSandbox(raises=RuntimeError("down"))
-    traj, _, _ = run(scripts, failing, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), LOCKSTEP)
+    traj, _, _ = run(scripts, failing, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), schedule=LOCKSTEP)
     assert traj.num_sandbox_errors.tolist() == [1, 1, 2, 2]
 
 

@@ -10,14 +10,14 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 import torch
 
 from sandbox import SandboxClient, format_for_model, local_sandbox
 from tests.rollout.scripted import ScriptedSandbox, ok
-from zerotir.rollout.agent_loop import ToolConfig, rollout_sync
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
@@ -25,6 +25,7 @@ from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=160)
+BUDGETED = SamplingParams(temperature=0.0, max_new_tokens=120)  # the greedy tool configs' response budget
 DOCS = {
     "Q: 12*34?\n": "```python\nprint(12*34)\n```\n```output\n408\n```\nA: \\boxed{408}",
     "Q: 1/0?\n": "```python\nprint(1/0)\n```\n```output\nError\n```\nA: undefined",
@@ -47,7 +48,11 @@ def greedy_tool_config(model, prompt: list[int]) -> ToolConfig:
     i = next(i for i in range(len(ref) - 1) if single_byte[i] and single_byte[i + 1])
     j = next(j for j in range(i + 2, len(ref)) if single_byte[j])  # the first such character after the opening
     return ToolConfig(code_start=TOK.decode(ref[i : i + 2]), code_end=TOK.decode(ref[j : j + 1]), max_tool_calls=3,
-                      max_response_tokens=120, output_template="<o>{output}</o>")
+                      output_template="<o>{output}</o>")
+
+
+def schedule(continuous: bool) -> Schedule:
+    return Schedule("continuous" if continuous else "rounds")
 
 
 @torch.inference_mode()
@@ -60,10 +65,10 @@ def recomputed_logprobs(model, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("continuous", [False, True], ids=["rounds", "continuous"])
 def test_random_model_makes_tool_calls_with_exact_masks_and_logprobs(random_model, continuous):
     prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?")]
-    tool = replace(greedy_tool_config(random_model, prompts[0]), continuous=continuous)
+    tool = greedy_tool_config(random_model, prompts[0])
     sandbox = ScriptedSandbox(default=ok("7"))
     traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, SamplingParams(n=2, temperature=0.0,
-                           max_new_tokens=500), tool)
+                           max_new_tokens=120), tool, schedule=schedule(continuous))
     assert traj.input_ids.shape[0] == 4 and traj.group_ids.tolist() == [0, 0, 1, 1]
     assert traj.num_calls[0] >= 1 and len(sandbox.codes) == int(traj.num_calls.sum())
     injected = TOK.encode("<o>7</o>", add_special_tokens=False)
@@ -88,11 +93,12 @@ def test_greedy_tool_loop_is_deterministic(random_model):
     prompts = [TOK.encode("Hello"), TOK.encode("x")]
     # Strict lockstep: the rows batched together do not depend on when code results come back, so even float
     # rounding (which can depend on the batch) is the same from run to run.
-    tool = replace(greedy_tool_config(random_model, prompts[0]), tokens_per_call=None)
+    tool = greedy_tool_config(random_model, prompts[0])
 
     def once(**engine_kwargs):
         engine = HFEngine(random_model, TOK, **engine_kwargs)
-        return rollout_sync(engine, TOK, ScriptedSandbox(default=ok("7")), prompts, GREEDY, tool)[0]
+        return rollout_sync(engine, TOK, ScriptedSandbox(default=ok("7")), prompts, BUDGETED, tool,
+                            schedule=Schedule("lockstep"))[0]
 
     a, b, fresh = once(), once(), once(prefix_cache_tokens=0)  # lockstep: the same batches each time
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.action_mask, b.action_mask)
@@ -108,8 +114,8 @@ def test_continuous_session_gives_the_rounds_trajectories(random_model):
 
     def once(continuous: bool):
         sandbox = ScriptedSandbox(default=ok("7"))
-        traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, GREEDY,
-                               replace(tool, continuous=continuous))
+        traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, BUDGETED, tool,
+                               schedule=schedule(continuous))
         return traj, sorted(sandbox.codes)
 
     (rounds, codes_r), (cont, codes_c) = once(False), once(True)
@@ -152,7 +158,7 @@ def test_trained_model_calls_the_real_sandbox_and_answers(trained_model, sandbox
     client = SandboxClient(sandbox_urls)
     prompts = [TOK.encode(q) for q in DOCS]
     traj, timings = rollout_sync(HFEngine(trained_model, TOK), TOK, client, prompts, GREEDY,
-                                 ToolConfig(continuous=continuous), ["408", "undefined"])
+                                 ToolConfig(max_output_chars=1024), ["408", "undefined"], schedule(continuous))
     # Row 0 follows its document: the real output "408" is what it memorised, so it answers.
     assert traj.response_texts[0] == DOCS["Q: 12*34?\n"]
     assert traj.num_calls[0] == 1 and traj.num_exec_errors[0] == 0 and traj.finish_reasons[0] == "stop"

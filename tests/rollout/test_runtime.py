@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from zerotir.config import SandboxConfig, ToolConfig
 from zerotir.rollout import agent_loop
+from zerotir.rollout.backends import HFRollout, VLLMRollout
 from zerotir.rollout.runtime import RolloutRuntime
 
 
@@ -38,7 +40,7 @@ def runtime(monkeypatch):
         return "trajectories", {"generation": 0.0}
 
     monkeypatch.setattr(agent_loop, "rollout_sync", rollout_sync)
-    rt = RolloutRuntime("vllm", model_path="unused", weight_sync_bucket_mb=1)
+    rt = RolloutRuntime(VLLMRollout(weight_sync_bucket_mb=1), SandboxConfig(), ToolConfig(), "unused")
     rt.sandbox = object()
     return rt
 
@@ -46,21 +48,40 @@ def runtime(monkeypatch):
 def test_sleep_mode_releases_after_rollout_and_wakes_weights_before_kv_cache(runtime):
     runtime.engine = engine = FakeEngine(sleep_mode=True)
     runtime.stale = False
-    assert runtime.rollout(None, [[1]], ["1"], None, None) == ("trajectories", {"generation": 0.0})
+    assert runtime.rollout(None, [[1]], ["1"], None) == ("trajectories", {"generation": 0.0})
     assert engine.calls == [("generate",), ("sleep", 2)] and runtime.asleep and runtime.stale
     with pytest.raises(RuntimeError, match="sleeps; call sync"):
-        runtime.rollout(None, [[1]], ["1"], None, None)
+        runtime.rollout(None, [[1]], ["1"], None)
     engine.calls.clear()
     runtime.sync(Actor())
     weights = ("layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias")
     assert engine.calls == [("wake_up", ("weights",)), ("update_weights", weights), ("wake_up", ("kv_cache",))]
     assert not runtime.asleep and not runtime.stale
-    runtime.rollout(None, [[1]], ["1"], None, None)  # awake again
+    runtime.rollout(None, [[1]], ["1"], None)  # awake again
     assert engine.calls[-2:] == [("generate",), ("sleep", 2)]
 
 
 def test_without_sleep_mode_the_engine_is_never_put_to_sleep(runtime):
     runtime.engine = engine = FakeEngine(sleep_mode=False)
-    runtime.rollout(None, [[1]], ["1"], None, None)
+    runtime.rollout(None, [[1]], ["1"], None)
     runtime.sync(Actor())
     assert [c[0] for c in engine.calls] == ["generate", "update_weights"] and not runtime.asleep
+
+
+class StubBackend(HFRollout):
+    def create(self, actor, tokenizer, device, model_path, seed):
+        return FakeEngine(sleep_mode=False)
+
+
+def test_without_tools_no_sandbox_is_started(monkeypatch):
+    """``max_tool_calls: 0`` (the ZeroRL baseline) runs no code: the embedded sandbox is never started."""
+    import sandbox
+
+    def refuse(**kwargs):
+        raise AssertionError("the embedded sandbox was started for a run without tools")
+
+    monkeypatch.setattr(sandbox, "local_sandbox", refuse)
+    rt = RolloutRuntime(StubBackend(), SandboxConfig(), ToolConfig(max_tool_calls=0), "unused")
+    rt.start(Actor(), None, "cpu")
+    assert rt.started and rt.sandbox is None and rt.urls == []
+    rt.close()

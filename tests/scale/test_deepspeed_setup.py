@@ -44,7 +44,7 @@ def ds_config(name: str) -> dict:
 def test_shipped_runs_pass_the_checks(path):
     run = yaml.safe_load(path.read_text())
     config = json.loads((REPO / run["trainer"]["strategy"]["init_args"]["config"]).read_text())
-    check_deepspeed_config(config, run["model"]["max_grad_norm"], run["model"]["optimizer"])
+    check_deepspeed_config(config, run["model"]["optim"]["max_grad_norm"], run["model"]["optim"]["optimizer"])
 
 
 def test_there_are_deepspeed_runs():
@@ -54,7 +54,7 @@ def test_there_are_deepspeed_runs():
 @pytest.mark.parametrize("change,optimizer,max_grad_norm,match", [
     ({"managed_gradient_accumulation": None}, "adamw", 1.0, r"managed_gradient_accumulation=None.*false"),
     ({"managed_gradient_accumulation": True}, "adamw", 1.0, r"managed_gradient_accumulation=True"),
-    ({"gradient_clipping": 0.5}, "adamw", 1.0, r"gradient_clipping=0.5 but model.max_grad_norm=1.0.*\"gradient_clipping\": 1.0"),
+    ({"gradient_clipping": 0.5}, "adamw", 1.0, r"gradient_clipping=0.5 but model.optim.max_grad_norm=1.0.*\"gradient_clipping\": 1.0"),
     ({"gradient_clipping": None}, "adamw", 1.0, r"gradient_clipping=None"),
     ({"optimizer": {"type": "AdamW"}}, "adamw", 1.0, r"optimizer: the DeepSpeed config defines its own optimizer"),
     ({"scheduler": {"type": "WarmupLR"}}, "adamw", 1.0, r"scheduler: the DeepSpeed config"),
@@ -73,7 +73,7 @@ def test_each_mismatch_names_the_field_and_the_fix(change, optimizer, max_grad_n
 
 
 def test_offload_needs_the_cpu_optimizer_and_clipping_off_matches_zero():
-    with pytest.raises(DeepSpeedConfigError, match=r"offload_optimizer.device='cpu' with model.optimizer='adamw'"):
+    with pytest.raises(DeepSpeedConfigError, match=r"offload_optimizer.device='cpu' with model.optim.optimizer='adamw'"):
         check_deepspeed_config(ds_config("zero3_offload_optimizer.json"), 1.0, "adamw")
     config = ds_config("zero2.json")
     config.pop("gradient_clipping")  # absent = DeepSpeed does not clip = max_grad_norm 0

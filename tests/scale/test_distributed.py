@@ -76,12 +76,12 @@ def _worker(rank: int, port: int, out_dir: str, keeps: list[torch.Tensor]) -> No
     try:
         results = {"is_distributed": D.is_distributed(), "rank_world": D.rank_and_world_size()}
         x, m = hand_data(rank)
-        results["hand"] = D.global_masked_whiten(x, m)
-        results["hand_stats"] = D.global_masked_mean_var(x, m)
+        results["hand"] = A.masked_whiten(x, m, all_reduce=D.all_reduce_sum)
+        results["hand_stats"] = A.masked_mean_var(x, m, all_reduce=D.all_reduce_sum)
         for name, empty in (("random", False), ("random_empty", True)):
             x, m = random_data(rank, empty)
-            results[name] = D.global_masked_whiten(x, m)
-            results[name + "_noshift"] = D.global_masked_whiten(x, m, shift_mean=False)
+            results[name] = A.masked_whiten(x, m, all_reduce=D.all_reduce_sum)
+            results[name + "_noshift"] = A.masked_whiten(x, m, shift_mean=False, all_reduce=D.all_reduce_sum)
         _, groups = filter_data(rank)
         keep = keeps[rank]
         results["kept_fraction"] = D.global_kept_fraction(keep, groups)
@@ -184,8 +184,8 @@ def test_without_process_group_whitening_is_masked_whiten_exactly() -> None:
     assert not D.is_distributed() and D.rank_and_world_size() == (0, 1)
     x, m = random_data(0)
     for shift in (True, False):
-        assert torch.equal(D.global_masked_whiten(x, m, shift_mean=shift), A.masked_whiten(x, m, shift_mean=shift))
-    mean, var, count = D.global_masked_mean_var(x, m)
+        assert torch.equal(A.masked_whiten(x, m, shift_mean=shift, all_reduce=D.all_reduce_sum), A.masked_whiten(x, m, shift_mean=shift))
+    mean, var, count = A.masked_mean_var(x, m, all_reduce=D.all_reduce_sum)
     assert float(mean) == pytest.approx(float(A.masked_mean(x, m)), rel=1e-6)
     assert float(var) == pytest.approx(float(A.masked_var(x, m)), rel=1e-5)
     assert float(count) == float(m.sum())
@@ -201,7 +201,7 @@ def test_world_of_one_rank_uses_the_local_computation(tmp_path: Path) -> None:
     try:
         assert not D.is_distributed() and D.rank_and_world_size() == (0, 1)
         x, m = random_data(1)
-        assert torch.equal(D.global_masked_whiten(x, m), A.masked_whiten(x, m))
+        assert torch.equal(A.masked_whiten(x, m, all_reduce=D.all_reduce_sum), A.masked_whiten(x, m))
         assert D.gather_objects(3) == [3]
     finally:
         dist.destroy_process_group()
@@ -213,7 +213,7 @@ def test_bad_inputs_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"\(B,\)"):
         D.global_group_counts(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="mask has shape"):
-        D.global_masked_mean_var(torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.bool))
+        A.masked_mean_var(torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.bool), all_reduce=D.all_reduce_sum)
 
 
 def test_shard_prompts_gives_each_rank_a_contiguous_equal_share() -> None:

@@ -192,13 +192,12 @@ trainer:
         zero_optimization: {stage: 3, offload_optimizer: {device: cpu}}
 model:
   model_path: Qwen/Qwen2.5-7B
-  algorithm: ppo
-  kl_coef: 0.0
-  micro_batch_size: 2
-  max_response_tokens: 8192
-  n_samples: 16
+  rl: {algorithm: ppo, kl_coef: 0.0, micro_batch_size: 2}
+  sampling: {max_response_tokens: 8192, n: 16}
   gradient_checkpointing: true
-  engine_kwargs: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2}
+  rollout:
+    class_path: zerotir.rollout.backends.VLLMRollout
+    init_args: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2}
 data:
   max_prompt_tokens: 1024
   prompts_per_step: 128

@@ -219,6 +219,11 @@ def test_report_of_two_runs(logs, tmp_path, capsys):
     for text in ("ppo/version_0", "reinforce_pp/version_0", "figure4.png", "fits.png", sf.LAW_FORMULA, "R^2",
                  "last 5 steps", mn.REPEAT_SCORE):
         assert text in markdown
+    # The calls table says what its cells are: shares, with the counts they come from.
+    [row] = [line for line in markdown.splitlines() if line.startswith("| reinforce_pp/version_0 | all steps |")]
+    block = report["runs"]["reinforce_pp/version_0"]["correct_by_calls"]["all_steps"]
+    assert "share with 1 calls (count)" in markdown
+    assert f"{block['shares']['1']:.3g} ({block['counts']['1']})" in row
 
 
 def test_reads_scalars_stored_as_tensors(tmp_path):
@@ -244,6 +249,15 @@ def test_labels_and_default_out(logs):
     # The same run given twice: the names collide and get their logdir in front.
     names = [run.name for run in scaling.load_runs([str(run_dir), str(run_dir)])]
     assert names == ["version_0:ppo/version_0"] * 2
+
+
+def test_a_run_is_named_after_its_folder_not_its_tensorboard_folder(tmp_path):
+    # zerotir's CLI writes <default_root_dir>/tensorboard: the run is the folder above it, however it is given.
+    tb = tmp_path / "runs" / "toy_cpu" / "tensorboard"
+    _write_run(tb, steps=3, m=5.0, tags={mn.ACCURACY})
+    assert scaling.discover_runs(tmp_path / "runs" / "toy_cpu") == [("toy_cpu", tb)]
+    assert scaling.discover_runs(tb) == [("toy_cpu", tb)]
+    assert scaling.discover_runs(tmp_path / "runs") == [("toy_cpu", tb)]
 
 
 def test_short_run_is_reported_with_notes(tmp_path):

@@ -35,8 +35,8 @@ def test_rates_hand_worked(monkeypatch, tmp_path):
     )
     seen = {}
 
-    def fake_rollout(engine, tok, client, prompts, params, tool, truths):
-        seen.update(prompts=prompts, params=params, tool=tool, truths=truths)
+    def fake_rollout(engine, tok, client, prompts, params, tool, truths, schedule):
+        seen.update(prompts=prompts, params=params, tool=tool, truths=truths, schedule=schedule)
         return traj, {}
 
     monkeypatch.setattr(base_stats, "rollout_sync", fake_rollout)
@@ -51,6 +51,6 @@ def test_rates_hand_worked(monkeypatch, tmp_path):
     # The prompts are the toy template's, tokenized as the data module tokenizes them.
     held = base_stats.heldout_set(16)[:5]
     assert seen["truths"] == [q.answer for q in held]
-    assert seen["params"].temperature == 1.0 and seen["tool"].max_response_tokens == 64
+    assert seen["params"].temperature == 1.0 and seen["params"].max_new_tokens == 64
     expected = tokenize_prompts("toy", [render_prompt("toy", q.problem) for q in held], build_byte_tokenizer())
     assert seen["prompts"] == expected

@@ -9,7 +9,8 @@ import pytest
 
 from sandbox.result import ExecResult, ExecStatus
 from zerotir.reward import extract_boxed
-from zerotir.rollout.tool_block import ToolConfig, code_after_start, code_before_end, format_result
+from zerotir.config import ToolConfig
+from zerotir.rollout.tool_block import code_after_start, code_before_end, format_result
 from zerotir.toy.corpus import DOC_KINDS, CorpusSettings, build_corpus, code_document, mixed_document, qa_document
 from zerotir.toy.tasks import Question
 from zerotir.toy.template import CODE_CLOSE, CODE_OPEN, toy_prompt

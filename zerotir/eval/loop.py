@@ -47,54 +47,32 @@ class EvalAccumulator:
                 out[names[idx]] = evaluation.benchmark_metrics(records)
         return out
 
-    def finish(self, module: Any, split: str, names: list[str]) -> dict[str, dict[str, float]]:
-        """Compute, report and log the epoch's metrics; returns them (empty when nothing was evaluated).
+    def finish(self, module: Any, split: str, names: list[str], out_dir: Path, meta: dict[str, Any],
+               step: int) -> dict[str, dict[str, float]]:
+        """Compute, report and log the epoch's metrics at RL step ``step``; returns them (empty when nothing was
+        evaluated).
 
-        Reports go to ``module.hparams.eval_report_dir`` or ``<trainer.default_root_dir>/eval``: ``<split>[_step<k>]_<name>``
-        (.json / .md) per benchmark and ``<split>[_step<k>]_summary`` for all of them.
+        Reports go to ``out_dir``: ``<split>[_step<k>]_<name>`` (.json / .md) per benchmark and
+        ``<split>[_step<k>]_summary`` for all of them; ``meta`` (run details) is kept with the numbers.
         """
         trainer = module.trainer
-        if getattr(trainer, "sanity_checking", False):
+        if trainer.sanity_checking:
             self.reset()
             return {}
         results = self.results(names)
         if not results:
             return {}
-        step = int(module.rl_step)
         scalars = evaluation.tensorboard_scalars(results)
         for name, value in scalars.items():
             module.log(name, value, logger=False, add_dataloader_idx=False, batch_size=1)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=step)
-            out_dir = report_dir(module)
             prefix = split if split == "test" else f"{split}_step{step}"
-            meta = report_meta(module, split)
+            meta = dict(meta, split=split, rl_step=step, ckpt_path=trainer.ckpt_path)
             for name, metrics in results.items():
                 evaluation.write_report({name: metrics}, out_dir, meta, stem=f"{prefix}_{name}")
             json_path, _ = evaluation.write_report(results, out_dir, meta, stem=f"{prefix}_summary")
             rank_zero_info(f"{split} reports written to {json_path.parent}\n{evaluation.markdown_table(results)}")
         self.reset()
         return results
-
-
-def report_dir(module: Any) -> Path:
-    """``eval_report_dir`` if configured, else ``<trainer.default_root_dir>/eval``."""
-    configured = module.hparams.get("eval_report_dir")
-    return Path(configured) if configured else Path(module.trainer.default_root_dir) / "eval"
-
-
-def report_meta(module: Any, split: str) -> dict[str, Any]:
-    """Run details kept with the numbers."""
-    hp = module.hparams
-    return {
-        "split": split,
-        "model_path": hp.model_path,
-        "rl_step": module.rl_step,
-        "ckpt_path": getattr(module.trainer, "ckpt_path", None),
-        "samples_per_problem": hp.eval_n_samples,
-        "temperature": hp.eval_temperature,
-        "top_p": hp.eval_top_p,
-        "max_response_tokens": hp.max_response_tokens,
-        "max_tool_calls": hp.max_tool_calls,
-    }

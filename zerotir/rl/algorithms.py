@@ -23,86 +23,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from zerotir.rl.masked import (  # noqa: F401  (re-exported: the statistics the estimators share)
+    _bool_mask, _check_shape, group_stats, masked_mean, masked_mean_var, masked_sum, masked_var, masked_whiten,
+)
+
 KL_KINDS = ("k1", "k2", "k3")
 # exp() of a larger exponent overflows quickly in low precision; k3 clamps its exponent here (exp(20) ~ 4.9e8).
 _K3_MAX_LOG_RATIO = 20.0
-
-
-def _check_shape(name: str, tensor: Tensor, like_name: str, like: Tensor) -> None:
-    if tensor.shape != like.shape:
-        raise ValueError(
-            f"{name} has shape {tuple(tensor.shape)} but {like_name} has shape {tuple(like.shape)}; "
-            f"per-token tensors must all be (B, T) and aligned with input_ids"
-        )
-
-
-def _bool_mask(mask: Tensor) -> Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
-
-
-# ---- Masked statistics -----------------------------------------------------------------------------------------------
-
-
-def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Sum of ``x`` over the entries where ``mask`` is nonzero.
-
-    Masked-out entries are replaced by 0 rather than multiplied by 0, so a NaN or inf there cannot leak in.
-
-    Args:
-        x: values, any shape.
-        mask: same shape as ``x``; nonzero = counted.
-        dim: reduce over this dimension only; ``None`` reduces over everything.
-    """
-    _check_shape("mask", mask, "x", x)
-    kept = torch.where(_bool_mask(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
-    return kept.sum() if dim is None else kept.sum(dim=dim)
-
-
-def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``x`` over the entries where ``mask`` is nonzero; 0 (never NaN) when the mask is empty.
-
-    Args:
-        x: values, any shape.
-        mask: same shape as ``x``; nonzero = counted.
-        dim: reduce over this dimension only (an empty row gives 0); ``None`` reduces over everything.
-    """
-    count = masked_sum(torch.ones_like(x), mask, dim)
-    return masked_sum(x, mask, dim) / count.clamp(min=1)
-
-
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of ``x`` over the masked entries (whole tensor).
-
-    Args:
-        x: values, any shape.
-        mask: same shape as ``x``.
-        unbiased: Bessel's correction (divide by count - 1). With fewer than 2 entries (unbiased) or none (biased)
-            the variance is undefined and 0 is returned, so whitening leaves such a batch at 0 instead of NaN.
-    """
-    mean = masked_mean(x, mask)
-    count = masked_sum(torch.ones_like(x), mask)
-    sq_sum = masked_sum((x - mean) ** 2, mask)
-    denom = count - 1 if unbiased else count
-    return torch.where(denom > 0, sq_sum / denom.clamp(min=1), torch.zeros_like(sq_sum))
-
-
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """Normalise the masked entries of ``x`` to mean 0 and variance 1 (unbiased), over the whole tensor.
-
-    Args:
-        x: values, any shape.
-        mask: same shape as ``x``.
-        shift_mean: if False, the mean is added back (only the scale changes).
-        eps: added to the variance before the square root.
-
-    Returns:
-        The whitened values where ``mask`` is nonzero and 0 elsewhere.
-    """
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
-    if not shift_mean:
-        whitened = whitened + mean
-    return torch.where(_bool_mask(mask), whitened, torch.zeros_like(whitened))
 
 
 # ---- KL estimators ---------------------------------------------------------------------------------------------------
@@ -281,20 +208,13 @@ def group_advantages(
     Returns:
         (B,) advantages (broadcast them over the action tokens for the policy loss).
     """
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be (B,), got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    r = rewards.to(torch.float64)
-    counts = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, torch.ones_like(r))
-    sums = torch.zeros_like(counts).index_add_(0, inverse, r)
-    centered = r - (sums / counts)[inverse]
+    mean, count, inverse = group_stats(rewards, group_ids)
+    centered = rewards.to(torch.float64) - mean
     if scale_by_std:
-        sq = torch.zeros_like(counts).index_add_(0, inverse, centered**2)
-        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
-        centered = centered / (std[inverse] + eps)
+        sq = torch.zeros(int(inverse.max().item()) + 1 if inverse.numel() else 0, dtype=torch.float64,
+                         device=centered.device).index_add_(0, inverse, centered**2)
+        std = torch.sqrt(sq[inverse] / (count - 1).clamp(min=1))
+        centered = centered / (std + eps)
     return centered.to(rewards.dtype)
 
 

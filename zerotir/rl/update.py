@@ -19,69 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from zerotir.config import RLConfig
 from zerotir.rl import algorithms as A
-from zerotir.scale.distributed import (
-    global_masked_whiten,
-    global_max,
-    global_sum,
-    rank_and_world_size,
-)
 from zerotir.rl.guards import check_finite
+from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
 from zerotir.types import Trajectories
 
-Algorithm = Literal["ppo", "reinforce_pp", "grpo"]
-ALGORITHMS = ("ppo", "reinforce_pp", "grpo")
-
-
-@dataclass(frozen=True)
-class RLConfig:
-    """Hyperparameters of the advantage computation and the update (see ``ZeroTIRModule`` for each meaning)."""
-
-    algorithm: Algorithm = "reinforce_pp"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    use_kl_loss: bool = False
-    gamma: float = 1.0
-    gae_lambda: float = 1.0
-    whiten_ppo_advantages: bool = True
-    grpo_scale_by_std: bool = True
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    value_clip: float | None = 0.2
-    vf_coef: float = 0.5
-    entropy_coef: float = 0.0
-    ppo_epochs: int = 1
-    num_mini_batches: int = 1
-    micro_batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm={self.algorithm!r}: choose one of {ALGORITHMS}")
-        if self.kl_estimator not in A.KL_KINDS:
-            raise ValueError(f"kl_estimator={self.kl_estimator!r}: choose one of {A.KL_KINDS}")
-        for name in ("ppo_epochs", "num_mini_batches", "micro_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef={self.kl_coef}: must be >= 0 (0 turns the KL term and the reference model off)")
-
-    @property
-    def optimizer_steps_per_rl_step(self) -> int:
-        """How many ``optimizer.step()`` calls (Lightning's ``global_step``) one RL step makes."""
-        return self.ppo_epochs * self.num_mini_batches
-
-    @property
-    def single_pass(self) -> bool:
-        """One epoch, one mini-batch, and no KL folded into the rewards: every micro-batch's forward in the update
-        runs before the (single) optimizer step, so the actor's log-probs there *are* the old log-probs and the
-        separate recomputation pass is skipped (the ratio is exactly 1 with its gradient)."""
-        kl_in_reward = self.kl_coef > 0 and not self.use_kl_loss and self.algorithm != "grpo"
-        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not kl_in_reward
+__all__ = ["RLConfig", "TrainBatch", "compute_advantages", "micro_batch_loss", "placeholder", "ppo_update",
+           "prepare_batch"]
 
 
 @dataclass
@@ -185,7 +134,7 @@ def compute_advantages(
     if cfg.algorithm == "reinforce_pp":
         # algorithms.reinforce_pp_advantages, with the whitening over the global batch.
         returns = A.discounted_returns(A.token_level_rewards(rewards, mask, kl, kl_coef), mask, cfg.gamma)
-        return global_masked_whiten(returns, mask), None
+        return A.masked_whiten(returns, mask, all_reduce=all_reduce_sum), None
     if cfg.algorithm == "grpo":
         per_traj = A.group_advantages(rewards, traj.group_ids.to(mask.device), cfg.grpo_scale_by_std)
         return torch.where(mask, per_traj[:, None].expand_as(mask), torch.zeros_like(mask, dtype=torch.float32)), None
@@ -194,7 +143,7 @@ def compute_advantages(
     token_rewards = A.token_level_rewards(rewards, mask, kl, kl_coef)
     adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda)
     if cfg.whiten_ppo_advantages:
-        adv = global_masked_whiten(adv, mask)
+        adv = A.masked_whiten(adv, mask, all_reduce=all_reduce_sum)
     return adv, returns
 
 

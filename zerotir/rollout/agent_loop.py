@@ -7,14 +7,16 @@ Every row (prompt x sample) is in one of three modes:
              decoded text and sent to the sandbox; the formatted result is injected as an ```output block;
     final -- the call budget is spent: no code stop at all (the closing fence neither), the model finishes in text.
 
-All rows step together in rounds: a round is one ``engine.generate`` call for every row not waiting on the sandbox,
-each row with its own stops and at most ``tool.tokens_per_call`` new tokens (an engine that can pause ends the round
-early once three quarters of its rows have stopped). A row that closes a block has its code sent to the sandbox,
+How rows are driven is the ``Schedule`` (the engine group's ``schedule``, see ``zerotir.rollout.backends``).
+
+With "rounds", all rows step together: a round is one ``engine.generate`` call for every row not waiting on the
+sandbox, each row with its own stops and at most ``schedule.tokens_per_call`` new tokens (an engine that can pause
+ends the round early once three quarters of its rows have stopped). A row that closes a block has its code sent to the sandbox,
 which runs it while the other rows generate, and rejoins the next round once its result is injected; when more rows
 wait on the sandbox than could generate, the loop waits for results rather than run a thin batch.
-``tokens_per_call=None`` is the paper's strict lockstep: one call per phase, then all code at once.
+"lockstep" is the paper's strict loop: one call per phase, then all code at once.
 
-With ``tool.continuous`` and an engine that has a decode session (``HFEngine.session``), there are no rounds: one
+With "continuous" (engines with a decode session: ``HFEngine.session``), there are no rounds: one
 session decodes the whole rollout, a row leaves the batch when it closes a block and rejoins, its keys / values in
 place, as soon as its result is injected (continuous batching; see ``hf_session``).
 
@@ -29,17 +31,20 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
+from zerotir.config import ToolConfig
 from zerotir.rollout.tool_block import (
-    STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, ToolConfig, code_after_start, code_before_end,
+    STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
     failed_call_result, format_result, open_block_head, status_of, straddling_stop,
 )
 from zerotir.rollout.trajectories import to_trajectories
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, Trajectories
 
-__all__ = ["ToolConfig", "rollout", "rollout_sync"]
+__all__ = ["Schedule", "ToolConfig", "rollout", "rollout_sync"]
+
+DEFAULT_TOKENS_PER_CALL = 32  # measured best on CPU with a tiny model (benchmarks/rollout_overhead.py)
 
 TEXT, CODE, FINAL = "text", "code", "final"
 _IO_TURNS = 8  # event-loop turns given to sandbox calls between rounds (see _let_io_run)
@@ -47,6 +52,25 @@ _STEPS_PER_TURN = 4  # continuous decoding: tokens per row between two looks at 
 # A round ends once fewer than this share of its rows still generate (engines that can pause): the stragglers go on
 # in the next round, together with the rows whose code has run, instead of holding them up.
 _PAUSE_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the tool loop drives the engine (see the module doc)."""
+
+    kind: Literal["continuous", "rounds", "lockstep"] = "rounds"
+    tokens_per_call: int = DEFAULT_TOKENS_PER_CALL  # "rounds": tokens per row and engine call
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("continuous", "rounds", "lockstep"):
+            raise ValueError(f"Schedule.kind={self.kind!r}: choose 'continuous', 'rounds' or 'lockstep'")
+        if self.tokens_per_call < 1:
+            raise ValueError(f"Schedule.tokens_per_call={self.tokens_per_call}: must be >= 1")
+
+    @property
+    def per_call(self) -> int | None:
+        """Token cap of one engine call: None in lockstep (one call per phase)."""
+        return None if self.kind == "lockstep" else self.tokens_per_call
 
 
 @dataclass
@@ -80,6 +104,7 @@ async def rollout(
     params: SamplingParams,
     tool: ToolConfig,
     ground_truths: list[str] | None = None,
+    schedule: Schedule = Schedule(),
 ) -> tuple[Trajectories, dict[str, float]]:
     """Tool-integrated rollouts: ``params.n`` trajectories per prompt.
 
@@ -91,11 +116,12 @@ async def rollout(
             a sandbox that also has ``async run_many(codes, *, run_timeout=None) -> list[ExecResult]`` gets the
             code of each round as one ``run_many`` call.
         prompts: prompt token ids.
-        params: sampling settings; ``n`` samples per prompt. The response budget is
-            ``min(params.max_new_tokens, tool.max_response_tokens)``; ``params.stop`` are extra stop strings that end
-            the response (e.g. "</answer>"); ``params.seed`` seeds each round (offset by the round).
+        params: sampling settings; ``n`` samples per prompt. ``params.max_new_tokens`` is the response budget
+            (sampled + injected tokens); ``params.stop`` are extra stop strings that end the response (e.g.
+            "</answer>"); ``params.seed`` seeds each round (offset by the round).
         tool: the tool-call settings.
         ground_truths: the reference answer of each prompt, copied to its trajectories ("" when None).
+        schedule: how the engine is driven; "continuous" needs an engine with a decode session.
 
     Returns:
         The trajectories (prompt i's samples at rows ``i * n .. i * n + n - 1``, ``group_ids`` = i, rewards 0 for the
@@ -103,14 +129,17 @@ async def rollout(
         (waiting for code results; execution hidden behind generation is not counted).
     """
     _check_inputs(prompts, params, ground_truths)
-    budget = min(params.max_new_tokens, tool.max_response_tokens)
+    if schedule.kind == "continuous" and not getattr(engine, "can_continue", False):
+        raise ValueError(f"rollout: schedule 'continuous' needs an engine with a decode session (HFEngine with sdpa "
+                         f"or eager attention); {type(engine).__name__} has none: use 'rounds'")
+    budget = params.max_new_tokens
     rows = _initial_rows(tokenizer, prompts, params.n, tool)
     timings = {"generation": 0.0, "sandbox": 0.0}
     try:
-        if tool.continuous and tool.tokens_per_call is not None and getattr(engine, "can_continue", False):
+        if schedule.kind == "continuous":
             await _run_continuous(engine, tokenizer, sandbox, rows, params, tool, budget, timings)
         else:
-            await _run_rounds(engine, tokenizer, sandbox, rows, params, tool, budget, timings)
+            await _run_rounds(engine, tokenizer, sandbox, rows, params, tool, budget, timings, schedule.per_call)
     finally:
         for row in rows:  # only on an error: nothing is pending after a normal finish
             if row.pending is not None:
@@ -120,9 +149,9 @@ async def rollout(
 
 
 async def _run_rounds(engine: RolloutEngine, tokenizer: Any, sandbox: Any, rows: list[Row], params: SamplingParams,
-                      tool: ToolConfig, budget: int, timings: dict[str, float]) -> None:
-    """Rows step together in rounds of ``engine.generate`` calls (see the module doc)."""
-    lockstep = tool.tokens_per_call is None
+                      tool: ToolConfig, budget: int, timings: dict[str, float], per_call: int | None) -> None:
+    """Rows step together in rounds of ``engine.generate`` calls of at most ``per_call`` tokens (None: lockstep)."""
+    lockstep = per_call is None
     round_idx = 0
     while True:
         await _let_io_run()
@@ -136,7 +165,7 @@ async def _run_rounds(engine: RolloutEngine, tokenizer: Any, sandbox: Any, rows:
         if not ready:
             break
         start = time.perf_counter()
-        _generate_round(engine, tokenizer, ready, params, tool, budget, round_idx)
+        _generate_round(engine, tokenizer, ready, params, tool, budget, round_idx, per_call)
         timings["generation"] += time.perf_counter() - start
         _submit([r for r in ready if r.code is not None], sandbox, tool)
         round_idx += 1
@@ -260,10 +289,7 @@ async def _execute(codes: list[str], sandbox: Any, tool: ToolConfig) -> list[Any
 def _check_inputs(prompts: list[list[int]], params: SamplingParams, ground_truths: list[str] | None) -> None:
     if not prompts:
         raise ValueError("rollout: `prompts` is empty; pass at least one prompt (token ids)")
-    if params.n < 1:
-        raise ValueError(f"rollout: SamplingParams.n must be >= 1, got {params.n}")
-    if params.max_new_tokens < 1:
-        raise ValueError(f"rollout: SamplingParams.max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    params.validate("rollout: params")
     if ground_truths is not None and len(ground_truths) != len(prompts):
         raise ValueError(f"rollout: {len(ground_truths)} ground_truths for {len(prompts)} prompts; pass one per "
                          "prompt (or None)")
@@ -287,10 +313,10 @@ def _stops(mode: str, tool: ToolConfig, extra: list[str]) -> list[str]:
 
 
 def _generate_round(engine: RolloutEngine, tokenizer: Any, ready: list[Row], params: SamplingParams,
-                    tool: ToolConfig, budget: int, round_idx: int) -> None:
+                    tool: ToolConfig, budget: int, round_idx: int, per_call: int | None) -> None:
     """One generation round for ``ready``; fold each sample into its row."""
-    per_call = tool.tokens_per_call or budget
-    pause = tool.tokens_per_call is not None  # strict lockstep keeps one call per phase
+    pause = per_call is not None  # strict lockstep keeps one call per phase
+    per_call = per_call or budget
     seed = None if params.seed is None else params.seed + 7919 * round_idx
 
     def call(row: Row, n: int = 1) -> SamplingParams:

@@ -13,6 +13,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from zerotir.config import check_sampling
+
 FinishReason = Literal["stop", "length", "eos"]
 
 
@@ -39,14 +41,7 @@ class SamplingParams:
 
     def validate(self, name: str = "SamplingParams") -> None:
         """Reject bad settings with a ValueError naming the field as ``name.field`` (e.g. ``params[2].top_p``)."""
-        if self.n < 1:
-            raise ValueError(f"{name}.n={self.n}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"{name}.temperature={self.temperature}: must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"{name}.top_p={self.top_p}: must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"{name}.max_new_tokens={self.max_new_tokens}: must be >= 1")
+        check_sampling(name, self.n, self.temperature, self.top_p, ("max_new_tokens", self.max_new_tokens))
         if any(not s for s in self.stop):
             raise ValueError(f"{name}.stop contains an empty string; remove it")
 

@@ -1,13 +1,9 @@
 """What a run needs besides its models: the sandbox (configured URLs or an embedded local server), the rollout engine
-(transformers or vLLM) and the weight sync between the trained actor and that engine.
+(its backend: ``zerotir.rollout.backends``) and the weight push between the trained actor and that engine.
 
-Backends:
-    * ``hf`` wraps the actor module itself (no copy): after an update the engine already generates with the new
-      weights, so the weight sync only drops the engine's cached keys / values (they belong to the old weights).
-    * ``vllm`` runs a separate in-process vLLM engine; after each update the actor's weights are pushed to it in
-      buckets by ``zerotir.scale.weight_sync.sync_weights`` (timed as ``time/weight_sync``). With
-      ``engine_kwargs.enable_sleep_mode`` (GPU) the engine sleeps (level 2) from the end of each rollout to the next
-      sync, so the update has the GPU memory.
+Without tools (``model.tool.max_tool_calls: 0``, the paper's ZeroRL baseline) no sandbox is started or reached.
+With a vLLM backend and ``enable_sleep_mode`` (GPU) the engine sleeps (level 2) from the end of each rollout to the
+next weight push, so the update has the GPU memory.
 """
 
 from __future__ import annotations
@@ -15,47 +11,37 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from zerotir.config import SandboxConfig, ToolConfig
+from zerotir.rollout.backends import RolloutBackend
 from zerotir.rollout.engine import SamplingParams
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
-
-BACKENDS = ("hf", "vllm")
 
 
 class RolloutRuntime:
     """Sandbox + rollout engine of one run; ``start`` before the first rollout, ``close`` at teardown.
 
     Args:
-        backend: "hf" or "vllm".
-        model_path: the HF folder the vLLM engine loads at start (its weights are replaced by the actor's at once).
-        sandbox_urls: sandbox servers; None starts an embedded local sandbox for the run.
-        engine_kwargs: extra keyword arguments of the engine class (e.g. ``max_batch_size`` for HF,
-            ``gpu_memory_utilization`` for vLLM).
-        weight_sync_bucket_mb: bucket size of the vLLM weight sync.
-        sandbox_kwargs: extra keyword arguments of ``SandboxClient`` (``max_concurrency``, ``retries``, ...).
-        local_sandbox_options: keyword arguments of ``sandbox.local_sandbox`` for the embedded server
-            (``workers``, ``run_timeout``, ...).
+        backend: the ``model.rollout`` group (which engine, with its settings).
+        sandbox: the ``model.sandbox`` group.
+        tool: the ``model.tool`` group (without tools no sandbox is started).
+        model_path: the HF folder a separate engine loads at start (its weights are replaced by the actor's at once).
+        seed: the engine's own seed (requests carry theirs).
     """
 
-    def __init__(self, backend: str = "hf", model_path: str | None = None, sandbox_urls: Sequence[str] | None = None,
-                 engine_kwargs: dict[str, Any] | None = None, weight_sync_bucket_mb: int = 256,
-                 sandbox_kwargs: dict[str, Any] | None = None, local_sandbox_options: dict[str, Any] | None = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"rollout_backend={backend!r}: choose one of {BACKENDS}")
+    def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, model_path: str,
+                 seed: int = 0):
         self.backend = backend
+        self.sandbox_config = sandbox
+        self.tool = tool
         self.model_path = model_path
-        self.configured_urls = list(sandbox_urls) if sandbox_urls else None
-        self.engine_kwargs = dict(engine_kwargs or {})
-        self.bucket_bytes = int(weight_sync_bucket_mb) << 20
-        self.sandbox_kwargs = dict(sandbox_kwargs or {})
-        self.local_sandbox_options = dict(local_sandbox_options or {})
+        self.seed = seed
         self.urls: list[str] = []
         self.sandbox: Any = None
         self.engine: Any = None
@@ -71,28 +57,20 @@ class RolloutRuntime:
         """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent."""
         if self.started:
             return
-        self._start_sandbox()
-        if self.backend == "hf":
-            from zerotir.rollout.hf_engine import HFEngine
-
-            self.engine = HFEngine(actor, tokenizer, device=device, **self.engine_kwargs)
-        else:
-            from zerotir.rollout.vllm_engine import VLLMEngine
-
-            if self.model_path is None:
-                raise ValueError("rollout_backend='vllm' needs model_path (the HF folder vLLM loads)")
-            self.engine = VLLMEngine(self.model_path, **self.engine_kwargs)
+        if self.tool.enabled:
+            self._start_sandbox()
+        self.engine = self.backend.create(actor, tokenizer, device, self.model_path, self.seed)
         self.stale = True
 
     def _start_sandbox(self) -> None:
         from sandbox import SandboxClient, SandboxUnavailable, local_sandbox
 
-        if self.configured_urls is None:
-            self.urls = list(self._stack.enter_context(local_sandbox(**self.local_sandbox_options)))
+        if self.sandbox_config.urls is None:
+            self.urls = list(self._stack.enter_context(local_sandbox(**self.sandbox_config.local_options)))
             log.info("started an embedded local sandbox at %s", ", ".join(self.urls))
         else:
-            self.urls = list(self.configured_urls)
-        self.sandbox = SandboxClient(self.urls, **self.sandbox_kwargs)
+            self.urls = list(self.sandbox_config.urls)
+        self.sandbox = SandboxClient(self.urls, **self.sandbox_config.client_options)
         try:
             self.sandbox.check_health()  # SandboxUnavailable names every URL tried and the fix
         except SandboxUnavailable:
@@ -100,7 +78,7 @@ class RolloutRuntime:
             raise
 
     def rollout(self, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], truths: list[str],
-                params: SamplingParams, tool: Any) -> tuple[Trajectories, dict[str, float]]:
+                params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
         """Tool-integrated rollouts of ``prompts`` (``params.n`` each); returns trajectories and timings."""
         from zerotir.rollout.agent_loop import rollout_sync
 
@@ -108,7 +86,8 @@ class RolloutRuntime:
             raise RuntimeError("RolloutRuntime.rollout before start()")
         if self.asleep:
             raise RuntimeError("RolloutRuntime.rollout: the engine sleeps; call sync(actor) first")
-        out = rollout_sync(self.engine, tokenizer, self.sandbox, prompts, params, tool, truths)
+        out = rollout_sync(self.engine, tokenizer, self.sandbox, prompts, params, self.tool, truths,
+                           self.backend.loop_schedule)
         if getattr(self.engine, "sleep_mode", False):
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)
@@ -118,18 +97,12 @@ class RolloutRuntime:
     def sync(self, actor: nn.Module) -> float:
         """Make the engine generate with the actor's current weights; returns the seconds it took."""
         start = time.perf_counter()
-        if self.backend == "hf":
-            # Same module object: nothing to copy, but cached prefixes hold keys / values of the old weights.
-            self.engine.update_weights({})
-        else:
-            from zerotir.scale.weight_sync import sync_weights
-
-            if self.asleep:  # weights first, then the KV cache, to keep the peak low
-                self.engine.wake_up(tags=["weights"])
-            sync_weights(actor, self.engine, self.bucket_bytes)
-            if self.asleep:
-                self.engine.wake_up(tags=["kv_cache"])
-                self.asleep = False
+        if self.asleep:  # weights first, then the KV cache, to keep the peak low
+            self.engine.wake_up(tags=["weights"])
+        self.backend.push_weights(self.engine, actor)
+        if self.asleep:
+            self.engine.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.stale = False
         return time.perf_counter() - start
 

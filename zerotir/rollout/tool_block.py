@@ -1,4 +1,5 @@
-"""Text side of a tool call: the tool config, finding the code of a block, and the block injected back.
+"""Text side of a tool call: finding the code of a block, and the block injected back (``ToolConfig`` is the
+``model.tool`` group of ``zerotir.config``).
 
 The tool loop (``agent_loop``) works on token ids; this module holds the few string rules it needs, each a pure
 function tested on its own.
@@ -7,82 +8,15 @@ function tested on its own.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
+
+from zerotir.config import ToolConfig
 
 log = logging.getLogger(__name__)
 
 # ExecStatus values (sandbox.result.ExecStatus is a str enum): compared by value so any duck-typed sandbox works.
 STATUS_OK, STATUS_ERROR, STATUS_SANDBOX_ERROR = "ok", "error", "sandbox_error"
 TIMEOUT_STATUSES = ("timeout", "memory", "killed")
-
-
-@dataclass
-class ToolConfig:
-    """How the model calls the code interpreter during a rollout.
-
-    Args:
-        max_tool_calls: N_max, code blocks executed per response; after the cap the code stops are removed and the
-            model must finish in text (the paper allows 20).
-        max_response_tokens: total response budget, sampled + injected tokens; reaching it truncates the response
-            (finish reason "length", reward 0).
-        max_output_chars: the injected output is cut to this many characters (head + tail with a marker) by
-            ``sandbox.format_for_model``.
-        max_output_tokens: then cut to this many tokens of the model's tokenizer (head + tail with a marker): a
-            character cap does not bound tokens (Qwen2.5 spends one token per digit of a printed number). The
-            paper's public code replaces results longer than 256 tokens by a short message; ToRL keeps head and
-            tail. None = characters only.
-        code_start: the stop string that opens a code block (first phase).
-        code_end: the stop string that closes it (second phase).
-        output_template: the injected block; ``{output}`` is replaced by the formatted result.
-        run_timeout: wall-time limit of one execution, seconds.
-        tokens_per_call: generation is cut into engine calls (rounds) of at most this many tokens per row, and an
-            engine that can pause ends a round once three quarters of its rows have stopped, so that a row whose
-            code has run rejoins the batch at the next round instead of waiting for the slowest row of a phase,
-            while code runs as the other rows generate. None = one call per phase, then all code at once (the
-            paper's strict lockstep). 32 measured best on CPU with a tiny model (benchmarks/rollout_overhead.py);
-            long GPU rollouts may prefer a few hundred (fewer, larger calls).
-        continuous: with an engine that has a decode session (``HFEngine``; not vLLM, which schedules its own
-            batch) and ``tokens_per_call`` set, decode the whole rollout as one continuously batched session: a row
-            leaves the batch at the end of a code block and rejoins, its keys / values in place, once the result
-            is injected. Rounds and ``tokens_per_call`` then do not apply. Measured on 2 CPU cores
-            (benchmarks/rollout_overhead.py, tool-loop tokens/s over plain decoding of the same tokens, real
-            sandbox): ZeroTIR-shaped responses 0.89 against 0.65 with rounds at the toy world's model size, 0.73
-            against 0.57 with the 0.16M-parameter model; short tool-dense ones (a call every ~60 tokens) 0.40
-            either way; the toy world's rollouts take as long either way (0.41 s).
-            Default True; False = rounds.
-    """
-
-    max_tool_calls: int = 20
-    max_response_tokens: int = 1024
-    max_output_chars: int = 1024
-    max_output_tokens: int | None = 256
-    code_start: str = "```python"
-    code_end: str = "```"
-    output_template: str = "\n```output\n{output}\n```\n"
-    run_timeout: float = 5.0
-    tokens_per_call: int | None = 32
-    continuous: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_tool_calls < 0:
-            raise ValueError(f"ToolConfig.max_tool_calls must be >= 0 (0 = no tool), got {self.max_tool_calls}")
-        if self.max_response_tokens < 1:
-            raise ValueError(f"ToolConfig.max_response_tokens must be >= 1, got {self.max_response_tokens}")
-        if self.max_output_chars < 80:
-            raise ValueError(f"ToolConfig.max_output_chars must be >= 80 (room for a message and the truncation "
-                             f"marker), got {self.max_output_chars}")
-        if self.max_output_tokens is not None and self.max_output_tokens < 32:
-            raise ValueError(f"ToolConfig.max_output_tokens must be >= 32 (room for a message and the truncation "
-                             f"marker) or None, got {self.max_output_tokens}")
-        if not self.code_start or not self.code_end:
-            raise ValueError("ToolConfig.code_start and code_end must be non-empty stop strings")
-        if "{output}" not in self.output_template:
-            raise ValueError(f"ToolConfig.output_template must contain '{{output}}', got {self.output_template!r}")
-        if self.run_timeout <= 0:
-            raise ValueError(f"ToolConfig.run_timeout must be > 0 seconds, got {self.run_timeout}")
-        if self.tokens_per_call is not None and self.tokens_per_call < 1:
-            raise ValueError(f"ToolConfig.tokens_per_call must be >= 1 or None, got {self.tokens_per_call}")
 
 
 def open_block_head(prompt_text: str, code_start: str, code_end: str) -> str | None:

@@ -42,13 +42,13 @@ def check_deepspeed_config(config: Mapping[str, Any], max_grad_norm: float, opti
 
     Args:
         config: the strategy's DeepSpeed config (``trainer.strategy.config``).
-        max_grad_norm: ``model.max_grad_norm`` (0 = no clipping).
-        optimizer: ``model.optimizer`` ("adamw" or "deepspeed_cpu_adam").
+        max_grad_norm: ``model.optim.max_grad_norm`` (0 = no clipping).
+        optimizer: ``model.optim.optimizer`` ("adamw" or "deepspeed_cpu_adam").
 
     Raises:
         DeepSpeedConfigError: ``managed_gradient_accumulation`` is not false; ``gradient_clipping`` differs from
             ``max_grad_norm``; the config has its own ``optimizer`` / ``scheduler``; or the optimizer offload and
-            ``model.optimizer`` do not match.
+            ``model.optim.optimizer`` do not match.
     """
     problems = []
     if config.get("managed_gradient_accumulation") is not False:
@@ -61,30 +61,30 @@ def check_deepspeed_config(config: Mapping[str, Any], max_grad_norm: float, opti
     clipping = float(config.get("gradient_clipping", 0.0) or 0.0)
     if not math.isclose(clipping, float(max_grad_norm), rel_tol=1e-6, abs_tol=1e-12):
         problems.append(
-            f"gradient_clipping={config.get('gradient_clipping')!r} but model.max_grad_norm={max_grad_norm}: under "
+            f"gradient_clipping={config.get('gradient_clipping')!r} but model.optim.max_grad_norm={max_grad_norm}: under "
             "DeepSpeed the clipping happens in DeepSpeed's step (Lightning refuses trainer.gradient_clip_val with "
             f"manual optimization). Fix: set \"gradient_clipping\": {float(max_grad_norm)} in the DeepSpeed config, "
-            f"or model.max_grad_norm: {clipping}."
+            f"or model.optim.max_grad_norm: {clipping}."
         )
     for section in ("optimizer", "scheduler"):
         if section in config:
             problems.append(
                 f"{section}: the DeepSpeed config defines its own {section}, which would replace the module's "
-                "(actor / critic parameter groups, warmup). Fix: remove the section and set model.lr, "
-                "model.critic_lr, model.warmup_steps and model.optimizer instead."
+                "(actor / critic parameter groups, warmup). Fix: remove the section and set model.optim.lr, "
+                "model.optim.critic_lr, model.optim.warmup_steps and model.optim.optimizer instead."
             )
     offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
     offloaded = str(offload.get("device", "none")).lower() in OFFLOAD_DEVICES
     if offloaded and optimizer != "deepspeed_cpu_adam":
         problems.append(
-            f"zero_optimization.offload_optimizer.device={offload.get('device')!r} with model.optimizer="
-            f"{optimizer!r}: the offloaded optimizer steps on the CPU. Fix: set model.optimizer: deepspeed_cpu_adam."
+            f"zero_optimization.offload_optimizer.device={offload.get('device')!r} with model.optim.optimizer="
+            f"{optimizer!r}: the offloaded optimizer steps on the CPU. Fix: set model.optim.optimizer: deepspeed_cpu_adam."
         )
     if optimizer == "deepspeed_cpu_adam" and not offloaded:
         problems.append(
-            "model.optimizer='deepspeed_cpu_adam' without zero_optimization.offload_optimizer: DeepSpeedCPUAdam needs "
+            "model.optim.optimizer='deepspeed_cpu_adam' without zero_optimization.offload_optimizer: DeepSpeedCPUAdam needs "
             "the optimizer states on the CPU. Fix: add \"offload_optimizer\": {\"device\": \"cpu\"} to "
-            "zero_optimization, or set model.optimizer: adamw."
+            "zero_optimization, or set model.optim.optimizer: adamw."
         )
     if problems:
         raise DeepSpeedConfigError(

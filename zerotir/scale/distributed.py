@@ -6,8 +6,8 @@ the same rank, see ``shard_prompts``; with tensor-parallel vLLM engines the rank
 pass-rate keep masks) stay local.
 Quantities defined over the *whole* batch need reductions:
 
-    * REINFORCE++ whitens the returns over every action token of the global batch -> ``global_masked_whiten``;
-    * PPO's optional advantage whitening, likewise -> ``global_masked_whiten``;
+    * REINFORCE++ whitens the returns over every action token of the global batch, and PPO optionally its advantages
+      -> ``zerotir.rl.algorithms.masked_whiten(..., all_reduce=all_reduce_sum)``;
     * the pass-rate filter's kept fraction and the decision to skip an update -> ``global_group_counts`` /
       ``global_kept_fraction``;
     * logged means (reward, accuracy, ...) -> ``global_mean``; token counts and micro-batch counts that must agree
@@ -18,9 +18,6 @@ Every function falls back to the local computation when ``torch.distributed`` is
 rank, so the CPU path and the tests need no process group. Reductions run in float64 on the device the process group
 wants (CUDA for NCCL, CPU otherwise) and the result comes back on the input's device.
 
-The whitening is two-pass (sum and count -> mean; then the sum of squared deviations -> variance), like
-``zerotir.rl.algorithms.masked_var``: the one-pass ``sum(x^2) - n * mean^2`` loses digits when the mean is large compared
-with the spread. It costs one more all-reduce of two numbers.
 """
 
 from __future__ import annotations
@@ -31,8 +28,6 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-from zerotir.rl import algorithms as A
 
 T = TypeVar("T")
 
@@ -54,6 +49,12 @@ def _reduce_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def all_reduce_sum(values: Tensor) -> Tensor:
+    """Sum a small float64 vector over all ranks (a copy; the input itself without a process group). The
+    ``all_reduce`` of ``zerotir.rl.algorithms.masked_whiten`` / ``masked_mean_var``."""
+    return _all_reduce(values)
 
 
 def _all_reduce(values: Tensor, op: Any = None) -> Tensor:
@@ -86,60 +87,6 @@ def global_mean(values: Tensor | Sequence[float]) -> float:
     x = torch.as_tensor(values, dtype=torch.float64).detach().flatten().cpu()
     sums = _all_reduce(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=torch.float64)]))
     return float(sums[0] / sums[1].clamp(min=1))
-
-
-def global_masked_mean_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-    """Mean and variance of the masked entries of ``x`` over all ranks, and their total count.
-
-    Args:
-        x: values, any shape (each rank may have its own shape, e.g. its own padded T).
-        mask: same shape as ``x``; nonzero = counted.
-        unbiased: Bessel's correction. With too few entries in the whole batch the variance is 0 (not NaN), as in
-            ``zerotir.rl.algorithms.masked_var``.
-
-    Returns:
-        ``(mean, var, count)``: 0-dim tensors in ``x``'s dtype and device (count in float64).
-    """
-    if mask.shape != x.shape:
-        raise ValueError(f"mask has shape {tuple(mask.shape)} but x has shape {tuple(x.shape)}; they must match")
-    m = mask if mask.dtype == torch.bool else mask != 0
-    x64 = x.detach().to(torch.float64)
-    kept = torch.where(m, x64, torch.zeros_like(x64))
-    first = _all_reduce(torch.stack([kept.sum(), m.sum().to(torch.float64)]))
-    total, count = first[0], first[1]
-    mean = total / count.clamp(min=1)
-    sq = torch.where(m, (x64 - mean) ** 2, torch.zeros_like(x64)).sum()
-    sq = _all_reduce(sq.reshape(1))[0]
-    denom = count - 1 if unbiased else count
-    var = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
-    return mean.to(x.dtype), var.to(x.dtype), count
-
-
-def global_masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """``zerotir.rl.algorithms.masked_whiten`` over the masked entries of *all* ranks' batches.
-
-    Without a multi-rank process group this *is* ``masked_whiten`` (the same function is called), so single-process
-    runs are bit-for-bit unchanged. With one, mean and variance come from ``global_masked_mean_var`` and each rank
-    whitens its own entries with them; the concatenated result equals one process whitening the concatenated batch
-    (up to float rounding of the sums).
-
-    Args:
-        x: values, any shape.
-        mask: same shape as ``x``.
-        shift_mean: if False, the mean is added back (only the scale changes).
-        eps: added to the variance before the square root.
-
-    Returns:
-        The whitened values where ``mask`` is nonzero and 0 elsewhere.
-    """
-    if not is_distributed():
-        return A.masked_whiten(x, mask, shift_mean=shift_mean, eps=eps)
-    mean, var, _ = global_masked_mean_var(x, mask)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        whitened = whitened + mean
-    m = mask if mask.dtype == torch.bool else mask != 0
-    return torch.where(m, whitened, torch.zeros_like(whitened))
 
 
 def gather_objects(obj: T) -> list[T]:
@@ -202,7 +149,7 @@ def shard_prompts(rows: Sequence[T], rank: int, world_size: int, tensor_parallel
         raise ValueError(f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size:
         raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must divide the world size {world_size} "
-                         f"(model.engine_kwargs.tensor_parallel_size vs trainer.devices x trainer.num_nodes)")
+                         f"(model.rollout.init_args.tensor_parallel_size vs trainer.devices x trainer.num_nodes)")
     engines = world_size // tensor_parallel_size
     if len(rows) % engines:
         raise ValueError(

@@ -300,11 +300,14 @@ def _config_file(name: str, where: str) -> Path:
 def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     """The model and ``PlanSettings`` fields a zerotir run config implies (``python -m zerotir fit --config``).
 
-    Reads ``model.*`` (model_path, algorithm, kl_coef, micro_batch_size, max_response_tokens, n_samples,
-    gradient_checkpointing, weight_sync_bucket_mb, engine_kwargs.tensor_parallel_size / gpu_memory_utilization),
-    ``data.*`` (max_prompt_tokens, prompts_per_step) and ``trainer.*`` (devices, num_nodes, strategy).
+    Reads ``model.*`` (model_path, gradient_checkpointing, the ``rl`` and ``sampling`` groups, and the ``rollout``
+    group's tensor_parallel_size / gpu_memory_utilization / weight_sync_bucket_mb), ``data.*`` (max_prompt_tokens,
+    prompts_per_step) and ``trainer.*`` (devices, num_nodes, strategy). Missing fields take the groups' defaults.
     """
     import yaml
+
+    from zerotir.config import RLConfig, SamplingConfig
+    from zerotir.rollout.backends import VLLMRollout
 
     where = str(path)
     config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
@@ -314,20 +317,24 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     devices = trainer.get("devices", 1)
     if not isinstance(devices, int):
         raise ValueError(f"{where}: trainer.devices={devices!r}; the plan needs a number of GPUs per node")
-    engine = model.get("engine_kwargs") or {}
+    rl = RLConfig(**(model.get("rl") or {}))
+    sampling = SamplingConfig(**(model.get("sampling") or {}))
+    rollout = model.get("rollout") or {}
+    vllm = str(rollout.get("class_path", "")).endswith("VLLMRollout")
+    engine = VLLMRollout(**(rollout.get("init_args") or {})) if vllm else None
     settings = {
         "gpus": devices,
         "nodes": int(trainer.get("num_nodes", 1)),
         **_strategy_settings(trainer.get("strategy"), where),
-        "critic": model.get("algorithm", "reinforce_pp") == "ppo",
-        "reference": float(model.get("kl_coef", 0.0)) > 0,
-        "micro_batch_size": int(model.get("micro_batch_size", 8)),
-        "seq_len": int(data.get("max_prompt_tokens") or 1024) + int(model.get("max_response_tokens", 1024)),
+        "critic": rl.algorithm == "ppo",
+        "reference": rl.kl_coef > 0,
+        "micro_batch_size": rl.micro_batch_size,
+        "seq_len": int(data.get("max_prompt_tokens") or 1024) + sampling.max_response_tokens,
         "gradient_checkpointing": bool(model.get("gradient_checkpointing", False)),
-        "vllm_tp": int(engine.get("tensor_parallel_size", 1)),
-        "gpu_memory_utilization": float(engine.get("gpu_memory_utilization", 0.5)),
-        "samples_per_step": int(data.get("prompts_per_step", 128)) * int(model.get("n_samples", 8)),
-        "sync_bucket_mb": float(model.get("weight_sync_bucket_mb", 256)),
+        "vllm_tp": engine.tensor_parallel_size if engine else 1,
+        "gpu_memory_utilization": engine.gpu_memory_utilization if engine else VLLMRollout.gpu_memory_utilization,
+        "samples_per_step": int(data.get("prompts_per_step", 128)) * sampling.n,
+        "sync_bucket_mb": float(engine.weight_sync_bucket_mb if engine else VLLMRollout.weight_sync_bucket_mb),
     }
     return str(model["model_path"]), settings
 

@@ -156,8 +156,9 @@ def write_markdown(report: dict, path: Path) -> None:
     for name, r in runs.items():
         for window, block in (r["correct_by_calls"] or {}).items():
             rows.append([name, window.replace("_", " "), str(block["total"])]
-                        + [_num(block["shares"][b]) for b in sf.CALL_BUCKETS])
-    lines += _table(["run", "window", "correct", *(f"{BUCKET_LABELS[b]} calls" for b in sf.CALL_BUCKETS)], rows)
+                        + [f"{_num(block['shares'][b])} ({block['counts'][b]})" for b in sf.CALL_BUCKETS])
+    header = [f"share with {BUCKET_LABELS[b]} calls (count)" for b in sf.CALL_BUCKETS]
+    lines += _table(["run", "window", "correct trajectories", *header], rows)
     notes = [f"- {name}: {note}" for name, r in runs.items() for note in r["notes"]]
     if notes:
         lines += ["", "## Notes", ""] + notes

@@ -47,10 +47,21 @@ class Run:
         return self.scalars.get(tag)
 
 
+TB_FOLDER = "tensorboard"  # where zerotir's CLI writes a run's events: <trainer.default_root_dir>/tensorboard
+
+
 def _run_name(run_dir: Path, logdir: Path) -> str:
-    """Folder name relative to the logdir; a lone Lightning ``version_N`` keeps its parent (``ppo/version_0``)."""
-    name = run_dir.relative_to(logdir).as_posix() if run_dir != logdir else run_dir.name
-    if "/" not in name and name.startswith("version_") and run_dir.parent.name:
+    """The run a log folder belongs to: its path relative to the logdir, without zerotir's ``tensorboard`` folder
+    (``runs/toy_cpu/tensorboard`` is the run ``toy_cpu``); a lone Lightning ``version_N`` keeps its parent
+    (``ppo/version_0``)."""
+    parts = list(run_dir.relative_to(logdir).parts) if run_dir != logdir else []
+    if parts and parts[-1] == TB_FOLDER:
+        parts.pop()
+    if not parts:  # the logdir is the run (or its tensorboard folder)
+        run = (run_dir.parent if run_dir.name == TB_FOLDER else run_dir).resolve()
+        parts, run_dir = [run.name], run
+    name = "/".join(parts)
+    if len(parts) == 1 and name.startswith("version_") and run_dir.parent.name:
         name = f"{run_dir.parent.name}/{name}"
     return name
 

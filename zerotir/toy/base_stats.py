@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from zerotir.reward import score
-from zerotir.rollout.agent_loop import ToolConfig, rollout_sync
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tasks import heldout_set
@@ -80,10 +81,11 @@ def measure_base(
     tok = engine.tokenizer
     prompts = [tok(toy_prompt(q.problem), add_special_tokens=False)["input_ids"] for q in questions]
     params = SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_response_tokens, seed=seed)
-    tool = ToolConfig(max_tool_calls=max_tool_calls, max_response_tokens=max_response_tokens)
+    tool = ToolConfig(max_tool_calls=max_tool_calls, max_output_chars=1024)
     start = time.monotonic()
     with torch.inference_mode(), _sandbox_client(sandbox_urls) as client:
-        traj, _ = rollout_sync(engine, tok, client, prompts, params, tool, [q.answer for q in questions])
+        traj, _ = rollout_sync(engine, tok, client, prompts, params, tool, [q.answer for q in questions],
+                               Schedule("continuous"))
     rewards = [score(text, truth, bool(cut)) for text, truth, cut
                in zip(traj.response_texts, traj.ground_truths, traj.truncated.tolist(), strict=True)]
     used = traj.used_code.tolist()

@@ -6,7 +6,7 @@ model saw in pretraining is what it sees during RL.
 from __future__ import annotations
 
 from sandbox.result import ExecResult, ExecStatus, format_for_model
-from zerotir.rollout.tool_block import ToolConfig
+from zerotir.config import ToolConfig
 
 TEMPLATE_NAME = "toy"
 

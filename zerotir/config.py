@@ -1,0 +1,256 @@
+"""The typed configuration groups of a run: ``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling`` /
+``model.eval_sampling`` and ``model.sandbox`` (the engine group ``model.rollout`` is ``zerotir.rollout.backends``).
+
+Each group is a frozen dataclass whose field docstrings are the ``--help`` text of the command line (the CLI turns
+attribute docstrings on), and whose ``__post_init__`` is the one place its fields are checked: a bad value raises a
+``ValueError`` that names the field as it is written in a config (``model.rl.clip_low``) and the fix. Defaults live
+here and nowhere else; ``python -m zerotir fit --print_config`` prints every group with them.
+
+Nothing here imports torch, Lightning or the engines: the groups are plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
+
+Algorithm = Literal["reinforce_pp", "ppo", "grpo"]
+KLEstimator = Literal["k1", "k2", "k3"]
+Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
+
+
+def _check_choice(group: str, name: str, value: Any, kind: Any) -> None:
+    choices = get_args(kind)
+    if value not in choices:
+        raise ValueError(f"model.{group}.{name}={value!r}: choose one of {choices}")
+
+
+def _check_min(group: str, obj: Any, names: tuple[str, ...], low: float, what: str = "") -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < low:
+            raise ValueError(f"model.{group}.{name}={value}: must be >= {low}{what}")
+
+
+def check_sampling(where: str, n: int, temperature: float, top_p: float, max_tokens: tuple[str, int]) -> None:
+    """The one check of sampling settings, shared by ``SamplingConfig`` and the engines' ``SamplingParams``.
+
+    Args:
+        where: how the caller names the object in a message (``model.sampling``, ``params[2]``).
+        max_tokens: (field name, value) of the token budget.
+    """
+    if n < 1:
+        raise ValueError(f"{where}.n={n}: must be >= 1")
+    if temperature < 0:
+        raise ValueError(f"{where}.temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"{where}.top_p={top_p}: must be in (0, 1]")
+    if max_tokens[1] < 1:
+        raise ValueError(f"{where}.{max_tokens[0]}={max_tokens[1]}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """The RL algorithm: advantages, KL, clipping and how the update walks the batch (``model.rl``)."""
+
+    algorithm: Algorithm = "reinforce_pp"
+    """Advantage estimator: "reinforce_pp" (token-level KL in the reward, whitened discounted returns), "ppo"
+    (critic + GAE) or "grpo" (group mean / std baseline)."""
+    kl_coef: float = 0.0
+    """KL coefficient beta against the frozen base model; 0 skips the reference model entirely."""
+    kl_estimator: KLEstimator = "k3"
+    """KL estimator per token: k1 (log ratio), k2 (squared log ratio / 2) or k3 (Schulman's unbiased, >= 0)."""
+    use_kl_loss: bool = False
+    """Put the KL in the loss (GRPO style) instead of the token rewards."""
+    gamma: float = 1.0
+    """Discount per action token."""
+    gae_lambda: float = 1.0
+    """GAE lambda (ppo)."""
+    whiten_ppo_advantages: bool = True
+    """Normalise PPO's GAE advantages over the (global) batch."""
+    grpo_scale_by_std: bool = True
+    """Divide GRPO's group-centred rewards by the group's standard deviation."""
+    clip_low: float = 0.2
+    """Lower clip epsilon of the probability ratio (the paper's code: 0.22)."""
+    clip_high: float = 0.28
+    """Upper clip epsilon of the probability ratio (the paper's code: 0.28)."""
+    value_clip: float | None = 0.2
+    """Clip range of the value loss around the old values (ppo); None = unclipped."""
+    vf_coef: float = 0.5
+    """Weight of the value loss (ppo)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus in the loss (0 = none)."""
+    ppo_epochs: int = 1
+    """Passes over each RL batch."""
+    num_mini_batches: int = 1
+    """Optimizer steps per pass (each over its share of the batch)."""
+    micro_batch_size: int = 8
+    """Trajectories per forward / backward (memory only: the gradient is the same token mean whatever the size)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("rl", "algorithm", self.algorithm, Algorithm)
+        _check_choice("rl", "kl_estimator", self.kl_estimator, KLEstimator)
+        _check_min("rl", self, ("ppo_epochs", "num_mini_batches", "micro_batch_size"), 1)
+        _check_min("rl", self, ("kl_coef",), 0, " (0 turns the KL term and the reference model off)")
+        _check_min("rl", self, ("clip_low", "clip_high", "value_clip", "vf_coef"), 0)
+        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            raise ValueError(f"model.rl.gamma={self.gamma}, gae_lambda={self.gae_lambda}: both must be in [0, 1]")
+        if self.use_kl_loss and self.kl_coef == 0:
+            raise ValueError("model.rl.use_kl_loss=true with kl_coef=0 has no KL to put in the loss; set kl_coef > 0 "
+                             "or use_kl_loss false")
+
+    @property
+    def optimizer_steps_per_rl_step(self) -> int:
+        """How many ``optimizer.step()`` calls (Lightning's ``global_step``) one RL step makes."""
+        return self.ppo_epochs * self.num_mini_batches
+
+    @property
+    def single_pass(self) -> bool:
+        """One epoch, one mini-batch, and no KL folded into the rewards: every micro-batch's forward in the update
+        runs before the (single) optimizer step, so the actor's log-probs there *are* the old log-probs and the
+        separate recomputation pass is skipped (the ratio is exactly 1 with its gradient)."""
+        kl_in_reward = self.kl_coef > 0 and not self.use_kl_loss and self.algorithm != "grpo"
+        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not kl_in_reward
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The one optimizer (actor and critic are two parameter groups of it) and its schedule (``model.optim``)."""
+
+    lr: float = 1e-6
+    """Actor learning rate."""
+    critic_lr: float | None = None
+    """Critic learning rate (ppo); None = ``lr``."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas."""
+    warmup_steps: int = 0
+    """Linear warmup in optimizer steps, constant afterwards."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping per parameter group (actor, critic); 0 = off. Under DeepSpeed it must equal the config's
+    ``gradient_clipping``."""
+    optimizer: Optimizer = "adamw"
+    """"adamw" (torch) or "deepspeed_cpu_adam" (for ZeRO optimizer offload)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("optim", "optimizer", self.optimizer, Optimizer)
+        for name in ("lr", "critic_lr"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"model.optim.{name}={value}: must be > 0")
+        _check_min("optim", self, ("weight_decay", "warmup_steps", "max_grad_norm"), 0)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"model.optim.betas={self.betas}: two numbers in [0, 1), e.g. [0.9, 0.95]")
+
+
+@dataclass(frozen=True)
+class ToolConfig:
+    """How the model calls the code interpreter during a rollout (``model.tool``)."""
+
+    max_tool_calls: int = 4
+    """Code blocks executed per response (the paper allows 20); after that the code stops are removed and the model
+    must finish in text. 0 = no tool at all (the paper's ZeroRL baseline: no sandbox is started)."""
+    max_output_chars: int = 512
+    """The injected output is cut to this many characters (head + tail with a marker)."""
+    max_output_tokens: int | None = 256
+    """Then cut to this many tokens of the model's tokenizer (head + tail with a marker): a character cap does not
+    bound tokens (Qwen2.5 spends one token per digit). The paper's public code replaces results longer than 256
+    tokens by a short message; ToRL keeps head and tail. None = characters only."""
+    run_timeout: float = 5.0
+    """Wall-time limit of one execution in the sandbox, seconds."""
+    code_start: str = "```python"
+    """The stop string that opens a code block (first phase)."""
+    code_end: str = "```"
+    """The stop string that closes it (second phase)."""
+    output_template: str = "\n```output\n{output}\n```\n"
+    """The injected block; ``{output}`` is replaced by the formatted result."""
+
+    def __post_init__(self) -> None:
+        _check_min("tool", self, ("max_tool_calls",), 0, " (0 = no tool)")
+        _check_min("tool", self, ("max_output_chars",), 80, " (room for a message and the truncation marker)")
+        _check_min("tool", self, ("max_output_tokens",), 32, " or null (room for a message and the marker)")
+        if not self.code_start or not self.code_end:
+            raise ValueError("model.tool.code_start and code_end must be non-empty stop strings")
+        if "{output}" not in self.output_template:
+            raise ValueError(f"model.tool.output_template must contain '{{output}}', got {self.output_template!r}")
+        if self.run_timeout <= 0:
+            raise ValueError(f"model.tool.run_timeout={self.run_timeout}: must be > 0 seconds")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the model may run code at all (else no sandbox is needed)."""
+        return self.max_tool_calls > 0
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How rollouts are sampled (``model.sampling`` for training, ``model.eval_sampling`` for validation / test)."""
+
+    n: int = 8
+    """Samples per prompt (evaluation: avg@k and pass@k with k = n)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    max_response_tokens: int = 1024
+    """Response budget per trajectory, sampled + injected tool output; reaching it truncates (reward 0)."""
+
+    def __post_init__(self) -> None:
+        check_sampling("model.[eval_]sampling", self.n, self.temperature, self.top_p,
+                       ("max_response_tokens", self.max_response_tokens))
+
+
+EVAL_SAMPLING = SamplingConfig(n=1, temperature=0.0)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where code runs (``model.sandbox``): configured servers, or an embedded local server started for the run."""
+
+    urls: list[str] | None = None
+    """Sandbox servers (``python -m sandbox serve``); None starts an embedded local server for the run."""
+    workers: int | None = None
+    """Worker processes of the embedded server (None: one per core). Embedded server only."""
+    server_options: dict[str, Any] = field(default_factory=dict)
+    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any limit of
+    ``sandbox.config.ExecConfig`` (``memory_mb``, ``allow_imports``, ...). Embedded server only."""
+    max_concurrency: int = 64
+    """Requests in flight from the trainer to the sandbox."""
+    request_timeout: float = 60.0
+    """Seconds one HTTP request may take."""
+    retries: int = 3
+    """Retries of a request that failed to reach a server (another server is tried first)."""
+    max_error_rate: float = 0.5
+    """Highest tolerated share of executions the sandbox fails to run (its own errors, not the model's)."""
+    error_patience: int = 3
+    """Consecutive RL steps above that rate that stop the run."""
+
+    def __post_init__(self) -> None:
+        if self.urls is not None and not self.urls:
+            raise ValueError("model.sandbox.urls=[]: give at least one URL, or null for an embedded local sandbox")
+        if self.urls is not None and (self.workers is not None or self.server_options):
+            raise ValueError("model.sandbox.workers / server_options configure the embedded server, which is not "
+                             "started when model.sandbox.urls is set; drop them or set urls to null")
+        _check_min("sandbox", self, ("workers", "max_concurrency", "error_patience"), 1)
+        _check_min("sandbox", self, ("retries",), 0)
+        if self.request_timeout <= 0:
+            raise ValueError(f"model.sandbox.request_timeout={self.request_timeout}: must be > 0 seconds")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"model.sandbox.max_error_rate={self.max_error_rate}: must be in [0, 1]")
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``sandbox.SandboxClient``."""
+        return {"max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
+                "retries": self.retries}
+
+    @property
+    def local_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``sandbox.local_sandbox`` for the embedded server."""
+        return dict(self.server_options, **({} if self.workers is None else {"workers": self.workers}))
+
+
+def as_plain(group: Any) -> dict[str, Any]:
+    """A group as a plain dict (for reports and hyperparameter logs)."""
+    return {f.name: getattr(group, f.name) for f in fields(group)}
