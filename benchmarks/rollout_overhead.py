@@ -54,8 +54,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox import ExecResult, ExecStatus, SandboxClient, local_sandbox  # noqa: E402 - after the path set-up
-from zerotir.config import ToolConfig  # noqa: E402
-from zerotir.rollout.agent_loop import DEFAULT_TOKENS_PER_CALL, Schedule, rollout_sync  # noqa: E402
+from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig  # noqa: E402
+from zerotir.rollout.agent_loop import Schedule, rollout_sync  # noqa: E402
 from zerotir.rollout.engine import SamplingParams  # noqa: E402
 from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
 from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402

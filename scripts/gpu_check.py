@@ -104,7 +104,7 @@ def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]
             "optim": {"lr": 1.0e-4, "critic_lr": 1.0e-4, "max_grad_norm": 1.0},
             "sampling": {"n": 2 if cpu else 4, "temperature": 1.0, "max_response_tokens": 32 if cpu else 256},
             "tool": {"max_tool_calls": 2},
-            "rollout": {"class_path": "zerotir.rollout.backends.HFRollout"},
+            "rollout": {"class_path": "zerotir.config.HFRollout"},
             "sandbox": {"workers": 2},
             "seed": 0,
         },

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 import zerotir.__main__ as entry
-from zerotir import models
 from callbacks.progress import RLStepProgressBar, rl_step_description
-from lightning.pytorch.callbacks import ModelCheckpoint
+from zerotir import models
 from zerotir.cli import ZeroTIRCLI
-from zerotir.rollout.backends import HFRollout
+from zerotir.config import HFRollout
 from zerotir.toy.pretrain import PretrainSettings
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -77,7 +77,7 @@ def test_checkpoint_group_follows_enable_checkpointing(tiny_dir, tmp_path, monke
 
 def test_a_setting_of_another_engine_is_an_error(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
-    vllm = ["--model.rollout", "zerotir.rollout.backends.VLLMRollout"]
+    vllm = ["--model.rollout", "zerotir.config.VLLMRollout"]
     err = parse_error(["fit", "--config", CONFIG, *vllm, "--model.rollout.schedule", "continuous", "--print_config"],
                       capsys)
     assert "model.rollout" in err and "schedule" in err

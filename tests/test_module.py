@@ -14,7 +14,7 @@ from callbacks import PassRateFilter, ScalingMetrics
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.config import OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.module import ZeroTIRModule
-from zerotir.rollout.backends import VLLMRollout
+from zerotir.config import VLLMRollout
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.types import Trajectories
@@ -208,7 +208,7 @@ def test_bad_arguments_name_the_field(tiny_dir):
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):
     module = ZeroTIRModule(str(tiny_dir))
-    assert module.runtime.backend.loop_schedule.kind == "continuous"  # the default engine and schedule
+    assert module.runtime.backend.schedule == "continuous"  # the default engine and schedule
 
 
 def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_file, tmp_path):

@@ -6,7 +6,7 @@
     callbacks (``outputs["step"]`` of ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
-hooks, checkpoints. Its settings are the typed groups of ``zerotir.config`` and ``zerotir.rollout.backends``.
+hooks, checkpoints. Its settings are the typed groups of ``zerotir.config``.
 
 Steps: optimization is manual with ONE optimizer (actor and critic are two parameter groups; Lightning's DeepSpeed
 strategy accepts a single optimizer). Lightning's ``trainer.global_step`` counts ``optimizer.step()`` calls, and each
@@ -29,11 +29,12 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
-from zerotir.config import EVAL_SAMPLING, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig, as_plain
+from zerotir.config import (
+    EVAL_SAMPLING, HFRollout, OptimConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
+)
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
 from zerotir.rl.step import Models, RolloutFilter, StepOptimizer, StepResult, rl_step
-from zerotir.rollout.backends import HFRollout, RolloutBackend
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.runtime import RolloutRuntime
 from zerotir.scale.deepspeed_setup import check_deepspeed_config, count_skipped_step, hf_zero3_config, is_deepspeed
@@ -55,8 +56,8 @@ class ZeroTIRModule(LightningModule):
         tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
         sampling: sampling of training rollouts.
         eval_sampling: sampling of validation / test rollouts (avg@k and pass@k with k = its n).
-        rollout: the rollout engine, a ``class_path``: ``zerotir.rollout.backends.HFRollout`` (transformers, the
-            default) or ``zerotir.rollout.backends.VLLMRollout``, each with its own ``init_args``.
+        rollout: the rollout engine, a ``class_path``: ``zerotir.config.HFRollout`` (transformers, the default) or
+            ``zerotir.config.VLLMRollout``, each with its own ``init_args``.
         sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
         eval_report_dir: where evaluation reports go; default ``<trainer.default_root_dir>/eval``.
         seed: seed of rollout sampling (step k samples with ``seed + k``), so a resumed run repeats a step exactly.

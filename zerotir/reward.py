@@ -24,6 +24,8 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 
+from zerotir.rollout.sync import run_sync
+
 logger = logging.getLogger(__name__)
 
 # "\boxed" or "\fbox" not followed by another letter (so "\boxedanswer" is a different macro).
@@ -247,7 +249,7 @@ class RewardScorer:
     def score_batch_sync(self, responses: Sequence[str], truths: Sequence[str],
                          truncated: Sequence[bool]) -> list[float]:
         """``score_batch`` for synchronous callers (must not be called from inside a running event loop)."""
-        return asyncio.run(self.score_batch(responses, truths, truncated))
+        return run_sync(self.score_batch(responses, truths, truncated), "RewardScorer.score_batch_sync")
 
     def close(self) -> None:
         """Stop the worker processes."""
@@ -315,4 +317,5 @@ def score_batch_sync(responses: Sequence[str], truths: Sequence[str], truncated:
                      max_workers: int | None = None, timeout_s: float = 5.0,
                      require_single_boxed: bool = False) -> list[float]:
     """Synchronous ``score_batch`` (must not be called from inside a running event loop)."""
-    return asyncio.run(score_batch(responses, truths, truncated, max_workers, timeout_s, require_single_boxed))
+    return run_sync(score_batch(responses, truths, truncated, max_workers, timeout_s, require_single_boxed),
+                    "score_batch_sync")

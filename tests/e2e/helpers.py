@@ -44,7 +44,7 @@ class RecordSteps(Callback):
         self._write({"start": filters[0] if filters else None, "rl_step": pl_module.rl_steps_done})
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._write({"rl_step": pl_module.rl_step, "batch_index": batch[0]["batch_index"],
+        self._write({"rl_step": outputs["step"].rl_step, "batch_index": batch[0]["batch_index"],
                      "ids": [row["id"] for row in batch]})
 
 
@@ -61,6 +61,10 @@ class CompareEngineWithActor(Callback):
     def __init__(self, path: str, max_new_tokens: int = 24) -> None:
         self.path = Path(path)
         self.max_new_tokens = max_new_tokens
+        self.last_ids: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.last_ids = outputs["step"].rollout.input_ids[:4, :3].tolist()
 
     def on_train_end(self, trainer, pl_module) -> None:
         import copy
@@ -68,7 +72,7 @@ class CompareEngineWithActor(Callback):
         from zerotir.rollout.engine import SamplingParams
         from zerotir.rollout.hf_engine import HFEngine
 
-        prompts = [list(ids) for ids in pl_module.last_rollout.input_ids[:4, :3].tolist()]
+        prompts = [list(ids) for ids in self.last_ids]
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
         engine_ids = [s[0].token_ids for s in pl_module.runtime.engine.generate(prompts, params)]
         actor = HFEngine(copy.deepcopy(pl_module.actor).float().eval(), pl_module.tokenizer)

@@ -28,7 +28,7 @@ def test_fit_with_vllm_syncs_weights_into_the_engine(e2e_base, e2e_data, tmp_pat
     engine = {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.5}
     cli = run_cli(cli_args(
         "fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "2",
-        "--model.rollout", json.dumps({"class_path": "zerotir.rollout.backends.VLLMRollout", "init_args": engine}),
+        "--model.rollout", json.dumps({"class_path": "zerotir.config.VLLMRollout", "init_args": engine}),
         "--trainer.callbacks+=tests.e2e.helpers.SnapshotParams", "--trainer.callbacks.path", str(snapshot),
         "--trainer.callbacks+=tests.e2e.helpers.CompareEngineWithActor", "--trainer.callbacks.path", str(compare),
     ))

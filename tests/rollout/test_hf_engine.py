@@ -232,7 +232,7 @@ def test_training_mode_and_threads_are_restored(model):
 
 
 @pytest.mark.parametrize("prompts, params, match", [
-    ([[]], SamplingParams(), "prompt 0 is empty"),
+    ([[]], SamplingParams(), r"prompts\[0\] is empty"),
     ([[5, 999]], SamplingParams(), "outside"),
     ([[5]], SamplingParams(n=0), r"SamplingParams\.n=0: must be >= 1"),
     ([[5]], SamplingParams(temperature=-1), "temperature"),

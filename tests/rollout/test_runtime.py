@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from zerotir.config import SandboxConfig, ToolConfig
+from zerotir.config import HFRollout, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.rollout import agent_loop
-from zerotir.rollout.backends import HFRollout, VLLMRollout
+from zerotir.rollout import runtime as runtime_module
 from zerotir.rollout.runtime import RolloutRuntime
 
 
@@ -68,11 +68,6 @@ def test_without_sleep_mode_the_engine_is_never_put_to_sleep(runtime):
     assert [c[0] for c in engine.calls] == ["generate", "update_weights"] and not runtime.asleep
 
 
-class StubBackend(HFRollout):
-    def create(self, actor, tokenizer, device, model_path, seed):
-        return FakeEngine(sleep_mode=False)
-
-
 def test_without_tools_no_sandbox_is_started(monkeypatch):
     """``max_tool_calls: 0`` (the ZeroRL baseline) runs no code: the embedded sandbox is never started."""
     import sandbox
@@ -81,7 +76,8 @@ def test_without_tools_no_sandbox_is_started(monkeypatch):
         raise AssertionError("the embedded sandbox was started for a run without tools")
 
     monkeypatch.setattr(sandbox, "local_sandbox", refuse)
-    rt = RolloutRuntime(StubBackend(), SandboxConfig(), ToolConfig(max_tool_calls=0), "unused")
+    monkeypatch.setattr(runtime_module, "create_engine", lambda *args: FakeEngine(sleep_mode=False))
+    rt = RolloutRuntime(HFRollout(), SandboxConfig(), ToolConfig(max_tool_calls=0), "unused")
     rt.start(Actor(), None, "cpu")
     assert rt.started and rt.sandbox is None and rt.urls == []
     rt.close()

@@ -12,10 +12,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import SamplingParams, per_prompt_params
 from zerotir.rollout.vllm_engine import (
     VLLMEngine,
-    _per_prompt_params,
     completion_to_sample,
     engine_settings,
     vllm_available,
@@ -71,12 +70,12 @@ def test_engine_settings_cpu_and_gpu():
 def test_param_list_is_accepted_and_checked_per_prompt():
     assert VLLMEngine.accepts_param_list is True
     one, two = SamplingParams(n=2), SamplingParams(max_new_tokens=3, stop=["x"])
-    assert _per_prompt_params([[5], [6]], one) == [one, one]
-    assert _per_prompt_params([[5], [6]], [one, two]) == [one, two]
+    assert per_prompt_params([[5], [6]], one) == [one, one]
+    assert per_prompt_params([[5], [6]], [one, two]) == [one, two]
     with pytest.raises(ValueError, match="1 SamplingParams for 2 prompts"):
-        _per_prompt_params([[5], [6]], [one])
+        per_prompt_params([[5], [6]], [one])
     with pytest.raises(ValueError, match=r"params\[1\]\.max_new_tokens=0"):
-        _per_prompt_params([[5], [6]], [one, SamplingParams(max_new_tokens=0)])
+        per_prompt_params([[5], [6]], [one, SamplingParams(max_new_tokens=0)])
 
 
 # ---------------------------------------------------------------- real engine

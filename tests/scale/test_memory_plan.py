@@ -196,7 +196,7 @@ model:
   sampling: {max_response_tokens: 8192, n: 16}
   gradient_checkpointing: true
   rollout:
-    class_path: zerotir.rollout.backends.VLLMRollout
+    class_path: zerotir.config.VLLMRollout
     init_args: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2}
 data:
   max_prompt_tokens: 1024

@@ -7,7 +7,7 @@ Every row (prompt x sample) is in one of three modes:
              decoded text and sent to the sandbox; the formatted result is injected as an ```output block;
     final -- the call budget is spent: no code stop at all (the closing fence neither), the model finishes in text.
 
-How rows are driven is the ``Schedule`` (the engine group's ``schedule``, see ``zerotir.rollout.backends``).
+How rows are driven is the ``Schedule`` (the ``model.rollout`` group's ``schedule``: ``zerotir.config``).
 
 With "rounds", all rows step together: a round is one ``engine.generate`` call for every row not waiting on the
 sandbox, each row with its own stops and at most ``schedule.tokens_per_call`` new tokens (an engine that can pause
@@ -28,13 +28,13 @@ or when its response (sampled + injected) reaches the token budget ("length", tr
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
-from zerotir.config import ToolConfig
+from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
+from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
     STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
     failed_call_result, format_result, open_block_head, status_of, straddling_stop,
@@ -43,8 +43,6 @@ from zerotir.rollout.trajectories import to_trajectories
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, Trajectories
 
 __all__ = ["Schedule", "ToolConfig", "rollout", "rollout_sync"]
-
-DEFAULT_TOKENS_PER_CALL = 32  # measured best on CPU with a tiny model (benchmarks/rollout_overhead.py)
 
 TEXT, CODE, FINAL = "text", "code", "final"
 _IO_TURNS = 8  # event-loop turns given to sandbox calls between rounds (see _let_io_run)
@@ -188,14 +186,11 @@ async def _run_continuous(engine: Any, tokenizer: Any, sandbox: Any, rows: list[
                 start(key, row)
         while True:
             await _let_io_run()
-            for key, row in enumerate(rows):  # results that are back: inject, and the row rejoins
-                if row.pending is not None and row.pending.done():
-                    result, row.pending = row.pending.result()[row.slot], None
-                    _inject(row, result, tokenizer, tool, budget)
-                    if row.finish is None:
-                        start(key, row)
-                    else:
-                        session.release(key)
+            for key in _inject_ready(rows, tokenizer, tool, budget):  # results that are back: the row rejoins
+                if rows[key].finish is None:
+                    start(key, rows[key])
+                else:
+                    session.release(key)
             waiting = [r for r in rows if r.pending is not None]
             running = session.num_running
             # Parked rows still ride in every decode forward: with more of them than running rows, a step costs
@@ -233,27 +228,15 @@ async def _let_io_run() -> None:
 
 
 def rollout_sync(*args: Any, **kwargs: Any) -> tuple[Trajectories, dict[str, float]]:
-    """``rollout`` for synchronous callers (the trainer): same arguments, same result.
-
-    It runs on one event loop kept per thread rather than a fresh ``asyncio.run`` loop per call, so the sandbox
-    client's connection pool (bound to the loop that opened it) is reused from one RL step to the next.
+    """``rollout`` for synchronous callers (the trainer): same arguments, same result, on this thread's one event
+    loop (``zerotir.rollout.sync.run_sync``: the sandbox client's connection pool is reused between steps).
 
     Raises:
         RuntimeError: when called from a running event loop (it would block it); ``await rollout(...)`` there.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError("rollout_sync was called from a running event loop; use `await rollout(...)` there")
-    loop = getattr(_THREAD, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = _THREAD.loop = asyncio.new_event_loop()
-    return loop.run_until_complete(rollout(*args, **kwargs))
+    return run_sync(rollout(*args, **kwargs), "rollout_sync (await rollout(...) there)")
 
 
-_THREAD = threading.local()
 
 
 def _submit(rows: list[Row], sandbox: Any, tool: ToolConfig) -> None:
@@ -396,12 +379,20 @@ def _absorb(row: Row, sample: Sample, limit: int, tokenizer: Any, tool: ToolConf
 
 def _collect(rows: list[Row], tokenizer: Any, tool: ToolConfig, budget: int) -> tuple[list[Row], list[Row]]:
     """Inject the results that are back; return the rows ready to generate and the rows still waiting."""
-    for row in rows:
+    _inject_ready(rows, tokenizer, tool, budget)
+    ready = [r for r in rows if r.finish is None and r.pending is None]
+    return ready, [r for r in rows if r.pending is not None]
+
+
+def _inject_ready(rows: list[Row], tokenizer: Any, tool: ToolConfig, budget: int) -> list[int]:
+    """Inject every result that is back (both schedules); returns the indices of the rows that got one."""
+    done = []
+    for key, row in enumerate(rows):
         if row.pending is not None and row.pending.done():
             result, row.pending = row.pending.result()[row.slot], None
             _inject(row, result, tokenizer, tool, budget)
-    ready = [r for r in rows if r.finish is None and r.pending is None]
-    return ready, [r for r in rows if r.pending is not None]
+            done.append(key)
+    return done
 
 
 def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int) -> None:

@@ -7,9 +7,10 @@ scripted engine, a real tiny transformers model and vLLM alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -80,3 +81,55 @@ class RolloutEngine(Protocol):
         """Load new policy weights (HF parameter names), e.g. after an RL update. May be called with a lazy iterator
         that yields a bucket of tensors at a time; the engine must not keep references to them."""
         ...
+
+
+# ---- What every engine checks and does the same way ---------------------------------------------------------------
+
+
+def per_prompt_params(prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[SamplingParams]:
+    """One validated ``SamplingParams`` per prompt: the single one repeated, or the list checked against the prompts."""
+    if isinstance(params, SamplingParams):
+        params.validate("SamplingParams")
+        return [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"generate: {len(params)} SamplingParams for {len(prompts)} prompts; pass one per prompt "
+                         "(or a single SamplingParams for all)")
+    for i, prm in enumerate(params):
+        if not isinstance(prm, SamplingParams):
+            raise TypeError(f"generate: params[{i}] is a {type(prm).__name__}, expected zerotir SamplingParams")
+        prm.validate(f"params[{i}]")
+    return params
+
+
+def check_prompts(prompts: list[list[int]], vocab_size: int, context: int, context_name: str) -> None:
+    """Reject a prompt that is empty, holds an id outside the vocabulary, or leaves no room in the context."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token id (e.g. BOS)")
+        if len(prompt) >= context:
+            raise ValueError(f"prompts[{i}] has {len(prompt)} tokens, {context_name}={context} leaves no room to "
+                             "generate; shorten the prompt")
+        bad = next((t for t in prompt if not 0 <= int(t) < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompts[{i}] holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its EOS, else 0."""
+    if tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    return tokenizer.eos_token_id or 0
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads (None: unchanged), then restore the caller's count."""
+    before = torch.get_num_threads()
+    if count is not None and count != before:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

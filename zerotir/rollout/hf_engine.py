@@ -28,7 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.engine import Sample, SamplingParams, check_prompts, pad_id, per_prompt_params, torch_threads
 from zerotir.rollout.hf_session import SUPPORTED_ATTENTION, DecodeSession
 from zerotir.rollout.kv_cache import (
     PrefixEntry,
@@ -139,7 +139,7 @@ class HFEngine:
         self.num_layers = config.num_hidden_layers
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.max_positions = getattr(config, "max_position_embeddings", None) or 1 << 30
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
+        self.pad_id = pad_id(tokenizer)
         self.eos_ids = _eos_ids(self.model, tokenizer)
         self.prefix_store = PrefixStore(prefix_cache_tokens)
         self._matchers: dict[tuple[str, ...], StopMatcher] = {}
@@ -167,19 +167,17 @@ class HFEngine:
                 invalid ``params``.
         """
         per_prompt = _per_prompt_params(prompts, params)
-        _validate(prompts, per_prompt, self.vocab_size, self.max_positions)
+        check_prompts(prompts, self.vocab_size, self.max_positions, "the model's context")
         shared = per_prompt[0] if per_prompt else SamplingParams()
         rows = [list(p) for p, prm in zip(prompts, per_prompt) for _ in range(prm.n)]
         row_params = [prm for prm in per_prompt for _ in range(prm.n)]
         generator = None if shared.seed is None else torch.Generator(self.device).manual_seed(shared.seed)
         matchers = {tuple(prm.stop): self._matcher(prm.stop) for prm in per_prompt if prm.stop}
-        was_training, threads = self.model.training, torch.get_num_threads()
+        was_training = self.model.training
         self.model.eval()
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)
         samples: list[Sample] = []
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), torch_threads(self.num_threads):
                 for start in range(0, len(rows), self.max_batch_size):
                     part = slice(start, start + self.max_batch_size)
                     row_matchers = [matchers.get(tuple(prm.stop)) for prm in row_params[part]]
@@ -188,7 +186,6 @@ class HFEngine:
                                                     row_matchers, shared, generator, pause_below)
         finally:
             self.model.train(was_training)
-            torch.set_num_threads(threads)
         out, at = [], 0
         for prm in per_prompt:
             out.append(samples[at : at + prm.n])
@@ -402,28 +399,11 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
 
 
 def _per_prompt_params(prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[SamplingParams]:
-    if isinstance(params, SamplingParams):
-        return [params] * len(prompts)
-    params = list(params)
-    if len(params) != len(prompts):
-        raise ValueError(f"generate: {len(params)} SamplingParams for {len(prompts)} prompts; pass one per prompt")
+    """``per_prompt_params``, plus what one sampler per call needs: one temperature, top_p and seed."""
+    params = per_prompt_params(prompts, params)
     first = params[0] if params else None
     for i, prm in enumerate(params):
         if (prm.temperature, prm.top_p, prm.seed) != (first.temperature, first.top_p, first.seed):
             raise ValueError(f"generate: SamplingParams {i} differs from the first in temperature, top_p or seed; "
                              "per-prompt params may differ only in n, max_new_tokens and stop")
     return params
-
-
-def _validate(prompts: list[list[int]], params: list[SamplingParams], vocab_size: int, max_positions: int) -> None:
-    """Reject bad requests with a message naming the field."""
-    for prm in params:
-        prm.validate()
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token id (e.g. BOS)")
-        if min(p) < 0 or max(p) >= vocab_size:
-            raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size}) of the model's vocabulary")
-        if len(p) >= max_positions:
-            raise ValueError(f"prompt {i} has {len(p)} tokens, the model's context is {max_positions}: shorten it")
-

@@ -30,7 +30,7 @@ from typing import Self
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.engine import Sample, SamplingParams, torch_threads
 from zerotir.rollout.ragged_attention import RAGGED_ATTENTION, RaggedPlan, row_cost_cells, split_width
 from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
 
@@ -120,10 +120,9 @@ class DecodeSession:
         self._ragged = config._attn_implementation == "sdpa"
         self._row_cost = row_cost_cells(config.num_attention_heads, head_dim)
         self.was_training = self.model.training
-        self.threads = torch.get_num_threads()
         self.model.eval()
-        if engine.num_threads is not None:
-            torch.set_num_threads(engine.num_threads)
+        self._threads = torch_threads(engine.num_threads)  # held until close()
+        self._threads.__enter__()
 
     # ---------------------------------------------------------------------------------------------- public API
     def __enter__(self) -> Self:
@@ -136,7 +135,7 @@ class DecodeSession:
         """Free the cache and restore the model's mode and torch's thread count."""
         self.cache, self.slots, self.index, self.next_logits = None, [], {}, None
         self.model.train(self.was_training)
-        torch.set_num_threads(self.threads)
+        self._threads.__exit__(None, None, None)
 
     @property
     def num_running(self) -> int:

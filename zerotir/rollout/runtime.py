@@ -1,5 +1,10 @@
 """What a run needs besides its models: the sandbox (configured URLs or an embedded local server), the rollout engine
-(its backend: ``zerotir.rollout.backends``) and the weight push between the trained actor and that engine.
+(the ``model.rollout`` group names it) and the weight push between the trained actor and that engine:
+
+    * ``HFRollout``: ``HFEngine`` wraps the actor module itself (no copy): after an update the engine already
+      generates with the new weights, so the push only drops the engine's cached keys / values.
+    * ``VLLMRollout``: a separate in-process ``VLLMEngine``; after each update the actor's weights are pushed to it
+      in buckets by ``zerotir.scale.weight_sync.sync_weights`` (timed as ``time/weight_sync``).
 
 Without tools (``model.tool.max_tool_calls: 0``, the paper's ZeroRL baseline) no sandbox is started or reached.
 With a vLLM backend and ``enable_sleep_mode`` (GPU) the engine sleeps (level 2) from the end of each rollout to the
@@ -16,8 +21,8 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from zerotir.config import SandboxConfig, ToolConfig
-from zerotir.rollout.backends import RolloutBackend
+from zerotir.config import HFRollout, RolloutBackend, SandboxConfig, ToolConfig, VLLMRollout
+from zerotir.rollout.agent_loop import Schedule
 from zerotir.rollout.engine import SamplingParams
 from zerotir.types import Trajectories
 
@@ -59,7 +64,7 @@ class RolloutRuntime:
             return
         if self.tool.enabled:
             self._start_sandbox()
-        self.engine = self.backend.create(actor, tokenizer, device, self.model_path, self.seed)
+        self.engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
         self.stale = True
 
     def _start_sandbox(self) -> None:
@@ -87,7 +92,7 @@ class RolloutRuntime:
         if self.asleep:
             raise RuntimeError("RolloutRuntime.rollout: the engine sleeps; call sync(actor) first")
         out = rollout_sync(self.engine, tokenizer, self.sandbox, prompts, params, self.tool, truths,
-                           self.backend.loop_schedule)
+                           Schedule(self.backend.schedule, self.backend.round_tokens))
         if getattr(self.engine, "sleep_mode", False):
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)
@@ -99,7 +104,12 @@ class RolloutRuntime:
         start = time.perf_counter()
         if self.asleep:  # weights first, then the KV cache, to keep the peak low
             self.engine.wake_up(tags=["weights"])
-        self.backend.push_weights(self.engine, actor)
+        if isinstance(self.backend, VLLMRollout):
+            from zerotir.scale.weight_sync import sync_weights
+
+            sync_weights(actor, self.engine, self.backend.weight_sync_bucket_mb << 20)
+        else:  # the same module object: nothing to copy, but cached prefixes hold keys / values of the old weights
+            self.engine.update_weights({})
         if self.asleep:
             self.engine.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -113,3 +123,23 @@ class RolloutRuntime:
         self.asleep = False
         self._stack.close()
         self._stack = contextlib.ExitStack()
+
+
+def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
+                  model_path: str, seed: int) -> Any:
+    """The engine ``backend`` names, with its settings (a ``RolloutEngine``)."""
+    if isinstance(backend, HFRollout):
+        from zerotir.rollout.hf_engine import HFEngine
+
+        return HFEngine(actor, tokenizer, device=device, max_batch_size=backend.max_batch_size,
+                        prefix_cache_tokens=backend.prefix_cache_tokens, num_threads=backend.num_threads)
+    if isinstance(backend, VLLMRollout):
+        from zerotir.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, dtype=backend.dtype, gpu_memory_utilization=backend.gpu_memory_utilization,
+                          enable_sleep_mode=backend.enable_sleep_mode, tensor_parallel_size=backend.tensor_parallel_size,
+                          max_model_len=backend.max_model_len, seed=seed, enforce_eager=backend.enforce_eager,
+                          cpu_kv_cache_gib=backend.cpu_kv_cache_gib, serving_threads=backend.serving_threads,
+                          **backend.llm_kwargs)
+    raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "
+                    "zerotir.config.VLLMRollout")

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from zerotir.rollout.engine import pad_id
 from zerotir.types import FINISH_LENGTH, Trajectories
 
 
@@ -18,7 +19,7 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
         tokenizer: decodes the responses and gives the pad id.
         truths: the reference answer of each prompt (indexed by ``row.group``).
     """
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad = pad_id(tokenizer)
     width = max(len(r.prompt) + len(r.response) for r in rows)
     b = len(rows)
     input_ids = torch.full((b, width), pad, dtype=torch.long)

@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-from zerotir.rollout.engine import FinishReason, Sample, SamplingParams
+from zerotir.rollout.engine import (
+    FinishReason, Sample, SamplingParams, check_prompts, per_prompt_params, torch_threads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +167,8 @@ class VLLMEngine:
         """
         from vllm.inputs import TokensPrompt
 
-        per_prompt = _per_prompt_params(prompts, params)
-        _check_prompts(prompts, self.vocab_size, self.max_model_len)
+        per_prompt = per_prompt_params(prompts, params)
+        check_prompts(prompts, self.vocab_size, self.max_model_len, "max_model_len")
         requests, per_request, offset = [], [], 0
         for prompt, prm in zip(prompts, per_prompt, strict=True):
             # vLLM refuses n > 1 with greedy decoding: send such a prompt n times with n = 1 (identical samples).
@@ -177,7 +179,7 @@ class VLLMEngine:
                 # prompts in one batch must not get identical samples, as with HFEngine's one generator per call.
                 per_request.append(_vllm_params(prm, n, None if prm.seed is None else prm.seed + offset))
                 offset += n
-        with _torch_threads(self.serving_threads):
+        with torch_threads(self.serving_threads):
             outputs = self.llm.generate(requests, per_request, use_tqdm=False)
         flat = [completion_to_sample(c) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         samples, at = [], 0
@@ -204,7 +206,7 @@ class VLLMEngine:
         if first is not None:
             tracker = _PackedTracker(self.packed_modules)
             stream = tracker.watch(itertools.chain([first], items))
-            with _quiet_reload_logs(), _torch_threads(self.serving_threads):
+            with _quiet_reload_logs(), torch_threads(self.serving_threads):
                 self.llm.collective_rpc(_reload_in_worker, args=(stream,))
             tracker.check()
         self.llm.reset_prefix_cache()
@@ -226,19 +228,6 @@ class VLLMEngine:
                 raise RuntimeError("VLLMEngine.wake_up: the engine was built with enable_sleep_mode=False; set it")
             return
         self.llm.wake_up(tags=tags)
-
-
-@contextlib.contextmanager
-def _torch_threads(count: int | None) -> Iterator[None]:
-    """Run the block with ``count`` torch threads (None: unchanged), then restore the caller's count."""
-    before = torch.get_num_threads()
-    if count is not None and count != before:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def _create_llm(kwargs: dict[str, Any]) -> Any:
@@ -313,36 +302,6 @@ def completion_to_sample(completion: Any) -> Sample:
         raise RuntimeError("vLLM returned no log-prob per sampled token; the request must set logprobs=0")
     logprobs = [float(pos[tok].logprob) for tok, pos in zip(token_ids, completion.logprobs, strict=True)]
     return Sample(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, stop_str=stop_str)
-
-
-def _per_prompt_params(prompts: list[list[int]],
-                       params: SamplingParams | list[SamplingParams]) -> list[SamplingParams]:
-    """One ``SamplingParams`` per prompt: the single one repeated, or the list checked against the prompts."""
-    if isinstance(params, SamplingParams):
-        params.validate("SamplingParams")
-        return [params] * len(prompts)
-    params = list(params)
-    if len(params) != len(prompts):
-        raise ValueError(f"generate: {len(params)} SamplingParams for {len(prompts)} prompts; pass one per prompt "
-                         "(or a single SamplingParams for all)")
-    for i, prm in enumerate(params):
-        if not isinstance(prm, SamplingParams):
-            raise TypeError(f"generate: params[{i}] is a {type(prm).__name__}, expected zerotir SamplingParams")
-        prm.validate(f"params[{i}]")
-    return params
-
-
-def _check_prompts(prompts: list[list[int]], vocab_size: int, max_model_len: int) -> None:
-    for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token id")
-        if len(prompt) >= max_model_len:
-            raise ValueError(f"prompts[{i}] has {len(prompt)} tokens, max_model_len={max_model_len} leaves no room "
-                             "to generate; shorten the prompt or raise max_model_len")
-        bad = next((t for t in prompt if not 0 <= int(t) < vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompts[{i}] holds token id {bad}, outside the vocabulary [0, {vocab_size})")
-
 
 
 class _PackedTracker:

@@ -306,8 +306,7 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     """
     import yaml
 
-    from zerotir.config import RLConfig, SamplingConfig
-    from zerotir.rollout.backends import VLLMRollout
+    from zerotir.config import RLConfig, SamplingConfig, VLLMRollout
 
     where = str(path)
     config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
