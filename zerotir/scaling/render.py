@@ -112,6 +112,30 @@ def _plot_call_shares(ax, runs: list[Run], report: dict, colors: dict[str, str])
     ax.legend(fontsize=8)
 
 
+def plot_groups(runs: list[Run], report: dict, path: Path, smooth_weight: float, dpi: int = 120) -> None:
+    """Per ``--group-by`` key, rollout accuracy against step: one line per group, the mean of its runs' curves."""
+    from zerotir import metric_names as mn
+
+    by_name = {run.name: run for run in runs}
+    keys = list(report["groups"])
+    fig = Figure(figsize=(6 * len(keys), 4.5), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(keys)))
+    for ax, key in zip(axes, keys):
+        ax.set_title(f"accuracy by {key}")
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        for i, (label, group) in enumerate(report["groups"][key]["groups"].items()):
+            curves = [by_name[r["run"]].get(mn.ACCURACY) for r in group["runs"]]
+            curves = [c for c in curves if c is not None and not c.empty]
+            if not curves:
+                continue
+            mean = smooth(sum(curves) / len(curves), smooth_weight).dropna()
+            ax.plot(mean.index, mean.to_numpy(), color=f"C{i % 10}", linewidth=1.8,
+                    label=f"{label} ({len(curves)} run{'s' if len(curves) > 1 else ''})")
+        ax.legend(fontsize=8)
+    fig.savefig(path, dpi=dpi)
+
+
 def _num(value, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
@@ -159,6 +183,19 @@ def write_markdown(report: dict, path: Path) -> None:
                         + [f"{_num(block['shares'][b])} ({block['counts'][b]})" for b in sf.CALL_BUCKETS])
     header = [f"share with {BUCKET_LABELS[b]} calls (count)" for b in sf.CALL_BUCKETS]
     lines += _table(["run", "window", "correct trajectories", *header], rows)
+    for key, block in report.get("groups", {}).items():
+        lines += ["", f"## Runs grouped by {key}", "", f"![groups]({report['figures']['groups']})", ""]
+        lines += _table([key, "runs", f"final accuracy (last {block['last_n']} steps)", "calls per response",
+                         f"steps to {block['fraction']:.0%} of plateau"],
+                        [[label, str(len(g["runs"])), _num(g["final_accuracy"]), _num(g["calls_per_response"]),
+                          _num(g["steps_to_fraction"])] for label, g in block["groups"].items()])
+        closed = block.get("closed_form")
+        if closed:
+            fit = closed.get("fit")
+            lines += ["", f"Closed form `{closed['formula']}`: " + (
+                f"a={_num(fit['a'])}, b={_num(fit['b'])}, c={_num(fit['c'])}, R^2={_num(fit['r2'], 4)} on "
+                f"{fit['points']} points; the per-run law on the same points: R^2={_num(closed['law_r2'], 4)}."
+                if fit else f"not fitted ({closed.get('error')}).")]
     notes = [f"- {name}: {note}" for name, r in runs.items() for note in r["notes"]]
     if notes:
         lines += ["", "## Notes", ""] + notes

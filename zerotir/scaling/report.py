@@ -9,7 +9,11 @@ Writes into ``--out``:
   * ``scaling.json``: the law, per run the fitted parameters with R^2, the Pearson correlation table of steps, code
     proportion, response length and accuracy, the call shares over the run and over its last N steps, and a note for
     every part skipped;
-  * ``scaling.md``: the same in short, with the two figures.
+  * ``scaling.md``: the same in short, with the two figures;
+  * with ``--group-by KEY`` (a dotted config key such as ``model.tool.max_tool_calls``, or ``params`` for model size):
+    ``groups.png`` and a ``groups`` section: per value, final accuracy, calls per response and steps to 80% of the
+    accuracy plateau averaged over its runs; by ``params`` also the closed form
+    ``sigmoid(a ln N + b sqrt(T) - c L)`` fitted across the runs, against the per-run law (``zerotir.scaling.groups``).
 
 A missing tag or a run too short to fit skips that part with a note; it never stops the report.
 """
@@ -103,8 +107,11 @@ def _shares(run: Run, last_n: int, notes: list[str]) -> dict | None:
     return result
 
 
-def build_report(runs: list[Run], last_n: int, smooth_weight: float) -> dict:
+def build_report(runs: list[Run], last_n: int, smooth_weight: float, group_by: list[str] = ()) -> dict:
     """The whole JSON report (before NaN cleaning) for ``runs``."""
+    from zerotir.scaling.groups import analyse_groups
+
+    groups = {key: analyse_groups(runs, key, last_n) for key in group_by}
     return {
         "law": {"name": sf.LAW_NAME, "formula": sf.LAW_FORMULA, "parameters": sf.LAW_PARAMETERS,
                 "fit": "scipy.optimize.curve_fit, bounded trust-region, best of several starts; R^2 on the raw points"},
@@ -112,6 +119,7 @@ def build_report(runs: list[Run], last_n: int, smooth_weight: float) -> dict:
         "last_n": last_n,
         "figures": {"metrics": "figure4.png", "fits": "fits.png"},
         "runs": {run.name: analyse_run(run, last_n) for run in runs},
+        **({"groups": groups} if groups else {}),
     }
 
 
@@ -129,6 +137,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--last-n", type=int, default=10,
                         help="the call shares are also reported over the last N logged steps (N >= 1)")
     parser.add_argument("--dpi", type=int, default=120, help="resolution of the PNGs")
+    parser.add_argument("--group-by", nargs="+", action="extend", default=[], dest="group_by",
+                        help="group the runs by a dotted config key (model.tool.max_tool_calls, model.rl.algorithm) "
+                             "or by 'params' (model size); repeatable; writes groups.png")
     args = parser.parse_args(argv)
     if not 0.0 <= args.smooth < 1.0:
         parser.error(f"--smooth must be in [0, 1), got {args.smooth}")
@@ -143,7 +154,7 @@ def default_out(logdirs: list[str]) -> Path:
 
 
 def run_report(logdirs: list[str], out: str | os.PathLike | None = None, smooth_weight: float = 0.6, last_n: int = 10,
-               dpi: int = 120) -> dict:
+               dpi: int = 120, group_by: list[str] = ()) -> dict:
     """Reads the runs of ``logdirs`` and writes figure4.png, fits.png, scaling.json and scaling.md into ``out``.
 
     Returns:
@@ -152,13 +163,16 @@ def run_report(logdirs: list[str], out: str | os.PathLike | None = None, smooth_
     Raises:
         ScalingInputError: a logdir missing or holding no event file.
     """
-    from zerotir.scaling.render import plot_figure4, plot_fits, write_markdown  # matplotlib, only when writing
+    from zerotir.scaling.render import plot_figure4, plot_fits, plot_groups, write_markdown  # matplotlib, here only
 
     runs = load_runs(list(logdirs))
     out_dir = Path(out) if out is not None else default_out(logdirs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = _clean(build_report(runs, last_n, smooth_weight))
+    report = _clean(build_report(runs, last_n, smooth_weight, list(group_by)))
     plot_figure4(runs, out_dir / "figure4.png", smooth_weight, dpi)
+    if group_by:
+        report["figures"]["groups"] = "groups.png"
+        plot_groups(runs, report, out_dir / "groups.png", smooth_weight, dpi)
     plot_fits(runs, report, out_dir / "fits.png", dpi)
     (out_dir / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, out_dir / "scaling.md")
@@ -169,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m zerotir scaling``; returns the process exit code (2 on bad input)."""
     args = _parse_args(argv)
     try:
-        report = run_report(args.logdir, args.out, args.smooth, args.last_n, args.dpi)
+        report = run_report(args.logdir, args.out, args.smooth, args.last_n, args.dpi, args.group_by)
     except ScalingInputError as err:
         print(f"zerotir scaling: error: {err}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.toy.tasks import heldout_set
+from zerotir.toy.tasks import Question, heldout_set
 from zerotir.toy.template import toy_prompt
 
 
@@ -77,6 +77,24 @@ def measure_base(
     if n < 1 or n > heldout_n or samples < 1:
         raise ValueError(f"n={n}, samples={samples}: need 1 <= n <= heldout_n={heldout_n} and samples >= 1")
     questions = heldout_set(heldout_n, heldout_seed, kinds)[:n]
+    stats = measure_questions(model_dir, questions, samples, seed, temperature, max_response_tokens, max_tool_calls,
+                              sandbox_urls)
+    return {**stats, "kinds": kinds}
+
+
+def measure_questions(
+    model_dir: str | Path,
+    questions: list[Question],
+    samples: int = 1,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_response_tokens: int = 192,
+    max_tool_calls: int = 4,
+    sandbox_urls: list[str] | None = None,
+) -> dict:
+    """The rates of :func:`measure_base` on the given questions (any world's), in the toy prompt."""
+    if not questions or samples < 1:
+        raise ValueError(f"{len(questions)} questions, samples={samples}: need at least one of each")
     engine = HFEngine(str(model_dir))
     tok = engine.tokenizer
     prompts = [tok(toy_prompt(q.problem), add_special_tokens=False)["input_ids"] for q in questions]
@@ -104,7 +122,6 @@ def measure_base(
         "truncation_rate": _rate(int(traj.truncated.sum()), total),
         "mean_response_tokens": round(float(traj.response_lens.float().mean()), 1),
         "temperature": temperature,
-        "kinds": kinds,
         "seconds": round(time.monotonic() - start, 1),
     }
 

@@ -26,15 +26,17 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from zerotir.toy.corpus import CorpusSettings, document
+from zerotir.toy.corpus import CorpusSettings
 from zerotir.toy.probe import build_probe
-from zerotir.toy.tasks import heldout_set
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.toy.train_loop import LoopSettings, Schedule, train
+from zerotir.toy.worlds import get_world
 
 log = logging.getLogger(__name__)
 INFO_FILE = "toy_base.json"
+# Fields added after folders were first written: a folder without them was built with these values.
+NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0}
 CORPUS_FILE = "corpus.jsonl.gz"
 
 
@@ -59,7 +61,11 @@ class PretrainSettings:
         heldout_n / heldout_seed: the held-out task set kept out of the corpus (must match the task's held-out set).
         minutes: wall-time budget of the training loop; the decay starts early enough to fit in it.
         threads: torch CPU threads (the result can differ in the last bits between thread counts).
-        eval_n: held-out questions sampled once each at temperature 1 to measure the base statistics (0 = skip).
+        eval_n: held-out questions sampled once each at temperature 1 to measure the base statistics (0 = skip;
+            the ``mixed`` world measures that many of each group).
+        world: the toy world (``zerotir.toy.worlds``): ``products`` (the first one) or ``mixed``.
+        text_error / code_bugs: ``mixed`` world only: shares of wrong plain-text answers and of buggy tool calls
+            in its corpus (``zerotir.toy.mixed.corpus``); must stay 0 in the ``products`` world.
     """
 
     seed: int = 0
@@ -85,6 +91,9 @@ class PretrainSettings:
     minutes: float = 10.0
     threads: int = 2
     eval_n: int = 128
+    world: str = "products"
+    text_error: float = 0.0
+    code_bugs: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -98,7 +107,11 @@ class PretrainSettings:
             raise ValueError(f"probe_threshold={self.probe_threshold}: must lie in [0, 1] (0 disables the probe)")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}")
-        self.corpus()  # validates the shares
+        world = get_world(self.world)
+        if not world.uses_errors and (self.text_error or self.code_bugs):
+            raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}: only the 'mixed' world has "
+                             f"wrong answers and buggy code; set world: mixed or leave both at 0")
+        world.documents(self)  # validates the world's corpus shares
 
     def corpus(self) -> CorpusSettings:
         return CorpusSettings(seed=self.seed, mixed_share=self.mixed_share, code_share=self.code_share,
@@ -117,9 +130,8 @@ class Batches:
     docs_used: list[tuple[str, str]] = field(default_factory=list)
 
     def excluded(self) -> set[str]:
-        """The questions no document may ask: the hard held-out set. (Only the hard one: the easy question space is
-        small, 81 one-digit sums, and the held-out task is hard questions.)"""
-        return {q.problem for q in heldout_set(self.settings.heldout_n, self.settings.heldout_seed, "hard")}
+        """The questions no document may ask: the world's held-out questions (``zerotir.toy.worlds``)."""
+        return get_world(self.settings.world).excluded(self.settings)
 
     @property
     def eos_id(self) -> int:
@@ -134,8 +146,9 @@ class Batches:
         s = self.settings
         rng = random.Random(f"corpus-{s.seed}")
         exclude = self.excluded()
+        document = get_world(s.world).documents(s)
         while True:
-            kind, text = document(rng, s.corpus(), exclude)
+            kind, text = document(rng, exclude)
             ids = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids + [self.eos_id]
             if len(ids) > s.seq_len:
                 raise ValueError(f"seq_len={s.seq_len}: a corpus document has {len(ids)} tokens with its EOS; "
@@ -176,7 +189,8 @@ def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
     batches = Batches(s, tok)
     sched = Schedule(s.lr, s.warmup_steps, min(s.decay_steps, s.steps), s.steps)
     cfg = LoopSettings(tok.pad_token_id, s.minutes, s.probe_every, s.probe_threshold, show_progress)
-    probe = build_probe(s.probe_n, s.seed, batches.excluded(), tok) if s.probe_threshold > 0 else None
+    probe = (build_probe(s.probe_n, s.seed, batches.excluded(), tok, get_world(s.world).probe_question)
+             if s.probe_threshold > 0 else None)
     run = train(model, batches, sched, cfg, probe)
     model.eval()
     model.save_pretrained(str(out_dir))
@@ -220,7 +234,7 @@ def ensure_toy_base(path: str | Path, show_progress: bool = True, **settings) ->
     s = PretrainSettings(**settings)
     path = Path(path)
     info = read_info(path)
-    if info is not None and info.get("settings") == s.to_dict():
+    if info is not None and {**NEW_FIELD_DEFAULTS, **info.get("settings", {})} == s.to_dict():
         log.info("toy-base: reusing %s (settings match)", path)
         return path
     if path.exists() and info is None and any(path.iterdir()):
@@ -231,10 +245,7 @@ def ensure_toy_base(path: str | Path, show_progress: bool = True, **settings) ->
     tmp.mkdir(parents=True)
     record = pretrain(s, tmp, show_progress)
     if s.eval_n:
-        from zerotir.toy.base_stats import measure_base
-
-        record["base_stats"] = measure_base(tmp, n=s.eval_n, seed=s.seed, heldout_n=s.heldout_n,
-                                            heldout_seed=s.heldout_seed)
+        record["base_stats"] = get_world(s.world).measure(tmp, s)
     (tmp / INFO_FILE).write_text(json.dumps({"settings": s.to_dict(), "record": record}, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)

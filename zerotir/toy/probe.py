@@ -13,7 +13,7 @@ model predicts exactly, token by token. It decides when to stop pretraining; it 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +21,7 @@ from tokenizers import Encoding
 from transformers import PreTrainedTokenizerFast
 
 from zerotir.toy.corpus import mixed_document
-from zerotir.toy.tasks import make_question
+from zerotir.toy.tasks import Question, make_question
 
 
 @dataclass
@@ -33,13 +33,19 @@ class ProbeSet:
     box_spans: list[tuple[int, int]]  # the answer inside \boxed{...}
 
 
-def build_probe(n: int, seed: int, exclude: Collection[str], tokenizer: PreTrainedTokenizerFast) -> ProbeSet:
+def _hard_question(rng: random.Random) -> Question:
+    return make_question(rng, "hard")
+
+
+def build_probe(n: int, seed: int, exclude: Collection[str], tokenizer: PreTrainedTokenizerFast,
+                question: Callable[[random.Random], Question] = _hard_question) -> ProbeSet:
     """``n`` mixed documents of hard questions drawn with their own seed, none of them in ``exclude``, tokenized by
-    ``tokenizer`` (a fast tokenizer: the spans are mapped from characters to tokens through its offsets)."""
+    ``tokenizer`` (a fast tokenizer: the spans are mapped from characters to tokens through its offsets).
+    ``question`` draws one question (default: the first world's hard kinds; each world passes its own)."""
     rng = random.Random(f"probe-{seed}")
     docs, code_spans, box_spans = [], [], []
     while len(docs) < n:
-        q = make_question(rng, "hard")
+        q = question(rng)
         if q.problem in exclude:
             continue
         text = mixed_document(q)

@@ -1,0 +1,100 @@
+"""The toy worlds, selectable by name (``PretrainSettings.world``): what each world's corpus, held-out exclusions,
+copy probe and base measurement are.
+
+- ``products`` (the default, the first world): 3-digit products a tiny base never answers without code
+  (``zerotir.toy.tasks``, ``zerotir.toy.corpus``);
+- ``mixed``: easy questions a tiny base answers in text and hard ones it cannot, text answers sometimes wrong and
+  code sometimes buggy (``zerotir.toy.mixed``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from zerotir.toy import corpus as products_corpus
+from zerotir.toy import tasks as products_tasks
+from zerotir.toy.mixed import corpus as mixed_corpus
+from zerotir.toy.mixed import tasks as mixed_tasks
+from zerotir.toy.tasks import Question
+
+
+class WorldSettings(Protocol):
+    """The fields of ``zerotir.toy.pretrain.PretrainSettings`` a world reads."""
+
+    seed: int
+    mixed_share: float
+    code_share: float
+    worked_share: float
+    easy_share: float
+    text_error: float
+    code_bugs: float
+    heldout_n: int
+    heldout_seed: int
+    eval_n: int
+
+
+Document = Callable[[random.Random, Collection[str]], tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class World:
+    """One toy world: its name, and how it builds documents, exclusions, probe questions and base statistics."""
+
+    name: str
+    documents: Callable[[WorldSettings], Document]  # settings -> (rng, exclude) -> (doc kind, text)
+    excluded: Callable[[WorldSettings], set[str]]
+    probe_question: Callable[[random.Random], Question]
+    measure: Callable[[Path, WorldSettings], dict]
+    uses_errors: bool  # whether text_error / code_bugs apply
+
+
+def _products_documents(s: WorldSettings) -> Document:
+    cs = products_corpus.CorpusSettings(seed=s.seed, mixed_share=s.mixed_share, code_share=s.code_share,
+                                        worked_share=s.worked_share, easy_share=s.easy_share)
+    return lambda rng, exclude: products_corpus.document(rng, cs, exclude)
+
+
+def _products_excluded(s: WorldSettings) -> set[str]:
+    # Only the hard held-out set: the easy question space is small and the held-out task is hard questions.
+    return {q.problem for q in products_tasks.heldout_set(s.heldout_n, s.heldout_seed, "hard")}
+
+
+def _products_measure(path: Path, s: WorldSettings) -> dict:
+    from zerotir.toy.base_stats import measure_base
+
+    return measure_base(path, n=s.eval_n, seed=s.seed, heldout_n=s.heldout_n, heldout_seed=s.heldout_seed)
+
+
+def _mixed_documents(s: WorldSettings) -> Document:
+    cs = mixed_corpus.MixedCorpusSettings(seed=s.seed, mixed_share=s.mixed_share, code_share=s.code_share,
+                                          worked_share=s.worked_share, easy_share=s.easy_share,
+                                          text_error=s.text_error, code_bugs=s.code_bugs)
+    return lambda rng, exclude: mixed_corpus.document(rng, cs, exclude)
+
+
+def _mixed_measure(path: Path, s: WorldSettings) -> dict:
+    """Base statistics per group: ``{"easy": rates, "hard": rates}`` (``base_stats.measure_questions``)."""
+    from zerotir.toy.base_stats import measure_questions
+
+    n = min(s.eval_n, s.heldout_n)
+    return {group: measure_questions(path, mixed_tasks.heldout_set(group, s.heldout_n, s.heldout_seed)[:n],
+                                     seed=s.seed) for group in mixed_tasks.GROUPS}
+
+
+WORLDS: dict[str, World] = {
+    "products": World("products", _products_documents, _products_excluded,
+                      lambda rng: products_tasks.make_question(rng, "hard"), _products_measure, uses_errors=False),
+    "mixed": World("mixed", _mixed_documents, lambda s: mixed_tasks.excluded(s.heldout_n, s.heldout_seed),
+                   lambda rng: mixed_tasks.make_question(rng, "hard"), _mixed_measure, uses_errors=True),
+}
+
+
+def get_world(name: str) -> World:
+    """The world called ``name``; an unknown name is an error listing the known ones."""
+    if name not in WORLDS:
+        raise ValueError(f"world={name!r}: unknown toy world; choose one of {sorted(WORLDS)}")
+    return WORLDS[name]
