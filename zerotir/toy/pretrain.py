@@ -36,7 +36,7 @@ from zerotir.toy.worlds import get_world
 log = logging.getLogger(__name__)
 INFO_FILE = "toy_base.json"
 # Fields added after folders were first written: a folder without them was built with these values.
-NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0}
+NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": ""}
 CORPUS_FILE = "corpus.jsonl.gz"
 
 
@@ -66,6 +66,8 @@ class PretrainSettings:
         world: the toy world (``zerotir.toy.worlds``): ``products`` (the first one) or ``mixed``.
         text_error / code_bugs: ``mixed`` world only: shares of wrong plain-text answers and of buggy tool calls
             in its corpus (``zerotir.toy.mixed.corpus``); must stay 0 in the ``products`` world.
+        kinds: ``mixed`` world only: the question kinds of the corpus and of the base measurement, comma-separated
+            (``"add_1d,mul_1d"``); empty: all of the world's kinds.
     """
 
     seed: int = 0
@@ -94,6 +96,7 @@ class PretrainSettings:
     world: str = "products"
     text_error: float = 0.0
     code_bugs: float = 0.0
+    kinds: str = ""
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -108,9 +111,10 @@ class PretrainSettings:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}")
         world = get_world(self.world)
-        if not world.uses_errors and (self.text_error or self.code_bugs):
-            raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}: only the 'mixed' world has "
-                             f"wrong answers and buggy code; set world: mixed or leave both at 0")
+        if not world.mixed_only and (self.text_error or self.code_bugs or self.kinds):
+            raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}: only "
+                             "the 'mixed' world has wrong answers, buggy code and a kind choice; set world: mixed or "
+                             "leave them at 0 / ''")
         world.documents(self)  # validates the world's corpus shares
 
     def corpus(self) -> CorpusSettings:

@@ -32,6 +32,7 @@ class WorldSettings(Protocol):
     easy_share: float
     text_error: float
     code_bugs: float
+    kinds: str
     heldout_n: int
     heldout_seed: int
     eval_n: int
@@ -49,7 +50,7 @@ class World:
     excluded: Callable[[WorldSettings], set[str]]
     probe_question: Callable[[random.Random], Question]
     measure: Callable[[Path, WorldSettings], dict]
-    uses_errors: bool  # whether text_error / code_bugs apply
+    mixed_only: bool  # whether text_error / code_bugs / kinds apply
 
 
 def _products_documents(s: WorldSettings) -> Document:
@@ -72,24 +73,31 @@ def _products_measure(path: Path, s: WorldSettings) -> dict:
 def _mixed_documents(s: WorldSettings) -> Document:
     cs = mixed_corpus.MixedCorpusSettings(seed=s.seed, mixed_share=s.mixed_share, code_share=s.code_share,
                                           worked_share=s.worked_share, easy_share=s.easy_share,
-                                          text_error=s.text_error, code_bugs=s.code_bugs)
+                                          text_error=s.text_error, code_bugs=s.code_bugs, kinds=mixed_kinds(s))
     return lambda rng, exclude: mixed_corpus.document(rng, cs, exclude)
 
 
+def mixed_kinds(s: WorldSettings) -> tuple[str, ...]:
+    """``kinds`` ("add_1d,mul_1d"; empty: all) as a tuple of kind names."""
+    return tuple(k.strip() for k in s.kinds.split(",") if k.strip())
+
+
 def _mixed_measure(path: Path, s: WorldSettings) -> dict:
-    """Base statistics per group: ``{"easy": rates, "hard": rates}`` (``base_stats.measure_questions``)."""
+    """Base statistics per group: ``{"easy": rates, "hard": rates}`` (``base_stats.measure_questions``), on the
+    held-out questions of the kinds the corpus asked (a group without such kinds is left out)."""
     from zerotir.toy.base_stats import measure_questions
 
-    n = min(s.eval_n, s.heldout_n)
-    return {group: measure_questions(path, mixed_tasks.heldout_set(group, s.heldout_n, s.heldout_seed)[:n],
-                                     seed=s.seed) for group in mixed_tasks.GROUPS}
+    n, kinds = min(s.eval_n, s.heldout_n), mixed_kinds(s)
+    return {group: measure_questions(path, mixed_tasks.heldout_set(group, s.heldout_n, s.heldout_seed, kinds)[:n],
+                                     seed=s.seed)
+            for group in mixed_tasks.GROUPS if mixed_tasks.group_kinds(group, kinds)}
 
 
 WORLDS: dict[str, World] = {
     "products": World("products", _products_documents, _products_excluded,
-                      lambda rng: products_tasks.make_question(rng, "hard"), _products_measure, uses_errors=False),
+                      lambda rng: products_tasks.make_question(rng, "hard"), _products_measure, mixed_only=False),
     "mixed": World("mixed", _mixed_documents, lambda s: mixed_tasks.excluded(s.heldout_n, s.heldout_seed),
-                   lambda rng: mixed_tasks.make_question(rng, "hard"), _mixed_measure, uses_errors=True),
+                   lambda rng: mixed_tasks.make_question(rng, "hard"), _mixed_measure, mixed_only=True),
 }
 
 

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from sandbox.result import ExecResult, ExecStatus, format_for_model
 from zerotir.config import ToolConfig
 from zerotir.toy.corpus import code_document, run_snippet, snippet
-from zerotir.toy.mixed.tasks import make_question
+from zerotir.toy.mixed.tasks import check_kinds, group_kinds, make_question
 from zerotir.toy.tasks import Question
 from zerotir.toy.template import code_block, output_block, toy_prompt
 
@@ -44,6 +44,7 @@ class MixedCorpusSettings:
         easy_share: share of easy questions in ``qa``, ``mixed`` and ``worked`` documents.
         text_error: share of plain-text answers that are wrong.
         code_bugs: share of tool calls in ``mixed`` documents that are buggy (a third of each bug kind).
+        kinds: the question kinds documents may ask (``zerotir.toy.mixed.tasks``); empty: all of them.
     """
 
     seed: int = 0
@@ -53,8 +54,13 @@ class MixedCorpusSettings:
     easy_share: float = 0.5
     text_error: float = 0.35
     code_bugs: float = 0.4
+    kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_kinds(self.kinds)
+        for group, share in (("easy", self.easy_share), ("hard", 1.0 - self.easy_share)):
+            if share > 0 and not group_kinds(group, self.kinds):
+                raise ValueError(f"kinds={list(self.kinds)} has no {group} kind, but the {group} share is {share}")
         for name in ("mixed_share", "code_share", "worked_share", "easy_share", "text_error", "code_bugs"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -132,7 +138,7 @@ def tool_answer(rng: random.Random, q: Question, settings: MixedCorpusSettings) 
 
 def _question(rng: random.Random, settings: MixedCorpusSettings, exclude: Collection[str]) -> Question:
     while True:
-        q = make_question(rng, "easy" if rng.random() < settings.easy_share else "hard")
+        q = make_question(rng, "easy" if rng.random() < settings.easy_share else "hard", settings.kinds)
         if q.problem not in exclude:
             return q
 

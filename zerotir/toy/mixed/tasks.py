@@ -45,24 +45,42 @@ def kind_group(kind: str) -> str:
     raise ValueError(f"kind {kind!r}: not a kind of the mixed world; kinds: {sorted(EASY_KINDS) + sorted(HARD_KINDS)}")
 
 
-def make_question(rng: random.Random, group: str) -> Question:
-    """One question of ``group`` (``"easy"`` or ``"hard"``), its kind drawn uniformly within the group."""
+def check_kinds(kinds: Collection[str]) -> tuple[str, ...]:
+    """``kinds`` checked against the world's kind names (empty = all kinds)."""
+    known = sorted(EASY_KINDS) + sorted(HARD_KINDS)
+    unknown = [k for k in kinds if k not in known]
+    if unknown:
+        raise ValueError(f"kinds: unknown {unknown}; the mixed world's kinds are {known}")
+    return tuple(kinds)
+
+
+def group_kinds(group: str, kinds: Collection[str] = ()) -> list[str]:
+    """The kinds of ``group`` that ``kinds`` allows (all of the group when ``kinds`` is empty)."""
     if group not in GROUPS:
         raise ValueError(f"group {group!r}: use 'easy' or 'hard'")
-    kind = rng.choice(sorted(GROUPS[group]))
+    return [k for k in sorted(GROUPS[group]) if not kinds or k in kinds]
+
+
+def make_question(rng: random.Random, group: str, kinds: Collection[str] = ()) -> Question:
+    """One question of ``group`` (``"easy"`` or ``"hard"``), its kind drawn uniformly among the group's kinds that
+    ``kinds`` allows (empty: all of them)."""
+    allowed = group_kinds(group, kinds)
+    if not allowed:
+        raise ValueError(f"kinds {sorted(kinds)}: none of them is in the {group} group")
+    kind = rng.choice(allowed)
     problem = GROUPS[group][kind](rng)
     return Question(kind=kind, problem=problem, answer=evaluate(problem))
 
 
-def heldout_set(group: str, n: int = 128, seed: int = 1234) -> list[Question]:
-    """``n`` distinct held-out questions of ``group``, fixed by ``seed``."""
+def heldout_set(group: str, n: int = 128, seed: int = 1234, kinds: Collection[str] = ()) -> list[Question]:
+    """``n`` distinct held-out questions of ``group`` (of the allowed ``kinds``; empty: all), fixed by ``seed``."""
     if n < 1:
         raise ValueError(f"n={n}: the held-out set needs at least one question")
     rng = random.Random(f"mixed-heldout-{group}-{seed}")
     seen: set[str] = set()
     out: list[Question] = []
     while len(out) < n:
-        q = make_question(rng, group)
+        q = make_question(rng, group, kinds)
         if q.problem not in seen:
             seen.add(q.problem)
             out.append(q)
