@@ -52,7 +52,7 @@ class MixedCorpusSettings:
     code_share: float = 0.30
     worked_share: float = 0.10
     easy_share: float = 0.5
-    text_error: float = 0.35
+    text_error: float = 0.2
     code_bugs: float = 0.4
     kinds: tuple[str, ...] = ()
 

@@ -1,12 +1,13 @@
 """Questions of the ``mixed`` toy world: an easy group a tiny model can answer in its head and a hard group it cannot.
 
-Easy (answerable in text): ``add_1d`` (``3 + 5``), ``mul_1d`` (``7 * 8``, the times table a model memorises) and
-``add_2d`` (``23 + 45``). Hard (out of a tiny model's head): ``mul_3x3`` (``482 * 917``) and ``mul_add``, a two-step
+Easy (answerable in text): ``add_1d`` (``3 + 5``) and ``mul_1d`` (``7 * 8``, the times table a model memorises).
+(2-digit sums were easy at first; measured, a 0.85M base pretrained until its copy probe passed answered them right
+0% of the time at temperature 1, so they were dropped from the easy group.) Hard (out of a tiny model's head): ``mul_3x3`` (``482 * 917``) and ``mul_add``, a two-step
 expression of 2-digit numbers (``12 * 34 + 56``).
 
 Held-out sets are drawn per group (``heldout_easy.jsonl``, ``heldout_hard.jsonl``), so validation reports accuracy
 and code use on easy and hard questions separately. The corpus and the training stream never ask a held-out question
-of a kind whose space is large (``add_2d`` and both hard kinds); the 1-digit facts (81 sums, 81 products) are the
+of a kind whose space is large (both hard kinds); the 1-digit facts (81 sums, 81 products) are the
 memorised part of the world and appear in the corpus like any fact on the web.
 """
 
@@ -26,7 +27,6 @@ def _n(rng: random.Random, digits: int) -> int:
 EASY_KINDS: dict[str, Callable[[random.Random], str]] = {
     "add_1d": lambda r: f"{_n(r, 1)} + {_n(r, 1)}",
     "mul_1d": lambda r: f"{_n(r, 1)} * {_n(r, 1)}",
-    "add_2d": lambda r: f"{_n(r, 2)} + {_n(r, 2)}",
 }
 HARD_KINDS: dict[str, Callable[[random.Random], str]] = {
     "mul_3x3": lambda r: f"{_n(r, 3)} * {_n(r, 3)}",
@@ -104,17 +104,19 @@ def train_stream(seed: int = 0, easy_share: float = 0.5, exclude: Collection[str
 
 def write_task_files(out_dir: str | Path, n_train: int = 4096, n_heldout: int = 128, seed: int = 0,
                      heldout_seed: int = 1234, easy_share: float = 0.5) -> dict[str, Path]:
-    """Write ``train.jsonl`` (distinct questions, none held out, easy and hard mixed), ``heldout_easy.jsonl`` and
+    """Write ``train.jsonl`` (questions none held out, easy with probability ``easy_share``, hard ones distinct),
+    ``heldout_easy.jsonl`` and
     ``heldout_hard.jsonl`` into ``out_dir``; returns the paths by name."""
     out = Path(out_dir)
     blocked = excluded(n_heldout, heldout_seed)
     train: list[Question] = []
     seen: set[str] = set()
-    # Memorised facts repeat across a 4096-row set (there are only 162); keep them distinct like the rest.
+    # The memorised facts are only 162, so they repeat across the rows (each about n_train * easy_share / 162
+    # times); every other question appears once.
     for q in train_stream(seed, easy_share, exclude=blocked):
         if len(train) == n_train:
             break
-        if q.problem not in seen:
+        if q.kind in MEMORISED or q.problem not in seen:
             seen.add(q.problem)
             train.append(q)
     paths = {"train": write_jsonl(train, out / "train.jsonl", "mixed-train")}
