@@ -20,6 +20,13 @@ def test_steps_to_fraction_hand_worked():
     assert out["threshold"] == pytest.approx(0.6) and out["step"] == 4
 
 
+def test_steps_to_fraction_of_a_given_plateau():
+    s = _series([0.2, 0.2, 0.2, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7, 0.7])
+    # Plateau 1.0 given: threshold 0.2 + 0.8 * 0.8 = 0.84, never reached; plateau 0.45: threshold 0.4, step 3.
+    assert laws.steps_to_fraction(s, 0.8, smooth_weight=0.0, plateau=1.0)["step"] is None
+    assert laws.steps_to_fraction(s, 0.8, smooth_weight=0.0, plateau=0.45)["step"] == 3
+
+
 def test_steps_to_fraction_of_a_falling_curve_is_none():
     s = _series([0.5] * 4 + [0.3] * 6)
     assert laws.steps_to_fraction(s, smooth_weight=0.0)["step"] is None

@@ -19,19 +19,21 @@ CLOSED_FORM = "success = sigmoid(a * ln N + b * sqrt(T) - c * L)"
 
 
 def steps_to_fraction(series: pd.Series, fraction: float = 0.8, head: int = 3, tail: int = 5,
-                      smooth_weight: float = 0.6) -> dict:
+                      smooth_weight: float = 0.6, plateau: float | None = None) -> dict:
     """First step at which the smoothed curve has covered ``fraction`` of the way from its start to its plateau.
 
     ``start`` is the mean of the first ``head`` values, ``plateau`` the mean of the last ``tail``; the threshold is
     ``start + fraction * (plateau - start)``. ``step`` is None when the curve never rises (plateau <= start).
     E.g. values 0.2, 0.2, 0.2, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7, 0.7 (no smoothing, head 3, tail 5): start 0.2, plateau
-    0.7, threshold 0.6, reached at index 4.
+    0.7, threshold 0.6, reached at index 4. ``plateau`` given (e.g. the best plateau of runs being compared, so a
+    run that levels off low does not count as fast) replaces the run's own.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction={fraction}: must lie in (0, 1]")
     if len(series) < head + tail:
         raise ValueError(f"need at least head + tail = {head + tail} points, got {len(series)}")
-    start, plateau = float(series.iloc[:head].mean()), float(series.iloc[-tail:].mean())
+    start = float(series.iloc[:head].mean())
+    plateau = float(series.iloc[-tail:].mean()) if plateau is None else float(plateau)
     threshold = start + fraction * (plateau - start)
     curve = smooth(series, smooth_weight)
     step = None
