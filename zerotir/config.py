@@ -312,7 +312,9 @@ class HFRollout(RolloutBackend):
     prefix_cache_tokens: int = 262_144
     """Tokens of keys / values kept for rows continued after a tool call (0 = off), so only new tokens prefill."""
     num_threads: int | None = None
-    """Torch intra-op threads while generating (restored afterwards); None keeps torch's setting."""
+    """Torch intra-op threads while generating (restored afterwards). None: 1 thread for a model under 20M
+    parameters on CPU (a stream of tiny matmuls, where a descheduled worker thread of a busy machine stalls every
+    op; measured with ``benchmarks/decode_threads.py``: README, "Decode threads"), torch's setting otherwise."""
 
     def __post_init__(self) -> None:
         self._check_schedule()
