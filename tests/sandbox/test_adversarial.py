@@ -87,12 +87,12 @@ def test_write_outside_the_temp_dir_fails_and_the_target_is_unchanged(sandbox_se
                 "    try:\n"
                 "        open(path, 'w').write('changed')\n"
                 "        print('WROTE', path)\n"
-                "    except OSError as e:\n"
-                "        print('REFUSED', type(e).__name__)\n")
+                "    except OSError:\n"  # read-only (host view) or not there at all (minimal root)
+                "        print('REFUSED')\n")
         result = sandbox_server.run(code)
         with open(target) as f:
             content = f.read()
-        assert result.stdout.splitlines() == ["REFUSED OSError", "REFUSED OSError"], result
+        assert result.stdout.splitlines() == ["REFUSED", "REFUSED"], result
         assert content == "original"
         assert os.listdir(folder) == ["target.txt"]
     finally:
