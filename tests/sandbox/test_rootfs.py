@@ -51,3 +51,23 @@ def test_local_sandbox_with_a_missing_extra_ro_fails_at_start_naming_it(tmp_path
     with pytest.raises(RuntimeError, match=f"{missing} does not exist"):
         with local_sandbox(workers=1, extra_ro=[missing], startup_timeout=60, log_level="warning"):
             pass
+
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="the minimal root (and so these start-up checks) needs root")
+FAST_WORKER = {"workers": 1, "preload": ["math"], "preamble": None, "startup_timeout": 60, "log_level": "warning"}
+
+
+@AS_ROOT
+def test_extra_ro_the_sandbox_uid_cannot_read_fails_the_start_naming_it(tmp_path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(RuntimeError, match=f"--extra-ro: uid \\d+ cannot read {private}"):
+        with local_sandbox(extra_ro=[str(private)], **FAST_WORKER):
+            pass
+
+
+@AS_ROOT
+def test_extra_ro_over_the_snippets_temp_dir_fails_the_start() -> None:
+    with pytest.raises(RuntimeError, match="--extra-ro /tmp: the snippets' private temp dir is /tmp/run"):
+        with local_sandbox(extra_ro=["/tmp"], **FAST_WORKER):
+            pass
