@@ -27,10 +27,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
 from zerotir.deepspeed_setup import (
+    begin_micro_batch,
     check_deepspeed_config,
+    check_rollout_backend,
     count_skipped_step,
     hf_zero3_config,
     is_deepspeed,
+    is_zero3,
 )
 from zerotir.distributed import global_sum, shard_prompts, training_share
 from zerotir.eval_loop import EvalAccumulator
@@ -192,9 +195,12 @@ class ZeroTIRModule(LightningModule):
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
-        """Before any model is loaded: a DeepSpeed config that disagrees with the module fails here, naming the fix."""
+        """Before any model is loaded: a DeepSpeed config that disagrees with the module, or the transformers engine
+        under multi-rank ZeRO-3 (it would deadlock), fails here, naming the fix."""
+        hp = self.hparams
+        if is_deepspeed(self.trainer):
+            check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, hp.rollout_backend)
         if stage == "fit" and is_deepspeed(self.trainer):
-            hp = self.hparams
             check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
 
     def configure_model(self) -> None:
@@ -238,6 +244,14 @@ class ZeroTIRModule(LightningModule):
         warmup = max(hp.warmup_steps, 0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward. Under DeepSpeed the engine is first told that a new micro-batch starts
+        (``begin_micro_batch``): the whole step runs inside one ``engine.forward``, and without it ZeRO-3 keeps only
+        the last micro-batch's gradient."""
+        if is_deepspeed(self.trainer):
+            begin_micro_batch(self.trainer.model)
+        self.manual_backward(loss)
 
     def _optimizer_step(self, has_grad: bool) -> float:
         """Clip per parameter group, step, zero the gradients, advance the schedule; returns the actor grad norm.
@@ -364,7 +378,7 @@ class ZeroTIRModule(LightningModule):
             if m is not None:
                 m.train()  # gradient checkpointing is only active in train mode
         gen = torch.Generator().manual_seed(self.hparams.seed + self.rl_step)
-        stats.update(ppo_update(self.rl, batch, self.actor, self.critic, self.manual_backward, self._optimizer_step,
+        stats.update(ppo_update(self.rl, batch, self.actor, self.critic, self._backward, self._optimizer_step,
                                 self.rl_step, gen))
         stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         return stats
