@@ -68,10 +68,18 @@ class RolloutRuntime:
         return self.engine is not None
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any) -> None:
-        """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent."""
+        """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent.
+
+        The sandbox check is a collective under a process group (every rank starts its runtime at the same hook): a
+        sandbox that does not answer one rank stops every rank with that rank's error, instead of leaving the others
+        waiting in their first collective.
+        """
         if self.started:
             return
-        self._start_sandbox()
+        from zerotir.distributed import fail_together
+
+        with fail_together(Exception):
+            self._start_sandbox()
         if self.backend == "hf":
             from zerotir.rollout.hf_engine import HFEngine
 
