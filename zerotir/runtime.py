@@ -89,7 +89,7 @@ class RolloutRuntime:
 
             if self.model_path is None:
                 raise ValueError("rollout_backend='vllm' needs model_path (the HF folder vLLM loads)")
-            self.engine = VLLMEngine(self.model_path, **self.engine_kwargs)
+            self.engine = VLLMEngine(self.model_path, device=device, **self.engine_kwargs)
         self.stale = True
 
     def _start_sandbox(self) -> None:
