@@ -51,6 +51,9 @@ class ScriptedRuntime:
     def sync(self, actor) -> float:
         return 0.0
 
+    def share_rows(self, rows):  # no tensor-parallel engine: this rank's rows are the group's
+        return list(rows), slice(0, len(rows))
+
     def close(self) -> None:
         self.closed = True
 

@@ -396,7 +396,14 @@ class ZeroTIRModule(LightningModule):
                               max_new_tokens=hp.max_response_tokens, seed=hp.seed + batch_idx)
 
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
-        traj, _ = self.rollout(batch, self.eval_params(batch_idx))
+        """Roll out this rank's problems. With tensor-parallel engines the ranks of a group (each with its own
+        ``DistributedSampler`` rows) roll out their merged rows together, and each keeps its own problems."""
+        self._start_runtime()  # no-op once started
+        rows, own = self.runtime.share_rows(batch)
+        traj, _ = self.rollout(rows, self.eval_params(batch_idx))
+        if len(rows) != len(batch):  # prompt i's samples are rows i * n .. i * n + n - 1
+            n = self.hparams.eval_n_samples
+            traj = traj.select(list(range(own.start * n, own.stop * n)))
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
