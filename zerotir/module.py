@@ -26,20 +26,14 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
-from zerotir.deepspeed_setup import (
-    begin_micro_batch,
-    check_deepspeed_config,
-    check_rollout_backend,
-    count_skipped_step,
-    hf_zero3_config,
-    is_deepspeed,
-    is_zero3,
-)
+from zerotir.deepspeed_setup import (begin_micro_batch, check_deepspeed_config, check_rollout_backend,
+                                     count_skipped_step, hf_zero3_config, is_deepspeed, is_zero3)
 from zerotir.distributed import global_sum, shard_prompts, training_share
 from zerotir.eval_loop import EvalAccumulator
 from zerotir.guards import SandboxErrorGuard
 from zerotir.rl_step import RLConfig, placeholder, ppo_update, prepare_batch
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.tp_group import own_trajectories
 from zerotir.runtime import RolloutRuntime
 from zerotir.types import Trajectories
 
@@ -101,7 +95,8 @@ class ZeroTIRModule(LightningModule):
         weight_decay: AdamW weight decay.
         betas: Adam betas.
         warmup_steps: linear warmup in optimizer steps, constant afterwards.
-        max_grad_norm: gradient clipping per parameter group (actor, critic) (0 = off).
+        max_grad_norm: gradient clipping (0 = off): per parameter group (actor, critic); under DeepSpeed one global
+            norm over both (its ``gradient_clipping`` has no per-group clipping), logged as ``grad_norm``.
         optimizer: "adamw" (torch) or "deepspeed_cpu_adam" (for ZeRO optimizer offload).
         seed: seed of rollout sampling (step k samples with ``seed + k``), so a resumed run repeats a step exactly.
     """
@@ -195,13 +190,12 @@ class ZeroTIRModule(LightningModule):
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
-        """Before any model is loaded: a DeepSpeed config that disagrees with the module, or the transformers engine
-        under multi-rank ZeRO-3 (it would deadlock), fails here, naming the fix."""
+        """Before any model loads: a DeepSpeed config or rollout backend that cannot work fails here, naming the fix."""
         hp = self.hparams
         if is_deepspeed(self.trainer):
             check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, hp.rollout_backend)
-        if stage == "fit" and is_deepspeed(self.trainer):
-            check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
+            if stage == "fit":
+                check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -246,9 +240,7 @@ class ZeroTIRModule(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _backward(self, loss: torch.Tensor) -> None:
-        """One micro-batch's backward. Under DeepSpeed the engine is first told that a new micro-batch starts
-        (``begin_micro_batch``): the whole step runs inside one ``engine.forward``, and without it ZeRO-3 keeps only
-        the last micro-batch's gradient."""
+        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
         if is_deepspeed(self.trainer):
             begin_micro_batch(self.trainer.model)
         self.manual_backward(loss)
@@ -396,15 +388,10 @@ class ZeroTIRModule(LightningModule):
                               max_new_tokens=hp.max_response_tokens, seed=hp.seed + batch_idx)
 
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
-        """Roll out this rank's problems. With tensor-parallel engines the ranks of a group (each with its own
-        ``DistributedSampler`` rows) roll out their merged rows together, and each keeps its own problems."""
-        self._start_runtime()  # no-op once started
-        rows, own = self.runtime.share_rows(batch)
+        rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
         traj, _ = self.rollout(rows, self.eval_params(batch_idx))
-        if len(rows) != len(batch):  # prompt i's samples are rows i * n .. i * n + n - 1
-            n = self.hparams.eval_n_samples
-            traj = traj.select(list(range(own.start * n, own.stop * n)))
-        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
+        traj = own_trajectories(traj, own, len(rows), self.hparams.eval_n_samples)  # group ids index ``rows``
+        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step(batch, batch_idx, dataloader_idx)

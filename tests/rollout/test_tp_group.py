@@ -37,7 +37,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox, ok
     from zerotir.rollout.agent_loop import ToolConfig, rollout_sync
     from zerotir.rollout.engine import SamplingParams
-    from zerotir.rollout.tp_group import TensorParallelGroup
+    from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
     from zerotir.toy.tokenizer import build_byte_tokenizer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
@@ -62,10 +62,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         engine.calls.clear()
         rows, own = group.share_rows([PROMPT] if rank == 0 else [OTHER, PROMPT])
         traj, _ = run(rows)
-        mine = traj.select(list(range(own.start * params.n, own.stop * params.n)))
+        mine = own_trajectories(traj, own, len(rows), params.n)
         results["eval_rows"], results["eval_own"] = rows, (own.start, own.stop)
         results["eval_calls"] = [texts for texts, _ in engine.calls]
         results["eval_mine_prompts"] = [tok.decode(ids[:n]) for ids, n in zip(mine.input_ids, mine.prompt_lens)]
+        results["eval_mine_groups"] = mine.group_ids.tolist()  # index the merged rows (the module's problem ids)
         results["sandbox_calls"] = len(sandbox.codes)
         # An error in the leader's tool loop stops the group's other ranks too (they would wait forever).
         try:
@@ -112,6 +113,7 @@ def test_validation_rows_are_merged_and_each_rank_keeps_its_own(ranks: list[dict
     assert r0["eval_own"] == (0, 1) and r1["eval_own"] == (1, 3)
     assert r0["eval_calls"] == r1["eval_calls"] and r0["eval_calls"][0] == [PROMPT, OTHER, PROMPT]
     assert r0["eval_mine_prompts"] == [PROMPT] * 2 and r1["eval_mine_prompts"] == [OTHER] * 2 + [PROMPT] * 2
+    assert r0["eval_mine_groups"] == [0, 0] and r1["eval_mine_groups"] == [1, 1, 2, 2]
 
 
 def test_an_error_in_the_leaders_loop_stops_the_group(ranks: list[dict]) -> None:

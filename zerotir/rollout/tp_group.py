@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from zerotir.distributed import rank_and_world_size
+from zerotir.types import Trajectories
 
 T = TypeVar("T")
 _GENERATE, _DONE, _FAILED = "generate", "done", "failed"
@@ -100,6 +101,14 @@ class TensorParallelGroup:
             else:
                 raise RuntimeError(f"the rollout failed on rank {self.leader}, the leader of this rank's "
                                    f"tensor-parallel group: {payload[0]}")
+
+
+def own_trajectories(traj: Trajectories, own: slice, group_rows: int, n: int) -> Trajectories:
+    """This rank's trajectories of a rollout over a group's merged rows (``share_rows``): prompt i's ``n`` samples
+    are rows ``i * n .. i * n + n - 1``. ``traj`` itself when the rows were this rank's alone."""
+    if own == slice(0, group_rows):
+        return traj
+    return traj.select(list(range(own.start * n, own.stop * n)))
 
 
 class _LeaderEngine:
