@@ -144,6 +144,46 @@ def test_skipped_update_keeps_step_count_and_weights(tiny_dir, train_file, tmp_p
     assert module.last_update_stats == {} and module.last_rollout is not None
 
 
+class CopyingEngine:
+    """A separate engine, as vLLM is: ``update_weights`` copies every tensor it is sent."""
+
+    def __init__(self):
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def update_weights(self, bucket) -> None:
+        self.weights.update({name: tensor.detach().clone() for name, tensor in bucket})
+
+
+class EngineMatchesActor(pl.Callback):
+    """After each training step: does the engine hold exactly the actor's current weights?"""
+
+    def __init__(self, engine: CopyingEngine):
+        self.engine = engine
+        self.matches: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        actor = dict(pl_module.actor.named_parameters())
+        self.matches.append(set(self.engine.weights) == set(actor)
+                            and all(torch.equal(self.engine.weights[n], p) for n, p in actor.items()))
+
+
+def test_the_engine_generates_with_the_weights_of_the_last_update(tiny_dir, train_file, tmp_path):
+    # The weight push must follow the update: an engine one step behind would pass every other test.
+    from zerotir.runtime import RolloutRuntime
+
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm="grpo", max_steps=3)
+    runtime = RolloutRuntime("vllm", model_path=str(tiny_dir), weight_sync_bucket_mb=1)
+    runtime.engine = engine = CopyingEngine()  # started: the real bucketed sync (zerotir.weight_sync) feeds it
+    module.runtime = runtime
+    check = EngineMatchesActor(engine)
+    trainer.callbacks.append(check)
+    module.configure_model()
+    before = _snapshot(module)
+    trainer.fit(module, datamodule=data)
+    assert check.matches == [True, True, True]
+    assert all(not torch.equal(before[n], p) for n, p in module.named_parameters())  # every step really updated
+
+
 def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_file, tmp_path):
     module, data, trainer, runtime = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
     trainer.fit(module, datamodule=data)
