@@ -342,6 +342,16 @@ def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
     module.setup("fit")  # no DeepSpeed: nothing to check
 
 
+@pytest.mark.parametrize("stage", ["fit", "validate"])
+def test_setup_refuses_the_transformers_engine_under_multi_rank_zero3(tiny_dir, stage):
+    module = ZeroTIRModule(str(tiny_dir), rollout_backend="hf")
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")), world_size=2)
+    with pytest.raises(ValueError, match=r"would deadlock. Fix: set model.rollout_backend: vllm"):
+        module.setup(stage)
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero2.json")), world_size=2)
+    module.setup(stage)  # ZeRO-2 keeps whole parameters on every rank: nothing is gathered while decoding
+
+
 def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
     pytest.importorskip("accelerate", reason="transformers' HfDeepSpeedConfig needs accelerate")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
