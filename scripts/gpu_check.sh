@@ -19,22 +19,26 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu_check}
 PY=${PYTHON:-python3}
-WHEELS=${GPU_CHECK_WHEELS:-.whl}
 RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT:-210}   # seconds per ZeRO stage
 CPU_FLAG=""
 [ "${GPU_CHECK_CPU:-0}" = "1" ] && CPU_FLAG="--cpu"
+# The carried wheels are CPython 3.12 builds for the GPU machine: the CPU plumbing run uses this machine's packages
+# unless GPU_CHECK_WHEELS names a folder.
+DEFAULT_WHEELS=.whl
+[ -n "$CPU_FLAG" ] && DEFAULT_WHEELS=""
+WHEELS=${GPU_CHECK_WHEELS:-$DEFAULT_WHEELS}
 mkdir -p "$OUT"
 start=$(date +%s)
 status=0
 
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
+if [ -n "$WHEELS" ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
   SITE=${GPU_CHECK_SITE:-/tmp/zerotir_gpu_check_site}
   echo "=== installing $(ls "$WHEELS"/*.whl | wc -l) carried wheels from $WHEELS into $SITE ==="
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
     || { echo "installing the wheels in $WHEELS failed"; exit 1; }
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 else
-  echo "=== no wheels in $WHEELS: using what is installed (bash scripts/fetch_gpu_wheels.sh makes them) ==="
+  echo "=== no wheels in ${WHEELS:-(none asked for)}: using what is installed (scripts/fetch_gpu_wheels.sh makes them) ==="
 fi
 $PY scripts/gpu_check.py env $CPU_FLAG || exit 1
 $PY scripts/gpu_check.py build --out "$OUT/model" $CPU_FLAG || exit 1
