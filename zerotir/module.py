@@ -26,17 +26,14 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import models
-from zerotir.deepspeed_setup import (
-    check_deepspeed_config,
-    count_skipped_step,
-    hf_zero3_config,
-    is_deepspeed,
-)
+from zerotir.deepspeed_setup import (begin_micro_batch, check_deepspeed_config, check_rollout_backend,
+                                     count_skipped_step, hf_zero3_config, is_deepspeed, is_zero3)
 from zerotir.distributed import global_sum, shard_prompts, training_share
 from zerotir.eval_loop import EvalAccumulator
 from zerotir.guards import SandboxErrorGuard
 from zerotir.rl_step import RLConfig, placeholder, ppo_update, prepare_batch
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.tp_group import own_trajectories
 from zerotir.runtime import RolloutRuntime
 from zerotir.types import Trajectories
 
@@ -98,7 +95,8 @@ class ZeroTIRModule(LightningModule):
         weight_decay: AdamW weight decay.
         betas: Adam betas.
         warmup_steps: linear warmup in optimizer steps, constant afterwards.
-        max_grad_norm: gradient clipping per parameter group (actor, critic) (0 = off).
+        max_grad_norm: gradient clipping (0 = off): per parameter group (actor, critic); under DeepSpeed one global
+            norm over both (its ``gradient_clipping`` has no per-group clipping), logged as ``grad_norm``.
         optimizer: "adamw" (torch) or "deepspeed_cpu_adam" (for ZeRO optimizer offload).
         seed: seed of rollout sampling (step k samples with ``seed + k``), so a resumed run repeats a step exactly.
     """
@@ -192,10 +190,12 @@ class ZeroTIRModule(LightningModule):
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
-        """Before any model is loaded: a DeepSpeed config that disagrees with the module fails here, naming the fix."""
-        if stage == "fit" and is_deepspeed(self.trainer):
-            hp = self.hparams
-            check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
+        """Before any model loads: a DeepSpeed config or rollout backend that cannot work fails here, naming the fix."""
+        hp = self.hparams
+        if is_deepspeed(self.trainer):
+            check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, hp.rollout_backend)
+            if stage == "fit":
+                check_deepspeed_config(self.trainer.strategy.config, hp.max_grad_norm, hp.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -238,6 +238,12 @@ class ZeroTIRModule(LightningModule):
         warmup = max(hp.warmup_steps, 0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
+        if is_deepspeed(self.trainer):
+            begin_micro_batch(self.trainer.model)
+        self.manual_backward(loss)
 
     def _optimizer_step(self, has_grad: bool) -> float:
         """Clip per parameter group, step, zero the gradients, advance the schedule; returns the actor grad norm.
@@ -364,7 +370,7 @@ class ZeroTIRModule(LightningModule):
             if m is not None:
                 m.train()  # gradient checkpointing is only active in train mode
         gen = torch.Generator().manual_seed(self.hparams.seed + self.rl_step)
-        stats.update(ppo_update(self.rl, batch, self.actor, self.critic, self.manual_backward, self._optimizer_step,
+        stats.update(ppo_update(self.rl, batch, self.actor, self.critic, self._backward, self._optimizer_step,
                                 self.rl_step, gen))
         stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         return stats
@@ -382,8 +388,10 @@ class ZeroTIRModule(LightningModule):
                               max_new_tokens=hp.max_response_tokens, seed=hp.seed + batch_idx)
 
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
-        traj, _ = self.rollout(batch, self.eval_params(batch_idx))
-        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
+        rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
+        traj, _ = self.rollout(rows, self.eval_params(batch_idx))
+        traj = own_trajectories(traj, own, len(rows), self.hparams.eval_n_samples)  # group ids index ``rows``
+        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step(batch, batch_idx, dataloader_idx)

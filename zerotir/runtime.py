@@ -22,6 +22,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.tp_group import TensorParallelGroup
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -61,17 +62,38 @@ class RolloutRuntime:
         self.engine: Any = None
         self.stale = True  # the engine's weights may differ from the actor's (set after each update and on resume)
         self.asleep = False  # a vLLM engine in sleep mode between its rollout and the next sync
+        # the ranks sharing this rank's engine (``zerotir.rollout.tp_group``): none until start() builds the group
+        self.tp_group = TensorParallelGroup(1)
         self._stack = contextlib.ExitStack()
 
     @property
     def started(self) -> bool:
         return self.engine is not None
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Ranks per engine: ``engine_kwargs.tensor_parallel_size`` of the vLLM backend, else 1."""
+        return int(self.engine_kwargs.get("tensor_parallel_size", 1)) if self.backend == "vllm" else 1
+
+    def share_rows(self, rows: list[Any]) -> tuple[list[Any], slice]:
+        """The rows of every rank sharing this rank's engine (in rank order), and the slice that is this rank's;
+        ``rows`` itself without tensor-parallel engines. A collective of the group (see ``rollout``)."""
+        return self.tp_group.share_rows(rows)
+
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any) -> None:
-        """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent."""
+        """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent.
+
+        The sandbox check is a collective under a process group (every rank starts its runtime at the same hook): a
+        sandbox that does not answer one rank stops every rank with that rank's error, instead of leaving the others
+        waiting in their first collective.
+        """
         if self.started:
             return
-        self._start_sandbox()
+        from zerotir.distributed import fail_together
+
+        with fail_together(Exception):
+            self._start_sandbox()
+        self.tp_group = TensorParallelGroup(self.tensor_parallel_size)
         if self.backend == "hf":
             from zerotir.rollout.hf_engine import HFEngine
 
@@ -81,7 +103,7 @@ class RolloutRuntime:
 
             if self.model_path is None:
                 raise ValueError("rollout_backend='vllm' needs model_path (the HF folder vLLM loads)")
-            self.engine = VLLMEngine(self.model_path, **self.engine_kwargs)
+            self.engine = VLLMEngine(self.model_path, device=device, **self.engine_kwargs)
         self.stale = True
 
     def _start_sandbox(self) -> None:
@@ -101,14 +123,20 @@ class RolloutRuntime:
 
     def rollout(self, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], truths: list[str],
                 params: SamplingParams, tool: Any) -> tuple[Trajectories, dict[str, float]]:
-        """Tool-integrated rollouts of ``prompts`` (``params.n`` each); returns trajectories and timings."""
+        """Tool-integrated rollouts of ``prompts`` (``params.n`` each); returns trajectories and timings.
+
+        With tensor-parallel engines every rank of a group must call this together with the same prompts (the
+        leader's are used: ``share_rows`` merges differing ones first)."""
         from zerotir.rollout.agent_loop import rollout_sync
 
         if not self.started:
             raise RuntimeError("RolloutRuntime.rollout before start()")
         if self.asleep:
             raise RuntimeError("RolloutRuntime.rollout: the engine sleeps; call sync(actor) first")
-        out = rollout_sync(self.engine, tokenizer, self.sandbox, prompts, params, tool, truths)
+        # With a tensor-parallel engine the group's leader runs the tool loop and the other ranks replay its engine
+        # calls, so every shard of the engine gets the same requests; all of them return the leader's trajectories.
+        out = self.tp_group.rollout(
+            self.engine, lambda engine: rollout_sync(engine, tokenizer, self.sandbox, prompts, params, tool, truths))
         if getattr(self.engine, "sleep_mode", False):
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)

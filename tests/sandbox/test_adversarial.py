@@ -149,6 +149,14 @@ def test_10mb_of_printing_returns_capped_output_with_a_marker(sandbox_server: Se
     assert result.stdout.startswith("xxxx") and result.stdout.endswith("xxxx\n")
 
 
+def test_10mb_to_stderr_returns_capped_output_with_a_marker(sandbox_server: Server) -> None:
+    result = sandbox_server.run("import sys\nfor _ in range(10):\n    sys.stderr.write('y' * 1_000_000 + '\\n')")
+    assert result.ok, result
+    assert len(result.stderr.encode()) <= MAX_OUTPUT_BYTES + 100
+    assert "bytes of output omitted by the sandbox" in result.stderr
+    assert result.stderr.startswith("yyyy") and result.stderr.endswith("yyyy\n")
+
+
 def test_double_forked_daemon_does_not_survive_its_call(sandbox_server: Server) -> None:
     code = ("import os, time\n"
             "if os.fork() == 0:\n"
