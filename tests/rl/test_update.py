@@ -161,6 +161,46 @@ def test_injected_tokens_do_not_reach_the_gradient(tiny):
         assert torch.allclose(g, other[0][name], atol=1e-7), name
 
 
+class TinyCritic(torch.nn.Module):
+    """A critic with the ``critic(input_ids, attention_mask) -> (B, T)`` interface of ``zerotir.models.ValueModel``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(260, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, input_ids, attention_mask):
+        return self.head(torch.tanh(self.embed(input_ids))).squeeze(-1)
+
+
+def test_ppo_value_loss_ignores_prompt_and_injected_positions(tiny):
+    # The training step's value loss must be a mean over the ACTION tokens (3, 4, 7, 8 of ROW_MASK): garbage critic
+    # targets at prompt (0..2), injected (5, 6) and padding (9) positions change neither the loss nor any gradient.
+    torch.manual_seed(1)
+    critic = TinyCritic()
+    cfg = RLConfig(algorithm="ppo", value_clip=0.2, ppo_epochs=2)
+    tiny.eval()
+    batch, _ = prepare_batch(cfg, make_traj([1.0, 0.0], [0, 0]), tiny, None, critic)
+
+    def value_loss_and_grads(b):
+        tiny.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        loss, stats = micro_batch_loss(cfg, b, tiny, critic)
+        loss.backward()
+        return float(stats["value_loss"]), float(loss), _grads(critic), _grads(tiny)
+
+    ref = value_loss_and_grads(batch)
+    off = ~batch.action_mask
+    batch.old_values = torch.where(off, torch.full_like(batch.old_values, 77.0), batch.old_values)
+    batch.returns = torch.where(off, torch.full_like(batch.returns, -55.0), batch.returns)
+    other = value_loss_and_grads(batch)
+    assert ref[0] > 0 and other[0] == pytest.approx(ref[0], abs=1e-7) and other[1] == pytest.approx(ref[1], abs=1e-7)
+    assert ref[2].keys() == other[2].keys() == {"embed.weight", "head.weight", "head.bias"}
+    for grads_ref, grads_other in ((ref[2], other[2]), (ref[3], other[3])):
+        for name, g in grads_ref.items():
+            assert torch.allclose(g, grads_other[name], atol=1e-7), name
+
+
 def test_optimizer_step_count_is_epochs_times_mini_batches(tiny):
     cfg = RLConfig(algorithm="grpo", ppo_epochs=2, num_mini_batches=3)
     assert cfg.optimizer_steps_per_rl_step == 6
