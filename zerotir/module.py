@@ -32,6 +32,7 @@ from zerotir import models
 from zerotir.config import (
     EVAL_SAMPLING, HFRollout, OptimConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
 )
+from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
 from zerotir.rl.step import Models, RolloutFilter, StepOptimizer, StepResult, rl_step
@@ -261,7 +262,7 @@ class ZeroTIRModule(LightningModule):
         timings["step"] = time.perf_counter() - start
         result.timings = timings
         datamodule = self.trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "mark_consumed") and "batch_index" in batch[0]:
+        if isinstance(datamodule, PromptDataModule):
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)

@@ -116,7 +116,7 @@ class RolloutRuntime:
         schedule = Schedule(self.backend.schedule, self.backend.round_tokens)
         out = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
             engine, tokenizer, self.sandbox, prompts, params, self.tool, truths, schedule))
-        if getattr(self.engine, "sleep_mode", False):
+        if isinstance(self.backend, VLLMRollout) and self.engine.sleep_mode:
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)
             self.asleep = self.stale = True
