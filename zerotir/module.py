@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
+from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.deepspeed_setup import (
     check_deepspeed_config,
@@ -32,6 +33,7 @@ from zerotir.deepspeed_setup import (
     hf_zero3_config,
     is_deepspeed,
 )
+from zerotir.data import batch_fields
 from zerotir.distributed import global_sum, shard_prompts, training_share
 from zerotir.eval_loop import EvalAccumulator
 from zerotir.guards import SandboxErrorGuard
@@ -310,9 +312,6 @@ class ZeroTIRModule(LightningModule):
         return traj, timings
 
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> dict[str, Any]:
-        """One RL step. Returns what the callbacks read as ``outputs`` of ``on_train_batch_end``: the scored
-        rollout before filtering (``rollout``), per group id its ``prompts``, ``problem_ids`` and ``sources``, the
-        ``weight_version`` that generated it (updates done before), ``timings`` and ``update_stats``."""
         start = time.perf_counter()
         self.rl_step = self.rl_steps_done + 1
         tp = self.tensor_parallel_size
@@ -340,10 +339,9 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "mark_consumed") and "batch_index" in batch[0]:
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
-        weight_version, self.rl_steps_done = self.rl_steps_done, self.rl_step
+        version, self.rl_steps_done = self.rl_steps_done, self.rl_step  # the updates the rollout's weights had
         self.log("rl_step", float(self.rl_step), prog_bar=True, logger=False, batch_size=1)
-        return {**step_rows(rows), "rollout": traj, "weight_version": weight_version, "timings": timings,
-                "update_stats": stats}
+        return dict(batch_fields(rows), rollout=traj, weight_version=version, timings=timings, update_stats=stats)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -389,14 +387,12 @@ class ZeroTIRModule(LightningModule):
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> dict[str, Any]:
         traj, timings = self.rollout(batch, self.eval_params(batch_idx))
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
-        return {**step_rows(batch), "rollout": traj, "weight_version": self.rl_steps_done, "timings": timings}
+        return dict(batch_fields(batch), rollout=traj, weight_version=self.rl_steps_done, timings=timings)
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
-        """Roll out and score a batch of a benchmark; returns ``outputs`` as ``training_step`` (no update)."""
         return self._eval_step(batch, batch_idx, dataloader_idx)
 
-    def test_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
-        return self._eval_step(batch, batch_idx, dataloader_idx)
+    test_step = validation_step
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset()
@@ -437,10 +433,6 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        from callbacks.resumed_curves import PurgeResumedSteps
-
-        # Lightning skips the module's teardown when a run fails; the embedded sandbox must stop then too. A resumed
-        # fit purges from TensorBoard what the interrupted run logged after its checkpoint (one value per step).
         return [_CloseRuntimeOnException(), PurgeResumedSteps()]
 
 
@@ -449,12 +441,6 @@ class _CloseRuntimeOnException(Callback):
 
     def on_exception(self, trainer: Any, pl_module: ZeroTIRModule, exception: BaseException) -> None:
         pl_module.runtime.close()
-
-
-def step_rows(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Per group id of a rollout of ``rows`` (the data module's prompt dicts): prompt text, data id and source."""
-    return {"prompts": [r["prompt_text"] for r in rows], "problem_ids": [str(r["id"]) for r in rows],
-            "sources": [r["source"] for r in rows]}
 
 
 def ensure_toy_base(model_path: str, settings: dict[str, Any] | None) -> None:
