@@ -27,6 +27,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 
 from callbacks.logging_utils import rl_step
 from zerotir.rollout_log import records as R
@@ -77,6 +78,11 @@ class RolloutDumper(Callback):
         if not self.enabled:
             return
         self.folder = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "rollouts"
+        loggers = getattr(trainer, "loggers", [])
+        if self.tensorboard_samples and not any(isinstance(lg, TensorBoardLogger) for lg in loggers):
+            rank_zero_warn(f"RolloutDumper: tensorboard_samples needs a TensorBoardLogger, and the loggers are "
+                           f"{[type(lg).__name__ for lg in loggers]}: the rollouts go to {self.folder} only (set "
+                           "tensorboard_samples: false to say so)")
         if self._writer is None or not self._writer.alive:
             self._writer = BackgroundWriter(self.max_pending)
 

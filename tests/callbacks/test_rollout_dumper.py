@@ -71,6 +71,11 @@ def test_each_step_is_written_with_its_samples_in_tensorboard(tmp_path):
     assert error.startswith("**exec_error, step 6**") and "```python\n1/0\n```" in error
 
 
+def test_samples_without_tensorboard_are_announced(tmp_path):
+    with pytest.warns(UserWarning, match=r"tensorboard_samples needs a TensorBoardLogger, and the loggers are \[\]"):
+        RolloutDumper().setup(trainer(tmp_path), FakeModule(), "fit")
+
+
 def test_disabled_writes_nothing(tmp_path):
     dumper = RolloutDumper(enabled=False)
     fit(dumper, trainer(tmp_path), [1])
