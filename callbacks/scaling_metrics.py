@@ -137,3 +137,7 @@ class ScalingMetrics(Callback):
             for logger in getattr(trainer, "loggers", []):
                 if isinstance(logger, TensorBoardLogger):
                     logger.experiment.add_histogram(mn.CALLS_HIST, calls, global_step=step)
+        # As Lightning does after its own logging: each finished step reaches the disk (a live TensorBoard sees it;
+        # a killed run keeps it; the CSV logger writes its rows).
+        for logger in getattr(trainer, "loggers", []):
+            logger.save()

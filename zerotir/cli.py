@@ -11,7 +11,8 @@ What the subclass adds to Lightning's CLI:
     * a ``checkpoint`` group (a ``ModelCheckpoint``; ``save_last`` on) whose folder defaults to
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
     * a TensorBoard logger at ``<trainer.default_root_dir>/tensorboard`` (fixed, not versioned) unless the config
-      names a logger, so a resumed run continues the same event folder;
+      names a logger, so a resumed run continues the same event folder (purged after its checkpoint's step:
+      ``callbacks.PurgeResumedSteps``);
     * the toy base model is built before anything loads it when ``model.build_toy_base_if_missing`` is set.
 """
 
@@ -78,7 +79,8 @@ class ZeroTIRCLI(LightningCLI):
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                init_args=Namespace(save_dir=str(root), name="tensorboard", version=""),
+                # No hp_metric placeholder (a -1 at step 0, written again by every resumed run).
+                init_args=Namespace(save_dir=str(root), name="tensorboard", version="", default_hp_metric=False),
             )
         if config.model.build_toy_base_if_missing:
             # Before the data module (which loads the tokenizer from the same folder) is set up.

@@ -25,7 +25,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
+from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
+from zerotir.data import batch_fields
 from zerotir.deepspeed_setup import (begin_micro_batch, check_deepspeed_config, check_rollout_backend,
                                      count_skipped_step, hf_zero3_config, is_deepspeed, is_zero3)
 from zerotir.distributed import global_sum, shard_prompts, training_share
@@ -315,7 +317,7 @@ class ZeroTIRModule(LightningModule):
         timings = dict(timings, reward=time.perf_counter() - start)
         return traj, timings
 
-    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> dict[str, Any]:
         start = time.perf_counter()
         self.rl_step = self.rl_steps_done + 1
         tp = self.tensor_parallel_size
@@ -343,8 +345,9 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "mark_consumed") and "batch_index" in batch[0]:
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
-        self.rl_steps_done = self.rl_step
+        version, self.rl_steps_done = self.rl_steps_done, self.rl_step  # the updates the rollout's weights had
         self.log("rl_step", float(self.rl_step), prog_bar=True, logger=False, batch_size=1)
+        return dict(batch_fields(rows), rollout=traj, weight_version=version, timings=timings, update_stats=stats)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -387,17 +390,17 @@ class ZeroTIRModule(LightningModule):
         return SamplingParams(n=hp.eval_n_samples, temperature=hp.eval_temperature, top_p=hp.eval_top_p,
                               max_new_tokens=hp.max_response_tokens, seed=hp.seed + batch_idx)
 
-    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
+    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> dict[str, Any]:
         rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
-        traj, _ = self.rollout(rows, self.eval_params(batch_idx))
+        traj, timings = self.rollout(rows, self.eval_params(batch_idx))
         traj = own_trajectories(traj, own, len(rows), self.hparams.eval_n_samples)  # group ids index ``rows``
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
+        return dict(batch_fields(rows), rollout=traj, weight_version=self.rl_steps_done, timings=timings)
 
-    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step(batch, batch_idx, dataloader_idx)
+    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
+        return self._eval_step(batch, batch_idx, dataloader_idx)
 
-    def test_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step(batch, batch_idx, dataloader_idx)
+    test_step = validation_step
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset()
@@ -438,8 +441,7 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        # Lightning skips the module's teardown when a run fails; the embedded sandbox must stop then too.
-        return [_CloseRuntimeOnException()]
+        return [_CloseRuntimeOnException(), PurgeResumedSteps()]
 
 
 class _CloseRuntimeOnException(Callback):
