@@ -124,3 +124,7 @@ class ScalingMetrics(Callback):
             for logger in trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
                     logger.experiment.add_histogram(mn.CALLS_HIST, calls, global_step=result.rl_step)
+        # As Lightning does after its own logging: each finished step reaches the disk (a live TensorBoard sees it;
+        # a killed run keeps it; the CSV logger writes its rows).
+        for logger in trainer.loggers:
+            logger.save()

@@ -15,7 +15,8 @@ What the subclass adds to Lightning's CLI:
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
     * a TensorBoard logger at ``<trainer.default_root_dir>/tensorboard`` (fixed, not versioned) unless the config
-      names a logger, so a resumed run continues the same event folder;
+      names a logger, so a resumed run continues the same event folder (purged after its checkpoint's step:
+      ``callbacks.PurgeResumedSteps``);
     * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
       ``model.model_path`` before anything loads it, unless one with the same settings is there.
@@ -96,7 +97,8 @@ class ZeroTIRCLI(LightningCLI):
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                init_args=Namespace(save_dir=str(root), name="tensorboard", version=""),
+                # No hp_metric placeholder (a -1 at step 0, written again by every resumed run).
+                init_args=Namespace(save_dir=str(root), name="tensorboard", version="", default_hp_metric=False),
             )
         if config.trainer.enable_progress_bar is not False and not any(
                 _is_progress_bar(cb) for cb in _as_list(config.trainer.callbacks)):

@@ -28,14 +28,16 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
+from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
     EVAL_SAMPLING, HFRollout, OptimConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
 )
-from zerotir.data.datamodule import PromptDataModule
+from callbacks.resumed_curves import PurgeResumedSteps
+from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
-from zerotir.rl.step import Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rl.step import BatchInfo, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.runtime import RolloutRuntime
 from zerotir.rollout.tp_group import own_trajectories
@@ -246,7 +248,8 @@ class ZeroTIRModule(LightningModule):
         """One RL step; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""
         start = time.perf_counter()
         step = self.rl_steps_done + 1
-        traj, timings = self.rollout(self._my_prompts(batch), self.params(self.sampling, self.seed + step))
+        rows = self._my_prompts(batch)
+        traj, timings = self.rollout(rows, self.params(self.sampling, self.seed + step))
         tp = self.backend.tensor_parallel_size
         if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
             traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
@@ -264,6 +267,7 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, PromptDataModule):
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
+        result.batch = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
@@ -278,17 +282,22 @@ class ZeroTIRModule(LightningModule):
         return shard_prompts(batch, self.global_rank, world, tp)
 
     # ----- validation and test: the same rollout path, reports through zerotir.eval -----
-    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
+    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:
+        """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
+        as ``outputs["step"]``, at the RL step of the weights."""
         rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
-        traj, _ = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
+        traj, timings = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
         traj = own_trajectories(traj, own, len(rows), self.eval_sampling.n)  # group ids index ``rows``
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
+        info = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
+        kept = torch.ones(len(traj), dtype=torch.bool)
+        return {"step": StepResult(self.rl_steps_done, traj, kept, None, {}, timings, info)}
 
-    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step(batch, batch_idx, dataloader_idx)
+    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int,
+                        dataloader_idx: int = 0) -> dict[str, StepResult]:
+        return self._eval_step(batch, batch_idx, dataloader_idx)
 
-    def test_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step(batch, batch_idx, dataloader_idx)
+    test_step = validation_step
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset()
@@ -335,8 +344,7 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        # Lightning skips the module's teardown when a run fails; the embedded sandbox must stop then too.
-        return [_CloseRuntimeOnException()]
+        return [_CloseRuntimeOnException(), PurgeResumedSteps()]
 
 
 class _CloseRuntimeOnException(Callback):

@@ -66,8 +66,19 @@ class StepOptimizer:
 
 
 @dataclass
+class BatchInfo:
+    """What the rollout's group ids stand for (index = group id), and the weights that generated it."""
+
+    prompts: list[str] = field(default_factory=list)  # prompt text of each group
+    problem_ids: list[str] = field(default_factory=list)  # data id of each group
+    sources: list[str] = field(default_factory=list)  # source (benchmark) name of each group
+    weight_version: int = 0  # updates the generating weights had seen
+
+
+@dataclass
 class StepResult:
-    """What one RL step did, handed to the callbacks through ``on_train_batch_end``'s ``outputs["step"]``."""
+    """What one RL step did, handed to the callbacks through ``on_train_batch_end``'s ``outputs["step"]`` (an
+    evaluation batch returns one too, without an update)."""
 
     rl_step: int  # 1-based index of the RL step (the x axis of every TensorBoard tag)
     rollout: Trajectories  # every scored trajectory of this rank, before filtering
@@ -75,6 +86,7 @@ class StepResult:
     filter: FilterDecision | None  # the filter's decision (None: no filter, everything kept)
     stats: dict[str, float]  # update statistics: losses, kl, entropy, clip_fraction, grad_norm, lr; {} when skipped
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: generation, sandbox, reward, ...
+    batch: BatchInfo = field(default_factory=BatchInfo)  # filled by the module (it knows the prompts)
 
     @property
     def skipped(self) -> bool:
