@@ -73,7 +73,7 @@ def check_rollouts(root, module, validated: bool) -> None:
     """Every trajectory of both steps on disk with every field; text samples in TensorBoard; the terminal view."""
     folder = root / "rollouts"
     assert list(R.step_files(folder)) == [1, 2]
-    per_step = module.hparams.n_samples * 4  # prompts_per_step of the tiny configs
+    per_step = module.sampling.n * 4  # prompts_per_step of the tiny configs
     for step in (1, 2):
         rows = R.read_step(folder, step)
         assert len(rows) == per_step and all(set(r) == RECORD_FIELDS for r in rows)
