@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from zerotir.toy.pretrain import ensure_toy_base, read_info  # noqa: E402 - after the path set-up
+from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info  # noqa: E402 - after the path set-up
 
 CONFIGS = {"reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml"}
 VAL_NAME = "heldout"
@@ -54,12 +54,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_steps", type=int, default=60, help="RL steps at most")
     p.add_argument("--val_every", type=int, default=5, help="RL steps between validations")
     p.add_argument("--final_rows", type=int, default=256, help="held-out questions of the final evaluation")
+    p.add_argument("--base_minutes", type=float, default=PretrainSettings.minutes,
+                   help="wall-time budget of the toy-base pretraining; on a loaded machine raise it, or the budget "
+                        "(not the copy probe) ends pretraining and the base depends on the load ('decay by time')")
     return p.parse_args(argv)
 
 
-def build_base(out: Path, seed: int) -> dict:
+def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
-    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed)
+    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed, minutes=minutes)
     record = read_info(path)["record"]
     stats = record.get("base_stats", {})
     return {
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plan:
             continue
         print(f"[seed {seed}] toy base -> {args.out / f'base_s{seed}'}", flush=True)
-        base = build_base(args.out, seed)
+        base = build_base(args.out, seed, args.base_minutes)
         print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay by "
               f"{base['decay_reason']}), accuracy {base['base_accuracy']}, code rate {base['base_code_rate']}",
               flush=True)
