@@ -183,19 +183,6 @@ def test_injected_span_does_not_change_advantages_on_action_tokens():
     assert not torch.allclose(naive[0, a_with], alg.discounted_returns(r, with_span, 0.5)[0, a_with])
 
 
-# ---- GRPO ----------------------------------------------------------------------------------------------------------
-
-
-def test_group_advantages_hand_worked():
-    rewards = T([1.0, 1.0, 0.0, 5.0, 0.0, 1.0, 1.0])
-    groups = T([3, 9, 3, 5, 3, 9, 3])
-    # group 3: [1, 0, 0, 1], mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.5773503 -> +-0.5 / 0.5773503 = +-0.8660254
-    # group 9: [1, 1], std 0 -> 0 / (0 + eps) = 0;  group 5: one sample -> 0
-    a = 0.5 / math.sqrt(1 / 3)
-    close(alg.group_advantages(rewards, groups, eps=1e-12), [a, 0, -a, 0, -a, 0, a], atol=1e-5)
-    close(alg.group_advantages(rewards, groups, scale_by_std=False), [0.5, 0, -0.5, 0, -0.5, 0, 0.5])
-
-
 # ---- losses --------------------------------------------------------------------------------------------------------
 
 
@@ -287,7 +274,6 @@ def test_empty_mask_rows_never_give_nan(rows):
         kl,
         *alg.reinforce_pp_advantages(rewards, mask, kl, 0.1, 0.9),
         *alg.gae_advantages(alg.token_level_rewards(rewards, mask), values, mask, 0.9, 0.9),
-        alg.group_advantages(rewards, T([0, 1])),
     ]
     ploss, stats = alg.policy_loss(logp, old, T([1.0, 1.0]), mask)
     vloss = alg.value_loss(values, values.detach() + 0.1, torch.ones(2, 3), mask)

@@ -204,7 +204,9 @@ def test_single_pass_gradient_equals_the_recomputed_old_logprobs_one(tiny):
 def test_kl_in_the_reward_needs_the_recompute_pass():
     assert not RLConfig(algorithm="reinforce_pp", kl_coef=0.01).single_pass
     assert RLConfig(algorithm="reinforce_pp", kl_coef=0.01, use_kl_loss=True).single_pass
-    assert RLConfig(algorithm="grpo", kl_coef=0.01).single_pass  # GRPO never folds the KL into rewards
+    assert RLConfig(algorithm="grpo", kl_coef=0.01, use_kl_loss=True).single_pass
+    assert not RLConfig(algorithm="grpo", kl_coef=0.01, grpo_kl_in_reward=True).single_pass
+    assert not RLConfig(algorithm="rloo", kl_coef=0.01).single_pass
     assert not RLConfig(num_mini_batches=2).single_pass
 
 
