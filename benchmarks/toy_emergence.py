@@ -18,8 +18,8 @@ Method. For each seed, in this order and alone on the machine:
 
 Printed and written to ``<out>/emergence.{json,md,png}``: per run, base accuracy and code rate, pretraining
 minutes, RL steps and minutes to the target, total minutes (pretraining + RL), the held-out accuracy and code use at
-that point and on all 256 questions, and the 1-minute load average before and after the RL run (JSON). The PNG shows held-out accuracy and code use against wall minutes, pretraining
-included. ``python -m zerotir scaling --logdir <out>`` draws the paper's Figure-4 panels for the same runs.
+that point and on all 256 questions, and (JSON) the 1-minute load average before and after the RL run. The PNG shows
+held-out accuracy and code use against wall minutes, pretraining included. ``python -m zerotir scaling --logdir <out>`` draws the paper's Figure-4 panels for the same runs.
 
 Target (issue #5): accuracy >= 80% and code use >= 80% on held-out questions within 15 minutes including pretraining.
 """
@@ -39,10 +39,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from zerotir.toy.pretrain import ensure_toy_base, read_info  # noqa: E402 - after the path set-up
+from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info  # noqa: E402 - after the path set-up
 
-CONFIGS = {"reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml",
-           "reinforce_baseline": "configs/toy_cpu_reinforce_baseline.yaml", "rloo": "configs/toy_cpu_rloo.yaml"}
+CONFIGS = {
+    "reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml",
+    "reinforce_baseline": "configs/toy_cpu_reinforce_baseline.yaml", "rloo": "configs/toy_cpu_rloo.yaml",
+}
 DEFAULT_ALGORITHMS = ["reinforce_pp", "ppo", "grpo"]
 VAL_NAME = "heldout"
 
@@ -58,12 +60,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_steps", type=int, default=60, help="RL steps at most")
     p.add_argument("--val_every", type=int, default=5, help="RL steps between validations")
     p.add_argument("--final_rows", type=int, default=256, help="held-out questions of the final evaluation")
+    p.add_argument("--base_minutes", type=float, default=PretrainSettings.minutes,
+                   help="wall-time budget of the toy-base pretraining; on a loaded machine raise it, or the budget "
+                        "(not the copy probe) ends pretraining and the base depends on the load ('decay by time')")
     return p.parse_args(argv)
 
 
-def build_base(out: Path, seed: int) -> dict:
+def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
-    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed)
+    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed, minutes=minutes)
     record = read_info(path)["record"]
     stats = record.get("base_stats", {})
     return {
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plan:
             continue
         print(f"[seed {seed}] toy base -> {args.out / f'base_s{seed}'}", flush=True)
-        base = build_base(args.out, seed)
+        base = build_base(args.out, seed, args.base_minutes)
         print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay by "
               f"{base['decay_reason']}), accuracy {base['base_accuracy']}, code rate {base['base_code_rate']}",
               flush=True)
