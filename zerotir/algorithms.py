@@ -16,7 +16,8 @@ How env tokens are skipped in returns and GAE (value function masking):
     not a decision of the policy, so it neither adds reward nor costs a discount step (gamma and lambda are applied
     once per action-to-action hop). The value at t' already sees the injected tokens, since they precede t' in the
     context. Consequently a trajectory with an injected span gets exactly the same returns and advantages on its
-    action tokens as the same trajectory with the span cut out; non-action positions get 0.
+    action tokens as the same trajectory with the span cut out; non-action positions get 0. (``gae_advantages``
+    also offers the paper's alternative, ``injected="restart"``: each turn is its own episode.)
 """
 
 from __future__ import annotations
