@@ -63,12 +63,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base_minutes", type=float, default=PretrainSettings.minutes,
                    help="wall-time budget of the toy-base pretraining; on a loaded machine raise it, or the budget "
                         "(not the copy probe) ends pretraining and the base depends on the load ('decay by time')")
+    p.add_argument("--base_threads", type=int, default=PretrainSettings.threads,
+                   help="torch threads of the toy-base pretraining (1 wastes less time than 2 on a crowded machine; "
+                        "the base can differ in the last bits)")
     return p.parse_args(argv)
 
 
-def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes) -> dict:
+def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes,
+               threads: int = PretrainSettings.threads) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
-    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed, minutes=minutes)
+    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed, minutes=minutes, threads=threads)
     record = read_info(path)["record"]
     stats = record.get("base_stats", {})
     return {
@@ -214,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plan:
             continue
         print(f"[seed {seed}] toy base -> {args.out / f'base_s{seed}'}", flush=True)
-        base = build_base(args.out, seed, args.base_minutes)
+        base = build_base(args.out, seed, args.base_minutes, args.base_threads)
         print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay by "
               f"{base['decay_reason']}), accuracy {base['base_accuracy']}, code rate {base['base_code_rate']}",
               flush=True)
