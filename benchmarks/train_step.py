@@ -44,7 +44,7 @@ from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
 from zerotir import algorithms as A
 from zerotir.data import PromptDataModule
 from zerotir.module import ZeroTIRModule
-from zerotir.rl_step import iter_rows, ppo_update, prepare_batch
+from zerotir.rl_step import ALGORITHMS, iter_rows, ppo_update, prepare_batch
 
 PHASES = ("generation", "sandbox", "reward", "update", "weight_sync")
 
@@ -152,7 +152,7 @@ def throughput(module: ZeroTIRModule, traj, repeats: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--algorithm", default="reinforce_pp", choices=["reinforce_pp", "ppo", "grpo"])
+    p.add_argument("--algorithm", default="reinforce_pp", choices=list(ALGORITHMS))
     p.add_argument("--kl_coef", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prompts", type=int, default=8)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
 from zerotir.data import PromptDataModule
 from zerotir.module import ZeroTIRModule, ensure_toy_base
+from zerotir.rl_step import RLConfig
 
 DEFAULT_ROOT = "runs/zerotir"
 
@@ -82,6 +84,8 @@ class ZeroTIRCLI(LightningCLI):
                 # No hp_metric placeholder (a -1 at step 0, written again by every resumed run).
                 init_args=Namespace(save_dir=str(root), name="tensorboard", version="", default_hp_metric=False),
             )
+        # The RL settings are checked before anything is built or loaded (a toy base takes minutes).
+        RLConfig(**{f.name: config.model[f.name] for f in fields(RLConfig)})
         if config.model.build_toy_base_if_missing:
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             ensure_toy_base(config.model.model_path, config.model.toy_base_settings)

@@ -1,24 +1,21 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
     prompts -> tool-integrated rollouts (n per prompt) -> outcome rewards -> sandbox guard -> pass-rate filter
-    (callbacks) -> old log-probs / reference / values -> advantages (PPO | REINFORCE++ | GRPO) -> PPO-epoch update
+    (callbacks) -> old log-probs / reference / values -> advantages (``algorithm``) -> PPO-epoch update
     -> weight sync to the rollout engine -> statistics for ``ScalingMetrics``.
 
-The math lives in ``zerotir.rl_step`` and ``zerotir.algorithms``; the sandbox and engine in ``zerotir.runtime``;
-validation / test in ``zerotir.eval_loop``. This file is the Lightning plumbing.
-
-Steps: optimization is manual with ONE optimizer (actor and critic are two parameter groups; Lightning's DeepSpeed
-strategy accepts a single optimizer). Lightning's ``trainer.global_step`` counts ``optimizer.step()`` calls, and each
-RL step makes exactly ``ppo_epochs * num_mini_batches`` of them (a skipped update makes as many no-op steps), so
-``global_step == rl_step * ppo_epochs * num_mini_batches``. With the defaults (1, 1) the two are equal and
-``trainer.max_steps`` / ``ModelCheckpoint(every_n_train_steps=...)`` count RL steps. ``rl_step`` is also kept
-explicitly (saved in checkpoints) and is the x axis of every TensorBoard tag.
+The math lives in ``zerotir.rl_step``, ``zerotir.algorithms`` and ``zerotir.baselines``; the sandbox and engine in
+``zerotir.runtime``; validation / test in ``zerotir.eval_loop``. This file is the Lightning plumbing.
+Optimization is manual with ONE optimizer (actor and critic are two parameter groups); each RL step makes exactly
+``ppo_epochs * num_mini_batches`` optimizer steps, so ``global_step == rl_step * ppo_epochs * num_mini_batches``
+(docs/training.md). ``rl_step`` is saved in checkpoints and is the x axis of every TensorBoard tag.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import fields
 from typing import Any, Literal
 
 import torch
@@ -47,8 +44,10 @@ class ZeroTIRModule(LightningModule):
 
     Args:
         model_path: HF model folder or hub id of the base model (actor, reference and critic start from it).
-        algorithm: "reinforce_pp" (token-level KL in the reward, whitened returns), "ppo" (critic + GAE) or "grpo"
-            (group mean / std baseline).
+        algorithm: "reinforce_pp" (REINFORCE++: token returns, KL in the token rewards, whitened), "reinforce_baseline"
+            (the paper's: reward minus its prompt group's mean, then as reinforce_pp), "rloo" (reward minus the mean of
+            the prompt's other samples, token returns, not whitened), "grpo" ((reward - group mean) / (group std +
+            grpo_std_eps)) or "ppo" (critic, GAE). The group estimators need n_samples >= 2.
         dtype: parameter dtype of the models: float32, bfloat16 or float16.
         gradient_checkpointing: recompute activations in the backward pass (actor and critic).
         build_toy_base_if_missing: build the toy base model at ``model_path`` (``zerotir.toy.pretrain``) unless a
@@ -63,9 +62,8 @@ class ZeroTIRModule(LightningModule):
         max_output_tokens: then to this many tokens (None: characters only; the paper's code: 256).
         run_timeout: seconds one code execution may run in the sandbox.
         rollout_backend: "hf" (transformers, wraps the actor itself) or "vllm" (separate engine, weights synced).
-        rollout_schedule: how the "hf" backend runs the tool loop: "continuous" (default: one decode session;
-            rows leave at a code block and rejoin when its result is back) or "rounds" of generate calls. See
-            ToolConfig.continuous for what each costs.
+        rollout_schedule: tool loop of the "hf" backend: "continuous" (one decode session; rows leave at a code block
+            and rejoin with its result) or "rounds" of generate calls (costs: ToolConfig.continuous).
         engine_kwargs: extra keyword arguments of the engine class.
         weight_sync_bucket_mb: bucket size of the vLLM weight sync.
         sandbox_urls: sandbox servers; None starts an embedded local sandbox for the run.
@@ -80,12 +78,22 @@ class ZeroTIRModule(LightningModule):
         kl_coef: KL coefficient beta; 0 skips the reference model entirely.
         kl_estimator: k1, k2 or k3.
         use_kl_loss: put the KL in the loss (GRPO style) instead of the token rewards.
+        grpo_kl_in_reward: GRPO with use_kl_loss false: subtract kl_coef x the summed KL from each reward before the
+            group baseline (GRPO with kl_coef > 0 needs this or use_kl_loss).
         gamma: discount per action token.
         gae_lambda: GAE lambda (PPO).
+        gae_injected: GAE at injected tool-output tokens (PPO). "skip": they are transparent, the next action token is
+            the next step (as verl). "restart": the paper's code; each turn is an episode ending in V = 0.
         whiten_ppo_advantages: normalise PPO's GAE advantages over the batch.
-        grpo_scale_by_std: divide GRPO's group-centred rewards by the group std.
+        whiten_eps: added to the variance when advantages are whitened (PPO, reinforce_pp, reinforce_baseline).
+        grpo_scale_by_std: divide GRPO's group-centred rewards by the group std (false: Dr. GRPO).
+        grpo_std_eps: added to GRPO's group std before dividing (an all-equal group has std 0).
         clip_low: lower clip epsilon of the ratio (the paper's code: 0.22).
         clip_high: upper clip epsilon of the ratio (the paper's code: 0.28).
+        dual_clip: dual-clip PPO's bound c > 1: a token with advantage A < 0 loses at most -c x A (null: off).
+        loss_agg_mode: how token losses become the batch loss: "token-mean" (every token weighs the same),
+            "seq-mean-token-mean" (every response does), "seq-mean-token-sum", "seq-mean-token-sum-norm" (token sums
+            / max_response_tokens, Dr. GRPO).
         value_clip: clip range of the value loss (None: unclipped).
         vf_coef: weight of the value loss.
         entropy_coef: weight of an entropy bonus (0 = none).
@@ -106,7 +114,7 @@ class ZeroTIRModule(LightningModule):
     def __init__(
         self,
         model_path: str,
-        algorithm: Literal["reinforce_pp", "ppo", "grpo"] = "reinforce_pp",
+        algorithm: Literal["reinforce_pp", "reinforce_baseline", "rloo", "grpo", "ppo"] = "reinforce_pp",
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         gradient_checkpointing: bool = False,
         build_toy_base_if_missing: bool = False,
@@ -135,12 +143,19 @@ class ZeroTIRModule(LightningModule):
         kl_coef: float = 0.0,
         kl_estimator: Literal["k1", "k2", "k3"] = "k3",
         use_kl_loss: bool = False,
+        grpo_kl_in_reward: bool = False,
         gamma: float = 1.0,
         gae_lambda: float = 1.0,
+        gae_injected: Literal["skip", "restart"] = "skip",
         whiten_ppo_advantages: bool = True,
+        whiten_eps: float = 1e-8,
         grpo_scale_by_std: bool = True,
+        grpo_std_eps: float = 1e-6,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
+        dual_clip: float | None = 3.0,
+        loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                               "seq-mean-token-sum-norm"] = "token-mean",
         value_clip: float | None = 0.2,
         vf_coef: float = 0.5,
         entropy_coef: float = 0.0,
@@ -159,20 +174,14 @@ class ZeroTIRModule(LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
+        self.rl = RLConfig(**{f.name: self.hparams[f.name] for f in fields(RLConfig)})  # checks n_samples too
+        if eval_n_samples < 1:
+            raise ValueError(f"eval_n_samples={eval_n_samples}: must be >= 1")
+        if rollout_schedule not in ("rounds", "continuous"):
+            raise ValueError(f"rollout_schedule={rollout_schedule!r}: choose 'rounds' or 'continuous'")
         if build_toy_base_if_missing:
             ensure_toy_base(model_path, toy_base_settings)
         self.model_path = models.resolve_model_path(model_path)
-        self.rl = RLConfig(
-            algorithm, kl_coef, kl_estimator, use_kl_loss, gamma, gae_lambda, whiten_ppo_advantages,
-            grpo_scale_by_std, clip_low, clip_high, value_clip, vf_coef, entropy_coef, ppo_epochs, num_mini_batches,
-            micro_batch_size,
-        )
-        for name, value in (("n_samples", n_samples), ("eval_n_samples", eval_n_samples),
-                            ("max_response_tokens", max_response_tokens)):
-            if value < 1:
-                raise ValueError(f"{name}={value}: must be >= 1")
-        if rollout_schedule not in ("rounds", "continuous"):
-            raise ValueError(f"rollout_schedule={rollout_schedule!r}: choose 'rounds' or 'continuous'")
         self.tokenizer = models.load_tokenizer(self.model_path)
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
@@ -280,11 +289,7 @@ class ZeroTIRModule(LightningModule):
     def on_fit_start(self) -> None:
         self._start_runtime()
 
-    def on_validation_start(self) -> None:
-        self._start_runtime()
-
-    def on_test_start(self) -> None:
-        self._start_runtime()
+    on_validation_start = on_test_start = on_fit_start
 
     # ----- one RL step -----
     def train_params(self) -> SamplingParams:
@@ -298,8 +303,7 @@ class ZeroTIRModule(LightningModule):
         hp = self.hparams
         return ToolConfig(max_tool_calls=hp.max_tool_calls, max_response_tokens=hp.max_response_tokens,
                           max_output_chars=hp.max_output_chars, max_output_tokens=hp.max_output_tokens,
-                          run_timeout=hp.run_timeout,
-                          continuous=hp.rollout_schedule == "continuous")
+                          run_timeout=hp.run_timeout, continuous=hp.rollout_schedule == "continuous")
 
     def rollout(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
         """Roll out ``rows`` (the datamodule's prompt dicts) and score them; timings of generation, sandbox, reward."""
@@ -405,8 +409,7 @@ class ZeroTIRModule(LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset()
 
-    def on_test_epoch_start(self) -> None:
-        self.evaluator.reset()
+    on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_epoch_end(self) -> None:
         self.evaluator.finish(self, "val", self.trainer.datamodule.val_names)

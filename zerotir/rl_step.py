@@ -9,9 +9,9 @@ Alignment (see ``zerotir.types``): every per-token tensor is ``(B, T)`` and alig
 Position 0 is a prompt token and gets 0.
 
 Data parallel: each rank holds its own trajectories. Whitening uses the global batch statistics, the loss weights
-use the global token count, and every rank runs the same number of forward / backward passes (the largest local
-count; the extra passes repeat a local row with weight 0), which ZeRO-3's collective parameter gathers require. A
-rank whose filter kept nothing is given a one-row placeholder with an empty action mask (``placeholder``).
+use the global token (or sequence) count, and every rank runs the same number of forward / backward passes (the
+largest local count; the extra passes repeat a local row with weight 0), which ZeRO-3's collective parameter gathers
+require. A rank whose filter kept nothing is given a one-row placeholder with an empty action mask (``placeholder``).
 Without a process group all of this reduces to the single-process computation.
 """
 
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from zerotir import algorithms as A
+from zerotir import baselines as B
 from zerotir.distributed import (
     global_masked_whiten,
     global_max,
@@ -34,41 +35,83 @@ from zerotir.distributed import (
 from zerotir.guards import check_finite
 from zerotir.types import Trajectories
 
-Algorithm = Literal["ppo", "reinforce_pp", "grpo"]
-ALGORITHMS = ("ppo", "reinforce_pp", "grpo")
+Algorithm = Literal["ppo", "reinforce_pp", "reinforce_baseline", "rloo", "grpo"]
+ALGORITHMS = ("ppo", "reinforce_pp", "reinforce_baseline", "rloo", "grpo")
+GROUP_ALGORITHMS = ("reinforce_baseline", "rloo", "grpo")  # baselines from the other samples of the prompt
 
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Hyperparameters of the advantage computation and the update (see ``ZeroTIRModule`` for each meaning)."""
+    """Hyperparameters of the advantage computation and the update (see ``ZeroTIRModule`` for each meaning).
+
+    ``n_samples`` (samples per prompt) is here for its checks only: a group baseline needs two samples or more.
+    """
 
     algorithm: Algorithm = "reinforce_pp"
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     use_kl_loss: bool = False
+    grpo_kl_in_reward: bool = False
     gamma: float = 1.0
     gae_lambda: float = 1.0
+    gae_injected: str = "skip"
     whiten_ppo_advantages: bool = True
+    whiten_eps: float = 1e-8
     grpo_scale_by_std: bool = True
+    grpo_std_eps: float = 1e-6
     clip_low: float = 0.2
     clip_high: float = 0.28
+    dual_clip: float | None = 3.0
+    loss_agg_mode: str = "token-mean"
+    max_response_tokens: int = 1024
     value_clip: float | None = 0.2
     vf_coef: float = 0.5
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     num_mini_batches: int = 1
     micro_batch_size: int = 8
+    n_samples: int = 8
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}: choose one of {ALGORITHMS}")
-        if self.kl_estimator not in A.KL_KINDS:
-            raise ValueError(f"kl_estimator={self.kl_estimator!r}: choose one of {A.KL_KINDS}")
-        for name in ("ppo_epochs", "num_mini_batches", "micro_batch_size"):
+        for name, value, choices in (("kl_estimator", self.kl_estimator, A.KL_KINDS),
+                                     ("gae_injected", self.gae_injected, A.GAE_INJECTED_MODES),
+                                     ("loss_agg_mode", self.loss_agg_mode, A.LOSS_AGG_MODES)):
+            if value not in choices:
+                raise ValueError(f"{name}={value!r}: choose one of {choices}")
+        for name in ("ppo_epochs", "num_mini_batches", "micro_batch_size", "max_response_tokens", "n_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef={self.kl_coef}: must be >= 0 (0 turns the KL term and the reference model off)")
+        for name in ("whiten_eps", "grpo_std_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)}: must be > 0 (it keeps a zero spread finite)")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip={self.dual_clip}: the lower bound c must be > 1 (3 is usual), or null: none")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Settings that cannot apply together fail here, naming the fields and the fix."""
+        if self.algorithm == "grpo" and self.kl_coef > 0 and not self.use_kl_loss and not self.grpo_kl_in_reward:
+            raise ValueError(
+                f"algorithm=grpo with kl_coef={self.kl_coef} and use_kl_loss=false: GRPO's advantages come from the "
+                f"outcome rewards only, so the KL would reach neither the rewards nor the loss. Set use_kl_loss: true "
+                f"(GRPO's KL loss), or grpo_kl_in_reward: true (fold it into the rewards before the group baseline), "
+                f"or kl_coef: 0")
+        if self.grpo_kl_in_reward and (self.algorithm != "grpo" or self.use_kl_loss):
+            raise ValueError(
+                f"grpo_kl_in_reward=true with algorithm={self.algorithm} and use_kl_loss={self.use_kl_loss}: it only "
+                f"applies to algorithm=grpo with use_kl_loss=false (every other algorithm folds the KL into its "
+                f"rewards whenever use_kl_loss is false); remove grpo_kl_in_reward")
+        if self.algorithm in GROUP_ALGORITHMS and self.n_samples < 2:
+            raise ValueError(f"algorithm={self.algorithm} with n_samples={self.n_samples}: its baseline is the other "
+                             f"samples of the same prompt, so every advantage would be 0; set n_samples >= 2 or "
+                             f"algorithm: reinforce_pp")
+        if self.gae_injected != "skip" and self.algorithm != "ppo":
+            raise ValueError(f"gae_injected={self.gae_injected!r} with algorithm={self.algorithm}: GAE is only used by "
+                             f"algorithm=ppo; remove gae_injected or set algorithm: ppo")
 
     @property
     def optimizer_steps_per_rl_step(self) -> int:
@@ -80,8 +123,12 @@ class RLConfig:
         """One epoch, one mini-batch, and no KL folded into the rewards: every micro-batch's forward in the update
         runs before the (single) optimizer step, so the actor's log-probs there *are* the old log-probs and the
         separate recomputation pass is skipped (the ratio is exactly 1 with its gradient)."""
-        kl_in_reward = self.kl_coef > 0 and not self.use_kl_loss and self.algorithm != "grpo"
-        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not kl_in_reward
+        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not self.kl_in_reward
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """The KL against the reference is folded into the rewards (not the loss); GRPO only with grpo_kl_in_reward."""
+        return self.kl_coef > 0 and not self.use_kl_loss
 
 
 @dataclass
@@ -177,24 +224,31 @@ def compute_advantages(
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages ``(B, T)`` (0 off the action mask) and, for PPO, the value targets.
 
-    ``kl`` is the per-token KL estimate of the sampling policy against the reference; it is folded into the token
-    rewards (PPO, REINFORCE++) unless ``use_kl_loss`` moves it into the loss. GRPO never shapes rewards with it.
+    ``kl`` is the per-token KL estimate of the sampling policy against the reference; unless ``use_kl_loss`` moves it
+    into the loss it is folded into the token rewards (PPO, REINFORCE++, REINFORCE++-baseline, RLOO) or, for GRPO
+    with ``grpo_kl_in_reward``, summed into each trajectory's reward before the group baseline. Whitening uses the
+    global batch of all ranks; otherwise each branch is its ``zerotir.algorithms`` / ``zerotir.baselines`` function.
     """
     rewards = traj.rewards.to(mask.device, torch.float32)
-    kl_coef = 0.0 if (kl is None or cfg.use_kl_loss) else cfg.kl_coef
-    if cfg.algorithm == "reinforce_pp":
-        # algorithms.reinforce_pp_advantages, with the whitening over the global batch.
+    kl_coef = cfg.kl_coef if (kl is not None and cfg.kl_in_reward) else 0.0
+    groups = traj.group_ids.to(mask.device)
+    if cfg.algorithm in ("reinforce_pp", "reinforce_baseline", "rloo"):
+        if cfg.algorithm == "reinforce_baseline":
+            rewards = B.group_advantages(rewards, groups, scale_by_std=False)
+        elif cfg.algorithm == "rloo":
+            rewards = B.leave_one_out_advantages(rewards, groups)
         returns = A.discounted_returns(A.token_level_rewards(rewards, mask, kl, kl_coef), mask, cfg.gamma)
-        return global_masked_whiten(returns, mask), None
+        return (returns if cfg.algorithm == "rloo" else global_masked_whiten(returns, mask, eps=cfg.whiten_eps)), None
     if cfg.algorithm == "grpo":
-        per_traj = A.group_advantages(rewards, traj.group_ids.to(mask.device), cfg.grpo_scale_by_std)
+        rewards = B.kl_penalized_rewards(rewards, mask, kl, kl_coef)
+        per_traj = B.group_advantages(rewards, groups, cfg.grpo_scale_by_std, cfg.grpo_std_eps)
         return torch.where(mask, per_traj[:, None].expand_as(mask), torch.zeros_like(mask, dtype=torch.float32)), None
     if values is None:
         raise ValueError("algorithm 'ppo' needs critic values")
     token_rewards = A.token_level_rewards(rewards, mask, kl, kl_coef)
-    adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda)
+    adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda, cfg.gae_injected)
     if cfg.whiten_ppo_advantages:
-        adv = global_masked_whiten(adv, mask)
+        adv = global_masked_whiten(adv, mask, eps=cfg.whiten_eps)
     return adv, returns
 
 
@@ -238,27 +292,29 @@ def micro_batch_loss(
     cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch: clipped policy loss + vf_coef * value loss (+ kl_coef * KL, - entropy bonus),
-    each a token mean over the micro-batch's action tokens. Returns the loss and detached statistics."""
+    each aggregated over the micro-batch by ``loss_agg_mode`` (token mean by default). Returns the loss and detached
+    statistics."""
     logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, with_entropy=True,
                                       entropy_grad=cfg.entropy_coef != 0)
     mask = mb.action_mask
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
-    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high)
+    agg = dict(agg_mode=cfg.loss_agg_mode, norm_tokens=cfg.max_response_tokens)
+    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip, **agg)
     stats = dict(stats, policy_loss=loss.detach(), entropy=A.masked_mean(entropy, mask).detach())
     if single_pass and mb.engine_logp is not None:
         stats["engine_logprob_diff"] = A.masked_mean((old_logp - mb.engine_logp).abs(), mask)
     if cfg.entropy_coef:
-        loss = loss - cfg.entropy_coef * A.masked_mean(entropy, mask)
+        loss = loss - cfg.entropy_coef * A.aggregate_loss(entropy, mask, **agg)
     if mb.ref_logp is not None:
-        kl_loss = A.masked_mean(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask), mask)
+        kl_loss = A.aggregate_loss(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask), mask, **agg)
         stats["kl_loss"] = kl_loss.detach()
         if single_pass:  # the KL before the update, measured in the same forward pass
             stats["kl"] = stats["kl_loss"]
         loss = loss + cfg.kl_coef * kl_loss
     if cfg.algorithm == "ppo":
         values = sequence_values(critic, mb.input_ids, mb.attention_mask)
-        v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip)
+        v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip, **agg)
         stats["value_loss"] = v_loss.detach()
         loss = loss + cfg.vf_coef * v_loss
     return loss, stats
@@ -277,13 +333,14 @@ def ppo_update(
     """``ppo_epochs`` passes over the batch, each split into ``num_mini_batches`` optimizer steps, each accumulated
     over micro-batches of ``micro_batch_size`` trajectories.
 
-    A micro-batch's loss is weighted by its share of the mini-batch's action tokens, so the accumulated gradient is
-    the token mean over the whole mini-batch whatever the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
+    A micro-batch's loss is weighted by its share of the mini-batch's action tokens (``token-mean``) or of its
+    sequences (the ``seq-mean-*`` modes), so the accumulated gradient is the mini-batch's aggregate loss whatever
+    the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
     calls of ``optimizer_step(has_grad)`` are made; an empty mini-batch calls it with ``has_grad=False`` (the step is
     then a no-op that keeps Lightning's step count in line with the RL step).
 
     Returns:
-        Token-weighted means of the micro-batch statistics and the mean gradient norm of the real steps.
+        Means of the micro-batch statistics, weighted like the loss, and the mean gradient norm of the real steps.
     """
     sums: dict[str, float] = {}
     norms = []
@@ -293,16 +350,17 @@ def ppo_update(
         order = torch.randperm(len(batch), generator=generator)
         # tensor_split gives exactly num_mini_batches parts (some empty when the batch is small).
         for mini_rows in torch.tensor_split(order, cfg.num_mini_batches):
-            tokens = global_sum(batch.action_mask[mini_rows].sum())
-            if tokens == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
+            units = global_sum(A.loss_units(batch.action_mask[mini_rows], cfg.loss_agg_mode))
+            if units == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
                 optimizer_step(False)
                 continue
             for rows, padding in aligned_chunks(len(mini_rows), cfg.micro_batch_size):
                 mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])
                 loss, stats = micro_batch_loss(cfg, mb, actor, critic)
                 check_finite(loss, stats, rl_step, mb)
-                # Data-parallel backends average gradients over ranks, hence * world: the sum is the token mean.
-                weight = 0.0 if padding else float(mb.action_mask.sum().item()) * world / tokens
+                # Data-parallel backends average gradients over ranks, hence * world: the sum is the mini-batch's
+                # aggregate (its token mean, or its sequence mean with the seq-mean modes).
+                weight = 0.0 if padding else float(A.loss_units(mb.action_mask, cfg.loss_agg_mode)) * world / units
                 backward(loss * weight)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v) * weight
