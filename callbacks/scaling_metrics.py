@@ -36,6 +36,7 @@ UPDATE_NAMES = {
     "policy_loss": mn.POLICY_LOSS,
     "value_loss": mn.VALUE_LOSS,
     "clip_fraction": mn.CLIP_FRACTION,
+    "dual_clip_fraction": mn.DUAL_CLIP_FRACTION,
     "grad_norm": mn.GRAD_NORM,
     "lr": mn.LEARNING_RATE,
 }

@@ -129,7 +129,8 @@ def _snapshot(module):
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-@pytest.mark.parametrize("algorithm,kl_coef,steps_per_rl_step", [("ppo", 0.05, 1), ("grpo", 0.0, 2)])
+@pytest.mark.parametrize("algorithm,kl_coef,steps_per_rl_step", [("ppo", 0.05, 1), ("grpo", 0.0, 2),
+                                                                  ("rloo", 0.05, 1), ("reinforce_baseline", 0.0, 1)])
 def test_every_trainable_parameter_changes_and_the_reference_does_not(
         tiny_dir, train_file, tmp_path, algorithm, kl_coef, steps_per_rl_step):
     # max_steps counts optimizer steps: ppo_epochs of them per RL step.
@@ -403,7 +404,7 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
     module.log = lambda *args, **kwargs: None
     trained = []
 
-    def fake_step(cfg, traj, decision, *args):
+    def fake_step(cfg, traj, decision, *args, **kwargs):
         trained.append(traj)
         return zerotir.module.StepResult(1, traj, torch.ones(len(traj), dtype=torch.bool), decision, {})
 

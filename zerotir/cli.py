@@ -38,6 +38,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
+from zerotir.config import RLConfig, SamplingConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
@@ -104,6 +105,11 @@ class ZeroTIRCLI(LightningCLI):
                 _is_progress_bar(cb) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+        # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
+        # checks itself when it is built, the cross-group checks follow.
+        rl, sampling = config.model.rl, config.model.sampling
+        rl = rl if isinstance(rl, RLConfig) else RLConfig(**rl.as_dict())
+        rl.check_samples((sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**sampling.as_dict())).n)
         if config.get("toy_base") is not None:
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             settings = config.toy_base

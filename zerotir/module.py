@@ -93,6 +93,7 @@ class ZeroTIRModule(LightningModule):
         self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
+        rl.check_samples(sampling.n)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
                              "or allow tool calls")
@@ -257,7 +258,8 @@ class ZeroTIRModule(LightningModule):
         decision = self.rollout_filter(traj) if self.rollout_filter is not None else None
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
-                         StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device)
+                         StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
+                         norm_tokens=self.sampling.max_response_tokens)
         if result.stats:
             result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from tests.rl.test_update import make_traj
@@ -77,3 +78,21 @@ def test_without_a_filter_every_row_trains():
     result = rl_step(RLConfig(micro_batch_size=8), make_traj([1.0, 0.0], [0, 0]), None, Models(actor),
                      opt.callables, step=1, seed=0)
     assert result.filter is None and result.kept.all() and opt.calls == [True]
+
+
+def test_the_response_budget_reaches_the_dr_grpo_loss_as_its_divisor():
+    # seq-mean-token-sum-norm divides each row's token sum by norm_tokens (model.sampling.max_response_tokens, which
+    # the module passes): one SGD step's parameter change at a budget of 4 is twice the change at a budget of 8.
+    cfg = RLConfig(algorithm="grpo", loss_agg_mode="seq-mean-token-sum-norm")
+    rollout = make_traj([1.0, 0.0], [0, 0])
+    start = tiny_actor()
+    with pytest.raises(ValueError, match="needs norm_tokens"):
+        rl_step(cfg, rollout, None, Models(copy.deepcopy(start)), Recording(start).callables, step=1, seed=0)
+    deltas = []
+    for budget in (4, 8):
+        actor = copy.deepcopy(start)
+        rl_step(cfg, rollout, None, Models(actor), Recording(actor).callables, step=1, seed=0, norm_tokens=budget)
+        deltas.append({k: v - start.state_dict()[k] for k, v in actor.state_dict().items()})
+    assert max(d.abs().max() for d in deltas[1].values()) > 1e-3  # the step moved the weights
+    for k, d in deltas[0].items():
+        torch.testing.assert_close(d, 2 * deltas[1][k], atol=1e-6, rtol=1e-4)  # float32 rounding of w + delta
