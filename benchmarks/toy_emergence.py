@@ -2,6 +2,7 @@
 
     python benchmarks/toy_emergence.py                      # REINFORCE++ on seeds 0 1 2, PPO and GRPO on seed 0
     python benchmarks/toy_emergence.py --seeds 0 --algorithms reinforce_pp
+    python benchmarks/toy_emergence.py --algorithms reinforce_baseline rloo --seeds 0 1 2 --other_seeds 0 1 2
 
 Method. For each seed, in this order and alone on the machine:
 
@@ -17,8 +18,8 @@ Method. For each seed, in this order and alone on the machine:
 
 Printed and written to ``<out>/emergence.{json,md,png}``: per run, base accuracy and code rate, pretraining
 minutes, RL steps and minutes to the target, total minutes (pretraining + RL), the held-out accuracy and code use at
-that point and on all 256 questions. The PNG shows held-out accuracy and code use against wall minutes, pretraining
-included. ``python -m zerotir scaling --logdir <out>`` draws the paper's Figure-4 panels for the same runs.
+that point and on all 256 questions, and (JSON) the 1-minute load average before and after the RL run. The PNG shows
+held-out accuracy and code use against wall minutes, pretraining included. ``python -m zerotir scaling --logdir <out>`` draws the paper's Figure-4 panels for the same runs.
 
 Target (issue #5): accuracy >= 80% and code use >= 80% on held-out questions within 15 minutes including pretraining.
 """
@@ -38,28 +39,40 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from zerotir.toy.pretrain import ensure_toy_base, read_info  # noqa: E402 - after the path set-up
+from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info  # noqa: E402 - after the path set-up
 
-CONFIGS = {"reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml"}
+CONFIGS = {
+    "reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml",
+    "reinforce_baseline": "configs/toy_cpu_reinforce_baseline.yaml", "rloo": "configs/toy_cpu_rloo.yaml",
+}
+DEFAULT_ALGORITHMS = ["reinforce_pp", "ppo", "grpo"]
 VAL_NAME = "heldout"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the first algorithm")
-    p.add_argument("--algorithms", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--algorithms", nargs="+", default=DEFAULT_ALGORITHMS, choices=list(CONFIGS),
+                   help="the first runs on --seeds, the others on --other_seeds")
     p.add_argument("--other_seeds", type=int, nargs="+", default=[0], help="seeds of the other algorithms")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "emergence")
     p.add_argument("--target", type=float, default=0.8, help="held-out accuracy that ends a run")
     p.add_argument("--max_steps", type=int, default=60, help="RL steps at most")
     p.add_argument("--val_every", type=int, default=5, help="RL steps between validations")
     p.add_argument("--final_rows", type=int, default=256, help="held-out questions of the final evaluation")
+    p.add_argument("--base_minutes", type=float, default=PretrainSettings.minutes,
+                   help="wall-time budget of the toy-base pretraining; on a loaded machine raise it, or the budget "
+                        "(not the copy probe) ends pretraining and the base depends on the load ('decay by time')")
+    p.add_argument("--base_threads", type=int, default=PretrainSettings.threads,
+                   help="torch threads of the toy-base pretraining (1 wastes less time than 2 on a crowded machine; "
+                        "the base can differ in the last bits)")
     return p.parse_args(argv)
 
 
-def build_base(out: Path, seed: int) -> dict:
+def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes,
+               threads: int = PretrainSettings.threads) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
-    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed)
+    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed, minutes=minutes, threads=threads)
     record = read_info(path)["record"]
     stats = record.get("base_stats", {})
     return {
@@ -115,7 +128,9 @@ def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dic
     for old in (run_dir, args.out / f"{algo}_s{seed}_final"):  # a rerun starts clean: no stale curves or reports
         shutil.rmtree(old, ignore_errors=True)
     run_dir.mkdir(parents=True)
+    load_before = os.getloadavg()[0]  # other jobs on the cores slow the minutes down: keep the load with them
     start = zerotir(fit, Path(f"{run_dir}.log"))
+    load_after = os.getloadavg()[0]
     curve = val_curve(run_dir, start)
     rl_minutes = (time.time() - start) / 60
     hit = next((v for v in curve if v["accuracy"] >= args.target and v["code_rate"] >= args.target), None)
@@ -131,7 +146,7 @@ def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dic
         "total_minutes_to_target": hit and hit["minutes"] + base["pretrain_minutes"],
         "accuracy_at_target": hit and hit["accuracy"], "code_rate_at_target": hit and hit["code_rate"],
         "rl_minutes": rl_minutes, "final_accuracy": final["accuracy"], "final_code_rate": final["code_rate"],
-        "final_rows": final["num_problems"], "curve": curve,
+        "final_rows": final["num_problems"], "load_1min": [load_before, load_after], "curve": curve,
     }
 
 
@@ -203,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if not plan:
             continue
         print(f"[seed {seed}] toy base -> {args.out / f'base_s{seed}'}", flush=True)
-        base = build_base(args.out, seed)
+        base = build_base(args.out, seed, args.base_minutes, args.base_threads)
         print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay by "
               f"{base['decay_reason']}), accuracy {base['base_accuracy']}, code rate {base['base_code_rate']}",
               flush=True)
@@ -212,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             r = runs[-1]
             print(f"[{algo} seed {seed}] target {'reached' if r['reached'] else 'NOT reached'}: "
                   f"{_cell(r['steps_to_target'])} steps, {_cell(r['total_minutes_to_target'])} min in all; "
-                  f"all held-out: accuracy {r['final_accuracy']:.3f}, code {r['final_code_rate']:.3f}", flush=True)
+                  f"all held-out: accuracy {r['final_accuracy']:.3f}, code {r['final_code_rate']:.3f}; load "
+                  f"{r['load_1min'][0]:.1f} -> {r['load_1min'][1]:.1f}", flush=True)
     table = markdown(runs, args.target)
     (args.out / "emergence.json").write_text(json.dumps(runs, indent=2) + "\n")
     (args.out / "emergence.md").write_text(table + "\n")

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import torch
 
@@ -43,7 +44,7 @@ from callbacks import PassRateFilter
 from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
 from zerotir.rl import algorithms as A
 from zerotir.data.datamodule import PromptDataModule
-from zerotir.config import OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.config import Algorithm, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.module import ZeroTIRModule
 from zerotir.rl.update import iter_rows, ppo_update, prepare_batch
 
@@ -154,7 +155,7 @@ def throughput(module: ZeroTIRModule, traj, repeats: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--algorithm", default="reinforce_pp", choices=["reinforce_pp", "ppo", "grpo"])
+    p.add_argument("--algorithm", default="reinforce_pp", choices=list(get_args(Algorithm)))
     p.add_argument("--kl_coef", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prompts", type=int, default=8)

@@ -2,7 +2,10 @@
 
 from callbacks.pass_rate_filter import PassRateFilter, pass_rate_decision, pass_rate_keep_mask
 from callbacks.progress import RLStepProgressBar
+from callbacks.resumed_curves import PurgeResumedSteps
+from callbacks.rollout_dumper import RolloutDumper
 from callbacks.scaling_metrics import ScalingMetrics, rollout_metrics
 
-__all__ = ["PassRateFilter", "RLStepProgressBar", "ScalingMetrics", "pass_rate_decision", "pass_rate_keep_mask",
+__all__ = ["PassRateFilter", "PurgeResumedSteps", "RLStepProgressBar", "RolloutDumper", "ScalingMetrics",
+           "pass_rate_decision", "pass_rate_keep_mask",
            "rollout_metrics"]

@@ -21,5 +21,5 @@ def log_scalars(trainer: Any, pl_module: Any, metrics: Mapping[str, float], step
     values = {name: float(value) for name, value in metrics.items()}
     for name, value in values.items():
         pl_module.log(name, value, logger=False, on_step=True, on_epoch=False, batch_size=1)
-    for logger in getattr(trainer, "loggers", []):
+    for logger in trainer.loggers:
         logger.log_metrics(values, step=step)

@@ -36,6 +36,7 @@ UPDATE_NAMES = {
     "policy_loss": mn.POLICY_LOSS,
     "value_loss": mn.VALUE_LOSS,
     "clip_fraction": mn.CLIP_FRACTION,
+    "dual_clip_fraction": mn.DUAL_CLIP_FRACTION,
     "grad_norm": mn.GRAD_NORM,
     "lr": mn.LEARNING_RATE,
 }
@@ -124,3 +125,7 @@ class ScalingMetrics(Callback):
             for logger in trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
                     logger.experiment.add_histogram(mn.CALLS_HIST, calls, global_step=result.rl_step)
+        # As Lightning does after its own logging: each finished step reaches the disk (a live TensorBoard sees it;
+        # a killed run keeps it; the CSV logger writes its rows).
+        for logger in trainer.loggers:
+            logger.save()

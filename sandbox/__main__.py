@@ -4,6 +4,7 @@ Examples::
 
     python -m sandbox serve --host 127.0.0.1 --port 8080 --workers 2
     python -m sandbox serve --port 8080 --limits.run_timeout 10 --limits.allow_imports '["*"]'
+    python -m sandbox serve --port 8080 --extra-ro /data/tables --extra-ro /data/constants.json
 """
 
 from __future__ import annotations
@@ -45,11 +46,20 @@ def build_parser() -> ArgumentParser:
                        help="Shut down when this process (our parent) exits, even if it is killed "
                             "(used by sandbox.local_sandbox).")
     serve.add_argument("--log_level", type=str, default="info", help="Logging level of the service.")
+    serve.add_argument("--extra-ro", type=str, action="append", default=[], metavar="PATH",
+                       help="Expose this host folder (or file) read-only to the snippets, at the same path; repeat "
+                            "for several (added to --limits.extra_ro). It must exist.")
     serve.add_class_arguments(ExecConfig, nested_key="limits")
     parser = ArgumentParser(prog="python -m sandbox", description="The zerotir code sandbox.")
     subcommands = parser.add_subcommands(required=True)
     subcommands.add_subcommand("serve", serve)
     return parser
+
+
+def exec_config(cfg: Namespace) -> ExecConfig:
+    """The parsed ``serve`` options' ExecConfig, with every ``--extra-ro PATH`` added to ``--limits.extra_ro``."""
+    options = dict(cfg.limits)
+    return ExecConfig(**{**options, "extra_ro": [*options["extra_ro"], *cfg.extra_ro]})
 
 
 def serve(cfg: Namespace) -> None:
@@ -60,7 +70,7 @@ def serve(cfg: Namespace) -> None:
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    limits = ExecConfig(**dict(cfg.limits))
+    limits = exec_config(cfg)
     workers = cfg.workers if cfg.workers is not None else default_workers()
     app = create_app(limits, workers=workers, queue_size=cfg.queue_size, startup_timeout=cfg.startup_timeout)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,

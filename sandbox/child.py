@@ -26,6 +26,7 @@ from typing import Any
 
 from sandbox.isolation import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl
 from sandbox.policy import SNIPPET_FILENAME
+from sandbox.rootfs import mount_fresh_proc
 
 #: Bytes the child writes on its status pipe when the snippet died of a MemoryError.
 STATUS_MEMORY = b"memory"
@@ -48,6 +49,7 @@ class ChildPlan:
     stdout_fd: int
     stderr_fd: int
     status_fd: int
+    proc_options: str | None = None  # mount a fresh /proc (the minimal root) with these options; None: mount none
 
 
 def run_child(plan: ChildPlan) -> None:
@@ -70,6 +72,8 @@ def run_child(plan: ChildPlan) -> None:
 
 def _enter_sandbox(plan: ChildPlan) -> None:
     os.setsid()  # own session and process group: the worker kills the group at the time limit
+    if plan.proc_options is not None:
+        mount_fresh_proc(plan.proc_options)  # as root, before the limits read /proc/self/statm
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(plan.stdout_fd, 1)

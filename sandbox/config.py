@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 
 #: Modules imported by every worker before it forks (so a snippet's ``import sympy`` costs nothing).
@@ -65,7 +66,9 @@ class ExecConfig:
         static_check: Run the static check at all (it is a courtesy to the model, not the security boundary).
         preload: Modules each worker imports before forking; missing ones are logged and skipped.
         uid_base: Snippets of worker ``i`` run as uid/gid ``uid_base + i`` (when the server runs as root).
-        isolate: Try the kernel layers (namespaces, read-only root, uid drop); False runs with rlimits only.
+        extra_ro: Host paths (folders or files) the minimal root exposes read-only, at the same path, on purpose
+            (a data folder the snippets should read); each must exist. ``--extra-ro PATH`` adds one.
+        isolate: Try the kernel layers (namespaces, minimal root, uid drop); False runs with rlimits only.
         require_isolation: Refuse to start when any isolation layer is unavailable.
     """
 
@@ -84,6 +87,7 @@ class ExecConfig:
     static_check: bool = True
     preload: list[str] = field(default_factory=lambda: list(DEFAULT_PRELOAD))
     uid_base: int = 61000
+    extra_ro: list[str] = field(default_factory=list)
     isolate: bool = True
     require_isolation: bool = False
 
@@ -101,6 +105,13 @@ class ExecConfig:
                              f"({self.max_memory_limit_mb}); raise --max_memory_limit_mb or lower --memory_limit_mb")
         if not 0 < self.uid_base < 2**31 - 1024:
             raise ValueError(f"ExecConfig.uid_base must be a positive unprivileged uid, got {self.uid_base}")
+        self.extra_ro = [os.path.abspath(p) for p in self.extra_ro]
+        for path in self.extra_ro:
+            if not os.path.exists(path):
+                raise ValueError(f"ExecConfig.extra_ro: {path} does not exist; pass an existing folder or file "
+                                 "(--extra-ro PATH)")
+            if path == "/":
+                raise ValueError("ExecConfig.extra_ro: '/' would expose the whole host; name the folders to expose")
 
     def to_json(self) -> str:
         """Serialise for a worker's command line."""

@@ -22,6 +22,7 @@ from sandbox.child import STATUS_MEMORY, ChildPlan, build_namespace, reseed, run
 from sandbox.config import ExecConfig
 from sandbox.isolation import PidNamespaces
 from sandbox.policy import SNIPPET_FILENAME, Policy
+from sandbox.rootfs import FreshProc
 
 #: Time allowed after the child's exit for its output pipes to reach end-of-file. Only a surviving grandchild that
 #: holds a pipe open makes this wait; the worker then closes the pipe and moves on.
@@ -85,13 +86,16 @@ class Executor:
         run_dir: The private temp dir given to each child as cwd, HOME and TMPDIR (emptied between jobs).
         uid: The uid children drop to, or None when the worker cannot drop privileges.
         pid_namespaces: Per-child PID namespaces (possibly disabled).
+        fresh_proc: Each child's own /proc in the minimal root, or None (the host view: no /proc is mounted).
     """
 
-    def __init__(self, config: ExecConfig, run_dir: str, uid: int | None, pid_namespaces: PidNamespaces) -> None:
+    def __init__(self, config: ExecConfig, run_dir: str, uid: int | None, pid_namespaces: PidNamespaces,
+                 fresh_proc: FreshProc | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.uid = uid
         self.pidns = pid_namespaces
+        self.fresh_proc = fresh_proc
         self.policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
         self.namespace = build_namespace(config.preamble)  # raises here, at start-up, if the preamble is broken
         self._fresh_run_dir()
@@ -131,7 +135,7 @@ class Executor:
                          run_timeout=job.run_timeout, memory_limit_mb=job.memory_limit_mb,
                          max_processes=self.config.max_processes, max_open_files=self.config.max_open_files,
                          max_file_size_mb=self.config.max_file_size_mb, stdout_fd=out_w, stderr_fd=err_w,
-                         status_fd=st_w)
+                         status_fd=st_w, proc_options=self.fresh_proc.options if self.fresh_proc else None)
         self.pidns.before_fork()
         start = time.monotonic()
         pid = os.fork()
@@ -147,6 +151,8 @@ class Executor:
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
+        if self.fresh_proc is not None:
+            self.fresh_proc.done()
         return_code = os.waitstatus_to_exitcode(status)
         if timed_out:
             reason = "timeout"

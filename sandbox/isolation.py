@@ -1,13 +1,17 @@
 """Kernel isolation layers for a worker and its snippet children (Linux, via libc through ctypes).
 
-A worker calls :func:`isolate_worker` once at start-up (after importing its modules):
+A worker calls :func:`enter_namespaces` once at start-up (after importing its modules):
 
 - its own **network namespace**: the snippets see only a loopback interface that is down, so no connection leaves,
   not even to 127.0.0.1 of the host;
-- its own **mount namespace** in which every mount is remounted **read-only**, a size-capped **tmpfs** is mounted on
-  the worker's private temp dir, and directories that would hide the Python installation from the snippet's uid
-  (``/root`` is 0700 when Python lives under ``/root/.pyenv``) are masked by a read-only tmpfs exposing only the
-  needed subdirectory, so a lazily imported stdlib module still loads.
+- its own **mount namespace**, in which it builds and enters the minimal root of :mod:`sandbox.rootfs` (the
+  interpreter read-only and a private temp dir, nothing else of the host).
+
+Where the minimal root cannot be built, the worker falls back to the host's tree made safe by :func:`host_layers`
+(and reports ``filesystem_view: host`` with the reason): every mount remounted **read-only**, a size-capped
+**tmpfs** on the worker's private temp dir, and directories that would hide the Python installation from the
+snippet's uid (``/root`` is 0700 when Python lives under ``/root/.pyenv``) masked by a read-only tmpfs exposing only
+the needed subdirectory.
 
 Per snippet, :class:`PidNamespaces` gives each child a fresh **PID namespace** (the child is its init; when it exits
 or is killed, the kernel kills every process left in it, double-forked daemons included), and the child drops to a
@@ -30,6 +34,9 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+MNT_DETACH = 2
+#: ``pivot_root(2)`` has no C library wrapper: its syscall number per architecture (``os.uname().machine``).
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203, "s390x": 217}
 _MOUNT_FLAG_NAMES = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -61,12 +68,25 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
+def umount(target: str, flags: int = 0) -> None:
+    """``umount2(2)``; raises OSError naming the target."""
+    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    """``pivot_root(2)``: make ``new_root`` this mount namespace's root; the old root moves to ``put_old``."""
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root: syscall number unknown for machine {os.uname().machine!r}")
+    _check(_libc.syscall(number, new_root.encode(), put_old.encode()), f"pivot_root {new_root}")
+
+
 def prctl(option: int, arg: int) -> None:
     """``prctl(2)`` with one argument."""
     _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl({option})")
 
 
-def _mount_points() -> list[tuple[str, int]]:
+def mount_points() -> list[tuple[str, int]]:
     """(mount point, per-mount flags to keep) from /proc/self/mountinfo, parents before children."""
     points = []
     with open("/proc/self/mountinfo") as f:
@@ -80,7 +100,7 @@ def _mount_points() -> list[tuple[str, int]]:
 def _remount_readonly() -> list[str]:
     """Remount every mount read-only in this (private) mount namespace; return the ones that refused."""
     failed = []
-    for point, flags in _mount_points():
+    for point, flags in mount_points():
         try:
             mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
         except OSError:
@@ -133,13 +153,8 @@ def _mask_blockers(stage_root: str) -> list[str]:
     raise OSError(f"could not make the interpreter traversable: still blocked by {still}")
 
 
-def isolate_worker(work_dir: str, tmpfs_size_mb: int) -> dict[str, str | None]:
-    """Enter private network and mount namespaces; return ``{layer: None if on, else why it is off}``.
-
-    Args:
-        work_dir: An existing empty directory (made by the server) that becomes this worker's private temp dir.
-        tmpfs_size_mb: Size cap of the tmpfs mounted on ``work_dir``.
-    """
+def enter_namespaces() -> dict[str, str | None]:
+    """Enter private network and mount namespaces; return ``{layer: None if on, else why it is off}``."""
     layers: dict[str, str | None] = {}
     try:
         unshare(CLONE_NEWNET)
@@ -149,11 +164,15 @@ def isolate_worker(work_dir: str, tmpfs_size_mb: int) -> dict[str, str | None]:
     try:
         unshare(CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates back to the host
+        layers["mount_namespace"] = None
     except OSError as e:
-        for layer in ("mount_namespace", "readonly_root", "private_tmpfs", "interpreter_exposed"):
-            layers[layer] = f"no private mount namespace: {e}"
-        return layers
-    layers["mount_namespace"] = None
+        layers["mount_namespace"] = f"no private mount namespace: {e}"
+    return layers
+
+
+def host_layers(work_dir: str, tmpfs_size_mb: int) -> dict[str, str | None]:
+    """The host view's layers: every mount read-only, a private tmpfs on ``work_dir``, the interpreter traversable."""
+    layers: dict[str, str | None] = {}
     failed = _remount_readonly()
     layers["readonly_root"] = f"could not remount read-only: {', '.join(failed)}" if failed else None
     try:
@@ -208,7 +227,8 @@ class PidNamespaces:
 
 
 def probe_readable(uid: int, paths: list[str]) -> str | None:
-    """Fork a probe that drops to ``uid`` and checks it can read ``paths``; None when it can, else the first failure."""
+    """Fork a probe that drops to ``uid`` and checks it can read ``paths`` (and enter the folders among them); None
+    when it can, else the first failure."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the probe child
@@ -218,7 +238,7 @@ def probe_readable(uid: int, paths: list[str]) -> str | None:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
-            bad = [p for p in paths if not os.access(p, os.R_OK | os.X_OK)]
+            bad = [p for p in paths if not os.access(p, os.R_OK | (os.X_OK if os.path.isdir(p) else 0))]
             os.write(write_fd, (bad[0] if bad else "").encode())
         except BaseException:  # the probe must never return into the worker
             code = 1

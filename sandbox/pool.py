@@ -307,6 +307,15 @@ class WorkerPool:
                     merged[layer] = reason
         return merged
 
+    def filesystem(self) -> dict[str, Any]:
+        """The snippets' file system view: ``minimal`` only when every worker has it, else the first ``host`` one."""
+        views = [self.workers[i].handshake["filesystem"] for i in sorted(self.workers)]
+        host = [v for v in views if v["view"] != "minimal"]
+        if host or not views:
+            return host[0] if host else {"view": "host", "reason": "no worker is alive", "read_only": [],
+                                         "writable": []}
+        return views[0]
+
     def uids(self) -> list[int]:
         """The uids snippets run as (empty when the uid drop is off)."""
         return sorted(w.handshake["uid"] for w in self.workers.values() if w.handshake.get("uid") is not None)

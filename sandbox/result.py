@@ -71,10 +71,10 @@ def parse_run_code_response(payload: dict[str, Any], wall_time: float) -> ExecRe
     reason = (payload.get("details") or {}).get("reason")
     if run.get("status") == "TimeLimitExceeded" or reason == "timeout":
         kind = ExecStatus.TIMEOUT
+    elif status == "Success":  # exit code 0, whatever its stderr says (a snippet may print "MemoryError" itself)
+        kind = ExecStatus.OK
     elif reason == "memory" or (reason is None and _MEMORY_LINE.match(_last_line(stderr))):
         kind = ExecStatus.MEMORY
-    elif status == "Success":
-        kind = ExecStatus.OK
     elif reason == "signal" or (isinstance(return_code, int) and return_code < 0):
         kind = ExecStatus.KILLED
     else:

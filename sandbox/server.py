@@ -136,16 +136,20 @@ class SandboxService:
         return JSONResponse({"results": results})
 
     async def health(self) -> dict[str, Any]:
-        """``GET /health``: workers, every protection layer (on, or off with the reason), limits."""
+        """``GET /health``: workers, every protection layer (on, or off with the reason), the file system view
+        (``minimal`` with the exposed paths, or ``host`` with the reason), limits."""
         self.metrics.record_request("health")
         pool, config = self.pool, self.config
         layers = pool.layers()
+        view = pool.filesystem()
         alive = len(pool.workers)
         return {
             "status": "ok" if alive == pool.size else ("degraded" if alive else "down"),
             "workers": pool.size, "workers_alive": alive, "queue_size": pool.queue_size,
             "protections": {k: ("on" if v is None else f"off: {v}") for k, v in sorted(layers.items())},
             "protections_off": sorted(k for k, v in layers.items() if v is not None),
+            "filesystem_view": view["view"], "filesystem_view_reason": view["reason"],
+            "exposed_paths": {"read_only": view["read_only"], "writable": view["writable"]},
             "sandbox_uids": pool.uids(), "server_pid": os.getpid(),
             "limits": {"run_timeout": config.run_timeout, "max_run_timeout": config.max_run_timeout,
                        "memory_limit_mb": config.memory_limit_mb, "max_memory_limit_mb": config.max_memory_limit_mb,
@@ -196,5 +200,12 @@ def _report_layers(pool: WorkerPool, config: ExecConfig) -> None:
              ", ".join(sorted(k for k, v in layers.items() if v is None)))
     for layer, reason in sorted(off.items()):
         log.warning("sandbox: protection OFF: %s (%s)", layer, reason)
+    view = pool.filesystem()
+    if view["view"] == "minimal":
+        log.info("sandbox: filesystem view: minimal; snippets read %s and write %s", ", ".join(view["read_only"]),
+                 ", ".join(view["writable"]))
+    else:
+        log.warning("sandbox: filesystem view: host (%s): snippets can read every world-readable host file",
+                    view["reason"])
     if off and config.require_isolation:
         raise RuntimeError(f"--require_isolation is set but these protections are off: {sorted(off)}")

@@ -10,6 +10,7 @@ protections are on and, for those that are off, why.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -22,8 +23,9 @@ from typing import Any, BinaryIO
 from sandbox.child import prepare_worker_process, reseed
 from sandbox.config import WorkerSpec
 from sandbox.executor import Executor, Job
-from sandbox.isolation import (PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PidNamespaces, interpreter_paths,
-                               isolate_worker, prctl, probe_readable)
+from sandbox.isolation import (MNT_DETACH, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces,
+                               host_layers, interpreter_paths, prctl, probe_readable, umount)
+from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
 
 #: Run once at start-up so the lazy imports and caches behind common calls are already in the forked children.
 WARMUP = """
@@ -83,16 +85,10 @@ def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
     if "numpy" in sys.modules and "sympy" in sys.modules:
         exec(compile(WARMUP, "<warmup>", "exec"), {})  # fixed trusted code
     layers: dict[str, str | None] = {"rlimits": None, "no_new_privs": None}
-    is_root = os.geteuid() == 0
-    if config.isolate:
-        layers.update(isolate_worker(spec.work_dir, config.tmpfs_size_mb))
-    else:
-        for layer in ("network_namespace", "mount_namespace", "readonly_root", "private_tmpfs",
-                      "interpreter_exposed"):
-            layers[layer] = "disabled by --isolate false"
+    uid = config.uid_base + spec.index if (config.isolate and os.geteuid() == 0) else None
     pidns = PidNamespaces(enabled=config.isolate)
     layers["pid_namespace"] = pidns.error
-    uid = config.uid_base + spec.index if (config.isolate and is_root) else None
+    view = _isolate(spec, uid, pidns, layers)
     if uid is None:
         layers["uid_drop"] = ("disabled by --isolate false" if not config.isolate
                               else "the server does not run as root, so snippets keep its uid")
@@ -101,15 +97,49 @@ def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
         layers["interpreter_readable"] = probe_readable(uid, interpreter_paths())
         if layers["interpreter_readable"] is not None:
             sys.meta_path.append(_UnreadableModuleFinder())
+        unreadable = probe_readable(uid, config.extra_ro) if config.extra_ro else None
+        if unreadable is not None:
+            raise RuntimeError(f"--extra-ro: {unreadable}; make it readable by others (chmod -R o+rX) or drop it")
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # without PID namespaces, orphans of a snippet come back to us to be killed
-    run_dir = os.path.join(spec.work_dir, "run")
-    executor = Executor(config, run_dir, uid, pidns)
-    prepare_worker_process(run_dir)
+    fresh_proc = FreshProc(view.proc_options) if view.proc_options is not None else None
+    executor = Executor(config, view.run_dir, uid, pidns, fresh_proc)
+    prepare_worker_process(view.run_dir)
     reseed()
     gc.collect()
     gc.freeze()  # keeps the collector from touching (and so copying) the worker's objects in every child
     return executor, {"ready": True, "pid": os.getpid(), "uid": uid, "layers": layers,
-                      "missing_preload": missing}
+                      "filesystem": view.to_dict(), "missing_preload": missing}
+
+
+def _isolate(spec: WorkerSpec, uid: int | None, pidns: PidNamespaces, layers: dict[str, str | None]) -> FilesystemView:
+    """Enter the namespaces and the minimal root (or the host view, with the reason); fills in ``layers``."""
+    config = spec.exec_config
+    host_run_dir = os.path.join(spec.work_dir, "run")
+    fs_layers = ("minimal_root", "readonly_root", "private_tmpfs", "interpreter_exposed")
+    if not config.isolate:
+        off = "disabled by --isolate false"
+        layers.update(dict.fromkeys(("network_namespace", "mount_namespace", *fs_layers), off))
+        return host_view(off, host_run_dir)
+    layers.update(enter_namespaces())
+    if layers["mount_namespace"] is not None:
+        layers.update(dict.fromkeys(fs_layers, layers["mount_namespace"]))
+        return host_view(layers["mount_namespace"], host_run_dir)
+    if uid is None:
+        why = "the server does not run as root"
+    elif not pidns.enabled:
+        why = f"no PID namespace to give each snippet its own /proc: {pidns.error}"
+    else:
+        try:
+            view = enter_minimal_root(RootPlan(uid, config.extra_ro, config.tmpfs_size_mb), spec.work_dir)
+            layers.update(dict.fromkeys(fs_layers, None))
+            return view
+        except OSError as e:
+            why = f"could not build the minimal root: {e}"
+            with contextlib.suppress(OSError):
+                umount(spec.work_dir, MNT_DETACH)  # the host view starts from the plain tree
+    layers["minimal_root"] = why
+    layers.update(host_layers(spec.work_dir, config.tmpfs_size_mb))
+    return host_view(why, host_run_dir)
 
 
 def _preload(modules: list[str]) -> list[str]:

@@ -2,8 +2,9 @@
 Qwen2.5-0.5B-shaped model under DeepSpeed ZeRO-2 and ZeRO-3 on one GPU, with step time, peak GPU memory and the time
 of a bucketed (ZeRO-3 gathering) weight sync.
 
-    python scripts/gpu_check.py env                                  # versions; fails fast without CUDA / deepspeed
+    python scripts/gpu_check.py env                                  # every import the run needs, versions, CUDA
     python scripts/gpu_check.py build --out runs/gpu_check/model     # random model + byte tokenizer, no download
+    python scripts/gpu_check.py grads --model runs/gpu_check/model --report runs/gpu_check/grads.json
     python scripts/gpu_check.py config --zero 3 --model runs/gpu_check/model --out runs/gpu_check/zero3.yaml
     python scripts/gpu_check.py run --config runs/gpu_check/zero3.yaml --report runs/gpu_check/zero3.json
     python scripts/gpu_check.py summary runs/gpu_check/zero2.json runs/gpu_check/zero3.json
@@ -14,10 +15,15 @@ itself only runs on CUDA under Lightning, so the CPU run says nothing about ZeRO
 
 Rollouts use the transformers engine (vLLM is not assumed on the GPU machine). That engine shares the actor module, so
 the run's own ``time/weight_sync`` is only a cache reset; the recorder therefore also times
-``zerotir.scale.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the work a
-colocated vLLM engine's update does, with the real bucketed ZeRO-3 gather. A checksum of the synced embedding must
+``zerotir.scale.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the
+work a colocated vLLM engine's update does, with the real bucketed ZeRO-3 gather. A checksum of the synced embedding must
 change from step to step (the update reached the weights) and every step's gradient norm must be finite and > 0
 (PPO: the random critic's values make the advantages nonzero even though every reward is 0).
+
+Those checks accept any finite nonzero gradient, so they would not see ZeRO-3 train on the last micro-batch only.
+``grads`` therefore compares gradients on one fixed batch: two micro-batch backward calls inside one
+``engine.forward`` (Lightning's call structure, through the module's own backward) and one SGD step with lr 1 (the
+weight change is the gradient), plain torch on the full batch vs ZeRO-2 vs ZeRO-3, in fp32.
 """
 
 from __future__ import annotations
@@ -199,36 +205,163 @@ def run(config: Path, report: Path) -> int:
 
 # ----- environment and summary -----
 
-def env(need_gpu: bool) -> int:
-    import lightning
-    import transformers
+# Every module a run imports, with the pip name that provides it: `env` imports them all before any GPU time is spent.
+REQUIRED = [("torch", "torch"), ("lightning", "lightning"), ("transformers", "transformers"),
+            ("torchmetrics", "torchmetrics"), ("jsonargparse", "jsonargparse"), ("docstring_parser", "docstring-parser"),
+            ("typeshed_client", "typeshed-client"), ("fastapi", "fastapi"), ("pydantic", "pydantic"),
+            ("uvicorn", "uvicorn"), ("httpx", "httpx"), ("pebble", "pebble"), ("math_verify", "math-verify"),
+            ("tensorboard", "tensorboard"), ("accelerate", "accelerate"), ("deepspeed", "deepspeed"), ("yaml", "pyyaml"),
+            ("sympy", "sympy"), ("rich", "rich"), ("scipy", "scipy"), ("pandas", "pandas"), ("pyarrow", "pyarrow"),
+            ("matplotlib", "matplotlib"),
+            # the project's own import chain: the CLI, the module, the sandbox service and the callbacks
+            ("zerotir.cli", "zerotir"), ("zerotir.module", "zerotir"), ("sandbox.server", "zerotir"),
+            ("callbacks", "zerotir")]
+DEEPSPEED_TESTED = ((0, 19, 8), (0, 20))  # pyproject.toml pins deepspeed>=0.19.8,<0.20
 
-    lines = [f"python {sys.version.split()[0]}", f"torch {torch.__version__} (CUDA {torch.version.cuda})",
-             f"lightning {lightning.__version__}", f"transformers {transformers.__version__}"]
-    deepspeed_ok = True
-    try:
+
+def check_imports() -> tuple[list[str], list[str]]:
+    """Import every module of ``REQUIRED``; ``(version lines, problems)``, every failure reported at once."""
+    import importlib
+
+    lines, problems = [], []
+    for module, dist in REQUIRED:
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 (a wheel built for another torch fails in many ways)
+            problems.append(f"import {module} ({dist}) failed: {type(exc).__name__}: {exc}")
+            continue
+        if "." not in module and hasattr(mod, "__version__"):
+            lines.append(f"{module} {mod.__version__}")
+    if not any(p.startswith("import deepspeed ") for p in problems):
         import deepspeed
 
-        lines.append(f"deepspeed {deepspeed.__version__}")
-        from deepspeed.runtime.engine import DeepSpeedEngine
+        version = tuple(int(x) for x in deepspeed.__version__.split("+")[0].split(".")[:3])
+        low, high = DEEPSPEED_TESTED
+        if not low <= version < high:
+            problems.append(f"deepspeed {deepspeed.__version__} is outside the tested range >=0.19.8,<0.20 (its ZeRO-3 "
+                            "micro-step handling is what zerotir.scale.deepspeed_setup.begin_micro_batch relies on)")
+    return lines, problems
 
-        if not hasattr(DeepSpeedEngine, "managed_gradient_accumulation"):
-            # configs/deepspeed/*.json set "managed_gradient_accumulation": false; an older DeepSpeed ignores the key
-            # and ZeRO-2 then keeps only the last micro-batch's gradient (tests/scale/test_deepspeed_configs.py).
-            deepspeed_ok = False
-            lines.append("deepspeed too old: no managed_gradient_accumulation option (0.19.8 has it)")
-    except Exception as exc:  # a wheel built for another torch fails in many ways
-        deepspeed_ok = False
-        lines.append(f"deepspeed NOT importable: {type(exc).__name__}: {exc}")
+
+def env(need_gpu: bool) -> int:
+    if not need_gpu:
+        import os
+
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no CUDA: DeepSpeed's CPU accelerator, quietly
+    lines, problems = check_imports()
+    lines.insert(0, f"python {sys.version.split()[0]}, torch CUDA {torch.version.cuda}")
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         lines.append(f"GPU {props.name}, {props.total_memory / GIB:.1f} GiB")
+    elif need_gpu:
+        problems.append("no CUDA device")
     print("\n".join(lines), flush=True)
-    missing = [name for name, ok in (("CUDA", torch.cuda.is_available()), ("deepspeed", deepspeed_ok)) if not ok]
-    if need_gpu and missing:
-        print(f"gpu_check needs {' and '.join(missing)}; see docs/scale.md", file=sys.stderr)
+    for problem in problems:
+        print(f"[gpu_check] PROBLEM: {problem}", file=sys.stderr, flush=True)
+    if problems:
+        print("Fix: run `bash scripts/fetch_gpu_wheels.sh` where pip works and carry .whl/ to this machine "
+              "(gpu_check.sh installs from it); see docs/scale.md", file=sys.stderr)
         return 1
     return 0
+
+
+# ----- gradients on one fixed batch: ZeRO-3 against ZeRO-2 against plain torch -----
+
+GRAD_TOLERANCE = 1e-3  # relative L2 error in fp32; a lost micro-batch gives an error of the order of 0.5
+
+
+class _StepInForward(torch.nn.Module):
+    """Stands in for the LightningModule that Lightning runs inside ``engine.forward``: the micro-batch backward
+    calls and the optimizer step all happen in this forward."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+        self.hooks: list = []  # (backward, step), set after deepspeed.initialize (not a submodule)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        from zerotir.rl.update import sequence_logprobs
+
+        backward, step = self.hooks[0]
+        for rows in (slice(0, 2), slice(2, 4)):  # equal micro-batches: each loss weighted 1/2 = its token share
+            backward(-sequence_logprobs(self.net, ids[rows], mask[rows])[0][:, 1:].mean() * 0.5)
+        step()
+        return torch.zeros(())
+
+
+def _update(net: torch.nn.Module, stage: int | None, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """The weight change of one SGD step (lr 1) = the gradient: plain torch on the full batch (``stage`` None) or a
+    DeepSpeed engine with the shipped ZeRO config (fp32, no clipping) through ``ZeroTIRModule._backward``."""
+    import deepspeed
+
+    from zerotir.module import ZeroTIRModule
+    from zerotir.rl.update import sequence_logprobs
+
+    before = [p.detach().clone() for p in net.parameters()]
+    if stage is None:
+        (-sequence_logprobs(net, ids, mask)[0][:, 1:].mean()).backward()
+        return [p.grad.detach().clone() for p in net.parameters()]
+    config = json.loads((REPO / "configs" / "deepspeed" / f"zero{stage}.json").read_text())
+    config.update(bf16={"enabled": False}, gradient_clipping=0.0)
+    wrapper = _StepInForward(net)
+    opt = torch.optim.SGD(wrapper.parameters(), lr=1.0)
+    engine, _, _, _ = deepspeed.initialize(model=wrapper, optimizer=opt, config=config,
+                                           model_parameters=wrapper.parameters())
+
+    class DeepSpeedStrategy:  # what the module's is_deepspeed() recognises (by class name)
+        pass
+
+    module = type("Module", (), {})()
+    module.trainer = type("Trainer", (), {"strategy": DeepSpeedStrategy(), "model": engine})()
+    module.manual_backward = engine.backward
+    wrapper.hooks.append((lambda loss: ZeroTIRModule._backward(module, loss), engine.step))
+    engine(ids, mask)
+    with deepspeed.zero.GatheredParameters(list(net.parameters()), modifier_rank=None):
+        delta = [b - p.detach() for b, p in zip(before, net.parameters())]
+    engine.destroy()
+    return delta
+
+
+def _relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    diff = sum(float((g.double() - w.double()).pow(2).sum()) for g, w in zip(got, want))
+    return math.sqrt(diff / max(sum(float(w.double().pow(2).sum()) for w in want), 1e-300))
+
+
+def grads(model_dir: Path, report: Path, cpu: bool) -> int:
+    """ZeRO-2 must give plain torch's full-batch gradient and ZeRO-3 ZeRO-2's, on the same batch (one process)."""
+    import copy
+    import os
+
+    if cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(key, value)
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    if not cpu:
+        torch.cuda.set_device(device)
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 259, (4, 48), generator=gen).to(device)  # byte-tokenizer ids, 4 sequences
+    mask = torch.ones_like(ids)
+    start = time.perf_counter()
+    full = _update(copy.deepcopy(base), None, ids, mask)
+    zero2 = _update(copy.deepcopy(base), 2, ids, mask)
+    zero3 = _update(copy.deepcopy(base), 3, ids, mask)
+    result = {"zero2_vs_full_batch": _relative_error(zero2, full), "zero3_vs_zero2": _relative_error(zero3, zero2),
+              "tolerance": GRAD_TOLERANCE, "seconds": time.perf_counter() - start}
+    result["problems"] = [f"{key}: relative gradient error {result[key]:.3g} > {GRAD_TOLERANCE}"
+                          for key in ("zero2_vs_full_batch", "zero3_vs_zero2") if result[key] > GRAD_TOLERANCE]
+    report.write_text(json.dumps(result, indent=2))
+    print(f"[gpu_check] gradients on one batch: ZeRO-2 vs full batch {result['zero2_vs_full_batch']:.2e}, "
+          f"ZeRO-3 vs ZeRO-2 {result['zero3_vs_zero2']:.2e} (tolerance {GRAD_TOLERANCE})", flush=True)
+    for problem in result["problems"]:
+        print(f"[gpu_check] PROBLEM: {problem}", flush=True)
+    return 1 if result["problems"] else 0
 
 
 def summary(reports: list[Path]) -> str:
@@ -248,6 +381,12 @@ def summary(reports: list[Path]) -> str:
                          f"{_num(row['peak_reserved_gib'])} | {_num(row['grad_norm'], '.3g')} |")
         if data["problems"]:
             lines.append(f"| {path.stem} | | PROBLEMS: {'; '.join(data['problems'])} | | | | | | |")
+    grads_report = reports[0].parent / "grads.json"
+    if grads_report.is_file():
+        g = json.loads(grads_report.read_text())
+        lines += ["", f"Gradients on one batch (relative L2 error, tolerance {g['tolerance']}): ZeRO-2 vs full batch "
+                      f"{g['zero2_vs_full_batch']:.2e}, ZeRO-3 vs ZeRO-2 {g['zero3_vs_zero2']:.2e}"
+                      + (f" - PROBLEMS: {'; '.join(g['problems'])}" if g["problems"] else "")]
     text = "\n".join(lines)
     print(text)
     return text
@@ -263,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env").add_argument("--cpu", action="store_true")
     p = sub.add_parser("build")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cpu", action="store_true")
+    p = sub.add_parser("grads")
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--report", type=Path, required=True)
     p.add_argument("--cpu", action="store_true")
     p = sub.add_parser("config")
     p.add_argument("--zero", type=int, choices=(2, 3), required=True)
@@ -283,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         header = f"# python -m zerotir fit --config {args.out}\n# generated by scripts/gpu_check.py config\n"
         args.out.write_text(header + yaml.safe_dump(config, sort_keys=False))
         print(f"wrote {args.out}")
+    elif args.command == "grads":
+        return grads(args.model, args.report, args.cpu)
     elif args.command == "run":
         return run(args.config, args.report)
     else:

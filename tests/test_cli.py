@@ -158,6 +158,36 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
     assert cli.model.model_path == str((tmp_path / "toy").resolve())
 
 
+def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path, monkeypatch):
+    import zerotir.cli
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the toy base must not be built for a config that cannot train")
+
+    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", no_build)
+    monkeypatch.chdir(REPO)
+    grpo = str(REPO / "configs" / "toy_cpu_grpo.yaml")
+    with pytest.raises(ValueError, match="kl_coef=0.01 and use_kl_loss=false.*grpo_kl_in_reward: true"):
+        ZeroTIRCLI(args=["--config", grpo, "--model.rl.kl_coef", "0.01", "--model.rl.use_kl_loss", "false",
+                         "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
+                   run=False)
+    with pytest.raises(ValueError, match="algorithm=rloo with model.sampling.n=1"):
+        ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu_rloo.yaml"), "--model.sampling.n", "1",
+                         "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
+                   run=False)
+
+
+def test_help_describes_every_estimator_and_option(capsys):
+    with pytest.raises(SystemExit):
+        ZeroTIRCLI(args=["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    for words in ('"reinforce_baseline" (REINFORCE++-baseline', '"rloo" (leave-one-out group baseline',
+                  "--model.rl.dual_clip", "--model.rl.loss_agg_mode", "Dr. GRPO", "--model.rl.gae_injected",
+                  '"restart" (the paper\'s code', "--model.rl.whiten_eps", "--model.rl.grpo_std_eps",
+                  "--model.rl.grpo_kl_in_reward"):
+        assert words in text, words
+
+
 def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
     import zerotir.cli
 

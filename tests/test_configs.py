@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
 
 from zerotir.cli import ZeroTIRCLI
+from zerotir.config import Algorithm
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
@@ -40,7 +42,8 @@ def print_config(args: list[str], capsys) -> dict:
 
 def test_there_are_configs():
     names = {p.name for p in CONFIGS}
-    assert {"tiny_cpu_ppo.yaml", "tiny_cpu_reinforce.yaml", "tiny_cpu_grpo.yaml", "eval_math500.yaml"} <= names
+    assert {"tiny_cpu_ppo.yaml", "tiny_cpu_reinforce.yaml", "tiny_cpu_grpo.yaml", "eval_math500.yaml",
+            "toy_cpu_rloo.yaml", "toy_cpu_reinforce_baseline.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
@@ -49,7 +52,7 @@ def test_config_parses_with_its_header_command(path, capsys, monkeypatch, tmp_pa
     args = header_args(path)
     full = print_config(args, capsys)
     assert full["model"]["model_path"]
-    assert full["model"]["rl"]["algorithm"] in ("ppo", "reinforce_pp", "grpo")
+    assert full["model"]["rl"]["algorithm"] in get_args(Algorithm)
     assert set(full["model"]) >= {"rl", "optim", "tool", "sampling", "eval_sampling", "rollout", "sandbox"}
     # The printed config is complete and parses on its own.
     again = tmp_path / "full.yaml"

@@ -12,9 +12,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from callbacks import PassRateFilter, ScalingMetrics
 from zerotir.data.datamodule import PromptDataModule
-from zerotir.config import OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.config import HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.module import ZeroTIRModule
-from zerotir.config import VLLMRollout
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.types import Trajectories
@@ -52,6 +51,9 @@ class ScriptedRuntime:
 
     def sync(self, actor) -> float:
         return 0.0
+
+    def share_rows(self, rows):  # no tensor-parallel engine: this rank's rows are the group's
+        return list(rows), slice(0, len(rows))
 
     def close(self) -> None:
         self.closed = True
@@ -127,7 +129,8 @@ def _snapshot(module):
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-@pytest.mark.parametrize("algorithm,kl_coef,steps_per_rl_step", [("ppo", 0.05, 1), ("grpo", 0.0, 2)])
+@pytest.mark.parametrize("algorithm,kl_coef,steps_per_rl_step", [("ppo", 0.05, 1), ("grpo", 0.0, 2),
+                                                                  ("rloo", 0.05, 1), ("reinforce_baseline", 0.0, 1)])
 def test_every_trainable_parameter_changes_and_the_reference_does_not(
         tiny_dir, train_file, tmp_path, algorithm, kl_coef, steps_per_rl_step):
     # max_steps counts optimizer steps: ppo_epochs of them per RL step.
@@ -161,6 +164,46 @@ def test_skipped_update_keeps_step_count_and_weights(tiny_dir, train_file, tmp_p
     results = recorded(trainer)
     assert [r.rl_step for r in results] == [1, 2] and all(r.skipped and r.stats == {} for r in results)
     assert all(len(r.rollout) == 4 and not r.kept.any() for r in results)
+
+
+class CopyingEngine:
+    """A separate engine, as vLLM is: ``update_weights`` copies every tensor it is sent."""
+
+    def __init__(self):
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def update_weights(self, bucket) -> None:
+        self.weights.update({name: tensor.detach().clone() for name, tensor in bucket})
+
+
+class EngineMatchesActor(pl.Callback):
+    """After each training step: does the engine hold exactly the actor's current weights?"""
+
+    def __init__(self, engine: CopyingEngine):
+        self.engine = engine
+        self.matches: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        actor = dict(pl_module.actor.named_parameters())
+        self.matches.append(set(self.engine.weights) == set(actor)
+                            and all(torch.equal(self.engine.weights[n], p) for n, p in actor.items()))
+
+
+def test_the_engine_generates_with_the_weights_of_the_last_update(tiny_dir, train_file, tmp_path):
+    # The weight push must follow the update: an engine one step behind would pass every other test.
+    from zerotir.rollout.runtime import RolloutRuntime
+
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm="grpo", max_steps=3)
+    runtime = RolloutRuntime(VLLMRollout(weight_sync_bucket_mb=1), SandboxConfig(), ToolConfig(), str(tiny_dir))
+    runtime.engine = engine = CopyingEngine()  # started: the real bucketed sync (zerotir.scale.weight_sync) feeds it
+    module.runtime = runtime
+    check = EngineMatchesActor(engine)
+    trainer.callbacks.append(check)
+    module.configure_model()
+    before = _snapshot(module)
+    trainer.fit(module, datamodule=data)
+    assert check.matches == [True, True, True]
+    assert all(not torch.equal(before[n], p) for n, p in module.named_parameters())  # every step really updated
 
 
 def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_file, tmp_path):
@@ -317,6 +360,16 @@ def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
     module.setup("fit")  # no DeepSpeed: nothing to check
 
 
+@pytest.mark.parametrize("stage", ["fit", "validate"])
+def test_setup_refuses_the_transformers_engine_under_multi_rank_zero3(tiny_dir, stage):
+    module = ZeroTIRModule(str(tiny_dir), rollout=HFRollout())
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")), world_size=2)
+    with pytest.raises(ValueError, match=r"would deadlock. Fix: set model.rollout.class_path: zerotir.config.VLLM"):
+        module.setup(stage)
+    module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero2.json")), world_size=2)
+    module.setup(stage)  # ZeRO-2 keeps whole parameters on every rank: nothing is gathered while decoding
+
+
 def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
     pytest.importorskip("accelerate", reason="transformers' HfDeepSpeedConfig needs accelerate")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
@@ -351,16 +404,20 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
     module.log = lambda *args, **kwargs: None
     trained = []
 
-    def fake_step(cfg, traj, decision, *args):
+    def fake_step(cfg, traj, decision, *args, **kwargs):
         trained.append(traj)
         return zerotir.module.StepResult(1, traj, torch.ones(len(traj), dtype=torch.bool), decision, {})
 
     monkeypatch.setattr(zerotir.module, "rl_step", fake_step)
     module._trainer = FakeTrainer(world_size=4, global_rank=3)  # engine 1 = ranks 2 and 3
     tok = build_byte_tokenizer()
-    batch = [{"id": f"q{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i)} for i in range(4)]
-    out = module.training_step(batch, 0)
+    batch = [{"id": f"q{i}", "prompt_text": f"{i}+{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i),
+              "source": "s"} for i in range(4)]
+    out = module.training_step(batch, 0)["step"]
     assert runtime.seen == [["q2", "q3"]]  # the engine's prompts
-    assert trained[0].group_ids.tolist() == [1, 1] and len(out["step"].rollout) == 2  # rank 3: the 2nd group
+    assert trained[0].group_ids.tolist() == [1, 1] and len(out.rollout) == 2  # rank 3: the 2nd group
+    # The callbacks' outputs: the rollout and, per group id of it, its prompt (the engine's share of the batch).
+    assert out.batch.problem_ids == ["q2", "q3"]
+    assert out.batch.prompts == ["2+2", "3+3"] and out.batch.weight_version == 0
     with pytest.raises(ValueError, match=r"data.prompts_per_step=6.*multiple of devices x num_nodes = 4"):
         module.training_step(batch + batch[:2], 1)

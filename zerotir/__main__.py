@@ -4,6 +4,7 @@ Commands:
     fit | validate | test | predict   the LightningCLI (``zerotir.cli``); ``--help`` and ``--print_config`` work.
     toy-base                          pretrain the toy base model (``zerotir.toy.pretrain``).
     scaling                           the scaling report from TensorBoard logs (``zerotir.scaling.report``).
+    rollouts                          what the model wrote: a run's rollouts on disk (``zerotir.rollout_log.cli``).
     export                            write a checkpoint's policy as a HF folder (``zerotir.models.export_policy``).
 """
 
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> None:
         from zerotir.scaling.report import main as scaling_main
 
         sys.exit(scaling_main(argv[1:]))
+    elif command == "rollouts":
+        from zerotir.rollout_log.cli import main as rollouts_main
+
+        sys.exit(rollouts_main(argv[1:]))
     elif command == "export":
         export_main(argv[1:])
     elif command in ("-h", "--help", ""):

@@ -15,7 +15,8 @@ What the subclass adds to Lightning's CLI:
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
     * a TensorBoard logger at ``<trainer.default_root_dir>/tensorboard`` (fixed, not versioned) unless the config
-      names a logger, so a resumed run continues the same event folder;
+      names a logger, so a resumed run continues the same event folder (purged after its checkpoint's step:
+      ``callbacks.PurgeResumedSteps``);
     * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
       ``model.model_path`` before anything loads it, unless one with the same settings is there.
@@ -37,6 +38,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
+from zerotir.config import RLConfig, SamplingConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
@@ -96,12 +98,18 @@ class ZeroTIRCLI(LightningCLI):
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                init_args=Namespace(save_dir=str(root), name="tensorboard", version=""),
+                # No hp_metric placeholder (a -1 at step 0, written again by every resumed run).
+                init_args=Namespace(save_dir=str(root), name="tensorboard", version="", default_hp_metric=False),
             )
         if config.trainer.enable_progress_bar is not False and not any(
                 _is_progress_bar(cb) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+        # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
+        # checks itself when it is built, the cross-group checks follow.
+        rl, sampling = config.model.rl, config.model.sampling
+        rl = rl if isinstance(rl, RLConfig) else RLConfig(**rl.as_dict())
+        rl.check_samples((sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**sampling.as_dict())).n)
         if config.get("toy_base") is not None:
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             settings = config.toy_base

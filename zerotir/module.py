@@ -28,16 +28,23 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
+from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
     EVAL_SAMPLING, HFRollout, OptimConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
 )
+from callbacks.resumed_curves import PurgeResumedSteps
+from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
-from zerotir.rl.step import Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rl.step import BatchInfo, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.runtime import RolloutRuntime
-from zerotir.scale.deepspeed_setup import check_deepspeed_config, count_skipped_step, hf_zero3_config, is_deepspeed
+from zerotir.rollout.tp_group import own_trajectories
+from zerotir.scale.deepspeed_setup import (
+    begin_micro_batch, check_deepspeed_config, check_rollout_backend, count_skipped_step, hf_zero3_config,
+    is_deepspeed, is_zero3,
+)
 from zerotir.scale.distributed import shard_prompts, training_share
 from zerotir.types import Trajectories
 
@@ -86,6 +93,7 @@ class ZeroTIRModule(LightningModule):
         self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
+        rl.check_samples(sampling.n)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
                              "or allow tool calls")
@@ -118,9 +126,11 @@ class ZeroTIRModule(LightningModule):
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
-        """Before any model is loaded: a DeepSpeed config that disagrees with the module fails here, naming the fix."""
-        if stage == "fit" and is_deepspeed(self.trainer):
-            check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
+        """Before any model loads: a DeepSpeed config or rollout backend that cannot work fails here, naming the fix."""
+        if is_deepspeed(self.trainer):
+            check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, self.backend)
+            if stage == "fit":
+                check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -162,6 +172,18 @@ class ZeroTIRModule(LightningModule):
         warmup = o.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
+        if is_deepspeed(self.trainer):
+            begin_micro_batch(self.trainer.model)
+        self.manual_backward(loss)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
+        if is_deepspeed(self.trainer):
+            begin_micro_batch(self.trainer.model)
+        self.manual_backward(loss)
 
     def _optimizer_step(self, has_grad: bool) -> float:
         """Clip per parameter group, step, zero the gradients, advance the schedule; returns the actor grad norm.
@@ -227,7 +249,8 @@ class ZeroTIRModule(LightningModule):
         """One RL step; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""
         start = time.perf_counter()
         step = self.rl_steps_done + 1
-        traj, timings = self.rollout(self._my_prompts(batch), self.params(self.sampling, self.seed + step))
+        rows = self._my_prompts(batch)
+        traj, timings = self.rollout(rows, self.params(self.sampling, self.seed + step))
         tp = self.backend.tensor_parallel_size
         if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
             traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
@@ -235,7 +258,8 @@ class ZeroTIRModule(LightningModule):
         decision = self.rollout_filter(traj) if self.rollout_filter is not None else None
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
-                         StepOptimizer(self.manual_backward, self._optimizer_step), step, self.seed, self.device)
+                         StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
+                         norm_tokens=self.sampling.max_response_tokens)
         if result.stats:
             result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start
@@ -243,8 +267,9 @@ class ZeroTIRModule(LightningModule):
         timings["step"] = time.perf_counter() - start
         result.timings = timings
         datamodule = self.trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "mark_consumed") and "batch_index" in batch[0]:
+        if isinstance(datamodule, PromptDataModule):
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
+        result.batch = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
@@ -259,15 +284,22 @@ class ZeroTIRModule(LightningModule):
         return shard_prompts(batch, self.global_rank, world, tp)
 
     # ----- validation and test: the same rollout path, reports through zerotir.eval -----
-    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> None:
-        traj, _ = self.rollout(batch, self.params(self.eval_sampling, self.seed + batch_idx))
-        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in batch])
+    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:
+        """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
+        as ``outputs["step"]``, at the RL step of the weights."""
+        rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
+        traj, timings = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
+        traj = own_trajectories(traj, own, len(rows), self.eval_sampling.n)  # group ids index ``rows``
+        self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
+        info = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
+        kept = torch.ones(len(traj), dtype=torch.bool)
+        return {"step": StepResult(self.rl_steps_done, traj, kept, None, {}, timings, info)}
 
-    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step(batch, batch_idx, dataloader_idx)
+    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int,
+                        dataloader_idx: int = 0) -> dict[str, StepResult]:
+        return self._eval_step(batch, batch_idx, dataloader_idx)
 
-    def test_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step(batch, batch_idx, dataloader_idx)
+    test_step = validation_step
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset()
@@ -314,8 +346,7 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        # Lightning skips the module's teardown when a run fails; the embedded sandbox must stop then too.
-        return [_CloseRuntimeOnException()]
+        return [_CloseRuntimeOnException(), PurgeResumedSteps()]
 
 
 class _CloseRuntimeOnException(Callback):

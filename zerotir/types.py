@@ -19,6 +19,21 @@ FINISH_STOP = "stop"  # the model ended (EOS or a stop string that ends the answ
 FINISH_LENGTH = "length"  # the response-token budget ran out: truncated, reward 0
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One code execution of a trajectory, as the tool loop saw it (for logs and inspection, never for the loss).
+
+    Attributes:
+        code: the code sent to the sandbox (the block's text between its fences).
+        status: how it ended: "ok", "error", "timeout", "memory", "killed" or "sandbox_error".
+        output: the text injected into the ```output block (what the model read, after the output caps).
+    """
+
+    code: str
+    status: str
+    output: str
+
+
 @dataclass
 class Trajectories:
     """A batch of tool-integrated trajectories (token-in / token-out).
@@ -42,6 +57,8 @@ class Trajectories:
         finish_reasons: "stop" or "length".
         response_texts: decoded response (sampled and injected text), for reward, metrics and logs only.
         ground_truths:  the reference answer of the prompt.
+        tool_calls:     the executions of each trajectory, in order (``ToolCall``); a batch built without them
+                        (hand-made in tests) gets an empty list per row.
     """
 
     input_ids: torch.Tensor
@@ -60,6 +77,11 @@ class Trajectories:
     finish_reasons: list[str] = field(default_factory=list)
     response_texts: list[str] = field(default_factory=list)
     ground_truths: list[str] = field(default_factory=list)
+    tool_calls: list[list[ToolCall]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.tool_calls:
+            self.tool_calls = [[] for _ in range(self.input_ids.shape[0])]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -58,6 +58,9 @@ class FakeLogger:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.calls.append((dict(metrics), step))
 
+    def save(self) -> None:
+        self.saves = getattr(self, "saves", 0) + 1
+
 
 class FakeTrainer:
     def __init__(self) -> None:

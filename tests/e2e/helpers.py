@@ -78,3 +78,30 @@ class CompareEngineWithActor(Callback):
         actor = HFEngine(copy.deepcopy(pl_module.actor).float().eval(), pl_module.tokenizer)
         actor_ids = [s[0].token_ids for s in actor.generate(prompts, params)]
         self.path.write_text(json.dumps({"engine": engine_ids, "actor": actor_ids}))
+
+
+class HangAfterStep(Callback):
+    """After RL step ``step`` is logged (and flushed to disk), write ``marker`` and hang: the test then kills the
+    process at a known point, after the checkpoint of an earlier step and before any later one.
+
+    Args:
+        step: the RL step after which to hang.
+        marker: a file written (atomically) once the step's logs are on disk.
+    """
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step = step
+        self.marker = Path(marker)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if outputs["step"].rl_step != self.step:
+            return
+        import time
+
+        for logger in trainer.loggers:
+            logger.save()
+        tmp = self.marker.with_name(self.marker.name + ".tmp")
+        tmp.write_text(str(self.step))
+        tmp.replace(self.marker)
+        while True:  # until killed
+            time.sleep(60)

@@ -1,6 +1,7 @@
 """Resume: 4 RL steps straight and 2 + ``fit --ckpt_path last`` 2 reach the same RL step and global step, with the
 pass-rate filter's statistics restored, the optimizer state carried over, and the same prompts in the same order
-(none lost, none repeated); then ``test`` on the resumed checkpoint writes its reports.
+(none lost, none repeated); then ``test`` on the resumed checkpoint writes its reports. A run killed (SIGKILL) after
+a checkpoint and resumed leaves one value per step in TensorBoard, the resumed run's.
 
 Rollouts are not compared token for token: the tool loop overlaps sandbox calls with generation, so which row is
 sampled with which random draw depends on timing. Everything the checkpoint must carry is compared exactly.
@@ -9,12 +10,17 @@ sampled with which random draw depends on timing. Everything the checkpoint must
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, read_scalars, run_cli
+from tests.e2e.conftest import cli_args, read_scalars, run_cli, run_subprocess
 from zerotir import metric_names as mn
+from zerotir.scaling.runs import load_run
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +88,48 @@ def test_two_plus_two_steps_equal_four_straight(e2e_base, e2e_data, tmp_path):
     assert report["benchmarks"]["heldout"]["num_problems"] == 8 and report["meta"]["rl_step"] == 4
     assert (test_root / "eval" / "test_heldout.md").read_text().count("| heldout |") == 1
     assert f"heldout/{mn.EVAL_ACCURACY}" in read_scalars(test_root / "tensorboard")
+
+
+def test_killed_after_a_checkpoint_and_resumed_leaves_one_value_per_step(e2e_base, e2e_data, tmp_path):
+    """Checkpoint at step 2, killed with SIGKILL once step 3 is logged and on disk, resumed to step 4."""
+    marker, log = tmp_path / "hung_at_step", tmp_path / "fit.log"
+    common = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0"]
+    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
+            "--trainer.callbacks.marker", str(marker)]
+    args = cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
+                    *common, *hang)
+    with log.open("w") as out:
+        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 420
+            while not marker.exists() and fit.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            if fit.poll() is None:
+                os.killpg(fit.pid, signal.SIGKILL)  # the run and its embedded sandbox
+            fit.wait(timeout=60)
+    assert marker.exists(), log.read_text()[-3000:]
+    tensorboard = tmp_path / "tensorboard"
+    killed_files = set(tensorboard.glob("events.out.tfevents.*"))
+    before = read_scalars(tensorboard)
+    assert [s for s, _ in before[mn.REWARD_MEAN]] == [1, 2, 3]  # step 3 was logged after the checkpoint
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["zerotir"]["rl_steps_done"] == 2
+
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "4",
+                           "--ckpt_path", "last", *common))
+    assert cli.model.rl_steps_done == 4
+    after = read_scalars(tensorboard)
+    doubled = {tag: steps for tag, series in after.items()
+               if len(steps := [s for s, _ in series]) != len(set(steps))}
+    assert not doubled, f"steps logged twice: {doubled}"
+    assert [s for s, _ in after[mn.REWARD_MEAN]] == [1, 2, 3, 4]
+    # Steps 1-2 are the killed run's, 3-4 the resumed run's; the scaling report reads the same single points.
+    resumed = {}
+    for path in set(tensorboard.glob("events.out.tfevents.*")) - killed_files:
+        resumed.update(dict(read_scalars(path).get(mn.REWARD_MEAN, [])))
+    assert sorted(resumed) == [3, 4]
+    merged = dict(after[mn.REWARD_MEAN])
+    assert merged[1] == dict(before[mn.REWARD_MEAN])[1] and all(merged[s] == resumed[s] for s in (3, 4))
+    report = load_run("run", tensorboard).scalars[mn.REWARD_MEAN]
+    assert report.to_dict() == merged

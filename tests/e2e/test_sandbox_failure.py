@@ -58,6 +58,11 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def checkpointed_steps(folder: Path) -> list[int]:
+    """The global steps of the ``epoch=E-step=S.ckpt`` files in ``folder`` now (``last.ckpt`` aside)."""
+    return [int(path.stem.rsplit("step=", 1)[1]) for path in folder.glob("epoch=*-step=*.ckpt")]
+
+
 def test_no_sandbox_at_start_fails_before_any_step(e2e_base, e2e_data, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     args = cli_args("fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "2",
@@ -78,16 +83,18 @@ def test_killed_sandbox_stops_the_run_and_resume_continues(e2e_base, e2e_data, t
     try:
         with log.open("w") as out:
             fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT)
-            second = tmp_path / "checkpoints" / "epoch=0-step=2.ckpt"
+            # Wait until step 2 (or a later one) is checkpointed. Not for one file name: with save_top_k=1 the
+            # checkpoint callback deletes `step=2` when it writes `step=3`. Once a step >= 2 was saved, some file of
+            # a step >= 2 exists at every moment (the new one is written before the old one goes): this cannot race.
             deadline = time.monotonic() + 300
-            while not second.exists() and fit.poll() is None and time.monotonic() < deadline:
+            while max(checkpointed_steps(tmp_path / "checkpoints"), default=0) < 2 and fit.poll() is None \
+                    and time.monotonic() < deadline:
                 time.sleep(0.1)
             kill(server)
             code = fit.wait(timeout=300)
     finally:
         kill(server)
     text = log.read_text()
-    assert second.exists(), text[-3000:]
     assert code != 0, text[-3000:]
     assert "SandboxFailureError" in text and url in text and "python -m sandbox serve" in text, text[-3000:]
     stopped_at = json.loads(text.split("RL step ")[-1].split(":")[0]) if "RL step " in text else None

@@ -141,6 +141,52 @@ def test_gae_with_gamma_lambda_one_is_return_minus_value():
     close(adv, [[0, 0.5, -1.0, -2.0]])
 
 
+def test_gae_restart_at_injected_tokens_hand_worked():
+    mask = T([MASK_ROW])  # prompt, a, a, INJECTED, a, pad
+    rewards = T([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = T([[3.0, 0.5, 0.6, 9.0, 0.8, 7.0]])
+    adv, ret = alg.gae_advantages(rewards, values, mask, gamma=0.9, lam=0.5, injected="restart")
+    # position 4 (last): delta = 1 + 0.9 * 0 - 0.8 = 0.2;                          A = 0.2
+    # position 3 is injected: the episode ends there, so position 2 bootstraps from V = 0, A = 0:
+    # position 2: delta = 0 + 0.9 * 0 - 0.6 = -0.6;                                A = -0.6
+    # position 1: delta = 0 + 0.9 * 0.6 - 0.5 = 0.04;                              A = 0.04 + 0.45 * -0.6 = -0.23
+    close(adv, [[0, -0.23, -0.6, 0, 0.2, 0]])
+    close(ret, [[0, -0.23 + 0.5, 0.0, 0, 1.0, 0]])  # returns = A + V
+    # gamma = lam = 1: the first turn's value targets are its own rewards (0), whatever the outcome; skip gives 1.
+    _, restart = alg.gae_advantages(rewards, values, mask, injected="restart")
+    _, skip = alg.gae_advantages(rewards, values, mask)
+    close(restart, [[0, 0, 0, 0, 1, 0]])
+    close(skip, [[0, 1, 1, 0, 1, 0]])
+    with pytest.raises(ValueError, match="injected='drop'"):
+        alg.gae_advantages(rewards, values, mask, injected="drop")
+
+
+def _paper_gae(rewards, values, mask, gamma, lam):
+    """The paper's loop, written out: masked values and rewards, next value at t + 1, ``lastgaelam *= mask``."""
+    m = mask.to(rewards.dtype)
+    values, rewards = values * m, rewards * m
+    last = torch.zeros(rewards.shape[0])
+    adv = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        nxt = values[:, t + 1] if t < rewards.shape[1] - 1 else 0.0
+        last = (rewards[:, t] + gamma * nxt - values[:, t] + gamma * lam * last) * m[:, t]
+        adv[:, t] = last
+    return adv, (adv + values) * m
+
+
+def test_gae_restart_is_the_papers_recursion_on_random_batches():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(4, 12, generator=g) > 0.35
+    mask[:, 0] = False  # prompt
+    rewards, values = torch.randn(4, 12, generator=g), torch.randn(4, 12, generator=g)
+    for gamma, lam in [(1.0, 1.0), (0.9, 0.7)]:
+        ours = alg.gae_advantages(rewards, values, mask, gamma, lam, injected="restart")
+        for a, b in zip(ours, _paper_gae(rewards, values, mask, gamma, lam)):
+            close(a, b, atol=1e-5)
+    # ... and it differs from the default (skip) whenever a row has an injected span between action tokens
+    assert not torch.allclose(alg.gae_advantages(rewards, values, mask, 0.9, 0.7)[0], ours[0])
+
+
 def _with_and_without_span():
     """The same trajectory twice: with an injected span (2 env tokens) and with the span cut out."""
     with_span = T([[0, 1, 1, 0, 0, 1, 1, 0]], dtype=torch.bool)  # prompt, a, a, env, env, a, a, pad
@@ -183,19 +229,6 @@ def test_injected_span_does_not_change_advantages_on_action_tokens():
     assert not torch.allclose(naive[0, a_with], alg.discounted_returns(r, with_span, 0.5)[0, a_with])
 
 
-# ---- GRPO ----------------------------------------------------------------------------------------------------------
-
-
-def test_group_advantages_hand_worked():
-    rewards = T([1.0, 1.0, 0.0, 5.0, 0.0, 1.0, 1.0])
-    groups = T([3, 9, 3, 5, 3, 9, 3])
-    # group 3: [1, 0, 0, 1], mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.5773503 -> +-0.5 / 0.5773503 = +-0.8660254
-    # group 9: [1, 1], std 0 -> 0 / (0 + eps) = 0;  group 5: one sample -> 0
-    a = 0.5 / math.sqrt(1 / 3)
-    close(alg.group_advantages(rewards, groups, eps=1e-12), [a, 0, -a, 0, -a, 0, a], atol=1e-5)
-    close(alg.group_advantages(rewards, groups, scale_by_std=False), [0.5, 0, -0.5, 0, -0.5, 0, 0.5])
-
-
 # ---- losses --------------------------------------------------------------------------------------------------------
 
 
@@ -233,6 +266,60 @@ def test_policy_loss_broadcasts_trajectory_advantages():
     close(per_traj, per_token.detach())
     # r 1.5 -> 1.28 * 2; r 0.5 -> 0.5 * 2 (taken unclipped): loss = -(2 * 2.56 + 2 * 1) / 4 = -1.78
     close(per_traj, -1.78)
+
+
+def test_dual_clip_caps_negative_advantage_tokens_hand_worked():
+    logp = torch.log(T([[4.0, 1.5, 4.0]])).requires_grad_(True)
+    old, mask = torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool)
+    adv = T([[-1.0, -1.0, 2.0]])
+    # token 0: r 4, A -1: -min(-4, -1.28) = 4, above the dual bound -3 * A = 3 -> 3 (constant: no gradient)
+    # token 1: r 1.5, A -1: -min(-1.5, -1.28) = 1.5 < 3 -> 1.5
+    # token 2: r 4, A +2: -min(8, 2.56) = -2.56 (clipped; positive advantages are never dual-clipped)
+    loss, stats = alg.policy_loss(logp, old, adv, mask, 0.2, 0.28, dual_clip=3.0)
+    close(loss, (3 + 1.5 - 2.56) / 3)  # 0.6466667
+    close(stats["dual_clip_fraction"], 1 / 3)
+    close(stats["clip_fraction"], 1 / 3)  # token 2
+    loss.backward()
+    close(logp.grad, [[0.0, 1.5 / 3, 0.0]])  # d(-r A)/dlogp = -r A = 1.5 on token 1, / 3 tokens
+    plain, plain_stats = alg.policy_loss(logp, old, adv, mask, 0.2, 0.28)
+    close(plain, (4 + 1.5 - 2.56) / 3)  # 0.98 without the dual clip
+    close(plain_stats["dual_clip_fraction"], 0.0)
+    with pytest.raises(ValueError, match="dual_clip=1.0"):
+        alg.policy_loss(logp, old, adv, mask, dual_clip=1.0)
+
+
+AGG_MASK = T([[0, 1, 1, 0, 1], [0, 1, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)  # row 2: no action token
+AGG_LOSS = T([[9.0, 1.0, 2.0, 9.0, 3.0], [9.0, 4.0, 9.0, 9.0, 9.0], [9.0] * 5])  # 9 = off the mask
+
+
+@pytest.mark.parametrize("mode,expected,units", [
+    ("token-mean", (1 + 2 + 3 + 4) / 4, 4),  # 2.5: every action token weighs the same
+    ("seq-mean-token-mean", (2 + 4) / 2, 2),  # row means 2 and 4 -> 3; the empty row does not count
+    ("seq-mean-token-sum", (6 + 4) / 2, 2),  # row sums 6 and 4 -> 5
+    ("seq-mean-token-sum-norm", (6 / 8 + 4 / 8) / 2, 2),  # row sums / norm_tokens 8 -> 0.625
+])
+def test_loss_aggregation_modes_hand_worked(mode, expected, units):
+    close(alg.aggregate_loss(AGG_LOSS, AGG_MASK, mode, norm_tokens=8), expected)
+    assert int(alg.loss_units(AGG_MASK, mode)) == units
+    # Split in micro-batches weighted by their share of the units, the pieces sum to the whole.
+    pieces = [(AGG_LOSS[r], AGG_MASK[r]) for r in ([0], [1, 2])]
+    total = sum(alg.aggregate_loss(x, m, mode, 8) * alg.loss_units(m, mode) / units for x, m in pieces)
+    close(total, expected)
+
+
+def test_loss_aggregation_errors_and_loss_functions_use_it():
+    with pytest.raises(ValueError, match="loss_agg_mode='sum'"):
+        alg.aggregate_loss(AGG_LOSS, AGG_MASK, "sum")
+    with pytest.raises(ValueError, match="needs norm_tokens"):
+        alg.aggregate_loss(AGG_LOSS, AGG_MASK, "seq-mean-token-sum-norm")
+    close(alg.aggregate_loss(AGG_LOSS, torch.zeros_like(AGG_MASK), "seq-mean-token-mean"), 0.0)  # empty: 0, no NaN
+    # The value loss 0.5 * (V - R)^2 with (V - R)^2 = AGG_LOSS: seq-mean-token-mean -> 0.5 * 3
+    values = AGG_LOSS.sqrt()
+    close(alg.value_loss(values, values, torch.zeros_like(values), AGG_MASK, None, "seq-mean-token-mean"), 1.5)
+    # The policy loss at ratio 1 is -A per token: A = -AGG_LOSS gives the same aggregates
+    zeros = torch.zeros_like(AGG_LOSS)
+    loss, _ = alg.policy_loss(zeros, zeros, -AGG_LOSS, AGG_MASK, agg_mode="seq-mean-token-sum", dual_clip=None)
+    close(loss, 5.0)
 
 
 def test_value_loss_clipped_hand_worked():
@@ -287,7 +374,6 @@ def test_empty_mask_rows_never_give_nan(rows):
         kl,
         *alg.reinforce_pp_advantages(rewards, mask, kl, 0.1, 0.9),
         *alg.gae_advantages(alg.token_level_rewards(rewards, mask), values, mask, 0.9, 0.9),
-        alg.group_advantages(rewards, T([0, 1])),
     ]
     ploss, stats = alg.policy_loss(logp, old, T([1.0, 1.0]), mask)
     vloss = alg.value_loss(values, values.detach() + 0.1, torch.ones(2, 3), mask)

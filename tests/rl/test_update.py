@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from zerotir.rl import algorithms as A
+from zerotir.rl import baselines as B
 from zerotir.rl.guards import NonFiniteLossError, SandboxErrorGuard, SandboxFailureError
+from zerotir.config import SamplingConfig
 from zerotir.rl.update import (
     RLConfig,
     TrainBatch,
@@ -110,11 +112,50 @@ def test_ppo_advantages_use_gae_over_action_tokens_only():
     assert torch.allclose(returns[0], torch.tensor(ROW_MASK, dtype=torch.float32))
 
 
+def test_group_estimators_match_their_baselines_functions_with_the_kl_in_the_rewards():
+    traj = make_traj([1.0, 0.0, 0.0, 1.0, 1.0], [0, 0, 0, 1, 1])
+    mask = traj.action_mask
+    kl = torch.tensor([ROW_MASK] * 5, dtype=torch.float32) * 0.3
+    for algo, fn in (("reinforce_baseline", B.reinforce_baseline_advantages), ("rloo", B.rloo_advantages)):
+        adv, returns = compute_advantages(RLConfig(algorithm=algo, kl_coef=0.1), traj, mask, kl, None)
+        assert returns is None
+        assert torch.allclose(adv, fn(traj.rewards, traj.group_ids, mask, kl, 0.1)[0], atol=1e-6), algo
+    # RLOO by hand without KL: group 0 = [1, 0, 0] -> 1 - 0 = 1, 0 - 0.5 = -0.5; group 1 all right -> 0
+    adv, _ = compute_advantages(RLConfig(algorithm="rloo"), traj, mask, None, None)
+    row = torch.tensor(ROW_MASK, dtype=torch.float32)
+    assert torch.allclose(adv, torch.stack([row, -0.5 * row, -0.5 * row, 0 * row, 0 * row]))
+
+
+def test_grpo_kl_in_reward_is_summed_before_the_group_baseline():
+    traj = make_traj([1.0, 1.0], [0, 0])
+    kl = torch.zeros(2, 10)
+    kl[0, [3, 4, 7, 8]] = 0.5  # row 0 drifted from the reference: summed KL 2
+    cfg = RLConfig(algorithm="grpo", kl_coef=0.1, grpo_kl_in_reward=True, grpo_scale_by_std=False)
+    adv, _ = compute_advantages(cfg, traj, traj.action_mask, kl, None)
+    # rewards 1 - 0.1 * 2 = 0.8 and 1: group mean 0.9 -> -0.1 and +0.1 on every action token
+    row = torch.tensor(ROW_MASK, dtype=torch.float32)
+    assert torch.allclose(adv, torch.stack([-0.1 * row, 0.1 * row]), atol=1e-6)
+    as_loss = RLConfig(algorithm="grpo", kl_coef=0.1, use_kl_loss=True, grpo_scale_by_std=False)
+    assert compute_advantages(as_loss, traj, traj.action_mask, kl, None)[0].abs().sum() == 0  # all right: 0
+
+
+def test_ppo_gae_restart_at_injected_tokens_through_the_config():
+    traj = make_traj([1.0], [0])
+    values = torch.zeros(1, 10)
+    values[0, [3, 4, 7, 8]] = 0.5
+    cfg = RLConfig(algorithm="ppo", whiten_ppo_advantages=False, gae_injected="restart")
+    adv, returns = compute_advantages(cfg, traj, traj.action_mask, None, values)
+    # gamma = lambda = 1: the turn before the tool output (3, 4) ends at V = 0 with no reward: A = -V = -0.5,
+    # target 0; the last turn (7, 8) sees the reward 1: A = 0.5, target 1.
+    assert torch.allclose(adv[0, [3, 4, 7, 8]], torch.tensor([-0.5, -0.5, 0.5, 0.5]))
+    assert torch.allclose(returns[0, [3, 4, 7, 8]], torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
 def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _run_update(model, batch, cfg):
+def _run_update(model, batch, cfg, norm_tokens=None):
     model.zero_grad(set_to_none=True)
     captured, calls = [], []
 
@@ -125,7 +166,7 @@ def _run_update(model, batch, cfg):
         return 1.0
 
     stats = ppo_update(cfg, batch, model, None, lambda loss: loss.backward(), step, rl_step=3,
-                       generator=torch.Generator().manual_seed(0))
+                       generator=torch.Generator().manual_seed(0), norm_tokens=norm_tokens)
     return captured, calls, stats
 
 
@@ -147,6 +188,21 @@ def test_accumulated_gradient_is_the_token_mean_over_the_batch_whatever_the_micr
         assert torch.allclose(g, pieces[0][name], atol=1e-6), name
 
 
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_sequence_mean_modes_are_independent_of_the_micro_batch_too(tiny, mode):
+    traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
+    traj.action_mask[0, 4:9] = False  # row 0 has one action token, the others four
+    cfg = RLConfig(algorithm="grpo", micro_batch_size=4, loss_agg_mode=mode)
+    batch = _batch(tiny, traj, cfg)
+    whole, _, _ = _run_update(tiny, batch, cfg, norm_tokens=6)  # the response budget, model.sampling's
+    pieces, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1, loss_agg_mode=mode),
+                               norm_tokens=6)
+    token_mean, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=4))
+    for name, g in whole[0].items():
+        assert torch.allclose(g, pieces[0][name], atol=1e-6), name
+    assert any(not torch.allclose(g, token_mean[0][name], atol=1e-6) for name, g in whole[0].items())
+
+
 def test_injected_tokens_do_not_reach_the_gradient(tiny):
     cfg = RLConfig(algorithm="grpo", ppo_epochs=2)  # two epochs: the old log-probs are a separate tensor
     traj = make_traj([1.0, 0.0], [0, 0])
@@ -159,6 +215,46 @@ def test_injected_tokens_do_not_reach_the_gradient(tiny):
     other, _, _ = _run_update(tiny, batch, cfg)
     for name, g in ref[0].items():
         assert torch.allclose(g, other[0][name], atol=1e-7), name
+
+
+class TinyCritic(torch.nn.Module):
+    """A critic with the ``critic(input_ids, attention_mask) -> (B, T)`` interface of ``zerotir.models.ValueModel``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(260, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, input_ids, attention_mask):
+        return self.head(torch.tanh(self.embed(input_ids))).squeeze(-1)
+
+
+def test_ppo_value_loss_ignores_prompt_and_injected_positions(tiny):
+    # The training step's value loss must be a mean over the ACTION tokens (3, 4, 7, 8 of ROW_MASK): garbage critic
+    # targets at prompt (0..2), injected (5, 6) and padding (9) positions change neither the loss nor any gradient.
+    torch.manual_seed(1)
+    critic = TinyCritic()
+    cfg = RLConfig(algorithm="ppo", value_clip=0.2, ppo_epochs=2)
+    tiny.eval()
+    batch, _ = prepare_batch(cfg, make_traj([1.0, 0.0], [0, 0]), tiny, None, critic)
+
+    def value_loss_and_grads(b):
+        tiny.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        loss, stats = micro_batch_loss(cfg, b, tiny, critic)
+        loss.backward()
+        return float(stats["value_loss"]), float(loss), _grads(critic), _grads(tiny)
+
+    ref = value_loss_and_grads(batch)
+    off = ~batch.action_mask
+    batch.old_values = torch.where(off, torch.full_like(batch.old_values, 77.0), batch.old_values)
+    batch.returns = torch.where(off, torch.full_like(batch.returns, -55.0), batch.returns)
+    other = value_loss_and_grads(batch)
+    assert ref[0] > 0 and other[0] == pytest.approx(ref[0], abs=1e-7) and other[1] == pytest.approx(ref[1], abs=1e-7)
+    assert ref[2].keys() == other[2].keys() == {"embed.weight", "head.weight", "head.bias"}
+    for grads_ref, grads_other in ((ref[2], other[2]), (ref[3], other[3])):
+        for name, g in grads_ref.items():
+            assert torch.allclose(g, grads_other[name], atol=1e-7), name
 
 
 def test_optimizer_step_count_is_epochs_times_mini_batches(tiny):
@@ -204,7 +300,9 @@ def test_single_pass_gradient_equals_the_recomputed_old_logprobs_one(tiny):
 def test_kl_in_the_reward_needs_the_recompute_pass():
     assert not RLConfig(algorithm="reinforce_pp", kl_coef=0.01).single_pass
     assert RLConfig(algorithm="reinforce_pp", kl_coef=0.01, use_kl_loss=True).single_pass
-    assert RLConfig(algorithm="grpo", kl_coef=0.01).single_pass  # GRPO never folds the KL into rewards
+    assert RLConfig(algorithm="grpo", kl_coef=0.01, use_kl_loss=True).single_pass
+    assert not RLConfig(algorithm="grpo", kl_coef=0.01, grpo_kl_in_reward=True).single_pass
+    assert not RLConfig(algorithm="rloo", kl_coef=0.01).single_pass
     assert not RLConfig(num_mini_batches=2).single_pass
 
 
@@ -243,6 +341,49 @@ def test_config_errors_name_the_field():
         RLConfig(micro_batch_size=0)
     with pytest.raises(ValueError, match="kl_estimator='k9'"):
         RLConfig(kl_estimator="k9")
+    for kwargs, message in [
+        (dict(loss_agg_mode="sum"), "loss_agg_mode='sum'"),
+        (dict(gae_injected="drop"), "gae_injected='drop'"),
+        (dict(dual_clip=1.0), "dual_clip=1.0: the lower bound c must be > 1"),
+        (dict(whiten_eps=0.0), "whiten_eps=0.0: must be > 0"),
+        (dict(grpo_std_eps=-1.0), "grpo_std_eps=-1.0: must be > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            RLConfig(**kwargs)
+    with pytest.raises(ValueError, match="max_response_tokens=0"):  # the Dr. GRPO divisor is model.sampling's
+        SamplingConfig(max_response_tokens=0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    # GRPO's KL nowhere: both fields and the fixes are named
+    (dict(algorithm="grpo", kl_coef=0.01), "algorithm=grpo with kl_coef=0.01 and use_kl_loss=false.*use_kl_loss: true"
+                                           ".*grpo_kl_in_reward: true.*kl_coef: 0"),
+    (dict(algorithm="rloo", kl_coef=0.01, grpo_kl_in_reward=True), "grpo_kl_in_reward=true with algorithm=rloo"),
+    (dict(algorithm="grpo", kl_coef=0.01, use_kl_loss=True, grpo_kl_in_reward=True), "only applies to"),
+    (dict(algorithm="reinforce_pp", gae_injected="restart"), "GAE is only used by algorithm=ppo"),
+])
+def test_combinations_that_cannot_work_are_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RLConfig(**kwargs)
+
+
+@pytest.mark.parametrize("algorithm,message", [
+    ("reinforce_baseline", "model.sampling.n=1: its baseline is the other samples"),
+    ("rloo", "algorithm=rloo with model.sampling.n=1"),
+    ("grpo", "set model.sampling.n >= 2"),
+])
+def test_group_baselines_need_two_samples_per_prompt(algorithm, message):
+    # A cross-group check (model.rl with model.sampling), run by the CLI and the module.
+    with pytest.raises(ValueError, match=message):
+        RLConfig(algorithm=algorithm).check_samples(1)
+    RLConfig(algorithm=algorithm).check_samples(2)
+
+
+def test_combinations_that_work():
+    RLConfig(algorithm="grpo", kl_coef=0.01, use_kl_loss=True)
+    RLConfig(algorithm="grpo", kl_coef=0.01, grpo_kl_in_reward=True)
+    RLConfig(algorithm="ppo", gae_injected="restart", dual_clip=None, loss_agg_mode="seq-mean-token-sum-norm")
+    RLConfig(algorithm="reinforce_pp").check_samples(1)  # no group baseline: one sample per prompt is fine
 
 
 def _with_errors(calls: int, errors: int) -> Trajectories:

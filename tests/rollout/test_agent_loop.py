@@ -14,6 +14,7 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.toy.tokenizer import build_byte_tokenizer
+from zerotir.types import ToolCall
 
 TOK = build_byte_tokenizer()
 PROMPT = "Q: 2+3?\n"  # 8 tokens
@@ -30,7 +31,8 @@ def run(scripts, sandbox, prompts, params=GREEDY, tool=None, truths=None, param_
         schedule=Schedule()):
     engine = ScriptedEngine(TOK, scripts, accepts_param_list=param_list, can_pause=pause)
     ids = [TOK.encode(p, add_special_tokens=False) for p in prompts]
-    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool or ToolConfig(max_tool_calls=20), truths,
+    tool = tool or ToolConfig(max_tool_calls=20, max_output_chars=1024)  # the paper's call budget, roomy outputs
+    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool, truths,
                                  schedule)
     return traj, timings, engine
 
@@ -162,6 +164,18 @@ def test_outcomes_are_counted(status, field):
     counts = {f: getattr(traj, f).item() for f in ("num_exec_errors", "num_timeouts", "num_sandbox_errors")}
     assert counts == {f: int(f == field) for f in counts} and traj.num_calls.item() == 1
     assert "\n```output\n" + format_for_model(result, 1024) + "\n```\n" in traj.response_texts[0]
+
+
+def test_each_execution_is_recorded_with_its_code_status_and_output():
+    error = ExecResult(ExecStatus.ERROR, "", "ZeroDivisionError: division by zero\n", 0.01, 1)
+    block = "```python\nprint(1)\n```"
+    scripts = {"A?": [["a" + block, "b" + block, "\\boxed{1}"]], "B?": [["\\boxed{2}"]]}
+    sandbox = ScriptedSandbox({"\nprint(1)\n": ok("1\n")})
+    traj, _, _ = run(scripts, sandbox, ["A?", "B?"], schedule=LOCKSTEP)
+    assert traj.tool_calls == [[ToolCall("\nprint(1)\n", "ok", "1")] * 2, []]
+    traj, _, _ = run({PROMPT: [[STEP1 + STEP2, "\nOops."]]}, ScriptedSandbox({CODE: error}), [PROMPT])
+    assert traj.tool_calls == [[ToolCall(CODE, "error", format_for_model(error, 1024))]]
+    assert traj.select([0]).tool_calls == traj.tool_calls
 
 
 def test_a_sandbox_that_raises_counts_as_sandbox_error_and_the_model_is_told():

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,56 @@ MAX_OUTPUT_BYTES = 4096
 TEST_IMPORTS = [*DEFAULT_ALLOWED_IMPORTS, "os", "socket", "signal", "ctypes", "pathlib", "tempfile", "subprocess",
                 "threading", "ast", "wave"]
 TEST_REFUSED_CALLS = ["eval"]
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: Steps around the static check in one line, as a curious model would (the kernel layers must hold regardless).
+BYPASS = "o = getattr(__builtins__, '__imp' + 'ort__')('os')\n"
+
+
+@dataclass
+class HostFiles:
+    """Host files a snippet must not see (canaries), and a folder exposed to it on purpose with ``extra_ro``.
+
+    Attributes:
+        canary_text: The content of every canary (unique per session).
+        tmp_canary: A world-readable file in a world-readable folder under /tmp.
+        cwd_canary: A world-readable file in the server's working directory.
+        data_file: The checkout's own held-out data (questions with their answers).
+        extra_ro: A world-readable folder passed as ``extra_ro``, holding ``shared.txt``.
+        extra_ro_file: A single file passed as ``extra_ro``; its folder also holds a canary, which stays hidden.
+    """
+
+    canary_text: str
+    tmp_canary: str
+    cwd_canary: str
+    data_file: str
+    extra_ro: str
+    extra_ro_file: str
+
+
+def _world_readable_file(folder: str, name: str, text: str) -> str:
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o644)
+    return path
+
+
+@pytest.fixture(scope="session")
+def host_files() -> Iterator[HostFiles]:
+    """Create the canaries and the ``extra_ro`` folder for the session; remove them after it."""
+    text = f"canary-{uuid.uuid4().hex}"
+    kinds = ("canary", "server-cwd", "extra-ro", "extra-file")
+    folders = [tempfile.mkdtemp(prefix=f"zerotir-{kind}-") for kind in kinds]
+    try:
+        _world_readable_file(folders[3], "answers.jsonl", text)
+        yield HostFiles(text, _world_readable_file(folders[0], "answers.jsonl", text),
+                        _world_readable_file(folders[1], "notes.txt", text),
+                        os.path.join(CHECKOUT, "data", "toy", "heldout.jsonl"), folders[2],
+                        _world_readable_file(folders[3], "constants.json", '{"g": 9.81}'))
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
@@ -63,14 +117,26 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def sandbox_server() -> Server:
-    """Start ``python -m sandbox serve`` once for the whole session (with a secret in its environment)."""
+def sandbox_server(host_files: HostFiles) -> Server:
+    """Start ``python -m sandbox serve`` once for the whole session, with a secret in its environment, its working
+    directory in the canary folder ``host_files.cwd_canary`` lies in, and ``host_files.extra_ro`` exposed."""
     previous = os.environ.get(SECRET_NAME)
     os.environ[SECRET_NAME] = SECRET_VALUE
+    shared = _world_readable_file(host_files.extra_ro, "shared.txt", "shared on purpose")
+    os.chmod(host_files.extra_ro, 0o777)  # writable by anyone on the host: only the read-only mount stops a write
+    os.chmod(shared, 0o666)
+    here = os.getcwd()
     try:
-        with local_sandbox(workers=WORKERS, queue_size=QUEUE_SIZE, allow_imports=TEST_IMPORTS,
-                           refused_calls=TEST_REFUSED_CALLS, run_timeout=2.0, max_output_bytes=MAX_OUTPUT_BYTES,
-                           startup_timeout=90, log_level="warning") as urls:
+        with contextlib.ExitStack() as stack:
+            os.chdir(os.path.dirname(host_files.cwd_canary))  # the server inherits it; ours comes back at once
+            try:
+                urls = stack.enter_context(local_sandbox(
+                    workers=WORKERS, queue_size=QUEUE_SIZE, allow_imports=TEST_IMPORTS,
+                    refused_calls=TEST_REFUSED_CALLS, run_timeout=2.0, max_output_bytes=MAX_OUTPUT_BYTES,
+                    extra_ro=[host_files.extra_ro, host_files.extra_ro_file], startup_timeout=90,
+                    log_level="warning"))
+            finally:
+                os.chdir(here)
             health = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()
             yield Server(url=urls[0], health=health)
     finally:

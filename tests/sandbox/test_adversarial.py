@@ -87,12 +87,12 @@ def test_write_outside_the_temp_dir_fails_and_the_target_is_unchanged(sandbox_se
                 "    try:\n"
                 "        open(path, 'w').write('changed')\n"
                 "        print('WROTE', path)\n"
-                "    except OSError as e:\n"
-                "        print('REFUSED', type(e).__name__)\n")
+                "    except OSError:\n"  # read-only (host view) or not there at all (minimal root)
+                "        print('REFUSED')\n")
         result = sandbox_server.run(code)
         with open(target) as f:
             content = f.read()
-        assert result.stdout.splitlines() == ["REFUSED OSError", "REFUSED OSError"], result
+        assert result.stdout.splitlines() == ["REFUSED", "REFUSED"], result
         assert content == "original"
         assert os.listdir(folder) == ["target.txt"]
     finally:
@@ -147,6 +147,14 @@ def test_10mb_of_printing_returns_capped_output_with_a_marker(sandbox_server: Se
     assert len(result.stdout.encode()) <= MAX_OUTPUT_BYTES + 100
     assert "bytes of output omitted by the sandbox" in result.stdout
     assert result.stdout.startswith("xxxx") and result.stdout.endswith("xxxx\n")
+
+
+def test_10mb_to_stderr_returns_capped_output_with_a_marker(sandbox_server: Server) -> None:
+    result = sandbox_server.run("import sys\nfor _ in range(10):\n    sys.stderr.write('y' * 1_000_000 + '\\n')")
+    assert result.ok, result
+    assert len(result.stderr.encode()) <= MAX_OUTPUT_BYTES + 100
+    assert "bytes of output omitted by the sandbox" in result.stderr
+    assert result.stderr.startswith("yyyy") and result.stderr.endswith("yyyy\n")
 
 
 def test_double_forked_daemon_does_not_survive_its_call(sandbox_server: Server) -> None:

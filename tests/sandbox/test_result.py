@@ -33,6 +33,14 @@ def test_sandboxfusion_responses_map_to_statuses(body: dict, expected: ExecStatu
     assert parse_run_code_response(body, wall_time=0.7).status is expected
 
 
+def test_success_that_writes_memoryerror_to_stderr_is_ok_not_memory() -> None:
+    # The reproduction: SandboxFusion says Success (exit 0); the snippet merely printed that line itself.
+    body = {"status": "Success", "run_result": {"status": "Finished", "return_code": 0, "stdout": "fine\n",
+                                                "stderr": "MemoryError\n"}}
+    result = parse_run_code_response(body, 0.1)
+    assert (result.status, result.stdout, result.stderr) == (ExecStatus.OK, "fine\n", "MemoryError\n")
+
+
 def test_details_reason_of_this_server_wins_over_guessing() -> None:
     body = response("Failed", "Finished", 1, stderr="MemoryError\n", reason="error")
     assert parse_run_code_response(body, 0.7).status is ExecStatus.ERROR

@@ -107,9 +107,12 @@ def test_overload_gives_429s_no_5xx_and_answers_every_accepted_request(sandbox_s
 def test_health_lists_every_protection_and_the_ones_that_are_off(sandbox_server: Server) -> None:
     health = sandbox_server.health_now()
     assert health["status"] == "ok" and health["workers_alive"] == WORKERS
-    expected = {"network_namespace", "mount_namespace", "readonly_root", "private_tmpfs", "pid_namespace",
-                "uid_drop", "rlimits", "no_new_privs"}
+    expected = {"network_namespace", "mount_namespace", "minimal_root", "readonly_root", "private_tmpfs",
+                "pid_namespace", "uid_drop", "rlimits", "no_new_privs"}
     assert expected <= set(health["protections"])
+    minimal = health["protections"]["minimal_root"] == "on"
+    assert health["filesystem_view"] == ("minimal" if minimal else "host")
+    assert (health["filesystem_view_reason"] is None) == minimal  # never "host" without the reason
     assert health["protections_off"] == sorted(k for k, v in health["protections"].items() if v != "on")
     if os.geteuid() != 0:
         assert "uid_drop" in health["protections_off"]
@@ -152,4 +155,5 @@ def test_without_isolation_the_service_starts_and_health_names_what_is_off() -> 
         answer = post(Server(urls[0], health), "/run_code", {"code": "print(6 * 7)"}).json()
     assert {"network_namespace", "pid_namespace", "readonly_root", "uid_drop"} <= set(health["protections_off"])
     assert health["protections"]["uid_drop"] == "off: disabled by --isolate false"
+    assert (health["filesystem_view"], health["filesystem_view_reason"]) == ("host", "disabled by --isolate false")
     assert answer["run_result"]["stdout"] == "42\n"

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from zerotir.config import HFRollout, VLLMRollout
 from zerotir.scale.deepspeed_setup import (
     DeepSpeedConfigError,
     check_deepspeed_config,
+    check_rollout_backend,
     count_skipped_step,
     hf_zero3_config,
     is_deepspeed,
@@ -105,6 +107,16 @@ def test_hf_zero3_switch_lives_as_long_as_its_holder(monkeypatch):
     assert not is_deepspeed_zero3_enabled()
 
 
+def test_transformers_engine_under_multi_rank_zero3_is_refused_naming_the_fix():
+    # ranks decode different numbers of steps and every ZeRO-3 forward all-gathers: refused before any model loads
+    with pytest.raises(ValueError, match=r"model.rollout=HFRollout with DeepSpeed ZeRO-3 on 2 ranks.*deadlock.*"
+                                         r"Fix: set model.rollout.class_path: zerotir.config.VLLMRollout"):
+        check_rollout_backend(zero3=True, world_size=2, backend=HFRollout())
+    check_rollout_backend(zero3=True, world_size=1, backend=HFRollout())  # one rank: nobody to wait for
+    check_rollout_backend(zero3=False, world_size=8, backend=HFRollout())  # ZeRO-2: full parameters on every rank
+    check_rollout_backend(zero3=True, world_size=8, backend=VLLMRollout())
+
+
 def test_skipped_step_runs_only_lightnings_counting_hooks():
     calls = []
 
@@ -120,3 +132,97 @@ def test_skipped_step_runs_only_lightnings_counting_hooks():
 
     count_skipped_step(Optimizer())
     assert calls == ["before", "after"]
+
+
+# ----- ZeRO-3 gradient accumulation inside one engine.forward (Lightning's call structure) -----
+
+def _deepspeed_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+def test_micro_batches_accumulate_inside_one_engine_forward():
+    """Lightning runs the whole training_step inside one ``DeepSpeedEngine.forward``: two micro-batch backward calls
+    (through ``ZeroTIRModule._backward``, as ``ppo_update`` makes them) and the optimizer step happen in there. Both
+    ZeRO-2 and ZeRO-3 must then move the weights exactly like one full-batch gradient step (SGD, lr 1). Without
+    ``begin_micro_batch`` ZeRO-3 keeps only the last micro-batch's gradient (error ~0.5 here)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=280, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(errors) == {"zero2.json", "zero3.json"}
+    for name, err in errors.items():
+        assert err < 1e-6, (name, errors)
+
+
+def _accumulation_worker() -> dict[str, float]:
+    """One process, gloo, DeepSpeed's CPU accelerator: the error of each shipped ZeRO config against the full batch."""
+    import copy
+    from types import SimpleNamespace
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from zerotir.module import ZeroTIRModule
+
+    class TrainingStepInForward(torch.nn.Module):
+        """Stands in for the LightningModule that Lightning's ``_forward_redirection`` runs inside engine.forward."""
+
+        def __init__(self, net: torch.nn.Module):
+            super().__init__()
+            self.net = net
+            self.steps: list = []  # holds the step callable, set after deepspeed.initialize (not a submodule)
+
+        def forward(self, x, y):
+            backward, step = self.steps[0]
+            for rows in (slice(0, 3), slice(3, 6)):  # two micro-batches of 3, each weighted by its share (1/2)
+                backward(torch.nn.functional.mse_loss(self.net(x[rows]), y[rows]) * 0.5)
+            step()
+            return torch.zeros(())
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    errors = {}
+    for name in ("zero2.json", "zero3.json"):
+        config = ds_config(name)
+        config["bf16"] = {"enabled": False}  # exact fp32 comparison on CPU
+        config["gradient_clipping"] = 0.0
+        config["zero_optimization"].pop("offload_optimizer", None)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        before = [p.detach().clone() for p in net.parameters()]
+        x, y = torch.randn(6, 4), torch.randn(6, 1)
+        full = copy.deepcopy(net)
+        torch.nn.functional.mse_loss(full(x), y).backward()
+        grads = [p.grad.clone() for p in full.parameters()]
+        wrapper = TrainingStepInForward(net)
+        opt = torch.optim.SGD(wrapper.parameters(), lr=1.0)
+        engine, _, _, _ = deepspeed.initialize(model=wrapper, optimizer=opt, config=config,
+                                               model_parameters=wrapper.parameters())
+        # The module's own backward, with the trainer it reads under Lightning's DeepSpeedStrategy.
+        module = SimpleNamespace(trainer=Trainer(DeepSpeedStrategy(config)), manual_backward=engine.backward)
+        module.trainer.model = engine
+        wrapper.steps.append((lambda loss: ZeroTIRModule._backward(module, loss), engine.step))
+        engine(x, y)
+        with deepspeed.zero.GatheredParameters(list(net.parameters()), modifier_rank=None):
+            after = [p.detach().clone() for p in net.parameters()]
+        errors[name] = max(float((b - a - g).abs().max()) for b, a, g in zip(before, after, grads))
+        engine.destroy()
+    dist.destroy_process_group()
+    return errors
+
+
+if __name__ == "__main__":
+    print(json.dumps(_accumulation_worker()))

@@ -246,3 +246,95 @@ def test_training_share_splits_whole_groups_between_the_ranks_of_a_tp_group() ->
     shares = torch.stack([D.training_share(groups, r, 4) for r in range(4)])
     assert shares.sum(0).tolist() == [1] * 8  # every trajectory is trained on by exactly one rank of the group
     assert D.training_share(groups, 5, 1).all()
+
+
+# ----- an error on one rank stops every rank with the same message (2 gloo processes) -----
+
+ERROR_TIMEOUT_S = 20  # gloo timeout of the error workers: a rank left waiting fails fast instead of hanging the test
+
+
+def _health_server() -> str:
+    """A sandbox stand-in that answers GET /health with status ok, in a daemon thread; returns its URL."""
+    import http.server
+    import json
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"status": "ok"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _outcome(fn) -> tuple[str, str] | None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 (the test compares what each rank raised)
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def _error_worker(rank: int, port: int, out_dir: str) -> None:
+    from types import SimpleNamespace
+
+    from zerotir.config import HFRollout, SandboxConfig, ToolConfig
+    from zerotir.rl.guards import SandboxErrorGuard, check_finite
+    from zerotir.rl.update import TrainBatch
+    from zerotir.rollout.runtime import RolloutRuntime
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=ERROR_TIMEOUT_S))
+    try:
+        results = {}
+        # The finite-loss check: only rank 1's loss is NaN.
+        mask = torch.ones(1, 3, dtype=torch.bool)
+        batch = TrainBatch(torch.zeros(1, 3, dtype=torch.long), mask, mask, None, torch.ones(1, 3))
+        loss = torch.tensor(float("nan") if rank == 1 else 0.5)
+        results["finite"] = _outcome(lambda: check_finite(loss, {"policy_loss": loss}, 7, batch))
+        # The sandbox guard: only rank 0's sandbox fails (every execution), patience 1.
+        guard = SandboxErrorGuard([f"http://sandbox-of-rank-{rank}"], max_rate=0.5, patience=1)
+        traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]))
+        results["guard"] = _outcome(lambda: guard.update(traj, 3))
+        # The sandbox health check at start: rank 1's configured sandbox does not answer.
+        url = _health_server() if rank == 0 else f"http://127.0.0.1:{_free_port()}"
+        runtime = RolloutRuntime(HFRollout(), SandboxConfig(urls=[url]), ToolConfig(), "unused")
+        results["health"] = _outcome(lambda: runtime.start(None, None, "cpu"))
+        # Nothing failed anywhere: nothing is raised, and the block's value comes back.
+        guard_ok = SandboxErrorGuard(["u"], max_rate=0.5, patience=1)
+        ok = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([1]))
+        results["no_error"] = guard_ok.update(ok, 1)
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(150)
+def test_an_error_on_one_rank_stops_every_rank_with_the_same_message(tmp_path: Path) -> None:
+    ctx = mp.start_processes(_error_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {WORLD} gloo workers did not finish within {SPAWN_TIMEOUT_S} s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.terminate()
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
+    for key, kind, text in (("finite", "NonFiniteLossError", "RL step 7: the loss is nan"),
+                            ("guard", "SandboxFailureError", "http://sandbox-of-rank-0"),
+                            ("health", "SandboxUnavailable", "no sandbox server is healthy")):
+        assert r0[key] is not None and r0[key] == r1[key], (key, r0[key], r1[key])
+        assert r0[key][0] == kind and text in r0[key][1], (key, r0[key])
+    assert r0["no_error"] == r1["no_error"] == 0.25

@@ -103,8 +103,9 @@ HAND_SETTINGS = PlanSettings(gpus=2, nodes=1, zero=3, critic=True, reference=Tru
 #       one layer recomputed 2 * (8h + 2kv + 4i) = 2 * (64 + 8 + 64) = 272 bytes/token -> 1088;
 #       logits 4 tokens * 32 * 18 bytes = 2304                                                   -> 3520
 #   critic activations: 128 + 1088 = 1216
-#   vLLM weights 2P = 3472; work 1024; KV = 32768 - 3472 - 1024 = 28272; asleep 512 (update); bucket 1024; context 1024
-#   rollout total: 1736+1736+10416 + 1489+1489+8934 + 1736 + 3472+1024+28272 + 1024 + 1024 = 62352
+#   vLLM weights 2P = 3472; work 1024; KV = 32768 - 3472 - 1024 = 28272; asleep 512 (update); context 1024
+#   weight-sync bucket: 1024-byte buckets, but a layer (2 * 608 = 1216 bytes) is never split -> 1216
+#   rollout total: 1736+1736+10416 + 1489+1489+8934 + 1736 + 3472+1024+28272 + 1216 + 1024 = 62544
 #   update total:  1736+5208+10416 + 1489+4467+8934 + 2432 + 1736 + 3520+1216 + 512 + 1024 = 42690
 #   KV capacity: 28272 // 32 = 883 tokens = 220 sequences of 4 tokens; 8 samples over 2 engines = 4 each.
 HAND_TABLE = """\
@@ -126,18 +127,33 @@ HAND_TABLE = """\
 | vLLM: activations + CUDA graphs | 1024 | 0 | 0 | assumed |
 | vLLM: KV cache | 28272 | 0 | 0 | rest of the vLLM budget |
 | vLLM: asleep (level 2) | 0 | 512 | 0 | assumed |
-| weight-sync bucket | 1024 | 0 | 0 | gathered before a rollout |
+| weight-sync bucket | 1216 | 0 | 0 | largest of bucket, layer, embedding / LM head |
 | CUDA context, NCCL, slack | 1024 | 1024 | 0 | assumed |
-| **total** | 62352 | 42690 | 0 |  |
+| **total** | 62544 | 42690 | 0 |  |
 
 - KV cache: 0 KiB per token per GPU -> 883 tokens per engine = 220 sequences of 4 tokens at once
 - each of the 2 engines generates 4 samples per step
-- rollout: 62352 of 65536 B per GPU -> fits
+- rollout: 62544 of 65536 B per GPU -> fits
 - update: 42690 of 65536 B per GPU -> fits"""
 
 
 def test_hand_worked_plan_table() -> None:
     assert render_markdown(HAND, HAND_SETTINGS, unit="B") == HAND_TABLE
+
+
+def test_sync_bucket_peak_is_the_largest_layer_when_that_exceeds_the_bucket() -> None:
+    from dataclasses import replace
+
+    from zerotir.scale.memory_plan import sync_bucket_bytes
+
+    assert sync_bucket_bytes(HAND, HAND_SETTINGS) == 1216  # a 1216-byte layer in 1024-byte buckets
+    assert sync_bucket_bytes(HAND, replace(HAND_SETTINGS, sync_bucket_mb=2**-9)) == 2048  # the bucket is larger
+    # Qwen2.5 at 256 MiB buckets: the embedding / LM head, 152064 x hidden in bf16.
+    s = PlanSettings(sync_bucket_mb=256)
+    assert sync_bucket_bytes(resolve("qwen2.5-7b"), s) == 2 * 152064 * 3584  # 1.015 GiB
+    assert sync_bucket_bytes(resolve("qwen2.5-32b"), s) == 2 * 152064 * 5120  # 1.45 GiB
+    assert sync_bucket_bytes(resolve("qwen2.5-0.5b"), s) == 2 * 151936 * 896  # 259.7 MiB, just above the bucket
+    assert sync_bucket_bytes(resolve("qwen2.5-0.5b"), PlanSettings(sync_bucket_mb=512)) == 512 * 2**20
 
 
 def test_offload_moves_states_to_the_cpu() -> None:
@@ -232,3 +248,21 @@ def test_command_line_with_run_config_and_overrides(tmp_path: Path, capsys: pyte
     assert text == expected
     assert mp.main(["--model", "qwen2.5-0.5b", "--gpus", "1", "--unit", "MiB"]).count("MiB/GPU") == 2
     assert GIB == 1 << 30
+
+
+def test_sync_bucket_peak_bounds_the_real_buckets() -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from zerotir.scale.memory_plan import sync_bucket_bytes
+    from zerotir.scale.weight_sync import param_nbytes, plan_buckets
+
+    config = Qwen2Config(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    arch = from_hf_config(config)
+    for bucket_mb in (2**-6, 2**-4, 1.0):  # 16 KiB (below the 64 KiB embedding), 64 KiB, 1 MiB
+        peak = max(sum(param_nbytes(p) for _, p in b) for b in plan_buckets(model, int(bucket_mb * 2**20)))
+        planned = sync_bucket_bytes(arch, PlanSettings(sync_bucket_mb=bucket_mb))
+        assert peak <= planned, (bucket_mb, peak, planned)
+        if bucket_mb * 2**20 < 2 * arch.embedding_params:  # the embedding / LM head is a bucket of its own
+            assert peak == planned == 2 * 1024 * 32

@@ -169,6 +169,12 @@ def build_prompts(rows: list[dict[str, str]], source: str, template: str, tokeni
     return kept, dropped
 
 
+def batch_fields(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """``prompts``, ``problem_ids`` and ``sources`` of a batch's rows (index = group id of their rollout)."""
+    return {"prompts": [r["prompt_text"] for r in rows], "problem_ids": [str(r["id"]) for r in rows],
+            "sources": [r["source"] for r in rows]}
+
+
 def _row_copy(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "prompt_ids": list(row["prompt_ids"])}
 

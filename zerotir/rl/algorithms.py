@@ -1,7 +1,8 @@
-"""The RL math of ZeroTIR as pure tensor functions: masked statistics, KL estimators, advantages, losses.
+"""The RL math of ZeroTIR as pure tensor functions: masked statistics, KL estimators, token returns, GAE, losses.
 
 No Lightning, vLLM or transformers import: everything here takes and returns plain tensors, so it is tested with
-hand-worked numbers and shared by PPO, REINFORCE++ and GRPO.
+hand-worked numbers and shared by every estimator. The per-prompt-group baselines of the outcome reward (GRPO,
+REINFORCE++-baseline, RLOO) are in ``zerotir.rl.baselines``.
 
 Conventions (see ``zerotir.types``):
     * Per-token tensors are ``(B, T)`` and aligned with ``input_ids``: ``logp[b, t]`` is log p(token t | tokens < t),
@@ -15,7 +16,8 @@ How env tokens are skipped in returns and GAE (value function masking):
     not a decision of the policy, so it neither adds reward nor costs a discount step (gamma and lambda are applied
     once per action-to-action hop). The value at t' already sees the injected tokens, since they precede t' in the
     context. Consequently a trajectory with an injected span gets exactly the same returns and advantages on its
-    action tokens as the same trajectory with the span cut out; non-action positions get 0.
+    action tokens as the same trajectory with the span cut out; non-action positions get 0. (``gae_advantages``
+    also offers the paper's alternative, ``injected="restart"``: each turn is its own episode.)
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from zerotir.rl.masked import (  # noqa: F401  (re-exported: the statistics the 
 )
 
 KL_KINDS = ("k1", "k2", "k3")
+GAE_INJECTED_MODES = ("skip", "restart")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 # exp() of a larger exponent overflows quickly in low precision; k3 clamps its exponent here (exp(20) ~ 4.9e8).
 _K3_MAX_LOG_RATIO = 20.0
 
@@ -156,9 +160,10 @@ def reinforce_pp_advantages(
 
 
 def gae_advantages(
-    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0,
+    injected: str = "skip",
 ) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation over the action tokens (PPO), env tokens skipped.
+    """Generalised advantage estimation over the action tokens (PPO).
 
     For action token t with next action token t' (none after the last one: V = 0, A = 0 there):
         delta_t = r_t + gamma * V_t' - V_t;    A_t = delta_t + gamma * lam * A_t';    returns_t = A_t + V_t.
@@ -169,23 +174,31 @@ def gae_advantages(
         mask: (B, T) action mask.
         gamma: discount per action token.
         lam: GAE lambda.
+        injected: what an injected (non-action) token inside a row does. "skip" (default, as verl): t' is the next
+            action token however many injected tokens lie between (see the module docstring). "restart" (the
+            paper's code, ``lastgaelam *= action_mask``): t' must be t + 1; an injected token ends the episode, so
+            the last action token before a tool output bootstraps from V = 0 and A = 0, and each turn is its own
+            episode (at gamma = lam = 1 its value target is its own rewards, ~0 before the final answer).
 
     Returns:
         (advantages, returns), both (B, T) and 0 off the mask. Advantages are not whitened here.
     """
     _check_shape("token_rewards", token_rewards, "mask", mask)
     _check_shape("values", values, "mask", mask)
+    if injected not in GAE_INJECTED_MODES:
+        raise ValueError(f"injected={injected!r}: choose one of {GAE_INJECTED_MODES}")
     m = _bool_mask(mask)
     values = values.detach().to(token_rewards.dtype)
     advantages = torch.zeros_like(token_rewards)
     next_value = torch.zeros_like(token_rewards[:, 0])
     next_adv = torch.zeros_like(next_value)
+    zero = torch.zeros_like(next_value)
     for t in range(token_rewards.shape[1] - 1, -1, -1):
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
         adv = delta + gamma * lam * next_adv
-        # Only action tokens update the carried state: an env token leaves V_next and A_next as they were.
-        next_adv = torch.where(m[:, t], adv, next_adv)
-        next_value = torch.where(m[:, t], values[:, t], next_value)
+        # Only action tokens carry state on; an env token leaves it as it was (skip) or resets it to 0 (restart).
+        next_adv = torch.where(m[:, t], adv, next_adv if injected == "skip" else zero)
+        next_value = torch.where(m[:, t], values[:, t], next_value if injected == "skip" else zero)
         advantages[:, t] = next_adv
     zeros = torch.zeros_like(advantages)
     advantages = torch.where(m, advantages, zeros)
@@ -193,32 +206,48 @@ def gae_advantages(
     return advantages, returns
 
 
-def group_advantages(
-    rewards: Tensor, group_ids: Tensor, scale_by_std: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """GRPO baseline: each reward minus the mean of its prompt group, divided by the group std.
-
-    Args:
-        rewards: (B,) outcome rewards.
-        group_ids: (B,) prompt index of each trajectory (any integers; groups need not be contiguous).
-        scale_by_std: divide by (group std + eps); the std is unbiased (Bessel), as in GRPO's reference code. A group
-            of one sample has std 0 and advantage 0.
-        eps: added to the std.
-
-    Returns:
-        (B,) advantages (broadcast them over the action tokens for the policy loss).
-    """
-    mean, count, inverse = group_stats(rewards, group_ids)
-    centered = rewards.to(torch.float64) - mean
-    if scale_by_std:
-        sq = torch.zeros(int(inverse.max().item()) + 1 if inverse.numel() else 0, dtype=torch.float64,
-                         device=centered.device).index_add_(0, inverse, centered**2)
-        std = torch.sqrt(sq[inverse] / (count - 1).clamp(min=1))
-        centered = centered / (std + eps)
-    return centered.to(rewards.dtype)
-
-
 # ---- Losses ----------------------------------------------------------------------------------------------------------
+
+
+def aggregate_loss(
+    per_token: Tensor, mask: Tensor, agg_mode: str = "token-mean", norm_tokens: int | None = None
+) -> Tensor:
+    """Reduce a (B, T) per-token loss to a scalar (verl's ``loss_agg_mode``). Rows without action tokens never count.
+
+    Modes (``agg_mode``):
+        "token-mean": every action token of the batch weighs the same (sum / token count); long responses weigh more.
+        "seq-mean-token-mean": mean over the rows of each row's token mean; every response weighs the same.
+        "seq-mean-token-sum": mean over the rows of each row's token sum.
+        "seq-mean-token-sum-norm": mean over the rows of each row's token sum / ``norm_tokens``, a constant (Dr. GRPO:
+            the response budget), so neither the response length nor the batch's lengths rescale a token's gradient.
+
+    The batch's weight in a larger batch is ``loss_units(mask, agg_mode)``: tokens for token-mean, rows otherwise.
+    """
+    _check_shape("mask", mask, "per_token", per_token)
+    if agg_mode == "token-mean":
+        return masked_mean(per_token, mask)
+    if agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode={agg_mode!r}: choose one of {LOSS_AGG_MODES}")
+    row_sums = masked_sum(per_token, mask, dim=1)
+    row_tokens = masked_sum(torch.ones_like(per_token), mask, dim=1)
+    if agg_mode == "seq-mean-token-mean":
+        per_row = row_sums / row_tokens.clamp(min=1)
+    elif agg_mode == "seq-mean-token-sum":
+        per_row = row_sums
+    else:
+        if norm_tokens is None or norm_tokens < 1:
+            raise ValueError(f"loss_agg_mode={agg_mode!r} needs norm_tokens >= 1 (the response budget): {norm_tokens}")
+        per_row = row_sums / norm_tokens
+    return masked_mean(per_row, row_tokens > 0)
+
+
+def loss_units(mask: Tensor, agg_mode: str = "token-mean") -> Tensor:
+    """What ``aggregate_loss`` averages over: action tokens (token-mean) or rows with an action token (the others).
+
+    A micro-batch's loss weighed by its share of the mini-batch's units sums to the mini-batch's aggregate loss.
+    """
+    m = _bool_mask(mask)
+    return m.sum() if agg_mode == "token-mean" else m.any(dim=1).sum()
 
 
 def policy_loss(
@@ -228,10 +257,15 @@ def policy_loss(
     mask: Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
+    dual_clip: float | None = None,
+    agg_mode: str = "token-mean",
+    norm_tokens: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate with an asymmetric clip range [1 - clip_low, 1 + clip_high], token mean over the mask.
+    """PPO clipped surrogate with an asymmetric clip range [1 - clip_low, 1 + clip_high], optionally dual-clipped.
 
-    Per action token: ratio = exp(logp - old_logp); loss = -min(ratio * A, clip(ratio) * A).
+    Per action token: ratio = exp(logp - old_logp); loss = -min(ratio * A, clip(ratio) * A). Dual clip (Ye et al.
+    2020, verl's ``clip_ratio_c``): for A < 0 the loss is also capped at -A * dual_clip, so a token whose ratio has
+    run far above 1 while its advantage is negative (the clipped objective is unbounded there) stops pushing.
 
     Args:
         logp: (B, T) log-probs under the policy being trained (carries the gradient).
@@ -240,11 +274,13 @@ def policy_loss(
         mask: (B, T) action mask.
         clip_low: lower clip epsilon (ratio floor 1 - clip_low).
         clip_high: upper clip epsilon (ratio ceiling 1 + clip_high); the paper's code uses 0.28 ("clip higher").
+        dual_clip: the lower bound c (> 1) of the dual clip; None: no dual clip.
+        agg_mode, norm_tokens: how the per-token losses become a scalar (see ``aggregate_loss``).
 
     Returns:
-        (loss, stats): a scalar loss (0 with an empty mask), and detached scalars ``clip_fraction`` (share of action
-        tokens where the clipped term is the one taken), ``approx_kl`` (k3 estimate of KL(old || new):
-        mean of ratio - 1 - log ratio) and ``ratio_mean``.
+        (loss, stats): a scalar loss (0 with an empty mask), and detached token means ``clip_fraction`` (the clipped
+        term is the one taken), ``dual_clip_fraction`` (the dual bound is), ``approx_kl`` (k3 estimate of
+        KL(old || new): ratio - 1 - log ratio) and ``ratio_mean``.
     """
     _check_shape("old_logp", old_logp, "logp", logp)
     _check_shape("mask", mask, "logp", logp)
@@ -253,6 +289,8 @@ def policy_loss(
             raise ValueError(f"advantages (B,) must have B = {logp.shape[0]}, got {advantages.shape[0]}")
         advantages = advantages[:, None].expand_as(logp)
     _check_shape("advantages", advantages, "logp", logp)
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip={dual_clip}: the lower bound c must be > 1 (verl and the paper use 3), or None")
     m = _bool_mask(mask)
     # Zero the log-ratio off the mask before exp: prompt positions can hold garbage that would overflow to inf,
     # and inf * 0 in the backward pass would poison the gradient with NaN.
@@ -261,10 +299,17 @@ def policy_loss(
     advantages = advantages.detach().to(ratio.dtype)
     surr = ratio * advantages
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = masked_mean(-torch.minimum(surr, surr_clipped), m)
+    per_token = -torch.minimum(surr, surr_clipped)
+    dual = torch.zeros_like(m)
+    if dual_clip is not None:
+        bound = -dual_clip * advantages
+        dual = (advantages < 0) & (per_token > bound)
+        per_token = torch.where(dual, bound, per_token)
+    loss = aggregate_loss(per_token, m, agg_mode, norm_tokens)
     with torch.no_grad():
         stats = {
             "clip_fraction": masked_mean((surr_clipped < surr).to(ratio.dtype), m),
+            "dual_clip_fraction": masked_mean(dual.to(ratio.dtype), m),
             "approx_kl": masked_mean(ratio - 1 - log_ratio, m),
             "ratio_mean": masked_mean(ratio, m),
         }
@@ -272,9 +317,10 @@ def policy_loss(
 
 
 def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2,
+    agg_mode: str = "token-mean", norm_tokens: int | None = None,
 ) -> Tensor:
-    """Clipped value loss: 0.5 * max((V - R)^2, (V_clipped - R)^2), token mean over the mask.
+    """Clipped value loss: 0.5 * max((V - R)^2, (V_clipped - R)^2) per action token, aggregated by ``agg_mode``.
 
     ``V_clipped = old_values + clamp(values - old_values, -clip, clip)``; ``clip=None`` gives the plain 0.5 * (V - R)^2.
     The mask is the action mask, so the critic trains only on tokens the policy produced (value function masking).
@@ -288,7 +334,7 @@ def value_loss(
         old = old_values.detach()
         clipped = old + (values - old).clamp(-clip, clip)
         sq = torch.maximum(sq, (clipped - returns) ** 2)
-    return 0.5 * masked_mean(sq, mask)
+    return 0.5 * aggregate_loss(sq, mask, agg_mode, norm_tokens)
 
 
 # ---- From logits -----------------------------------------------------------------------------------------------------

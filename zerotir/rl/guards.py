@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from zerotir.scale.distributed import fail_together
 from zerotir.types import Trajectories
 
 
@@ -35,7 +36,11 @@ def _range(t: Tensor | None, mask: Tensor) -> str:
 
 
 def check_finite(loss: Tensor, stats: Mapping[str, Tensor], rl_step: int, batch: Any) -> None:
-    """Raise ``NonFiniteLossError`` if ``loss`` (or a loss term in ``stats``) is NaN or inf.
+    """Raise ``NonFiniteLossError`` if ``loss`` (or a loss term in ``stats``) is NaN or inf, on every rank.
+
+    A collective under a process group (``ppo_update`` calls it for every micro-batch, on every rank the same number
+    of times): a NaN on one rank stops all of them with that rank's message instead of leaving the others waiting in
+    the next backward's reduction.
 
     Args:
         loss: the micro-batch loss about to be back-propagated.
@@ -43,6 +48,11 @@ def check_finite(loss: Tensor, stats: Mapping[str, Tensor], rl_step: int, batch:
         rl_step: the RL step, named in the message.
         batch: the micro-batch (a ``rl_step.TrainBatch``) whose statistics the message reports.
     """
+    with fail_together(NonFiniteLossError):
+        _check_finite_here(loss, stats, rl_step, batch)
+
+
+def _check_finite_here(loss: Tensor, stats: Mapping[str, Tensor], rl_step: int, batch: Any) -> None:
     if bool(torch.isfinite(loss.detach()).all()):
         return
     terms = ", ".join(f"{k}={float(v):.4g}" for k, v in stats.items())
@@ -85,10 +95,16 @@ class SandboxErrorGuard:
         """Record one step's rollouts; raise ``SandboxFailureError`` when the patience is exhausted.
 
         A step without any execution neither counts as bad nor resets the count: it says nothing about the service.
+        A collective under a process group: every rank calls it each step with its own rollouts (ranks may use their
+        own sandboxes), and when the patience runs out on any rank every rank raises that rank's error.
 
         Returns:
             This step's error rate (None without executions).
         """
+        with fail_together(SandboxFailureError):
+            return self._update_here(traj, rl_step)
+
+    def _update_here(self, traj: Trajectories, rl_step: int) -> float | None:
         rate = self.error_rate(traj)
         if rate is None:
             return None

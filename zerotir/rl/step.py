@@ -66,8 +66,19 @@ class StepOptimizer:
 
 
 @dataclass
+class BatchInfo:
+    """What the rollout's group ids stand for (index = group id), and the weights that generated it."""
+
+    prompts: list[str] = field(default_factory=list)  # prompt text of each group
+    problem_ids: list[str] = field(default_factory=list)  # data id of each group
+    sources: list[str] = field(default_factory=list)  # source (benchmark) name of each group
+    weight_version: int = 0  # updates the generating weights had seen
+
+
+@dataclass
 class StepResult:
-    """What one RL step did, handed to the callbacks through ``on_train_batch_end``'s ``outputs["step"]``."""
+    """What one RL step did, handed to the callbacks through ``on_train_batch_end``'s ``outputs["step"]`` (an
+    evaluation batch returns one too, without an update)."""
 
     rl_step: int  # 1-based index of the RL step (the x axis of every TensorBoard tag)
     rollout: Trajectories  # every scored trajectory of this rank, before filtering
@@ -75,6 +86,7 @@ class StepResult:
     filter: FilterDecision | None  # the filter's decision (None: no filter, everything kept)
     stats: dict[str, float]  # update statistics: losses, kl, entropy, clip_fraction, grad_norm, lr; {} when skipped
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: generation, sandbox, reward, ...
+    batch: BatchInfo = field(default_factory=BatchInfo)  # filled by the module (it knows the prompts)
 
     @property
     def skipped(self) -> bool:
@@ -87,7 +99,8 @@ class StepResult:
 
 
 def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | None, models: Models,
-            optimizer: StepOptimizer, step: int, seed: int, device: torch.device | str = "cpu") -> StepResult:
+            optimizer: StepOptimizer, step: int, seed: int, device: torch.device | str = "cpu",
+            norm_tokens: int | None = None) -> StepResult:
     """Train on the kept trajectories of ``rollout`` (all of them without a decision); see the module doc.
 
     Args:
@@ -99,6 +112,8 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
         step: the RL step index (names the step in errors; with ``seed`` it seeds the mini-batch order).
         seed: the run's seed.
         device: where the models are (the kept trajectories are moved there).
+        norm_tokens: the response budget (``model.sampling.max_response_tokens``), the divisor of
+            ``loss_agg_mode="seq-mean-token-sum-norm"``; None is an error in that mode only.
 
     Returns:
         The step's result; ``stats`` is empty when no rank kept anything (then exactly
@@ -112,12 +127,12 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
         stats: dict[str, float] = {}
     else:
         batch = (kept if len(kept) else placeholder(rollout)).to(device)
-        stats = _update(cfg, batch, models, optimizer, step, seed)
+        stats = _update(cfg, batch, models, optimizer, step, seed, norm_tokens)
     return StepResult(step, rollout, keep, decision, stats)
 
 
 def _update(cfg: RLConfig, batch_traj: Trajectories, models: Models, optimizer: StepOptimizer, step: int,
-            seed: int) -> dict[str, float]:
+            seed: int, norm_tokens: int | None) -> dict[str, float]:
     trained = [m for m in (models.actor, models.critic) if m is not None]
     for m in trained:
         m.eval()  # old log-probs / values without dropout, as the rollout saw them
@@ -125,5 +140,6 @@ def _update(cfg: RLConfig, batch_traj: Trajectories, models: Models, optimizer: 
     for m in trained:
         m.train()  # gradient checkpointing is only active in train mode
     gen = torch.Generator().manual_seed(seed + step)
-    stats.update(ppo_update(cfg, batch, models.actor, models.critic, optimizer.backward, optimizer.step, step, gen))
+    stats.update(ppo_update(cfg, batch, models.actor, models.critic, optimizer.backward, optimizer.step, step, gen,
+                            norm_tokens))
     return stats

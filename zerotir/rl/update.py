@@ -9,9 +9,9 @@ Alignment (see ``zerotir.types``): every per-token tensor is ``(B, T)`` and alig
 Position 0 is a prompt token and gets 0.
 
 Data parallel: each rank holds its own trajectories. Whitening uses the global batch statistics, the loss weights
-use the global token count, and every rank runs the same number of forward / backward passes (the largest local
-count; the extra passes repeat a local row with weight 0), which ZeRO-3's collective parameter gathers require. A
-rank whose filter kept nothing is given a one-row placeholder with an empty action mask (``placeholder``).
+use the global token (or sequence) count, and every rank runs the same number of forward / backward passes (the
+largest local count; the extra passes repeat a local row with weight 0), which ZeRO-3's collective parameter gathers
+require. A rank whose filter kept nothing is given a one-row placeholder with an empty action mask (``placeholder``).
 Without a process group all of this reduces to the single-process computation.
 """
 
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from zerotir.config import RLConfig
 from zerotir.rl import algorithms as A
+from zerotir.rl import baselines as B
 from zerotir.rl.guards import check_finite
 from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
 from zerotir.types import Trajectories
@@ -126,24 +127,33 @@ def compute_advantages(
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages ``(B, T)`` (0 off the action mask) and, for PPO, the value targets.
 
-    ``kl`` is the per-token KL estimate of the sampling policy against the reference; it is folded into the token
-    rewards (PPO, REINFORCE++) unless ``use_kl_loss`` moves it into the loss. GRPO never shapes rewards with it.
+    ``kl`` is the per-token KL estimate of the sampling policy against the reference; unless ``use_kl_loss`` moves it
+    into the loss it is folded into the token rewards (PPO, REINFORCE++, REINFORCE++-baseline, RLOO) or, for GRPO
+    with ``grpo_kl_in_reward``, summed into each trajectory's reward before the group baseline. Whitening uses the
+    global batch of all ranks; otherwise each branch is its ``zerotir.rl.algorithms`` / ``zerotir.rl.baselines`` function.
     """
     rewards = traj.rewards.to(mask.device, torch.float32)
-    kl_coef = 0.0 if (kl is None or cfg.use_kl_loss) else cfg.kl_coef
-    if cfg.algorithm == "reinforce_pp":
-        # algorithms.reinforce_pp_advantages, with the whitening over the global batch.
+    kl_coef = cfg.kl_coef if (kl is not None and cfg.kl_in_reward) else 0.0
+    groups = traj.group_ids.to(mask.device)
+    if cfg.algorithm in ("reinforce_pp", "reinforce_baseline", "rloo"):
+        if cfg.algorithm == "reinforce_baseline":
+            rewards = B.group_advantages(rewards, groups, scale_by_std=False)
+        elif cfg.algorithm == "rloo":
+            rewards = B.leave_one_out_advantages(rewards, groups)
         returns = A.discounted_returns(A.token_level_rewards(rewards, mask, kl, kl_coef), mask, cfg.gamma)
-        return A.masked_whiten(returns, mask, all_reduce=all_reduce_sum), None
+        if cfg.algorithm == "rloo":  # RLOO's advantages stay in reward units
+            return returns, None
+        return A.masked_whiten(returns, mask, eps=cfg.whiten_eps, all_reduce=all_reduce_sum), None
     if cfg.algorithm == "grpo":
-        per_traj = A.group_advantages(rewards, traj.group_ids.to(mask.device), cfg.grpo_scale_by_std)
+        rewards = B.kl_penalized_rewards(rewards, mask, kl, kl_coef)
+        per_traj = B.group_advantages(rewards, groups, cfg.grpo_scale_by_std, cfg.grpo_std_eps)
         return torch.where(mask, per_traj[:, None].expand_as(mask), torch.zeros_like(mask, dtype=torch.float32)), None
     if values is None:
         raise ValueError("algorithm 'ppo' needs critic values")
     token_rewards = A.token_level_rewards(rewards, mask, kl, kl_coef)
-    adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda)
+    adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda, cfg.gae_injected)
     if cfg.whiten_ppo_advantages:
-        adv = A.masked_whiten(adv, mask, all_reduce=all_reduce_sum)
+        adv = A.masked_whiten(adv, mask, eps=cfg.whiten_eps, all_reduce=all_reduce_sum)
     return adv, returns
 
 
@@ -184,30 +194,33 @@ def prepare_batch(
 
 
 def micro_batch_loss(
-    cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None
+    cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None, norm_tokens: int | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch: clipped policy loss + vf_coef * value loss (+ kl_coef * KL, - entropy bonus),
-    each a token mean over the micro-batch's action tokens. Returns the loss and detached statistics."""
+    each aggregated over the micro-batch by ``loss_agg_mode`` (token mean by default). ``norm_tokens`` is the
+    response budget (``model.sampling.max_response_tokens``), the divisor of ``seq-mean-token-sum-norm``. Returns the
+    loss and detached statistics."""
     logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, with_entropy=True,
                                       entropy_grad=cfg.entropy_coef != 0)
     mask = mb.action_mask
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
-    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high)
+    agg = dict(agg_mode=cfg.loss_agg_mode, norm_tokens=norm_tokens)
+    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip, **agg)
     stats = dict(stats, policy_loss=loss.detach(), entropy=A.masked_mean(entropy, mask).detach())
     if single_pass and mb.engine_logp is not None:
         stats["engine_logprob_diff"] = A.masked_mean((old_logp - mb.engine_logp).abs(), mask)
     if cfg.entropy_coef:
-        loss = loss - cfg.entropy_coef * A.masked_mean(entropy, mask)
+        loss = loss - cfg.entropy_coef * A.aggregate_loss(entropy, mask, **agg)
     if mb.ref_logp is not None:
-        kl_loss = A.masked_mean(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask), mask)
+        kl_loss = A.aggregate_loss(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask), mask, **agg)
         stats["kl_loss"] = kl_loss.detach()
         if single_pass:  # the KL before the update, measured in the same forward pass
             stats["kl"] = stats["kl_loss"]
         loss = loss + cfg.kl_coef * kl_loss
     if cfg.algorithm == "ppo":
         values = sequence_values(critic, mb.input_ids, mb.attention_mask)
-        v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip)
+        v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip, **agg)
         stats["value_loss"] = v_loss.detach()
         loss = loss + cfg.vf_coef * v_loss
     return loss, stats
@@ -222,17 +235,20 @@ def ppo_update(
     optimizer_step: Callable[[bool], float],
     rl_step: int,
     generator: torch.Generator | None = None,
+    norm_tokens: int | None = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, each split into ``num_mini_batches`` optimizer steps, each accumulated
     over micro-batches of ``micro_batch_size`` trajectories.
 
-    A micro-batch's loss is weighted by its share of the mini-batch's action tokens, so the accumulated gradient is
-    the token mean over the whole mini-batch whatever the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
+    A micro-batch's loss is weighted by its share of the mini-batch's action tokens (``token-mean``) or of its
+    sequences (the ``seq-mean-*`` modes), so the accumulated gradient is the mini-batch's aggregate loss whatever
+    the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
     calls of ``optimizer_step(has_grad)`` are made; an empty mini-batch calls it with ``has_grad=False`` (the step is
-    then a no-op that keeps Lightning's step count in line with the RL step).
+    then a no-op that keeps Lightning's step count in line with the RL step). ``norm_tokens``: see
+    ``micro_batch_loss``.
 
     Returns:
-        Token-weighted means of the micro-batch statistics and the mean gradient norm of the real steps.
+        Means of the micro-batch statistics, weighted like the loss, and the mean gradient norm of the real steps.
     """
     sums: dict[str, float] = {}
     norms = []
@@ -242,16 +258,17 @@ def ppo_update(
         order = torch.randperm(len(batch), generator=generator)
         # tensor_split gives exactly num_mini_batches parts (some empty when the batch is small).
         for mini_rows in torch.tensor_split(order, cfg.num_mini_batches):
-            tokens = global_sum(batch.action_mask[mini_rows].sum())
-            if tokens == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
+            units = global_sum(A.loss_units(batch.action_mask[mini_rows], cfg.loss_agg_mode))
+            if units == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
                 optimizer_step(False)
                 continue
             for rows, padding in aligned_chunks(len(mini_rows), cfg.micro_batch_size):
                 mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])
-                loss, stats = micro_batch_loss(cfg, mb, actor, critic)
+                loss, stats = micro_batch_loss(cfg, mb, actor, critic, norm_tokens)
                 check_finite(loss, stats, rl_step, mb)
-                # Data-parallel backends average gradients over ranks, hence * world: the sum is the token mean.
-                weight = 0.0 if padding else float(mb.action_mask.sum().item()) * world / tokens
+                # Data-parallel backends average gradients over ranks, hence * world: the sum is the mini-batch's
+                # aggregate (its token mean, or its sequence mean with the seq-mean modes).
+                weight = 0.0 if padding else float(A.loss_units(mb.action_mask, cfg.loss_agg_mode)) * world / units
                 backward(loss * weight)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v) * weight

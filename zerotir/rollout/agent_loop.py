@@ -37,10 +37,10 @@ from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
 from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
     STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
-    failed_call_result, format_result, open_block_head, status_of, straddling_stop,
+    failed_call_result, format_output, open_block_head, status_of, straddling_stop,
 )
 from zerotir.rollout.trajectories import to_trajectories
-from zerotir.types import FINISH_LENGTH, FINISH_STOP, Trajectories
+from zerotir.types import FINISH_LENGTH, FINISH_STOP, ToolCall, Trajectories
 
 __all__ = ["Schedule", "ToolConfig", "rollout", "rollout_sync"]
 
@@ -85,6 +85,7 @@ class Row:
     action: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     code: str | None = None  # extracted in this round, to send to the sandbox
+    running: str = ""  # the code in flight (recorded with its result in tool_calls)
     pending: asyncio.Future | None = None  # the sandbox batch holding this row's code, in flight
     slot: int = 0  # this row's place in that batch
     calls: int = 0
@@ -92,6 +93,7 @@ class Row:
     timeouts: int = 0
     sandbox_errors: int = 0
     finish: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 async def rollout(
@@ -246,7 +248,7 @@ def _submit(rows: list[Row], sandbox: Any, tool: ToolConfig) -> None:
         return
     task = asyncio.ensure_future(_execute([r.code for r in rows], sandbox, tool))
     for slot, row in enumerate(rows):
-        row.pending, row.slot, row.code = task, slot, None
+        row.pending, row.slot, row.running, row.code = task, slot, row.code, None
 
 
 async def _execute(codes: list[str], sandbox: Any, tool: ToolConfig) -> list[Any]:
@@ -402,7 +404,9 @@ def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int
     row.exec_errors += status == STATUS_ERROR
     row.timeouts += status in TIMEOUT_STATUSES
     row.sandbox_errors += status == STATUS_SANDBOX_ERROR
-    injected = tokenizer.encode(format_result(result, tool, tokenizer), add_special_tokens=False)
+    output = format_output(result, tool, tokenizer)
+    row.tool_calls.append(ToolCall(row.running, status, output))
+    injected = tokenizer.encode(tool.output_template.format(output=output), add_special_tokens=False)
     room = budget - len(row.response)
     row.response += injected[:room]
     row.action += [False] * len(injected[:room])

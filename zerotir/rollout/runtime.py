@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from zerotir.config import HFRollout, RolloutBackend, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.rollout.agent_loop import Schedule
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.tp_group import TensorParallelGroup
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -52,18 +53,34 @@ class RolloutRuntime:
         self.engine: Any = None
         self.stale = True  # the engine's weights may differ from the actor's (set after each update and on resume)
         self.asleep = False  # a vLLM engine in sleep mode between its rollout and the next sync
+        # the ranks sharing this rank's engine (``zerotir.rollout.tp_group``): none until start() builds the group
+        self.tp_group = TensorParallelGroup(1)
         self._stack = contextlib.ExitStack()
 
     @property
     def started(self) -> bool:
         return self.engine is not None
 
+    def share_rows(self, rows: list[Any]) -> tuple[list[Any], slice]:
+        """The rows of every rank sharing this rank's engine (in rank order), and the slice that is this rank's;
+        ``rows`` itself without tensor-parallel engines. A collective of the group (see ``rollout``)."""
+        return self.tp_group.share_rows(rows)
+
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any) -> None:
-        """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent."""
+        """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent.
+
+        The sandbox check is a collective under a process group (every rank starts its runtime at the same hook): a
+        sandbox that does not answer one rank stops every rank with that rank's error, instead of leaving the others
+        waiting in their first collective.
+        """
         if self.started:
             return
-        if self.tool.enabled:
-            self._start_sandbox()
+        from zerotir.scale.distributed import fail_together
+
+        with fail_together(Exception):
+            if self.tool.enabled:
+                self._start_sandbox()
+        self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
         self.engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
         self.stale = True
 
@@ -84,16 +101,22 @@ class RolloutRuntime:
 
     def rollout(self, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], truths: list[str],
                 params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """Tool-integrated rollouts of ``prompts`` (``params.n`` each); returns trajectories and timings."""
+        """Tool-integrated rollouts of ``prompts`` (``params.n`` each); returns trajectories and timings.
+
+        With tensor-parallel engines every rank of a group must call this together with the same prompts (the
+        leader's are used: ``share_rows`` merges differing ones first)."""
         from zerotir.rollout.agent_loop import rollout_sync
 
         if not self.started:
             raise RuntimeError("RolloutRuntime.rollout before start()")
         if self.asleep:
             raise RuntimeError("RolloutRuntime.rollout: the engine sleeps; call sync(actor) first")
-        out = rollout_sync(self.engine, tokenizer, self.sandbox, prompts, params, self.tool, truths,
-                           Schedule(self.backend.schedule, self.backend.round_tokens))
-        if getattr(self.engine, "sleep_mode", False):
+        # With a tensor-parallel engine the group's leader runs the tool loop and the other ranks replay its engine
+        # calls, so every shard of the engine gets the same requests; all of them return the leader's trajectories.
+        schedule = Schedule(self.backend.schedule, self.backend.round_tokens)
+        out = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
+            engine, tokenizer, self.sandbox, prompts, params, self.tool, truths, schedule))
+        if isinstance(self.backend, VLLMRollout) and self.engine.sleep_mode:
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)
             self.asleep = self.stale = True
@@ -140,6 +163,7 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
                           enable_sleep_mode=backend.enable_sleep_mode, tensor_parallel_size=backend.tensor_parallel_size,
                           max_model_len=backend.max_model_len, seed=seed, enforce_eager=backend.enforce_eager,
                           cpu_kv_cache_gib=backend.cpu_kv_cache_gib, serving_threads=backend.serving_threads,
+                          distributed_executor_backend=backend.distributed_executor_backend, device=device,
                           **backend.llm_kwargs)
     raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "
                     "zerotir.config.VLLMRollout")

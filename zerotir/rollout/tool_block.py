@@ -78,14 +78,19 @@ def status_of(result: Any) -> str:
 
 
 def format_result(result: Any, tool: ToolConfig, tokenizer: Any = None) -> str:
-    """The injected text for one execution: ``tool.output_template`` around ``sandbox.format_for_model``, cut to
-    ``tool.max_output_tokens`` tokens of ``tokenizer`` when both are given."""
+    """The injected text for one execution: ``tool.output_template`` around ``format_output``."""
+    return tool.output_template.format(output=format_output(result, tool, tokenizer))
+
+
+def format_output(result: Any, tool: ToolConfig, tokenizer: Any = None) -> str:
+    """What goes inside the output block: ``sandbox.format_for_model``, cut to ``tool.max_output_tokens`` tokens of
+    ``tokenizer`` when both are given."""
     from sandbox.result import format_for_model
 
     output = format_for_model(result, tool.max_output_chars)
     if tokenizer is not None and tool.max_output_tokens is not None:
         output = truncate_tokens(output, tokenizer, tool.max_output_tokens)
-    return tool.output_template.format(output=output)
+    return output
 
 
 def truncate_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:

@@ -15,7 +15,7 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
 
     Args:
         rows: ``agent_loop.Row`` s: ``prompt``, ``response`` (sampled + injected ids), ``action`` and ``logprobs``
-            (one per response id), ``group``, ``finish`` and the tool counters.
+            (one per response id), ``group``, ``finish``, the tool counters and ``tool_calls``.
         tokenizer: decodes the responses and gives the pad id.
         truths: the reference answer of each prompt (indexed by ``row.group``).
     """
@@ -52,4 +52,5 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
         finish_reasons=finish,
         response_texts=tokenizer.batch_decode([r.response for r in rows], skip_special_tokens=True),
         ground_truths=[truths[r.group] for r in rows],
+        tool_calls=[list(r.tool_calls) for r in rows],
     )

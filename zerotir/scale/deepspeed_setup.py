@@ -9,6 +9,11 @@
       loads the checkpoint into parameters of size 0 and fails with size mismatches (Lightning issue #19259).
     * ``count_skipped_step``: a skipped update must not call the DeepSpeed engine's ``step()`` (no backward ran, so
       there is nothing to reduce), but Lightning's step count must still advance.
+    * ``begin_micro_batch``: Lightning runs the whole ``training_step`` (every micro-batch's backward and the
+      optimizer step) inside ONE ``DeepSpeedEngine.forward``. ZeRO-3 advances its micro-step counter only in
+      ``clear_backward_seen_flag()``, which only ``engine.forward`` calls, and overwrites (instead of adding to) its
+      gradient partitions while that counter is 0, so without this call it trains on the last micro-batch alone.
+    * ``check_rollout_backend``: the transformers engine under ZeRO-3 with several ranks deadlocks; refused.
 
 DeepSpeed and transformers' DeepSpeed glue are imported only inside the functions that need them.
 """
@@ -18,6 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from zerotir.config import HFRollout, RolloutBackend
 
 CONFIG_FIELD = "trainer.strategy.init_args.config"
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -103,6 +110,48 @@ def hf_zero3_config(trainer: Any) -> Any | None:
     from transformers.integrations import HfDeepSpeedConfig
 
     return HfDeepSpeedConfig(trainer.strategy.config)
+
+
+def begin_micro_batch(engine: Any) -> None:
+    """Before a micro-batch's backward: what ``DeepSpeedEngine.forward`` does before each forward of its own.
+
+    DeepSpeed 0.19's ZeRO optimizers close a backward in ``clear_backward_seen_flag()``, called at the start of the
+    *next* ``engine.forward`` (so that every phase of a reentrant-checkpointed backward sees the same state). ZeRO-3
+    increments ``micro_step_id`` there, and ``partition_grads`` copies instead of accumulating while it is 0; ZeRO-1/2
+    drop the previous backward's ``grad_accum`` there. Under Lightning all micro-batches of a step run inside one
+    ``engine.forward`` (``Strategy.training_step`` goes through ``_forward_redirection``), so the module calls this
+    before each ``manual_backward``: the engine then sees exactly the sequence of a plain ``forward, backward,
+    forward, backward, step`` loop. Before the first backward of a step it changes nothing (no backward ran since
+    ``engine.forward`` / ``zero_grad``). No-op for an engine without a ZeRO optimizer.
+
+    Args:
+        engine: the ``deepspeed.DeepSpeedEngine`` (``trainer.model`` under Lightning's ``DeepSpeedStrategy``).
+    """
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    if isinstance(engine.optimizer, ZeROOptimizer):
+        engine.optimizer.clear_backward_seen_flag()
+
+
+def check_rollout_backend(zero3: bool, world_size: int, backend: RolloutBackend) -> None:
+    """Refuse the transformers rollout engine under ZeRO-3 with several ranks.
+
+    Under ZeRO-3 every forward of the actor all-gathers its parameters, a collective all ranks must join. The
+    transformers engine decodes with the actor itself, and ranks stop decoding after different numbers of tokens
+    (their samples end at different lengths, their tool calls return at different times): a rank that is done waits
+    in the next collective while another still gathers for its decode step, and the run hangs.
+
+    Raises:
+        ValueError: ``model.rollout`` is ``HFRollout`` with ZeRO-3 and ``world_size > 1``.
+    """
+    if zero3 and world_size > 1 and isinstance(backend, HFRollout):
+        raise ValueError(
+            f"model.rollout=HFRollout with DeepSpeed ZeRO-3 on {world_size} ranks: the transformers engine decodes "
+            "with the partitioned actor, every decode step all-gathers its parameters, and ranks decode different "
+            "numbers of steps, so the run would deadlock. Fix: set model.rollout.class_path: "
+            "zerotir.config.VLLMRollout (a separate engine per rank, weights synced after each update), or use "
+            "ZeRO-2 (configs/deepspeed/zero2.json) or one rank."
+        )
 
 
 def count_skipped_step(optimizer: Any) -> None:

@@ -14,6 +14,10 @@ Quantities defined over the *whole* batch need reductions:
       across ranks (ZeRO-3 gathers parameters collectively, so every rank must run the same number of forward and
       backward passes) -> ``global_sum`` / ``global_max``.
 
+Errors: a check that fails on one rank must stop every rank, or the others wait forever in their next collective.
+``fail_together`` runs a check on every rank and, when it raised on any of them, raises the same error (type and
+message, from the lowest failing rank) on all of them.
+
 Every function falls back to the local computation when ``torch.distributed`` is not initialised or the world has one
 rank, so the CPU path and the tests need no process group. Reductions run in float64 on the device the process group
 wants (CUDA for NCCL, CPU otherwise) and the result comes back on the input's device.
@@ -22,7 +26,10 @@ wants (CUDA for NCCL, CPU otherwise) and the result comes back on the input's de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import pickle
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -30,6 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def is_distributed() -> bool:
@@ -174,3 +182,51 @@ def training_share(group_ids: Tensor, rank: int, tensor_parallel_size: int = 1) 
         return torch.ones(group_ids.shape, dtype=torch.bool, device=group_ids.device)
     _, position = torch.unique(group_ids, return_inverse=True)
     return position % tensor_parallel_size == rank % tensor_parallel_size
+
+
+@contextlib.contextmanager
+def fail_together(*kinds: type[BaseException]) -> Iterator[None]:
+    """Run the block on every rank; if it raised one of ``kinds`` on any rank, raise that error on every rank.
+
+    A collective: every rank must enter the block at the same point (one small all-reduce when nothing failed, an
+    object gather when something did). The error raised everywhere is the one of the lowest failing rank, with its
+    type and message (pickled; an exception that cannot be pickled travels as a ``RuntimeError`` naming its type), so
+    every rank stops with the same message; a failing rank chains its own error to it. Other exceptions are not
+    caught. Without a process group the block's error is simply raised.
+
+    Example: ``with fail_together(SandboxFailureError): guard.update(traj, step)``.
+    """
+    error: BaseException | None = None
+    try:
+        yield
+    except kinds as exc:
+        error = exc
+    raise_together(error)
+
+
+def raise_together(error: BaseException | None) -> None:
+    """Collective: ``error`` is this rank's failure or None; raise the lowest failing rank's error on every rank."""
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    if global_max(0.0 if error is None else 1.0) == 0:
+        return
+    reports = gather_objects(None if error is None else _portable(error))
+    rank = dist.get_rank()
+    first = next(r for r, report in enumerate(reports) if report is not None)
+    log.error("rank %d stops: rank %d raised %s", rank, first, reports[first][1])
+    if first == rank:
+        raise error
+    raise pickle.loads(reports[first][0]) from error
+
+
+def _portable(error: BaseException) -> tuple[bytes, str]:
+    """``(pickled error, 'Type: message')``; an unpicklable error is replaced by a RuntimeError saying what it was."""
+    text = f"{type(error).__name__}: {error}"
+    try:
+        data = pickle.dumps(error)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 (any pickling failure: send the text instead)
+        data = pickle.dumps(RuntimeError(text))
+    return data, text

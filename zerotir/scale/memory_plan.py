@@ -27,7 +27,10 @@ Activations (update, rough; bf16; flash attention, so no seq x seq scores; micro
     Actor and critic activations add: one backward runs through ``policy_loss + vf_coef * value_loss``.
 Fixed assumptions (flags): ``overhead_gib`` for the CUDA context, NCCL buffers and allocator slack; vLLM's activation
 peak plus CUDA graphs ``vllm_overhead_gib`` (vLLM measures the real figure when it starts); ``vllm_sleep_gib`` left on
-the GPU while vLLM sleeps; ``sync_bucket_mb`` for one gathered bucket of the weight sync.
+the GPU while vLLM sleeps; ``sync_bucket_mb`` for the bucket size of the weight sync.
+Weight sync (rollout): one gathered bucket in bf16. A bucket holds whole layers and never splits one
+(``zerotir.scale.weight_sync.plan_buckets``), so the peak is ``max(sync_bucket_mb, the largest layer)``; for Qwen2.5 that
+is the embedding / LM head (vocab x hidden: about 1.0 GiB for 7B, 1.45 GiB for 32B), not the 256 MiB bucket.
 """
 
 from __future__ import annotations
@@ -182,6 +185,12 @@ def zero3_working_set(arch: Architecture, s: PlanSettings) -> float:
     return 2 * max(2 * arch.layer_params, arch.embedding_params)
 
 
+def sync_bucket_bytes(arch: Architecture, s: PlanSettings) -> float:
+    """Peak bf16 bytes one weight-sync bucket gathers: the bucket size, or the largest layer when that is larger (a
+    bucket never splits a layer: the embedding and the LM head are layers of their own)."""
+    return max(s.sync_bucket_mb * MIB, 2 * max(arch.layer_params, arch.embedding_params))
+
+
 def plan_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
     """Every component of the plan, in table order (totals are added by ``totals``)."""
     gathered = zero3_working_set(arch, s)
@@ -200,7 +209,8 @@ def plan_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
         Row("activations: critic", 0.0, activation_bytes(arch, s, with_logits=False) if s.critic else 0.0, 0.0,
             "" if s.critic else "not used"),
         *vllm_rows(arch, s),
-        Row("weight-sync bucket", s.sync_bucket_mb * MIB, 0.0, 0.0, "gathered before a rollout"),
+        Row("weight-sync bucket", sync_bucket_bytes(arch, s), 0.0, 0.0,
+            "largest of bucket, layer, embedding / LM head"),
         Row("CUDA context, NCCL, slack", s.overhead_gib * GIB, s.overhead_gib * GIB, 0.0, "assumed"),
     ]
     return rows

@@ -1,0 +1,80 @@
+"""Samples as Markdown (TensorBoard), the pick of samples, and ``python -m zerotir rollouts`` in a terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from tests.rollout_log.test_records import batch
+from zerotir.__main__ import main as zerotir_main
+from zerotir.rollout_log import records as R
+from zerotir.rollout_log.cli import RolloutsInputError, show
+from zerotir.rollout_log.render import markdown_sample, pick_samples, summary_line
+
+
+def records(step=1):
+    return R.trajectory_records(batch(), ["Q: 3 + 4 = ?", "Q: 1 + 1 = ?"], ["a", "b"], step=step)
+
+
+def test_pick_best_worst_and_a_failed_execution():
+    rs = records()
+    picked = pick_samples(rs)
+    # rewards 1, 0, 0 (all 3 tokens long): best is row 0, worst the first lowest (row 1), row 2's call failed
+    assert {kind: r["index"] for kind, r in picked.items()} == {"best": 0, "worst": 1, "exec_error": 2}
+    assert set(pick_samples(rs[:1])) == {"best"} and pick_samples([]) == {}
+
+
+def test_markdown_sample_shows_code_and_output_blocks():
+    text = markdown_sample(records()[2], "exec_error, step 1")
+    assert text.startswith("**exec_error, step 1** | reward 0 (wrong) | 1 call(s), 1 failed | finish stop")
+    assert "```python\n1/0\n```" in text and "*output (error)*\n\n```text\nZeroDivisionError\n```" in text
+    assert "```text\nQ: 1 + 1 = ?\n```" in text and "reference `2`" in text
+    best = markdown_sample(records()[0])
+    assert "3 + 4 = \\\\boxed\\{7}" not in best and "3 + 4 = \\\\boxed{7}" in best  # backslash escaped for Markdown
+    assert "Let me add." in best and "*output (ok)*" in best
+
+
+def test_summary_line():
+    assert summary_line(4, records()) == ("step 4 | 3 trajectories | accuracy 0.33 | code 0.67 | calls/response 0.67 "
+                                          "| failed calls 0.50 | 3.0 tokens | truncated 0.00")
+
+
+def test_terminal_view_prints_summaries_and_filters_one_step(tmp_path):
+    folder = tmp_path / "rollouts"
+    for step in (1, 2):
+        R.write_records(folder / R.file_name("train", step), records(step))
+
+    def view(**kwargs):
+        out = io.StringIO()
+        shown = show(tmp_path, console=Console(file=out, width=100, color_system=None), **kwargs)
+        return shown, out.getvalue()
+
+    shown, text = view()
+    assert shown == 3 and "step 1 | 3 trajectories" in text and "step 2 | 3 trajectories" in text
+    assert "step 2: 3 of 3 trajectories, showing 3" in text and "print(3 + 4)" in text and "output (error)" in text
+    shown, text = view(step=1, filters=["error"])
+    assert shown == 1 and "step 1: 1 of 3 trajectories matching error" in text and "1/0" in text
+    assert "print(3 + 4)" not in text
+    shown, text = view(filters=["wrong", "no-code"], limit=5)
+    assert shown == 1 and "answer 6" in text
+    assert view(filters=["correct"], limit=0)[0] == 0
+    with pytest.raises(RolloutsInputError, match=r"--step 7: no train rollouts .* \(on disk: 1, 2\)"):
+        view(step=7)
+    with pytest.raises(RolloutsInputError, match="no val rollouts"):
+        view(split="val")
+    with pytest.raises(RolloutsInputError, match="no rollout files"):
+        show(tmp_path / "elsewhere")
+
+
+def test_the_command_line(tmp_path, capsys):
+    R.write_records(tmp_path / "rollouts" / R.file_name("train", 3), records(3))
+    with pytest.raises(SystemExit) as code:
+        zerotir_main(["rollouts", str(tmp_path), "--filter", "correct", "--width", "90"])
+    assert code.value.code == 0
+    out = capsys.readouterr().out
+    assert "step 3 | 3 trajectories" in out and "1 of 3 trajectories matching correct" in out
+    with pytest.raises(SystemExit) as code:
+        zerotir_main(["rollouts", str(tmp_path), "--step", "9"])
+    assert code.value.code == 2 and "--step 9" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""The ranks of one tensor-parallel vLLM engine share one request stream, decided by the group's first rank.
+
+With ``tensor_parallel_size`` = tp > 1 each engine spans tp ranks (vLLM's ``external_launcher``: every rank holds a
+shard and runs its own ``vllm.LLM``), and vLLM requires all of them to submit the *same* requests in the same order.
+The tool loop cannot guarantee that on its own: which rows join a round, and what the sandbox returned, depend on each
+rank's own timing and sandbox. So one rank decides: the group's leader (its lowest rank) runs the tool loop with its
+sandbox and, before each ``engine.generate`` call, broadcasts the call's arguments to the group; the other ranks only
+replay those calls on their engine shards (their outputs are the same and are dropped) until the leader broadcasts
+the finished trajectories, which every rank of the group then returns. Validation, whose batches come from a
+``DistributedSampler`` (different rows on every rank), first merges the group's rows (``share_rows``) so that the
+group rolls out one batch and each rank keeps its own part.
+
+Groups are consecutive ranks ``[g * tp, (g + 1) * tp)``, as ``zerotir.scale.distributed.shard_prompts`` and vLLM's
+tensor-parallel groups over the torch world lay them out. Without a process group, or with tp = 1, nothing is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from zerotir.scale.distributed import rank_and_world_size
+from zerotir.types import Trajectories
+
+T = TypeVar("T")
+_GENERATE, _DONE, _FAILED = "generate", "done", "failed"
+
+
+class TensorParallelGroup:
+    """This rank's tensor-parallel group. A collective to build: every rank creates one, at the same point.
+
+    Args:
+        tensor_parallel_size: ranks per engine; must divide the world size.
+    """
+
+    def __init__(self, tensor_parallel_size: int):
+        rank, world = rank_and_world_size()
+        if tensor_parallel_size < 1 or world % tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must divide the number of ranks {world} "
+                             "(model.rollout.init_args.tensor_parallel_size vs trainer.devices x trainer.num_nodes)")
+        self.size = tensor_parallel_size
+        self.rank = rank
+        self.leader = rank - rank % tensor_parallel_size
+        self.group: Any = None
+        if tensor_parallel_size > 1 and world > 1:
+            for start in range(0, world, tensor_parallel_size):  # every rank creates every group, in order
+                group = dist.new_group(list(range(start, start + tensor_parallel_size)))
+                if start == self.leader:
+                    self.group = group
+
+    @property
+    def shared(self) -> bool:
+        """Whether this rank's engine is shared with other ranks."""
+        return self.group is not None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader
+
+    def _broadcast(self, message: Any) -> Any:
+        box = [message]
+        dist.broadcast_object_list(box, src=self.leader, group=self.group)
+        return box[0]
+
+    def share_rows(self, rows: Sequence[T]) -> tuple[list[T], slice]:
+        """The group's rows (every rank's ``rows``, in rank order) and the slice of them that are this rank's."""
+        if not self.shared:
+            return list(rows), slice(0, len(rows))
+        parts: list[Any] = [None] * self.size
+        dist.all_gather_object(parts, list(rows), group=self.group)
+        start = sum(len(p) for p in parts[: self.rank - self.leader])
+        return [row for part in parts for row in part], slice(start, start + len(rows))
+
+    def rollout(self, engine: Any, run: Callable[[Any], T]) -> T:
+        """``run(engine)`` (the tool loop) on the leader, its engine calls replayed on the other ranks; every rank of
+        the group returns the leader's result. An error on the leader is raised on every rank of the group.
+
+        Args:
+            engine: this rank's engine (a shard of the group's).
+            run: the rollout, called on the leader only with an engine that broadcasts each ``generate`` call.
+        """
+        if not self.shared:
+            return run(engine)
+        if self.is_leader:
+            try:
+                result = run(_LeaderEngine(engine, self))
+            except Exception as exc:
+                self._broadcast((_FAILED, f"{type(exc).__name__}: {exc}"))
+                raise
+            self._broadcast((_DONE, result))
+            return result
+        while True:
+            kind, *payload = self._broadcast(None)
+            if kind == _GENERATE:
+                prompts, params, kwargs = payload
+                engine.generate(prompts, params, **kwargs)  # the same call as the leader's; its output is the same
+            elif kind == _DONE:
+                return payload[0]
+            else:
+                raise RuntimeError(f"the rollout failed on rank {self.leader}, the leader of this rank's "
+                                   f"tensor-parallel group: {payload[0]}")
+
+
+def own_trajectories(traj: Trajectories, own: slice, group_rows: int, n: int) -> Trajectories:
+    """This rank's trajectories of a rollout over a group's merged rows (``share_rows``): prompt i's ``n`` samples
+    are rows ``i * n .. i * n + n - 1``. ``traj`` itself when the rows were this rank's alone."""
+    if own == slice(0, group_rows):
+        return traj
+    return traj.select(list(range(own.start * n, own.stop * n)))
+
+
+class _LeaderEngine:
+    """The leader's engine inside the tool loop: broadcasts each ``generate`` call to the group, then makes it."""
+
+    def __init__(self, engine: Any, group: TensorParallelGroup):
+        self.engine = engine
+        self.tp = group
+        self.accepts_param_list = engine.accepts_param_list
+
+    def generate(self, prompts: list[list[int]], params: Any, **kwargs: Any) -> Any:
+        self.tp._broadcast((_GENERATE, prompts, params, kwargs))
+        return self.engine.generate(prompts, params, **kwargs)

@@ -1,0 +1,111 @@
+"""Showing rollout records: as Markdown for TensorBoard's text panel, and coloured in a terminal (rich).
+
+Both read the records of ``zerotir.rollout_log.records``; the response is split into its text, code and output parts
+(``records.segments``), so code and tool output show as blocks of their own. The k-th output block of a response is
+the result of its k-th execution (``tool_calls[k]``), whose status colours it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from zerotir.rollout_log.records import FAILED_STATUSES, has_failed_call, segments, summary
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|])")
+
+
+def pick_samples(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A few telling trajectories of a step: ``best`` (highest reward, then shortest), ``worst`` (lowest reward,
+    then longest) and ``exec_error`` (the first one with a failed execution that is neither of those, if any)."""
+    if not records:
+        return {}
+    best = max(records, key=lambda r: (r["reward"], -r["response_tokens"]))
+    worst = min(records, key=lambda r: (r["reward"], -r["response_tokens"]))
+    picked = {"best": best}
+    if worst is not best:
+        picked["worst"] = worst
+    failed = [r for r in records if has_failed_call(r)]
+    rest = [r for r in failed if r is not best and r is not worst]
+    if failed:
+        picked["exec_error"] = (rest or failed)[0]
+    return picked
+
+
+def _escape(text: str) -> str:
+    """Markdown-escaped text with its line breaks kept (a trailing double space breaks a Markdown line)."""
+    return "  \n".join(_MD_SPECIAL.sub(r"\\\1", line) for line in text.split("\n"))
+
+
+def _fenced(text: str, lang: str = "") -> str:
+    fence = "````" if "```" in text else "```"
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def headline(record: dict[str, Any]) -> str:
+    """One line on a trajectory: reward, verdict, calls, finish reason, length."""
+    failed = sum(c["status"] in FAILED_STATUSES for c in record["tool_calls"])
+    verdict = "correct" if record["correct"] else "wrong"
+    return (f"reward {record['reward']:g} ({verdict}) | {record['calls']} call(s), {failed} failed | "
+            f"finish {record['finish_reason']} | {record['response_tokens']} tokens")
+
+
+def markdown_sample(record: dict[str, Any], title: str = "") -> str:
+    """One trajectory as Markdown: a headline, the answer against the reference, the prompt, then the response
+    with its code blocks as ``python`` and its outputs as ``text`` blocks (each labelled with its status)."""
+    lines = [f"**{title}** | " if title else "", headline(record), "\n\n",
+             f"problem `{record['problem_id']}` | answer `{record['answer']}` | reference `{record['reference']}`",
+             "\n\n**prompt**\n\n", _fenced(record["prompt"], "text"), "\n\n**response**\n\n"]
+    calls = iter(record["tool_calls"])
+    for kind, text in segments(record["response"]):
+        if kind == "text":
+            lines.append(_escape(text.strip("\n")) + "\n\n")
+        elif kind == "code":
+            lines.append(_fenced(text, "python") + "\n\n")
+        else:
+            call = next(calls, None)
+            status = call["status"] if call is not None else "?"
+            lines.append(f"*output ({status})*\n\n" + _fenced(text, "text") + "\n\n")
+    return "".join(lines).rstrip() + "\n"
+
+
+def summary_line(step: int, records: Sequence[dict[str, Any]]) -> str:
+    """``step k | n trajectories | accuracy | code rate | calls | failed calls | tokens | truncated``."""
+    s = summary(records)
+    if not s["trajectories"]:
+        return f"step {step} | 0 trajectories"
+    return (f"step {step} | {s['trajectories']} trajectories | accuracy {s['accuracy']:.2f} | code "
+            f"{s['code_rate']:.2f} | calls/response {s['calls_per_response']:.2f} | failed calls "
+            f"{s['failed_call_rate']:.2f} | {s['response_tokens']:.1f} tokens | truncated {s['truncated']:.2f}")
+
+
+def rich_trajectory(record: dict[str, Any]) -> Any:
+    """A rich renderable of one trajectory: headline, prompt (dim), text, code (syntax-highlighted) and output
+    panels (yellow, red when the execution failed), and the answer against the reference (green / red)."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.text import Text
+
+    ok = bool(record["correct"])
+    head = Text.assemble((f"#{record['index']} ", "bold"), (f"{record['problem_id']}  ", "cyan"),
+                         (headline(record), "bold green" if ok else "bold red"))
+    parts: list[Any] = [head, Text(record["prompt"].rstrip("\n"), style="dim")]
+    calls = iter(record["tool_calls"])
+    for kind, text in segments(record["response"]):
+        if kind == "text":
+            parts.append(Text(text.strip("\n")))
+        elif kind == "code":
+            parts.append(Panel(Syntax(text, "python", theme="ansi_dark", background_color="default"),
+                               title="code", title_align="left", border_style="blue"))
+        else:
+            call = next(calls, None)
+            status = call["status"] if call is not None else "?"
+            failed = status in FAILED_STATUSES
+            parts.append(Panel(Text(text, style="red" if failed else "yellow"), title=f"output ({status})",
+                               title_align="left", border_style="red" if failed else "yellow"))
+    answer = Text.assemble(("answer ", "bold"), (str(record["answer"]), "bold green" if ok else "bold red"),
+                           ("   reference ", "bold"), (str(record["reference"]), "green"))
+    parts.append(answer)
+    return Group(*parts)
