@@ -73,7 +73,7 @@ class RolloutDumper(Callback):
         if not self.enabled:
             return
         self.folder = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "rollouts"
-        loggers = getattr(trainer, "loggers", [])
+        loggers = trainer.loggers
         if self.tensorboard_samples and not any(isinstance(lg, TensorBoardLogger) for lg in loggers):
             rank_zero_warn(f"RolloutDumper: tensorboard_samples needs a TensorBoardLogger, and the loggers are "
                            f"{[type(lg).__name__ for lg in loggers]}: the rollouts go to {self.folder} only (set "
@@ -121,7 +121,7 @@ class RolloutDumper(Callback):
 
     def _eval_epoch_end(self, trainer: Any, pl_module: Any, split: str) -> None:
         parts, self._eval_parts = self._eval_parts, []
-        if parts and not getattr(trainer, "sanity_checking", False):
+        if parts and not trainer.sanity_checking:
             self._submit(trainer, split, parts[-1]["step"], parts)
 
     def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -148,11 +148,11 @@ class RolloutDumper(Callback):
     def _submit(self, trainer: Any, split: str, step: int, parts: list[dict[str, Any]]) -> None:
         if self._writer is None or self.folder is None:
             raise RuntimeError("RolloutDumper: no writer (the callback was not set up by the Trainer)")
-        rank, world = int(getattr(trainer, "global_rank", 0)), int(getattr(trainer, "world_size", 1))
+        rank, world = trainer.global_rank, trainer.world_size
         path = self.folder / R.file_name(split, step, rank, world)
         writers = []
-        if self.tensorboard_samples and getattr(trainer, "is_global_zero", True):
-            writers = [lg.experiment for lg in getattr(trainer, "loggers", []) if isinstance(lg, TensorBoardLogger)]
+        if self.tensorboard_samples and trainer.is_global_zero:
+            writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         prefix = "samples" if split == "train" else f"{split}_samples"
         keep_last, folder = self.keep_last, self.folder
 
