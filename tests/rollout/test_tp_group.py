@@ -9,15 +9,13 @@ merged, rolled out once by the group, and each rank gets back its own problems.
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests.gloo import free_port, run_ranks
 
 WORLD = 2
 SPAWN_TIMEOUT_S = 90.0
@@ -25,12 +23,6 @@ PROMPT = "Q: 2+3?\n"
 OTHER = "Q: 1+1?\n"
 STEP = "Let me compute.\n```python\nprint(2+3)\n```"
 ANSWER = "\nThe answer is \\boxed{5}."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -81,17 +73,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("tp")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} gloo workers did not finish within {SPAWN_TIMEOUT_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.terminate()
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, (free_port(), str(out)), WORLD, out, SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.timeout(150)

@@ -10,18 +10,16 @@ arguments).
 from __future__ import annotations
 
 import math
-import socket
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from zerotir.rl import algorithms as A
 from zerotir.scale import distributed as D
+from tests.gloo import free_port, run_ranks
 
 WORLD = 2
 SPAWN_TIMEOUT_S = 90.0
@@ -96,27 +94,10 @@ def _worker(rank: int, port: int, out_dir: str, keeps: list[torch.Tensor]) -> No
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("dist")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out), keep_masks()), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1.0):  # raises ProcessRaisedException with the rank's traceback on a failure
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} gloo workers did not finish within {SPAWN_TIMEOUT_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.terminate()
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, (free_port(), str(out), keep_masks()), WORLD, out, SPAWN_TIMEOUT_S)
 
 
 # ----- two ranks vs one process -----
@@ -306,7 +287,7 @@ def _error_worker(rank: int, port: int, out_dir: str) -> None:
         traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]))
         results["guard"] = _outcome(lambda: guard.update(traj, 3))
         # The sandbox health check at start: rank 1's configured sandbox does not answer.
-        url = _health_server() if rank == 0 else f"http://127.0.0.1:{_free_port()}"
+        url = _health_server() if rank == 0 else f"http://127.0.0.1:{free_port()}"
         runtime = RolloutRuntime(HFRollout(), SandboxConfig(urls=[url]), ToolConfig(), "unused")
         results["health"] = _outcome(lambda: runtime.start(None, None, "cpu"))
         # Nothing failed anywhere: nothing is raised, and the block's value comes back.
@@ -320,18 +301,7 @@ def _error_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.timeout(150)
 def test_an_error_on_one_rank_stops_every_rank_with_the_same_message(tmp_path: Path) -> None:
-    ctx = mp.start_processes(_error_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} gloo workers did not finish within {SPAWN_TIMEOUT_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.terminate()
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
+    r0, r1 = run_ranks(_error_worker, (free_port(), str(tmp_path)), WORLD, tmp_path, SPAWN_TIMEOUT_S)
     for key, kind, text in (("finite", "NonFiniteLossError", "RL step 7: the loss is nan"),
                             ("guard", "SandboxFailureError", "http://sandbox-of-rank-0"),
                             ("health", "SandboxUnavailable", "no sandbox server is healthy")):

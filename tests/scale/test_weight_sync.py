@@ -5,7 +5,6 @@ trained model (issue 6's acceptance test)."""
 from __future__ import annotations
 
 import importlib
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +16,7 @@ from zerotir.rollout.engine import SamplingParams
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.scale.weight_sync import hf_name, iter_bucketed_params, layer_key, plan_buckets, sync_weights
+from tests.gloo import free_port
 
 MAX_LEN = 128
 
@@ -110,12 +110,6 @@ def test_sync_weights_into_hf_engine_bucket_by_bucket():
 
 # ---------------------------------------------------------------- DeepSpeed ZeRO-3 on CPU
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def zero3(tmp_path_factory):
     """A tiny Llama (saved as the vLLM start folder) trained one AdamW step under ZeRO-3 on CPU (gloo, 1 rank)."""
@@ -125,7 +119,7 @@ def zero3(tmp_path_factory):
     folder = tmp_path_factory.mktemp("zero3_start")
     tok, model = tiny(save_dir=folder)
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+        for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
                            "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
             mp.setenv(key, value)
         # DeepSpeed JIT-compiles a shared-memory allreduce op at init on CPU (minutes on a small machine, once
