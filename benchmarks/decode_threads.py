@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from zerotir.rollout.engine import SamplingParams  # noqa: E402
+from zerotir.rollout.engine import SamplingParams, generate  # noqa: E402
 from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
 from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402
 from zerotir.toy.tokenizer import build_byte_tokenizer  # noqa: E402
@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for engine in engines.values():
         engine.eos_ids = set()  # exactly --tokens per row
     params = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=0)
-    engines[1].generate(prompts[:8], params)  # warm-up
+    generate(engines[1], prompts[:8], params)  # warm-up
     rates: dict[int, list[float]] = {1: [], 2: []}
     loads = []
     for r in range(args.repeats):
         for n in ((1, 2) if r % 2 == 0 else (2, 1)):
             start = time.perf_counter()
-            out = engines[n].generate(prompts, params)
+            out = generate(engines[n], prompts, params)
             rates[n].append(sum(len(s[0].token_ids) for s in out) / (time.perf_counter() - start))
             loads.append(os.getloadavg()[0])
         print(f"  round {r}: 1 thread {rates[1][-1]:.0f} tok/s, 2 threads {rates[2][-1]:.0f} tok/s, "

@@ -3,11 +3,14 @@
     python benchmarks/toy_emergence.py                      # REINFORCE++ on seeds 0 1 2, PPO and GRPO on seed 0
     python benchmarks/toy_emergence.py --seeds 0 --algorithms reinforce_pp
     python benchmarks/toy_emergence.py --algorithms reinforce_baseline rloo --seeds 0 1 2 --other_seeds 0 1 2
+    python benchmarks/toy_emergence.py --algorithms reinforce_pp_vllm --seeds 0   # the vLLM engine and its base
 
 Method. For each seed, in this order and alone on the machine:
 
-1. ``toy-base``: the toy base model of ``configs/toy_cpu.yaml`` (``zerotir.toy.pretrain`` defaults) with that seed,
-   built into ``<out>/base_s<seed>`` (reused when present; its recorded training seconds are what is reported). Its
+1. ``toy-base``: the toy base model of the run's config (its ``toy_base`` settings: ``zerotir.toy.pretrain``
+   defaults, or 4 heads of 32 for ``configs/toy_cpu_vllm.yaml``) with that seed, built into ``<out>/base_s<seed>``
+   (``base_s<seed>_<settings>`` for other settings; reused when present; its recorded training seconds are what is
+   reported). Its
    base statistics are measured on held-out questions with the real tool loop (one sample each at temperature 1):
    how often it opens a code block, how often it is right.
 2. For each algorithm run on this seed: ``python -m zerotir fit --config configs/toy_cpu[_<algo>].yaml`` from that
@@ -44,6 +47,7 @@ from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info  #
 CONFIGS = {
     "reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml",
     "reinforce_baseline": "configs/toy_cpu_reinforce_baseline.yaml", "rloo": "configs/toy_cpu_rloo.yaml",
+    "reinforce_pp_vllm": "configs/toy_cpu_vllm.yaml",  # REINFORCE++ on the vLLM engine, its toy base's shape
 }
 DEFAULT_ALGORITHMS = ["reinforce_pp", "ppo", "grpo"]
 VAL_NAME = "heldout"
@@ -69,10 +73,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def base_settings(algo: str) -> dict:
+    """The ``toy_base`` settings of the algorithm's config (``{}``: the toy world's defaults)."""
+    import yaml
+
+    return dict(yaml.safe_load((REPO / CONFIGS[algo]).read_text()).get("toy_base") or {})
+
+
 def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes,
-               threads: int = PretrainSettings.threads) -> dict:
+               threads: int = PretrainSettings.threads, settings: dict | None = None) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
-    path = ensure_toy_base(out / f"base_s{seed}", show_progress=False, seed=seed, minutes=minutes, threads=threads)
+    settings = settings or {}
+    name = f"base_s{seed}" + "".join(f"_{k}{v}" for k, v in sorted(settings.items()))
+    path = ensure_toy_base(out / name, show_progress=False, **{**settings, "seed": seed, "minutes": minutes,
+                                                               "threads": threads})
     record = read_info(path)["record"]
     stats = record.get("base_stats", {})
     return {
@@ -217,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         plan = [a for a in args.algorithms if (seed in args.seeds if a == first else seed in args.other_seeds)]
         if not plan:
             continue
-        print(f"[seed {seed}] toy base -> {args.out / f'base_s{seed}'}", flush=True)
-        base = build_base(args.out, seed, args.base_minutes, args.base_threads)
-        print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay by "
-              f"{base['decay_reason']}), accuracy {base['base_accuracy']}, code rate {base['base_code_rate']}",
-              flush=True)
+        bases: dict[str, dict] = {}
         for algo in plan:
-            runs.append(train_run(args, algo, seed, base))
+            settings = base_settings(algo)
+            key = json.dumps(settings, sort_keys=True)
+            if key not in bases:
+                print(f"[seed {seed}] toy base {settings or '(defaults)'} -> {args.out}", flush=True)
+                base = bases[key] = build_base(args.out, seed, args.base_minutes, args.base_threads, settings)
+                print(f"[seed {seed}] base: pretrain {base['pretrain_minutes']:.1f} min ({base['steps']} steps, decay "
+                      f"by {base['decay_reason']}), accuracy {base['base_accuracy']}, code rate "
+                      f"{base['base_code_rate']}", flush=True)
+            runs.append(train_run(args, algo, seed, bases[key]))
             r = runs[-1]
             print(f"[{algo} seed {seed}] target {'reached' if r['reached'] else 'NOT reached'}: "
                   f"{_cell(r['steps_to_target'])} steps, {_cell(r['total_minutes_to_target'])} min in all; "

@@ -78,9 +78,9 @@ def test_checkpoint_group_follows_enable_checkpointing(tiny_dir, tmp_path, monke
 def test_a_setting_of_another_engine_is_an_error(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     vllm = ["--model.rollout", "zerotir.config.VLLMRollout"]
-    err = parse_error(["fit", "--config", CONFIG, *vllm, "--model.rollout.schedule", "continuous", "--print_config"],
+    err = parse_error(["fit", "--config", CONFIG, *vllm, "--model.rollout.max_batch_size", "8", "--print_config"],
                       capsys)
-    assert "model.rollout" in err and "schedule" in err
+    assert "model.rollout" in err and "max_batch_size" in err
     err = parse_error(["fit", "--config", CONFIG, "--model.rollout.gpu_memory_utilization", "0.5", "--print_config"],
                       capsys)  # a vLLM setting with the transformers engine
     assert "HFRollout" in err and "gpu_memory_utilization" in err and "not accepted" in err

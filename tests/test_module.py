@@ -251,7 +251,7 @@ def test_bad_arguments_name_the_field(tiny_dir):
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):
     module = ZeroTIRModule(str(tiny_dir))
-    assert module.runtime.backend.schedule == "continuous"  # the default engine and schedule
+    assert module.runtime.backend.schedule == "trajectory"  # the default engine and schedule
 
 
 def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_file, tmp_path):

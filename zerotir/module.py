@@ -230,20 +230,16 @@ class ZeroTIRModule(LightningModule):
                               max_new_tokens=sampling.max_response_tokens, seed=seed)
 
     def rollout(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """Roll out ``rows`` (the datamodule's prompt dicts) and score them; timings of generation, sandbox, reward."""
-        from zerotir.reward import score_batch_sync
+        """Roll out ``rows`` (the datamodule's prompt dicts), each trajectory scored as it ends; timings of
+        generation, sandbox, reward."""
+        from zerotir.reward import score_batch
 
         self._start_runtime()  # no-op once started
         if self.runtime.stale:  # first rollout of the run, or after a resume: push the actor's weights
             self.runtime.sync(self.actor)
         self.actor.eval()
-        traj, timings = self.runtime.rollout(self.tokenizer, [r["prompt_ids"] for r in rows],
-                                             [r["answer"] for r in rows], params)
-        start = time.perf_counter()
-        rewards = score_batch_sync(traj.response_texts, traj.ground_truths, traj.truncated.tolist())
-        traj.rewards = torch.tensor(rewards, dtype=torch.float32)
-        timings = dict(timings, reward=time.perf_counter() - start)
-        return traj, timings
+        return self.runtime.rollout(self.tokenizer, [r["prompt_ids"] for r in rows], [r["answer"] for r in rows],
+                                    params, reward=score_batch)
 
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> dict[str, StepResult]:
         """One RL step; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""

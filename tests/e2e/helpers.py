@@ -69,14 +69,14 @@ class CompareEngineWithActor(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         import copy
 
-        from zerotir.rollout.engine import SamplingParams
+        from zerotir.rollout.engine import SamplingParams, generate
         from zerotir.rollout.hf_engine import HFEngine
 
         prompts = [list(ids) for ids in self.last_ids]
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
-        engine_ids = [s[0].token_ids for s in pl_module.runtime.engine.generate(prompts, params)]
+        engine_ids = [s[0].token_ids for s in generate(pl_module.runtime.engine, prompts, params)]
         actor = HFEngine(copy.deepcopy(pl_module.actor).float().eval(), pl_module.tokenizer)
-        actor_ids = [s[0].token_ids for s in actor.generate(prompts, params)]
+        actor_ids = [s[0].token_ids for s in generate(actor, prompts, params)]
         self.path.write_text(json.dumps({"engine": engine_ids, "actor": actor_ids}))
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, read_scalars, run_cli
+from tests.e2e.conftest import REPO, cli_args, read_scalars, run_cli
 from zerotir import metric_names as mn
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -39,3 +39,23 @@ def test_fit_with_vllm_syncs_weights_into_the_engine(e2e_base, e2e_data, tmp_pat
     decoded = json.loads(compare.read_text())
     assert decoded["engine"] == decoded["actor"]
     assert all(v > 0 for _, v in read_scalars(tmp_path / "tensorboard")[mn.TIME_WEIGHT_SYNC])
+
+
+def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
+    """``configs/toy_cpu_vllm.yaml`` as shipped: it builds its vLLM-runnable toy base (a short pretraining here:
+    this test checks the path, not learning), starts the embedded sandbox and trains through the vLLM engine."""
+    base = tmp_path / "toy_base_h4"
+    cli = run_cli([
+        "fit", "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"),
+        "--model.model_path", str(base), "--toy_base.steps", "20", "--toy_base.probe_threshold", "0",
+        "--toy_base.warmup_steps", "5", "--toy_base.decay_steps", "5", "--toy_base.eval_n", "0",
+        "--model.sandbox.workers", "1", "--data.prompts_per_step", "4", "--model.sampling.n", "4",
+        "--data.train_files", json.dumps([str(REPO / "data" / "toy" / "train.jsonl")]),
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    ])
+    assert cli.model.rl_steps_done == 2
+    assert type(cli.model.backend).__name__ == "VLLMRollout"  # the engine create_engine builds for it
+    assert json.loads((base / "config.json").read_text())["num_attention_heads"] == 4
+    scalars = read_scalars(tmp_path / "tensorboard")
+    assert len(scalars[mn.REWARD_MEAN]) == 2 and all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])

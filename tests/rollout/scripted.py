@@ -2,17 +2,18 @@
 
 ``ScriptedEngine`` behaves like a model that conditions on its context: for each prompt it has one or more
 *transcripts* (one per sample), each a list of turns, turn k being the text it writes after the k-th injected output
-block. On every call it reads the response so far from the context, finds the turn and the part of it already
-written, and emits the rest byte by byte (one token per byte), then EOS, honouring stop strings (ending right after
-the token that completes one, as vLLM and HFEngine do) and ``max_new_tokens``. Each sampled token's log-prob is a
+block. On every submitted request it reads the response so far from the ids, finds the turn and the part of it
+already written, and emits the rest byte by byte (one token per byte), then EOS, honouring stop strings (ending right
+after the token that completes one, as vLLM and HFEngine do) and ``max_new_tokens``. Each sampled token's log-prob is a
 known function of its id and position, so tests can check that log-probs land on the right tokens.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,39 +30,80 @@ def fake_logprob(token_id: int, index: int) -> float:
 
 
 @dataclass
+class Submission:
+    """One ``submit`` the engine received."""
+
+    key: Hashable
+    ids: list[int]
+    text: str
+    params: SamplingParams
+
+
+@dataclass
 class ScriptedEngine:
     """A ``RolloutEngine`` replaying transcripts (see the module docstring).
 
+    Each submitted request finishes after ``ceil(len / tokens_per_step)`` steps (its tokens appear as if decoded at
+    that rate, all requests in parallel), so requests end in the order a real engine would end them.
+
     Args:
         tokenizer: the byte tokenizer.
-        scripts: prompt text -> transcripts (sample j of a call with n samples uses transcript j % len).
+        scripts: prompt text -> transcripts (trajectory ``key`` uses transcript ``(key % n) % len``: sample j of its
+            prompt, with ``n`` samples per prompt).
+        n: samples per prompt of the rollout (to find a trajectory's sample index from its key).
+        tokens_per_step: tokens per request and step.
+        context_length: the context the engine reports.
     """
 
     tokenizer: object
     scripts: dict[str, list[list[str]]]
-    accepts_param_list: bool = False
-    can_pause: bool = False
-    calls: list[tuple[list[str], SamplingParams | list[SamplingParams]]] = field(default_factory=list)
-    returned: list[list[list[Sample]]] = field(default_factory=list)
+    n: int = 1
+    tokens_per_step: int = 1
+    context_length: int = 1 << 20
+    calls: list[Submission] = field(default_factory=list)
+    returned: list[tuple[Hashable, Sample]] = field(default_factory=list)
+    released: list[Hashable] = field(default_factory=list)
+    steps: int = 0
+    _running: dict[Hashable, tuple[Sample, int]] = field(default_factory=dict)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], *,
-                 pause_fraction: float = 0.0) -> list[list[Sample]]:
-        texts = [self.tokenizer.decode(p) for p in prompts]
-        self.calls.append((texts, params))
-        if isinstance(params, list):
-            assert self.accepts_param_list, "a list of params sent to an engine that does not accept one"
-            per_prompt = params
-        else:
-            per_prompt = [params] * len(prompts)
-        assert self.can_pause or not pause_fraction, "pause_fraction sent to an engine that cannot pause"
-        out = [[self._sample(text, prm, j) for j in range(prm.n)] for text, prm in zip(texts, per_prompt)]
-        if pause_fraction:
-            out = _pause(out, math.ceil(pause_fraction * sum(len(samples) for samples in out)))
-        self.returned.append(out)
-        return out
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        assert params.n == 1, "a request is one sample"
+        assert key not in self._running, f"{key!r} submitted while running"
+        text = self.tokenizer.decode(ids)
+        self.calls.append(Submission(key, list(ids), text, params))
+        sample = self._sample(text, params, key % self.n if isinstance(key, int) else 0)
+        self._running[key] = (sample, self.steps + max(1, math.ceil(len(sample.token_ids) / self.tokens_per_step)))
+
+    def step(self) -> list[tuple[Hashable, Sample]]:
+        self.steps += 1
+        done = [(k, s) for k, (s, at) in self._running.items() if at <= self.steps]
+        for key, _ in done:
+            del self._running[key]
+        self.returned += done
+        return done
+
+    def release(self, key: Hashable) -> None:
+        self.released.append(key)
+        self._running.pop(key, None)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError("a scripted engine has no weights")
+
+    def reset_cache(self) -> None:
+        pass
+
+    def sleep(self, level: int = 1) -> None:
+        pass
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        pass
+
+    def submissions(self, key: Hashable) -> list[Submission]:
+        return [c for c in self.calls if c.key == key]
 
     def _sample(self, context: str, params: SamplingParams, j: int) -> Sample:
         prompt = max((p for p in self.scripts if context.startswith(p)), key=len)
@@ -96,17 +138,6 @@ class ScriptedEngine:
         return Sample(ids, [fake_logprob(t, i) for i, t in enumerate(ids)], reason, stop)
 
 
-def _pause(out: list[list[Sample]], pause_below: int) -> list[list[Sample]]:
-    """What a batch decoding all rows in step would return when it pauses once fewer than ``pause_below`` run: after
-    step t every row longer than t comes back with its first t tokens, marked partial."""
-    lengths = [len(s.token_ids) for samples in out for s in samples]
-    for t in range(1, max(lengths, default=0)):
-        if 0 < sum(n > t for n in lengths) < pause_below:
-            return [[Sample(s.token_ids[:t], s.logprobs[:t], "length", partial=True) if len(s.token_ids) > t else s
-                     for s in samples] for samples in out]
-    return out
-
-
 def _consistent(script: list[str], written: list[str]) -> bool:
     turn = len(written) - 1
     if turn >= len(script):
@@ -116,17 +147,24 @@ def _consistent(script: list[str], written: list[str]) -> bool:
 
 @dataclass
 class ScriptedSandbox:
-    """Answers each snippet from a table (code -> ExecResult; unknown code -> ``default``) and records the calls."""
+    """Answers each snippet from a table (code -> ExecResult; unknown code -> ``default``) after its delay (code ->
+    seconds, default 0) and records the calls; ``events`` logs ("start", code) and ("done", code) in order."""
 
     table: dict[str, ExecResult] = field(default_factory=dict)
     default: ExecResult | None = None
     raises: Exception | None = None
+    delays: dict[str, float] = field(default_factory=dict)
     codes: list[str] = field(default_factory=list)
     timeouts: list[float | None] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
 
     async def run(self, code: str, *, run_timeout: float | None = None) -> ExecResult:
         self.codes.append(code)
         self.timeouts.append(run_timeout)
+        self.events.append(("start", code))
+        if code in self.delays:
+            await asyncio.sleep(self.delays[code])
+        self.events.append(("done", code))
         if self.raises is not None:
             raise self.raises
         if code in self.table:
@@ -138,14 +176,3 @@ class ScriptedSandbox:
 
 def ok(stdout: str) -> ExecResult:
     return ExecResult(ExecStatus.OK, stdout, "", 0.01, 0)
-
-
-@dataclass
-class ScriptedBatchSandbox(ScriptedSandbox):
-    """A ``ScriptedSandbox`` that also takes a whole round's code at once, recording each batch."""
-
-    batches: list[list[str]] = field(default_factory=list)
-
-    async def run_many(self, codes: list[str], *, run_timeout: float | None = None) -> list[ExecResult]:
-        self.batches.append(list(codes))
-        return [await self.run(code, run_timeout=run_timeout) for code in codes]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sandbox import ExecResult, ExecStatus, format_for_model
-from tests.rollout.scripted import ScriptedBatchSandbox, ScriptedEngine, ScriptedSandbox, fake_logprob, ok
+from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox, fake_logprob, ok
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout, rollout_sync
 from zerotir.rollout.engine import SamplingParams
@@ -27,13 +27,12 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4096)
 LOCKSTEP = Schedule("lockstep")  # one call per phase: the call structure below is exact
 
 
-def run(scripts, sandbox, prompts, params=GREEDY, tool=None, truths=None, param_list=False, pause=False,
-        schedule=Schedule()):
-    engine = ScriptedEngine(TOK, scripts, accepts_param_list=param_list, can_pause=pause)
+def run(scripts, sandbox, prompts, params=GREEDY, tool=None, truths=None, schedule=Schedule(), reward=None,
+        engine=None):
+    engine = engine or ScriptedEngine(TOK, scripts, n=params.n)
     ids = [TOK.encode(p, add_special_tokens=False) for p in prompts]
     tool = tool or ToolConfig(max_tool_calls=20, max_output_chars=1024)  # the paper's call budget, roomy outputs
-    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool, truths,
-                                 schedule)
+    traj, timings = rollout_sync(engine, TOK, sandbox, ids, params, tool, truths, schedule, reward)
     return traj, timings, engine
 
 
@@ -46,10 +45,11 @@ def test_code_block_output_injected_then_answer():
     assert traj.finish_reasons == ["stop"] and traj.truncated.tolist() == [False]
     assert traj.ground_truths == ["5"] and traj.rewards.tolist() == [0.0]
     # Three phases: text (stop on the opening), code (stop on the closing fence), text again.
-    assert [c[1].stop for c in engine.calls] == [["```python"], ["```"], ["```python"]]
-    assert engine.calls[1][0] == [PROMPT + STEP1]
-    assert engine.calls[2][0] == [PROMPT + STEP1 + STEP2 + INJECTED]
-    assert set(timings) == {"generation", "sandbox"} and min(timings.values()) >= 0
+    assert [c.params.stop for c in engine.calls] == [["```python"], ["```"], ["```python"]]
+    assert engine.calls[1].text == PROMPT + STEP1
+    assert engine.calls[2].text == PROMPT + STEP1 + STEP2 + INJECTED
+    assert set(timings) == {"generation", "sandbox", "reward"} and min(timings.values()) >= 0
+    assert set(engine.released) == {0} and engine.num_running == 0
 
 
 def test_action_mask_covers_exactly_the_sampled_tokens():
@@ -61,11 +61,11 @@ def test_action_mask_covers_exactly_the_sampled_tokens():
     assert traj.action_mask[0].long().tolist() == expected
     assert traj.attention_mask[0].tolist() == [1] * 91
     # Token-in / token-out: the response ids are the engine's sampled ids and the encoded output block, in order.
-    sampled = [s[0].token_ids for s in (r[0] for r in engine.returned)]
+    sampled = [sample.token_ids for _, sample in engine.returned]
     assert traj.input_ids[0, 8:48].tolist() == sampled[0] + sampled[1]
     assert traj.input_ids[0, 48:65].tolist() == TOK.encode(INJECTED, add_special_tokens=False)
     assert traj.input_ids[0, 65:].tolist() == sampled[2] and sampled[2][-1] == TOK.eos_token_id
-    # Log-probs sit on their own tokens (the scripted value restarts at index 0 in each call), 0 elsewhere.
+    # Log-probs sit on their own tokens (the scripted value restarts at index 0 in each request), 0 elsewhere.
     want = torch.zeros(91)
     for start, ids in ((8, sampled[0]), (33, sampled[1]), (65, sampled[2])):
         want[start : start + len(ids)] = torch.tensor([fake_logprob(t, i) for i, t in enumerate(ids)])
@@ -92,7 +92,7 @@ def test_tool_call_cap_holds_and_drops_the_code_stops():
     traj, _, engine = run({"P": [turns]}, sandbox, ["P"], tool=ToolConfig(max_tool_calls=2), schedule=LOCKSTEP)
     assert traj.num_calls.tolist() == [2] and sandbox.codes == ["\nprint(1)\n", "\nprint(2)\n"]
     # After the second call the model writes on with no code stop at all: the third block is plain text.
-    assert engine.calls[-1][1].stop == []
+    assert engine.calls[-1].params.stop == []
     out = "\n```output\nx\n```\n"
     assert traj.response_texts == [turns[0] + out + turns[1] + out + turns[2]]
     assert traj.finish_reasons == ["stop"]
@@ -102,7 +102,7 @@ def test_zero_tool_calls_means_no_code_stops():
     sandbox = ScriptedSandbox()
     traj, _, engine = run({"P": [["A```python\nprint(1)\n```B"]]}, sandbox, ["P"],
                           tool=ToolConfig(max_tool_calls=0), schedule=LOCKSTEP)
-    assert [c[1].stop for c in engine.calls] == [[]] and sandbox.codes == []
+    assert [c.params.stop for c in engine.calls] == [[]] and sandbox.codes == []
     assert traj.num_calls.tolist() == [0] and traj.response_texts == ["A```python\nprint(1)\n```B"]
 
 
@@ -197,9 +197,10 @@ def test_rows_finish_at_different_times():
                           schedule=LOCKSTEP)
     assert traj.num_calls.tolist() == [0, 0, 1, 0, 3, 3]
     assert traj.finish_reasons == ["stop"] * 6 and len(sandbox.codes) == 7
-    # One generate call per phase, and finished rows are not sent again: the first call asks n=2 per prompt.
-    assert [len(c[0]) for c in engine.calls] == [3, 3, 3, 2, 2, 2, 2]
-    assert [c[1].n for c in engine.calls] == [2, 1, 1, 1, 1, 1, 1]
+    # One request per phase of each trajectory, and finished trajectories are not sent again: A one segment,
+    # B's first sample three (text, code, text), its second one, C seven (three calls of two phases, then text).
+    assert [len(engine.submissions(k)) for k in range(6)] == [1, 1, 3, 1, 7, 7]
+    assert set(engine.released) == set(range(6))
     out = "\n```output\n1\n```\n"
     assert traj.response_texts[2] == "b" + block + out + "\\boxed{1}"
     assert traj.response_texts[3] == "I know: \\boxed{1}"
@@ -210,7 +211,7 @@ def test_prompt_that_opens_a_block_starts_in_the_code_phase():
     prompt = "Solve.\n```python\nx = 6*7\n"
     sandbox = ScriptedSandbox({"\nx = 6*7\nprint(x)\n": ok("42\n")})
     traj, _, engine = run({prompt: [["print(x)\n```", "\\boxed{42}"]]}, sandbox, [prompt], schedule=LOCKSTEP)
-    assert engine.calls[0][1].stop == ["```"]
+    assert engine.calls[0].params.stop == ["```"]
     assert traj.response_texts == ["print(x)\n```\n```output\n42\n```\n\\boxed{42}"]
     assert traj.num_calls.tolist() == [1]
 
@@ -218,16 +219,15 @@ def test_prompt_that_opens_a_block_starts_in_the_code_phase():
 def test_caller_stop_strings_end_the_response():
     params = SamplingParams(temperature=0.0, max_new_tokens=999, stop=["</answer>"])
     traj, _, engine = run({"P": [["<answer>1</answer> trailing"]]}, ScriptedSandbox(), ["P"], params, schedule=LOCKSTEP)
-    assert engine.calls[0][1].stop == ["```python", "</answer>"]
+    assert engine.calls[0].params.stop == ["```python", "</answer>"]
     assert traj.response_texts == ["<answer>1</answer>"] and traj.finish_reasons == ["stop"]
 
 
-def test_seed_is_offset_per_phase():
-    params = SamplingParams(temperature=1.0, max_new_tokens=999, seed=5)
-    _, _, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: ok("5")}), [PROMPT], params,
-                       schedule=LOCKSTEP)
-    seeds = [c[1].seed for c in engine.calls]
-    assert seeds[0] == 5 and len(set(seeds)) == 3
+def test_seed_is_offset_per_trajectory_and_segment():
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=999, seed=5)
+    _, _, engine = run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, ScriptedSandbox({CODE: ok("5")}), [PROMPT], params)
+    seeds = [c.seed for c in (s.params for s in engine.calls)]
+    assert sorted(seeds)[:2] == [5, 6] and len(set(seeds)) == 6  # 2 trajectories x 3 segments, all different
 
 
 def test_bad_inputs_are_named():
@@ -235,8 +235,8 @@ def test_bad_inputs_are_named():
         run({PROMPT: [[ANSWER]]}, ScriptedSandbox(), [PROMPT], truths=["1", "2"])
     with pytest.raises(ValueError, match="prompts"):
         rollout_sync(ScriptedEngine(TOK, {}), TOK, ScriptedSandbox(), [], GREEDY, ToolConfig())
-    with pytest.raises(ValueError, match="continuous"):  # a scripted engine has no decode session: never a fallback
-        run({PROMPT: [[ANSWER]]}, ScriptedSandbox(), [PROMPT], schedule=Schedule("continuous"))
+    with pytest.raises(ValueError, match="continuous"):
+        Schedule("continuous")
     for kwargs, name in (({"max_tool_calls": -1}, "max_tool_calls"),
                          ({"output_template": "no slot"}, "output_template"), ({"code_end": ""}, "code_end"),
                          ({"run_timeout": 0}, "run_timeout"), ({"max_output_chars": 10}, "max_output_chars"),
@@ -258,18 +258,18 @@ def test_rollout_sync_refuses_a_running_loop_and_rollout_is_awaitable():
     assert traj.response_texts == [ANSWER]
 
 
-@pytest.mark.parametrize("tokens_per_call", [None, 64, 5, 1])
-@pytest.mark.parametrize("param_list, pause", [(False, False), (True, False), (True, True)])
-def test_rounds_of_any_size_give_the_same_trajectories(tokens_per_call, param_list, pause):
-    """Cutting generation into calls of a few tokens (stops then span calls: "```python" is 9 tokens) and running
-    code while other rows generate change when things happen, never what the trajectories are."""
+SCHEDULES = [Schedule(), LOCKSTEP, Schedule("rounds", 64), Schedule("rounds", 5), Schedule("rounds", 1)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.kind}-{s.tokens_per_call}")
+def test_every_schedule_gives_the_same_trajectories(schedule):
+    """Per trajectory, in lockstep, or cut into rounds of a few tokens (stops then span rounds: "```python" is 9
+    tokens), with code running while others generate: when things happen changes, never what the trajectories are."""
     block = "```python\nprint(1)\n```"
     scripts = {"A?": [["\\boxed{1}"]], "B?": [["b" + block, "\\boxed{1}"], ["I know: \\boxed{1}"]],
                "C?": [["c" + block, "cc" + block, "ccc" + block, "\\boxed{1} end"]]}
     params = SamplingParams(n=2, max_new_tokens=999, stop=["end"])
-    schedule = LOCKSTEP if tokens_per_call is None else Schedule("rounds", tokens_per_call)
-    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), ["A?", "B?", "C?"], params,
-                          param_list=param_list, pause=pause, schedule=schedule)
+    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), ["A?", "B?", "C?"], params, schedule=schedule)
     out = "\n```output\n1\n```\n"
     assert traj.response_texts == [
         "\\boxed{1}", "\\boxed{1}", "b" + block + out + "\\boxed{1}", "I know: \\boxed{1}",
@@ -281,39 +281,81 @@ def test_rounds_of_any_size_give_the_same_trajectories(tokens_per_call, param_li
     eos = [1, 1, 1, 1, 0, 0]  # "end" is a caller stop: no EOS after it
     want = [sampled[0], sampled[0], sampled[1], sampled[2], sampled[3], sampled[3]]
     assert traj.action_mask.sum(1).tolist() == [w + e for w, e in zip(want, eos)]
-    if tokens_per_call is not None and param_list:
-        assert all(len(c[0]) > 0 for c in engine.calls)
-        assert max(p.max_new_tokens for c in engine.calls for p in c[1]) <= tokens_per_call
+    if schedule.kind == "rounds":
+        assert max(c.params.max_new_tokens for c in engine.calls) <= schedule.tokens_per_call
 
 
-def test_a_paused_round_leaves_the_stragglers_for_the_next_round():
-    # Six rows: the loop pauses a round below ceil(0.25 * 6) = 2 running rows. Five rows end after 10 tokens ("\boxed{1}" + EOS); the long row
-    # is then alone (1 < 2 running) and comes back paused with its first 10 tokens, to go on in the next round.
-    scripts = {"A?": [["\\boxed{1}"]], "L?": [["x" * 40 + "```python\nprint(1)\n```", "\\boxed{1}"]]}
-    prompts = ["A?"] * 5 + ["L?"]
-    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), prompts, SamplingParams(max_new_tokens=999),
-                          param_list=True, pause=True, schedule=Schedule("rounds", 64))
-    first = engine.returned[0]
-    assert first[5][0].partial and len(first[5][0].token_ids) == 10  # paused when the A rows ended (9 + EOS)
-    assert traj.response_texts[5] == "x" * 40 + "```python\nprint(1)\n```\n```output\n1\n```\n\\boxed{1}"
-    assert traj.num_calls.tolist() == [0] * 5 + [1]
-
-
-def test_a_batch_capable_sandbox_gets_each_rounds_code_in_one_call():
+def test_each_resubmission_carries_exactly_the_accumulated_ids():
+    """A trajectory's next request is its previous request's ids + what that request sampled (+ the injected output
+    when its code ran): never re-tokenized, never shortened."""
     block = "```python\nprint(1)\n```"
-    scripts = {"B?": [["b" + block, "\\boxed{1}"]], "C?": [["c" + block, "c" + block, "\\boxed{1}"]]}
-    sandbox = ScriptedBatchSandbox(default=ok("1"))
-    traj, _, _ = run(scripts, sandbox, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), schedule=LOCKSTEP)
-    assert [len(b) for b in sandbox.batches] == [4, 2] and traj.num_calls.tolist() == [1, 1, 2, 2]
-    failing = ScriptedBatchSandbox(raises=RuntimeError("down"))
-    traj, _, _ = run(scripts, failing, ["B?", "C?"], SamplingParams(n=2, max_new_tokens=999), schedule=LOCKSTEP)
-    assert traj.num_sandbox_errors.tolist() == [1, 1, 2, 2]
+    scripts = {"C?": [["c" + block, "cc" + block, "\\boxed{1}"]]}
+    traj, _, engine = run(scripts, ScriptedSandbox(default=ok("1")), ["C?"], SamplingParams(n=2, max_new_tokens=999))
+    injected = TOK.encode("\n```output\n1\n```\n", add_special_tokens=False)
+    for key in range(2):
+        subs = engine.submissions(key)
+        samples = [s for k, s in engine.returned if k == key]
+        assert len(subs) == len(samples) == 5  # text, code, text, code, text
+        for i in range(4):
+            after_code = subs[i].params.stop == ["```"]
+            assert subs[i + 1].ids == subs[i].ids + samples[i].token_ids + (injected if after_code else [])
+        full = traj.input_ids[key, : traj.prompt_lens[key] + traj.response_lens[key]].tolist()
+        assert full == subs[-1].ids + samples[-1].token_ids
 
 
-def test_a_sandbox_returning_the_wrong_number_of_results_is_an_error():
-    class Broken(ScriptedBatchSandbox):
-        async def run_many(self, codes, *, run_timeout=None):
-            return []
+def test_slow_code_does_not_hold_back_the_other_trajectories():
+    """Trajectory 0's code takes 0.3 s, the others' none: they run their code, go on and finish (and are scored) while
+    the slow snippet still runs; trajectory 0 goes on the moment its result is back."""
+    fast, slow = "```python\nprint(1)\n```", "```python\nprint(2)\n```"
+    scripts = {"S?": [["s" + slow, "\\boxed{2}"]], "F?": [["f" + fast, "then \\boxed{1}"]]}
+    sandbox = ScriptedSandbox(default=ok("1"), delays={"\nprint(2)\n": 0.3})
+    scored: list[str] = []
 
-    with pytest.raises(RuntimeError, match="0 results for 1 snippets"):
-        run({PROMPT: [[STEP1 + STEP2, ANSWER]]}, Broken(default=ok("5")), [PROMPT])
+    async def reward(responses, truths, truncated):
+        scored.append(responses[0])
+        sandbox.events.append(("scored", responses[0][:1]))
+        return [1.0 if "boxed{" + truths[0] in responses[0] else 0.0]
+
+    traj, _, _ = run(scripts, sandbox, ["S?", "F?", "F?", "F?"], truths=["2", "1", "1", "9"], reward=reward)
+    slow_done = sandbox.events.index(("done", "\nprint(2)\n"))
+    assert [e for e in sandbox.events[:slow_done] if e[0] == "scored"] == [("scored", "f")] * 3
+    assert scored[-1].startswith("s") and len(scored) == 4
+    assert traj.rewards.tolist() == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_an_engine_error_fails_the_rollout_naming_the_trajectory():
+    class Refusing(ScriptedEngine):
+        def submit(self, key, ids, params):
+            if key == 1:
+                raise ValueError("ids hold token id 999")
+            super().submit(key, ids, params)
+
+    class Crashing(ScriptedEngine):
+        def step(self):
+            raise RuntimeError("CUDA error: device-side assert")
+
+    scripts = {PROMPT: [[ANSWER]]}
+    params = SamplingParams(n=2, max_new_tokens=99)
+    with pytest.raises(RuntimeError, match=r"refused trajectory 1 \(prompt 0, segment 0.*token id 999"):
+        run(scripts, ScriptedSandbox(), [PROMPT], params, engine=Refusing(TOK, scripts, n=2))
+    crashing = Crashing(TOK, scripts, n=2)
+    with pytest.raises(RuntimeError, match=r"failed while decoding trajectories \[0, 1\].*device-side"):
+        run(scripts, ScriptedSandbox(), [PROMPT], params, engine=crashing)
+    assert set(crashing.released) == {0, 1}  # nothing is left in the engine after the error
+
+
+def test_an_engine_returning_more_than_asked_is_an_error():
+    class Overlong(ScriptedEngine):
+        def step(self):
+            return [(k, type(s)(s.token_ids * 3, s.logprobs * 3, s.finish_reason)) for k, s in super().step()]
+
+    with pytest.raises(RuntimeError, match="asked for at most 30 ids"):
+        run({PROMPT: [[ANSWER]]}, ScriptedSandbox(), [PROMPT], SamplingParams(max_new_tokens=30),
+            engine=Overlong(TOK, {PROMPT: [[ANSWER]]}))
+
+
+def test_a_full_context_ends_the_trajectory_as_truncated():
+    engine = ScriptedEngine(TOK, {PROMPT: [[STEP1 + STEP2, ANSWER]]}, context_length=8 + 45)
+    traj, _, _ = run(None, ScriptedSandbox({CODE: ok("5\n")}), [PROMPT], engine=engine)
+    # 40 sampled, then only 5 of the 17 output tokens fit in the 53-token context: no room to go on
+    assert traj.finish_reasons == ["length"] and traj.response_lens.tolist() == [45]

@@ -18,7 +18,7 @@ from sandbox import SandboxClient, format_for_model, local_sandbox
 from tests.rollout.scripted import ScriptedSandbox, ok
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -42,8 +42,7 @@ def random_model():
 
 def greedy_tool_config(model, prompt: list[int]) -> ToolConfig:
     """Fences made of the model's own greedy output: single-byte windows, so the loop stops on them for sure."""
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
-    ref = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=60))[0][0].token_ids
+    ref = generate(HFEngine(model, TOK), [prompt], SamplingParams(temperature=0.0, max_new_tokens=60))[0][0].token_ids
     single_byte = [3 <= t < 131 for t in ref]
     i = next(i for i in range(len(ref) - 1) if single_byte[i] and single_byte[i + 1])
     j = next(j for j in range(i + 2, len(ref)) if single_byte[j])  # the first such character after the opening
@@ -51,8 +50,7 @@ def greedy_tool_config(model, prompt: list[int]) -> ToolConfig:
                       output_template="<o>{output}</o>")
 
 
-def schedule(continuous: bool) -> Schedule:
-    return Schedule("continuous" if continuous else "rounds")
+KINDS = ["trajectory", "rounds"]
 
 
 @torch.inference_mode()
@@ -62,13 +60,13 @@ def recomputed_logprobs(model, ids: list[int]) -> torch.Tensor:
     return logp[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("continuous", [False, True], ids=["rounds", "continuous"])
-def test_random_model_makes_tool_calls_with_exact_masks_and_logprobs(random_model, continuous):
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_model_makes_tool_calls_with_exact_masks_and_logprobs(random_model, kind):
     prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?")]
     tool = greedy_tool_config(random_model, prompts[0])
     sandbox = ScriptedSandbox(default=ok("7"))
     traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, SamplingParams(n=2, temperature=0.0,
-                           max_new_tokens=120), tool, schedule=schedule(continuous))
+                           max_new_tokens=120), tool, schedule=Schedule(kind))
     assert traj.input_ids.shape[0] == 4 and traj.group_ids.tolist() == [0, 0, 1, 1]
     assert traj.num_calls[0] >= 1 and len(sandbox.codes) == int(traj.num_calls.sum())
     injected = TOK.encode("<o>7</o>", add_special_tokens=False)
@@ -95,34 +93,33 @@ def test_greedy_tool_loop_is_deterministic(random_model):
     # rounding (which can depend on the batch) is the same from run to run.
     tool = greedy_tool_config(random_model, prompts[0])
 
-    def once(**engine_kwargs):
-        engine = HFEngine(random_model, TOK, **engine_kwargs)
-        return rollout_sync(engine, TOK, ScriptedSandbox(default=ok("7")), prompts, BUDGETED, tool,
-                            schedule=Schedule("lockstep"))[0]
+    def once():
+        return rollout_sync(HFEngine(random_model, TOK), TOK, ScriptedSandbox(default=ok("7")), prompts, BUDGETED,
+                            tool, schedule=Schedule("lockstep"))[0]
 
-    a, b, fresh = once(), once(), once(prefix_cache_tokens=0)  # lockstep: the same batches each time
+    a, b = once(), once()  # lockstep: the same batches each time
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.action_mask, b.action_mask)
-    assert torch.equal(a.input_ids, fresh.input_ids)  # reusing cached prefixes changes nothing
     assert a.num_calls.sum() >= 1
 
 
-def test_continuous_session_gives_the_rounds_trajectories(random_model):
-    """Greedy decoding: one decode session (rows leave at a code block and rejoin with the output) produces exactly
-    the trajectories of rounds of generate calls, with the same tool calls."""
+@pytest.mark.parametrize("baseline", [Schedule("rounds"), Schedule("rounds", 5), Schedule("lockstep")],
+                         ids=["rounds32", "rounds5", "lockstep"])
+def test_per_trajectory_gives_the_trajectories_of_the_synchronous_schedules(random_model, baseline):
+    """Greedy decoding: every trajectory on its own (leaving at a code block, rejoining with the output, its keys /
+    values in place) produces exactly the trajectories of rounds and of lockstep, with the same tool calls."""
     prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?"), TOK.encode("x")]
     tool = greedy_tool_config(random_model, prompts[0])
 
-    def once(continuous: bool):
+    def once(schedule: Schedule):
         sandbox = ScriptedSandbox(default=ok("7"))
-        traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, BUDGETED, tool,
-                               schedule=schedule(continuous))
+        traj, _ = rollout_sync(HFEngine(random_model, TOK), TOK, sandbox, prompts, BUDGETED, tool, schedule=schedule)
         return traj, sorted(sandbox.codes)
 
-    (rounds, codes_r), (cont, codes_c) = once(False), once(True)
-    assert codes_r == codes_c and len(codes_c) >= 1
+    (base, codes_b), (own, codes_o) = once(baseline), once(Schedule())
+    assert codes_b == codes_o and len(codes_o) >= 1
     for name in ("input_ids", "action_mask", "num_calls", "response_lens"):
-        assert torch.equal(getattr(rounds, name), getattr(cont, name)), name
-    assert torch.allclose(rounds.logprobs, cont.logprobs, atol=1e-4)
+        assert torch.equal(getattr(base, name), getattr(own, name)), name
+    assert torch.allclose(base.logprobs, own.logprobs, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +150,12 @@ def sandbox_urls():
         yield urls
 
 
-@pytest.mark.parametrize("continuous", [False, True], ids=["rounds", "continuous"])
-def test_trained_model_calls_the_real_sandbox_and_answers(trained_model, sandbox_urls, continuous):
+@pytest.mark.parametrize("kind", KINDS)
+def test_trained_model_calls_the_real_sandbox_and_answers(trained_model, sandbox_urls, kind):
     client = SandboxClient(sandbox_urls)
     prompts = [TOK.encode(q) for q in DOCS]
     traj, timings = rollout_sync(HFEngine(trained_model, TOK), TOK, client, prompts, GREEDY,
-                                 ToolConfig(max_output_chars=1024), ["408", "undefined"], schedule(continuous))
+                                 ToolConfig(max_output_chars=1024), ["408", "undefined"], Schedule(kind))
     # Row 0 follows its document: the real output "408" is what it memorised, so it answers.
     assert traj.response_texts[0] == DOCS["Q: 12*34?\n"]
     assert traj.num_calls[0] == 1 and traj.num_exec_errors[0] == 0 and traj.finish_reasons[0] == "stop"

@@ -1,12 +1,12 @@
-"""HFEngine on a tiny random Llama, checked against a plain full-sequence forward (no cache, one row at a time)."""
+"""HFEngine on a tiny random Llama, checked against a plain full-sequence forward (no cache, one row at a time):
+plain sampling (``engine.generate`` over the protocol) and the protocol itself (submit / step / release)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zerotir.rollout import hf_engine
-from zerotir.rollout.engine import RolloutEngine, SamplingParams
+from zerotir.rollout.engine import RolloutEngine, SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -70,7 +70,7 @@ def test_is_a_rollout_engine(engine):
 
 
 def test_greedy_matches_full_recompute_in_a_ragged_batch(engine, model):
-    out = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40))
+    out = generate(engine, PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40))
     for prompt, samples in zip(PROMPTS, out):
         want_ids, want_lps = reference_greedy(model, prompt, 40)
         assert samples[0].token_ids == want_ids
@@ -80,15 +80,15 @@ def test_greedy_matches_full_recompute_in_a_ragged_batch(engine, model):
 
 def test_greedy_is_deterministic_and_batch_independent(engine):
     params = SamplingParams(temperature=0.0, max_new_tokens=30)
-    together = engine.generate(PROMPTS, params)
-    alone = [engine.generate([p], params)[0] for p in PROMPTS]
-    again = engine.generate(PROMPTS, params)
+    together = generate(engine, PROMPTS, params)
+    alone = [generate(engine, [p], params)[0] for p in PROMPTS]
+    again = generate(engine, PROMPTS, params)
     assert [s[0].token_ids for s in together] == [s[0].token_ids for s in alone] == [s[0].token_ids for s in again]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_are_those_of_the_sampling_distribution(engine, model, temperature):
-    out = engine.generate(PROMPTS[:2], SamplingParams(n=3, temperature=temperature, max_new_tokens=25, seed=3))
+    out = generate(engine, PROMPTS[:2], SamplingParams(n=3, temperature=temperature, max_new_tokens=25, seed=3))
     for prompt, samples in zip(PROMPTS, out):
         assert len(samples) == 3
         for s in samples:
@@ -97,7 +97,7 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution(engine, model, 
 
 def test_seeded_sampling_repeats_and_seeds_differ(engine):
     def ids(seed):
-        out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=20, seed=seed))
+        out = generate(engine, PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=20, seed=seed))
         return [s.token_ids for samples in out for s in samples]
 
     assert ids(1) == ids(1)
@@ -105,8 +105,8 @@ def test_seeded_sampling_repeats_and_seeds_differ(engine):
 
 
 def test_tiny_top_p_is_greedy(engine):
-    greedy = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=15))
-    nucleus = engine.generate(PROMPTS, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=15, seed=0))
+    greedy = generate(engine, PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=15))
+    nucleus = generate(engine, PROMPTS, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=15, seed=0))
     assert [s[0].token_ids for s in nucleus] == [s[0].token_ids for s in greedy]
     assert all(lp == 0.0 for s in nucleus for lp in s[0].logprobs)  # the nucleus holds one token: p = 1
 
@@ -114,7 +114,7 @@ def test_tiny_top_p_is_greedy(engine):
 def test_stop_string_ends_the_row_right_after_the_completing_token(engine, model):
     full, _ = reference_greedy(model, PROMPTS[1], 30)
     stop = ascii_stop(full, 3, start=4)
-    out = engine.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_new_tokens=30, stop=[stop]))
+    out = generate(engine, [PROMPTS[1]], SamplingParams(temperature=0.0, max_new_tokens=30, stop=[stop]))
     s = out[0][0]
     assert s.finish_reason == "stop" and s.stop_str == stop
     assert s.token_ids == full[: first_completion(full, stop)] and len(s.token_ids) < 30
@@ -123,7 +123,7 @@ def test_stop_string_ends_the_row_right_after_the_completing_token(engine, model
 def test_eos_ends_the_row_and_is_kept(engine, model):
     full, _ = reference_greedy(model, PROMPTS[0], 10)
     engine.eos_ids = {full[3]}
-    s = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=10))[0][0]
+    s = generate(engine, [PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=10))[0][0]
     first = full.index(full[3])
     assert s.finish_reason == "eos" and s.token_ids == full[: first + 1]
 
@@ -131,7 +131,7 @@ def test_eos_ends_the_row_and_is_kept(engine, model):
 def test_rows_finish_independently(engine, model):
     refs = [reference_greedy(model, p, 40)[0] for p in PROMPTS]
     stop = ascii_stop(refs[1], 2, start=10)  # ends row 1 around token 12; the other rows run to the limit
-    out = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40, stop=[stop]))
+    out = generate(engine, PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40, stop=[stop]))
     lengths = []
     for ref, samples in zip(refs, out):
         s = samples[0]
@@ -144,65 +144,69 @@ def test_rows_finish_independently(engine, model):
 
 def test_more_rows_than_the_batch_size(model):
     engine = HFEngine(model, TOK, max_batch_size=2)
-    out = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=12))
+    out = generate(engine, PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=12))
     assert [len(s) for s in out] == [2, 2, 2]
     for prompt, samples in zip(PROMPTS, out):
         want = reference_greedy(model, prompt, 12)[0]
         assert [s.token_ids for s in samples] == [want, want]
 
 
-def test_continuation_reuses_the_prefix_and_matches_a_fresh_prefill(model):
-    cached, fresh = HFEngine(model, TOK), HFEngine(model, TOK, prefix_cache_tokens=0)
+def test_a_finished_request_continues_from_its_ids_feeding_only_the_new_ones(model, monkeypatch):
+    """Submit, step until it stops, resubmit with the sampled ids + an injected block: the continuation is what a
+    fresh request of the whole ids decodes, and the forward of the continuation fed only the new ids."""
+    engine = HFEngine(model, TOK)
     full, _ = reference_greedy(model, PROMPTS[1], 20)
     stop = ascii_stop(full, 2)
-    params = SamplingParams(temperature=0.0, max_new_tokens=20, stop=[stop])
-    first = cached.generate(PROMPTS, params)
-    assert sum(s[0].finish_reason == "stop" for s in first) >= 1
-    assert len(cached.prefix_store) == 3  # rows that ended on a stop or their budget (not EOS) may be continued
-    nexts = [p + s[0].token_ids + TOK.encode("\n```output\n42\n```\n") for p, s in zip(PROMPTS, first)]
-    cont = SamplingParams(temperature=0.0, max_new_tokens=15)
-    got, want = cached.generate(nexts, cont), fresh.generate(nexts, cont)
-    # Each continuation found its row: only the injected block and the last sampled id were prefilled.
-    assert cached.prefix_store.hits == 3 and fresh.prefix_store.hits == 0
-    assert cached.prefix_store.reused_tokens == sum(len(p) + len(s[0].token_ids) - 1 for p, s in zip(PROMPTS, first))
-    assert [s[0].token_ids for s in got] == [s[0].token_ids for s in want]
-    for a, b in zip(got, want):
-        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+    engine.submit("a", PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=20, stop=[stop]))
+    done = []
+    while engine.num_running:
+        done += engine.step()
+    (key, first), = done
+    assert key == "a" and first.finish_reason == "stop" and first.token_ids == full[: first_completion(full, stop)]
+    injected = TOK.encode("\n```output\n42\n```\n")
+    ids = PROMPTS[1] + first.token_ids + injected
+    want = reference_greedy(model, ids, 10)[0]
+    widths = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(k["input_ids"].shape[1]) or forward(*a, **k))
+    engine.submit("a", ids, SamplingParams(temperature=0.0, max_new_tokens=10))
+    got = []
+    while engine.num_running:
+        got += engine.step()
+    assert widths[0] == len(injected) + 1  # the last sampled id (not fed yet) and the injected block
+    assert got[0][1].token_ids == want
+    engine.release("a")
+    assert engine.num_running == 0
 
 
-def test_grouped_prefill_matches_a_fresh_prefill(model, monkeypatch):
-    """Rows resuming with new parts of different lengths are prefilled one group each into one batch; greedy
-    tokens are those of a fresh full prefill and of the plain recompute."""
-    monkeypatch.setattr(hf_engine, "_FORWARD_COST_TOKENS", 0)  # every distinct length its own forward
-    seen = []
-    split = hf_engine.prefill_groups
-    monkeypatch.setattr(hf_engine, "prefill_groups", lambda *a: seen.append(split(*a)) or seen[-1])
-    cached, fresh = HFEngine(model, TOK), HFEngine(model, TOK, prefix_cache_tokens=0)
-    first = cached.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=6))  # all stored (limit)
-    # Row 0 goes on at once (1 new token: its last sampled id), row 1 after a long injected block, row 2 after 2
-    # tokens; row 1 also appears twice (deduplicated, then expanded in the batch).
-    extra = [[], TOK.encode("\n```output\n12345678\n```\n"), TOK.encode("ab")]
-    nexts = [p + s[0].token_ids + e for p, s, e in zip(PROMPTS, first, extra)]
-    nexts.append(nexts[1])
-    cont = SamplingParams(temperature=0.0, max_new_tokens=10)
-    got, want = cached.generate(nexts, cont), fresh.generate(nexts, cont)
-    assert seen == [[[0], [2], [1]]] and cached.prefix_store.hits == 3
-    assert [s[0].token_ids for s in got] == [s[0].token_ids for s in want]
-    assert [s[0].token_ids for s in got] == [reference_greedy(model, p, 10)[0] for p in nexts]
-    for a, b in zip(got, want):
-        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+def test_requests_of_one_session_share_a_sampler(engine):
+    engine.submit(0, PROMPTS[0], SamplingParams(temperature=0.0))
+    with pytest.raises(ValueError, match="differ from the requests running now"):
+        engine.submit(1, PROMPTS[1], SamplingParams(temperature=1.0))
+    with pytest.raises(ValueError, match="still running"):
+        engine.submit(0, PROMPTS[0], SamplingParams(temperature=0.0))
+    engine.release(0)
+    engine.submit(1, PROMPTS[1], SamplingParams(temperature=1.0, max_new_tokens=2))  # a new session: any sampler
+    engine.release(1)
 
 
-def test_update_weights_loads_another_model_and_drops_cached_prefixes():
+def test_update_weights_loads_another_model_and_drops_parked_requests():
     a = build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=0)
     b = build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=1)
     engine = HFEngine(a, TOK)
-    stop = ascii_stop(reference_greedy(a, PROMPTS[1], 12)[0], 2)
-    engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12, stop=[stop]))
-    assert len(engine.prefix_store) >= 1
+    engine.submit("parked", PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=3))
+    while engine.num_running:
+        engine.step()
     engine.update_weights((name, t.clone()) for name, t in b.state_dict().items())
-    assert len(engine.prefix_store) == 0
-    got = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12))
+    # its keys / values were computed by model a: a resubmission recomputes all its ids with model b
+    ids = PROMPTS[1] + reference_greedy(a, PROMPTS[1], 3)[0]
+    engine.submit("parked", ids, SamplingParams(temperature=0.0, max_new_tokens=5))
+    out = []
+    while engine.num_running:
+        out += engine.step()
+    engine.release("parked")
+    assert out[0][1].token_ids == reference_greedy(b, ids, 5)[0]
+    got = generate(engine, PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12))
     assert [s[0].token_ids for s in got] == [reference_greedy(b, p, 12)[0] for p in PROMPTS]
     with pytest.raises(KeyError, match="no parameter 'nope'"):
         engine.update_weights([("nope", torch.zeros(1))])
@@ -214,7 +218,7 @@ def test_loads_a_saved_folder(tmp_path, model):
     model.save_pretrained(tmp_path)
     TOK.save_pretrained(tmp_path)
     engine = HFEngine(str(tmp_path))
-    out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=10))
+    out = generate(engine, [PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=10))
     assert out[0][0].token_ids == reference_greedy(model, PROMPTS[0], 10)[0]
 
 
@@ -224,7 +228,7 @@ def test_training_mode_and_threads_are_restored(model):
     model.train()
     torch.set_num_threads(2)
     try:
-        engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=3))
+        generate(engine, [PROMPTS[0]], SamplingParams(max_new_tokens=3))
         assert model.training and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
@@ -232,9 +236,10 @@ def test_training_mode_and_threads_are_restored(model):
 
 
 @pytest.mark.parametrize("prompts, params, match", [
-    ([[]], SamplingParams(), r"prompts\[0\] is empty"),
+    ([[]], SamplingParams(), r"ids is empty"),
     ([[5, 999]], SamplingParams(), "outside"),
     ([[5]], SamplingParams(n=0), r"SamplingParams\.n=0: must be >= 1"),
+    ([[5]], [SamplingParams(), SamplingParams()], "2 SamplingParams for 1 prompts"),
     ([[5]], SamplingParams(temperature=-1), "temperature"),
     ([[5]], SamplingParams(top_p=0), "top_p"),
     ([[5]], SamplingParams(max_new_tokens=0), "max_new_tokens"),
@@ -243,7 +248,7 @@ def test_training_mode_and_threads_are_restored(model):
 ])
 def test_bad_requests_are_named(engine, prompts, params, match):
     with pytest.raises(ValueError, match=match):
-        engine.generate(prompts, params)
+        generate(engine, prompts, params)
 
 
 def test_needs_a_tokenizer(model):
@@ -251,19 +256,22 @@ def test_needs_a_tokenizer(model):
         HFEngine(model)
 
 
-def test_per_prompt_params_and_pausing(engine, model):
+def test_per_prompt_params(engine, model):
     refs = [reference_greedy(model, p, 30)[0] for p in PROMPTS]
     plist = [SamplingParams(temperature=0.0, max_new_tokens=k) for k in (5, 5, 30)]
-    out = engine.generate(PROMPTS, plist)
+    out = generate(engine, PROMPTS, plist)
     assert [s[0].token_ids for s in out] == [refs[0][:5], refs[1][:5], refs[2]]
-    # pause_fraction 0.5 of 3 rows: pause below 2 running. Once rows 0 and 1 end (step 5), row 2 runs alone and
-    # comes back paused with 5 tokens.
-    paused = engine.generate(PROMPTS, plist, pause_fraction=0.5)
-    assert [s[0].partial for s in paused] == [False, False, True]
-    assert paused[2][0].token_ids == refs[2][:5] and paused[2][0].finish_reason == "length"
-    rest = engine.generate([PROMPTS[2] + refs[2][:5]], SamplingParams(temperature=0.0, max_new_tokens=25))
-    assert paused[2][0].token_ids + rest[0][0].token_ids == refs[2]
-    with pytest.raises(ValueError, match="temperature, top_p or seed"):
-        engine.generate(PROMPTS[:2], [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)])
     with pytest.raises(ValueError, match="one per prompt"):
-        engine.generate(PROMPTS, plist[:2])
+        generate(engine, PROMPTS, plist[:2])
+
+
+def test_refuses_an_attention_it_cannot_mask():
+    flash = build_tiny_model(TOK, hidden_size=32, num_layers=1)
+    flash.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="'flash_attention_2'.*attn_implementation='sdpa'"):
+        HFEngine(flash, TOK)
+
+
+def test_a_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HFEngine(tmp_path / "nope")

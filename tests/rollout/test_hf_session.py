@@ -1,12 +1,14 @@
-"""HFEngine's continuous-batching session, checked against ``HFEngine.generate`` on the same tiny random Llama."""
+"""HFEngine's continuous-batching session: rows decoded together, leaving and rejoining, decode what each row decodes
+alone (its own session of one row; ``test_hf_engine`` checks that against a full recompute)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import SamplingParams, generate, per_prompt_params
 from zerotir.rollout.hf_engine import HFEngine
+from zerotir.rollout.hf_session import DecodeSession
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -38,15 +40,24 @@ def drain(session, max_steps: int = 3, release: bool = False, max_slots: int | N
     return out
 
 
+def alone(engine, prompts, params):
+    """What each prompt decodes on its own: one ``generate`` (one session of one row) per prompt."""
+    return [generate(engine, [p], prm)[0] for p, prm in zip(prompts, per_prompt_params(prompts, params))]
+
+
+def open_session(engine, params) -> DecodeSession:
+    return DecodeSession(engine, params.temperature, params.top_p, params.seed)
+
+
 def assert_same(want, got) -> None:
     assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
     assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4)
 
 
 def test_session_decodes_what_generate_decodes(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
-    want = engine.generate(PROMPTS, GREEDY)
-    with engine.session(GREEDY) as session:
+    engine = HFEngine(model, TOK)
+    want = alone(engine, PROMPTS, GREEDY)
+    with open_session(engine, GREEDY) as session:
         for i, p in enumerate(PROMPTS):
             session.add(i, p, GREEDY)
         got = drain(session)
@@ -55,13 +66,13 @@ def test_session_decodes_what_generate_decodes(model):
 
 
 def test_rows_with_their_own_limits_and_stops_finish_on_their_own(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
-    ref = engine.generate([PROMPTS[0]], GREEDY)[0][0].token_ids
+    engine = HFEngine(model, TOK)
+    ref = alone(engine, [PROMPTS[0]], GREEDY)[0][0].token_ids
     stop = TOK.decode(ref[5:7])  # a stop string the model will write
     plist = [SamplingParams(temperature=0.0, max_new_tokens=4), SamplingParams(temperature=0.0, stop=[stop]),
              SamplingParams(temperature=0.0, max_new_tokens=12)]
-    want = engine.generate(PROMPTS[:1] * 3, plist)
-    with engine.session(GREEDY) as session:
+    want = alone(engine, PROMPTS[:1] * 3, plist)
+    with open_session(engine, GREEDY) as session:
         for i, p in enumerate(plist):
             session.add(i, PROMPTS[0], p)
         got = drain(session, max_steps=1)
@@ -73,9 +84,9 @@ def test_rows_with_their_own_limits_and_stops_finish_on_their_own(model):
 def test_a_parked_row_continues_with_injected_tokens_as_if_prefilled_whole(model):
     """Rows stop at different steps, get tokens appended (an injected tool output) and go on, each feeding only the
     new tokens into its own columns; the result equals generating from the whole context."""
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    engine = HFEngine(model, TOK)
     injected = TOK.encode("<o>7</o>", add_special_tokens=False)
-    with engine.session(GREEDY) as session:
+    with open_session(engine, GREEDY) as session:
         for i, p in enumerate(PROMPTS):
             session.add(i, p, SamplingParams(temperature=0.0, max_new_tokens=3 + 4 * i))
         first = drain(session, max_steps=1)
@@ -87,17 +98,17 @@ def test_a_parked_row_continues_with_injected_tokens_as_if_prefilled_whole(model
         assert [len(session.slots[session.index[i]].pending) for i in range(4)] == [
             len(c) - f for c, f in zip(contexts, fed_before)]
         got = drain(session)
-    want = engine.generate(contexts, GREEDY)
+    want = alone(engine, contexts, GREEDY)
     for i in range(len(PROMPTS)):
         assert_same(want[i][0], got[i])
 
 
 def test_more_rows_than_the_batch_queue_and_reuse_freed_slots(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0, max_batch_size=2)
+    engine = HFEngine(model, TOK, max_batch_size=2)
     prompts = PROMPTS * 2
     plist = [SamplingParams(temperature=0.0, max_new_tokens=5 + 3 * i) for i in range(len(prompts))]
-    want = engine.generate(prompts, plist)
-    with engine.session(GREEDY) as session:
+    want = alone(engine, prompts, plist)
+    with open_session(engine, GREEDY) as session:
         for i, p in enumerate(plist):
             session.add(i, prompts[i], p)
         got = drain(session, max_steps=2, release=True, max_slots=2)
@@ -106,11 +117,11 @@ def test_more_rows_than_the_batch_queue_and_reuse_freed_slots(model):
 
 
 def test_released_rows_are_dropped_from_the_batch_and_the_rest_goes_on(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    engine = HFEngine(model, TOK)
     prompts = PROMPTS * 2
     plist = [SamplingParams(temperature=0.0, max_new_tokens=2 if i < 6 else 25) for i in range(len(prompts))]
-    want = engine.generate(prompts, plist)
-    with engine.session(GREEDY) as session:
+    want = alone(engine, prompts, plist)
+    with open_session(engine, GREEDY) as session:
         for i, p in enumerate(plist):
             session.add(i, prompts[i], p)
         got = drain(session, max_steps=1, release=True)
@@ -120,41 +131,34 @@ def test_released_rows_are_dropped_from_the_batch_and_the_rest_goes_on(model):
 
 
 def test_ids_that_do_not_extend_the_parked_row_start_it_afresh(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
-    with engine.session(GREEDY) as session:
+    engine = HFEngine(model, TOK)
+    with open_session(engine, GREEDY) as session:
         session.add("a", PROMPTS[0], SamplingParams(temperature=0.0, max_new_tokens=3))
         drain(session)
         session.add("a", PROMPTS[1], GREEDY)  # a different text: nothing of the parked row can be reused
         assert len(session.queue) == 1
         got = drain(session)
-    assert_same(engine.generate([PROMPTS[1]], GREEDY)[0][0], got["a"])
+    assert_same(alone(engine, [PROMPTS[1]], GREEDY)[0][0], got["a"])
 
 
 def test_bad_requests_are_refused_with_the_reason(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
-    with engine.session(GREEDY) as session:
+    engine = HFEngine(model, TOK)
+    with open_session(engine, GREEDY) as session:
         with pytest.raises(ValueError, match="no ids"):
             session.add(0, [], GREEDY)
         session.add(0, PROMPTS[0], GREEDY)
         with pytest.raises(ValueError, match="still running"):
             session.add(0, PROMPTS[0], GREEDY)
         with pytest.raises(ValueError, match="context"):
-            session.add(1, [5] * engine.max_positions, GREEDY)
-    model.config._attn_implementation, kept = "flash_attention_2", model.config._attn_implementation
-    try:
-        assert not engine.can_continue
-        with pytest.raises(ValueError, match="attn_implementation"):
-            engine.session(GREEDY)
-    finally:
-        model.config._attn_implementation = kept
+            session.add(1, [5] * engine.context_length, GREEDY)
 
 
 def test_sampling_is_reproducible_with_a_seed(model):
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    engine = HFEngine(model, TOK)
     params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=3)
 
     def run():
-        with engine.session(params) as session:
+        with open_session(engine, params) as session:
             for i, p in enumerate(PROMPTS):
                 session.add(i, p, params)
             return drain(session)
@@ -167,9 +171,9 @@ def test_sampling_is_reproducible_with_a_seed(model):
 def test_samples_of_one_prompt_share_its_prefill(model, monkeypatch):
     """n rows with the same prompt: one row per distinct prompt is prefilled, the others get copies of its keys /
     values; every row then decodes as ``generate`` does (greedy), and sampled rows still differ."""
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    engine = HFEngine(model, TOK)
     prompts = [p for p in PROMPTS for _ in range(3)]
-    want = engine.generate(prompts, GREEDY)
+    want = alone(engine, prompts, GREEDY)
     prefill_rows = []
     forward = model.forward
 
@@ -179,7 +183,7 @@ def test_samples_of_one_prompt_share_its_prefill(model, monkeypatch):
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", spy)
-    with engine.session(GREEDY) as session:
+    with open_session(engine, GREEDY) as session:
         for i, p in enumerate(prompts):
             session.add(i, p, GREEDY)
         got = drain(session)
@@ -187,7 +191,7 @@ def test_samples_of_one_prompt_share_its_prefill(model, monkeypatch):
     for i in range(len(prompts)):
         assert_same(want[i][0], got[i])
     sampled = SamplingParams(temperature=1.0, max_new_tokens=20, seed=0)
-    with engine.session(sampled) as session:
+    with open_session(engine, sampled) as session:
         for i in range(3):
             session.add(i, PROMPTS[1], sampled)
         got = drain(session)

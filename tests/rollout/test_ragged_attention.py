@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zerotir.rollout import hf_session
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.rollout.ragged_attention import row_cost_cells, split_width
 from zerotir.toy.tiny_model import build_tiny_model
@@ -53,19 +53,20 @@ def model(request):
     return m
 
 
-def test_rows_attended_apart_decode_what_generate_decodes(model, monkeypatch):
+def test_rows_attended_apart_decode_what_each_row_decodes_alone(model, monkeypatch):
     """One long prompt among short ones: with every split taken (cost 0), the long row's attention runs apart on
     sdpa; tokens and log-probs equal ``generate``'s, and the model's attention setting is restored."""
     monkeypatch.setattr(hf_session, "split_width", lambda widths, row_cost: split_width(widths, row_cost=0))
     plans = []
     real_plan = hf_session.DecodeSession._plan
     monkeypatch.setattr(hf_session.DecodeSession, "_plan", lambda self, *a: plans.append(a) or real_plan(self, *a))
-    engine = HFEngine(model, TOK, prefix_cache_tokens=0)
+    engine = HFEngine(model, TOK)
     prompts = [TOK.encode("x" * 150 + " long"), *(TOK.encode(t) for t in ("Hi", "2+3?", "ab", "Why", "z", "ok", "no"))]
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    want = engine.generate(prompts, params)
+    want = [generate(engine, [p], params)[0] for p in prompts]  # one row each: nothing to split
+    assert not plans
     attention = model.config._attn_implementation
-    with engine.session(params) as session:
+    with hf_session.DecodeSession(engine, params.temperature, params.top_p, params.seed) as session:
         for i, p in enumerate(prompts):
             session.add(i, p, params)
         got = {}

@@ -13,8 +13,7 @@ from zerotir.rollout.runtime import RolloutRuntime
 
 
 class FakeEngine:
-    def __init__(self, sleep_mode: bool):
-        self.sleep_mode = sleep_mode
+    def __init__(self):
         self.calls: list[tuple] = []
 
     def sleep(self, level: int = 1) -> None:
@@ -33,20 +32,21 @@ class Actor(nn.Module):
         self.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
 
 
-@pytest.fixture
-def runtime(monkeypatch):
+def make_runtime(monkeypatch, sleep_mode: bool) -> RolloutRuntime:
     def rollout_sync(engine, *args, **kwargs):
         engine.calls.append(("generate",))
         return "trajectories", {"generation": 0.0}
 
     monkeypatch.setattr(agent_loop, "rollout_sync", rollout_sync)
-    rt = RolloutRuntime(VLLMRollout(weight_sync_bucket_mb=1), SandboxConfig(), ToolConfig(), "unused")
+    backend = VLLMRollout(weight_sync_bucket_mb=1, enable_sleep_mode=sleep_mode)
+    rt = RolloutRuntime(backend, SandboxConfig(), ToolConfig(), "unused")
     rt.sandbox = object()
     return rt
 
 
-def test_sleep_mode_releases_after_rollout_and_wakes_weights_before_kv_cache(runtime):
-    runtime.engine = engine = FakeEngine(sleep_mode=True)
+def test_sleep_mode_releases_after_rollout_and_wakes_weights_before_kv_cache(monkeypatch):
+    runtime = make_runtime(monkeypatch, sleep_mode=True)
+    runtime.engine = engine = FakeEngine()
     runtime.stale = False
     assert runtime.rollout(None, [[1]], ["1"], None) == ("trajectories", {"generation": 0.0})
     assert engine.calls == [("generate",), ("sleep", 2)] and runtime.asleep and runtime.stale
@@ -61,8 +61,9 @@ def test_sleep_mode_releases_after_rollout_and_wakes_weights_before_kv_cache(run
     assert engine.calls[-2:] == [("generate",), ("sleep", 2)]
 
 
-def test_without_sleep_mode_the_engine_is_never_put_to_sleep(runtime):
-    runtime.engine = engine = FakeEngine(sleep_mode=False)
+def test_without_sleep_mode_the_engine_is_never_put_to_sleep(monkeypatch):
+    runtime = make_runtime(monkeypatch, sleep_mode=False)
+    runtime.engine = engine = FakeEngine()
     runtime.rollout(None, [[1]], ["1"], None)
     runtime.sync(Actor())
     assert [c[0] for c in engine.calls] == ["generate", "update_weights"] and not runtime.asleep
@@ -76,7 +77,7 @@ def test_without_tools_no_sandbox_is_started(monkeypatch):
         raise AssertionError("the embedded sandbox was started for a run without tools")
 
     monkeypatch.setattr(sandbox, "local_sandbox", refuse)
-    monkeypatch.setattr(runtime_module, "create_engine", lambda *args: FakeEngine(sleep_mode=False))
+    monkeypatch.setattr(runtime_module, "create_engine", lambda *args: FakeEngine())
     rt = RolloutRuntime(HFRollout(), SandboxConfig(), ToolConfig(max_tool_calls=0), "unused")
     rt.start(Actor(), None, "cpu")
     assert rt.started and rt.sandbox is None and rt.urls == []

@@ -12,9 +12,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from zerotir.rollout.engine import SamplingParams, per_prompt_params
+from zerotir.rollout.engine import SamplingParams, generate, per_prompt_params
 from zerotir.rollout.vllm_engine import (
     VLLMEngine,
+    check_head_size,
     completion_to_sample,
     engine_settings,
     local_rank_of,
@@ -95,7 +96,6 @@ def test_local_rank_comes_from_the_trainer_device(monkeypatch):
 
 
 def test_param_list_is_accepted_and_checked_per_prompt():
-    assert VLLMEngine.accepts_param_list is True
     one, two = SamplingParams(n=2), SamplingParams(max_new_tokens=3, stop=["x"])
     assert per_prompt_params([[5], [6]], one) == [one, one]
     assert per_prompt_params([[5], [6]], [one, two]) == [one, two]
@@ -160,7 +160,7 @@ def teacher_forced_logprobs(model, prompt, tokens, temperature, top_p=1.0):
 
 @pytest.mark.vllm
 def test_greedy_equals_transformers_token_for_token(world):
-    samples = world.engine.generate(world.prompts, SamplingParams(temperature=0, max_new_tokens=24))
+    samples = generate(world.engine, world.prompts, SamplingParams(temperature=0, max_new_tokens=24))
     for prompt, (sample,) in zip(world.prompts, samples, strict=True):
         ids, lps = reference_greedy(world.model, prompt, 24)
         assert sample.token_ids == ids
@@ -175,7 +175,7 @@ def test_greedy_equals_hf_engine_with_stop_strings(world):
 
     hf = HFEngine(world.model, world.tok)
     params = SamplingParams(temperature=0, max_new_tokens=20, stop=["a", "NN", "\n"])
-    ours, theirs = world.engine.generate(world.prompts, params), hf.generate(world.prompts, params)
+    ours, theirs = generate(world.engine, world.prompts, params), generate(hf, world.prompts, params)
     assert [[(s.token_ids, s.finish_reason, s.stop_str) for s in row] for row in ours] == [
         [(s.token_ids, s.finish_reason, s.stop_str) for s in row] for row in theirs]
 
@@ -188,7 +188,7 @@ def test_stop_string_ends_the_sample_and_is_kept(world):
     # The first printable 2-character window of the greedy text (the random model's bytes are often not ASCII).
     k = next(i for i in range(2, len(text) - 1) if text[i : i + 2].isascii() and text[i : i + 2].isprintable())
     stop = text[k : k + 2]
-    (sample,) = world.engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=40, stop=[stop]))[0]
+    (sample,) = generate(world.engine, [prompt], SamplingParams(temperature=0, max_new_tokens=40, stop=[stop]))[0]
     # Ends right after the token that completes the first occurrence; the stop string's tokens are kept.
     cut = next(j for j in range(1, len(ids) + 1) if stop in world.tok.decode(ids[:j]))
     assert (sample.finish_reason, sample.stop_str) == ("stop", stop)
@@ -204,7 +204,7 @@ def _outcome(row):
 def test_param_list_equals_separate_calls_for_greedy(world):
     # A stop string that greedy decoding of prompt 1 does reach: its first printable ASCII character (one byte, one
     # token) after the first token, so the stop ends that row early in both the list call and the separate call.
-    (full,) = world.engine.generate([world.prompts[1]], SamplingParams(temperature=0, max_new_tokens=20))[0]
+    (full,) = generate(world.engine, [world.prompts[1]], SamplingParams(temperature=0, max_new_tokens=20))[0]
     chars = [world.tok.decode([t]) for t in full.token_ids]
     at = next((j for j in range(1, len(chars)) if chars[j].isascii() and chars[j].isprintable()), None)
     if at is None:
@@ -212,8 +212,8 @@ def test_param_list_equals_separate_calls_for_greedy(world):
     plist = [SamplingParams(n=2, temperature=0, max_new_tokens=6),
              SamplingParams(n=1, temperature=0, max_new_tokens=20, stop=[chars[at]]),
              SamplingParams(n=1, temperature=0, max_new_tokens=11, stop=["\u0101"])]
-    mixed = world.engine.generate(world.prompts, plist)
-    separate = [world.engine.generate([p], prm)[0] for p, prm in zip(world.prompts, plist, strict=True)]
+    mixed = generate(world.engine, world.prompts, plist)
+    separate = [generate(world.engine, [p], prm)[0] for p, prm in zip(world.prompts, plist, strict=True)]
     assert [_outcome(row) for row in mixed] == [_outcome(row) for row in separate]
     assert [len(row) for row in mixed] == [2, 1, 1]
     assert [len(s.token_ids) for s in mixed[0]] == [6, 6] and mixed[0][0].token_ids == mixed[0][1].token_ids
@@ -227,8 +227,8 @@ def test_param_list_equals_separate_calls_for_greedy(world):
 @pytest.mark.vllm
 def test_list_of_equal_params_equals_single_params_when_sampling(world):
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=8, seed=3)
-    single = world.engine.generate(world.prompts[:2], params)
-    listed = world.engine.generate(world.prompts[:2], [params, params])
+    single = generate(world.engine, world.prompts[:2], params)
+    listed = generate(world.engine, world.prompts[:2], [params, params])
     assert [[s.token_ids for s in row] for row in listed] == [[s.token_ids for s in row] for row in single]
 
 
@@ -236,28 +236,28 @@ def test_list_of_equal_params_equals_single_params_when_sampling(world):
 def test_n_samples_seeds_and_sampling_logprobs(world):
     prompt = world.prompts[1]
     params = SamplingParams(n=4, temperature=0.7, max_new_tokens=12, seed=7)
-    first = world.engine.generate([prompt, prompt], params)
+    first = generate(world.engine, [prompt, prompt], params)
     assert [len(row) for row in first] == [4, 4]
     rows = [[s.token_ids for s in row] for row in first]
     assert len({tuple(ids) for row in rows for ids in row}) == 8  # distinct samples, also across equal prompts
-    assert [[s.token_ids for s in row] for row in world.engine.generate([prompt, prompt], params)] == rows
-    other = world.engine.generate([prompt], SamplingParams(n=4, temperature=0.7, max_new_tokens=12, seed=8))
+    assert [[s.token_ids for s in row] for row in generate(world.engine, [prompt, prompt], params)] == rows
+    other = generate(world.engine, [prompt], SamplingParams(n=4, temperature=0.7, max_new_tokens=12, seed=8))
     assert [s.token_ids for s in other[0]] != rows[0]
     # Log-probs are under the sampling distribution (temperature applied), checked by teacher forcing.
     for sample in first[0]:
         assert sample.logprobs == pytest.approx(teacher_forced_logprobs(world.model, prompt, sample.token_ids, 0.7),
                                                 abs=1e-4)
-    (nucleus,) = world.engine.generate([prompt], SamplingParams(temperature=0.9, top_p=0.5, max_new_tokens=12,
+    (nucleus,) = generate(world.engine, [prompt], SamplingParams(temperature=0.9, top_p=0.5, max_new_tokens=12,
                                                                 seed=1))[0]
     assert nucleus.logprobs == pytest.approx(
         teacher_forced_logprobs(world.model, prompt, nucleus.token_ids, 0.9, top_p=0.5), abs=1e-4)
-    greedy = world.engine.generate([prompt], SamplingParams(n=3, temperature=0, max_new_tokens=8))[0]
+    greedy = generate(world.engine, [prompt], SamplingParams(n=3, temperature=0, max_new_tokens=8))[0]
     assert len(greedy) == 3 and greedy[0].token_ids == greedy[1].token_ids == greedy[2].token_ids
 
 
 @pytest.mark.vllm
 def test_update_weights_from_lazy_iterator_matches_perturbed_model(world, restore):
-    before = world.engine.generate(world.prompts, SamplingParams(temperature=0, max_new_tokens=16))
+    before = generate(world.engine, world.prompts, SamplingParams(temperature=0, max_new_tokens=16))
     torch.manual_seed(1)
     with torch.no_grad():
         for p in world.model.parameters():
@@ -271,7 +271,7 @@ def test_update_weights_from_lazy_iterator_matches_perturbed_model(world, restor
 
     world.engine.update_weights(lazy())
     assert len(handed_out) == len(world.original)
-    after = world.engine.generate(world.prompts, SamplingParams(temperature=0, max_new_tokens=16))
+    after = generate(world.engine, world.prompts, SamplingParams(temperature=0, max_new_tokens=16))
     for prompt, (sample,), (old,) in zip(world.prompts, after, before, strict=True):
         assert sample.token_ids == reference_greedy(world.model, prompt, 16)[0]
         assert sample.token_ids != old.token_ids
@@ -287,7 +287,7 @@ def test_eos_token_is_kept_with_reason_eos(world, restore):
     eos = world.tok.convert_tokens_to_ids(EOS)
     state["lm_head.weight"][eos, 0] = 1000.0
     world.engine.update_weights(state)
-    (sample,) = world.engine.generate([world.prompts[0]], SamplingParams(temperature=0, max_new_tokens=10))[0]
+    (sample,) = generate(world.engine, [world.prompts[0]], SamplingParams(temperature=0, max_new_tokens=10))[0]
     assert (sample.token_ids, sample.finish_reason) == ([eos], "eos")
 
 
@@ -300,17 +300,73 @@ def test_update_weights_rejects_split_fused_layer_and_unknown_names(world, resto
         world.engine.update_weights([("model.layers.0.self_attn.nope.weight", q)])
     # Neither failure leaves the engine unusable: a full update repairs it.
     world.engine.update_weights(world.original)
-    (sample,) = world.engine.generate([world.prompts[0]], SamplingParams(temperature=0, max_new_tokens=8))[0]
+    (sample,) = generate(world.engine, [world.prompts[0]], SamplingParams(temperature=0, max_new_tokens=8))[0]
     assert sample.token_ids == reference_greedy(world.model, world.prompts[0], 8)[0]
 
 
 @pytest.mark.vllm
 def test_bad_requests_name_the_field(world):
-    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
-        world.engine.generate([[5], []], SamplingParams())
+    with pytest.raises(ValueError, match=r"submit\(.*1, 0\)\): ids is empty"):
+        generate(world.engine, [[5], []], SamplingParams())
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        world.engine.generate([[5, 10_000]], SamplingParams())
-    with pytest.raises(ValueError, match="max_model_len"):
-        world.engine.generate([[5] * MAX_LEN], SamplingParams())
+        generate(world.engine, [[5, 10_000]], SamplingParams())
+    with pytest.raises(ValueError, match="context length=256"):
+        generate(world.engine, [[5] * MAX_LEN], SamplingParams())
     with pytest.raises(ValueError, match="top_p"):
-        world.engine.generate([[5]], SamplingParams(top_p=0))
+        generate(world.engine, [[5]], SamplingParams(top_p=0))
+    with pytest.raises(ValueError, match=r"params.n=2; a request is one sample"):
+        world.engine.submit("k", [5], SamplingParams(n=2))
+    assert world.engine.num_running == 0  # nothing refused was left in the engine
+
+
+def drain(engine) -> dict:
+    out = {}
+    while engine.num_running:
+        out.update(engine.step())
+    return out
+
+
+@pytest.mark.vllm
+def test_a_continued_request_finds_its_ids_in_the_prefix_cache(world):
+    """Submit, finish, resubmit with the sampled ids + an injected block: vLLM reuses the whole KV blocks of the
+    earlier ids, and the continuation is what the plain model decodes from the whole context."""
+    engine, prompt = world.engine, world.prompts[1] * 6  # long enough to fill several KV blocks
+    engine.submit("t", prompt, SamplingParams(temperature=0, max_new_tokens=40))
+    first = drain(engine)["t"]
+    ids = prompt + first.token_ids + world.tok.encode("\n```output\n42\n```\n", add_special_tokens=False)
+    hits = engine.prefix_hits
+    engine.submit("t", ids, SamplingParams(temperature=0, max_new_tokens=12))
+    second = drain(engine)["t"]
+    block = engine.block_size
+    assert engine.prefix_hits - hits >= (len(prompt) + len(first.token_ids) - 1) // block * block > 0
+    assert second.token_ids == reference_greedy(world.model, ids, 12)[0]
+
+
+@pytest.mark.vllm
+def test_release_aborts_a_running_request_and_the_others_go_on(world):
+    engine = world.engine
+    engine.submit("a", world.prompts[0], SamplingParams(temperature=0, max_new_tokens=30))
+    engine.submit("b", world.prompts[1], SamplingParams(temperature=0, max_new_tokens=8))
+    engine.step()
+    engine.release("a")
+    assert engine.num_running == 1
+    done = drain(engine)
+    assert list(done) == ["b"] and done["b"].token_ids == reference_greedy(world.model, world.prompts[1], 8)[0]
+    with pytest.raises(ValueError, match="still running"):
+        engine.submit("c", [5], SamplingParams(max_new_tokens=2))
+        engine.submit("c", [5], SamplingParams(max_new_tokens=2))
+    engine.release("c")
+
+
+def test_a_head_size_the_engine_cannot_run_is_refused_with_the_fix():
+    check_head_size("m", 32, [32, 64])
+    with pytest.raises(ValueError, match=r"heads of size 16.*runs head sizes \[32, 64\].*toy_base.num_heads: 4"):
+        check_head_size("m", 16, [32, 64])
+
+
+@pytest.mark.vllm
+def test_the_engine_refuses_the_old_toy_shape_before_loading(tmp_path):
+    tok = build_byte_tokenizer()
+    build_tiny_model(tok, save_dir=tmp_path, hidden_size=128, num_layers=1, num_heads=8)  # heads of 16
+    with pytest.raises(ValueError, match="heads of size 16"):
+        VLLMEngine(tmp_path, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25)

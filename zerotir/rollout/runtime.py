@@ -2,7 +2,7 @@
 (the ``model.rollout`` group names it) and the weight push between the trained actor and that engine:
 
     * ``HFRollout``: ``HFEngine`` wraps the actor module itself (no copy): after an update the engine already
-      generates with the new weights, so the push only drops the engine's cached keys / values.
+      generates with the new weights, so the push only drops the engine's cached keys / values (``reset_cache``).
     * ``VLLMRollout``: a separate in-process ``VLLMEngine``; after each update the actor's weights are pushed to it
       in buckets by ``zerotir.scale.weight_sync.sync_weights`` (timed as ``time/weight_sync``).
 
@@ -22,7 +22,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from zerotir.config import HFRollout, RolloutBackend, SandboxConfig, ToolConfig, VLLMRollout
-from zerotir.rollout.agent_loop import Schedule
+from zerotir.rollout.agent_loop import Reward, Schedule
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.tp_group import TensorParallelGroup
 from zerotir.types import Trajectories
@@ -100,8 +100,9 @@ class RolloutRuntime:
             raise
 
     def rollout(self, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], truths: list[str],
-                params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """Tool-integrated rollouts of ``prompts`` (``params.n`` each); returns trajectories and timings.
+                params: SamplingParams, reward: Reward | None = None) -> tuple[Trajectories, dict[str, float]]:
+        """Tool-integrated rollouts of ``prompts`` (``params.n`` each), each trajectory scored by ``reward`` as it
+        ends (``agent_loop.rollout``); returns trajectories and timings.
 
         With tensor-parallel engines every rank of a group must call this together with the same prompts (the
         leader's are used: ``share_rows`` merges differing ones first)."""
@@ -115,8 +116,8 @@ class RolloutRuntime:
         # calls, so every shard of the engine gets the same requests; all of them return the leader's trajectories.
         schedule = Schedule(self.backend.schedule, self.backend.round_tokens)
         out = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
-            engine, tokenizer, self.sandbox, prompts, params, self.tool, truths, schedule))
-        if isinstance(self.backend, VLLMRollout) and self.engine.sleep_mode:
+            engine, tokenizer, self.sandbox, prompts, params, self.tool, truths, schedule, reward))
+        if isinstance(self.backend, VLLMRollout) and self.backend.enable_sleep_mode:
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)
             self.asleep = self.stale = True
@@ -131,8 +132,8 @@ class RolloutRuntime:
             from zerotir.scale.weight_sync import sync_weights
 
             sync_weights(actor, self.engine, self.backend.weight_sync_bucket_mb << 20)
-        else:  # the same module object: nothing to copy, but cached prefixes hold keys / values of the old weights
-            self.engine.update_weights({})
+        else:  # the same module object: nothing to copy, but cached keys / values belong to the old weights
+            self.engine.reset_cache()
         if self.asleep:
             self.engine.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -155,7 +156,7 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
         from zerotir.rollout.hf_engine import HFEngine
 
         return HFEngine(actor, tokenizer, device=device, max_batch_size=backend.max_batch_size,
-                        prefix_cache_tokens=backend.prefix_cache_tokens, num_threads=backend.num_threads)
+                        num_threads=backend.num_threads, tokens_per_step=backend.tokens_per_step)
     if isinstance(backend, VLLMRollout):
         from zerotir.rollout.vllm_engine import VLLMEngine
 
@@ -164,6 +165,6 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
                           max_model_len=backend.max_model_len, seed=seed, enforce_eager=backend.enforce_eager,
                           cpu_kv_cache_gib=backend.cpu_kv_cache_gib, serving_threads=backend.serving_threads,
                           distributed_executor_backend=backend.distributed_executor_backend, device=device,
-                          **backend.llm_kwargs)
+                          enable_prefix_caching=backend.enable_prefix_caching, **backend.llm_kwargs)
     raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "
                     "zerotir.config.VLLMRollout")

@@ -4,9 +4,9 @@ With ``tensor_parallel_size`` = tp > 1 each engine spans tp ranks (vLLM's ``exte
 shard and runs its own ``vllm.LLM``), and vLLM requires all of them to submit the *same* requests in the same order.
 The tool loop cannot guarantee that on its own: which rows join a round, and what the sandbox returned, depend on each
 rank's own timing and sandbox. So one rank decides: the group's leader (its lowest rank) runs the tool loop with its
-sandbox and, before each ``engine.generate`` call, broadcasts the call's arguments to the group; the other ranks only
-replay those calls on their engine shards (their outputs are the same and are dropped) until the leader broadcasts
-the finished trajectories, which every rank of the group then returns. Validation, whose batches come from a
+sandbox and, with each ``engine.step``, broadcasts the submits and releases made since the previous step; the other ranks
+only replay them and the step on their engine shards (their outputs are the same and are dropped) until the leader
+broadcasts the finished trajectories, which every rank of the group then returns. Validation, whose batches come from a
 ``DistributedSampler`` (different rows on every rank), first merges the group's rows (``share_rows``) so that the
 group rolls out one batch and each rank keeps its own part.
 
@@ -25,7 +25,7 @@ from zerotir.scale.distributed import rank_and_world_size
 from zerotir.types import Trajectories
 
 T = TypeVar("T")
-_GENERATE, _DONE, _FAILED = "generate", "done", "failed"
+_STEP, _DONE, _FAILED = "step", "done", "failed"
 
 
 class TensorParallelGroup:
@@ -79,24 +79,26 @@ class TensorParallelGroup:
 
         Args:
             engine: this rank's engine (a shard of the group's).
-            run: the rollout, called on the leader only with an engine that broadcasts each ``generate`` call.
+            run: the rollout, called on the leader only with an engine that broadcasts its calls with each step.
         """
         if not self.shared:
             return run(engine)
         if self.is_leader:
+            leader = _LeaderEngine(engine, self)
             try:
-                result = run(_LeaderEngine(engine, self))
+                result = run(leader)
             except Exception as exc:
                 self._broadcast((_FAILED, f"{type(exc).__name__}: {exc}"))
                 raise
-            self._broadcast((_DONE, result))
+            self._broadcast((_DONE, result, leader.take_calls()))
             return result
         while True:
             kind, *payload = self._broadcast(None)
-            if kind == _GENERATE:
-                prompts, params, kwargs = payload
-                engine.generate(prompts, params, **kwargs)  # the same call as the leader's; its output is the same
+            if kind == _STEP:
+                _replay(engine, payload[0])
+                engine.step()  # the same step as the leader's; its output is the same
             elif kind == _DONE:
+                _replay(engine, payload[1])  # the releases after the last step
                 return payload[0]
             else:
                 raise RuntimeError(f"the rollout failed on rank {self.leader}, the leader of this rank's "
@@ -112,13 +114,40 @@ def own_trajectories(traj: Trajectories, own: slice, group_rows: int, n: int) ->
 
 
 class _LeaderEngine:
-    """The leader's engine inside the tool loop: broadcasts each ``generate`` call to the group, then makes it."""
+    """The leader's engine inside the tool loop: submits and releases go to its engine at once and to the group with
+    the next step (one broadcast per step)."""
 
     def __init__(self, engine: Any, group: TensorParallelGroup):
         self.engine = engine
         self.tp = group
-        self.accepts_param_list = engine.accepts_param_list
+        self.context_length = engine.context_length
+        self.calls: list[tuple] = []
 
-    def generate(self, prompts: list[list[int]], params: Any, **kwargs: Any) -> Any:
-        self.tp._broadcast((_GENERATE, prompts, params, kwargs))
-        return self.engine.generate(prompts, params, **kwargs)
+    def submit(self, key: Any, ids: list[int], params: Any) -> None:
+        self.engine.submit(key, ids, params)
+        self.calls.append(("submit", key, ids, params))
+
+    def release(self, key: Any) -> None:
+        self.engine.release(key)
+        self.calls.append(("release", key))
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    def step(self) -> Any:
+        self.tp._broadcast((_STEP, self.take_calls()))
+        return self.engine.step()
+
+    def take_calls(self) -> list[tuple]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def _replay(engine: Any, calls: list[tuple]) -> None:
+    """Make the leader's submits and releases on this rank's engine shard."""
+    for name, *args in calls:
+        if name == "submit":
+            engine.submit(*args)
+        else:
+            engine.release(*args)

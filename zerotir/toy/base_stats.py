@@ -103,7 +103,7 @@ def measure_questions(
     start = time.monotonic()
     with torch.inference_mode(), _sandbox_client(sandbox_urls) as client:
         traj, _ = rollout_sync(engine, tok, client, prompts, params, tool, [q.answer for q in questions],
-                               Schedule("continuous"))
+                               Schedule())
     rewards = [score(text, truth, bool(cut)) for text, truth, cut
                in zip(traj.response_texts, traj.ground_truths, traj.truncated.tolist(), strict=True)]
     used = traj.used_code.tolist()
