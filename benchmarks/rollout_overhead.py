@@ -45,6 +45,7 @@ from pathlib import Path
 
 import httpx
 import torch
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -162,13 +163,13 @@ def tool_run(engine, tok, sandbox, prompts, params, tool, schedule) -> dict:
             "sandbox": timings["sandbox"]}
 
 
-def plain_run(name: str, engine, prompts, n: int, sampled: list[int], seed: int) -> float:
+def plain_run(name: str, engine, fixed: HFEngine, prompts, n: int, sampled: list[int], seed: int) -> float:
     """Tokens/s of the engine decoding exactly ``sampled[i]`` tokens for row i, no tools, in one batch."""
     rows = [p for p in prompts for _ in range(n)]
     keep = [(r, k) for r, k in zip(rows, sampled) if k > 0]
     start = time.perf_counter()
     if name == "hf":
-        out = generate(engine, [r for r, _ in keep],
+        out = generate(fixed, [r for r, _ in keep],
                        [SamplingParams(max_new_tokens=k, temperature=1.0, seed=seed) for _, k in keep])
         tokens = sum(len(s[0].token_ids) for s in out)
     else:
@@ -184,16 +185,24 @@ def plain_run(name: str, engine, prompts, n: int, sampled: list[int], seed: int)
     return tokens / wall
 
 
-def build_engines(names: list[str], model, tok, folder: Path, rows: int) -> dict:
-    engines = {}
+NO_CACHE = "trajectory, prefix cache off"  # how the paper's code runs its requests (vLLM only)
+
+
+def build_engines(names: list[str], model, tok, folder: Path, rows: int) -> tuple[dict, HFEngine, object]:
+    """The engines measured, an HF engine with EOS off (it decodes exactly the tokens asked: the plain baseline of
+    the transformers engine) and, with vLLM, a second vLLM engine with prefix caching off."""
+    engines, no_cache = {}, None
     if "hf" in names:
         engines["hf"] = HFEngine(model, tok, max_batch_size=rows)
     if "vllm" in names:
         from zerotir.rollout.vllm_engine import VLLMEngine
 
-        engines["vllm"] = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=1.0,
-                                     block_size=32, max_num_seqs=rows)
-    return engines
+        settings = dict(dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=1.0, block_size=32, max_num_seqs=rows)
+        engines["vllm"] = VLLMEngine(folder, **settings)
+        no_cache = VLLMEngine(folder, enable_prefix_caching=False, **settings)
+    fixed = HFEngine(model, tok, max_batch_size=rows)
+    fixed.eos_ids = set()
+    return engines, fixed, no_cache
 
 
 def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
@@ -203,10 +212,15 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
     tok = build_byte_tokenizer()
     budget = args.max_response_tokens or BUDGET[profile]
     batch = max(4, TRAIN_TOKENS // max(len(PROFILES[profile](random.Random(k))) for k in range(64)))
-    folder = Path(tempfile.mkdtemp(prefix=f"rollout_overhead_{profile}_"))
-    print(f"\n== profile {profile}: pretraining a tiny model for {args.train_steps} steps (batch {batch}) ...",
-          flush=True)
-    model = pretrain(tok, PROFILES[profile], args.train_steps, batch, args.seed, 128, 3, 4, folder)
+    folder = args.model_dir / profile if args.model_dir else Path(tempfile.mkdtemp(prefix=f"rollout_{profile}_"))
+    if (folder / "config.json").exists():
+        print(f"\n== profile {profile}: the model pretrained before, {folder}", flush=True)
+        model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    else:
+        print(f"\n== profile {profile}: pretraining a tiny model for {args.train_steps} steps (batch {batch}) into "
+              f"{folder} ...", flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        model = pretrain(tok, PROFILES[profile], args.train_steps, batch, args.seed, 128, 3, 4, folder)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, heads of 32", flush=True)
     torch.set_num_threads(1)
     rng = random.Random(args.seed + 1)
@@ -214,28 +228,33 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
     prompts = [tok.encode(f"Q: what is {rng.randint(10, 9999)}*{rng.randint(10, 9999)}?\n")
                for _ in range(args.prompts)]
     rows = args.prompts * args.n
-    engines = build_engines(args.engines, model, tok, folder, rows)
+    engines, fixed, no_cache = build_engines(args.engines, model, tok, folder, rows)
     tool = ToolConfig(max_tool_calls=args.max_tool_calls, max_output_chars=1024)
     schedules = {"trajectory": Schedule(), "rounds": Schedule("rounds", args.tokens_per_call)}
     results: dict[tuple[str, str], list[dict]] = {}
     with local_sandbox(workers=args.sandbox_workers) as urls:
         sandbox = SandboxClient(urls)
-        for engine in engines.values():  # warm-up: the sandbox pool, the engines' first calls
+        for engine in [*engines.values(), *([no_cache] if no_cache else [])]:  # warm-up: sandbox pool, engines
             rollout_sync(engine, tok, sandbox, prompts[:2], SamplingParams(n=2, max_new_tokens=32), ToolConfig())
         for r in range(args.repeats):
             params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=budget, seed=args.seed + r)
             for name, engine in (engines.items() if r % 2 == 0 else reversed(engines.items())):
-                for kind, schedule in schedules.items():
-                    cpu0 = sandbox_cpu(urls[0])
-                    run = tool_run(engine, tok, sandbox, prompts, params, tool, schedule)
+                runs = [(kind, engine, schedule) for kind, schedule in schedules.items()]
+                if name == "vllm":
+                    runs.append((NO_CACHE, no_cache, Schedule()))
+                for kind, run_engine, schedule in runs:
+                    cpu0, hits0 = sandbox_cpu(urls[0]), (run_engine.prefix_hits if name == "vllm" else 0)
+                    run = tool_run(run_engine, tok, sandbox, prompts, params, tool, schedule)
+                    run["prefix_hits"] = (run_engine.prefix_hits - hits0) if name == "vllm" else 0
                     run["sandbox_cpu"], run["load"] = sandbox_cpu(urls[0]) - cpu0, os.getloadavg()[0]
                     results.setdefault((name, kind), []).append(run)
                     print(f"  run {r} {name} {kind}: {sum(run['sampled'])} sampled + {run['injected']} injected "
                           f"tokens in {run['wall']:.2f}s = {run['tok_s']:.0f} tok/s ({run['calls']:.2f} calls/row, "
                           f"generation {run['generation']:.2f}s, sandbox wait {run['sandbox']:.2f}s, sandbox CPU "
-                          f"{run['sandbox_cpu']:.2f}s, load {run['load']:.1f})", flush=True)
-                plain = plain_run(name, engine, prompts, args.n, results[(name, "trajectory")][-1]["sampled"],
-                                  args.seed + r)
+                          f"{run['sandbox_cpu']:.2f}s, load {run['load']:.1f}; prompt tokens from the prefix cache "
+                          f"{run['prefix_hits']})", flush=True)
+                plain = plain_run(name, engine, fixed, prompts, args.n,
+                                  results[(name, "trajectory")][-1]["sampled"], args.seed + r)
                 results.setdefault((name, "plain"), []).append({"tok_s": plain, "load": os.getloadavg()[0]})
                 print(f"  run {r} {name} plain decoding of the same tokens: {plain:.0f} tok/s", flush=True)
     return report(results, args, rows, profile, budget)
@@ -254,7 +273,9 @@ def report(results: dict[tuple[str, str], list[dict]], args: argparse.Namespace,
     ratios: dict[str, float] = {}
     for name in args.engines:
         plain = [x["tok_s"] for x in results[(name, "plain")]]
-        for kind in ("trajectory", "rounds"):
+        for kind in ("trajectory", "rounds", NO_CACHE):
+            if (name, kind) not in results:
+                continue
             runs = results[(name, kind)]
             vs_rounds = med([x["tok_s"] / y["tok_s"] for x, y in zip(runs, results[(name, "rounds")])])
             vs_plain = med([x["tok_s"] / p for x, p in zip(runs, plain)])
@@ -311,7 +332,10 @@ def main() -> None:
     parser.add_argument("--max_tool_calls", type=int, default=4, help="code blocks executed per row at most")
     parser.add_argument("--tokens_per_call", type=int, default=DEFAULT_TOKENS_PER_CALL,
                         help="tokens per trajectory and round of the rounds baseline")
-    parser.add_argument("--train_steps", type=int, default=300, help="pretraining steps of the tiny model")
+    parser.add_argument("--train_steps", type=int, default=1000, help="pretraining steps of the tiny model")
+    parser.add_argument("--model_dir", type=Path, default=None,
+                        help="keep the pretrained model in <dir>/<profile> and reuse it when there (default: a "
+                             "temporary folder, pretrained each run)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating measurements; medians are reported")
     parser.add_argument("--sandbox_workers", type=int, default=2, help="sandbox worker processes")
     parser.add_argument("--seed", type=int, default=0)

@@ -39,6 +39,10 @@ UPDATE_NAMES = {
     "dual_clip_fraction": mn.DUAL_CLIP_FRACTION,
     "grad_norm": mn.GRAD_NORM,
     "lr": mn.LEARNING_RATE,
+    "engine_logprob_diff": mn.ENGINE_LOGPROB_DIFF,
+    "is_ratio_mean": mn.IS_RATIO_MEAN,
+    "is_capped_fraction": mn.IS_CAPPED_FRACTION,
+    "is_weight_mean": mn.IS_WEIGHT_MEAN,
 }
 
 

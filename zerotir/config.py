@@ -96,6 +96,13 @@ class RLConfig:
     """How per-token losses become one number (verl's loss_agg_mode): "token-mean" (every action token weighs the
     same), "seq-mean-token-mean" (every response weighs the same), "seq-mean-token-sum", or
     "seq-mean-token-sum-norm" (each row's token sum / model.sampling.max_response_tokens, Dr. GRPO)."""
+    off_policy_correction: Literal["none", "tis", "decoupled"] = "none"
+    """Weights of the policy loss for tokens the engine sampled (its log-probs) while the ratio is clipped against
+    the trainer's recomputed ones (``zerotir.rl.off_policy``): "none"; "tis" (truncated importance sampling,
+    min(exp(trainer - engine), is_cap)); "decoupled" (decoupled PPO: that ratio, tokens above is_cap dropped).
+    Corrects the engine / trainer mismatch (e.g. vLLM in bfloat16), and a behaviour policy some weight versions old."""
+    is_cap: float = 2.0
+    """The cap of off_policy_correction (> 1)."""
     value_clip: float | None = 0.2
     """Clip range of the value loss around the old values (ppo); None = unclipped."""
     vf_coef: float = 0.5
@@ -128,6 +135,10 @@ class RLConfig:
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"model.rl.dual_clip={self.dual_clip}: the lower bound c must be > 1 (3 is usual), "
                              f"or null: none")
+        _check_choice("rl", "off_policy_correction", self.off_policy_correction,
+                      Literal["none", "tis", "decoupled"])
+        if not self.is_cap > 1:
+            raise ValueError(f"model.rl.is_cap={self.is_cap}: must be > 1 (e.g. 2.0)")
         self._check_combinations()
 
     def _check_combinations(self) -> None:

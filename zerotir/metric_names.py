@@ -29,6 +29,10 @@ VALUE_LOSS = "train/value_loss"
 CLIP_FRACTION = "train/clip_fraction"
 DUAL_CLIP_FRACTION = "train/dual_clip_fraction"  # share of action tokens at the dual-clip bound
 GRAD_NORM = "train/grad_norm"
+ENGINE_LOGPROB_DIFF = "train/engine_logprob_diff"  # mean |trainer - engine| log-prob of the sampled tokens
+IS_RATIO_MEAN = "train/is_ratio_mean"  # mean exp(trainer - engine) log-prob ratio on action tokens, before any cap
+IS_CAPPED_FRACTION = "train/is_capped_fraction"  # share of action tokens whose ratio exceeds model.rl.is_cap
+IS_WEIGHT_MEAN = "train/is_weight_mean"  # mean off-policy weight of the policy loss (1 without correction)
 LEARNING_RATE = "train/lr"
 
 # Wall time of each phase of an RL step, seconds.

@@ -436,3 +436,30 @@ def test_entropy_keeps_no_graph_unless_it_is_in_the_loss(tiny, monkeypatch, entr
     assert len(seen) == 2 and all(logits_grad for logits_grad, _ in seen)  # one call per row, inside the graph
     assert all(out_grad is with_grad for _, out_grad in seen)
     assert loss.requires_grad and stats["entropy"] > 0
+
+
+@pytest.mark.parametrize("correction", ["tis", "decoupled"])
+def test_off_policy_correction_reweights_the_update_by_the_engine_log_probs(tiny, correction):
+    """The engine's log-probs equal to the trainer's: the correction changes nothing. Made 1.5x likelier under the
+    trainer (the engine gave the sampled tokens less probability) on row 0 only: with a cap of 2 that row's tokens
+    weigh 1.5 in either correction, which is the gradient of the uncorrected loss with row 0's advantage x 1.5."""
+    traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
+    cfg = RLConfig(algorithm="grpo", micro_batch_size=4, off_policy_correction=correction, is_cap=2.0)
+    plain_cfg = RLConfig(algorithm="grpo", micro_batch_size=4)
+    batch = _batch(tiny, traj, cfg)  # a single pass: the trainer's log-probs are those of the update's forward
+    with torch.no_grad():
+        batch.engine_logp = sequence_logprobs(tiny, batch.input_ids, batch.attention_mask)[0].clone()
+    same, _, stats = _run_update(tiny, batch, cfg)
+    plain, _, _ = _run_update(tiny, batch, plain_cfg)
+    for name, g in same[0].items():
+        assert torch.allclose(g, plain[0][name], atol=1e-6), name
+    assert stats["is_weight_mean"] == pytest.approx(1.0) and stats["is_capped_fraction"] == 0.0
+    batch.engine_logp[0] -= math.log(1.5)
+    weighted, _, stats = _run_update(tiny, batch, cfg)
+    scaled = _batch(tiny, traj, plain_cfg)
+    scaled.advantages = scaled.advantages.clone()
+    scaled.advantages[0] *= 1.5
+    want, _, _ = _run_update(tiny, scaled, plain_cfg)
+    for name, g in weighted[0].items():
+        assert torch.allclose(g, want[0][name], atol=1e-6), name
+    assert stats["is_ratio_mean"] > 1.0

@@ -260,6 +260,7 @@ def policy_loss(
     dual_clip: float | None = None,
     agg_mode: str = "token-mean",
     norm_tokens: int | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with an asymmetric clip range [1 - clip_low, 1 + clip_high], optionally dual-clipped.
 
@@ -276,6 +277,8 @@ def policy_loss(
         clip_high: upper clip epsilon (ratio ceiling 1 + clip_high); the paper's code uses 0.28 ("clip higher").
         dual_clip: the lower bound c (> 1) of the dual clip; None: no dual clip.
         agg_mode, norm_tokens: how the per-token losses become a scalar (see ``aggregate_loss``).
+        weights: (B, T) per-token factors of the loss, without gradient (the off-policy correction:
+            ``off_policy.behaviour_weights``); None = 1. The aggregation's token counts are unchanged.
 
     Returns:
         (loss, stats): a scalar loss (0 with an empty mask), and detached token means ``clip_fraction`` (the clipped
@@ -305,6 +308,9 @@ def policy_loss(
         bound = -dual_clip * advantages
         dual = (advantages < 0) & (per_token > bound)
         per_token = torch.where(dual, bound, per_token)
+    if weights is not None:
+        _check_shape("weights", weights, "logp", logp)
+        per_token = per_token * weights.detach().to(per_token.dtype)
     loss = aggregate_loss(per_token, m, agg_mode, norm_tokens)
     with torch.no_grad():
         stats = {

@@ -27,6 +27,7 @@ from zerotir.config import RLConfig
 from zerotir.rl import algorithms as A
 from zerotir.rl import baselines as B
 from zerotir.rl.guards import check_finite
+from zerotir.rl.off_policy import behaviour_weights
 from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
 from zerotir.types import Trajectories
 
@@ -43,7 +44,7 @@ class TrainBatch:
     action_mask: Tensor  # bool, the env-token mask
     old_logp: Tensor | None  # the actor's log-probs before the update; None: taken in the update (single pass)
     advantages: Tensor
-    engine_logp: Tensor | None = None  # the rollout engine's log-probs (for the sanity statistic only)
+    engine_logp: Tensor | None = None  # the rollout engine's log-probs: the behaviour policy (off-policy weights)
     ref_logp: Tensor | None = None  # only with use_kl_loss
     old_values: Tensor | None = None  # PPO
     returns: Tensor | None = None  # PPO (value targets)
@@ -206,8 +207,10 @@ def micro_batch_loss(
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
     agg = dict(agg_mode=cfg.loss_agg_mode, norm_tokens=norm_tokens)
-    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip, **agg)
-    stats = dict(stats, policy_loss=loss.detach(), entropy=A.masked_mean(entropy, mask).detach())
+    weights, is_stats = _behaviour_weights(cfg, old_logp, mb.engine_logp, mask)
+    loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip, **agg,
+                                weights=weights)
+    stats = dict(stats, **is_stats, policy_loss=loss.detach(), entropy=A.masked_mean(entropy, mask).detach())
     if single_pass and mb.engine_logp is not None:
         stats["engine_logprob_diff"] = A.masked_mean((old_logp - mb.engine_logp).abs(), mask)
     if cfg.entropy_coef:
@@ -224,6 +227,19 @@ def micro_batch_loss(
         stats["value_loss"] = v_loss.detach()
         loss = loss + cfg.vf_coef * v_loss
     return loss, stats
+
+
+def _behaviour_weights(cfg: RLConfig, old_logp: Tensor, engine_logp: Tensor | None,
+                       mask: Tensor) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """The off-policy weights of the policy loss (None: weight 1) and their statistics. The proximal policy is the
+    old one (in a single pass the current parameters before the step: the same policy)."""
+    if engine_logp is None:
+        if cfg.off_policy_correction != "none":
+            raise ValueError(f"model.rl.off_policy_correction={cfg.off_policy_correction!r} needs the engine's "
+                             "log-probs of the sampled tokens, and this batch has none")
+        return None, {}
+    weights, stats = behaviour_weights(old_logp, engine_logp, mask, cfg.off_policy_correction, cfg.is_cap)
+    return (None if cfg.off_policy_correction == "none" else weights), stats
 
 
 def ppo_update(
