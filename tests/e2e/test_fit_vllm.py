@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @pytest.fixture(autouse=True)
 def _needs_vllm():
-    from zerotir.rollout.vllm_engine import vllm_available
+    from zerotir.rollout.vllm_settings import vllm_available
 
     ok, why = vllm_available()
     if not ok:
@@ -44,7 +44,7 @@ def test_fit_with_vllm_syncs_weights_into_the_engine(e2e_base, e2e_data, tmp_pat
 def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     """``configs/toy_cpu_vllm.yaml`` as shipped: it builds its vLLM-runnable toy base (a short pretraining here:
     this test checks the path, not learning), starts the embedded sandbox and trains through the vLLM engine."""
-    base = tmp_path / "toy_base_h4"
+    base = tmp_path / "toy_base_vllm"
     cli = run_cli([
         "fit", "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"),
         "--model.model_path", str(base), "--toy_base.steps", "20", "--toy_base.probe_threshold", "0",
@@ -56,6 +56,7 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     ])
     assert cli.model.rl_steps_done == 2
     assert type(cli.model.backend).__name__ == "VLLMRollout"  # the engine create_engine builds for it
-    assert json.loads((base / "config.json").read_text())["num_attention_heads"] == 4
+    shape = json.loads((base / "config.json").read_text())
+    assert (shape["num_attention_heads"], shape["head_dim"], shape["hidden_size"]) == (8, 32, 128)
     scalars = read_scalars(tmp_path / "tensorboard")
     assert len(scalars[mn.REWARD_MEAN]) == 2 and all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])

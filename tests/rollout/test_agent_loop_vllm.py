@@ -31,7 +31,8 @@ PARAMS = SamplingParams(n=2, temperature=0.0, max_new_tokens=160)
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    from zerotir.rollout.vllm_engine import VLLMEngine, vllm_available
+    from zerotir.rollout.vllm_engine import VLLMEngine
+    from zerotir.rollout.vllm_settings import vllm_available
 
     ok_, why = vllm_available()
     if not ok_:

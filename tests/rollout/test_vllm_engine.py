@@ -13,14 +13,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from zerotir.rollout.engine import SamplingParams, generate, per_prompt_params
-from zerotir.rollout.vllm_engine import (
-    VLLMEngine,
-    check_head_size,
-    completion_to_sample,
-    engine_settings,
-    local_rank_of,
-    vllm_available,
-)
+from zerotir.rollout.vllm_engine import VLLMEngine, completion_to_sample
+from zerotir.rollout.vllm_settings import check_head_size, engine_settings, local_rank_of, vllm_available
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import EOS, build_byte_tokenizer
 
@@ -360,7 +354,7 @@ def test_release_aborts_a_running_request_and_the_others_go_on(world):
 
 def test_a_head_size_the_engine_cannot_run_is_refused_with_the_fix():
     check_head_size("m", 32, [32, 64])
-    with pytest.raises(ValueError, match=r"heads of size 16.*runs head sizes \[32, 64\].*toy_base.num_heads: 4"):
+    with pytest.raises(ValueError, match=r"heads of size 16.*runs head sizes \[32, 64\].*toy_base.head_dim: 32"):
         check_head_size("m", 16, [32, 64])
 
 

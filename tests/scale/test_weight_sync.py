@@ -176,7 +176,7 @@ def reference_greedy(model, prompt, steps):
 @pytest.fixture(scope="module")
 def vllm_ok():
     """Skip (with the import error) before the DeepSpeed setup when vllm is not importable."""
-    from zerotir.rollout.vllm_engine import vllm_available
+    from zerotir.rollout.vllm_settings import vllm_available
 
     ok, why = vllm_available()
     if not ok:

