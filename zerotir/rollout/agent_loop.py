@@ -199,9 +199,6 @@ async def _run_trajectories(run: _Run) -> None:
 async def _run_rounds(run: _Run, per_call: int | None) -> None:
     """Trajectories step together in rounds of at most ``per_call`` tokens (None: lockstep, one round per phase)."""
     lockstep = per_call is None
-    for key, row in enumerate(run.rows):
-        if row.finish is not None:
-            _end(run, key)
     while True:
         await _let_io_run()
         for key in _inject_ready(run):

@@ -180,23 +180,15 @@ def check_request(key: Hashable, ids: list[int], params: SamplingParams, vocab_s
     if params.n != 1:
         raise ValueError(f"submit({key!r}): params.n={params.n}; a request is one sample (submit n requests, or use "
                          "zerotir.rollout.engine.generate)")
-    try:
-        check_prompts([ids], vocab_size, context, "the context length")
-    except ValueError as exc:
-        raise ValueError(f"submit({key!r}): {str(exc).replace('prompts[0]', 'ids')}") from None
-
-
-def check_prompts(prompts: list[list[int]], vocab_size: int, context: int, context_name: str) -> None:
-    """Reject a prompt that is empty, holds an id outside the vocabulary, or leaves no room in the context."""
-    for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token id (e.g. BOS)")
-        if len(prompt) >= context:
-            raise ValueError(f"prompts[{i}] has {len(prompt)} tokens, {context_name}={context} leaves no room to "
-                             "generate; shorten the prompt")
-        bad = next((t for t in prompt if not 0 <= int(t) < vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompts[{i}] holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+    name = f"submit({key!r}): ids"
+    if len(ids) == 0:
+        raise ValueError(f"{name} is empty; every prompt needs at least one token id (e.g. BOS)")
+    if len(ids) >= context:
+        raise ValueError(f"{name} has {len(ids)} tokens, the context length={context} leaves no room to generate; "
+                         "shorten the prompt")
+    bad = next((t for t in ids if not 0 <= int(t) < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
 
 
 def pad_id(tokenizer: Any) -> int:
