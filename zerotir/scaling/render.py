@@ -6,8 +6,11 @@ so the report changes no global backend state and runs headless.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from zerotir.scaling import fit as sf
@@ -31,6 +34,20 @@ def _missing(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
+def _step_panel(ax, title: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("training step")
+    ax.grid(alpha=0.3)
+
+
+def _logged(runs: list[Run], tag: str) -> Iterator[tuple[Run, pd.Series]]:
+    """``(run, series)`` for every run that logged ``tag``."""
+    for run in runs:
+        series = run.get(tag)
+        if series is not None and not series.empty:
+            yield run, series
+
+
 def plot_figure4(runs: list[Run], path: Path, smooth_weight: float, dpi: int = 120) -> None:
     """The paper's Figure 4 panels against training step, one line per run (raw values faint, smoothed line solid)."""
 
@@ -38,20 +55,14 @@ def plot_figure4(runs: list[Run], path: Path, smooth_weight: float, dpi: int = 1
     fig = Figure(figsize=(13, 7.5), layout="constrained")
     axes = fig.subplots(2, 3).ravel()
     for ax, (_, tag, title) in zip(axes, PANELS):
-        ax.set_title(title)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-        drawn = False
-        for run in runs:
-            series = run.get(tag)
-            if series is None or series.empty:
-                continue
+        _step_panel(ax, title)
+        logged = list(_logged(runs, tag))
+        for run, series in logged:
             color = colors[run.name]
             if smooth_weight > 0:
                 ax.plot(series.index, series.to_numpy(), color=color, alpha=0.25, linewidth=1)
             ax.plot(series.index, smooth(series, smooth_weight).to_numpy(), color=color, linewidth=1.8)
-            drawn = True
-        if not drawn:
+        if not logged:
             _missing(ax, f"{tag}\nnot logged")
     _legend(fig, runs, colors)
     fig.get_layout_engine().set(rect=(0, 0.05, 1, 0.95))
@@ -66,14 +77,9 @@ def plot_fits(runs: list[Run], report: dict, path: Path, dpi: int = 120) -> None
     fig = Figure(figsize=(15, 4.8), layout="constrained")
     axes = fig.subplots(1, 3)
     for ax, (key, tag, title) in zip(axes, FITTED):
-        ax.set_title(f"{title}: fitted law")
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-        drawn = False
-        for run in runs:
-            series = run.get(tag)
-            if series is None or series.empty:
-                continue
+        _step_panel(ax, f"{title}: fitted law")
+        logged = list(_logged(runs, tag))
+        for run, series in logged:
             color = colors[run.name]
             ax.scatter(series.index, series.to_numpy(), s=9, color=color, alpha=0.45)
             fit = report["runs"][run.name]["fits"][key]
@@ -81,8 +87,7 @@ def plot_fits(runs: list[Run], report: dict, path: Path, dpi: int = 120) -> None
                 dense = np.linspace(float(series.index.min()), float(series.index.max()), 300)
                 ax.plot(dense, sf.law(dense, fit["lo"], fit["hi"], fit["m"], fit["k"]), color=color, linewidth=2,
                         label=f"{run.name}: R²={fit['r2']:.3f}")
-            drawn = True
-        if drawn:
+        if logged:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
         else:
