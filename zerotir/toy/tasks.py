@@ -99,19 +99,25 @@ def make_question(rng: random.Random, kinds: str | list[str] = "hard") -> Questi
     return Question(kind=kind, problem=problem, answer=evaluate(problem))
 
 
-def heldout_set(n: int = 256, seed: int = 1234, kinds: str | list[str] = "hard") -> list[Question]:
-    """A fixed set of ``n`` distinct questions (same ``n``, ``seed`` and ``kinds`` give the same set)."""
+def distinct_questions(n: int, make: Callable[[], Question]) -> list[Question]:
+    """The first ``n`` questions of ``make()`` with distinct problems (a held-out set: ``make`` draws from a seeded
+    generator, so the set is fixed by that seed)."""
     if n < 1:
         raise ValueError(f"n={n}: the held-out set needs at least one question")
-    rng = random.Random(f"heldout-{seed}")
     seen: set[str] = set()
     out: list[Question] = []
     while len(out) < n:
-        q = make_question(rng, kinds)
+        q = make()
         if q.problem not in seen:
             seen.add(q.problem)
             out.append(q)
     return out
+
+
+def heldout_set(n: int = 256, seed: int = 1234, kinds: str | list[str] = "hard") -> list[Question]:
+    """A fixed set of ``n`` distinct questions (same ``n``, ``seed`` and ``kinds`` give the same set)."""
+    rng = random.Random(f"heldout-{seed}")
+    return distinct_questions(n, lambda: make_question(rng, kinds))
 
 
 def train_stream(

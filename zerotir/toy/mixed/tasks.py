@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
-from zerotir.toy.tasks import Question, evaluate, write_jsonl
+from zerotir.toy.tasks import Question, distinct_questions, evaluate, write_jsonl
 
 
 def _n(rng: random.Random, digits: int) -> int:
@@ -74,17 +74,8 @@ def make_question(rng: random.Random, group: str, kinds: Collection[str] = ()) -
 
 def heldout_set(group: str, n: int = 128, seed: int = 1234, kinds: Collection[str] = ()) -> list[Question]:
     """``n`` distinct held-out questions of ``group`` (of the allowed ``kinds``; empty: all), fixed by ``seed``."""
-    if n < 1:
-        raise ValueError(f"n={n}: the held-out set needs at least one question")
     rng = random.Random(f"mixed-heldout-{group}-{seed}")
-    seen: set[str] = set()
-    out: list[Question] = []
-    while len(out) < n:
-        q = make_question(rng, group, kinds)
-        if q.problem not in seen:
-            seen.add(q.problem)
-            out.append(q)
-    return out
+    return distinct_questions(n, lambda: make_question(rng, group, kinds))
 
 
 def excluded(n: int = 128, seed: int = 1234) -> set[str]:
