@@ -3,7 +3,8 @@
 What it reads: the ``StepResult`` (``zerotir.rl.step``) that ``training_step`` returns, as ``outputs["step"]`` of
 ``on_train_batch_end``: its ``rl_step`` (the x axis of every tag here), ``rollout`` (all trajectories of the step,
 scored, *before* pass-rate filtering), ``timings`` (seconds per phase: generation, sandbox, reward, update,
-weight_sync, step) and ``stats`` (kl, entropy, policy_loss, value_loss, clip_fraction, grad_norm, lr; empty when
+weight_sync, step; with the asynchronous pipeline also wait_for_rollout and wait_for_trainer), ``pipeline`` (the
+batch's staleness) and ``stats`` (kl, entropy, policy_loss, value_loss, clip_fraction, grad_norm, lr; empty when
 the update was skipped). It logs them under the names of ``zerotir.metric_names``. Keys outside those lists are
 logged as ``time/<key>`` and ``train/<key>``, never dropped. The callback only observes: no loss math here.
 """
@@ -29,7 +30,10 @@ TIMING_NAMES = {
     "update": mn.TIME_UPDATE,
     "weight_sync": mn.TIME_WEIGHT_SYNC,
     "step": mn.TIME_STEP,
+    "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
+    "wait_for_trainer": mn.TIME_WAIT_TRAINER,
 }
+PIPELINE_NAMES = {"staleness_mean": mn.STALENESS_MEAN, "staleness_max": mn.STALENESS_MAX}
 UPDATE_NAMES = {
     "kl": mn.KL,
     "entropy": mn.ENTROPY,
@@ -119,6 +123,7 @@ class ScalingMetrics(Callback):
         metrics = rollout_metrics(result.rollout, self.repeat_ngram)
         metrics.update(named_stats(result.stats, UPDATE_NAMES, "train"))
         metrics.update(named_stats(result.timings, TIMING_NAMES, "time"))
+        metrics.update(named_stats(result.pipeline, PIPELINE_NAMES, "pipeline"))
         return metrics
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerotir.config import RLConfig, SamplingConfig
+from zerotir.config import HFRollout, PipelineConfig, RLConfig, SamplingConfig, VLLMRollout
 
 
 def test_config_errors_name_the_field():
@@ -58,3 +58,30 @@ def test_combinations_that_work():
     RLConfig(algorithm="grpo", kl_coef=0.01, grpo_kl_in_reward=True)
     RLConfig(algorithm="ppo", gae_injected="restart", dual_clip=None, loss_agg_mode="seq-mean-token-sum-norm")
     RLConfig(algorithm="reinforce_pp").check_samples(1)  # no group baseline: one sample per prompt is fine
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_staleness": -1}, r"model.pipeline.max_staleness=-1: must be >= 0"),
+    ({"threads": 0}, r"model.pipeline.threads=0: must be >= 1"),
+    ({"producer_timeout": 0}, r"model.pipeline.producer_timeout=0: must be > 0"),
+])
+def test_pipeline_errors_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("pipeline", "backend", "message"), [
+    (PipelineConfig(max_staleness=1), VLLMRollout(enable_sleep_mode=True), r"enable_sleep_mode=true: a colocated"),
+    (PipelineConfig(max_staleness=0), VLLMRollout(tensor_parallel_size=2), r"tensor_parallel_size=2"),
+    (PipelineConfig(max_staleness=1, producer_device="cuda:1"), VLLMRollout(), r"producer_device='cuda:1'"),
+])
+def test_a_producer_that_cannot_run_with_the_engine_is_a_config_error(pipeline, backend, message):
+    with pytest.raises(ValueError, match=message):
+        pipeline.check_backend(backend)
+
+
+def test_pipeline_settings_that_work():
+    PipelineConfig().check_backend(VLLMRollout(enable_sleep_mode=True))  # synchronous: sleeping is fine
+    PipelineConfig(max_staleness=2, producer_device="cuda:1").check_backend(HFRollout())
+    PipelineConfig(max_staleness=1).check_backend(VLLMRollout())
+    assert not PipelineConfig().enabled and PipelineConfig(max_staleness=0).enabled

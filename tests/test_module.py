@@ -45,6 +45,7 @@ class ScriptedRuntime:
         self.stale = False
         self.urls = ["scripted"]
         self.closed = False
+        self.producer = None  # the asynchronous pipeline is off in these tests (tests/e2e/test_pipeline.py)
 
     def start(self, actor, tokenizer, device) -> None:
         pass

@@ -1,5 +1,6 @@
 """The typed configuration groups of a run: ``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling`` /
-``model.eval_sampling``, ``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``) and ``model.sandbox``.
+``model.eval_sampling``, ``model.sandbox``, ``model.pipeline`` and ``model.rollout`` (the engine: ``HFRollout`` or
+``VLLMRollout``).
 
 Each group is a frozen dataclass whose field docstrings are the ``--help`` text of the command line (the CLI turns
 attribute docstrings on), and whose ``__post_init__`` is the one place its fields are checked: a bad value raises a
@@ -321,6 +322,61 @@ class SandboxConfig:
     def local_options(self) -> dict[str, Any]:
         """Keyword arguments of ``sandbox.local_sandbox`` for the embedded server."""
         return dict(self.server_options, **({} if self.workers is None else {"workers": self.workers}))
+
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Asynchronous rollouts (``model.pipeline``, ``zerotir.rollout.producer``): a producer with its own engine and
+    its own copy of the weights generates the next batches while the trainer updates on this one.
+
+    Bounded staleness (AReaL's capacity rule): the batch of RL step k may start generating once the producer's
+    weights have seen ``k - 1 - max_staleness`` updates, so every token the trainer sees at step k (weights k - 1) is
+    at most ``max_staleness`` versions old. Off-policy correction: ``model.rl.off_policy_correction``."""
+
+    max_staleness: int | None = None
+    """S. None (the default): no producer, each step generates its batch in line with the trainer's engine. 0: a
+    producer that waits for every update: the synchronous schedule, the same rollouts and parameters for the same
+    seed. S >= 1: the producer runs up to S batches ahead of the trainer."""
+    threads: int | None = None
+    """Torch intra-op threads while the producer runs, process-wide (torch has one setting for all threads): the
+    producer and the trainer each compute on this many. None: half the machine's cores (at least 1): 1 + 1 on 2 cores,
+    the measured default (README, "Asynchronous pipeline")."""
+    producer_device: str | None = None
+    """Where the transformers producer's copy of the weights runs ("cuda:1": a GPU of its own); None: the trainer's
+    device. A vLLM producer is the configured engine (model.rollout), wherever vLLM places it."""
+    producer_timeout: float = 600.0
+    """Seconds without progress (an engine step, a finished batch, a weight push) after which a producer that the
+    trainer waits for is declared hung: the run stops with an error naming the step."""
+
+    def __post_init__(self) -> None:
+        _check_min("pipeline", self, ("max_staleness",), 0, " (null: no producer; 0: synchronous through one)")
+        _check_min("pipeline", self, ("threads",), 1)
+        if not self.producer_timeout > 0:
+            raise ValueError(f"model.pipeline.producer_timeout={self.producer_timeout}: must be > 0 seconds")
+
+    @property
+    def enabled(self) -> bool:
+        """A producer generates the batches (max_staleness is set)."""
+        return self.max_staleness is not None
+
+    def check_backend(self, backend: RolloutBackend) -> None:
+        """The cross-group check with ``model.rollout``: what a producer cannot run with fails here, naming both."""
+        if not self.enabled:
+            return
+        if isinstance(backend, VLLMRollout) and backend.enable_sleep_mode:
+            raise ValueError(f"model.pipeline.max_staleness={self.max_staleness} with model.rollout.init_args."
+                             "enable_sleep_mode=true: a colocated engine that sleeps while the trainer updates cannot "
+                             "generate meanwhile. Set max_staleness: null (synchronous) or enable_sleep_mode: false "
+                             "with the engine on GPUs of its own")
+        if backend.tensor_parallel_size > 1:
+            raise ValueError(f"model.pipeline.max_staleness={self.max_staleness} with model.rollout.init_args."
+                             f"tensor_parallel_size={backend.tensor_parallel_size}: the producer drives one engine of "
+                             "one process; set max_staleness: null or tensor_parallel_size: 1")
+        if self.producer_device is not None and not isinstance(backend, HFRollout):
+            raise ValueError(f"model.pipeline.producer_device={self.producer_device!r} places the transformers "
+                             "producer's copy of the weights; a vLLM producer is the configured engine (place it with "
+                             "model.rollout.init_args.llm_kwargs / CUDA_VISIBLE_DEVICES). Drop producer_device")
 
 
 # ---- model.rollout: the engine, a class_path with its own settings ---------------------------------------------------

@@ -42,6 +42,12 @@ TIME_REWARD = "time/reward"
 TIME_UPDATE = "time/update"
 TIME_WEIGHT_SYNC = "time/weight_sync"
 TIME_STEP = "time/step"
+TIME_WAIT_ROLLOUT = "time/wait_for_rollout"  # the trainer waiting for the producer's batch (asynchronous pipeline)
+TIME_WAIT_TRAINER = "time/wait_for_trainer"  # the producer waiting at the capacity rule before starting this batch
+
+# The asynchronous pipeline (model.pipeline): weight versions the batch's sampled tokens lag the trainer's weights.
+STALENESS_MEAN = "pipeline/staleness_mean"
+STALENESS_MAX = "pipeline/staleness_max"
 
 # Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
 EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)

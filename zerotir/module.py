@@ -31,12 +31,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
-    EVAL_SAMPLING, HFRollout, OptimConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
+    EVAL_SAMPLING, HFRollout, OptimConfig, PipelineConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig,
+    ToolConfig, as_plain,
 )
-from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
+from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rl.step import BatchInfo, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.runtime import RolloutRuntime
@@ -66,6 +67,8 @@ class ZeroTIRModule(LightningModule):
         rollout: the rollout engine, a ``class_path``: ``zerotir.config.HFRollout`` (transformers, the default) or
             ``zerotir.config.VLLMRollout``, each with its own ``init_args``.
         sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
+        pipeline: asynchronous rollouts: a producer with its own engine generating the next batches while the
+            trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.rollout.producer``).
         eval_report_dir: where evaluation reports go; default ``<trainer.default_root_dir>/eval``.
         seed: seed of rollout sampling (step k samples with ``seed + k``), so a resumed run repeats a step exactly.
     """
@@ -82,6 +85,7 @@ class ZeroTIRModule(LightningModule):
         eval_sampling: SamplingConfig = EVAL_SAMPLING,
         rollout: RolloutBackend = HFRollout(),
         sandbox: SandboxConfig = SandboxConfig(),
+        pipeline: PipelineConfig = PipelineConfig(),
         eval_report_dir: str | None = None,
         seed: int = 0,
     ):
@@ -93,7 +97,9 @@ class ZeroTIRModule(LightningModule):
         self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
+        self.pipeline = pipeline
         rl.check_samples(sampling.n)
+        pipeline.check_backend(rollout)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
                              "or allow tool calls")
@@ -127,6 +133,13 @@ class ZeroTIRModule(LightningModule):
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
         """Before any model loads: a DeepSpeed config or rollout backend that cannot work fails here, naming the fix."""
+        if self.pipeline.enabled and self.trainer.world_size > 1:
+            raise ValueError(f"model.pipeline.max_staleness={self.pipeline.max_staleness} with {self.trainer.world_size} "
+                             "training processes: the producer serves one trainer process (its rollout engine on a "
+                             "device of its own); set max_staleness: null, or train on one device")
+        if self.pipeline.enabled and is_deepspeed(self.trainer) and is_zero3(self.trainer):
+            raise ValueError("model.pipeline.max_staleness with DeepSpeed ZeRO-3: the producer's copy of the weights "
+                             "needs whole parameters; use ZeRO stage 1 / 2 or max_staleness: null")
         if is_deepspeed(self.trainer):
             check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, self.backend)
             if stage == "fit":
@@ -172,12 +185,6 @@ class ZeroTIRModule(LightningModule):
         warmup = o.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
-        if is_deepspeed(self.trainer):
-            begin_micro_batch(self.trainer.model)
-        self.manual_backward(loss)
 
     def _backward(self, loss: torch.Tensor) -> None:
         """One micro-batch's backward; under DeepSpeed ``begin_micro_batch`` first (or ZeRO-3 keeps only the last)."""
@@ -246,7 +253,14 @@ class ZeroTIRModule(LightningModule):
         start = time.perf_counter()
         step = self.rl_steps_done + 1
         rows = self._my_prompts(batch)
-        traj, timings = self.rollout(rows, self.params(self.sampling, self.seed + step))
+        if self.pipeline.enabled:
+            traj, timings = self._take(step, rows)
+        else:
+            traj, timings = self.rollout(rows, self.params(self.sampling, self.seed + step))
+            traj.versions = torch.where(traj.action_mask, self.rl_steps_done, -1)  # in line: the trainer's weights
+        staleness = staleness_stats(traj.versions, traj.action_mask, step)
+        if self.pipeline.enabled:
+            check_staleness(staleness, step, self.pipeline.max_staleness)
         tp = self.backend.tensor_parallel_size
         if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
             traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
@@ -259,9 +273,13 @@ class ZeroTIRModule(LightningModule):
         if result.stats:
             result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start
-        timings["weight_sync"] = self.runtime.sync(self.actor)
+        if self.runtime.producer is not None:  # new weights to the producer's engine, as version `step`
+            timings["weight_sync"] = self.runtime.producer.push(self.runtime.push(self.actor), step)
+        else:
+            timings["weight_sync"] = self.runtime.sync(self.actor)
         timings["step"] = time.perf_counter() - start
         result.timings = timings
+        result.pipeline = {key: staleness[key] for key in ("staleness_mean", "staleness_max")}
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, PromptDataModule):
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
@@ -269,6 +287,28 @@ class ZeroTIRModule(LightningModule):
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
+
+    def _take(self, step: int, rows: list[dict[str, Any]]) -> tuple[Trajectories, dict[str, float]]:
+        """The producer's batch for ``step`` (the producer starts at the first step of a run or of a resume, at the
+        first unconsumed batch, with the actor's weights); it must hold the prompts the loader gave for this step."""
+        producer = self.runtime.producer
+        if producer is None:
+            datamodule = self.trainer.datamodule
+            if not isinstance(datamodule, PromptDataModule):
+                raise ValueError("model.pipeline.max_staleness: the producer reads the batches of the next steps from "
+                                 "zerotir's PromptDataModule (train_batch); use it as the run's datamodule")
+            from zerotir.reward import score_batch
+
+            self._start_runtime()
+            producer = self.runtime.start_producer(
+                self.actor, self.tokenizer, self.device, self.pipeline, datamodule.train_batch,
+                lambda k: self.params(self.sampling, self.seed + k), score_batch, step, rows[0]["batch_index"],
+                self.rl_steps_done)
+        produced = producer.take(step)
+        if produced.batch_index != rows[0]["batch_index"] or [r["id"] for r in produced.rows] != [r["id"] for r in rows]:
+            raise RuntimeError(f"step {step}: the producer generated batch {produced.batch_index} but the loader gave "
+                               f"batch {rows[0]['batch_index']}; the training stream and the producer disagree")
+        return produced.rollout, produced.timings
 
     def _my_prompts(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This rank's share of the step's prompts (all of them on a single process)."""
@@ -284,7 +324,12 @@ class ZeroTIRModule(LightningModule):
         """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
         as ``outputs["step"]``, at the RL step of the weights."""
         rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
-        traj, timings = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
+        params = self.params(self.eval_sampling, self.seed + batch_idx)
+        if self.runtime.producer is not None:  # it owns the engine: the batch runs after its batch in flight
+            traj, timings = self.runtime.producer.evaluate([r["prompt_ids"] for r in rows], [r["answer"] for r in rows],
+                                                           params)
+        else:
+            traj, timings = self.rollout(rows, params)
         traj = own_trajectories(traj, own, len(rows), self.eval_sampling.n)  # group ids index ``rows``
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
         info = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)

@@ -52,6 +52,11 @@ class Trajectories:
         num_timeouts:   (B,) long     executions killed at the time or memory limit.
         num_sandbox_errors: (B,) long executions the sandbox service failed to run (infrastructure fault).
         truncated:      (B,) bool     the response hit the token budget (finish_reason == "length").
+        versions:       (B, T) long   or None: the weight version (updates the engine's weights had seen) that
+                                      sampled each action token; -1 off the action mask. A producer stamps each
+                                      segment with the version at its submission (exact unless a weight push landed
+                                      while the segment ran: then the oldest that may have produced it). None from a
+                                      rollout that does not record it (the module stamps in-line rollouts).
 
     Per-trajectory Python lists (length B):
         finish_reasons: "stop" or "length".
@@ -74,6 +79,7 @@ class Trajectories:
     num_timeouts: torch.Tensor
     num_sandbox_errors: torch.Tensor
     truncated: torch.Tensor
+    versions: torch.Tensor | None = None
     finish_reasons: list[str] = field(default_factory=list)
     response_texts: list[str] = field(default_factory=list)
     ground_truths: list[str] = field(default_factory=list)
@@ -90,7 +96,7 @@ class Trajectories:
         values = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            values[f.name] = tensor_fn(v) if isinstance(v, torch.Tensor) else list_fn(v)
+            values[f.name] = tensor_fn(v) if isinstance(v, torch.Tensor) else None if v is None else list_fn(v)
         return Trajectories(**values)
 
     def select(self, index: torch.Tensor | list[int]) -> Trajectories:
@@ -113,9 +119,14 @@ class Trajectories:
         values = {}
         for f in fields(Trajectories):
             items = [getattr(p, f.name) for p in parts]
+            if f.name == "versions" and any(x is None for x in items):
+                if not all(x is None for x in items):
+                    raise ValueError("Trajectories.cat: some batches record weight versions and some do not")
+                values[f.name] = None
+                continue
             if isinstance(items[0], torch.Tensor):
                 if items[0].dim() == 2:
-                    fill = pad_token_id if f.name == "input_ids" else 0
+                    fill = {"input_ids": pad_token_id, "versions": -1}.get(f.name, 0)
                     items = [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=fill) for x in items]
                 values[f.name] = torch.cat(items)
             else:

@@ -281,6 +281,7 @@ class PromptDataModule(LightningDataModule):
         self._consumed = 0
         self._pending_state: dict[str, Any] | None = None
         self._stream: PromptStream | None = None
+        self._lookahead: PromptStream | None = None  # the producer's own copy of the stream (train_batch)
 
     @property
     def val_names(self) -> list[str]:
@@ -337,6 +338,15 @@ class PromptDataModule(LightningDataModule):
         # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts.
         self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed, start=lambda: self._consumed)
         return DataLoader(self._stream, batch_size=None, collate_fn=list, num_workers=0)
+
+    def train_batch(self, batch_index: int) -> list[dict[str, Any]]:
+        """Training batch ``batch_index`` of the stream, as the train loader yields it (the pipeline's producer
+        reads the batches of the next steps ahead of the loader; a stream of its own, so no state is shared)."""
+        if self.train_rows is None:
+            self.setup("fit")
+        if self._lookahead is None:
+            self._lookahead = PromptStream(self.train_rows, self.prompts_per_step, self.seed)
+        return self._lookahead.batch(batch_index)
 
     def _eval_loaders(self, split: str) -> list[DataLoader]:
         if split not in self.eval_rows:

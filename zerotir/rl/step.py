@@ -87,6 +87,7 @@ class StepResult:
     stats: dict[str, float]  # update statistics: losses, kl, entropy, clip_fraction, grad_norm, lr; {} when skipped
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: generation, sandbox, reward, ...
     batch: BatchInfo = field(default_factory=BatchInfo)  # filled by the module (it knows the prompts)
+    pipeline: dict[str, float] = field(default_factory=dict)  # staleness_mean / _max of the batch's tokens (versions)
 
     @property
     def skipped(self) -> bool:

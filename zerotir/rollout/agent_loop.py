@@ -84,6 +84,7 @@ class Row:
     response: list[int] = field(default_factory=list)
     action: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # weight version per response id (-1: injected, unrecorded)
     code: str | None = None  # extracted from the last segment, to send to the sandbox
     running: str = ""  # the code in flight (recorded with its result in tool_calls)
     pending: asyncio.Future | None = None  # the sandbox call of this trajectory, in flight
@@ -353,13 +354,14 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
     row.response += sample.token_ids
     row.action += [True] * len(sample.token_ids)
     row.logprobs += list(sample.logprobs)
+    row.versions += [-1 if sample.version is None else sample.version] * len(sample.token_ids)
     reason, stop = sample.finish_reason, sample.stop_str
     if boundary > row.mode_start:  # this mode's text came from several rounds: a stop may span the last boundary
         stops = _stops(row.mode, tool, run.params.stop)
         hit = straddling_stop(tokenizer, row.response, row.mode_start, boundary, stops)
         if hit is not None:  # end the segment where the stop ends; later samples are dropped, as if never drawn
             (cut, stop), reason = hit, "stop"
-            del row.response[cut:], row.action[cut:], row.logprobs[cut:]
+            del row.response[cut:], row.action[cut:], row.logprobs[cut:], row.versions[cut:]
     full = len(row.response) >= run.budget(row)
     if reason == "eos":
         row.finish = FINISH_STOP
@@ -403,6 +405,7 @@ def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int
     row.response += injected[:room]
     row.action += [False] * len(injected[:room])
     row.logprobs += [0.0] * len(injected[:room])
+    row.versions += [-1] * len(injected[:room])
     row.head = None
     row.mode = TEXT if row.calls < tool.max_tool_calls else FINAL
     row.mode_start = row.block_from = len(row.response)

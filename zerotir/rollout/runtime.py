@@ -14,14 +14,19 @@ next weight push, so the update has the GPU memory.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from zerotir.config import HFRollout, RolloutBackend, SandboxConfig, ToolConfig, VLLMRollout
+from zerotir.config import HFRollout, PipelineConfig, RolloutBackend, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.rollout.agent_loop import Reward, Schedule
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.tp_group import TensorParallelGroup
@@ -53,6 +58,8 @@ class RolloutRuntime:
         self.engine: Any = None
         self.stale = True  # the engine's weights may differ from the actor's (set after each update and on resume)
         self.asleep = False  # a vLLM engine in sleep mode between its rollout and the next sync
+        self.producer: Any = None  # the pipeline's RolloutProducer while it runs (start_producer)
+        self._threads_before: int | None = None  # torch's thread count before the producer set its own
         # the ranks sharing this rank's engine (``zerotir.rollout.tp_group``): none until start() builds the group
         self.tp_group = TensorParallelGroup(1)
         self._stack = contextlib.ExitStack()
@@ -112,6 +119,9 @@ class RolloutRuntime:
             raise RuntimeError("RolloutRuntime.rollout before start()")
         if self.asleep:
             raise RuntimeError("RolloutRuntime.rollout: the engine sleeps; call sync(actor) first")
+        if self.producer is not None:
+            raise RuntimeError("RolloutRuntime.rollout while the pipeline's producer runs: it owns the engine; roll "
+                               "out through it (RolloutProducer.evaluate)")
         # With a tensor-parallel engine the group's leader runs the tool loop and the other ranks replay its engine
         # calls, so every shard of the engine gets the same requests; all of them return the leader's trajectories.
         schedule = Schedule(self.backend.schedule, self.backend.round_tokens)
@@ -140,8 +150,62 @@ class RolloutRuntime:
         self.stale = False
         return time.perf_counter() - start
 
+    def start_producer(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
+                       pipeline: PipelineConfig, batches: Callable[[int], list[dict[str, Any]]],
+                       params: Callable[[int], SamplingParams], reward: Reward | None, first_step: int,
+                       first_batch: int, version: int) -> Any:
+        """Start the asynchronous pipeline's ``RolloutProducer`` (``zerotir.rollout.producer``) with its own engine:
+        a transformers copy of ``actor`` (on ``pipeline.producer_device``), or this runtime's vLLM engine, handed to
+        it with the actor's weights (this runtime's ``rollout`` refuses to run while the producer lives). Torch's
+        process-wide thread count becomes ``pipeline.threads`` until ``close``."""
+        from zerotir.rollout.producer import RolloutProducer
+
+        if self.producer is not None:
+            raise RuntimeError("start_producer: a producer runs already")
+        threads = pipeline.threads or max(1, len(os.sched_getaffinity(0)) // 2)
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        if isinstance(self.backend, HFRollout):
+            from zerotir.rollout.hf_engine import HFEngine
+
+            model = copy.deepcopy(actor).eval().requires_grad_(False)
+            b = self.backend
+            engine = HFEngine(model, tokenizer, device=pipeline.producer_device or device,
+                              max_batch_size=b.max_batch_size, num_threads=threads, tokens_per_step=b.tokens_per_step)
+        else:
+            if self.stale or self.asleep:
+                self.sync(actor)
+            engine = self.engine
+        make_sandbox = None
+        if self.tool.enabled:
+            from sandbox import SandboxClient
+
+            urls, options = list(self.urls), self.sandbox_config.client_options
+            make_sandbox = lambda: SandboxClient(urls, **options)  # noqa: E731 - built in the producer's thread
+        self.producer = RolloutProducer(
+            engine, tokenizer, self.tool, Schedule(self.backend.schedule, self.backend.round_tokens), reward,
+            make_sandbox, batches, params, pipeline.max_staleness, pipeline.producer_timeout, first_step, first_batch,
+            version)
+        self.producer.start()
+        log.info("rollout producer started at step %d (batch %d, weights version %d, max_staleness %d, %d torch "
+                 "threads)", first_step, first_batch, version, pipeline.max_staleness, threads)
+        return self.producer
+
+    def push(self, actor: nn.Module) -> Callable[[Any], Any]:
+        """The weight copy a producer's push runs on its engine (bucketed as ``sync`` does)."""
+        from zerotir.scale.weight_sync import sync_weights
+
+        bucket = self.backend.weight_sync_bucket_mb << 20 if isinstance(self.backend, VLLMRollout) else 256 << 20
+        return lambda engine: sync_weights(actor, engine, bucket)
+
     def close(self) -> None:
-        """Stop the embedded sandbox (if any) and release the engine."""
+        """Stop the producer (if any), the embedded sandbox (if any) and release the engine."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         self.sandbox = None
         self.engine = None
         self.asleep = False

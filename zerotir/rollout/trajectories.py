@@ -14,8 +14,8 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
     """Right-padded tensors in the layout documented on ``Trajectories``.
 
     Args:
-        rows: ``agent_loop.Row`` s: ``prompt``, ``response`` (sampled + injected ids), ``action`` and ``logprobs``
-            (one per response id), ``group``, ``finish``, the tool counters and ``tool_calls``.
+        rows: ``agent_loop.Row`` s: ``prompt``, ``response`` (sampled + injected ids), ``action``, ``logprobs`` and
+            ``versions`` (one per response id), ``group``, ``finish``, the tool counters and ``tool_calls``.
         tokenizer: decodes the responses and gives the pad id.
         truths: the reference answer of each prompt (indexed by ``row.group``).
     """
@@ -26,6 +26,7 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
     attention = torch.zeros(b, width, dtype=torch.long)
     action = torch.zeros(b, width, dtype=torch.bool)
     logprobs = torch.zeros(b, width, dtype=torch.float32)
+    versions = torch.full((b, width), -1, dtype=torch.long)
     for i, r in enumerate(rows):
         p, n = len(r.prompt), len(r.response)
         input_ids[i, : p + n] = torch.tensor(r.prompt + r.response, dtype=torch.long)
@@ -33,6 +34,7 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
         if n:
             action[i, p : p + n] = torch.tensor(r.action, dtype=torch.bool)
             logprobs[i, p : p + n] = torch.tensor(r.logprobs, dtype=torch.float32)
+            versions[i, p : p + n] = torch.tensor(r.versions, dtype=torch.long)
 
     def column(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype)
@@ -49,6 +51,7 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
         num_timeouts=column([r.timeouts for r in rows], torch.long),
         num_sandbox_errors=column([r.sandbox_errors for r in rows], torch.long),
         truncated=column([f == FINISH_LENGTH for f in finish], torch.bool),
+        versions=versions if bool((versions[action] >= 0).any()) else None,  # None: no engine stamped a version
         finish_reasons=finish,
         response_texts=tokenizer.batch_decode([r.response for r in rows], skip_special_tokens=True),
         ground_truths=[truths[r.group] for r in rows],
