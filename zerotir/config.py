@@ -343,8 +343,8 @@ class PipelineConfig:
     producer and the trainer each compute on this many. None: half the machine's cores (at least 1): 1 + 1 on 2 cores,
     the measured default (README, "Asynchronous pipeline")."""
     producer_device: str | None = None
-    """Where the transformers producer's copy of the weights runs ("cuda:1": a GPU of its own); None: the trainer's
-    device. A vLLM producer is the configured engine (model.rollout), wherever vLLM places it."""
+    """Where the producer's engine runs: the transformers copy of the weights, or the vLLM engine ("cuda:1": a GPU
+    of its own, the trainer keeping its device); None: the trainer's device."""
     producer_timeout: float = 600.0
     """Seconds without progress (an engine step, a finished batch, a weight push) after which a producer that the
     trainer waits for is declared hung: the run stops with an error naming the step."""
@@ -373,10 +373,6 @@ class PipelineConfig:
             raise ValueError(f"model.pipeline.max_staleness={self.max_staleness} with model.rollout.init_args."
                              f"tensor_parallel_size={backend.tensor_parallel_size}: the producer drives one engine of "
                              "one process; set max_staleness: null or tensor_parallel_size: 1")
-        if self.producer_device is not None and not isinstance(backend, HFRollout):
-            raise ValueError(f"model.pipeline.producer_device={self.producer_device!r} places the transformers "
-                             "producer's copy of the weights; a vLLM producer is the configured engine (place it with "
-                             "model.rollout.init_args.llm_kwargs / CUDA_VISIBLE_DEVICES). Drop producer_device")
 
 
 # ---- model.rollout: the engine, a class_path with its own settings ---------------------------------------------------

@@ -44,11 +44,14 @@ class RolloutRuntime:
         tool: the ``model.tool`` group (without tools no sandbox is started).
         model_path: the HF folder a separate engine loads at start (its weights are replaced by the actor's at once).
         seed: the engine's own seed (requests carry theirs).
+        engine_device: where a separate (vLLM) engine runs, when not on the trainer's device (the asynchronous
+            pipeline's ``producer_device``); None: the trainer's.
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, model_path: str,
-                 seed: int = 0):
+                 seed: int = 0, engine_device: str | None = None):
         self.backend = backend
+        self.engine_device = engine_device
         self.sandbox_config = sandbox
         self.tool = tool
         self.model_path = model_path
@@ -88,7 +91,9 @@ class RolloutRuntime:
             if self.tool.enabled:
                 self._start_sandbox()
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
-        self.engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
+        separate = isinstance(self.backend, VLLMRollout) and self.engine_device is not None
+        self.engine = create_engine(self.backend, actor, tokenizer, self.engine_device if separate else device,
+                                    self.model_path, self.seed)
         self.stale = True
 
     def _start_sandbox(self) -> None:
