@@ -45,12 +45,15 @@ class ScriptedRuntime:
         self.stale = False
         self.urls = ["scripted"]
         self.closed = False
-        self.producer = None  # the asynchronous pipeline is off in these tests (tests/e2e/test_pipeline.py)
+        self.pipelined = False  # the asynchronous pipeline is tested in tests/e2e/test_pipeline.py
 
     def start(self, actor, tokenizer, device) -> None:
         pass
 
     def sync(self, actor) -> float:
+        return 0.0
+
+    def push_weights(self, actor, version) -> float:
         return 0.0
 
     def share_rows(self, rows):  # no tensor-parallel engine: this rank's rows are the group's

@@ -274,10 +274,7 @@ class ZeroTIRModule(LightningModule):
         if result.stats:
             result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start
-        if self.runtime.producer is not None:  # new weights to the producer's engine, as version `step`
-            timings["weight_sync"] = self.runtime.producer.push(self.runtime.push(self.actor), step)
-        else:
-            timings["weight_sync"] = self.runtime.sync(self.actor)
+        timings["weight_sync"] = self.runtime.push_weights(self.actor, step)  # to the producer as version `step`
         timings["step"] = time.perf_counter() - start
         result.timings = timings
         result.pipeline = {key: staleness[key] for key in ("staleness_mean", "staleness_max")}
@@ -292,8 +289,7 @@ class ZeroTIRModule(LightningModule):
     def _take(self, step: int, rows: list[dict[str, Any]]) -> tuple[Trajectories, dict[str, float]]:
         """The producer's batch for ``step`` (the producer starts at the first step of a run or of a resume, at the
         first unconsumed batch, with the actor's weights); it must hold the prompts the loader gave for this step."""
-        producer = self.runtime.producer
-        if producer is None:
+        if not self.runtime.pipelined:
             datamodule = self.trainer.datamodule
             if not isinstance(datamodule, PromptDataModule):
                 raise ValueError("model.pipeline.max_staleness: the producer reads the batches of the next steps from "
@@ -301,11 +297,11 @@ class ZeroTIRModule(LightningModule):
             from zerotir.reward import score_batch
 
             self._start_runtime()
-            producer = self.runtime.start_producer(
+            self.runtime.start_producer(
                 self.actor, self.tokenizer, self.device, self.pipeline, datamodule.train_batch,
                 lambda k: self.params(self.sampling, self.seed + k), score_batch, step, rows[0]["batch_index"],
                 self.rl_steps_done)
-        produced = producer.take(step)
+        produced = self.runtime.take(step)
         if produced.batch_index != rows[0]["batch_index"] or [r["id"] for r in produced.rows] != [r["id"] for r in rows]:
             raise RuntimeError(f"step {step}: the producer generated batch {produced.batch_index} but the loader gave "
                                f"batch {rows[0]['batch_index']}; the training stream and the producer disagree")
@@ -325,12 +321,7 @@ class ZeroTIRModule(LightningModule):
         """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
         as ``outputs["step"]``, at the RL step of the weights."""
         rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
-        params = self.params(self.eval_sampling, self.seed + batch_idx)
-        if self.runtime.producer is not None:  # it owns the engine: the batch runs after its batch in flight
-            traj, timings = self.runtime.producer.evaluate([r["prompt_ids"] for r in rows], [r["answer"] for r in rows],
-                                                           params)
-        else:
-            traj, timings = self.rollout(rows, params)
+        traj, timings = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
         traj = own_trajectories(traj, own, len(rows), self.eval_sampling.n)  # group ids index ``rows``
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
         info = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)

@@ -71,6 +71,11 @@ class RolloutRuntime:
     def started(self) -> bool:
         return self.engine is not None
 
+    @property
+    def pipelined(self) -> bool:
+        """The asynchronous pipeline's producer runs (``start_producer``): rollouts and pushes go through it."""
+        return self.producer is not None
+
     def share_rows(self, rows: list[Any]) -> tuple[list[Any], slice]:
         """The rows of every rank sharing this rank's engine (in rank order), and the slice that is this rank's;
         ``rows`` itself without tensor-parallel engines. A collective of the group (see ``rollout``)."""
@@ -117,16 +122,16 @@ class RolloutRuntime:
         ends (``agent_loop.rollout``); returns trajectories and timings.
 
         With tensor-parallel engines every rank of a group must call this together with the same prompts (the
-        leader's are used: ``share_rows`` merges differing ones first)."""
+        leader's are used: ``share_rows`` merges differing ones first). While the asynchronous pipeline's producer
+        runs, the batch runs on its engine (``RolloutProducer.evaluate``, scored by its own reward)."""
         from zerotir.rollout.agent_loop import rollout_sync
 
         if not self.started:
             raise RuntimeError("RolloutRuntime.rollout before start()")
         if self.asleep:
             raise RuntimeError("RolloutRuntime.rollout: the engine sleeps; call sync(actor) first")
-        if self.producer is not None:
-            raise RuntimeError("RolloutRuntime.rollout while the pipeline's producer runs: it owns the engine; roll "
-                               "out through it (RolloutProducer.evaluate)")
+        if self.producer is not None:  # it owns the engine: an evaluation batch after its batch in flight
+            return self.producer.evaluate(prompts, truths, params)
         # With a tensor-parallel engine the group's leader runs the tool loop and the other ranks replay its engine
         # calls, so every shard of the engine gets the same requests; all of them return the leader's trajectories.
         schedule = Schedule(self.backend.schedule, self.backend.round_tokens)
@@ -192,16 +197,26 @@ class RolloutRuntime:
             make_sandbox, batches, params, pipeline.max_staleness, pipeline.producer_timeout, first_step, first_batch,
             version)
         self.producer.start()
+        self.stale = False  # the producer's engine holds the actor's weights; pushes go through it from now on
         log.info("rollout producer started at step %d (batch %d, weights version %d, max_staleness %d, %d torch "
                  "threads)", first_step, first_batch, version, pipeline.max_staleness, threads)
         return self.producer
 
-    def push(self, actor: nn.Module) -> Callable[[Any], Any]:
-        """The weight copy a producer's push runs on its engine (bucketed as ``sync`` does)."""
+    def take(self, step: int) -> Any:
+        """The producer's batch of RL step ``step`` (``RolloutProducer.take``: a ``Produced``)."""
+        if self.producer is None:
+            raise RuntimeError("RolloutRuntime.take without a producer; start_producer first")
+        return self.producer.take(step)
+
+    def push_weights(self, actor: nn.Module, version: int) -> float:
+        """After an update: the actor's weights to the engine that generates next (the producer's, between two of
+        its steps, as ``version``; else this runtime's, as ``sync``); returns the seconds it took."""
+        if self.producer is None:
+            return self.sync(actor)
         from zerotir.scale.weight_sync import sync_weights
 
         bucket = self.backend.weight_sync_bucket_mb << 20 if isinstance(self.backend, VLLMRollout) else 256 << 20
-        return lambda engine: sync_weights(actor, engine, bucket)
+        return self.producer.push(lambda engine: sync_weights(actor, engine, bucket), version)
 
     def close(self) -> None:
         """Stop the producer (if any), the embedded sandbox (if any) and release the engine."""
