@@ -60,3 +60,21 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     assert (shape["num_attention_heads"], shape["head_dim"], shape["hidden_size"]) == (8, 32, 128)
     scalars = read_scalars(tmp_path / "tensorboard")
     assert len(scalars[mn.REWARD_MEAN]) == 2 and all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])
+
+
+def test_fit_with_a_vllm_producer_one_step_ahead(e2e_base, e2e_data, tmp_path):
+    """``model.pipeline.max_staleness: 1`` on vLLM: the engine generates in the producer's thread, validation runs
+    through it, each update's weights are pushed into it between two of its steps."""
+    engine = {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.5}
+    cli = run_cli(cli_args(
+        "fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "3",
+        "--trainer.val_check_interval", "2", "--trainer.enable_checkpointing", "false",
+        "--model.rollout", json.dumps({"class_path": "zerotir.config.VLLMRollout", "init_args": engine}),
+        "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "decoupled",
+    ))
+    assert cli.model.rl_steps_done == 3
+    scalars = read_scalars(tmp_path / "tensorboard")
+    assert [s for s, _ in scalars[mn.STALENESS_MAX]] == [1, 2, 3]
+    assert all(v <= 1 for _, v in scalars[mn.STALENESS_MAX])
+    assert all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])
+    assert [s for s, _ in scalars[f"heldout/{mn.EVAL_ACCURACY}"]] == [2]
