@@ -201,7 +201,7 @@ def markdown(results: dict, figures: dict, bases: list[dict], command: str, swee
            f"Produced by `{command}` ({sweep_minutes:.0f} min of sweep)")
     lines = ["# The paper's findings in the mixed toy world", "",
              f"{how}. Job time: {base_minutes:.0f} min of base pretraining and {job_minutes:.0f} min of RL runs "
-             f"(up to 3 jobs at a time, one thread each, on {os.cpu_count()} cores shared with other work; load "
+             f"(up to 3 jobs at a time, one thread each, on {len(os.sched_getaffinity(0))} cores; load "
              f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}).", "",
              "The world (`configs/toy_mixed.yaml`, docs/toy_mixed.md): easy questions a tiny base answers in text "
              "(1-digit sums and the times table), hard ones it cannot (3-digit products, `a * b + c`), "
