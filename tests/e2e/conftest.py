@@ -64,6 +64,29 @@ def run_subprocess(args: list[str], **popen_kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zerotir", *args], cwd=REPO, env=env, **popen_kwargs)
 
 
+def fit_killed_at(args: list[str], marker: Path, log: Path, timeout: float = 420) -> None:
+    """Run ``python -m zerotir <args>`` (a fit with ``tests.e2e.helpers.HangAfterStep``) until it writes ``marker``,
+    then SIGKILL its whole process group (the run, its threads and its embedded sandbox); output goes to ``log``.
+
+    Raises:
+        AssertionError: the run ended or ran past ``timeout`` seconds without writing the marker (its log's tail).
+    """
+    import signal
+    import time
+
+    with log.open("w") as out:
+        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while not marker.exists() and fit.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            if fit.poll() is None:
+                os.killpg(fit.pid, signal.SIGKILL)
+            fit.wait(timeout=60)
+    assert marker.exists(), log.read_text()[-3000:]
+
+
 def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series of a TensorBoard folder as ``{tag: [(step, value), ...]}``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -9,15 +9,11 @@ schedule it does, in line or not)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, read_scalars, run_cli, run_subprocess
+from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
 from zerotir import metric_names as mn
 
 pytestmark = pytest.mark.slow
@@ -60,17 +56,7 @@ def test_s1_killed_with_the_producer_in_flight_resumes_at_the_first_unconsumed_b
             "--trainer.callbacks.marker", str(marker)]
     args = cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
                     *common, *hang)
-    with log.open("w") as out:
-        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 420
-            while not marker.exists() and fit.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-        finally:
-            if fit.poll() is None:
-                os.killpg(fit.pid, signal.SIGKILL)  # the run, its producer thread and its embedded sandbox
-            fit.wait(timeout=60)
-    assert marker.exists(), log.read_text()[-3000:]
+    fit_killed_at(args, marker, log)
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["zerotir"]["rl_steps_done"] == 2 and ckpt["PromptDataModule"]["consumed"] == 2
 

@@ -10,15 +10,11 @@ sampled with which random draw depends on timing. Everything the checkpoint must
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, read_scalars, run_cli, run_subprocess
+from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
 from zerotir import metric_names as mn
 from zerotir.scaling.runs import load_run
 
@@ -98,17 +94,7 @@ def test_killed_after_a_checkpoint_and_resumed_leaves_one_value_per_step(e2e_bas
             "--trainer.callbacks.marker", str(marker)]
     args = cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
                     *common, *hang)
-    with log.open("w") as out:
-        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 420
-            while not marker.exists() and fit.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-        finally:
-            if fit.poll() is None:
-                os.killpg(fit.pid, signal.SIGKILL)  # the run and its embedded sandbox
-            fit.wait(timeout=60)
-    assert marker.exists(), log.read_text()[-3000:]
+    fit_killed_at(args, marker, log)
     tensorboard = tmp_path / "tensorboard"
     killed_files = set(tensorboard.glob("events.out.tfevents.*"))
     before = read_scalars(tensorboard)
