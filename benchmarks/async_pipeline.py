@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_emergence import build_base, early_stop_args, val_curve, zerotir  # noqa: E402 - after the path set-up
 
 from zerotir import metric_names as mn  # noqa: E402
+from zerotir.scaling.runs import load_run  # noqa: E402
 
 CONFIG = "configs/toy_cpu.yaml"
 ARMS = {"sync": [], "s1": ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis"],
@@ -59,14 +60,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def scalars(run_dir: Path) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
 def run(args: argparse.Namespace, arm: str, seed: int, base: Path) -> dict:
     run_dir = args.out / f"{arm}_s{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -81,7 +74,7 @@ def run(args: argparse.Namespace, arm: str, seed: int, base: Path) -> dict:
     start = zerotir(fit, Path(f"{run_dir}.log"))
     curve = val_curve(run_dir, start)
     hit = next((v for v in curve if v["accuracy"] >= args.target), None)
-    series = scalars(run_dir)
+    series = load_run(run_dir.name, run_dir / "tensorboard").scalars
     steps = len(series[mn.TIME_STEP])
     out = {"arm": arm, "seed": seed, "steps": steps, "steps_per_minute": steps / (sum(series[mn.TIME_STEP]) / 60),
            "reached": hit is not None, "steps_to_target": hit and hit["step"],

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -75,6 +74,20 @@ class RolloutRuntime:
     def pipelined(self) -> bool:
         """The asynchronous pipeline's producer runs (``start_producer``): rollouts and pushes go through it."""
         return self.producer is not None
+
+    @property
+    def schedule(self) -> Schedule:
+        """How the tool loop drives the engine (``model.rollout``'s ``schedule`` and round size)."""
+        return Schedule(self.backend.schedule, self.backend.round_tokens)
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Bucket size of a weight push: ``weight_sync_bucket_mb`` of a vLLM backend, else the default."""
+        from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES
+
+        if isinstance(self.backend, VLLMRollout):
+            return self.backend.weight_sync_bucket_mb << 20
+        return DEFAULT_BUCKET_BYTES
 
     def share_rows(self, rows: list[Any]) -> tuple[list[Any], slice]:
         """The rows of every rank sharing this rank's engine (in rank order), and the slice that is this rank's;
@@ -134,9 +147,8 @@ class RolloutRuntime:
             return self.producer.evaluate(prompts, truths, params)
         # With a tensor-parallel engine the group's leader runs the tool loop and the other ranks replay its engine
         # calls, so every shard of the engine gets the same requests; all of them return the leader's trajectories.
-        schedule = Schedule(self.backend.schedule, self.backend.round_tokens)
         out = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
-            engine, tokenizer, self.sandbox, prompts, params, self.tool, truths, schedule, reward))
+            engine, tokenizer, self.sandbox, prompts, params, self.tool, truths, self.schedule, reward))
         if isinstance(self.backend, VLLMRollout) and self.backend.enable_sleep_mode:
             # Hand the GPU memory to the update. Level 2 drops the weights too: sync() sends the new ones anyway.
             self.engine.sleep(level=2)
@@ -151,7 +163,7 @@ class RolloutRuntime:
         if isinstance(self.backend, VLLMRollout):
             from zerotir.scale.weight_sync import sync_weights
 
-            sync_weights(actor, self.engine, self.backend.weight_sync_bucket_mb << 20)
+            sync_weights(actor, self.engine, self.bucket_bytes)
         else:  # the same module object: nothing to copy, but cached keys / values belong to the old weights
             self.engine.reset_cache()
         if self.asleep:
@@ -193,7 +205,7 @@ class RolloutRuntime:
             urls, options = list(self.urls), self.sandbox_config.client_options
             make_sandbox = lambda: SandboxClient(urls, **options)  # noqa: E731 - built in the producer's thread
         self.producer = RolloutProducer(
-            engine, tokenizer, self.tool, Schedule(self.backend.schedule, self.backend.round_tokens), reward,
+            engine, tokenizer, self.tool, self.schedule, reward,
             make_sandbox, batches, params, pipeline.max_staleness, pipeline.producer_timeout, first_step, first_batch,
             version)
         self.producer.start()
@@ -215,7 +227,7 @@ class RolloutRuntime:
             return self.sync(actor)
         from zerotir.scale.weight_sync import sync_weights
 
-        bucket = self.backend.weight_sync_bucket_mb << 20 if isinstance(self.backend, VLLMRollout) else 256 << 20
+        bucket = self.bucket_bytes
         return self.producer.push(lambda engine: sync_weights(actor, engine, bucket), version)
 
     def close(self) -> None:
