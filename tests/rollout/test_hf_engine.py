@@ -275,3 +275,31 @@ def test_refuses_an_attention_it_cannot_mask():
 def test_a_missing_model_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         HFEngine(tmp_path / "nope")
+
+
+def test_after_a_weight_update_no_request_is_served_keys_values_of_the_old_weights():
+    """The invariant of a push into a running engine: a finished request resubmitted with its own sample, and a
+    request running across the update, both decode from keys / values of the new weights only."""
+    old, new = (build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=s).eval() for s in (0, 1))
+    engine = HFEngine(build_tiny_model(TOK, hidden_size=32, num_layers=2, seed=0).eval(), TOK, tokens_per_step=1)
+    engine.eos_ids = set()  # a fixed number of tokens per request
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    engine.submit("own", PROMPTS[1], greedy)
+    engine.submit("running", PROMPTS[0], SamplingParams(temperature=0.0, max_new_tokens=12))
+    done = {}
+    while "own" not in done:
+        done.update(engine.step())
+    assert engine.num_running == 1  # "running" has sampled 4 tokens, like "own"
+    engine.update_weights((name, t.clone()) for name, t in new.state_dict().items())
+    ids = PROMPTS[1] + done["own"].token_ids
+    engine.submit("own", ids, SamplingParams(temperature=0.0, max_new_tokens=6))
+    while engine.num_running:
+        done.update(engine.step())
+    own, running = done["own"], done["running"]
+    want, want_lps = reference_greedy(new, ids, 6)
+    assert own.token_ids[: len(want)] == want and own.logprobs[: len(want)] == pytest.approx(want_lps, abs=1e-4)
+    before = running.token_ids[:4]
+    assert before == reference_greedy(old, PROMPTS[0], 4)[0]
+    after, after_lps = reference_greedy(new, PROMPTS[0] + before, 8)
+    assert running.token_ids[4 : 4 + len(after)] == after
+    assert running.logprobs[4 : 4 + len(after)] == pytest.approx(after_lps, abs=1e-4)

@@ -196,3 +196,19 @@ def test_samples_of_one_prompt_share_its_prefill(model, monkeypatch):
             session.add(i, PROMPTS[1], sampled)
         got = drain(session)
     assert len({tuple(got[i].token_ids) for i in range(3)}) > 1
+
+
+def test_a_row_longer_than_the_cache_joins_a_running_batch(model):
+    """The batch grows for a row that needs more columns than the cache holds (its rows were allocated for short
+    ones): the old rows get the columns first, and both rows decode what each decodes alone."""
+    engine = HFEngine(model, TOK)
+    short, long = SamplingParams(temperature=0.0, max_new_tokens=4), SamplingParams(temperature=0.0, max_new_tokens=8)
+    prompts, plist = [TOK.encode("Hi"), TOK.encode("x" * 40)], [short, long]
+    want = alone(engine, prompts, plist)
+    with open_session(engine, GREEDY) as session:
+        session.add(0, prompts[0], short)
+        got = {key: sample for key, sample in session.step(1)}
+        session.add(1, prompts[1], long)  # row 0 still runs: a second slot is added
+        got.update(drain(session, max_steps=1))
+    for i in range(2):
+        assert_same(want[i][0], got[i])

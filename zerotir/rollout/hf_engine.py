@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from zerotir.config import HFRollout
 from zerotir.rollout.engine import Sample, SamplingParams, check_request, pad_id
+from zerotir.rollout.hf_adapter import attention_implementation
 from zerotir.rollout.hf_session import SUPPORTED_ATTENTION, DecodeSession
 from zerotir.rollout.sampling import StopMatcher
 
@@ -37,6 +39,9 @@ class HFEngine:
         eos_ids: token ids that end a sample (tokenizer EOS + the generation config's); clear it to decode a fixed
             number of tokens (the overhead benchmark does).
         context_length: the model's ``max_position_embeddings``.
+
+    ``max_batch_size``, ``num_threads`` and ``tokens_per_step`` are ``zerotir.config.HFRollout``'s settings
+    (``model.rollout.init_args``) and take its defaults.
 
     Args:
         model: a loaded causal LM, or a folder / hub-style path to load with ``AutoModelForCausalLM``. A passed model
@@ -64,9 +69,9 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
-        max_batch_size: int = 64,
-        num_threads: int | None = None,
-        tokens_per_step: int = 4,
+        max_batch_size: int = HFRollout.max_batch_size,
+        num_threads: int | None = HFRollout.num_threads,
+        tokens_per_step: int = HFRollout.tokens_per_step,
     ):
         if isinstance(model, (str, Path)):
             if not Path(model).exists():
@@ -80,7 +85,7 @@ class HFEngine:
         for name, value in (("max_batch_size", max_batch_size), ("tokens_per_step", tokens_per_step)):
             if value < 1:
                 raise ValueError(f"HFEngine: {name} must be >= 1, got {value}")
-        attention = model.config._attn_implementation
+        attention = attention_implementation(model.config)
         if attention not in SUPPORTED_ATTENTION:
             raise ValueError(f"HFEngine: the model uses attention implementation {attention!r}; the decode session "
                              f"builds masks for {list(SUPPORTED_ATTENTION)} only. Load the model with "
@@ -165,10 +170,11 @@ class HFEngine:
         self.reset_cache()
 
     def reset_cache(self) -> None:
-        """Drop the parked requests' keys / values (they belong to the weights before a change); running requests
-        keep theirs. Between rollouts there is nothing to drop: the session closes with its last request."""
+        """Drop every cached key / value (they belong to the weights before a change): parked requests are
+        forgotten, running ones recompute theirs at their next step and go on sampling. Between rollouts there is
+        nothing to drop: the session closes with its last request."""
         if self._session is not None:
-            self._session.drop_parked()
+            self._session.drop_cache()
             if self._session.empty:
                 self._close()
 

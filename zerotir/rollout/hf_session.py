@@ -18,6 +18,9 @@ rows that stopped early idle until the round ends, and a row paused at a round's
 
 Masks are built here, one additive ``(B, 1, S, W)`` mask per forward (sdpa and eager attention alike), with W = the widest
 row's columns: a query sees its row's filled columns and, among the new ones, itself and those before it.
+
+The cache, the forward and the attention switch go through ``hf_adapter``, the one module that touches transformers
+internals.
 """
 
 from __future__ import annotations
@@ -28,54 +31,15 @@ from dataclasses import dataclass, field
 from typing import Self
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
 from zerotir.rollout.engine import Sample, SamplingParams, torch_threads
-from zerotir.rollout.ragged_attention import RAGGED_ATTENTION, RaggedPlan, row_cost_cells, split_width
+from zerotir.rollout.hf_adapter import RaggedCache, attention_implementation, decode_forward
+from zerotir.rollout.ragged_attention import RaggedPlan, row_cost_cells, split_width
 from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
 
 # Attention implementations whose mask this module can build (a custom 4D mask is passed to them as is).
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 _INITIAL_COLUMNS = 256  # at most this many columns allocated up front (buffers double when full)
-
-
-class RaggedLayer(DynamicLayer):
-    """One layer's keys / values in buffers ``(B, heads, capacity, head_dim)``; each row writes at its own column.
-
-    Before each forward the session sets ``rows`` (the batch rows fed, None = all), ``cols`` ``(rows, S)`` (the
-    column each new token goes to) and ``width`` (the columns attention reads). ``update`` writes the new keys / values
-    there and returns the first ``width`` columns of the fed rows.
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        super().__init__()
-        self.key_buf, self.value_buf = keys, values
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self.rows: torch.Tensor | None = None
-        self.cols = torch.zeros(0, 0, dtype=torch.long)
-        self.width = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self.rows is None:  # every row: one index_copy_ of (row, head) vectors into the flat buffers
-            n, heads, _, dim = key_states.shape
-            capacity = self.key_buf.shape[2]
-            base = torch.arange(n * heads, device=self.device).view(n, heads, 1) * capacity
-            index = (base + self.cols[:, None, :]).reshape(-1)
-            self.key_buf.view(-1, dim).index_copy_(0, index, key_states.reshape(-1, dim).to(self.dtype))
-            self.value_buf.view(-1, dim).index_copy_(0, index, value_states.reshape(-1, dim).to(self.dtype))
-        else:
-            self.key_buf[self.rows[:, None], :, self.cols] = key_states.transpose(1, 2).to(self.dtype)
-            self.value_buf[self.rows[:, None], :, self.cols] = value_states.transpose(1, 2).to(self.dtype)
-        if self.rows is None:
-            self.keys, self.values = self.key_buf[:, :, : self.width], self.value_buf[:, :, : self.width]
-        else:
-            self.keys = self.key_buf[self.rows, :, : self.width]
-            self.values = self.value_buf[self.rows, :, : self.width]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.width
 
 
 @dataclass
@@ -113,11 +77,11 @@ class DecodeSession:
         self.slots: list[_Slot | None] = []
         self.index: dict[Hashable, int] = {}  # key -> slot
         self.queue: deque[_Slot] = deque()  # rows waiting for a free slot
-        self.cache: Cache | None = None
+        self.cache: RaggedCache | None = None
         self.next_logits: torch.Tensor | None = None  # (B, V): each row's next-token logits
         self._text_config = config
         # Decode attention split by width (``ragged_attention``) runs on transformers' sdpa.
-        self._ragged = config._attn_implementation == "sdpa"
+        self._ragged = attention_implementation(config) == "sdpa"
         self._row_cost = row_cost_cells(config.num_attention_heads, head_dim)
         self.was_training = self.model.training
         self.model.eval()
@@ -146,10 +110,13 @@ class DecodeSession:
         """No row is running, queued or parked."""
         return not self.queue and all(s is None for s in self.slots)
 
-    def drop_parked(self) -> None:
-        """Release every parked row (its keys / values are stale after a weight change); running rows stay."""
-        for slot in [s for s in self.slots if s is not None and not s.running]:
-            self.release(slot.key)
+    def drop_cache(self) -> None:
+        """After a weight change: release the parked rows; running rows feed all their ids again from column 0."""
+        for slot in [s for s in self.slots if s is not None]:
+            if not slot.running:
+                self.release(slot.key)
+            elif slot.fed:
+                slot.fed, slot.pending = [], slot.fed + slot.pending
 
     def add(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
         """Start (or continue) row ``key`` from ``ids`` with ``params.stop`` and ``params.max_new_tokens``.
@@ -251,7 +218,7 @@ class DecodeSession:
         s = max(map(len, news))
         fills = [len(slots[i].fed) if slots[i] is not None else 0 for i in batch_rows]
         width = max(fills) + s
-        self._ensure_columns(width)
+        self.cache.ensure_columns(width)
         plan = None
         if s == 1 and self._ragged:  # decoding: a few much wider rows get their attention apart
             fed_widths = [fill + 1 if i in is_fed else 1 for i, fill in zip(batch_rows, fills)]
@@ -281,18 +248,9 @@ class DecodeSession:
         # as fast as no mask, a boolean one ~7% slower (measured at 128 rows x 600 columns).
         mask = torch.where(mask, torch.tensor(0.0, dtype=self._dtype, device=self.device),
                            torch.tensor(torch.finfo(self._dtype).min, dtype=self._dtype, device=self.device))
-        for layer in self.cache.layers:
-            layer.rows, layer.cols, layer.width = rows_t, cols, width
-        if plan is None:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
-                             use_cache=True, logits_to_keep=1)
-        else:
-            self._text_config._attn_implementation = RAGGED_ATTENTION
-            try:
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=cols, past_key_values=self.cache,
-                                 use_cache=True, logits_to_keep=1, ragged_plan=plan)
-            finally:
-                self._text_config._attn_implementation = "sdpa"
+        self.cache.aim(rows_t, cols, width)
+        out = decode_forward(self.model, self._text_config, self.cache, plan, input_ids=ids, attention_mask=mask,
+                             position_ids=cols)
         logits = out.logits[:, -1].float()
         if self.next_logits is None:
             self.next_logits = logits.new_zeros(len(slots), logits.shape[-1])
@@ -319,10 +277,7 @@ class DecodeSession:
         """Copy the filled columns of cache rows ``src_rows`` (keys / values of every layer) and their next-token
         logits into rows ``dst_rows``."""
         dst, src = torch.tensor(dst_rows, device=self.device), torch.tensor(src_rows, device=self.device)
-        columns = max(len(self.slots[j].fed) for j in src_rows)
-        for layer in self.cache.layers:
-            for buf in (layer.key_buf, layer.value_buf):
-                buf[:, :, :columns].index_copy_(0, dst, buf[:, :, :columns].index_select(0, src))
+        self.cache.copy_rows(dst, src, max(len(self.slots[j].fed) for j in src_rows))
         if self.next_logits is not None:
             self.next_logits.index_copy_(0, dst, self.next_logits.index_select(0, src))
 
@@ -353,35 +308,13 @@ class DecodeSession:
             self._compact()
         return out
 
-    @property
-    def _capacity(self) -> int:
-        """Columns the cache buffers hold per row (0 before the first slot)."""
-        return 0 if self.cache is None else self.cache.layers[0].key_buf.shape[2]
-
-    def _ensure_columns(self, needed: int) -> None:
-        capacity = self._capacity
-        if needed <= capacity:
-            return
-        size = max(needed, 2 * capacity)
-        for layer in self.cache.layers:
-            for name in ("key_buf", "value_buf"):
-                old = getattr(layer, name)
-                buf = old.new_zeros(old.shape[0], old.shape[1], size, old.shape[3])
-                buf[:, :, :capacity] = old
-                setattr(layer, name, buf)
-
     def _grow_rows(self, extra: int, columns: int) -> None:
         """Add ``extra`` free slots at the end of the batch (with room for ``columns`` columns in a new cache)."""
-        heads, dim = self._kv_shape
-        capacity = max(self._capacity, columns)
-        zeros = torch.zeros(extra, heads, capacity, dim, dtype=self._dtype, device=self.device)
         if self.cache is None:
-            num_layers = self.engine.num_layers
-            self.cache = Cache(layers=[RaggedLayer(zeros.clone(), zeros.clone()) for _ in range(num_layers)])
-        else:
-            for layer in self.cache.layers:
-                layer.key_buf = torch.cat([layer.key_buf, zeros])
-                layer.value_buf = torch.cat([layer.value_buf, zeros])
+            self.cache = RaggedCache(self.engine.num_layers, extra, self._kv_shape, columns, self._dtype, self.device)
+        else:  # the old rows first get the columns the new ones need: every row has the same capacity
+            self.cache.ensure_columns(columns)
+            self.cache.add_rows(extra)
         if self.next_logits is not None:
             self.next_logits = torch.cat([self.next_logits, self.next_logits.new_zeros(extra, self.next_logits.shape[1])])
         self.slots += [None] * extra
@@ -400,8 +333,7 @@ class DecodeSession:
             self._copy_cache_rows(holes, movers)
             for hole, mover in zip(holes, movers):
                 self.slots[hole] = self.slots[mover]
-        for layer in self.cache.layers:
-            layer.key_buf, layer.value_buf = layer.key_buf[:keep], layer.value_buf[:keep]
+        self.cache.keep_rows(keep)
         if self.next_logits is not None:
             self.next_logits = self.next_logits[:keep]
         self.slots = self.slots[:keep]

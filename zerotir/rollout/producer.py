@@ -7,9 +7,15 @@ generates the batches of the next RL steps while the trainer updates on this one
 
 Weight pushes land between two engine steps: the engine runs behind one lock, which a push takes for as long as it
 copies (``push`` returns those seconds, logged as ``time/weight_sync``), so generation stops only for the push itself.
+On a GPU an engine step can return with its kernels still queued (vLLM's async scheduling, on a stream of the
+producer's thread) while the push copies on the trainer's stream: the push waits for every device before the copy
+and again after it (``synchronize_devices``), so no forward reads half-copied weights and the next one sees all of
+them. The engine drops its cached keys / values with the push, those of running requests too: a vLLM request running
+across a push is preempted and recomputes its ids under the new weights.
 Each segment the engine returns is stamped with the version of the weights when it was submitted
 (``Sample.version`` -> ``Trajectories.versions``); a push during a segment makes that the oldest version that may have
-produced its tokens, so the capacity rule stays a guarantee. The behaviour log-probs are the engine's, whatever its
+produced its tokens (a running request's later tokens come from the new weights), so the capacity rule stays a
+guarantee. The behaviour log-probs are the engine's, whatever its
 weights were, which is what the off-policy correction needs.
 
 Validation while the producer runs goes through it too (``evaluate``: after the batch in flight, with the latest
@@ -29,6 +35,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import torch
 
 from zerotir.config import ToolConfig
 from zerotir.rl.staleness import may_start
@@ -54,12 +62,22 @@ class Produced:
     timings: dict[str, float] = field(default_factory=dict)  # generation, sandbox, reward, wait_for_trainer
 
 
+def synchronize_devices() -> None:
+    """Wait until every CUDA device has run all its queued work, on every stream (nothing to wait for on CPU)."""
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+
+
 class VersionedEngine:
     """The producer's engine behind one lock: every call and every weight push is serialised, and each finished
-    sample is stamped with the weight version of its submission. Implements the ``RolloutEngine`` protocol."""
+    sample is stamped with the weight version of its submission. Implements the ``RolloutEngine`` protocol.
+    ``synchronize`` waits for the devices' queued work around each push's copy (``synchronize_devices``)."""
 
-    def __init__(self, engine: Any, version: int, beat: Callable[[], None], stopped: Callable[[], bool]):
+    def __init__(self, engine: Any, version: int, beat: Callable[[], None], stopped: Callable[[], bool],
+                 synchronize: Callable[[], None] = synchronize_devices):
         self.engine, self.version = engine, version
+        self._synchronize = synchronize
         self.lock = threading.Lock()
         self.context_length = engine.context_length
         self._beat, self._stopped = beat, stopped
@@ -94,7 +112,9 @@ class VersionedEngine:
                                "s (model.pipeline.producer_timeout); the producer is hung")
         try:
             start = time.perf_counter()
+            self._synchronize()  # the engine's last forward may still be queued on its own stream
             load(self.engine)
+            self._synchronize()  # the copy may still be queued on the pushing thread's stream
             self.version = version
             return time.perf_counter() - start
         finally:

@@ -12,9 +12,9 @@ padding it saves on a small model): the batch's attention reads the first ``widt
 each wider row gets its attention again over exactly its own columns (a view of its row of the cache: no copy, no
 mask), overwriting its row of the output. ``split_width`` picks the main width that minimises the cost.
 
-The split runs through an attention function registered with transformers (``RAGGED_ATTENTION``) that the session
-selects for the forwards it plans; it calls transformers' own sdpa attention for every part, so the numbers are
-sdpa's (GQA, scaling and masks included).
+This module holds the cost model and the plan; the split itself runs in ``hf_adapter.ragged_sdpa_attention``, an
+attention function registered with transformers that the session selects for the forwards it plans (it calls
+transformers' own sdpa attention for every part, so the numbers are sdpa's: GQA, scaling and masks included).
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-RAGGED_ATTENTION = "zerotir_ragged_sdpa"
 
 # One row's own attention call costs ~14 us; one cell (row x column) of batched decode attention ~0.00026 us per
 # query head x head dimension (fp32, torch's sdpa on cache views; 2 CPU cores, head sizes 64 to 128).
@@ -68,30 +64,9 @@ class RaggedPlan:
     Attributes:
         rows: ``(k,)`` positions of the wide rows in the forward's batch.
         wide: ``(position in the batch, row of the cache buffers, columns)`` of each wide row.
-        cache: the session's cache; ``cache.layers[i].key_buf`` / ``value_buf`` hold layer i's keys / values.
+        cache: the session's ``hf_adapter.RaggedCache``; ``cache.row_columns`` gives a row's keys / values.
     """
 
     rows: torch.Tensor
     wide: list[tuple[int, int, int]]
-    cache: object
-
-
-def ragged_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attention_mask: torch.Tensor | None, ragged_plan: RaggedPlan | None = None, **kwargs):
-    """sdpa attention for the batch (as transformers runs it), then for each of the plan's wide rows over its own
-    columns.
-
-    Shapes: ``query`` ``(B, heads, S, head_dim)``; ``key`` / ``value`` ``(B, kv_heads, main width, head_dim)``;
-    returns ``(B, S, heads, head_dim)`` as ``sdpa_attention_forward`` does.
-    """
-    out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if ragged_plan is None:
-        return out, weights
-    layer = ragged_plan.cache.layers[module.layer_idx]
-    wide = [sdpa_attention_forward(module, query[j : j + 1], layer.key_buf[slot : slot + 1, :, :width],
-                                   layer.value_buf[slot : slot + 1, :, :width], None, **kwargs)[0]
-            for j, slot, width in ragged_plan.wide]
-    return out.index_copy(0, ragged_plan.rows, torch.cat(wide).to(out.dtype)), weights
-
-
-AttentionInterface.register(RAGGED_ATTENTION, ragged_sdpa_attention)
+    cache: object  # hf_adapter.RaggedCache (not imported: the adapter imports this module)

