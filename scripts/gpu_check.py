@@ -20,10 +20,9 @@ work a colocated vLLM engine's update does, with the real bucketed ZeRO-3 gather
 change from step to step (the update reached the weights) and every step's gradient norm must be finite and > 0
 (PPO: the random critic's values make the advantages nonzero even though every reward is 0).
 
-Those checks accept any finite nonzero gradient, so they would not see ZeRO-3 train on the last micro-batch only.
-``grads`` therefore compares gradients on one fixed batch: two micro-batch backward calls inside one
-``engine.forward`` (Lightning's call structure, through the module's own backward) and one SGD step with lr 1 (the
-weight change is the gradient), plain torch on the full batch vs ZeRO-2 vs ZeRO-3, in fp32.
+Those checks accept any finite nonzero gradient, so they would not see ZeRO-3 train on the last micro-batch only:
+``grads`` (``scripts/gpu_check_grads.py``) compares ZeRO-3's gradients on one fixed batch with ZeRO-2's and plain
+torch's. The checks that need vLLM are ``scripts/gpu_check_vllm.py``'s.
 """
 
 from __future__ import annotations
@@ -265,105 +264,6 @@ def env(need_gpu: bool) -> int:
     return 0
 
 
-# ----- gradients on one fixed batch: ZeRO-3 against ZeRO-2 against plain torch -----
-
-GRAD_TOLERANCE = 1e-3  # relative L2 error in fp32; a lost micro-batch gives an error of the order of 0.5
-
-
-class _StepInForward(torch.nn.Module):
-    """Stands in for the LightningModule that Lightning runs inside ``engine.forward``: the micro-batch backward
-    calls and the optimizer step all happen in this forward."""
-
-    def __init__(self, net: torch.nn.Module):
-        super().__init__()
-        self.net = net
-        self.hooks: list = []  # (backward, step), set after deepspeed.initialize (not a submodule)
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        from zerotir.rl.update import sequence_logprobs
-
-        backward, step = self.hooks[0]
-        for rows in (slice(0, 2), slice(2, 4)):  # equal micro-batches: each loss weighted 1/2 = its token share
-            backward(-sequence_logprobs(self.net, ids[rows], mask[rows])[0][:, 1:].mean() * 0.5)
-        step()
-        return torch.zeros(())
-
-
-def _update(net: torch.nn.Module, stage: int | None, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-    """The weight change of one SGD step (lr 1) = the gradient: plain torch on the full batch (``stage`` None) or a
-    DeepSpeed engine with the shipped ZeRO config (fp32, no clipping) through ``ZeroTIRModule._backward``."""
-    import deepspeed
-
-    from zerotir.module import ZeroTIRModule
-    from zerotir.rl.update import sequence_logprobs
-
-    before = [p.detach().clone() for p in net.parameters()]
-    if stage is None:
-        (-sequence_logprobs(net, ids, mask)[0][:, 1:].mean()).backward()
-        return [p.grad.detach().clone() for p in net.parameters()]
-    config = json.loads((REPO / "configs" / "deepspeed" / f"zero{stage}.json").read_text())
-    config.update(bf16={"enabled": False}, gradient_clipping=0.0)
-    wrapper = _StepInForward(net)
-    opt = torch.optim.SGD(wrapper.parameters(), lr=1.0)
-    engine, _, _, _ = deepspeed.initialize(model=wrapper, optimizer=opt, config=config,
-                                           model_parameters=wrapper.parameters())
-
-    class DeepSpeedStrategy:  # what the module's is_deepspeed() recognises (by class name)
-        pass
-
-    module = type("Module", (), {})()
-    module.trainer = type("Trainer", (), {"strategy": DeepSpeedStrategy(), "model": engine})()
-    module.manual_backward = engine.backward
-    wrapper.hooks.append((lambda loss: ZeroTIRModule._backward(module, loss), engine.step))
-    engine(ids, mask)
-    with deepspeed.zero.GatheredParameters(list(net.parameters()), modifier_rank=None):
-        delta = [b - p.detach() for b, p in zip(before, net.parameters())]
-    engine.destroy()
-    return delta
-
-
-def _relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    diff = sum(float((g.double() - w.double()).pow(2).sum()) for g, w in zip(got, want))
-    return math.sqrt(diff / max(sum(float(w.double().pow(2).sum()) for w in want), 1e-300))
-
-
-def grads(model_dir: Path, report: Path, cpu: bool) -> int:
-    """ZeRO-2 must give plain torch's full-batch gradient and ZeRO-3 ZeRO-2's, on the same batch (one process)."""
-    import copy
-    import os
-
-    if cpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(key, value)
-    import deepspeed
-    from transformers import AutoModelForCausalLM
-
-    device = torch.device("cpu") if cpu else torch.device("cuda", 0)
-    if not cpu:
-        torch.cuda.set_device(device)
-    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 259, (4, 48), generator=gen).to(device)  # byte-tokenizer ids, 4 sequences
-    mask = torch.ones_like(ids)
-    start = time.perf_counter()
-    full = _update(copy.deepcopy(base), None, ids, mask)
-    zero2 = _update(copy.deepcopy(base), 2, ids, mask)
-    zero3 = _update(copy.deepcopy(base), 3, ids, mask)
-    result = {"zero2_vs_full_batch": _relative_error(zero2, full), "zero3_vs_zero2": _relative_error(zero3, zero2),
-              "tolerance": GRAD_TOLERANCE, "seconds": time.perf_counter() - start}
-    result["problems"] = [f"{key}: relative gradient error {result[key]:.3g} > {GRAD_TOLERANCE}"
-                          for key in ("zero2_vs_full_batch", "zero3_vs_zero2") if result[key] > GRAD_TOLERANCE]
-    report.write_text(json.dumps(result, indent=2))
-    print(f"[gpu_check] gradients on one batch: ZeRO-2 vs full batch {result['zero2_vs_full_batch']:.2e}, "
-          f"ZeRO-3 vs ZeRO-2 {result['zero3_vs_zero2']:.2e} (tolerance {GRAD_TOLERANCE})", flush=True)
-    for problem in result["problems"]:
-        print(f"[gpu_check] PROBLEM: {problem}", flush=True)
-    return 1 if result["problems"] else 0
-
-
 def summary(reports: list[Path]) -> str:
     """A Markdown table over the runs: per step wall time, update and sync times, peak memory."""
     lines = ["| run | step | step s | update s | generation s | sync s (GiB, buckets) | peak alloc GiB | "
@@ -387,9 +287,19 @@ def summary(reports: list[Path]) -> str:
         lines += ["", f"Gradients on one batch (relative L2 error, tolerance {g['tolerance']}): ZeRO-2 vs full batch "
                       f"{g['zero2_vs_full_batch']:.2e}, ZeRO-3 vs ZeRO-2 {g['zero3_vs_zero2']:.2e}"
                       + (f" - PROBLEMS: {'; '.join(g['problems'])}" if g["problems"] else "")]
+    lines += _vllm_lines(reports[0].parent / "vllm.json")
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def _vllm_lines(path: Path) -> list[str]:
+    """The vLLM checks' outcome (``scripts/gpu_check_vllm.py``), one line each: none of them ran without vllm."""
+    if not path.is_file():
+        return ["", "vLLM checks: no report (the stage did not finish)"]
+    data = json.loads(path.read_text())
+    return ["", f"vLLM checks (vllm importable: {data['vllm']}, {data['gpus']} GPUs):"] + [
+        f"- {row['name']} ({row['bug']}): {row['status']}" for row in data["checks"]]
 
 
 def _num(value: float | None, spec: str = ".1f") -> str:
@@ -427,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(header + yaml.safe_dump(config, sort_keys=False))
         print(f"wrote {args.out}")
     elif args.command == "grads":
+        from gpu_check_grads import grads
+
         return grads(args.model, args.report, args.cpu)
     elif args.command == "run":
         return run(args.config, args.report)

@@ -1,72 +1,133 @@
 #!/usr/bin/env bash
 # GPU check of the scale path (docs/scale.md) on one GPU, in this order, so that nothing costs GPU time before the
 # cheap checks passed:
-#   0. install the carried wheels (WHEELS, default .whl/, made by scripts/fetch_gpu_wheels.sh) with pip --no-index;
-#   1. import every module the run needs (jsonargparse[signatures], fastapi, pydantic, uvicorn, httpx, pebble,
-#      math-verify, tensorboard, accelerate, deepspeed, ...) and check CUDA: all problems reported at once;
-#   2. build a random Qwen2.5-0.5B-shaped model (byte tokenizer, no download);
-#   3. gradients on one fixed batch: ZeRO-2 vs plain torch, ZeRO-3 vs ZeRO-2 (two micro-batches inside one
-#      engine.forward, as under Lightning; a ZeRO-3 that keeps only the last micro-batch fails here);
-#   4. 3 `fit` steps (PPO: actor + critic + reference) with DeepSpeed ZeRO-2 and with ZeRO-3, transformers engine,
-#      printing per-step time, peak GPU memory and the time of a bucketed weight sync.
-# Target: under 8 minutes on one H200.
-#   bash scripts/gpu_check.sh [OUT_DIR]            # default runs/gpu_check; reports: OUT_DIR/{grads,zero2,zero3}.json
+#   install  the carried wheels (WHEELS, default .whl/, made by scripts/fetch_gpu_wheels.sh) with pip --no-index;
+#   env      import every module the run needs (jsonargparse[signatures], fastapi, pydantic, uvicorn, httpx, pebble,
+#            math-verify, tensorboard, accelerate, deepspeed, ...) and check CUDA: all problems reported at once;
+#   build    a random Qwen2.5-0.5B-shaped model (byte tokenizer, no download);
+#   vllm     the checks that need a vLLM wheel on the device (scripts/gpu_check_vllm.py: the prefix cache after a
+#            push, producer_device, the push's stream synchronisation): run when vllm imports, else listed as skipped;
+#   grads    gradients on one fixed batch: ZeRO-2 vs plain torch, ZeRO-3 vs ZeRO-2 (two micro-batches inside one
+#            engine.forward, as under Lightning; a ZeRO-3 that keeps only the last micro-batch fails here);
+#   zero2, zero3  3 `fit` steps (PPO: actor + critic + reference), transformers engine, printing per-step time, peak
+#            GPU memory and the time of a bucketed weight sync;
+#   summary  OUT_DIR/summary.md.
+# Time: each stage has its own limit (GPU_CHECK_LIMIT_<STAGE> seconds) and the whole run a budget (GPU_CHECK_BUDGET,
+# default 540 s, under one 600 s device call): a stage never runs past what the budget has left (the summary's share
+# kept for it), and one that the budget would cut to less than 10 s is skipped. `GPU_CHECK_PLAN=1 bash scripts/gpu_check.sh` prints the limits and the worst case.
+# Every stage writes OUT_DIR/<stage>.log while it runs and appends a line to OUT_DIR/stages.tsv when it ends, so a
+# run cut short still leaves what it did in OUT_DIR (with the device tool: bash scripts/gpu_check.sh "$OUT").
+# The model (about 1 GB) goes to GPU_CHECK_WORK (default runs/gpu_check_work), not to OUT_DIR.
+#   bash scripts/gpu_check.sh [OUT_DIR]            # default runs/gpu_check; reports: OUT_DIR/{grads,zero2,zero3,vllm}.json
 #   GPU_CHECK_CPU=1 bash scripts/gpu_check.sh      # the script's own plumbing on CPU: tiny model, DeepSpeed's CPU
 #                                                  # accelerator for the gradient check, no DeepSpeed in the fit run
 # Exit status: 0 when every stage passed (gradients within tolerance; every step finite, nonzero gradients and
-# changing weights).
+# changing weights; the vLLM checks that could run passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-runs/gpu_check}
+OUT_DIR=${1:-runs/gpu_check}
+WORK=${GPU_CHECK_WORK:-runs/gpu_check_work}
 PY=${PYTHON:-python3}
-RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT:-210}   # seconds per ZeRO stage
 CPU_FLAG=""
 [ "${GPU_CHECK_CPU:-0}" = "1" ] && CPU_FLAG="--cpu"
+KILL_AFTER=5   # seconds between a stage's SIGTERM and its SIGKILL
+STAGES=(install env build vllm grads zero2 zero3 summary)
+declare -A LIMIT=([install]=40 [env]=50 [build]=60 [vllm]=30 [grads]=90 [zero2]=105 [zero3]=105 [summary]=15)
+DEFAULT_BUDGET=540
+if [ -n "$CPU_FLAG" ]; then   # the CPU plumbing run, on a loaded 2-core machine: no zero3 stage, slower stages
+  LIMIT[grads]=300; LIMIT[zero2]=300; DEFAULT_BUDGET=900
+fi
+BUDGET=${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}
+for stage in "${STAGES[@]}"; do
+  var="GPU_CHECK_LIMIT_${stage^^}"
+  LIMIT[$stage]=${!var:-${LIMIT[$stage]}}
+done
+if [ "${GPU_CHECK_PLAN:-0}" = "1" ]; then
+  worst=0
+  for stage in "${STAGES[@]}"; do
+    echo "stage $stage ${LIMIT[$stage]} s"
+    worst=$(( worst + LIMIT[$stage] + KILL_AFTER ))
+  done
+  echo "worst case $worst s (each limit + $KILL_AFTER s to kill); budget $BUDGET s"
+  exit 0
+fi
 # The carried wheels are CPython 3.12 builds for the GPU machine: the CPU plumbing run uses this machine's packages
 # unless GPU_CHECK_WHEELS names a folder.
 DEFAULT_WHEELS=.whl
 [ -n "$CPU_FLAG" ] && DEFAULT_WHEELS=""
 WHEELS=${GPU_CHECK_WHEELS:-$DEFAULT_WHEELS}
-mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1   # the logs in OUT_DIR follow the run line by line
+mkdir -p "$OUT_DIR" "$WORK"
 start=$(date +%s)
 status=0
+printf 'stage\tresult\tseconds\tlimit_s\n' > "$OUT_DIR/stages.tsv"
+
+# run_stage NAME CMD...: CMD under min(its limit, what the budget has left), output to the console and to
+# OUT_DIR/NAME.log as it comes, one line to stages.tsv at the end. Returns CMD's exit status (124: timed out).
+run_stage() {
+  local name=$1; shift
+  local now left limit began rc result
+  now=$(date +%s)
+  left=$(( start + BUDGET - now - KILL_AFTER ))
+  [ "$name" != summary ] && left=$(( left - LIMIT[summary] - KILL_AFTER ))   # the summary's share stays
+  limit=${LIMIT[$name]}
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  if [ "$limit" -lt "${LIMIT[$name]}" ] && [ "$limit" -lt 10 ]; then
+    echo "=== $name: SKIPPED, the budget of $BUDGET s is spent ($(( now - start )) s elapsed) ===" | tee "$OUT_DIR/$name.log"
+    printf '%s\tskipped: budget spent\t0\t0\n' "$name" >> "$OUT_DIR/stages.tsv"
+    status=1
+    return 125
+  fi
+  echo "=== $name (limit $limit s; $(( now - start )) s elapsed) ==="
+  began=$(date +%s)
+  timeout --kill-after=$KILL_AFTER "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+  rc=${PIPESTATUS[0]}
+  result=passed
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    result="timed out"
+  elif [ "$rc" -ne 0 ]; then
+    result="failed (exit $rc)"
+  fi
+  printf '%s\t%s\t%s\t%s\n' "$name" "$result" "$(( $(date +%s) - began ))" "$limit" >> "$OUT_DIR/stages.tsv"
+  if [ "$rc" -ne 0 ]; then
+    echo "$name: FAILED ($result after limit $limit s); log: $OUT_DIR/$name.log"
+    status=1
+  fi
+  return "$rc"
+}
+
+finish() {
+  run_stage summary $PY scripts/gpu_check.py summary "$@"
+  [ -f "$OUT_DIR/summary.log" ] && cp "$OUT_DIR/summary.log" "$OUT_DIR/summary.md"
+  echo "total $(( $(date +%s) - start )) s; exit $status; stages: $OUT_DIR/stages.tsv"
+  exit $status
+}
 
 if [ -n "$WHEELS" ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
   SITE=${GPU_CHECK_SITE:-/tmp/zerotir_gpu_check_site}
-  echo "=== installing $(ls "$WHEELS"/*.whl | wc -l) carried wheels from $WHEELS into $SITE ==="
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
-    || { echo "installing the wheels in $WHEELS failed"; exit 1; }
+  echo "installing $(ls "$WHEELS"/*.whl | wc -l) carried wheels from $WHEELS into $SITE"
+  run_stage install $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$WHEELS"/*.whl || { echo "installing the wheels in $WHEELS failed"; exit 1; }
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 else
   echo "=== no wheels in ${WHEELS:-(none asked for)}: using what is installed (scripts/fetch_gpu_wheels.sh makes them) ==="
+  printf 'install\tskipped: no wheels\t0\t0\n' >> "$OUT_DIR/stages.tsv"
 fi
-$PY scripts/gpu_check.py env $CPU_FLAG || exit 1
-$PY scripts/gpu_check.py build --out "$OUT/model" $CPU_FLAG || exit 1
-echo "=== gradients on one batch: ZeRO-2 vs full batch, ZeRO-3 vs ZeRO-2 ($(( $(date +%s) - start )) s elapsed) ==="
-rm -f "$OUT/grads.json"
-timeout --kill-after=15 "$RUN_TIMEOUT" $PY scripts/gpu_check.py grads --model "$OUT/model" --report "$OUT/grads.json" \
-    $CPU_FLAG 2>&1 | tee "$OUT/grads.log"
-rc=${PIPESTATUS[0]}
-if [ "$rc" -ne 0 ]; then
-  echo "gradient check: FAILED (exit $rc; 124 = timed out after $RUN_TIMEOUT s); log: $OUT/grads.log"
-  status=1
-fi
+run_stage env $PY scripts/gpu_check.py env $CPU_FLAG || exit 1
+# the model, then the two fit configs (small, but each python start counts against the budget too)
+run_stage build bash -c '"$1" scripts/gpu_check.py build --out "$2/model" $4 &&
+  for zero in 2 3; do "$1" scripts/gpu_check.py config --zero $zero --model "$2/model" --out "$3/zero$zero.yaml" $4 \
+  || exit 1; done' build "$PY" "$WORK" "$OUT_DIR" "$CPU_FLAG" || exit 1
+rm -f "$OUT_DIR/vllm.json"
+run_stage vllm $PY scripts/gpu_check_vllm.py --report "$OUT_DIR/vllm.json" --timeout $(( LIMIT[vllm] - 5 ))
+rm -f "$OUT_DIR/grads.json"
+echo "(gradients on one batch: ZeRO-2 vs full batch, ZeRO-3 vs ZeRO-2)"
+run_stage grads $PY scripts/gpu_check.py grads --model "$WORK/model" --report "$OUT_DIR/grads.json" $CPU_FLAG
+reports=()
 for zero in 2 3; do
-  echo "=== ZeRO-$zero ($(( $(date +%s) - start )) s elapsed) ==="
-  $PY scripts/gpu_check.py config --zero "$zero" --model "$OUT/model" --out "$OUT/zero$zero.yaml" $CPU_FLAG || exit 1
-  rm -f "$OUT/zero$zero.json"
-  timeout --kill-after=15 "$RUN_TIMEOUT" $PY scripts/gpu_check.py run --config "$OUT/zero$zero.yaml" \
-      --report "$OUT/zero$zero.json" 2>&1 | tee "$OUT/zero$zero.log"
-  rc=${PIPESTATUS[0]}
-  if [ "$rc" -ne 0 ]; then
-    echo "ZeRO-$zero: FAILED (exit $rc; 124 = timed out after $RUN_TIMEOUT s); log: $OUT/zero$zero.log"
-    status=1
-  fi
+  rm -f "$OUT_DIR/zero$zero.json"
+  reports+=("$OUT_DIR/zero$zero.json")
+  run_stage "zero$zero" $PY scripts/gpu_check.py run --config "$OUT_DIR/zero$zero.yaml" --report "$OUT_DIR/zero$zero.json"
   [ -n "$CPU_FLAG" ] && break   # without DeepSpeed the two stages are the same run
 done
-echo "=== summary ==="
-reports=("$OUT/zero2.json")
-[ -z "$CPU_FLAG" ] && reports+=("$OUT/zero3.json")
-$PY scripts/gpu_check.py summary "${reports[@]}" | tee "$OUT/summary.md"
-echo "total $(( $(date +%s) - start )) s; exit $status"
-exit $status
+finish "${reports[@]}"

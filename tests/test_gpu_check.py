@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_check(out: Path, cpu: bool, timeout: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable}
+def _run_check(out: Path, cpu: bool, timeout: int, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WORK": str(out / "work"), **extra_env}
     if cpu:  # this machine's packages (the carried .whl/ holds CPython 3.12 wheels for the GPU machine)
         env["GPU_CHECK_CPU"] = "1"
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], cwd=ROOT, env=env,
@@ -47,6 +49,79 @@ def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
     _assert_report(tmp_path / "zero2.json")
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("| zero2 |") == 3 and "Gradients on one batch" in summary
+    assert "vLLM checks" in summary and "skipped" in summary  # no GPU here: listed, not run
+    assert _stages(tmp_path)["zero2"] == "passed" and not (tmp_path / "model").exists()  # the model stays in WORK
+
+
+def _stages(out: Path) -> dict[str, str]:
+    rows = [line.split("\t") for line in (out / "stages.tsv").read_text().splitlines()[1:]]
+    return {row[0]: row[1] for row in rows}
+
+
+def test_the_default_stage_limits_fit_one_device_call():
+    """Every stage's limit plus its kill delay, summed, stays under the 540 s budget (one device call is 600 s)."""
+    plan = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "GPU_CHECK_PLAN": "1"}, timeout=60, check=True).stdout
+    stages = [line.split()[1] for line in plan.splitlines() if line.startswith("stage ")]
+    assert stages == ["install", "env", "build", "vllm", "grads", "zero2", "zero3", "summary"]
+    worst, budget = (int(w) for w in re.search(r"worst case (\d+) s .* budget (\d+) s", plan).groups())
+    assert worst <= budget <= 540
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for python: the gradient and fit stages print a line and hang; everything else is the real python
+case "$1 $2" in
+  "scripts/gpu_check.py grads") echo "grads started"; sleep 300 ;;
+  "scripts/gpu_check.py run") echo "fit started"; sleep 300 ;;
+  "scripts/gpu_check.py env" | "scripts/gpu_check.py build" | "scripts/gpu_check.py config") echo "fake $2" ;;
+  *) exec {python} "$@" ;;
+esac
+"""
+
+
+def test_hung_stages_are_cut_to_the_budget_and_their_logs_are_already_in_out(tmp_path):
+    """A stage that hangs is killed at its limit, the last ones at what the budget leaves (the summary's share kept),
+    and what each stage printed before it was killed is in OUT_DIR: a run cut short still reports."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    (tmp_path / "wheels").mkdir()
+    out = tmp_path / "out"
+    done = _run_check(out, cpu=False, timeout=300, PYTHON=str(fake), GPU_CHECK_WHEELS=str(tmp_path / "wheels"),
+                      GPU_CHECK_BUDGET="70", GPU_CHECK_LIMIT_GRADS="2", GPU_CHECK_LIMIT_SUMMARY="40")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    stages = _stages(out)
+    assert [stages[s] for s in ("env", "build", "vllm", "grads")] == ["passed", "passed", "passed", "timed out"]
+    assert stages["zero2"] in ("timed out", "skipped: budget spent")  # cut by the budget, however loaded the machine
+    assert stages["zero3"] == "skipped: budget spent" and stages["summary"] == "passed"
+    assert (out / "grads.log").read_text() == "grads started\n"
+    assert "FAILED: no report" in (out / "summary.md").read_text()
+    checks = json.loads((out / "vllm.json").read_text())["checks"]
+    assert {c["name"] for c in checks} == {"prefix_cache_after_push", "producer_device", "push_stream_sync"}
+    assert all(c["status"].startswith("skipped: ") for c in checks)  # no GPU here: none of them ran
+
+
+def _vllm_script(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_check_vllm", ROOT / "scripts" / "gpu_check_vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check_vllm", module)  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_vllm_every_vllm_check_is_skipped_saying_it_needs_a_vllm_wheel(tmp_path, monkeypatch, capsys):
+    script = _vllm_script(monkeypatch)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(script, "gpu_count", lambda: 8)
+    assert script.main(["--report", str(tmp_path / "vllm.json")]) == 0
+    report = json.loads((tmp_path / "vllm.json").read_text())
+    assert report["vllm"] is False
+    assert [c["status"] for c in report["checks"]] == ["skipped: needs a vLLM wheel on the device"] * 3
+    assert capsys.readouterr().out.count("SKIPPED (needs a vLLM wheel on the device)") == 3
+    two_gpus = next(c for c in script.CHECKS if c.name == "producer_device")
+    assert script.why_skipped(two_gpus, has_vllm=True, gpus=1) == "needs 2 GPUs, this machine has 1"
+    assert script.why_skipped(two_gpus, has_vllm=True, gpus=2) is None
 
 
 @pytest.mark.gpu

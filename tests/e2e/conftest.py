@@ -96,3 +96,37 @@ def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
     out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     out.update({tag: [] for tag in acc.Tags()["histograms"]})
     return out
+
+
+def start_until_marker(args: list[str], marker: Path, log: Path, timeout: float = 420) -> subprocess.Popen:
+    """Start ``python -m zerotir <args>`` in a session of its own (output to ``log``) and wait until it writes
+    ``marker`` (``tests.e2e.helpers.HangAfterStep``); returns the still running process (rank 0 of a multi-rank
+    fit: Lightning starts the other ranks as its children). The caller kills it (``os.killpg(p.pid, SIGKILL)``).
+
+    Raises:
+        AssertionError: the run ended or ran past ``timeout`` seconds without writing the marker (its log's tail).
+    """
+    import signal
+    import time
+
+    out = log.open("w")
+    fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    deadline = time.monotonic() + timeout
+    while not marker.exists() and fit.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not marker.exists():
+        if fit.poll() is None:
+            os.killpg(fit.pid, signal.SIGKILL)
+        fit.wait(timeout=60)
+        raise AssertionError(log.read_text()[-3000:])
+    return fit
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (Linux ``/proc``)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        children += [int(c) for c in text]
+    return children

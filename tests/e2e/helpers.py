@@ -105,3 +105,82 @@ class HangAfterStep(Callback):
         tmp.replace(self.marker)
         while True:  # until killed
             time.sleep(60)
+
+
+class SaveFinalParams(Callback):
+    """When training ends, save every trainable parameter (name -> fp32 tensor) from rank 0 to ``path``; under
+    DeepSpeed ZeRO-3 the partitions are gathered first (``deepspeed.zero.GatheredParameters``, on every rank).
+
+    Args:
+        path: the file to write (``torch.save``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        from contextlib import nullcontext
+
+        from zerotir.scale.deepspeed_setup import is_zero3
+
+        named = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
+        if is_zero3(trainer):
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
+        else:
+            gather = nullcontext()
+        with gather:
+            params = {n: p.detach().float().clone() for n, p in named}
+        if trainer.global_rank == 0:
+            torch.save(params, self.path)
+
+
+class SandboxUnreachableOnRank(Callback):
+    """On global rank ``rank`` only, point ``model.sandbox.urls`` at a loopback port where nothing listens, before the
+    module starts its runtime (``ZeroTIRModule.on_fit_start``; callbacks' hooks run first): that rank's sandbox is
+    unreachable, as with a wrong URL in one node's configuration. The port is bound (so no other process can take it)
+    but never listened on, so a connection is refused at once.
+
+    Args:
+        rank: the global rank whose sandbox is unreachable.
+    """
+
+    def __init__(self, rank: int = 1) -> None:
+        self.rank = rank
+        self._socket = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        import dataclasses
+        import socket
+
+        if trainer.global_rank != self.rank:
+            return
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        runtime = pl_module.runtime
+        runtime.sandbox_config = dataclasses.replace(runtime.sandbox_config, urls=[url], workers=None,
+                                                     server_options={})
+
+
+class EngineKVCacheOnRank(Callback):
+    """On global rank ``rank`` only, give the vLLM engine ``model.rollout.init_args.cpu_kv_cache_gib`` =
+    ``gib`` before the module builds it: a cache too small for one request of ``max_model_len`` tokens makes that
+    rank's engine fail to start (vLLM's own check, after the weights are loaded), as an engine short of memory on
+    one GPU does.
+
+    Args:
+        gib: the KV-cache size of that rank's engine, GiB.
+        rank: the global rank whose engine gets it.
+    """
+
+    def __init__(self, gib: float, rank: int = 1) -> None:
+        self.gib, self.rank = gib, rank
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        import dataclasses
+
+        if trainer.global_rank == self.rank:
+            runtime = pl_module.runtime
+            runtime.backend = dataclasses.replace(runtime.backend, cpu_kv_cache_gib=self.gib)

