@@ -9,6 +9,9 @@ every algorithm has a signal.
 
 The formats are defined here, not borrowed from the toy world, so that the tests do not depend on how the toy corpus
 evolves; the cache stamp holds a sample document, so any change of format rebuilds the model.
+
+As the toy base's, its schedule is a function of the step alone (a fixed step count, a linear decay over it), never
+of wall time, so a loaded machine builds the same model, only later; the seconds it took are recorded, not used.
 """
 
 from __future__ import annotations

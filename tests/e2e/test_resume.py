@@ -80,10 +80,11 @@ def test_two_plus_two_steps_equal_four_straight(e2e_base, e2e_data, tmp_path):
     run_cli(cli_args("test", "tiny_cpu_reinforce", e2e_base, e2e_data, test_root,
                      "--ckpt_path", str(resumed / "checkpoints" / "last.ckpt"),
                      "--data.seed", "5", "--data.prompts_per_step", "128"))
-    report = json.loads((test_root / "eval" / "test_heldout.json").read_text())
+    (test_run,) = (test_root / "test").iterdir()  # a test run writes a folder of its own: <root>/test/<stamp>
+    report = json.loads((test_run / "eval" / "test_heldout.json").read_text())
     assert report["benchmarks"]["heldout"]["num_problems"] == 8 and report["meta"]["rl_step"] == 4
-    assert (test_root / "eval" / "test_heldout.md").read_text().count("| heldout |") == 1
-    assert f"heldout/{mn.EVAL_ACCURACY}" in read_scalars(test_root / "tensorboard")
+    assert (test_run / "eval" / "test_heldout.md").read_text().count("| heldout |") == 1
+    assert f"heldout/{mn.EVAL_ACCURACY}" in read_scalars(test_run / "tensorboard")
 
 
 def test_killed_after_a_checkpoint_and_resumed_leaves_one_value_per_step(e2e_base, e2e_data, tmp_path):

@@ -131,6 +131,6 @@ CI_BASE = dict(world="mixed", kinds="add_1d,mul_1d", text_error=0.35, code_bugs=
 def test_small_base_meets_the_design(tmp_path):
     path = ensure_toy_base(tmp_path / "base", show_progress=False, **CI_BASE)
     record = read_info(path)["record"]
-    assert not record["stopped_by_time"] and record["steps_done"] == 1000
+    assert record["steps_done"] == 1000
     stats = record["base_stats"]
     assert check_design(stats) == [], stats

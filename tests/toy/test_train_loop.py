@@ -25,7 +25,7 @@ def test_schedule_hand_worked():
     s.start_decay(40, "probe")
     assert (s.decay_start, s.end, s.decay_reason) == (40, 60, "probe")
     assert s.lr_at(50) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
-    s.start_decay(55, "time")  # the decay has begun: no change
+    s.start_decay(55, "probe")  # the decay has begun: no change
     assert (s.decay_start, s.decay_reason) == (40, "probe")
 
 
@@ -83,7 +83,86 @@ def test_loop_decays_when_the_probe_passes():
 
     sched = Schedule(lr=1e-2, warmup_steps=1, decay_steps=3, max_steps=50)
     rows = iter(lambda: torch.ones(2, 4, dtype=torch.long), None)
-    rec = train(LM(), rows, sched, LoopSettings(pad_id=0, minutes=5, probe_every=2, probe_threshold=0.5,
-                                                show_progress=False), probe)
+    rec = train(LM(), rows, sched, LoopSettings(pad_id=0, probe_every=2, probe_threshold=0.5, show_progress=False),
+                probe)
     assert (sched.decay_start, sched.decay_reason, sched.end) == (2, "probe", 5)
     assert len(rec.losses) == 5 and [s for s, _ in rec.probes] == [2] and rec.tokens == 5 * 8
+
+
+def test_the_schedule_does_not_depend_on_wall_time(monkeypatch):
+    """A machine so loaded that every step takes an hour builds the same base: the decay starts when the probe
+    passes, the run ends decay_steps later (no time budget moves or cuts it)."""
+    import zerotir.toy.train_loop as loop
+
+    clock = iter(range(0, 10**9, 3600))
+    monkeypatch.setattr(loop.time, "monotonic", lambda: float(next(clock)))
+    probe = build_probe(4, seed=0, exclude=set(), tokenizer=TOK)
+    passes_at = 6
+
+    class LM(torch.nn.Module):
+        """Copies the probe exactly from the sixth step on; its loss is a dummy."""
+
+        def __init__(self):
+            super().__init__()
+            self.inner, self.steps = torch.nn.Linear(1, 1), 0
+
+        def forward(self, input_ids, labels=None):
+            if labels is None:
+                return _Oracle(probe.input_ids, wrong_rows=0 if self.steps >= passes_at else 4)(input_ids)
+            self.steps += 1
+            return type("Out", (), {"loss": self.inner(torch.ones(1, 1)).pow(2).sum()})()
+
+    sched = Schedule(lr=1e-2, warmup_steps=1, decay_steps=4, max_steps=50)
+    rows = iter(lambda: torch.ones(2, 4, dtype=torch.long), None)
+    rec = train(LM(), rows, sched, LoopSettings(pad_id=0, probe_every=2, probe_threshold=0.5, show_progress=False),
+                probe)
+    assert (sched.decay_start, sched.decay_reason, sched.end) == (passes_at, "probe", passes_at + 4)
+    assert len(rec.losses) == passes_at + 4 and [s for s, _ in rec.probes] == [2, 4, 6]
+
+
+def test_a_time_limit_stops_the_build_with_a_message_instead_of_reshaping_it(monkeypatch):
+    import zerotir.toy.train_loop as loop
+
+    clock = iter(range(0, 10**9, 25))  # 25 s per reading: the one-minute limit passes after three steps
+    monkeypatch.setattr(loop.time, "monotonic", lambda: float(next(clock)))
+    sched = Schedule(lr=1e-2, warmup_steps=1, decay_steps=3, max_steps=50)
+    model = torch.nn.Linear(1, 1)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, labels=None):
+            return type("Out", (), {"loss": self.inner(torch.ones(1, 1)).pow(2).sum()})()
+
+    rows = iter(lambda: torch.ones(2, 4, dtype=torch.long), None)
+    with pytest.raises(loop.TimeLimitReached, match=r"toy_base.minutes=1 .* at step 2 of 50, before the decay.*"
+                                                   r"none is written"):
+        train(LM(), rows, sched, LoopSettings(pad_id=0, probe_every=100, probe_threshold=0.5, show_progress=False,
+                                             minutes=1.0), None)
+    assert (sched.decay_start, sched.decay_reason) == (47, "max_steps")  # the schedule was never moved
+
+
+def test_progress_through_a_pipe_prints_probe_results_and_step_lines(capsys):
+    """Without a terminal the loop prints lines (not one rich frame at the end): each copy probe's result, the
+    decay's start, and the step count with the loss (every 100 steps, at least every 10 s, and the last)."""
+    probe = build_probe(4, seed=0, exclude=set(), tokenizer=TOK)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(1, 1)
+
+        def forward(self, input_ids, labels=None):
+            if labels is None:
+                return _Oracle(probe.input_ids)(input_ids)
+            return type("Out", (), {"loss": self.inner(torch.ones(1, 1)).pow(2).sum()})()
+
+    sched = Schedule(lr=1e-2, warmup_steps=1, decay_steps=3, max_steps=50)
+    rows = iter(lambda: torch.ones(2, 4, dtype=torch.long), None)
+    train(LM(), rows, sched, LoopSettings(pad_id=0, probe_every=2, probe_threshold=0.5, show_progress=True), probe)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("toy-base: step 2 copy probe ") and "both 1.00" in lines[0]
+    assert lines[1] == "toy-base: copy probe passed at step 2; decaying until step 5"
+    assert lines[-1].startswith("toy-base 5/5 | loss ")

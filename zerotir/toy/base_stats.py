@@ -5,7 +5,7 @@ is started unless URLs are given), the outcome reward of ``zerotir.reward``. For
 questions ZeroTIR starts from: does it rarely open a code block (aim < 20%)? is it almost never right without code on
 hard questions? and when it does write code, how often does that lead to the right boxed answer?
 
-``python -m zerotir.toy.base_stats --model runs/toy_base [--n 256 --samples 4]`` prints the JSON.
+``python -m zerotir.toy.base_stats --model data/toy_base [--n 256 --samples 4]`` prints the JSON.
 """
 
 from __future__ import annotations

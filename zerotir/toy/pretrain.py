@@ -1,24 +1,24 @@
 """Pretrain the toy base model: a byte tokenizer and a tiny Llama trained on the synthetic corpus, cached on disk.
 
-``python -m zerotir toy-base --out runs/toy_base`` (the lead's ``__main__`` calls :func:`main`), or
-:func:`ensure_toy_base` from the toy config when the model folder is missing. The folder holds the model and the
-tokenizer (``save_pretrained``, so both rollout engines load it), ``toy_base.json`` (settings, training record,
-measured base statistics) and ``corpus.jsonl.gz`` (the documents trained on).
+``python -m zerotir toy-base --out runs/my_base`` (the lead's ``__main__`` calls :func:`main`), or
+:func:`ensure_toy_base` from a toy config (``toy_base`` set) when its model folder is missing or was built with other
+settings. The folder holds the model and the tokenizer (``save_pretrained``, so both rollout engines load it),
+``toy_base.json`` (settings, training record with the probe history, measured base statistics) and ``SHA256SUMS``
+(``zerotir.toy.base_folder``: verified before a folder is reused). The corpus is not stored: the seed regenerates it,
+and the record keeps its sha256.
 
-Seeded and deterministic: the run stops when the copy probe has passed and the decay is done (``train_loop``), which
-depends only on the settings. ``minutes`` is a budget: a run that would exceed it starts its decay early and, at the
-limit, stops; the record says so (``decay_reason``, ``stopped_by_time``), and then the result depends on the machine.
+Seeded and deterministic: the run stops when the copy probe has passed and the decay is done, or at ``steps``
+(``train_loop``); both depend on the settings only, never on the machine's speed or load. The repository ships the
+base of the default settings (``data/toy_base``, how it was made: docs/toy.md); a run never rewrites it.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import hashlib
 import json
 import logging
-import os
 import random
-import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from zerotir.toy.base_folder import SHIPPED_NAME, building, is_shipped, replace, verify_checksums, write_checksums
 from zerotir.toy.corpus import CorpusSettings
 from zerotir.toy.probe import build_probe
 from zerotir.toy.tiny_model import build_tiny_model
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 INFO_FILE = "toy_base.json"
 # Fields added after folders were first written: a folder without them was built with these values.
 NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": "", "head_dim": 0}
-CORPUS_FILE = "corpus.jsonl.gz"
+# Settings that bound a build without shaping the base; a record that holds one (before the limit stopped shaping the
+# schedule) differs from every current setting, so such a folder is rebuilt.
+LIMIT_FIELDS = ("minutes",)
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,12 @@ class PretrainSettings:
             docs/toy.md) in a shape the vLLM engine runs (``configs/toy_cpu_vllm.yaml``).
         mixed_share / code_share / worked_share / easy_share: corpus shares (see ``corpus.CorpusSettings``).
         heldout_n / heldout_seed: the held-out task set kept out of the corpus (must match the task's held-out set).
-        minutes: wall-time budget of the training loop; the decay starts early enough to fit in it.
-        threads: torch CPU threads (the result can differ in the last bits between thread counts).
+        threads: torch CPU threads (the result can differ in the last bits between thread counts). One by default:
+            on a machine whose cores other work also uses, a second thread mostly waits for the first, and the
+            shipped base (``data/toy_base``) was built with one.
+        minutes: a limit on the training loop's wall time, 0 = none. It never changes the base: a build that reaches
+            it fails with a message (and writes nothing), since a base cut by the clock would depend on the
+            machine's load. Not part of the base's identity (``identity``): bases built under other limits match.
         eval_n: held-out questions sampled once each at temperature 1 to measure the base statistics (0 = skip;
             the ``mixed`` world measures that many of each group).
         world: the toy world (``zerotir.toy.worlds``): ``products`` (the first one) or ``mixed``.
@@ -94,8 +101,8 @@ class PretrainSettings:
     easy_share: float = 0.3
     heldout_n: int = 256
     heldout_seed: int = 1234
-    minutes: float = 10.0
-    threads: int = 2
+    threads: int = 1
+    minutes: float = 0.0
     eval_n: int = 128
     world: str = "products"
     text_error: float = 0.0
@@ -108,8 +115,9 @@ class PretrainSettings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
-        if self.lr <= 0 or self.minutes <= 0 or self.warmup_steps < 0 or self.eval_n < 0:
-            raise ValueError("lr and minutes must be > 0, warmup_steps and eval_n >= 0")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.eval_n < 0 or self.minutes < 0:
+            raise ValueError(f"lr={self.lr}, warmup_steps={self.warmup_steps}, eval_n={self.eval_n}, "
+                             f"minutes={self.minutes}: lr must be > 0, the others >= 0")
         if not 0.0 <= self.probe_threshold <= 1.0:
             raise ValueError(f"probe_threshold={self.probe_threshold}: must lie in [0, 1] (0 disables the probe)")
         if self.head_dim < 0:
@@ -130,6 +138,10 @@ class PretrainSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def identity(self) -> dict:
+        """The settings that determine the base (all but the ``minutes`` limit): what ``toy_base.json`` records."""
+        return {k: v for k, v in self.to_dict().items() if k not in LIMIT_FIELDS}
 
 
 @dataclass
@@ -200,20 +212,19 @@ def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
     model.train()
     batches = Batches(s, tok)
     sched = Schedule(s.lr, s.warmup_steps, min(s.decay_steps, s.steps), s.steps)
-    cfg = LoopSettings(tok.pad_token_id, s.minutes, s.probe_every, s.probe_threshold, show_progress)
+    cfg = LoopSettings(tok.pad_token_id, s.probe_every, s.probe_threshold, show_progress, s.minutes)
     probe = (build_probe(s.probe_n, s.seed, batches.excluded(), tok, get_world(s.world).probe_question)
              if s.probe_threshold > 0 else None)
     run = train(model, batches, sched, cfg, probe)
     model.eval()
     model.save_pretrained(str(out_dir))
     tok.save_pretrained(str(out_dir))
-    with gzip.open(out_dir / CORPUS_FILE, "wt") as f:
-        for kind, text in batches.docs_used:
-            f.write(json.dumps({"kind": kind, "text": text}) + "\n")
+    corpus = hashlib.sha256()
+    for kind, text in batches.docs_used:
+        corpus.update((json.dumps({"kind": kind, "text": text}) + "\n").encode())
     tail = run.losses[-50:]
     return {
         "steps_done": len(run.losses),
-        "stopped_by_time": len(run.losses) < sched.end,
         "decay_start": sched.decay_start,
         "decay_reason": sched.decay_reason,
         "probe": [{"step": step, **result} for step, result in run.probes],
@@ -221,6 +232,7 @@ def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
         "params": sum(p.numel() for p in model.parameters()),
         "final_loss": round(sum(tail) / max(1, len(tail)), 4),
         "documents": len(batches.docs_used),
+        "corpus_sha256": corpus.hexdigest(),  # of the documents as JSON lines {"kind", "text"}, in training order
         "tokens_trained": run.tokens,
     }
 
@@ -231,13 +243,45 @@ def read_info(path: str | Path) -> dict | None:
     return json.loads(info.read_text()) if info.is_file() else None
 
 
-def ensure_toy_base(path: str | Path, show_progress: bool = True, **settings) -> Path:
+def settings_differ(info: dict, s: PretrainSettings) -> dict[str, tuple]:
+    """``{field: (recorded, asked)}`` for every setting where the folder's record and ``s`` differ (a field the record
+    has and ``s`` lacks, from an older version, counts as a difference: that base was built another way)."""
+    built = {**NEW_FIELD_DEFAULTS, **info.get("settings", {})}
+    asked = s.identity()
+    return {k: (built.get(k), asked.get(k)) for k in sorted(set(built) | set(asked)) if built.get(k) != asked.get(k)}
+
+
+def _refuse_shipped(path: Path, differ: dict[str, tuple] | None) -> None:
+    """The error of a run that would rebuild the shipped base (``differ``: None when the folder is missing)."""
+    if differ is None:
+        raise FileNotFoundError(
+            f"{path}: the toy base shipped with the repository ({SHIPPED_NAME}) is missing; restore it "
+            f"(`git checkout -- {SHIPPED_NAME}`) or remake it with `python -m zerotir toy-base --out {SHIPPED_NAME} "
+            "--rebuild` (docs/toy.md)")
+    shown = ", ".join(f"{k}: {old!r} there, {new!r} asked" for k, (old, new) in differ.items())
+    flags = "".join(f" --{k.replace('_', '-')} {new}" for k, (_, new) in differ.items() if new is not None)
+    raise ValueError(
+        f"{path} is the toy base shipped with the repository ({SHIPPED_NAME}), built with other settings ({shown}); "
+        f"a run never rewrites it. Build yours in a folder of your own: `python -m zerotir toy-base --out "
+        f"runs/toy_base_custom{flags}`, then train it with `--model.model_path runs/toy_base_custom` and the same "
+        f"toy_base settings (or set model.model_path in your own config to a folder under runs/: a toy config builds "
+        f"its base there on first use)")
+
+
+def ensure_toy_base(path: str | Path, show_progress: bool = True, rebuild: bool = False, **settings) -> Path:
     """Return ``path`` holding a toy base model made with ``settings``; build it first unless a matching one is there.
 
     Args:
         path: the model folder.
         show_progress: show the rich progress bar.
+        rebuild: build even when a matching base is there (the ``toy-base`` command's ``--rebuild``); the only way to
+            rewrite the shipped ``data/toy_base``.
         **settings: fields of :class:`PretrainSettings` (unknown names raise ``TypeError`` naming them).
+
+    Raises:
+        ChecksumError: the matching base there fails its ``SHA256SUMS``.
+        ValueError / FileNotFoundError: without ``rebuild``, the shipped base would have to be rebuilt.
+        FileExistsError: ``path`` holds something that is not a toy base.
     """
     unknown = sorted(set(settings) - {f.name for f in fields(PretrainSettings)})
     if unknown:
@@ -246,22 +290,22 @@ def ensure_toy_base(path: str | Path, show_progress: bool = True, **settings) ->
     s = PretrainSettings(**settings)
     path = Path(path)
     info = read_info(path)
-    if info is not None and {**NEW_FIELD_DEFAULTS, **info.get("settings", {})} == s.to_dict():
-        log.info("toy-base: reusing %s (settings match)", path)
+    differ = settings_differ(info, s) if info is not None else None
+    if differ == {} and not rebuild:
+        verify_checksums(path)
+        log.info("toy-base: reusing %s (settings match, checksums verified)", path)
         return path
+    if is_shipped(path) and not rebuild:
+        _refuse_shipped(path, differ)
     if path.exists() and info is None and any(path.iterdir()):
         raise FileExistsError(f"{path} exists and is not a toy-base folder (no {INFO_FILE}); choose another --out")
-    # Build in a sibling folder and move it in place at the end, so a killed run never leaves a folder that looks done.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    record = pretrain(s, tmp, show_progress)
-    if s.eval_n:
-        record["base_stats"] = get_world(s.world).measure(tmp, s)
-    (tmp / INFO_FILE).write_text(json.dumps({"settings": s.to_dict(), "record": record}, indent=2) + "\n")
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
+    with building(path) as tmp:
+        record = pretrain(s, tmp, show_progress)
+        if s.eval_n:
+            record["base_stats"] = get_world(s.world).measure(tmp, s)
+        (tmp / INFO_FILE).write_text(json.dumps({"settings": s.identity(), "record": record}, indent=2) + "\n")
+        write_checksums(tmp)
+        replace(tmp, path)
     return path
 
 
@@ -269,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``toy-base`` command line: ``--out`` plus one flag per field of :class:`PretrainSettings`."""
     parser = argparse.ArgumentParser(prog="python -m zerotir toy-base", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="model folder to write (reused when its settings match)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help=f"build even when a base with these settings is there (the only way to remake the "
+                             f"shipped {SHIPPED_NAME})")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     for f in fields(PretrainSettings):
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default,
@@ -279,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> Path:
     """Entry point of ``python -m zerotir toy-base``; prints the record and returns the folder."""
     args = vars(build_parser().parse_args(argv))
-    out, quiet = args.pop("out"), args.pop("no_progress")
+    out, rebuild, quiet = args.pop("out"), args.pop("rebuild"), args.pop("no_progress")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    path = ensure_toy_base(out, show_progress=not quiet, **args)
+    path = ensure_toy_base(out, show_progress=not quiet, rebuild=rebuild, **args)
     print(json.dumps(read_info(path), indent=2))
     return path

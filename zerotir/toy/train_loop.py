@@ -1,10 +1,14 @@
 """The toy-base optimizer loop: AdamW on packed rows with a warmup-stable-decay schedule whose decay starts when the
-copy probe passes (or when the step cap or the time budget says it must).
+copy probe passes (or at the step cap's last ``decay_steps``).
 
 Why this schedule: the skills the base needs (restating the question, writing it into ``print(...)``, copying the
 tool output into the box) arrive as a sudden transition whose step varies with the seed. A high learning rate until
 it has happened brings it on sooner; a short decay then consolidates it. Waiting for the probe instead of a fixed
 step count makes every seed give a usable base, in as few steps as that seed needs.
+
+The schedule depends on steps and the probe only, never on wall time: a slow or loaded machine takes longer and
+builds the same base (a budget in minutes once moved the decay earlier when the first steps were slow, and a loaded
+machine then built a base that had not learned to copy).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from zerotir.console import StepDisplay
 from zerotir.toy.probe import ProbeSet, run_probe
 
 log = logging.getLogger(__name__)
@@ -64,10 +68,14 @@ class LoopSettings:
     """The loop's knobs (a subset of ``PretrainSettings``)."""
 
     pad_id: int
-    minutes: float
     probe_every: int
     probe_threshold: float
     show_progress: bool = True
+    minutes: float = 0.0  # wall-time limit, 0 = none: reaching it raises TimeLimitReached, it never moves the decay
+
+
+class TimeLimitReached(ValueError):
+    """The build reached ``toy_base.minutes`` before its schedule ended (a base cut by the clock is not written)."""
 
 
 @dataclass
@@ -80,29 +88,48 @@ class LoopRecord:
     probes: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
 
-def _columns() -> tuple:
-    return (TextColumn("toy-base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn())
+class _Progress:
+    """What a person sees of the loop: ``zerotir.console.StepDisplay`` (a live bar in a terminal, a line per 100
+    steps and at least one per 10 s in a log, each probe result on a line of its own), or, with ``show_progress``
+    off, log messages (the probes, and every 100 steps)."""
+
+    def __init__(self, show: bool) -> None:
+        self.display = StepDisplay("toy-base", every=100, quiet_s=10.0) if show else None
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.display is not None:
+            self.display.close()
+
+    def note(self, text: str) -> None:
+        if self.display is not None:
+            self.display.line(text)
+        else:
+            log.info(text)
+
+    def step(self, done: int, total: int, loss: float) -> None:
+        if self.display is not None:
+            self.display.update(done, total, {"loss": f"{loss:.3f}"})
+        elif done % 100 == 0:
+            log.info("toy-base: step %d/%d loss %.3f", done, total, loss)
+
+
+def _probe_text(result: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in result.items())
 
 
 def train(model: torch.nn.Module, batches: Iterable[torch.Tensor], sched: Schedule, cfg: LoopSettings,
           probe: ProbeSet | None) -> LoopRecord:
-    """Run the loop until ``sched.end`` or the time budget; ``sched`` is updated in place (its decay start)."""
+    """Run the loop until ``sched.end``; ``sched`` is updated in place (its decay start, when the probe passes)."""
     opt = torch.optim.AdamW(model.parameters(), lr=sched.lr, betas=(0.9, 0.95), weight_decay=0.1)
     rec, start = LoopRecord(), time.monotonic()
-    budget = 60 * cfg.minutes
     rows = iter(batches)
-    with Progress(*_columns(), disable=not cfg.show_progress) as progress:
-        task = progress.add_task("pretrain", total=sched.end, loss="-")
+    with _Progress(cfg.show_progress) as progress:
         step = 0
         while step < sched.end:
-            elapsed = time.monotonic() - start
-            if elapsed > budget:
-                log.warning("toy-base: time budget of %.1f min reached at step %d", cfg.minutes, step)
-                break
-            # Leave room for the decay inside the budget: a base stopped at the peak learning rate copies badly.
-            if step and elapsed + sched.decay_steps * elapsed / step > budget:
-                sched.start_decay(step, "time")
+            _check_limit(cfg.minutes, time.monotonic() - start, step, sched)
             batch = next(rows)
             rec.losses.append(_step(model, opt, batch, sched.lr_at(step), cfg.pad_id))
             rec.tokens += int((batch != cfg.pad_id).sum())
@@ -110,17 +137,27 @@ def train(model: torch.nn.Module, batches: Iterable[torch.Tensor], sched: Schedu
             if probe is not None and done < sched.decay_start and done % cfg.probe_every == 0:
                 result = run_probe(model, probe)
                 rec.probes.append((done, result))
-                log.info("toy-base: step %d copy probe %s (%.0f s)", done, result, time.monotonic() - start)
+                progress.note(f"toy-base: step {done} copy probe {_probe_text(result)} "
+                              f"(pass at both >= {cfg.probe_threshold})")
                 if result["both"] >= cfg.probe_threshold:
                     sched.start_decay(done, "probe")
-                    log.info("toy-base: copy probe passed at step %d (%s); decaying until %d", done, result, sched.end)
+                    progress.note(f"toy-base: copy probe passed at step {done}; decaying until step {sched.end}")
             recent = sum(rec.losses[-20:]) / len(rec.losses[-20:])
-            progress.update(task, completed=done, total=sched.end, loss=f"{recent:.3f}")
-            if not cfg.show_progress and done % 100 == 0:
-                log.info("toy-base: step %d/%d loss %.3f (%.0f s)", done, sched.end, recent, elapsed)
+            progress.step(done, sched.end, recent)
             step = done
     rec.seconds = time.monotonic() - start
     return rec
+
+
+def _check_limit(minutes: float, elapsed: float, step: int, sched: Schedule) -> None:
+    """Raise :class:`TimeLimitReached` once ``elapsed`` seconds pass ``minutes`` (0: no limit); the schedule itself
+    never reads the clock."""
+    if minutes and elapsed > 60 * minutes:
+        where = "decaying after the copy probe passed" if sched.decay_reason == "probe" else "before the decay"
+        raise TimeLimitReached(
+            f"toy-base: reached toy_base.minutes={minutes:g} (--minutes of `python -m zerotir toy-base`) at step "
+            f"{step} of {sched.end}, {where}; a base cut by the clock would depend on the machine's load, so none "
+            "is written. Raise toy_base.minutes, or set it to 0 (no limit)")
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor, lr: float, pad_id: int) -> float:
