@@ -1,7 +1,7 @@
 """The asynchronous pipeline on 2 CPU cores: the toy world trained synchronously and with max_staleness 1 and 2.
 
-    python benchmarks/async_pipeline.py                                  # sync, S=1, S=2 on RL seeds 0 1 2
-    python benchmarks/async_pipeline.py --model_dir /tmp/async/base_s0   # reuse a toy base
+    python -m benchmarks.async_pipeline                                  # sync, S=1, S=2 on RL seeds 0 1 2
+    python -m benchmarks.async_pipeline --model_dir /tmp/async/base_s0   # reuse a toy base
 
 Method. One toy base (``configs/toy_cpu.yaml``'s, pretraining seed 0; built into ``<out>/base_s0`` unless
 ``--model_dir`` names one). Then, for each RL seed and in that order each arm (so that a change of the machine's
@@ -32,15 +32,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.toy_emergence import build_base, early_stop_args, val_curve, zerotir
+from zerotir import metric_names as mn
+from zerotir.scaling.runs import load_run
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from toy_emergence import build_base, early_stop_args, val_curve, zerotir  # noqa: E402 - after the path set-up
-
-from zerotir import metric_names as mn  # noqa: E402
-from zerotir.scaling.runs import load_run  # noqa: E402
-
 CONFIG = "configs/toy_cpu.yaml"
 ARMS = {"sync": [], "s1": ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis"],
         "s2": ["--model.pipeline.max_staleness", "2", "--model.rl.off_policy_correction", "tis"]}
@@ -147,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run(args, arm, seed, base) for seed in args.seeds for arm in args.arms]
     rows = summary(runs, args.arms)
     table = markdown(rows, args.target)
-    command = "python benchmarks/async_pipeline.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.async_pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / "async_pipeline.json").write_text(json.dumps({"command": command.strip(), "runs": runs,
                                                               "summary": rows}, indent=1) + "\n")
     (args.out / "async_pipeline.md").write_text(f"`{command.strip()}`\n\n{table}")

@@ -1,6 +1,6 @@
 """Decode speed of the transformers engine with 1 and 2 torch threads, on the toy world's model size, interleaved.
 
-    python benchmarks/decode_threads.py [--repeats 5] [--rows 128] [--tokens 64]
+    python -m benchmarks.decode_threads [--repeats 5] [--rows 128] [--tokens 64]
 
 Picks ``HFRollout.num_threads``'s default: a random tiny Llama of the toy world's shape (hidden 128, 3 layers,
 8 heads, MLP 512: 0.85M parameters), ``--rows`` rows sampled at temperature 1 for exactly ``--tokens`` tokens
@@ -13,17 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from zerotir.rollout.engine import SamplingParams, generate  # noqa: E402
-from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
-from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402
-from zerotir.toy.tokenizer import build_byte_tokenizer  # noqa: E402
+from zerotir.rollout.engine import SamplingParams, generate
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

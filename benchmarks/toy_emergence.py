@@ -1,9 +1,9 @@
 """Tool use emerging on 2 CPU cores: pretrain the toy base, then RL by outcome reward alone, timed end to end.
 
-    python benchmarks/toy_emergence.py                      # REINFORCE++ on seeds 0 1 2, PPO and GRPO on seed 0
-    python benchmarks/toy_emergence.py --seeds 0 --algorithms reinforce_pp
-    python benchmarks/toy_emergence.py --algorithms reinforce_baseline rloo --seeds 0 1 2 --other_seeds 0 1 2
-    python benchmarks/toy_emergence.py --algorithms reinforce_pp_vllm --seeds 0   # the vLLM engine and its base
+    python -m benchmarks.toy_emergence                      # REINFORCE++ on seeds 0 1 2, PPO and GRPO on seed 0
+    python -m benchmarks.toy_emergence --seeds 0 --algorithms reinforce_pp
+    python -m benchmarks.toy_emergence --algorithms reinforce_baseline rloo --seeds 0 1 2 --other_seeds 0 1 2
+    python -m benchmarks.toy_emergence --algorithms reinforce_pp_vllm --seeds 0   # the vLLM engine and its base
 
 Method. For each seed, in this order and alone on the machine:
 
@@ -39,10 +39,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info
 
-from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info  # noqa: E402 - after the path set-up
+REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = {
     "reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml",
@@ -65,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val_every", type=int, default=5, help="RL steps between validations")
     p.add_argument("--final_rows", type=int, default=256, help="held-out questions of the final evaluation")
     p.add_argument("--base_minutes", type=float, default=PretrainSettings.minutes,
-                   help="wall-time budget of the toy-base pretraining; on a loaded machine raise it, or the budget "
-                        "(not the copy probe) ends pretraining and the base depends on the load ('decay by time')")
+                   help="wall-time limit of the toy-base pretraining (0 = none); a build that reaches it fails "
+                        "(it never reshapes the base)")
     p.add_argument("--base_threads", type=int, default=PretrainSettings.threads,
                    help="torch threads of the toy-base pretraining (1 wastes less time than 2 on a crowded machine; "
                         "the base can differ in the last bits)")

@@ -1,7 +1,7 @@
 """The paper's findings, measured in the second toy world (``mixed``): the sweeps, then docs/findings.md.
 
-    python benchmarks/toy_findings.py                                  # the whole sweep, then the report
-    python benchmarks/toy_findings.py --out /tmp/f17 --report-only     # the report from the runs already there
+    python -m benchmarks.toy_findings                                  # the whole sweep, then the report
+    python -m benchmarks.toy_findings --out /tmp/f17 --report-only     # the report from the runs already there
 
 Method (issue #17). Three bases of the ``mixed`` world (``configs/toy_mixed.yaml``'s ``toy_base``), seed 0, sizes
 about 0.2M, 0.85M and 3M parameters, each pretrained until its copy probe passes (a quality criterion: a wall-time
@@ -37,12 +37,9 @@ from pathlib import Path
 
 import yaml
 
+from zerotir.config import Algorithm
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from zerotir.config import Algorithm  # noqa: E402 - after the path set-up
-
 CONFIG = REPO / "configs" / "toy_mixed.yaml"
 # name -> tiny-Llama shape (parameters with the byte vocabulary: ~0.23M, ~0.85M, ~3.3M). Every size keeps heads of
 # 16 dimensions. The large base with 8 heads of 32 never passed its copy probe: 0 code copies after 3000 steps at
@@ -171,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/toy_findings.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.toy_findings " + " ".join(argv if argv is not None else sys.argv[1:])
     start = time.time()
     if args.bases:
         Sweep(args).run([], sizes=args.bases)
@@ -179,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report_only:
         todo = [j for j in jobs(args.seeds) if args.only is None or j.name in args.only]
         Sweep(args).run(todo)
-    from toy_findings_report import write_report
+    from benchmarks.toy_findings_report import write_report
 
     write_report(args.out, args.docs, command.strip(), sweep_minutes=(time.time() - start) / 60,
                  steps=args.steps, seeds=args.seeds)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from toy_findings_rules import (
+from benchmarks.toy_findings_rules import (
     GROUPS, RULES, SIZE_RUNS, TITLES, Runs, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, fmt, seed_runs, size_runs,
 )
 from zerotir import metric_names as mn

@@ -1,7 +1,7 @@
 """Where the time of an RL step goes on CPU, and how fast the update is against a bare forward + backward.
 
-    python benchmarks/train_step.py                          # REINFORCE++, about 2-3 minutes on 2 cores
-    python benchmarks/train_step.py --algorithm ppo --steps 8
+    python -m benchmarks.train_step                          # REINFORCE++, about 2-3 minutes on 2 cores
+    python -m benchmarks.train_step --algorithm ppo --steps 8
 
 Method. A tiny Llama (byte tokenizer, hidden 128, 2 layers) is pretrained for about a minute on one-digit additions
 answered in text or through a tool call (``tests/e2e/base_model.py``, cached under ``runs/bench_train_step_base``), so
@@ -27,17 +27,12 @@ import copy
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import get_args
 
-import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks import PassRateFilter
@@ -47,6 +42,8 @@ from zerotir.data.datamodule import PromptDataModule
 from zerotir.config import Algorithm, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.module import ZeroTIRModule
 from zerotir.rl.update import iter_rows, ppo_update, prepare_batch
+
+REPO = Path(__file__).resolve().parents[1]
 
 PHASES = ("generation", "sandbox", "reward", "update", "weight_sync")
 
@@ -123,12 +120,14 @@ def update_step(module: ZeroTIRModule, actor, critic, opt, traj) -> None:
     for m in (actor, critic):
         if m is not None:
             m.eval()
-    batch, _ = prepare_batch(module.rl, traj, actor, module.ref_model, critic)
+    sampling = module.sampling
+    batch, _ = prepare_batch(module.rl, traj, actor, module.ref_model, critic, temperature=sampling.temperature,
+                             top_p=sampling.top_p)
     for m in (actor, critic):
         if m is not None:
             m.train()
     ppo_update(module.rl, batch, actor, critic, lambda loss: loss.backward(), step, rl_step=0,
-               generator=torch.Generator().manual_seed(0))
+               generator=torch.Generator().manual_seed(0), temperature=sampling.temperature)
 
 
 def throughput(module: ZeroTIRModule, traj, repeats: int) -> dict[str, float]:

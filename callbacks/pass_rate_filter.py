@@ -3,7 +3,9 @@
 A prompt group whose n samples are all right or all wrong carries no learning signal for group baselines (every
 advantage is 0) and little for the others, so ZeroTIR drops it (e.g. keeps 2..6 correct of 8).
 
-The decision is a pure function of the rewards (``pass_rate_decision``). The callback hands it to the module once,
+The decision (``PassRateFilter.decide``) is a keep mask (``pass_rate_keep_mask``, pure), one collective that counts
+the kept and seen groups over all ranks (``global_group_counts``, so every rank takes the same skip decision), and
+the skip rule on those counts (``pass_rate_decision``, pure). The callback hands it to the module once,
 through the module's one explicit hook (``set_rollout_filter``, at ``setup``); the RL step applies it
 (``zerotir.rl.step``) and returns it in its ``StepResult``, from which the callback counts and logs what was kept
 (``on_train_batch_end``). When fewer than ``min_keep_groups`` groups pass, the decision keeps nothing and the step's
@@ -12,7 +14,6 @@ update is skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,20 +48,15 @@ def pass_rate_keep_mask(rewards: torch.Tensor, group_ids: torch.Tensor, low: flo
     return (means >= low) & (means <= high)
 
 
-def pass_rate_decision(rewards: torch.Tensor, group_ids: torch.Tensor, low: float, high: float,
-                       min_keep_groups: int = 1,
-                       count_groups: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = global_group_counts,
-                       ) -> FilterDecision:
-    """The filter's decision for one step: keep mask, group counts, and whether the update is skipped.
+def pass_rate_decision(keep: torch.Tensor, kept_groups: int, groups: int, min_keep_groups: int = 1) -> FilterDecision:
+    """The filter's decision for one step from its keep mask and the group counts: a pure function (the caller
+    counts the groups over all ranks first, ``global_group_counts``, so that every rank decides the same).
 
     Args:
-        rewards / group_ids / low / high: as in ``pass_rate_keep_mask``.
-        min_keep_groups: fewer kept groups than this (over all ranks) keep nothing: the step is skipped.
-        count_groups: ``(kept_groups, groups)`` of a keep mask; the default counts over all ranks (each rank holds
-            whole prompt groups), so every rank takes the same skip decision.
+        keep: (B,) this rank's keep mask (``pass_rate_keep_mask``).
+        kept_groups / groups: prompt groups kept / seen, over all ranks.
+        min_keep_groups: fewer kept groups than this keep nothing: the step is skipped.
     """
-    keep = pass_rate_keep_mask(rewards, group_ids, low, high)
-    kept_groups, groups = count_groups(keep, group_ids)
     if kept_groups < min_keep_groups:
         return FilterDecision(torch.zeros_like(keep), 0, groups, skipped=True)
     return FilterDecision(keep, kept_groups, groups)
@@ -96,8 +92,11 @@ class PassRateFilter(Callback):
         self.last_kept_fraction = 1.0
 
     def decide(self, batch: Trajectories) -> FilterDecision:
-        """This filter's decision for ``batch`` (a pure function of its rewards; nothing is counted here)."""
-        return pass_rate_decision(batch.rewards, batch.group_ids, self.low, self.high, self.min_keep_groups)
+        """This filter's decision for ``batch`` (nothing is counted in the filter's statistics here). A collective
+        under a process group: every rank calls it at the same step."""
+        keep = pass_rate_keep_mask(batch.rewards, batch.group_ids, self.low, self.high)
+        kept_groups, groups = global_group_counts(keep, batch.group_ids)  # all-reduce over the ranks
+        return pass_rate_decision(keep, kept_groups, groups, self.min_keep_groups)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.enabled and stage == "fit":

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import zerotir.__main__ as entry
@@ -152,8 +155,10 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
-    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tmp_path / "toy"),
-                           "--trainer.default_root_dir", str(tmp_path)], run=False)
+    own = tmp_path / "own.yaml"  # a config file naming the folder: the toy base's own folder
+    own.write_text(f"model:\n  model_path: {tmp_path / 'toy'}\n")
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--config", str(own), "--trainer.default_root_dir", str(tmp_path)],
+                     run=False)
     assert calls == [(str(tmp_path / "toy"), asdict(PretrainSettings()))]  # toy_base: {} = the toy world's defaults
     assert cli.model.model_path == str((tmp_path / "toy").resolve())
 
@@ -201,3 +206,104 @@ def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # an explicit choice wins
     zerotir.cli.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "xpu"
+
+
+@pytest.fixture
+def no_toy_build(monkeypatch):
+    import zerotir.cli
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("no toy base may be built here")
+
+    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", no_build)
+    monkeypatch.chdir(REPO)
+
+
+def toy_cli(*args: str, root: Path) -> ZeroTIRCLI:
+    return ZeroTIRCLI(args=["--config", CONFIG, *args, "--trainer.default_root_dir", str(root)], run=False)
+
+
+def test_a_mistyped_model_path_of_a_toy_config_fails_instead_of_pretraining_there(no_toy_build, tmp_path):
+    own = yaml.safe_load(Path(CONFIG).read_text())["model"]["model_path"]
+    with pytest.raises(models.ModelNotFoundError, match=r"model.model_path='runs/toy_bsae': no such folder.*only at "
+                                                        rf"its own folder '{re.escape(own)}'"):
+        toy_cli("--model.model_path", "runs/toy_bsae", root=tmp_path)
+
+
+def test_a_real_model_folder_with_a_toy_config_names_toy_base_null(no_toy_build, tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"not a toy base.*--toy_base null") as exc:
+        toy_cli("--model.model_path", str(tiny_dir), root=tmp_path)
+    assert "--out" not in str(exc.value)
+
+
+def test_a_toy_base_elsewhere_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
+    import zerotir.cli
+
+    base = tmp_path / "other_base"
+    build_tiny_model(build_byte_tokenizer(), save_dir=base, hidden_size=32, num_layers=2, num_heads=2)
+    (base / "toy_base.json").write_text(json.dumps({"settings": PretrainSettings(head_dim=32).identity()}))
+    calls = []
+    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", lambda path, **settings: calls.append(path))
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ValueError, match=r"other settings \(head_dim: 32 there, 0 in toy_base\).*--toy_base null"):
+        toy_cli("--model.model_path", str(base), root=tmp_path)  # it would be rebuilt with head_dim 0
+    assert calls == []
+    toy_cli("--model.model_path", str(base), "--toy_base.head_dim", "32", root=tmp_path)
+    assert calls == [str(base)]  # the same settings: ensure_toy_base reuses it
+
+
+def test_the_readme_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
+    """README's override of model.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
+    line = next(t for t in (REPO / "README.md").read_text().split("`") if t.startswith("--model.sandbox.urls"))
+    example = shlex.split(line)
+    monkeypatch.chdir(REPO)
+    common = ["--model.model_path", str(tiny_dir), "--toy_base", "null"]
+    with pytest.raises(ValueError, match=r"model.sandbox.workers=2.*--model.sandbox.workers null"):
+        toy_cli(*common, *example[:2], root=tmp_path)  # the urls alone: the fix is named
+    cli = toy_cli(*common, *example, root=tmp_path)
+    assert cli.model.sandbox_config.urls == ["http://127.0.0.1:8080"] and cli.model.sandbox_config.workers is None
+
+
+def test_a_mistyped_key_says_did_you_mean_and_the_groups_keys_not_the_usage(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("JSONARGPARSE_DEBUG", "false")
+    err = parse_error(["fit", "--config", CONFIG, "--model.rl.kl_coeff", "0.1", "--print_config"], capsys)
+    assert "unrecognized arguments: --model.rl.kl_coeff" in err
+    assert "did you mean: --model.rl.kl_coef" in err and "keys of model.rl: algorithm, clip_high" in err
+    assert "usage:" not in err and len(err.splitlines()) <= 5
+    assert "python -m zerotir fit --help" in err
+
+
+def test_a_failed_check_prints_its_message_and_exits_without_a_traceback(tiny_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("ZEROTIR_DEBUG", "0")  # --debug below sets both; restored after the test
+    monkeypatch.setenv("JSONARGPARSE_DEBUG", "false")
+    args = ["fit", "--config", str(REPO / "configs" / "toy_cpu_grpo.yaml"), "--model.rl.use_kl_loss", "true",
+            "--model.model_path", str(tiny_dir), "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exc:
+        entry.main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 1
+    assert "\nerror: model.rl.use_kl_loss=true with kl_coef=0" in "\n" + err and "Traceback" not in err
+    assert "--debug" in err
+    with pytest.raises(ValueError, match="use_kl_loss=true"):  # --debug: the exception and its traceback
+        entry.main([*args, "--debug"])
+
+
+def test_validate_and_test_write_runs_of_their_own(tiny_dir, tmp_path, monkeypatch):
+    """Reports, events and config.yaml of ``validate`` / ``test`` go to ``<root>/<command>/<stamp>``: never into the
+    training run's folders (``<root>/eval``, ``<root>/tensorboard``), and two test runs never share one."""
+    monkeypatch.chdir(REPO)
+    small = ["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+             "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+             "--data.limit_val_rows", "2", "--data.limit_test_rows", "2", "--model.eval_sampling.max_response_tokens",
+             "4", "--model.tool.max_tool_calls", "0", "--model.sandbox.workers", "null"]
+    for command in ("validate", "test", "test"):
+        ZeroTIRCLI(args=[command, *small])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test", "validate"]  # nothing in the training folders
+    tests = sorted((tmp_path / "test").iterdir())
+    assert len(tests) == 2 and tests[0] != tests[1]
+    for run, split in ((*(tmp_path / "validate").iterdir(), "val"), (tests[0], "test"), (tests[1], "test")):
+        names = {p.name for p in (run / "eval").iterdir()}
+        assert any(n.startswith(split) and n.endswith("_summary.json") for n in names), names
+        assert (run / "tensorboard" / "config.yaml").is_file()

@@ -3,6 +3,8 @@ construction, naming the field and the fix."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from zerotir.config import HFRollout, PipelineConfig, RLConfig, SamplingConfig, VLLMRollout
@@ -49,15 +51,27 @@ def test_combinations_that_cannot_work_are_config_errors(kwargs, message):
 def test_group_baselines_need_two_samples_per_prompt(algorithm, message):
     # A cross-group check (model.rl with model.sampling), run by the CLI and the module.
     with pytest.raises(ValueError, match=message):
-        RLConfig(algorithm=algorithm).check_samples(1)
-    RLConfig(algorithm=algorithm).check_samples(2)
+        RLConfig(algorithm=algorithm).check_training_sampling(SamplingConfig(n=1))
+    RLConfig(algorithm=algorithm).check_training_sampling(SamplingConfig(n=2))
 
+
+
+def test_training_refuses_greedy_sampling_and_a_correction_under_nucleus_sampling():
+    """The trainer scores the sampled tokens at model.sampling.temperature (0 has no distribution), and an off-policy
+    correction needs engine log-probs of that same distribution (top_p < 1 truncates the engine's)."""
+    with pytest.raises(ValueError, match=r"model.sampling.temperature=0.0: greedy decoding is for evaluation only"):
+        RLConfig().check_training_sampling(SamplingConfig(temperature=0.0))
+    with pytest.raises(ValueError, match=r"off_policy_correction='tis' with model.sampling.top_p=0.9.*top_p: 1.0 or "
+                                         r"off_policy_correction: none"):
+        RLConfig(off_policy_correction="tis").check_training_sampling(SamplingConfig(top_p=0.9))
+    RLConfig().check_training_sampling(SamplingConfig(temperature=0.7, top_p=0.9))  # no correction: fine
+    RLConfig(off_policy_correction="decoupled").check_training_sampling(SamplingConfig(temperature=0.7))
 
 def test_combinations_that_work():
     RLConfig(algorithm="grpo", kl_coef=0.01, use_kl_loss=True)
     RLConfig(algorithm="grpo", kl_coef=0.01, grpo_kl_in_reward=True)
     RLConfig(algorithm="ppo", gae_injected="restart", dual_clip=None, loss_agg_mode="seq-mean-token-sum-norm")
-    RLConfig(algorithm="reinforce_pp").check_samples(1)  # no group baseline: one sample per prompt is fine
+    RLConfig(algorithm="reinforce_pp").check_training_sampling(SamplingConfig(n=1))  # no group baseline: n=1 is fine
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -84,3 +98,22 @@ def test_pipeline_settings_that_work():
     PipelineConfig(max_staleness=2, producer_device="cuda:1").check_backend(HFRollout())
     PipelineConfig(max_staleness=1, producer_device="cuda:1").check_backend(VLLMRollout())
     assert not PipelineConfig().enabled and PipelineConfig(max_staleness=0).enabled
+
+
+@pytest.mark.parametrize("backend", [HFRollout, VLLMRollout])
+def test_the_engines_take_their_defaults_from_the_config(backend):
+    """Defaults live in zerotir.config only: every setting an engine shares with its model.rollout group defaults
+    to the group's value."""
+    import inspect
+
+    from zerotir.rollout.hf_engine import HFEngine
+    from zerotir.rollout.vllm_engine import VLLMEngine  # vllm itself is imported only when an engine is built
+
+    engine = HFEngine if backend is HFRollout else VLLMEngine
+    params = inspect.signature(engine).parameters
+    group = backend()
+    named = {n: p for n, p in params.items() if p.kind is not p.VAR_KEYWORD}  # not **llm_kwargs
+    shared = [f.name for f in fields(group) if f.name in named]
+    assert len(shared) >= 3, shared
+    for name in shared:
+        assert named[name].default == getattr(group, name), name

@@ -1,5 +1,5 @@
 """Every YAML under configs/ starts with the command that runs it, and that command parses (``--print_config``);
-the printed full config parses again."""
+the printed full config parses again; and every config starts: its command passes every check (``start``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from typing import get_args
 
 import pytest
 import yaml
+from lightning.pytorch import Callback
 
 from zerotir.cli import ZeroTIRCLI
 from zerotir.config import Algorithm
+from zerotir.toy.tiny_model import build_tiny_model
+from zerotir.toy.tokenizer import build_byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
@@ -58,3 +61,77 @@ def test_config_parses_with_its_header_command(path, capsys, monkeypatch, tmp_pa
     again = tmp_path / "full.yaml"
     again.write_text(yaml.safe_dump(full))
     assert print_config([args[0], "--config", str(again)], capsys) == full
+
+
+class _Started(Exception):
+    """Raised where the command's loop would begin: every check of the command has passed."""
+
+
+class _StopAtStart(Callback):
+    def on_fit_start(self, trainer, pl_module):
+        raise _Started
+
+    def on_test_start(self, trainer, pl_module):
+        raise _Started
+
+    on_validation_start = on_test_start
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
+    return path
+
+
+def start(args: list[str], tiny_dir: Path, root: Path) -> None:
+    """Build the module, data module and trainer of ``args`` (a command and its options) on a tiny model and run
+    the command up to where its loop begins.
+
+    The tiny model folder stands in for the config's model (``--toy_base null``: a toy base's path decision has
+    its own tests in tests/test_cli.py). A config of one CPU process runs its command (``fit``: the data module's,
+    the callbacks' and the module's setup, the models' loading and the optimizer) until ``on_fit_start`` /
+    ``on_test_start``, where the runtime would start the sandbox and the engine. A GPU config is built with
+    ``trainer.accelerator cpu`` (its devices, nodes and DeepSpeed config kept) and, like any config of several
+    processes, runs the setup hooks of its command (the data module's, the callbacks' and the module's: the
+    DeepSpeed and rollout checks); what follows needs the GPUs, the processes and the model itself.
+    """
+    command, rest = args[0], args[1:]
+    if "--ckpt_path" in rest:  # a run's checkpoint (eval_toy_heldout.yaml's header): not in the repository
+        at = rest.index("--ckpt_path")
+        rest = rest[:at] + rest[at + 2:]
+    gpu = yaml.safe_load(Path(rest[rest.index("--config") + 1]).read_text())["trainer"].get("accelerator") == "gpu"
+    cli = ZeroTIRCLI(args=rest + ["--model.model_path", str(tiny_dir), "--toy_base", "null",
+                                  "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false"]
+                     + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
+    trainer, module, data = cli.trainer, cli.model, cli.datamodule
+    if gpu or trainer.world_size > 1:
+        stage = "fit" if command == "fit" else command
+        module.trainer = trainer
+        data.trainer = trainer
+        data.setup(stage)
+        for callback in trainer.callbacks:
+            callback.setup(trainer, module, stage)
+        module.setup(stage)
+        return
+    trainer.callbacks.append(_StopAtStart())
+    with pytest.raises(_Started):
+        getattr(trainer, command)(module, datamodule=data)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_config_starts(path, tiny_dir, tmp_path, monkeypatch):
+    """A config that any check of its command rejects (a new validation included) fails here, not for a user."""
+    monkeypatch.chdir(REPO)
+    start(header_args(path), tiny_dir, tmp_path)
+
+
+@pytest.mark.parametrize("algo", ["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo", "reinforce_pp_vllm"])
+def test_every_arm_of_the_emergence_benchmark_starts(algo, tiny_dir, tmp_path, monkeypatch):
+    """``benchmarks/toy_emergence.py``'s fit command of each algorithm: its config, early stopping, its base."""
+    from benchmarks import toy_emergence  # here: a benchmark that fails to import fails this test, not the file
+
+    assert sorted(toy_emergence.CONFIGS) == sorted(["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo",
+                                                     "reinforce_pp_vllm"])  # a new arm is added to the list above
+    monkeypatch.chdir(REPO)
+    start(["fit", "--config", toy_emergence.CONFIGS[algo], *toy_emergence.early_stop_args(0.8)], tiny_dir, tmp_path)

@@ -58,8 +58,20 @@ def test_hub_id_offline_and_uncached_fails_with_fix(tmp_path, monkeypatch):
 
 def test_hub_id_online_is_passed_through(tmp_path, monkeypatch, clean_offline):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(models, "_hub_reachable", lambda: True)
     assert models.resolve_model_path("SomeOrg/some-model") == "SomeOrg/some-model"
     assert "HF_HUB_OFFLINE" not in os.environ
+
+
+def test_hub_id_uncached_without_a_network_fails_at_once_naming_hf_hub_offline(tmp_path, monkeypatch, clean_offline):
+    """Not offline by setting, but the hub cannot be reached: the error comes before any download retry."""
+    monkeypatch.chdir(tmp_path)
+    import huggingface_hub.constants as const
+
+    monkeypatch.setattr(const, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "_hub_reachable", lambda: False)
+    with pytest.raises(models.ModelNotFoundError, match="model.model_path='SomeOrg/some-model'.*HF_HUB_OFFLINE"):
+        models.resolve_model_path("SomeOrg/some-model")
 
 
 def test_local_folder_sets_offline_and_resolves(tiny_dir, clean_offline, monkeypatch):

@@ -6,6 +6,9 @@ Commands:
     scaling                           the scaling report from TensorBoard logs (``zerotir.scaling.report``).
     rollouts                          what the model wrote: a run's rollouts on disk (``zerotir.rollout_log.cli``).
     export                            write a checkpoint's policy as a HF folder (``zerotir.models.export_policy``).
+
+A bad config or a failed check prints its message and exits non-zero without a traceback; ``--debug`` anywhere on
+the command line (or ``ZEROTIR_DEBUG=1``) shows the traceback (``zerotir.cli_errors``).
 """
 
 from __future__ import annotations
@@ -26,8 +29,20 @@ def export_main(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from zerotir.cli_errors import reported_errors, take_debug_flag
+
     from_command_line = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if from_command_line:
+        sys.argv[1:] = take_debug_flag(sys.argv[1:])  # LightningCLI reads sys.argv itself
+    argv = take_debug_flag(list(sys.argv[1:] if argv is None else argv))
+    from zerotir.console import quiet_library_output
+
+    quiet_library_output()  # library noise filtered unless --debug / ZEROTIR_DEBUG (zerotir.console)
+    with reported_errors():
+        _dispatch(argv, from_command_line)
+
+
+def _dispatch(argv: list[str], from_command_line: bool) -> None:
     command = argv[0] if argv else ""
     if command == "toy-base":
         from zerotir.toy.pretrain import main as toy_main

@@ -19,17 +19,21 @@ What the subclass adds to Lightning's CLI:
       ``callbacks.PurgeResumedSteps``);
     * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
-      ``model.model_path`` before anything loads it, unless one with the same settings is there.
+      ``model.model_path`` before anything loads it, unless one with the same settings is there; it builds only at
+      the folder the config file names (``zerotir.toy.base_path``), so a mistyped path fails instead;
+    * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import sys
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from jsonargparse import Namespace, set_parsing_settings
@@ -38,12 +42,16 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
+from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import RLConfig, SamplingConfig
 from zerotir.data.datamodule import PromptDataModule
+from zerotir.eval.report import new_run_dir
 from zerotir.module import ZeroTIRModule
+from zerotir.toy.base_path import check_toy_base_path
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"
+log = logging.getLogger(__name__)
 
 # Two Lightning notices that are expected here, not problems: the frozen reference model is in eval mode on purpose,
 # and checkpoints are meant to hold the state after each RL step's update (manual optimization).
@@ -66,6 +74,18 @@ def use_cpu_deepspeed_without_cuda() -> None:
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 
+class ZeroTIRArgumentParser(LightningArgumentParser):
+    """Lightning's parser whose errors are the message, a hint for a mistyped key, and a pointer to ``--help``
+    instead of the whole usage (``zerotir.cli_errors``)."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or debug_requested() or os.environ.get("JSONARGPARSE_DEBUG", "false") != "false":
+            super().error(message, ex)  # raises: a nested parser's error is its caller's; debug shows the traceback
+        self._logger.error(message)
+        sys.stderr.write(parse_error_text(self, message))
+        sys.exit(2)
+
+
 class ZeroTIRCLI(LightningCLI):
     """``LightningCLI`` with zerotir's links and defaults (see the module docstring)."""
 
@@ -74,6 +94,8 @@ class ZeroTIRCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a resumed run rewrites its config.yaml
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("auto_configure_optimizers", False)  # the module builds its one optimizer itself
+        kwargs.setdefault("parser_class", ZeroTIRArgumentParser)  # short errors, "did you mean" for a mistyped key
+        kwargs.setdefault("parser_kwargs", {"prog": "python -m zerotir"})
         super().__init__(ZeroTIRModule, PromptDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -88,13 +110,20 @@ class ZeroTIRCLI(LightningCLI):
         parser.link_arguments("model.model_path", "data.tokenizer")
         parser.add_argument("--toy_base", type=PretrainSettings | None, default=None,
                             help="Build the toy base model at model.model_path first (unless one with these settings "
-                                 "is there); {} = the toy world's defaults, as `python -m zerotir toy-base`.")
+                                 "is there, its checksums verified); {} = the toy world's defaults, the base shipped "
+                                 "in data/toy_base, which no run rewrites (docs/toy.md).")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         root = Path(config.trainer.default_root_dir or DEFAULT_ROOT)
         if config.get("checkpoint") is not None and config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(root / "checkpoints")
+        if self.subcommand in ("validate", "test"):
+            # A run of its own (reports, events, config.yaml, rollouts), never in the training run's folders or over
+            # another evaluation's; --ckpt_path last still finds the training run's checkpoints (set above).
+            root = new_run_dir(root / self.subcommand)
+            config.trainer.default_root_dir = str(root)
+            log.info("%s: this run's reports and logs go to %s", self.subcommand, root)
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
@@ -109,12 +138,25 @@ class ZeroTIRCLI(LightningCLI):
         # checks itself when it is built, the cross-group checks follow.
         rl, sampling = config.model.rl, config.model.sampling
         rl = rl if isinstance(rl, RLConfig) else RLConfig(**rl.as_dict())
-        rl.check_samples((sampling if isinstance(sampling, SamplingConfig) else SamplingConfig(**sampling.as_dict())).n)
+        rl.check_training_sampling(sampling if isinstance(sampling, SamplingConfig)
+                                   else SamplingConfig(**sampling.as_dict()))
         if config.get("toy_base") is not None:
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             settings = config.toy_base
             settings = asdict(settings) if isinstance(settings, PretrainSettings) else settings.as_dict()
+            check_toy_base_path(config.model.model_path, self._model_path_of_config_files(config),
+                                PretrainSettings(**settings))
             ensure_toy_base(config.model.model_path, **settings)
+
+    def _model_path_of_config_files(self, config: Namespace) -> str | None:
+        """``model.model_path`` as the ``--config`` files give it (the last one that sets it), before command-line
+        overrides: the toy base's own folder (``zerotir.toy.base_path``)."""
+        parser = self._parser(self.subcommand)
+        found = None
+        for path in config.get("config") or []:
+            if path is not None:
+                found = parser.parse_path(path, defaults=False).get("model.model_path") or found
+        return found
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Lightning's, with the ``checkpoint`` group following ``trainer.enable_checkpointing``."""
@@ -138,5 +180,7 @@ def _is_progress_bar(callback: Any) -> bool:
 
 
 def cli_main(args: list[str] | None = None) -> ZeroTIRCLI:
-    """Run ``fit`` / ``validate`` / ``test`` / ``predict`` with ``args`` (default: ``sys.argv[1:]``)."""
-    return ZeroTIRCLI(args=args)
+    """Run ``fit`` / ``validate`` / ``test`` / ``predict`` with ``args`` (default: ``sys.argv[1:]``); a bad config
+    or a failed check ends in its message and exit status 1 (``zerotir.cli_errors``)."""
+    with reported_errors():
+        return ZeroTIRCLI(args=args)

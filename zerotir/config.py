@@ -20,6 +20,7 @@ GROUP_ALGORITHMS = ("reinforce_baseline", "rloo", "grpo")  # baselines from the 
 KLEstimator = Literal["k1", "k2", "k3"]
 GAEInjected = Literal["skip", "restart"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+OffPolicyCorrection = Literal["none", "tis", "decoupled"]
 Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
 
 
@@ -97,7 +98,7 @@ class RLConfig:
     """How per-token losses become one number (verl's loss_agg_mode): "token-mean" (every action token weighs the
     same), "seq-mean-token-mean" (every response weighs the same), "seq-mean-token-sum", or
     "seq-mean-token-sum-norm" (each row's token sum / model.sampling.max_response_tokens, Dr. GRPO)."""
-    off_policy_correction: Literal["none", "tis", "decoupled"] = "none"
+    off_policy_correction: OffPolicyCorrection = "none"
     """Weights of the policy loss for tokens the engine sampled (its log-probs) while the ratio is clipped against
     the trainer's recomputed ones (``zerotir.rl.off_policy``): "none"; "tis" (truncated importance sampling,
     min(exp(trainer - engine), is_cap)); "decoupled" (decoupled PPO: that ratio, tokens above is_cap dropped).
@@ -136,8 +137,7 @@ class RLConfig:
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"model.rl.dual_clip={self.dual_clip}: the lower bound c must be > 1 (3 is usual), "
                              f"or null: none")
-        _check_choice("rl", "off_policy_correction", self.off_policy_correction,
-                      Literal["none", "tis", "decoupled"])
+        _check_choice("rl", "off_policy_correction", self.off_policy_correction, OffPolicyCorrection)
         if not self.is_cap > 1:
             raise ValueError(f"model.rl.is_cap={self.is_cap}: must be > 1 (e.g. 2.0)")
         self._check_combinations()
@@ -159,12 +159,27 @@ class RLConfig:
             raise ValueError(f"model.rl.gae_injected={self.gae_injected!r} with algorithm={self.algorithm}: GAE is "
                              f"only used by algorithm=ppo; remove gae_injected or set algorithm: ppo")
 
-    def check_samples(self, n_samples: int) -> None:
-        """The cross-group check with ``model.sampling.n``: a group baseline needs two samples of each prompt."""
-        if self.algorithm in GROUP_ALGORITHMS and n_samples < 2:
-            raise ValueError(f"model.rl.algorithm={self.algorithm} with model.sampling.n={n_samples}: its baseline is "
+    def check_training_sampling(self, sampling: SamplingConfig) -> None:
+        """The cross-group checks with ``model.sampling`` (the training rollouts).
+
+        A group baseline needs two samples of each prompt. The trainer scores the sampled tokens at
+        ``temperature`` (``zerotir.rl.update.sequence_logprobs``), so greedy decoding (0) cannot train. With
+        ``top_p < 1`` the engine's log-probs are those of the renormalised nucleus, not of the trainer's full
+        tempered softmax, so an off-policy correction built on them would weigh the truncation, not the policy lag.
+        """
+        if self.algorithm in GROUP_ALGORITHMS and sampling.n < 2:
+            raise ValueError(f"model.rl.algorithm={self.algorithm} with model.sampling.n={sampling.n}: its baseline is "
                              f"the other samples of the same prompt, so every advantage would be 0; set "
                              f"model.sampling.n >= 2 or algorithm: reinforce_pp")
+        if not sampling.temperature > 0:
+            raise ValueError(f"model.sampling.temperature={sampling.temperature}: greedy decoding is for evaluation "
+                             f"only (model.eval_sampling); training samples and scores its tokens at a temperature "
+                             f"> 0 (e.g. 1.0)")
+        if sampling.top_p < 1 and self.off_policy_correction != "none":
+            raise ValueError(f"model.rl.off_policy_correction={self.off_policy_correction!r} with "
+                             f"model.sampling.top_p={sampling.top_p}: the engine's log-probs are then those of the "
+                             f"truncated nucleus, not of the policy the trainer scores, so the weights would correct "
+                             f"the truncation; set model.sampling.top_p: 1.0 or off_policy_correction: none")
 
     @property
     def optimizer_steps_per_rl_step(self) -> int:
@@ -207,8 +222,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _check_choice("optim", "optimizer", self.optimizer, Optimizer)
-        for name in ("lr", "critic_lr"):
-            value = getattr(self, name)
+        for name, value in (("lr", self.lr), ("critic_lr", self.critic_lr)):
             if value is not None and value <= 0:
                 raise ValueError(f"model.optim.{name}={value}: must be > 0")
         _check_min("optim", self, ("weight_decay", "warmup_steps", "max_grad_norm"), 0)
@@ -303,8 +317,14 @@ class SandboxConfig:
         if self.urls is not None and not self.urls:
             raise ValueError("model.sandbox.urls=[]: give at least one URL, or null for an embedded local sandbox")
         if self.urls is not None and (self.workers is not None or self.server_options):
-            raise ValueError("model.sandbox.workers / server_options configure the embedded server, which is not "
-                             "started when model.sandbox.urls is set; drop them or set urls to null")
+            given = {"workers": self.workers} if self.workers is not None else {}
+            given.update({"server_options": self.server_options} if self.server_options else {})
+            unset = " ".join("--model.sandbox.workers null" if k == "workers" else "--model.sandbox.server_options {}"
+                             for k in given)
+            raise ValueError(f"model.sandbox.urls={self.urls} with model.sandbox."
+                             f"{', '.join(f'{k}={v}' for k, v in given.items())}: those configure the embedded server, "
+                             f"which is not started when urls is set (the toy configs set workers: 2). Unset them "
+                             f"(on the command line: {unset}), or set urls to null")
         _check_min("sandbox", self, ("workers", "max_concurrency", "error_patience"), 1)
         _check_min("sandbox", self, ("retries",), 0)
         if self.request_timeout <= 0:
@@ -322,7 +342,6 @@ class SandboxConfig:
     def local_options(self) -> dict[str, Any]:
         """Keyword arguments of ``sandbox.local_sandbox`` for the embedded server."""
         return dict(self.server_options, **({} if self.workers is None else {"workers": self.workers}))
-
 
 
 @dataclass(frozen=True)
@@ -354,6 +373,10 @@ class PipelineConfig:
         _check_min("pipeline", self, ("threads",), 1)
         if not self.producer_timeout > 0:
             raise ValueError(f"model.pipeline.producer_timeout={self.producer_timeout}: must be > 0 seconds")
+        given = [f"{k}={v!r}" for k, v in (("threads", self.threads), ("producer_device", self.producer_device)) if v]
+        if given and not self.enabled:
+            raise ValueError(f"model.pipeline.{', '.join(given)}: producer settings, and max_staleness: null starts "
+                             "no producer; set model.pipeline.max_staleness (0: synchronous through one) or drop them")
 
     @property
     def enabled(self) -> bool:
@@ -373,6 +396,11 @@ class PipelineConfig:
             raise ValueError(f"model.pipeline.max_staleness={self.max_staleness} with model.rollout.init_args."
                              f"tensor_parallel_size={backend.tensor_parallel_size}: the producer drives one engine of "
                              "one process; set max_staleness: null or tensor_parallel_size: 1")
+        if isinstance(backend, HFRollout) and backend.num_threads is not None:
+            raise ValueError(f"model.rollout.init_args.num_threads={backend.num_threads} with model.pipeline.max_"
+                             f"staleness={self.max_staleness}: the producer and the trainer share torch's process-wide "
+                             f"threads (model.pipeline.threads), so num_threads would be ignored; set model.pipeline."
+                             f"threads: {backend.num_threads} and drop num_threads")
 
 
 # ---- model.rollout: the engine, a class_path with its own settings ---------------------------------------------------
@@ -416,8 +444,7 @@ class RolloutBackend:
             if self.schedule != "rounds":
                 raise ValueError(f"model.rollout.init_args.tokens_per_call={self.tokens_per_call} applies to "
                                  f"schedule 'rounds' only (schedule is {self.schedule!r}); drop it")
-            if self.tokens_per_call < 1:
-                raise ValueError(f"model.rollout.init_args.tokens_per_call={self.tokens_per_call}: must be >= 1")
+            _check_min("rollout.init_args", self, ("tokens_per_call",), 1)
 
 
 @dataclass(frozen=True)
@@ -443,10 +470,7 @@ class HFRollout(RolloutBackend):
 
     def __post_init__(self) -> None:
         self._check_schedule()
-        for name in ("max_batch_size", "num_threads", "tokens_per_step"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"model.rollout.init_args.{name}={value}: must be >= 1")
+        _check_min("rollout.init_args", self, ("max_batch_size", "num_threads", "tokens_per_step"), 1)
 
 
 @dataclass(frozen=True)
@@ -494,10 +518,7 @@ class VLLMRollout(RolloutBackend):
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"model.rollout.init_args.gpu_memory_utilization={self.gpu_memory_utilization}: must "
                              "be in (0, 1]")
-        for name in ("tensor_parallel_size", "weight_sync_bucket_mb", "serving_threads"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"model.rollout.init_args.{name}={value}: must be >= 1")
+        _check_min("rollout.init_args", self, ("tensor_parallel_size", "weight_sync_bucket_mb", "serving_threads"), 1)
 
 
 def as_plain(group: Any) -> dict[str, Any]:

@@ -3,11 +3,13 @@ critic (the same backbone with a scalar value head), and the export of a trained
 
 A model is named by a local folder or a hub id. A local folder is loaded with ``HF_HUB_OFFLINE=1`` so that nothing
 waits on the network; a name that looks like a local path but does not exist fails at once with the fix, instead of
-turning into a hub lookup that hangs or fails much later.
+turning into a hub lookup that hangs or fails much later; so does a hub id that is not cached when the hub cannot be
+reached.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -28,7 +30,7 @@ class ModelNotFoundError(FileNotFoundError):
     """The configured model is neither a local folder nor a cached / reachable hub id."""
 
 
-def resolve_model_path(name_or_path: str | Path, field: str = "model_path") -> str:
+def resolve_model_path(name_or_path: str | Path, field: str = "model.model_path") -> str:
     """Turn a model name into something ``from_pretrained`` loads without a long network wait.
 
     Args:
@@ -40,7 +42,8 @@ def resolve_model_path(name_or_path: str | Path, field: str = "model_path") -> s
 
     Raises:
         ModelNotFoundError: the name looks like a local path and no such folder exists, a local folder has no
-            ``config.json``, or ``HF_HUB_OFFLINE`` is set and the hub id is not in the local cache.
+            ``config.json``, or the hub id is not in the local cache and ``HF_HUB_OFFLINE`` is set or the hub
+            cannot be reached (checked at once, not after the download retries).
     """
     text = str(name_or_path)
     path = Path(text).expanduser()
@@ -57,12 +60,47 @@ def resolve_model_path(name_or_path: str | Path, field: str = "model_path") -> s
             f"{field}={text!r}: no such folder. Give an existing HF model folder (config.json + weights + tokenizer), "
             "a hub id like 'Qwen/Qwen2.5-7B', or build the toy base with `python -m zerotir toy-base`."
         )
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") and not _in_hub_cache(text):
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    if offline and not _in_hub_cache(text):
         raise ModelNotFoundError(
             f"{field}={text!r}: not a local folder and not in the hub cache, and HF_HUB_OFFLINE is set. "
             "Download it first (huggingface-cli download ...) or point the field at a local folder."
         )
+    if not offline and not _hub_reachable():
+        if _in_hub_cache(text):  # load the cached copy without the retries of an unreachable hub
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            return text
+        raise ModelNotFoundError(
+            f"{field}={text!r}: not a local folder, not in the hub cache, and the hub cannot be reached from here "
+            f"(HF_HUB_OFFLINE is not set, so loading would wait on the network and then fail). Download it where "
+            f"there is a network (huggingface-cli download {text}) and point {field} at the folder or set "
+            "HF_HUB_OFFLINE=1 with that cache; or fix the name if it was meant to be a local folder."
+        )
     return text
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout`` seconds (name lookup included)."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    result: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    probe = threading.Thread(target=connect, daemon=True)  # a name lookup does not honour the socket's timeout
+    probe.start()
+    probe.join(timeout)
+    return bool(result and result[0])
 
 
 def _looks_local(text: str) -> bool:
@@ -134,13 +172,32 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1)
-        # Small random init (not zero): a zero head would block the backbone's gradient in the first update.
-        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
-        nn.init.zeros_(self.value_head.bias)
+        init_value_head(self.value_head, hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+def init_value_head(head: nn.Linear, hidden_size: int) -> None:
+    """A small random weight (std ``1 / (hidden_size + 1)``, not zero: a zero head would block the backbone's gradient
+    in the first update) and a zero bias.
+
+    Under DeepSpeed ZeRO-3 (transformers' switch, live while the module loads its models inside
+    ``deepspeed.zero.Init``) the head's parameters are partitioned the moment it is built, so an init of them would
+    write into empty placeholders and leave ``nn.Linear``'s default values: the init then runs on the gathered
+    parameters, and rank 0's values become every rank's (``GatheredParameters(modifier_rank=0)``).
+    """
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    gathered: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if is_deepspeed_zero3_enabled():
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=0)
+    with gathered:
+        nn.init.normal_(head.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(head.bias)
 
 
 def load_critic(name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False) -> ValueModel:

@@ -47,6 +47,7 @@ from zerotir.scale.deepspeed_setup import (
     is_deepspeed, is_zero3,
 )
 from zerotir.scale.distributed import shard_prompts, training_share
+from zerotir.scale.peer_watch import WatchPeers
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class ZeroTIRModule(LightningModule):
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
         self.pipeline = pipeline
-        rl.check_samples(sampling.n)
+        rl.check_training_sampling(sampling)
         pipeline.check_backend(rollout)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
@@ -257,7 +258,9 @@ class ZeroTIRModule(LightningModule):
         if self.pipeline.enabled:
             traj, timings = self._take(step, rows)
         else:
-            traj, timings = self.rollout(rows, self.params(self.sampling, self.seed + step))
+            # Seeded by the rows' place in the global batch, so a row samples the same on any number of ranks.
+            seed = self.seed + step + self._first_row(len(batch)) * self.sampling.n
+            traj, timings = self.rollout(rows, self.params(self.sampling, seed))
             traj.versions = torch.where(traj.action_mask, self.rl_steps_done, -1)  # in line: the trainer's weights
         staleness = staleness_stats(traj.versions, traj.action_mask, step)
         if self.pipeline.enabled:
@@ -270,7 +273,8 @@ class ZeroTIRModule(LightningModule):
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
-                         norm_tokens=self.sampling.max_response_tokens)
+                         max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
+                         top_p=self.sampling.top_p)
         if result.stats:
             result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start
@@ -315,6 +319,13 @@ class ZeroTIRModule(LightningModule):
                              f"{tp}) every rank trains on an equal share, so set it to a multiple of devices x "
                              f"num_nodes = {world}")
         return shard_prompts(batch, self.global_rank, world, tp)
+
+    def _first_row(self, prompts: int) -> int:
+        """Index in the step's global batch of this rank's first prompt (``shard_prompts``' contiguous share): the
+        rollout seeds trajectory ``k`` of the share with ``seed + k``, so its offset makes every trajectory's seed
+        that of its global row (the same with 1 or N ranks)."""
+        tp, world = self.backend.tensor_parallel_size, self.trainer.world_size
+        return self.global_rank // tp * (prompts // (world // tp))
 
     # ----- validation and test: the same rollout path, reports through zerotir.eval -----
     def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:
@@ -379,7 +390,7 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        return [_CloseRuntimeOnException(), PurgeResumedSteps()]
+        return [_CloseRuntimeOnException(), PurgeResumedSteps(), WatchPeers()]
 
 
 class _CloseRuntimeOnException(Callback):

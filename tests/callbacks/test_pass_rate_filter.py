@@ -56,14 +56,30 @@ def run_step(callback, trainer, module, batch, rl_step=1) -> Trajectories:
     return batch if decision is None else batch.select(decision.keep)
 
 
-def test_decision_is_a_pure_function_of_the_rewards():
+def test_decision_is_a_pure_function_of_the_mask_and_the_reduced_counts(monkeypatch):
+    # The counts over all ranks are the caller's (decide's explicit global_group_counts): the decision runs none.
+    import callbacks.pass_rate_filter as F
+
+    monkeypatch.setattr(F, "global_group_counts", lambda *a: pytest.fail("pass_rate_decision ran a collective"))
     batch = three_groups()
-    decision = pass_rate_decision(batch.rewards, batch.group_ids, 0.01, 0.99, count_groups=lambda k, g: (1, 3))
+    keep = pass_rate_keep_mask(batch.rewards, batch.group_ids, 0.01, 0.99)
+    decision = pass_rate_decision(keep, 1, 3)
     assert decision.keep.tolist() == [False] * 4 + [True] * 4 + [False] * 4
     assert (decision.kept_groups, decision.groups, decision.skipped) == (1, 3, False)
     assert decision.kept_fraction == pytest.approx(1 / 3)
-    skipped = pass_rate_decision(batch.rewards, batch.group_ids, 0.01, 0.99, min_keep_groups=2)
+    skipped = pass_rate_decision(keep, 1, 3, min_keep_groups=2)
     assert skipped.skipped and not skipped.keep.any() and skipped.kept_groups == 0 and skipped.groups == 3
+    # Another rank's groups enter through the counts: 2 kept of 6 over the ranks pass min_keep_groups=2.
+    assert not pass_rate_decision(keep, 2, 6, min_keep_groups=2).skipped
+
+
+def test_decide_counts_the_groups_over_the_ranks_once(monkeypatch):
+    import callbacks.pass_rate_filter as F
+
+    calls = []
+    monkeypatch.setattr(F, "global_group_counts", lambda keep, groups: calls.append(keep.tolist()) or (2, 6))
+    decision = PassRateFilter(min_keep_groups=2).decide(three_groups())
+    assert len(calls) == 1 and (decision.kept_groups, decision.groups, decision.skipped) == (2, 6, False)
 
 
 def test_filter_keeps_mixed_groups_and_logs_kept_fraction():

@@ -108,3 +108,28 @@ def test_outputs_that_break_the_protocol_are_named():
         RolloutDumper(every_n_steps=0)
     with pytest.raises(ValueError, match="keep_last must be None"):
         RolloutDumper(keep_last=0)
+
+
+def test_every_trajectory_of_a_step_is_written_kept_by_the_filter_or_not(tmp_path):
+    """The pass-rate filter drops a group (its only answer is wrong); the real ``rl_step`` trains on the rest; the
+    dumped file still holds every trajectory of the step, the dropped one with its reward, in rollout order."""
+    from callbacks.pass_rate_filter import PassRateFilter
+    from tests.rl.test_step import SAMPLING, Recording, tiny_actor
+    from zerotir.config import RLConfig
+    from zerotir.rl.step import Models, rl_step
+
+    rollout = batch()  # groups [0, 0, 1], rewards [1, 0, 0]: group 1 never solved
+    decision = PassRateFilter(low=0.01, high=0.99).decide(rollout)
+    assert decision.keep.tolist() == [True, True, False]
+    actor = tiny_actor()
+    result = rl_step(RLConfig(micro_batch_size=4), rollout, decision, Models(actor), Recording(actor).callables,
+                     step=1, seed=0, **SAMPLING)
+    result.batch = BatchInfo(["Q: 3 + 4 = ?", "Q: 1 + 1 = ?"], ["a", "b"], ["toy", "toy"], 0)
+    tr = trainer(tmp_path)
+    dumper = RolloutDumper(tensorboard_samples=False)
+    dumper.setup(tr, FakeModule(), "fit")
+    dumper.on_train_batch_end(tr, FakeModule(), {"step": result}, None, 0)
+    dumper.on_fit_end(tr, FakeModule())
+    rows = R.read_step(tmp_path / "rollouts", 1)
+    assert [(r["index"], r["problem_id"], r["reward"]) for r in rows] == [(0, "a", 1.0), (1, "a", 0.0), (2, "b", 0.0)]
+    assert rows[2]["tool_calls"] == [{"code": "1/0\n", "status": "error", "output": "ZeroDivisionError"}]

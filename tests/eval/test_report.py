@@ -20,6 +20,7 @@ from zerotir.eval.report import (
     pass_at_k,
     records_from_trajectories,
     tensorboard_scalars,
+    new_run_dir,
     write_report,
 )
 from zerotir.metric_names import (
@@ -144,3 +145,9 @@ def test_write_report(tmp_path: Path) -> None:
     assert "| math500 | 3 | 4 | 50.0 |" in md
     with pytest.raises(ValueError, match="no benchmark results"):
         write_report({}, tmp_path)
+
+
+def test_new_run_dir_gives_each_run_a_folder_of_its_own(tmp_path):
+    first = new_run_dir(tmp_path / "test", now=0.0)
+    second = new_run_dir(tmp_path / "test", now=0.0)  # the same second: another folder, never the same one
+    assert first.is_dir() and second.is_dir() and second.name == f"{first.name}-2"

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from zerotir.config import RLConfig
 from zerotir.rl import algorithms as alg
+from zerotir.rl.estimators import reinforce_pp
 
 T = torch.tensor
 
@@ -102,21 +104,6 @@ def test_discounted_returns_skip_env_tokens():
     close(alg.discounted_returns(rewards, mask, gamma=0.5), [[0, 3, 4, 0, 4, 0]])
     # gamma 1: G4 = 4, G2 = 6, G1 = 7
     close(alg.discounted_returns(rewards, mask, gamma=1.0), [[0, 7, 6, 0, 4, 0]])
-
-
-def test_reinforce_pp_whitens_over_the_batch():
-    mask = T([[0, 1, 1, 0], [0, 1, 1, 1]])
-    adv, ret = alg.reinforce_pp_advantages(T([1.0, 0.0]), mask)
-    close(ret, [[0, 1, 1, 0], [0, 0, 0, 0]])  # gamma 1, reward on the last action token, summed backwards
-    # action-token returns [1, 1, 0, 0, 0]: mean 0.4, unbiased var (2 * 0.36 + 3 * 0.16) / 4 = 0.3, std 0.5477226
-    hi, lo = 0.6 / math.sqrt(0.3), -0.4 / math.sqrt(0.3)  # 1.0954451, -0.7302967
-    close(adv, [[0, hi, hi, 0], [0, lo, lo, lo]], atol=1e-5)
-
-
-def test_reinforce_pp_folds_kl_into_rewards():
-    _, ret = alg.reinforce_pp_advantages(T([1.0]), T([[0, 1, 1]]), kl=T([[0.0, 0.2, 0.4]]), kl_coef=0.5)
-    # token rewards [0, -0.1, -0.2 + 1 = 0.8]; returns [0, -0.1 + 0.8 = 0.7, 0.8]
-    close(ret, [[0, 0.7, 0.8]])
 
 
 def test_gae_hand_worked_with_env_token():
@@ -219,8 +206,9 @@ def test_injected_span_does_not_change_advantages_on_action_tokens():
         g1, g2 = alg.gae_advantages(r1, v1, with_span, gamma, lam), alg.gae_advantages(r2, v2, without, gamma, lam)
         close(g1[0][0, a_with], g2[0][0, a_without])
         close(g1[1][0, a_with], g2[1][0, a_without])
-        p1 = alg.reinforce_pp_advantages(reward, with_span, k1, 0.1, gamma)[0]
-        p2 = alg.reinforce_pp_advantages(reward, without, k2, 0.1, gamma)[0]
+        cfg = RLConfig(kl_coef=0.1, gamma=gamma)
+        p1 = reinforce_pp(reward, T([0]), with_span, k1, None, cfg)[0]
+        p2 = reinforce_pp(reward, T([0]), without, k2, None, cfg)[0]
         close(p1[0, a_with], p2[0, a_without])
         assert (g1[0][0, ~with_span[0]] == 0).all() and (p1[0, ~with_span[0]] == 0).all()
     # The check can fail: discounting through the env tokens (treating them as steps) would change position 2.
@@ -296,10 +284,10 @@ AGG_LOSS = T([[9.0, 1.0, 2.0, 9.0, 3.0], [9.0, 4.0, 9.0, 9.0, 9.0], [9.0] * 5]) 
     ("token-mean", (1 + 2 + 3 + 4) / 4, 4),  # 2.5: every action token weighs the same
     ("seq-mean-token-mean", (2 + 4) / 2, 2),  # row means 2 and 4 -> 3; the empty row does not count
     ("seq-mean-token-sum", (6 + 4) / 2, 2),  # row sums 6 and 4 -> 5
-    ("seq-mean-token-sum-norm", (6 / 8 + 4 / 8) / 2, 2),  # row sums / norm_tokens 8 -> 0.625
+    ("seq-mean-token-sum-norm", (6 / 8 + 4 / 8) / 2, 2),  # row sums / max_response_tokens 8 -> 0.625
 ])
 def test_loss_aggregation_modes_hand_worked(mode, expected, units):
-    close(alg.aggregate_loss(AGG_LOSS, AGG_MASK, mode, norm_tokens=8), expected)
+    close(alg.aggregate_loss(AGG_LOSS, AGG_MASK, mode, max_response_tokens=8), expected)
     assert int(alg.loss_units(AGG_MASK, mode)) == units
     # Split in micro-batches weighted by their share of the units, the pieces sum to the whole.
     pieces = [(AGG_LOSS[r], AGG_MASK[r]) for r in ([0], [1, 2])]
@@ -310,7 +298,7 @@ def test_loss_aggregation_modes_hand_worked(mode, expected, units):
 def test_loss_aggregation_errors_and_loss_functions_use_it():
     with pytest.raises(ValueError, match="loss_agg_mode='sum'"):
         alg.aggregate_loss(AGG_LOSS, AGG_MASK, "sum")
-    with pytest.raises(ValueError, match="needs norm_tokens"):
+    with pytest.raises(ValueError, match="needs max_response_tokens"):
         alg.aggregate_loss(AGG_LOSS, AGG_MASK, "seq-mean-token-sum-norm")
     close(alg.aggregate_loss(AGG_LOSS, torch.zeros_like(AGG_MASK), "seq-mean-token-mean"), 0.0)  # empty: 0, no NaN
     # The value loss 0.5 * (V - R)^2 with (V - R)^2 = AGG_LOSS: seq-mean-token-mean -> 0.5 * 3
@@ -372,7 +360,7 @@ def test_empty_mask_rows_never_give_nan(rows):
         alg.masked_mean(logp, mask, dim=1),
         alg.masked_whiten(old, mask),
         kl,
-        *alg.reinforce_pp_advantages(rewards, mask, kl, 0.1, 0.9),
+        reinforce_pp(rewards, T([0, 0]), mask, kl, None, RLConfig(kl_coef=0.1, gamma=0.9))[0],
         *alg.gae_advantages(alg.token_level_rewards(rewards, mask), values, mask, 0.9, 0.9),
     ]
     ploss, stats = alg.policy_loss(logp, old, T([1.0, 1.0]), mask)

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from zerotir.rl import algorithms as A
-from zerotir.rl import baselines as B
+from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import NonFiniteLossError, SandboxErrorGuard, SandboxFailureError
 from zerotir.rl.update import (
     RLConfig,
     TrainBatch,
+    aligned_chunks,
+    chunk_count,
     compute_advantages,
     forward_in_chunks,
     micro_batch_loss,
@@ -54,7 +56,7 @@ def tiny():
 
 def test_sequence_logprobs_are_aligned_with_input_ids(tiny):
     traj = make_traj([1.0, 0.0], [0, 0])
-    logp, entropy = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, with_entropy=True)
+    logp, entropy = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, temperature=1.0, with_entropy=True)
     logits = tiny(input_ids=traj.input_ids, attention_mask=traj.attention_mask).logits
     # Token t is scored by the logits at t - 1; position 0 is a prompt token and gets 0.
     expected = torch.log_softmax(logits[1, 4], -1)[traj.input_ids[1, 5]]
@@ -66,11 +68,26 @@ def test_sequence_logprobs_are_aligned_with_input_ids(tiny):
 def test_chunked_forward_matches_a_full_forward(tiny):
     traj = make_traj([1.0, 0.0, 1.0], [0, 0, 1])
     traj.attention_mask[2, 6:] = 0  # a shorter row: its chunk is trimmed to 6 columns
-    fn = lambda i, m: sequence_logprobs(tiny, i, m)[0]
+    fn = lambda i, m: sequence_logprobs(tiny, i, m, temperature=1.0)[0]
     full = fn(traj.input_ids, traj.attention_mask)
-    chunked = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, micro_batch_size=2)
+    chunked = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, micro_batch_size=2, total_chunks=2)
     assert torch.allclose(chunked[:2, :9], full[:2, :9], atol=1e-5)  # padding columns are cut, left 0
     assert torch.allclose(chunked[2, :6], full[2, :6], atol=1e-5) and chunked[2, 6:].abs().sum() == 0
+    padded = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, micro_batch_size=2, total_chunks=4)
+    assert torch.equal(padded, chunked)  # another rank's larger count: extra passes that write nothing
+
+
+def test_aligned_chunks_pads_to_the_given_count_and_runs_no_collective(monkeypatch):
+    # The count over the ranks is the caller's (an explicit global_max): aligned_chunks itself is pure.
+    import zerotir.rl.update as U
+
+    monkeypatch.setattr(U, "global_max", lambda value: pytest.fail("aligned_chunks ran a collective"))
+    assert chunk_count(5, 2) == 3 and chunk_count(0, 2) == 0
+    chunks = aligned_chunks(5, 2, total=4)
+    assert [(r.tolist(), pad) for r, pad in chunks] == [([0, 1], False), ([2, 3], False), ([4], False), ([0], True)]
+    assert [pad for _, pad in aligned_chunks(0, 2, total=1)] == [True]  # a rank with no rows still joins the pass
+    with pytest.raises(ValueError, match="total=2 is below this rank's 3 chunks"):
+        aligned_chunks(5, 2, total=2)
 
 
 def test_grpo_advantages_by_hand():
@@ -111,16 +128,31 @@ def test_ppo_advantages_use_gae_over_action_tokens_only():
     assert torch.allclose(returns[0], torch.tensor(ROW_MASK, dtype=torch.float32))
 
 
-def test_group_estimators_match_their_baselines_functions_with_the_kl_in_the_rewards():
+@pytest.mark.parametrize("algo", ["reinforce_pp", "reinforce_baseline", "rloo", "grpo", "ppo"])
+@pytest.mark.parametrize("use_kl_loss", [False, True])
+def test_compute_advantages_is_the_registry_estimator_with_the_kl_only_when_it_is_in_the_reward(algo, use_kl_loss):
     traj = make_traj([1.0, 0.0, 0.0, 1.0, 1.0], [0, 0, 0, 1, 1])
     mask = traj.action_mask
-    kl = torch.tensor([ROW_MASK] * 5, dtype=torch.float32) * 0.3
-    for algo, fn in (("reinforce_baseline", B.reinforce_baseline_advantages), ("rloo", B.rloo_advantages)):
-        adv, returns = compute_advantages(RLConfig(algorithm=algo, kl_coef=0.1), traj, mask, kl, None)
-        assert returns is None
-        assert torch.allclose(adv, fn(traj.rewards, traj.group_ids, mask, kl, 0.1)[0], atol=1e-6), algo
-    # RLOO by hand without KL: group 0 = [1, 0, 0] -> 1 - 0 = 1, 0 - 0.5 = -0.5; group 1 all right -> 0
-    adv, _ = compute_advantages(RLConfig(algorithm="rloo"), traj, mask, None, None)
+    kl = torch.tensor([ROW_MASK] * 5, dtype=torch.float32) * torch.tensor([[0.3], [0.1], [0.2], [0.4], [0.0]])
+    values = torch.tensor([ROW_MASK] * 5, dtype=torch.float32) * 0.25
+    grpo_kl = {"grpo_kl_in_reward": True} if algo == "grpo" and not use_kl_loss else {}
+    cfg = RLConfig(algorithm=algo, kl_coef=0.1, use_kl_loss=use_kl_loss, **grpo_kl)
+    adv, targets = compute_advantages(cfg, traj, mask, kl, values)
+    estimator = ESTIMATORS[algo]
+    expected, expected_targets = estimator(traj.rewards, traj.group_ids, mask, None if use_kl_loss else kl, values,
+                                           cfg)
+    assert torch.equal(adv, expected)
+    assert (targets is None) == (algo != "ppo") and (targets is None or torch.equal(targets, expected_targets))
+    # the KL changes the advantages exactly when it is folded into the rewards
+    without_kl, _ = estimator(traj.rewards, traj.group_ids, mask, None, values, cfg)
+    assert torch.equal(adv, without_kl) == use_kl_loss
+
+
+def test_rloo_advantages_by_hand():
+    traj = make_traj([1.0, 0.0, 0.0, 1.0, 1.0], [0, 0, 0, 1, 1])
+    # group 0 = [1, 0, 0] -> 1 - 0 = 1, 0 - 0.5 = -0.5; group 1 all right -> 0
+    adv, returns = compute_advantages(RLConfig(algorithm="rloo"), traj, traj.action_mask, None, None)
+    assert returns is None
     row = torch.tensor(ROW_MASK, dtype=torch.float32)
     assert torch.allclose(adv, torch.stack([row, -0.5 * row, -0.5 * row, 0 * row, 0 * row]))
 
@@ -154,7 +186,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _run_update(model, batch, cfg, norm_tokens=None):
+def _run_update(model, batch, cfg, max_response_tokens=None):
     model.zero_grad(set_to_none=True)
     captured, calls = [], []
 
@@ -165,13 +197,14 @@ def _run_update(model, batch, cfg, norm_tokens=None):
         return 1.0
 
     stats = ppo_update(cfg, batch, model, None, lambda loss: loss.backward(), step, rl_step=3,
-                       generator=torch.Generator().manual_seed(0), norm_tokens=norm_tokens)
+                       generator=torch.Generator().manual_seed(0), max_response_tokens=max_response_tokens,
+                       temperature=1.0)
     return captured, calls, stats
 
 
 def _batch(model, traj, cfg):
     model.eval()
-    batch, _ = prepare_batch(cfg, traj, model, None, None)
+    batch, _ = prepare_batch(cfg, traj, model, None, None, temperature=1.0, top_p=1.0)
     return batch
 
 
@@ -193,9 +226,9 @@ def test_sequence_mean_modes_are_independent_of_the_micro_batch_too(tiny, mode):
     traj.action_mask[0, 4:9] = False  # row 0 has one action token, the others four
     cfg = RLConfig(algorithm="grpo", micro_batch_size=4, loss_agg_mode=mode)
     batch = _batch(tiny, traj, cfg)
-    whole, _, _ = _run_update(tiny, batch, cfg, norm_tokens=6)  # the response budget, model.sampling's
+    whole, _, _ = _run_update(tiny, batch, cfg, max_response_tokens=6)  # the response budget, model.sampling's
     pieces, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1, loss_agg_mode=mode),
-                               norm_tokens=6)
+                               max_response_tokens=6)
     token_mean, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=4))
     for name, g in whole[0].items():
         assert torch.allclose(g, pieces[0][name], atol=1e-6), name
@@ -235,12 +268,12 @@ def test_ppo_value_loss_ignores_prompt_and_injected_positions(tiny):
     critic = TinyCritic()
     cfg = RLConfig(algorithm="ppo", value_clip=0.2, ppo_epochs=2)
     tiny.eval()
-    batch, _ = prepare_batch(cfg, make_traj([1.0, 0.0], [0, 0]), tiny, None, critic)
+    batch, _ = prepare_batch(cfg, make_traj([1.0, 0.0], [0, 0]), tiny, None, critic, temperature=1.0, top_p=1.0)
 
     def value_loss_and_grads(b):
         tiny.zero_grad(set_to_none=True)
         critic.zero_grad(set_to_none=True)
-        loss, stats = micro_batch_loss(cfg, b, tiny, critic)
+        loss, stats = micro_batch_loss(cfg, b, tiny, critic, temperature=1.0)
         loss.backward()
         return float(stats["value_loss"]), float(loss), _grads(critic), _grads(tiny)
 
@@ -269,15 +302,15 @@ def test_optimizer_step_count_is_epochs_times_mini_batches(tiny):
 def test_engine_logprob_diff_is_reported_with_and_without_the_recompute_pass(tiny):
     traj = make_traj([1.0, 0.0], [0, 0])
     tiny.eval()
-    truth = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask)[0]
+    truth = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, temperature=1.0)[0]
     traj.logprobs = torch.where(traj.action_mask, truth + 0.25, torch.zeros_like(truth))
     two_epochs = RLConfig(algorithm="grpo", ppo_epochs=2)
-    batch, stats = prepare_batch(two_epochs, traj, tiny, None, None)
+    batch, stats = prepare_batch(two_epochs, traj, tiny, None, None, temperature=1.0, top_p=1.0)
     assert not two_epochs.single_pass and batch.old_logp is not None
     assert stats["engine_logprob_diff"] == pytest.approx(0.25, abs=1e-4)
     assert "kl" not in stats and batch.ref_logp is None  # kl_coef 0: no reference forward
     single = RLConfig(algorithm="grpo")
-    batch, stats = prepare_batch(single, traj, tiny, None, None)
+    batch, stats = prepare_batch(single, traj, tiny, None, None, temperature=1.0, top_p=1.0)
     assert single.single_pass and batch.old_logp is None and stats == {}
     _, _, upd = _run_update(tiny, batch, single)
     assert upd["engine_logprob_diff"] == pytest.approx(0.25, abs=1e-4) and upd["clip_fraction"] == 0.0
@@ -290,7 +323,7 @@ def test_single_pass_gradient_equals_the_recomputed_old_logprobs_one(tiny):
     assert batch.old_logp is None
     fast, _, _ = _run_update(tiny, batch, cfg)
     tiny.eval()
-    batch.old_logp = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask)[0].detach()
+    batch.old_logp = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, temperature=1.0)[0].detach()
     slow, _, _ = _run_update(tiny, batch, cfg)
     for name, g in fast[0].items():
         assert torch.allclose(g, slow[0][name], atol=1e-6), name
@@ -308,10 +341,11 @@ def test_kl_in_the_reward_needs_the_recompute_pass():
 def test_kl_against_reference_is_computed_and_kept_for_the_loss(tiny):
     cfg = RLConfig(algorithm="reinforce_pp", kl_coef=0.1, kl_estimator="k1")
     traj = make_traj([1.0, 0.0], [0, 0])
-    batch, stats = prepare_batch(cfg, traj, tiny, tiny, None)  # reference == actor: KL 0, folded into the reward
+    # reference == actor: KL 0, folded into the reward
+    batch, stats = prepare_batch(cfg, traj, tiny, tiny, None, temperature=1.0, top_p=1.0)
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6) and batch.ref_logp is None
     as_loss = RLConfig(algorithm="grpo", kl_coef=0.1, use_kl_loss=True, kl_estimator="k1")
-    batch, stats = prepare_batch(as_loss, traj, tiny, tiny, None)
+    batch, stats = prepare_batch(as_loss, traj, tiny, tiny, None, temperature=1.0, top_p=1.0)
     assert batch.ref_logp is not None and "kl" not in stats  # measured in the update's forward pass
     _, _, upd = _run_update(tiny, batch, as_loss)
     assert upd["kl"] == pytest.approx(0.0, abs=1e-5) and upd["kl_loss"] == upd["kl"]
@@ -379,7 +413,7 @@ def test_entropy_keeps_no_graph_unless_it_is_in_the_loss(tiny, monkeypatch, entr
     monkeypatch.setattr(A, "entropy_from_logits", spy)
     cfg = RLConfig(algorithm="grpo", entropy_coef=entropy_coef)
     batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
-    loss, stats = micro_batch_loss(cfg, batch, tiny, None)
+    loss, stats = micro_batch_loss(cfg, batch, tiny, None, temperature=1.0)
     assert len(seen) == 2 and all(logits_grad for logits_grad, _ in seen)  # one call per row, inside the graph
     assert all(out_grad is with_grad for _, out_grad in seen)
     assert loss.requires_grad and stats["entropy"] > 0
@@ -395,7 +429,8 @@ def test_off_policy_correction_reweights_the_update_by_the_engine_log_probs(tiny
     plain_cfg = RLConfig(algorithm="grpo", micro_batch_size=4)
     batch = _batch(tiny, traj, cfg)  # a single pass: the trainer's log-probs are those of the update's forward
     with torch.no_grad():
-        batch.engine_logp = sequence_logprobs(tiny, batch.input_ids, batch.attention_mask)[0].clone()
+        batch.engine_logp = sequence_logprobs(tiny, batch.input_ids, batch.attention_mask,
+                                              temperature=1.0)[0].clone()
     same, _, stats = _run_update(tiny, batch, cfg)
     plain, _, _ = _run_update(tiny, batch, plain_cfg)
     for name, g in same[0].items():

@@ -7,7 +7,7 @@ import pytest
 from sandbox import ExecResult, ExecStatus, format_for_model
 from zerotir.rollout.tool_block import (
     ToolConfig, code_after_start, code_before_end, failed_call_result, format_result, open_block_head, status_of,
-    straddling_stop,
+    injection_text, straddling_stop, text_after_end,
 )
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -55,3 +55,13 @@ def test_status_and_formatting():
     assert format_result(result, tool) == "[" + format_for_model(result, 1024) + "]"
     failed = failed_call_result(ConnectionError("refused"))
     assert status_of(failed) == "sandbox_error" and "refused" in failed.stderr
+
+
+def test_the_text_after_the_closing_fence_in_its_token_is_kept_and_only_the_rest_of_the_block_injected():
+    block = "\n```output\n5\n```\n"
+    assert text_after_end("\nprint(5)\n```\n```output\n", "```") == "\n```output\n"
+    assert text_after_end("\nprint(5)\n```", "```") == ""
+    assert injection_text(block, "") == block
+    assert injection_text(block, "\n```output\n") == "5\n```\n"  # the model began the block: the rest of it
+    assert injection_text(block, "\n```out") == "put\n5\n```\n"
+    assert injection_text(block, "\n\n") == block  # any other tail stays, and the whole block follows it

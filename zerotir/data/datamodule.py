@@ -68,7 +68,7 @@ def _field(obj: dict, field: str, where: str) -> str:
     if not text.strip():
         state = "missing" if not isinstance(obj, dict) or field not in obj else "null" if value is None else "empty"
         raise ValueError(f"{where}: field {field!r} is {state}; every row needs a non-empty {field!r} "
-                         "(set problem_field / answer_field if the file names it differently)")
+                         "(set data.problem_field / data.answer_field if the file names it differently)")
     return text
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -214,3 +215,19 @@ def write_report(results: dict[str, dict[str, float]], out_dir: str | Path,
     md_path.write_text(header + markdown_table(results), encoding="utf-8")
     return json_path, md_path
 
+
+def new_run_dir(parent: str | Path, now: float | None = None) -> Path:
+    """A folder of its own for one ``validate`` / ``test`` run: ``<parent>/<YYYYmmdd-HHMMSS>``, or ``...-2``,
+    ``...-3`` when another run took that name (the folder is created here, exclusively, so two runs started in the
+    same second, even at once, never share one)."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    for k in range(1, 10_000):
+        folder = parent / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise FileExistsError(f"{parent}: every run folder name of {stamp} is taken")

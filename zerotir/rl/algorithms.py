@@ -2,7 +2,8 @@
 
 No Lightning, vLLM or transformers import: everything here takes and returns plain tensors, so it is tested with
 hand-worked numbers and shared by every estimator. The per-prompt-group baselines of the outcome reward (GRPO,
-REINFORCE++-baseline, RLOO) are in ``zerotir.rl.baselines``.
+REINFORCE++-baseline, RLOO) are in ``zerotir.rl.baselines``; the estimators built from both, one per
+``model.rl.algorithm``, in ``zerotir.rl.estimators``.
 
 Conventions (see ``zerotir.types``):
     * Per-token tensors are ``(B, T)`` and aligned with ``input_ids``: ``logp[b, t]`` is log p(token t | tokens < t),
@@ -22,16 +23,21 @@ How env tokens are skipped in returns and GAE (value function masking):
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import Tensor
+
+from zerotir.config import GAEInjected, KLEstimator, LossAggMode
 
 from zerotir.rl.masked import (  # noqa: F401  (re-exported: the statistics the estimators share)
     _bool_mask, _check_shape, group_stats, masked_mean, masked_mean_var, masked_sum, masked_var, masked_whiten,
 )
 
-KL_KINDS = ("k1", "k2", "k3")
-GAE_INJECTED_MODES = ("skip", "restart")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# The choices of model.rl.kl_estimator, gae_injected and loss_agg_mode, read from the config's Literals.
+KL_KINDS = get_args(KLEstimator)
+GAE_INJECTED_MODES = get_args(GAEInjected)
+LOSS_AGG_MODES = get_args(LossAggMode)
 # exp() of a larger exponent overflows quickly in low precision; k3 clamps its exponent here (exp(20) ~ 4.9e8).
 _K3_MAX_LOG_RATIO = 20.0
 
@@ -139,26 +145,6 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) 
     return torch.where(m, returns, torch.zeros_like(returns))
 
 
-def reinforce_pp_advantages(
-    rewards: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0, gamma: float = 1.0
-) -> tuple[Tensor, Tensor]:
-    """REINFORCE++: KL folded into token rewards, discounted returns, advantages whitened over the batch.
-
-    Args:
-        rewards: (B,) outcome rewards.
-        mask: (B, T) action mask.
-        kl: optional (B, T) per-token KL estimate.
-        kl_coef: KL coefficient.
-        gamma: discount per action token.
-
-    Returns:
-        (advantages, returns), both (B, T) and 0 off the mask. The advantages are the returns whitened over all action
-        tokens of the batch (this process's batch: in data-parallel runs, pass the gathered batch for a global mean).
-    """
-    returns = discounted_returns(token_level_rewards(rewards, mask, kl, kl_coef), mask, gamma)
-    return masked_whiten(returns, mask), returns
-
-
 def gae_advantages(
     token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0,
     injected: str = "skip",
@@ -210,7 +196,7 @@ def gae_advantages(
 
 
 def aggregate_loss(
-    per_token: Tensor, mask: Tensor, agg_mode: str = "token-mean", norm_tokens: int | None = None
+    per_token: Tensor, mask: Tensor, agg_mode: str = "token-mean", max_response_tokens: int | None = None
 ) -> Tensor:
     """Reduce a (B, T) per-token loss to a scalar (verl's ``loss_agg_mode``). Rows without action tokens never count.
 
@@ -218,8 +204,9 @@ def aggregate_loss(
         "token-mean": every action token of the batch weighs the same (sum / token count); long responses weigh more.
         "seq-mean-token-mean": mean over the rows of each row's token mean; every response weighs the same.
         "seq-mean-token-sum": mean over the rows of each row's token sum.
-        "seq-mean-token-sum-norm": mean over the rows of each row's token sum / ``norm_tokens``, a constant (Dr. GRPO:
-            the response budget), so neither the response length nor the batch's lengths rescale a token's gradient.
+        "seq-mean-token-sum-norm": mean over the rows of each row's token sum / ``max_response_tokens``, a constant
+            (Dr. GRPO: the response budget), so neither the response length nor the batch's lengths rescale a token's
+            gradient.
 
     The batch's weight in a larger batch is ``loss_units(mask, agg_mode)``: tokens for token-mean, rows otherwise.
     """
@@ -235,9 +222,10 @@ def aggregate_loss(
     elif agg_mode == "seq-mean-token-sum":
         per_row = row_sums
     else:
-        if norm_tokens is None or norm_tokens < 1:
-            raise ValueError(f"loss_agg_mode={agg_mode!r} needs norm_tokens >= 1 (the response budget): {norm_tokens}")
-        per_row = row_sums / norm_tokens
+        if max_response_tokens is None or max_response_tokens < 1:
+            raise ValueError(f"loss_agg_mode={agg_mode!r} needs max_response_tokens >= 1 (the response budget, "
+                             f"model.sampling.max_response_tokens): {max_response_tokens}")
+        per_row = row_sums / max_response_tokens
     return masked_mean(per_row, row_tokens > 0)
 
 
@@ -259,7 +247,7 @@ def policy_loss(
     clip_high: float = 0.28,
     dual_clip: float | None = None,
     agg_mode: str = "token-mean",
-    norm_tokens: int | None = None,
+    max_response_tokens: int | None = None,
     weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with an asymmetric clip range [1 - clip_low, 1 + clip_high], optionally dual-clipped.
@@ -276,7 +264,7 @@ def policy_loss(
         clip_low: lower clip epsilon (ratio floor 1 - clip_low).
         clip_high: upper clip epsilon (ratio ceiling 1 + clip_high); the paper's code uses 0.28 ("clip higher").
         dual_clip: the lower bound c (> 1) of the dual clip; None: no dual clip.
-        agg_mode, norm_tokens: how the per-token losses become a scalar (see ``aggregate_loss``).
+        agg_mode, max_response_tokens: how the per-token losses become a scalar (see ``aggregate_loss``).
         weights: (B, T) per-token factors of the loss, without gradient (the off-policy correction:
             ``off_policy.behaviour_weights``); None = 1. The aggregation's token counts are unchanged.
 
@@ -311,7 +299,7 @@ def policy_loss(
     if weights is not None:
         _check_shape("weights", weights, "logp", logp)
         per_token = per_token * weights.detach().to(per_token.dtype)
-    loss = aggregate_loss(per_token, m, agg_mode, norm_tokens)
+    loss = aggregate_loss(per_token, m, agg_mode, max_response_tokens)
     with torch.no_grad():
         stats = {
             "clip_fraction": masked_mean((surr_clipped < surr).to(ratio.dtype), m),
@@ -324,7 +312,7 @@ def policy_loss(
 
 def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2,
-    agg_mode: str = "token-mean", norm_tokens: int | None = None,
+    agg_mode: str = "token-mean", max_response_tokens: int | None = None,
 ) -> Tensor:
     """Clipped value loss: 0.5 * max((V - R)^2, (V_clipped - R)^2) per action token, aggregated by ``agg_mode``.
 
@@ -340,7 +328,7 @@ def value_loss(
         old = old_values.detach()
         clipped = old + (values - old).clamp(-clip, clip)
         sq = torch.maximum(sq, (clipped - returns) ** 2)
-    return 0.5 * aggregate_loss(sq, mask, agg_mode, norm_tokens)
+    return 0.5 * aggregate_loss(sq, mask, agg_mode, max_response_tokens)
 
 
 # ---- From logits -----------------------------------------------------------------------------------------------------

@@ -1,18 +1,17 @@
 """Baselines of the outcome reward from the other samples of the same prompt, as pure tensor functions.
 
-Every estimator here samples ``n`` trajectories per prompt (``Trajectories.group_ids``) and uses the group as its
-own baseline instead of a critic:
+The group estimators (``zerotir.rl.estimators``) sample ``n`` trajectories per prompt (``Trajectories.group_ids``)
+and use the group as its own baseline instead of a critic; these are their baselines:
 
-    * GRPO (``group_advantages``): (r - group mean) / (group std + eps), one advantage per trajectory.
-    * REINFORCE++-baseline (``reinforce_baseline_advantages``, the paper's estimator, OpenRLHF's
-      ``reinforce_baseline``): r - group mean, then the REINFORCE++ token returns (KL folded in per token), then
-      whitening over the batch. No division by the group std (not needed for variance reduction; it inflates the
-      advantages of nearly-solved and nearly-failed prompts).
-    * RLOO (``rloo_advantages``): r - mean of the *other* samples of the group (an unbiased baseline), then the token
-      returns; not whitened, so the advantages stay in reward units.
+    * ``group_advantages``: (r - group mean) / (group std + eps), one advantage per trajectory (GRPO), or r - group
+      mean without the std (REINFORCE++-baseline, the paper's estimator: the std is not needed for variance
+      reduction and inflates the advantages of nearly-solved and nearly-failed prompts).
+    * ``leave_one_out_advantages``: r - mean of the *other* samples of the group, an unbiased baseline (RLOO).
+    * ``kl_penalized_rewards``: the reward minus the trajectory's summed KL (GRPO's KL in the reward).
 
 A group of one sample has no other sample to compare with: its baseline is its own reward and its advantage 0 (for
-every estimator), so it gives no learning signal; configs with these estimators need ``model.sampling.n >= 2`` (``RLConfig.check_samples``).
+every estimator), so it gives no learning signal; configs with these estimators need ``model.sampling.n >= 2``
+(``RLConfig.check_training_sampling``).
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from zerotir.rl.algorithms import discounted_returns, token_level_rewards
-from zerotir.rl.masked import group_stats, masked_sum, masked_whiten
+from zerotir.rl.masked import group_stats, masked_sum
 
 
 def group_advantages(
@@ -69,41 +67,3 @@ def kl_penalized_rewards(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_co
     if kl is None or kl_coef == 0.0:
         return rewards
     return rewards - kl_coef * masked_sum(kl.to(rewards.dtype), mask, dim=1)
-
-
-def reinforce_baseline_advantages(
-    rewards: Tensor, group_ids: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0,
-    gamma: float = 1.0, eps: float = 1e-8,
-) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline: group-centred outcome reward, token returns with the KL folded in, batch whitening.
-
-    Args:
-        rewards: (B,) outcome rewards.
-        group_ids: (B,) prompt index of each trajectory.
-        mask: (B, T) action mask.
-        kl: optional (B, T) per-token KL estimate; kl_coef: its coefficient (REINFORCE++'s per-token penalty).
-        gamma: discount per action token (the paper: 1).
-        eps: added to the variance of the whitening (``whiten_eps``).
-
-    Returns:
-        (advantages, returns), both (B, T) and 0 off the mask; the advantages are the returns whitened over all
-        action tokens of the batch (the trainer whitens over the global batch of all ranks).
-    """
-    centered = group_advantages(rewards, group_ids, scale_by_std=False)
-    returns = discounted_returns(token_level_rewards(centered, mask, kl, kl_coef), mask, gamma)
-    return masked_whiten(returns, mask, eps=eps), returns
-
-
-def rloo_advantages(
-    rewards: Tensor, group_ids: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0,
-    gamma: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """RLOO: leave-one-out outcome reward, then token returns with the KL folded in (as OpenRLHF's ``rloo``).
-
-    Returns:
-        (advantages, returns), both (B, T) and 0 off the mask; the advantages are the returns, not whitened.
-        Without a KL every action token of a trajectory carries its leave-one-out reward (at gamma 1).
-    """
-    loo = leave_one_out_advantages(rewards, group_ids)
-    returns = discounted_returns(token_level_rewards(loo, mask, kl, kl_coef), mask, gamma)
-    return returns, returns

@@ -77,9 +77,9 @@ class SandboxErrorGuard:
 
     def __init__(self, urls: Sequence[str], max_rate: float = 0.5, patience: int = 3):
         if not 0.0 <= max_rate <= 1.0:
-            raise ValueError(f"max_sandbox_error_rate={max_rate}: must lie in [0, 1]")
+            raise ValueError(f"model.sandbox.max_error_rate={max_rate}: must lie in [0, 1]")
         if patience < 1:
-            raise ValueError(f"sandbox_error_patience={patience}: must be >= 1")
+            raise ValueError(f"model.sandbox.error_patience={patience}: must be >= 1")
         self.urls = list(urls)
         self.max_rate = max_rate
         self.patience = patience
@@ -111,11 +111,11 @@ class SandboxErrorGuard:
         self.bad_steps = self.bad_steps + 1 if rate > self.max_rate else 0
         if self.bad_steps >= self.patience:
             raise SandboxFailureError(
-                f"RL step {rl_step}: the sandbox failed {rate:.0%} of executions, above max_sandbox_error_rate="
-                f"{self.max_rate} for {self.bad_steps} consecutive steps (sandbox_error_patience={self.patience}). "
+                f"RL step {rl_step}: the sandbox failed {rate:.0%} of executions, above model.sandbox.max_error_rate="
+                f"{self.max_rate} for {self.bad_steps} consecutive steps (model.sandbox.error_patience={self.patience}). "
                 f"Sandbox URLs: {', '.join(self.urls)}. Without a working sandbox the run would silently train "
                 "without tools. Fix: check that the servers are up (`python -m sandbox serve`, GET /health), or "
-                "leave sandbox_urls unset for an embedded local sandbox; then resume with `fit --ckpt_path last`."
+                "leave model.sandbox.urls unset for an embedded local sandbox; then resume with `fit --ckpt_path last`."
             )
         return rate
 

@@ -14,20 +14,22 @@ trainer (issue #16) the behaviour policy is up to S weight versions old. The wei
   says nothing reliable and is dropped rather than clipped.
 
 The weights multiply the clipped surrogate per token (``algorithms.policy_loss``'s ``weights``); they are computed
-without gradient.
+without gradient. Both log-probs are of the same distribution: the trainer's are taken at the engine's sampling
+temperature (``zerotir.rl.update.sequence_logprobs``), and nucleus sampling (top_p < 1), whose engine log-probs are of
+the truncated distribution, is refused with a correction (``RLConfig.check_training_sampling``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import get_args
 
 import torch
 from torch import Tensor
 
+from zerotir.config import OffPolicyCorrection as Correction
 from zerotir.rl.masked import _bool_mask, _check_shape, masked_mean
 
-Correction = Literal["none", "tis", "decoupled"]
-CORRECTIONS = ("none", "tis", "decoupled")
+CORRECTIONS = get_args(Correction)  # the choices of model.rl.off_policy_correction
 
 
 @torch.no_grad()

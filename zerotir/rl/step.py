@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from zerotir.config import RLConfig
-from zerotir.rl.update import placeholder, ppo_update, prepare_batch
+from zerotir.rl.update import check_temperature, placeholder, ppo_update, prepare_batch
 from zerotir.scale.distributed import global_sum
 from zerotir.types import Trajectories
 
@@ -101,7 +101,7 @@ class StepResult:
 
 def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | None, models: Models,
             optimizer: StepOptimizer, step: int, seed: int, device: torch.device | str = "cpu",
-            norm_tokens: int | None = None) -> StepResult:
+            max_response_tokens: int | None = None, *, temperature: float, top_p: float) -> StepResult:
     """Train on the kept trajectories of ``rollout`` (all of them without a decision); see the module doc.
 
     Args:
@@ -113,13 +113,17 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
         step: the RL step index (names the step in errors; with ``seed`` it seeds the mini-batch order).
         seed: the run's seed.
         device: where the models are (the kept trajectories are moved there).
-        norm_tokens: the response budget (``model.sampling.max_response_tokens``), the divisor of
+        max_response_tokens: the response budget (``model.sampling.max_response_tokens``), the divisor of
             ``loss_agg_mode="seq-mean-token-sum-norm"``; None is an error in that mode only.
+        temperature: ``model.sampling.temperature``, at which every log-prob pass scores the tokens (the engine
+            sampled them at it); must be > 0.
+        top_p: ``model.sampling.top_p``; below 1 the engine's log-probs are not used (``prepare_batch``).
 
     Returns:
         The step's result; ``stats`` is empty when no rank kept anything (then exactly
         ``cfg.optimizer_steps_per_rl_step`` no-op optimizer steps were made, as an update makes real ones).
     """
+    check_temperature(temperature)
     keep = decision.keep.cpu() if decision is not None else torch.ones(len(rollout), dtype=torch.bool)
     kept = rollout.select(keep)
     if global_sum(len(kept)) == 0:  # no rank kept anything
@@ -128,19 +132,20 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
         stats: dict[str, float] = {}
     else:
         batch = (kept if len(kept) else placeholder(rollout)).to(device)
-        stats = _update(cfg, batch, models, optimizer, step, seed, norm_tokens)
+        stats = _update(cfg, batch, models, optimizer, step, seed, max_response_tokens, temperature, top_p)
     return StepResult(step, rollout, keep, decision, stats)
 
 
 def _update(cfg: RLConfig, batch_traj: Trajectories, models: Models, optimizer: StepOptimizer, step: int,
-            seed: int, norm_tokens: int | None) -> dict[str, float]:
+            seed: int, max_response_tokens: int | None, temperature: float, top_p: float) -> dict[str, float]:
     trained = [m for m in (models.actor, models.critic) if m is not None]
     for m in trained:
         m.eval()  # old log-probs / values without dropout, as the rollout saw them
-    batch, stats = prepare_batch(cfg, batch_traj, models.actor, models.reference, models.critic)
+    batch, stats = prepare_batch(cfg, batch_traj, models.actor, models.reference, models.critic,
+                                 temperature=temperature, top_p=top_p)
     for m in trained:
         m.train()  # gradient checkpointing is only active in train mode
     gen = torch.Generator().manual_seed(seed + step)
     stats.update(ppo_update(cfg, batch, models.actor, models.critic, optimizer.backward, optimizer.step, step, gen,
-                            norm_tokens))
+                            max_response_tokens, temperature=temperature))
     return stats

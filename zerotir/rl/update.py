@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from zerotir.config import RLConfig
 from zerotir.rl import algorithms as A
-from zerotir.rl import baselines as B
+from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import check_finite
 from zerotir.rl.off_policy import behaviour_weights
 from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
@@ -68,16 +68,26 @@ def iter_rows(n: int, size: int) -> list[Tensor]:
 
 
 def sequence_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool = False,
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float, with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of every token under ``model`` (and the entropy of each position's distribution), ``(B, T)``.
+    """Log-probs of every token under ``model`` at ``temperature`` (and the entropy of each position's
+    distribution), ``(B, T)``.
+
+    ``temperature`` is ``model.sampling.temperature``: the logits are divided by it (in place, as verl and OpenRLHF
+    do) so that the trainer scores the tokens under the distribution the engine sampled them from; every log-prob
+    pass (old, reference, the update's) takes the same one, and so does the entropy (the sampling distribution's).
+    It must be > 0 (greedy decoding has no distribution to train on).
 
     The model's logits at ``t - 1`` predict token ``t``, so both outputs are shifted right by one; position 0 is 0.
     The entropy is computed one row at a time (a full float32 softmax of a (B, T, V) batch is large for big
     vocabularies) and without gradient unless ``entropy_grad`` (an entropy bonus in the loss).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    check_temperature(temperature)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    if temperature != 1.0:
+        logits.div_(temperature)  # in place: no second (B, T, V) tensor; the LM head's backward does not need it
+    logits = logits[:, :-1]
     logp = A.logprobs_from_logits(logits, input_ids[:, 1:])
     entropy = None
     if with_entropy:
@@ -87,26 +97,42 @@ def sequence_logprobs(
     return nn.functional.pad(logp, pad), None if entropy is None else nn.functional.pad(entropy, pad)
 
 
+def check_temperature(temperature: float) -> None:
+    """The trainer's log-probs need a sampling distribution: ``model.sampling.temperature`` > 0."""
+    if not temperature > 0:
+        raise ValueError(f"model.sampling.temperature={temperature}: training needs a sampling temperature > 0 (0 is "
+                         "greedy decoding, which has no distribution to score or to train; use it in "
+                         "model.eval_sampling only)")
+
+
 def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Critic values aligned with the actions, ``(B, T)``: the value at ``t`` is read after token ``t - 1``."""
     values = critic(input_ids, attention_mask)[:, :-1].float()
     return nn.functional.pad(values, (1, 0))
 
 
-def aligned_chunks(n: int, size: int) -> list[tuple[Tensor, bool]]:
-    """``(rows, is_padding)`` chunks of ``range(n)``, padded to the largest chunk count over all ranks with
-    repeats of row 0 (padding chunks must not count)."""
+def chunk_count(n: int, size: int) -> int:
+    """How many ``size``-row chunks ``iter_rows`` makes of ``n`` rows."""
+    return -(-n // size)
+
+
+def aligned_chunks(n: int, size: int, total: int) -> list[tuple[Tensor, bool]]:
+    """``(rows, is_padding)`` chunks of ``range(n)``, padded to ``total`` chunks with repeats of row 0 (padding
+    chunks must not count). A pure function: ``total`` is the largest ``chunk_count`` over the ranks, which the
+    caller reduces (``global_max``), so that every rank runs the same number of passes."""
     chunks = [(rows, False) for rows in iter_rows(n, size)]
-    total = int(global_max(len(chunks)))
+    if total < len(chunks):
+        raise ValueError(f"aligned_chunks: total={total} is below this rank's {len(chunks)} chunks of {n} rows")
     return chunks + [(torch.zeros(1, dtype=torch.long), True)] * (total - len(chunks))
 
 
 @torch.no_grad()
 def forward_in_chunks(fn: Callable[[Tensor, Tensor], Tensor], input_ids: Tensor, attention_mask: Tensor,
-                      micro_batch_size: int) -> Tensor:
-    """``fn(ids, mask) -> (b, t)`` over micro-batches (each trimmed to its longest row), re-padded to ``(B, T)``."""
+                      micro_batch_size: int, total_chunks: int) -> Tensor:
+    """``fn(ids, mask) -> (b, t)`` over micro-batches (each trimmed to its longest row), re-padded to ``(B, T)``;
+    ``total_chunks`` passes in all (``aligned_chunks``: the caller's reduced count, the same on every rank)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    for rows, padding in aligned_chunks(input_ids.shape[0], micro_batch_size):
+    for rows, padding in aligned_chunks(input_ids.shape[0], micro_batch_size, total_chunks):
         width = int(attention_mask[rows].sum(1).max().item())
         values = fn(input_ids[rows, :width], attention_mask[rows, :width]).float()
         if not padding:
@@ -126,44 +152,32 @@ def placeholder(traj: Trajectories) -> Trajectories:
 def compute_advantages(
     cfg: RLConfig, traj: Trajectories, mask: Tensor, kl: Tensor | None, values: Tensor | None
 ) -> tuple[Tensor, Tensor | None]:
-    """Advantages ``(B, T)`` (0 off the action mask) and, for PPO, the value targets.
+    """Advantages ``(B, T)`` (0 off the action mask) and, for PPO, the value targets: the estimator that
+    ``cfg.algorithm`` names in ``zerotir.rl.estimators.ESTIMATORS``, whitening over the global batch of all ranks.
 
     ``kl`` is the per-token KL estimate of the sampling policy against the reference; unless ``use_kl_loss`` moves it
-    into the loss it is folded into the token rewards (PPO, REINFORCE++, REINFORCE++-baseline, RLOO) or, for GRPO
-    with ``grpo_kl_in_reward``, summed into each trajectory's reward before the group baseline. Whitening uses the
-    global batch of all ranks; otherwise each branch is its ``zerotir.rl.algorithms`` / ``zerotir.rl.baselines`` function.
+    into the loss (``RLConfig.kl_in_reward``) the estimator folds it into the rewards (per token for PPO,
+    REINFORCE++, REINFORCE++-baseline and RLOO; summed per trajectory before GRPO's group baseline).
     """
+    estimator = ESTIMATORS[cfg.algorithm]
     rewards = traj.rewards.to(mask.device, torch.float32)
-    kl_coef = cfg.kl_coef if (kl is not None and cfg.kl_in_reward) else 0.0
     groups = traj.group_ids.to(mask.device)
-    if cfg.algorithm in ("reinforce_pp", "reinforce_baseline", "rloo"):
-        if cfg.algorithm == "reinforce_baseline":
-            rewards = B.group_advantages(rewards, groups, scale_by_std=False)
-        elif cfg.algorithm == "rloo":
-            rewards = B.leave_one_out_advantages(rewards, groups)
-        returns = A.discounted_returns(A.token_level_rewards(rewards, mask, kl, kl_coef), mask, cfg.gamma)
-        if cfg.algorithm == "rloo":  # RLOO's advantages stay in reward units
-            return returns, None
-        return A.masked_whiten(returns, mask, eps=cfg.whiten_eps, all_reduce=all_reduce_sum), None
-    if cfg.algorithm == "grpo":
-        rewards = B.kl_penalized_rewards(rewards, mask, kl, kl_coef)
-        per_traj = B.group_advantages(rewards, groups, cfg.grpo_scale_by_std, cfg.grpo_std_eps)
-        return torch.where(mask, per_traj[:, None].expand_as(mask), torch.zeros_like(mask, dtype=torch.float32)), None
-    if values is None:
-        raise ValueError("algorithm 'ppo' needs critic values")
-    token_rewards = A.token_level_rewards(rewards, mask, kl, kl_coef)
-    adv, returns = A.gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.gae_lambda, cfg.gae_injected)
-    if cfg.whiten_ppo_advantages:
-        adv = A.masked_whiten(adv, mask, eps=cfg.whiten_eps, all_reduce=all_reduce_sum)
-    return adv, returns
+    return estimator(rewards, groups, mask, kl if cfg.kl_in_reward else None, values, cfg, all_reduce_sum)
 
 
 @torch.no_grad()
 def prepare_batch(
-    cfg: RLConfig, traj: Trajectories, actor: nn.Module, ref: nn.Module | None, critic: nn.Module | None
+    cfg: RLConfig, traj: Trajectories, actor: nn.Module, ref: nn.Module | None, critic: nn.Module | None, *,
+    temperature: float, top_p: float,
 ) -> tuple[TrainBatch, dict[str, float]]:
     """Recompute the old log-probs with the actor (the engine's are informational; skipped in a single pass, see
     ``RLConfig.single_pass``), the reference log-probs and the critic values, then the advantages.
+
+    ``temperature`` and ``top_p`` are ``model.sampling``'s: every log-prob is taken at that temperature. The
+    engine's log-probs are kept as the behaviour policy only when ``top_p == 1``: under nucleus sampling they are
+    log-probs of the renormalised nucleus, a different distribution from the trainer's full tempered softmax, so
+    neither the off-policy weights (``RLConfig.check_training_sampling`` refuses that combination) nor
+    ``engine_logprob_diff`` (it would measure the truncation, not a mismatch) can use them.
 
     Returns:
         The batch and its statistics: ``kl`` (policy vs reference on the action tokens) and
@@ -172,14 +186,19 @@ def prepare_batch(
     ids, attn = traj.input_ids, traj.attention_mask
     mask = traj.action_mask.bool()
     mb = cfg.micro_batch_size
+    passes = int(global_max(chunk_count(len(traj), mb)))  # collective: every rank runs as many forward passes
+    engine_logp = traj.logprobs.float() if top_p == 1.0 else None
     stats: dict[str, float] = {}
     old_logp = None
     if not cfg.single_pass:
-        old_logp = forward_in_chunks(lambda i, m: sequence_logprobs(actor, i, m)[0], ids, attn, mb)
-        stats["engine_logprob_diff"] = A.masked_mean((old_logp - traj.logprobs.float()).abs(), mask).item()
+        old_logp = forward_in_chunks(lambda i, m: sequence_logprobs(actor, i, m, temperature=temperature)[0],
+                                     ids, attn, mb, passes)
+        if engine_logp is not None:
+            stats["engine_logprob_diff"] = A.masked_mean((old_logp - engine_logp).abs(), mask).item()
     ref_logp = kl = None
     if ref is not None and cfg.kl_coef > 0:
-        ref_logp = forward_in_chunks(lambda i, m: sequence_logprobs(ref, i, m)[0], ids, attn, mb)
+        ref_logp = forward_in_chunks(lambda i, m: sequence_logprobs(ref, i, m, temperature=temperature)[0],
+                                     ids, attn, mb, passes)
         if old_logp is not None:
             kl = A.kl_penalty(old_logp, ref_logp, cfg.kl_estimator, mask)
             stats["kl"] = A.masked_mean(kl, mask).item()
@@ -187,26 +206,28 @@ def prepare_batch(
     if cfg.algorithm == "ppo":
         if critic is None:
             raise ValueError("algorithm 'ppo' needs a critic")
-        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m), ids, attn, mb)
+        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m), ids, attn, mb, passes)
     adv, returns = compute_advantages(cfg, traj, mask, kl, values)
-    batch = TrainBatch(ids, attn, mask, old_logp, adv, traj.logprobs.float(),
+    batch = TrainBatch(ids, attn, mask, old_logp, adv, engine_logp,
                        ref_logp if cfg.use_kl_loss else None, values, returns)
     return batch, stats
 
 
 def micro_batch_loss(
-    cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None, norm_tokens: int | None = None
+    cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None,
+    max_response_tokens: int | None = None, *, temperature: float,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch: clipped policy loss + vf_coef * value loss (+ kl_coef * KL, - entropy bonus),
-    each aggregated over the micro-batch by ``loss_agg_mode`` (token mean by default). ``norm_tokens`` is the
-    response budget (``model.sampling.max_response_tokens``), the divisor of ``seq-mean-token-sum-norm``. Returns the
-    loss and detached statistics."""
-    logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, with_entropy=True,
-                                      entropy_grad=cfg.entropy_coef != 0)
+    each aggregated over the micro-batch by ``loss_agg_mode`` (token mean by default). ``max_response_tokens`` is the
+    response budget (``model.sampling.max_response_tokens``), the divisor of ``seq-mean-token-sum-norm``;
+    ``temperature`` is ``model.sampling.temperature`` (see ``sequence_logprobs``). Returns the loss and detached
+    statistics."""
+    logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, temperature=temperature,
+                                      with_entropy=True, entropy_grad=cfg.entropy_coef != 0)
     mask = mb.action_mask
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
-    agg = dict(agg_mode=cfg.loss_agg_mode, norm_tokens=norm_tokens)
+    agg = dict(agg_mode=cfg.loss_agg_mode, max_response_tokens=max_response_tokens)
     weights, is_stats = _behaviour_weights(cfg, old_logp, mb.engine_logp, mask)
     loss, stats = A.policy_loss(logp, old_logp, mb.advantages, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip, **agg,
                                 weights=weights)
@@ -236,7 +257,9 @@ def _behaviour_weights(cfg: RLConfig, old_logp: Tensor, engine_logp: Tensor | No
     if engine_logp is None:
         if cfg.off_policy_correction != "none":
             raise ValueError(f"model.rl.off_policy_correction={cfg.off_policy_correction!r} needs the engine's "
-                             "log-probs of the sampled tokens, and this batch has none")
+                             "log-probs of the sampled tokens under the trainer's distribution, and this batch has "
+                             "none (model.sampling.top_p < 1 samples from a truncated one); set top_p: 1 or "
+                             "off_policy_correction: none")
         return None, {}
     weights, stats = behaviour_weights(old_logp, engine_logp, mask, cfg.off_policy_correction, cfg.is_cap)
     return (None if cfg.off_policy_correction == "none" else weights), stats
@@ -251,7 +274,9 @@ def ppo_update(
     optimizer_step: Callable[[bool], float],
     rl_step: int,
     generator: torch.Generator | None = None,
-    norm_tokens: int | None = None,
+    max_response_tokens: int | None = None,
+    *,
+    temperature: float,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, each split into ``num_mini_batches`` optimizer steps, each accumulated
     over micro-batches of ``micro_batch_size`` trajectories.
@@ -260,8 +285,8 @@ def ppo_update(
     sequences (the ``seq-mean-*`` modes), so the accumulated gradient is the mini-batch's aggregate loss whatever
     the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
     calls of ``optimizer_step(has_grad)`` are made; an empty mini-batch calls it with ``has_grad=False`` (the step is
-    then a no-op that keeps Lightning's step count in line with the RL step). ``norm_tokens``: see
-    ``micro_batch_loss``.
+    then a no-op that keeps Lightning's step count in line with the RL step). ``max_response_tokens``,
+    ``temperature``: see ``micro_batch_loss``.
 
     Returns:
         Means of the micro-batch statistics, weighted like the loss, and the mean gradient norm of the real steps.
@@ -278,9 +303,10 @@ def ppo_update(
             if units == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
                 optimizer_step(False)
                 continue
-            for rows, padding in aligned_chunks(len(mini_rows), cfg.micro_batch_size):
+            passes = int(global_max(chunk_count(len(mini_rows), cfg.micro_batch_size)))  # collective, as `units`
+            for rows, padding in aligned_chunks(len(mini_rows), cfg.micro_batch_size, passes):
                 mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])
-                loss, stats = micro_batch_loss(cfg, mb, actor, critic, norm_tokens)
+                loss, stats = micro_batch_loss(cfg, mb, actor, critic, max_response_tokens, temperature=temperature)
                 check_finite(loss, stats, rl_step, mb)
                 # Data-parallel backends average gradients over ranks, hence * world: the sum is the mini-batch's
                 # aggregate (its token mean, or its sequence mean with the seq-mean modes).

@@ -42,7 +42,7 @@ from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
 from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
     STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
-    failed_call_result, format_output, open_block_head, status_of, straddling_stop,
+    failed_call_result, format_output, injection_text, open_block_head, status_of, straddling_stop, text_after_end,
 )
 from zerotir.rollout.trajectories import to_trajectories
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, ToolCall, Trajectories
@@ -86,6 +86,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # weight version per response id (-1: injected, unrecorded)
     code: str | None = None  # extracted from the last segment, to send to the sandbox
+    tail: str = ""  # text the closing fence's token held after the fence (tool_block.injection_text)
     running: str = ""  # the code in flight (recorded with its result in tool_calls)
     pending: asyncio.Future | None = None  # the sandbox call of this trajectory, in flight
     in_engine: bool = False  # submitted and not yet returned by the engine
@@ -373,7 +374,7 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
     elif row.mode == CODE and stop == tool.code_end:
         text = tokenizer.decode(row.response[row.block_from :], skip_special_tokens=True)
         block = row.head + text if row.head is not None else code_after_start(text, tool.code_start)
-        row.code = code_before_end(block, tool.code_end)
+        row.code, row.tail = code_before_end(block, tool.code_end), text_after_end(block, tool.code_end)
     else:  # one of the caller's stop strings
         row.finish = FINISH_STOP
     if row.finish is None and full:  # a phase stop at the budget: no room to go on
@@ -400,13 +401,14 @@ def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int
     row.sandbox_errors += status == STATUS_SANDBOX_ERROR
     output = format_output(result, tool, tokenizer)
     row.tool_calls.append(ToolCall(row.running, status, output))
-    injected = tokenizer.encode(tool.output_template.format(output=output), add_special_tokens=False)
+    text = injection_text(tool.output_template.format(output=output), row.tail)
+    injected = tokenizer.encode(text, add_special_tokens=False)
     room = budget - len(row.response)
     row.response += injected[:room]
     row.action += [False] * len(injected[:room])
     row.logprobs += [0.0] * len(injected[:room])
     row.versions += [-1] * len(injected[:room])
-    row.head = None
+    row.head, row.tail = None, ""
     row.mode = TEXT if row.calls < tool.max_tool_calls else FINAL
     row.mode_start = row.block_from = len(row.response)
     if len(injected) >= room:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -97,21 +98,29 @@ class RolloutRuntime:
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any) -> None:
         """Reach the sandbox (fail fast if it does not answer) and build the engine. Idempotent.
 
-        The sandbox check is a collective under a process group (every rank starts its runtime at the same hook): a
-        sandbox that does not answer one rank stops every rank with that rank's error, instead of leaving the others
-        waiting in their first collective.
+        Both steps are collectives under a process group (every rank starts its runtime at the same hook): a sandbox
+        that does not answer one rank, too little free memory for a vLLM engine on one rank's GPU, or an engine that
+        fails to build on one rank stops every rank with that rank's error, instead of leaving the others waiting in
+        their next collective (vLLM's own start-up all-reduces memory figures over the ranks, so the memory check
+        runs, on every rank, before any of them starts building).
         """
         if self.started:
             return
         from zerotir.scale.distributed import fail_together
 
+        separate = isinstance(self.backend, VLLMRollout) and self.engine_device is not None
+        engine_device = self.engine_device if separate else device
         with fail_together(Exception):
             if self.tool.enabled:
                 self._start_sandbox()
+            if isinstance(self.backend, VLLMRollout) and torch.device(engine_device).type == "cuda":
+                free, total = torch.cuda.mem_get_info(torch.device(engine_device))
+                check_engine_memory(free, total, self.backend.gpu_memory_utilization, engine_device)
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
-        separate = isinstance(self.backend, VLLMRollout) and self.engine_device is not None
-        self.engine = create_engine(self.backend, actor, tokenizer, self.engine_device if separate else device,
-                                    self.model_path, self.seed)
+        engine = None
+        with fail_together(Exception):
+            engine = create_engine(self.backend, actor, tokenizer, engine_device, self.model_path, self.seed)
+        self.engine = engine
         self.stale = True
 
     def _start_sandbox(self) -> None:
@@ -243,6 +252,25 @@ class RolloutRuntime:
         self.asleep = False
         self._stack.close()
         self._stack = contextlib.ExitStack()
+
+
+def check_engine_memory(free: int, total: int, utilization: float, device: Any) -> None:
+    """Refuse to build a vLLM engine that cannot get its share of ``device``: vLLM takes ``gpu_memory_utilization``
+    x total memory and fails at start-up (after other ranks have entered its collectives) when less is free.
+
+    Args:
+        free, total: bytes free and in all on the device (``torch.cuda.mem_get_info``).
+        utilization: ``model.rollout.init_args.gpu_memory_utilization``.
+        device: the engine's device, named in the message.
+    """
+    wanted = math.ceil(total * utilization)
+    if free < wanted:
+        gib = 1 << 30
+        raise ValueError(
+            f"model.rollout.init_args.gpu_memory_utilization={utilization}: the vLLM engine on {device} needs "
+            f"{wanted / gib:.2f} GiB ({utilization} x {total / gib:.2f} GiB) but only {free / gib:.2f} GiB are free "
+            f"(other processes, or the trainer's models, hold the rest). Lower gpu_memory_utilization to at most "
+            f"{math.floor(free / total * 100) / 100}, or free the device")
 
 
 def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,

@@ -46,6 +46,24 @@ def code_before_end(block_text: str, code_end: str) -> str:
     return block_text if at < 0 else block_text[:at]
 
 
+def text_after_end(block_text: str, code_end: str) -> str:
+    """What the model sampled after the block's closing ``code_end``: empty unless the token that completed the stop
+    held more text (a byte-level BPE merges e.g. ``)\\n```\\n```output\\n`` into one token)."""
+    at = block_text.find(code_end)
+    return "" if at < 0 else block_text[at + len(code_end) :]
+
+
+def injection_text(block: str, sampled_tail: str) -> str:
+    """The text to inject after a block whose stop token also held ``sampled_tail``.
+
+    The sampled ids stay as the engine returned them (token-in / token-out). When the tail already begins the
+    injected ``block`` (the model wrote the opening of the output block, or part of it, in that token), only the
+    rest of ``block`` is injected, so the text reads exactly as with a clean stop and the model never sees a doubled
+    fence. Any other tail stays where the model put it, and the whole ``block`` follows it.
+    """
+    return block[len(sampled_tail) :] if block.startswith(sampled_tail) else block
+
+
 def straddling_stop(
     tokenizer: Any, ids: list[int], start: int, boundary: int, stops: list[str]
 ) -> tuple[int, str] | None:

@@ -1,0 +1,77 @@
+"""Snippets on one warm worker leave nothing to each other: a file the first one writes (in its cwd, ``HOME``,
+``TMPDIR``, ``/tmp`` or any other folder it can write) is gone when the next one runs on the same worker.
+
+In the minimal root only the run dir is writable and the worker empties it between jobs. Where the platform cannot
+build that root (``/health`` says ``minimal_root`` is off), the snippets see the host's ``/tmp``, and only the run
+dir (cwd, ``HOME``, ``TMPDIR``) is held to the rule."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sandbox import ExecStatus, SandboxClient, local_sandbox
+from tests.sandbox.conftest import BYPASS, TEST_IMPORTS
+
+#: Where the first snippet tries to leave files: its cwd (relative names), HOME, TMPDIR, and the shared temp folders.
+PLACES = ("CWD", "HOME", "TMPDIR", "/tmp", "/var/tmp", "/dev/shm")
+
+WRITE = BYPASS + f"""
+import json
+made = []
+for place in {PLACES!r}:
+    folder = o.getcwd() if place == "CWD" else o.environ.get(place, place)
+    for name in ("left.txt", ".hidden", "sub/deep.txt"):
+        path = o.path.join(folder, name)
+        try:
+            o.makedirs(o.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write("left by the first snippet")
+            o.chmod(path, 0)  # a file its owner cannot read back must go too
+            made.append(path)
+        except OSError:
+            pass
+o.chmod(o.getcwd(), 0o500)  # and a run dir the snippet made read-only
+print(json.dumps({{"made": made, "run_dir": o.getcwd()}}))
+"""
+
+SEE = BYPASS + """
+import json
+paths = json.loads({made!r})
+print(json.dumps({{"seen": [p for p in paths if o.path.lexists(p)], "cwd": sorted(o.listdir(o.getcwd())),
+                   "cwd_writable": o.access(o.getcwd(), o.W_OK)}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def one_worker() -> Iterator[tuple[str, dict]]:
+    """A server with a single warm worker, so consecutive snippets run on the same one; its URL and protections."""
+    with local_sandbox(workers=1, queue_size=4, allow_imports=TEST_IMPORTS, run_timeout=5.0, startup_timeout=90,
+                       log_level="warning") as urls:
+        yield urls[0], httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()["protections"]
+
+
+def _run(url: str, code: str) -> str:
+    async def once() -> str:
+        async with SandboxClient(url, retries=0) as client:
+            result = await client.run(code)
+        assert result.status == ExecStatus.OK, result
+        return result.stdout
+
+    return asyncio.run(once())
+
+
+def test_a_snippet_never_sees_a_file_an_earlier_one_wrote_on_the_same_worker(one_worker: tuple[str, dict]) -> None:
+    url, protections = one_worker
+    first = json.loads(_run(url, WRITE))
+    made = first["made"]
+    assert f"{first['run_dir']}/sub/deep.txt" in made  # the run dir is writable, so something was left there
+    if protections["minimal_root"] != "on":  # the host's /tmp is shared: only the run dir is the worker's to empty
+        made = [p for p in made if p.startswith(first["run_dir"] + "/")]
+    seen = json.loads(_run(url, SEE.format(made=json.dumps(made))))
+    assert seen == {"seen": [], "cwd": [], "cwd_writable": True}, (made, seen)

@@ -1,0 +1,78 @@
+"""What a person sees: progress lines without a terminal (a line per N steps, at least one per quiet_s seconds,
+an ETA timed after the slow first step), and library noise filtered by message, with a switch that keeps it."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import warnings
+
+import pytest
+
+from zerotir import console
+from zerotir.console import StepDisplay, StepRate, clock_text
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_eta_is_timed_after_the_first_step():
+    clock = FakeClock()
+    rate = StepRate(clock)
+    clock.now = 50.0  # a slow first step (warm-up, a resume's loading)
+    rate.record(15)
+    assert rate.eta(40) is None  # nothing to time yet, rather than a made-up figure
+    clock.now = 52.0
+    rate.record(16)
+    clock.now = 54.0
+    rate.record(17)
+    assert rate.eta(40) == pytest.approx(23 * 2.0)  # 2 s per step, not (50 + 4) / 17
+    assert clock_text(46) == "0:46" and clock_text(3725) == "1:02:05"
+
+
+def test_lines_every_n_steps_and_after_quiet_seconds_and_the_last():
+    clock, out = FakeClock(), io.StringIO()
+    display = StepDisplay("toy-base", stream=out, every=100, quiet_s=10.0, clock=clock)
+    for done in range(1, 251):
+        clock.now = done * 0.05 if done <= 200 else 10.0 + (done - 200) * 1.0  # 20x slower after step 200
+        display.update(done, 250, {"loss": "1.000"})
+    display.line("toy-base: step 100 copy probe both 0.50")
+    counts = [int(line.split()[1].split("/")[0]) for line in out.getvalue().splitlines() if "/250" in line]
+    assert counts == [100, 200, 210, 220, 230, 240, 250]  # every 100, then every 10 s, and the end
+    assert out.getvalue().splitlines()[0].startswith("toy-base 100/250 | loss 1.000 | 0:05 elapsed, eta 0:08")
+    assert out.getvalue().endswith("copy probe both 0.50\n")
+
+
+def test_noise_is_filtered_by_message_and_kept_with_debug(monkeypatch):
+    record = logging.LogRecord("lightning.pytorch.utilities.rank_zero", logging.INFO, "", 0,
+                               "💡 Tip: For seamless cloud uploads and versioning, try installing", None, None)
+    other = logging.LogRecord("lightning.pytorch.utilities.rank_zero", logging.INFO, "", 0, "GPU available: False",
+                              None, None)
+    lightning_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    monkeypatch.setattr(lightning_log, "filters", [])
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.setenv("ZEROTIR_DEBUG", "1")
+    console.quiet_library_output()
+    assert lightning_log.filter(record) and "VLLM_LOGGING_LEVEL" not in os.environ
+
+    monkeypatch.delenv("ZEROTIR_DEBUG")
+    console.quiet_library_output()
+    assert not lightning_log.filter(record) and lightning_log.filter(other)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        console.quiet_library_output()  # its filters go in front of "always"
+        warnings.warn("Checkpoint directory runs/x/checkpoints exists and is not empty.", UserWarning)
+        warnings.warn("It is recommended to use `self.log('heldout/accuracy', ..., sync_dist=True)` when logging on "
+                      "epoch level", UserWarning)
+        warnings.warn("It is recommended to use `self.log('my_metric', ..., sync_dist=True)`", UserWarning)
+        warnings.warn("something else", UserWarning)
+    assert [str(w.message) for w in caught] == ["It is recommended to use `self.log('my_metric', ..., sync_dist=True)`",
+                                                "something else"]

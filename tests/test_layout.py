@@ -1,0 +1,400 @@
+"""The layout that ``docs/architecture.md`` states, enforced, so the doc and the code cannot drift apart.
+
+It reads the doc's table "Packages and what each may import" and its "File size" section, and walks every ``.py``
+under ``zerotir/``, ``callbacks/`` and ``sandbox/`` with ``ast`` (nothing of the project is imported). Every import
+counts: at the top, inside a function (a lazy heavy import is still a dependency) and under ``if TYPE_CHECKING:``.
+Checked: each module has a row, each name of the table exists, each import follows its row, no cycle between rows
+or modules, no file over the limit but those listed, none above its ceiling. The same checker runs on a small
+synthetic tree, so each rule is shown to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = "docs/architecture.md"
+ROOTS = ("zerotir", "callbacks", "sandbox")
+IMPORT_HEADING = "## Packages and what each may import"
+SIZE_HEADING = "## File size"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclass
+class Row:
+    """One row of the import table: the modules it covers, what they hold and what they may import."""
+
+    names: tuple[str, ...]
+    holds: str
+    allowed: tuple[str, ...]
+    everything: bool
+    line: int
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.names)
+
+
+@dataclass
+class Tree:
+    """The project's modules: dotted name -> file, the imports of each, and the names each defines at top level."""
+
+    root: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    imports: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)  # (line, as written, target)
+    defined: dict[str, set[str]] = field(default_factory=dict)
+
+    def rel(self, module: str) -> str:
+        return self.files[module].relative_to(self.root).as_posix()
+
+
+def _absolute(name: str) -> str:
+    """A table name: ``config`` means ``zerotir.config``; ``callbacks/``, ``sandbox`` and ``zerotir.x`` stay."""
+    name = name.strip().rstrip("/")
+    return name if name.split(".")[0] in ROOTS else f"zerotir.{name}"
+
+
+def _table(doc: str, heading: str) -> list[tuple[int, list[str]]]:
+    """The first Markdown table after ``heading``: (doc line, cells) per body row."""
+    lines = doc.splitlines()
+    start = lines.index(heading)
+    rows: list[tuple[int, list[str]]] = []
+    for number, line in enumerate(lines[start + 1:], start + 2):
+        if line.startswith("#"):
+            break
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not set(cells[0]) <= set("-: "):
+            rows.append((number, cells))
+    return rows[1:]  # the first one is the header
+
+
+def parse_rows(doc: str) -> list[Row]:
+    """The import table. A "may import" cell is ``nothing``, ``everything``, or backticked names; text in
+    parentheses is the reason for a name and names nothing itself."""
+    rows = []
+    for line, cells in _table(doc, IMPORT_HEADING):
+        assert len(cells) == 3, f"{DOC}:{line}: an import-table row has 3 cells (package | holds | may import)"
+        names = tuple(_absolute(n) for n in re.findall(r"`([^`]+)`", cells[0]))
+        plain = re.sub(r"\([^()]*\)", "", cells[2]).strip()
+        allowed = tuple(_absolute(n) for n in re.findall(r"`([^`]+)`", plain))
+        for name in names + allowed:
+            assert _NAME.fullmatch(name), f"{DOC}:{line}: `{name}` is not a module name"
+        everything = plain.startswith("everything")
+        assert allowed or everything or plain.startswith("nothing"), (
+            f"{DOC}:{line}: the may-import cell of `{names}` names nothing: write `nothing`, `everything` or names")
+        rows.append(Row(names, cells[1], () if plain.startswith("nothing") else allowed, everything, line))
+    return rows
+
+
+def parse_sizes(doc: str) -> tuple[int, dict[str, int]]:
+    """The line limit (the section's ``**N lines**``) and the listed oversize files with their ceilings."""
+    section = doc[doc.index(SIZE_HEADING):]
+    limit = int(re.search(r"\*\*(\d+) lines\*\*", section).group(1))
+    ceilings = {}
+    for line, cells in _table(doc, SIZE_HEADING):
+        files = re.findall(r"`([^`]+)`", cells[0])
+        assert len(files) == 1 and cells[1].isdigit(), f"{DOC}:{line}: a size row is | `file` | lines | why |"
+        ceilings[files[0]] = int(cells[1])
+    return limit, ceilings
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[tuple[str, str]]:
+    """(as written, the module it names) for one import statement; the target is the longest known module that
+    the imported name starts with, so ``from zerotir import models`` names ``zerotir.models``."""
+    def longest(name: str) -> str:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            if ".".join(parts[:end]) in known:
+                return ".".join(parts[:end])
+        return name
+
+    if isinstance(node, ast.Import):
+        return [(f"import {a.name}", longest(a.name)) for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        kept = package[: len(package) - node.level + 1]
+        base = ".".join(kept + ([node.module] if node.module else []))
+    return [(f"from {'.' * node.level}{node.module or ''} import {a.name}", longest(f"{base}.{a.name}"))
+            for a in node.names]
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def scan(root: Path) -> Tree:
+    """Every module under the roots, with its project imports (every one in the file) and top-level names."""
+    tree = Tree(root)
+    for top in ROOTS:
+        for path in sorted((root / top).rglob("*.py")):
+            tree.files[_module_name(path, root)] = path
+    known = set(tree.files)
+    for module, path in tree.files.items():
+        parsed = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree.defined[module] = _defined(parsed)
+        found = tree.imports[module] = []
+        for node in ast.walk(parsed):
+            for written, target in _targets(node, module, path.name == "__init__.py", known):
+                if target.split(".")[0] in ROOTS:
+                    found.append((node.lineno, written, target))
+        found.sort()
+    return tree
+
+
+def row_of(module: str, rows: list[Row]) -> Row | None:
+    """The row with the longest name covering ``module``: the module itself, or a package above it. The row
+    ``zerotir`` covers only ``zerotir/__init__.py``, so a new top-level module needs a row of its own."""
+    best, best_len = None, -1
+    for row in rows:
+        for name in row.names:
+            covers = module == name or (module.startswith(name + ".") and name != "zerotir")
+            if covers and len(name) > best_len:
+                best, best_len = row, len(name)
+    return best
+
+
+def _under(module: str, name: str) -> bool:
+    return module == name or module.startswith(name + ".")
+
+
+def check_rows(tree: Tree, rows: list[Row]) -> list[str]:
+    """Each module has a row; each name in the table exists; each backticked identifier in a "holds" cell is a
+    module under the row or a name defined at top level there; a package of ``zerotir`` names all its modules."""
+    problems = [f"{tree.rel(m)}: no row of the import table in {DOC} covers `{m}`: add one"
+                for m in tree.files if row_of(m, rows) is None]
+    for row in rows:
+        for name in row.names + row.allowed:
+            if name not in tree.files:
+                problems.append(f"{DOC}:{row.line}: `{name}` (row `{row.label}`) is no module or package")
+        inside = [m for m in tree.files if any(_under(m, n) for n in row.names)]
+        known = {part for m in inside for part in m.split(".")} | {d for m in inside for d in tree.defined[m]}
+        for word in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", row.holds):
+            if word not in known:
+                problems.append(f"{DOC}:{row.line}: `{word}` in the holds cell of `{row.label}` is neither a "
+                                f"module of it nor a name defined there")
+        for name in row.names:
+            is_package = name in tree.files and tree.files[name].name == "__init__.py"
+            if is_package and name.startswith("zerotir."):
+                children = {m.split(".")[name.count(".") + 1] for m in inside if m.startswith(name + ".")}
+                for child in sorted(children - set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", row.holds))):
+                    problems.append(f"{DOC}:{row.line}: the holds cell of `{name}` does not name its module "
+                                    f"`{child}`")
+    return problems
+
+
+def check_imports(tree: Tree, rows: list[Row]) -> list[str]:
+    """Each import of a project module follows the row of the importing file."""
+    problems = []
+    for module, found in tree.imports.items():
+        row = row_of(module, rows)
+        if row is None or row.everything:
+            continue
+        for line, written, target in found:
+            if row_of(target, rows) is row or any(_under(target, name) for name in row.allowed):
+                continue
+            allowed = ", ".join(f"`{name}`" for name in row.allowed) or "nothing of the project"
+            problems.append(f"{tree.rel(module)}:{line}: `{written}` imports `{target}`, which row `{row.label}` "
+                            f"({DOC}:{row.line}) forbids: it may import {allowed}")
+    return problems
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def check_cycles(tree: Tree, rows: list[Row]) -> list[str]:
+    """No cycle between the rows of the table, nor between modules; a cycle is named with one import per edge."""
+    problems = []
+    for kind, key in (("rows", lambda m: row_of(m, rows).label if row_of(m, rows) else m), ("modules", str)):
+        graph: dict[str, set[str]] = {}
+        where: dict[tuple[str, str], str] = {}
+        for module, found in tree.imports.items():
+            for line, _, target in found:
+                a, b = key(module), key(target)
+                if a != b and target in tree.files:
+                    graph.setdefault(a, set()).add(b)
+                    where.setdefault((a, b), f"{tree.rel(module)}:{line} imports {target}")
+        cycle = find_cycle(graph)
+        if cycle:
+            edges = "; ".join(where[(a, b)] for a, b in zip(cycle, cycle[1:]))
+            problems.append(f"import cycle between {kind}: {' -> '.join(cycle)} ({edges})")
+    return problems
+
+
+def check_sizes(tree: Tree, limit: int, ceilings: dict[str, int]) -> list[str]:
+    """No file over ``limit`` lines but those listed, each at most its listed size; a listed file back under the
+    limit leaves the list."""
+    problems = []
+    sizes = {tree.rel(m): len(p.read_text(encoding="utf-8").splitlines()) for m, p in tree.files.items()}
+    for rel, size in sorted(sizes.items()):
+        if size > limit and rel not in ceilings:
+            problems.append(f"{rel}: {size} lines, over the limit of {limit} ({DOC}, File size): split it")
+        elif rel in ceilings and size > ceilings[rel]:
+            problems.append(f"{rel}: {size} lines, above its ceiling of {ceilings[rel]} in {DOC}: the listed "
+                            f"oversize files may only shrink")
+    for rel in sorted(ceilings):
+        if rel not in sizes:
+            problems.append(f"{DOC}: File size lists `{rel}`, which does not exist")
+        elif sizes[rel] <= limit:
+            problems.append(f"{DOC}: `{rel}` has {sizes[rel]} lines, within the limit: remove it from the list")
+    return problems
+
+
+def check_all(root: Path) -> list[str]:
+    doc = (root / DOC).read_text(encoding="utf-8")
+    rows, (limit, ceilings), tree = parse_rows(doc), parse_sizes(doc), scan(root)
+    return check_rows(tree, rows) + check_imports(tree, rows) + check_cycles(tree, rows) + \
+        check_sizes(tree, limit, ceilings)
+
+
+# The tests on the repository.
+
+@pytest.fixture(scope="module")
+def repo() -> tuple[Tree, str]:
+    return scan(REPO), (REPO / DOC).read_text(encoding="utf-8")
+
+
+RULES = {
+    "rows": lambda tree, doc: check_rows(tree, parse_rows(doc)),
+    "imports": lambda tree, doc: check_imports(tree, parse_rows(doc)),
+    "cycles": lambda tree, doc: check_cycles(tree, parse_rows(doc)),
+    "sizes": lambda tree, doc: check_sizes(tree, *parse_sizes(doc)),
+}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_repository_follows_its_layout(repo, rule):
+    """Each module has a row and the table names what exists; imports follow the rows; no cycle; file sizes."""
+    problems = RULES[rule](*repo)
+    assert not problems, "\n".join(problems)
+
+
+# The checker on a small synthetic tree: each rule fails when broken.
+
+MINI_DOC = """# Architecture
+
+## Packages and what each may import
+
+| package | holds | may import (project) |
+|---|---|---|
+| `zerotir` | the version | nothing |
+| `zerotir.config` | `Config` | nothing |
+| `zerotir.rl` | `steps` | `config` (its settings) |
+| `zerotir.cli` | the command line | everything |
+| `callbacks/` | the callbacks | `zerotir.rl` |
+| `sandbox/` | the service | nothing of `zerotir` |
+
+## File size
+
+The limit is **5 lines** per file; these are over it:
+
+| file | lines | why |
+|---|---|---|
+"""
+MINI_FILES = {
+    "zerotir/__init__.py": "",
+    "zerotir/config.py": "class Config:\n    pass\n",
+    "zerotir/rl/__init__.py": "",
+    "zerotir/rl/steps.py": "from zerotir.config import Config\n",
+    "zerotir/cli.py": "import zerotir.rl.steps\nfrom callbacks import hooks\n",
+    "callbacks/__init__.py": "",
+    "callbacks/hooks.py": "from zerotir.rl import steps\n",
+    "sandbox/__init__.py": "",
+}
+
+
+def _mini(tmp_path: Path, doc: str = MINI_DOC, **changed: str) -> list[str]:
+    files = dict(MINI_FILES)
+    files.update({name.replace("__", "/").replace("_py", ".py"): text for name, text in changed.items()})
+    for rel, text in {DOC: doc, **files}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    return check_all(tmp_path)
+
+
+def test_checker_passes_a_tree_that_follows_its_doc(tmp_path):
+    assert _mini(tmp_path) == []
+
+
+def test_checker_names_file_line_import_and_row_of_a_lazy_forbidden_import(tmp_path):
+    problems = _mini(tmp_path, zerotir__rl__steps_py="from zerotir.config import Config\n\n\ndef f():\n"
+                                                     "    import zerotir.cli\n")
+    assert ("zerotir/rl/steps.py:5: `import zerotir.cli` imports `zerotir.cli`, which row `zerotir.rl` "
+            f"({DOC}:9) forbids: it may import `zerotir.config`") in problems
+    edges = ("(callbacks/hooks.py:1 imports zerotir.rl.steps; zerotir/rl/steps.py:5 imports zerotir.cli; "
+             "zerotir/cli.py:2 imports callbacks.hooks)")
+    assert f"import cycle between rows: callbacks -> zerotir.rl -> zerotir.cli -> callbacks {edges}" in problems
+    assert ("import cycle between modules: callbacks.hooks -> zerotir.rl.steps -> zerotir.cli -> callbacks.hooks "
+            f"{edges}") in problems
+
+
+def test_checker_counts_type_checking_and_relative_imports(tmp_path):
+    problems = _mini(tmp_path, zerotir__config_py="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                  "    from .rl import steps\n",
+                     sandbox__pool_py="from ..zerotir import cli\n")
+    assert any(p.startswith("zerotir/config.py:3: `from .rl import steps` imports `zerotir.rl.steps`")
+               for p in problems), problems
+    assert any(p.startswith("sandbox/pool.py:1: `from ..zerotir import cli` imports `zerotir.cli`, which row "
+                            "`sandbox`") and "nothing of the project" in p for p in problems), problems
+
+
+def test_checker_wants_a_row_for_each_module_and_only_names_that_exist(tmp_path):
+    doc = MINI_DOC.replace("| `steps` |", "| `steps`, `kv_cache` |").replace("`config` (its", "`types` (its")
+    problems = _mini(tmp_path, doc, zerotir__extra_py="X = 1\n", zerotir__rl__other_py="")
+    assert "zerotir/extra.py: no row of the import table in docs/architecture.md covers `zerotir.extra`: add one" \
+        in problems
+    assert f"{DOC}:9: `kv_cache` in the holds cell of `zerotir.rl` is neither a module of it nor a name defined " \
+           "there" in problems
+    assert f"{DOC}:9: the holds cell of `zerotir.rl` does not name its module `other`" in problems
+    assert f"{DOC}:9: `zerotir.types` (row `zerotir.rl`) is no module or package" in problems
+
+
+def test_checker_holds_oversize_files_to_their_listed_ceilings(tmp_path):
+    doc = MINI_DOC + "| `zerotir/cli.py` | 6 | the command line |\n| `zerotir/config.py` | 9 | the groups |\n"
+    long = "import zerotir.rl.steps\n" + "x = 1\n" * 6
+    problems = _mini(tmp_path, doc, zerotir__cli_py=long, callbacks__hooks_py="x = 1\n" * 6)
+    assert f"callbacks/hooks.py: 6 lines, over the limit of 5 ({DOC}, File size): split it" in problems
+    assert f"zerotir/cli.py: 7 lines, above its ceiling of 6 in {DOC}: the listed oversize files may only shrink" \
+        in problems
+    assert f"{DOC}: `zerotir/config.py` has 2 lines, within the limit: remove it from the list" in problems

@@ -1,0 +1,111 @@
+"""How ``python -m zerotir`` reports a bad config or a failed check: its one message and a non-zero exit, no traceback.
+
+* Parse errors (jsonargparse): the message and one line pointing at ``--help``, not the whole usage; a mistyped key
+  also gets "did you mean" and the keys of its group (``parse_error_text``, used by the CLI's parser), exit status 2.
+* Errors of the checks (``reported_errors``): a ``ValueError`` naming the field and the fix (the convention of
+  ``zerotir.config`` and the module), a missing model folder or file, an occupied folder, Lightning's
+  misconfiguration, a sandbox that does not answer or keeps failing, a non-finite loss: ``error: <message>`` and
+  where it was raised, exit status 1. Any other exception is a bug and keeps its traceback.
+
+``--debug`` (anywhere on the command line of ``python -m zerotir``) or ``ZEROTIR_DEBUG=1`` shows the traceback
+instead, of jsonargparse's errors too (``JSONARGPARSE_DEBUG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from zerotir.console import DEBUG_ENV, debug_requested  # noqa: F401 (re-exported for the CLI)
+
+DEBUG_FLAG = "--debug"
+# The key a parse error is about: "unrecognized arguments: --model.rl.kl_coeff 0.1", "... does not accept option 'x'".
+_KEY_PATTERNS = (re.compile(r"unrecognized arguments: --([\w.\-]+)"), re.compile(r"accept option '([\w.\-]+)'"))
+
+
+def take_debug_flag(argv: list[str]) -> list[str]:
+    """``argv`` without ``--debug``; when it was there, turn on the tracebacks (ours and jsonargparse's)."""
+    if DEBUG_FLAG not in argv:
+        return argv
+    os.environ[DEBUG_ENV] = "1"
+    os.environ["JSONARGPARSE_DEBUG"] = "true"
+    return [a for a in argv if a != DEBUG_FLAG]
+
+
+def _option_keys(parser: argparse.ArgumentParser) -> list[str]:
+    """Every ``--key`` of ``parser`` and of its subcommands, without the dashes."""
+    keys: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                keys += _option_keys(sub)
+        keys += [o[2:] for o in action.option_strings if o.startswith("--")]
+    return list(dict.fromkeys(keys))
+
+
+def key_hint(key: str, known: list[str]) -> str:
+    """"did you mean" for a mistyped ``key``, and the keys of the group it (or its best match) belongs to."""
+    key = key.split("=", 1)[0]
+    matches = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    lines = [f"did you mean: {', '.join('--' + m for m in matches)}"] if matches else []
+    group = key.rpartition(".")[0]
+    if not any(k.startswith(group + ".") for k in known) and matches:
+        group = matches[0].rpartition(".")[0]
+    members = sorted({k[len(group) + 1:].split(".")[0] for k in known if group and k.startswith(group + ".")})
+    if members:
+        lines.append(f"keys of {group}: {', '.join(members)}")
+    return "\n".join(lines)
+
+
+def parse_error_text(parser: argparse.ArgumentParser, message: str) -> str:
+    """What a parse error prints: the message, a hint when it is about a mistyped key, and where ``--help`` is."""
+    hint = ""
+    for pattern in _KEY_PATTERNS:
+        found = pattern.search(message)
+        if found:
+            hint = key_hint(found.group(1), _option_keys(parser))
+            break
+    prog = parser.prog.replace(" [options]", "")
+    return f"error: {message}\n" + (f"{hint}\n" if hint else "") + f"(every option with its meaning: {prog} --help)\n"
+
+
+def _reported_types() -> tuple[type[BaseException], ...]:
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from sandbox.client import SandboxUnavailable
+    from zerotir.rl.guards import NonFiniteLossError, SandboxFailureError
+
+    return (ValueError, FileNotFoundError, FileExistsError, MisconfigurationException, SandboxUnavailable,
+            SandboxFailureError, NonFiniteLossError)
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    path = Path(last.filename)
+    try:
+        path = path.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"({type(exc).__name__} raised in {path}:{last.lineno}, {last.name}; the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)"
+
+
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Turn a bad config or a failed check raised inside into its message on stderr and exit status 1."""
+    try:
+        yield
+    except _reported_types() as exc:
+        if debug_requested():
+            raise
+        sys.stderr.write(f"error: {exc}\n{_where(exc)}\n")
+        sys.exit(1)
