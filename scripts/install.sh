@@ -11,11 +11,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 START=$SECONDS
 phase() { echo "install [$1/5] $2 ($((SECONDS - START)) s)"; }
-pip_lines() {  # pip with only the lines that say what it fetches and installs
+pip_lines() {  # pip SUBCOMMAND ARGS..., with only the lines that say what it fetches and installs
   if [ "${INSTALL_VERBOSE:-0}" = 1 ]; then
     .venv/bin/python -m pip "$@"
   else
-    .venv/bin/python -m pip --progress-bar off "$@" \
+    .venv/bin/python -m pip "$1" --progress-bar off "${@:2}" \
       | { grep --line-buffered -E '^(Collecting|Downloading|Installing collected|Successfully installed)' || true; } \
       | sed -u 's/^/  /'
   fi
