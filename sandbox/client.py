@@ -31,8 +31,8 @@ RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError
              httpx.WriteError, httpx.PoolTimeout)
 #: Chunk size of ``run_many`` for a server whose ``/health`` does not report its ``queue_size``.
 DEFAULT_BATCH_SIZE = 256
-_FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave the sandbox URL "
-        "list empty so a local server is started for you (sandbox.local_sandbox).")
+_FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave "
+        "model.sandbox.urls unset (null) so a local server is started for you (sandbox.local_sandbox).")
 
 
 class SandboxUnavailable(RuntimeError):
