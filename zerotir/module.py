@@ -108,8 +108,7 @@ class ZeroTIRModule(LightningModule):
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        self.runtime = RolloutRuntime(rollout, sandbox, tool, self.model_path, seed,
-                                      pipeline.producer_device if pipeline.enabled else None)
+        self.runtime = RolloutRuntime(rollout, sandbox, tool, self.model_path, seed, pipeline.producer_device)
         self.sandbox_guard = SandboxErrorGuard(sandbox.urls or ["<embedded local sandbox>"], sandbox.max_error_rate,
                                                sandbox.error_patience)
         self.evaluator = EvalAccumulator()

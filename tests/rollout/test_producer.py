@@ -57,11 +57,11 @@ def batches(index: int) -> list[dict]:
             for i, p in enumerate(PROMPTS)]
 
 
-def make_producer(engine, max_staleness: int, timeout: float = 30.0, first_step: int = 1,
+def make_producer(engine, max_staleness: int, producer_timeout: float = 30.0, first_step: int = 1,
                   version: int = 0) -> RolloutProducer:
     return RolloutProducer(engine, TOK, NO_TOOLS, Schedule("trajectory"), None, None, batches,
                            lambda k: SamplingParams(n=1, temperature=0.0, max_new_tokens=64, seed=k),
-                           max_staleness, timeout, first_step, first_batch=10 * first_step, version=version)
+                           max_staleness, producer_timeout, first_step, first_batch=10 * first_step, version=version)
 
 
 def train(producer: RolloutProducer, steps: int, update_seconds: float, first_step: int = 1):
@@ -149,7 +149,7 @@ def test_an_engine_error_ends_the_trainer_wait_with_it_and_the_step():
 def test_a_hung_producer_is_a_timeout_naming_what_the_trainer_waits_for():
     hang = threading.Event()
     engine = make_engine(step_seconds=0.001, hang=hang)
-    producer = make_producer(engine, max_staleness=1, timeout=0.5)
+    producer = make_producer(engine, max_staleness=1, producer_timeout=0.5)
     hang.set()
     producer.start()
     try:
@@ -193,6 +193,6 @@ def test_a_push_waits_for_the_devices_before_and_after_the_copy():
     calls = []
     engine = VersionedEngine(make_engine(), 0, beat=lambda: None, stopped=lambda: False,
                              synchronize=lambda: calls.append(("sync", engine.lock.locked())))
-    engine.push(lambda e: calls.append(("load", engine.version)), 1, timeout=5.0)
+    engine.push(lambda e: calls.append(("load", engine.version)), 1, producer_timeout=5.0)
     assert calls == [("sync", True), ("load", 0), ("sync", True)]
     assert engine.version == 1

@@ -105,11 +105,11 @@ class VersionedEngine:
     def num_running(self) -> int:
         return self.engine.num_running
 
-    def push(self, load: Callable[[Any], Any], version: int, timeout: float) -> float:
+    def push(self, load: Callable[[Any], Any], version: int, producer_timeout: float) -> float:
         """Run ``load(engine)`` (the weight copy) between two steps and set the version; returns its seconds."""
-        if not self.lock.acquire(timeout=timeout):
-            raise TimeoutError(f"weight push of version {version}: the producer's engine stayed busy for {timeout:.0f} "
-                               "s (model.pipeline.producer_timeout); the producer is hung")
+        if not self.lock.acquire(timeout=producer_timeout):
+            raise TimeoutError(f"weight push of version {version}: the producer's engine stayed busy for "
+                               f"{producer_timeout:.0f} s (model.pipeline.producer_timeout); the producer is hung")
         try:
             start = time.perf_counter()
             self._synchronize()  # the engine's last forward may still be queued on its own stream
@@ -159,7 +159,7 @@ class RolloutProducer:
         batches: the prompt rows of a training batch index (``PromptDataModule.train_batch``).
         params: the sampling parameters of an RL step (each step has its own seed).
         max_staleness: S of ``model.pipeline``.
-        timeout: ``model.pipeline.producer_timeout``, seconds.
+        producer_timeout: ``model.pipeline.producer_timeout``, seconds.
         first_step: the first RL step to generate for (``rl_steps_done + 1`` on a resume).
         first_batch: its batch index (the first unconsumed batch).
         version: the version of ``engine``'s weights (updates done).
@@ -167,10 +167,11 @@ class RolloutProducer:
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule, reward: Reward | None,
                  sandbox: Callable[[], Any] | None, batches: Callable[[int], list[dict[str, Any]]],
-                 params: Callable[[int], SamplingParams], max_staleness: int, timeout: float, first_step: int,
+                 params: Callable[[int], SamplingParams], max_staleness: int, producer_timeout: float, first_step: int,
                  first_batch: int, version: int):
         self.tokenizer, self.tool, self.schedule, self.reward = tokenizer, tool, schedule, reward
-        self.batches, self.params, self.max_staleness, self.timeout = batches, params, max_staleness, timeout
+        self.batches, self.params, self.max_staleness = batches, params, max_staleness
+        self.producer_timeout = producer_timeout
         self.first_step, self.first_batch = first_step, first_batch
         self._make_sandbox = sandbox
         self._cond = threading.Condition()
@@ -211,7 +212,7 @@ class RolloutProducer:
         version (the updates they have seen); returns the seconds generation was paused for it."""
         with self._cond:
             self._check(f"the weight push of version {version}")
-        seconds = self.engine.push(load, version, self.timeout)
+        seconds = self.engine.push(load, version, self.producer_timeout)
         self._beat()
         with self._cond:
             self._cond.notify_all()  # the capacity gate may open
@@ -254,9 +255,10 @@ class RolloutProducer:
             raise RuntimeError(f"the rollout producer thread ended while {self._state} (the trainer waits for "
                                f"{waiting_for})")
         idle = time.monotonic() - self._beat_at
-        if idle > self.timeout:
+        if idle > self.producer_timeout:
             raise TimeoutError(f"the rollout producer made no progress for {idle:.0f} s while {self._state} (the "
-                               f"trainer waits for {waiting_for}; model.pipeline.producer_timeout={self.timeout})")
+                               f"trainer waits for {waiting_for}; model.pipeline.producer_timeout="
+                               f"{self.producer_timeout})")
 
     # ------------------------------------------------------------------------------------ the producer's thread
     def _beat(self) -> None:

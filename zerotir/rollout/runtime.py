@@ -44,14 +44,14 @@ class RolloutRuntime:
         tool: the ``model.tool`` group (without tools no sandbox is started).
         model_path: the HF folder a separate engine loads at start (its weights are replaced by the actor's at once).
         seed: the engine's own seed (requests carry theirs).
-        engine_device: where a separate (vLLM) engine runs, when not on the trainer's device (the asynchronous
-            pipeline's ``producer_device``); None: the trainer's.
+        producer_device: ``model.pipeline.producer_device``, where a separate (vLLM) engine runs when not on the
+            trainer's device (None without a producer); None: the trainer's.
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, model_path: str,
-                 seed: int = 0, engine_device: str | None = None):
+                 seed: int = 0, producer_device: str | None = None):
         self.backend = backend
-        self.engine_device = engine_device
+        self.producer_device = producer_device
         self.sandbox_config = sandbox
         self.tool = tool
         self.model_path = model_path
@@ -108,8 +108,8 @@ class RolloutRuntime:
             return
         from zerotir.scale.distributed import fail_together
 
-        separate = isinstance(self.backend, VLLMRollout) and self.engine_device is not None
-        engine_device = self.engine_device if separate else device
+        separate = isinstance(self.backend, VLLMRollout) and self.producer_device is not None
+        engine_device = self.producer_device if separate else device
         with fail_together(Exception):
             if self.tool.enabled:
                 self._start_sandbox()
@@ -254,21 +254,22 @@ class RolloutRuntime:
         self._stack = contextlib.ExitStack()
 
 
-def check_engine_memory(free: int, total: int, utilization: float, device: Any) -> None:
+def check_engine_memory(free: int, total: int, gpu_memory_utilization: float, device: Any) -> None:
     """Refuse to build a vLLM engine that cannot get its share of ``device``: vLLM takes ``gpu_memory_utilization``
     x total memory and fails at start-up (after other ranks have entered its collectives) when less is free.
 
     Args:
         free, total: bytes free and in all on the device (``torch.cuda.mem_get_info``).
-        utilization: ``model.rollout.init_args.gpu_memory_utilization``.
+        gpu_memory_utilization: ``model.rollout.init_args.gpu_memory_utilization``.
         device: the engine's device, named in the message.
     """
-    wanted = math.ceil(total * utilization)
+    share = gpu_memory_utilization
+    wanted = math.ceil(total * share)
     if free < wanted:
         gib = 1 << 30
         raise ValueError(
-            f"model.rollout.init_args.gpu_memory_utilization={utilization}: the vLLM engine on {device} needs "
-            f"{wanted / gib:.2f} GiB ({utilization} x {total / gib:.2f} GiB) but only {free / gib:.2f} GiB are free "
+            f"model.rollout.init_args.gpu_memory_utilization={share}: the vLLM engine on {device} needs "
+            f"{wanted / gib:.2f} GiB ({share} x {total / gib:.2f} GiB) but only {free / gib:.2f} GiB are free "
             f"(other processes, or the trainer's models, hold the rest). Lower gpu_memory_utilization to at most "
             f"{math.floor(free / total * 100) / 100}, or free the device")
 
