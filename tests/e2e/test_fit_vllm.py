@@ -11,16 +11,7 @@ import torch
 from tests.e2e.conftest import REPO, cli_args, read_scalars, run_cli
 from zerotir import metric_names as mn
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def _needs_vllm():
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(f"vllm is not importable: {why}")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs_vllm")]
 
 
 def test_fit_with_vllm_syncs_weights_into_the_engine(e2e_base, e2e_data, tmp_path):

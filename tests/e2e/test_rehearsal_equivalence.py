@@ -24,20 +24,11 @@ import torch
 
 from tests.e2e.conftest import REPO, cli_args, run_subprocess
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs_vllm")]
 
 MODES = ("ddp", "zero2", "zero3")
 ESTIMATORS = ("ppo", "reinforce_baseline")
 TOLERANCE = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _needs_vllm():
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(f"vllm is not importable: {why}")
 
 
 def deepspeed_json(folder: Path, stage: int) -> Path:

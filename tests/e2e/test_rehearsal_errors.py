@@ -20,19 +20,10 @@ import pytest
 
 from tests.e2e.conftest import cli_args, run_subprocess
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs_vllm")]
 
 RUN_TIMEOUT_S = 420  # a bound far above the run's start-up (it fails before step 1): not a timing assertion
 GROUP_GONE_WITHIN_S = 60  # after the launcher exits, its session (rank 1, the embedded sandboxes) is gone too
-
-
-@pytest.fixture(autouse=True)
-def _needs_vllm():
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(f"vllm is not importable: {why}")
 
 
 def _session_alive(pgid: int) -> bool:

@@ -20,18 +20,9 @@ import pytest
 from tests.e2e.conftest import child_pids, cli_args, read_scalars, run_subprocess, start_until_marker
 from zerotir import metric_names as mn
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs_vllm")]
 
 LOST_PEER_WITHIN_S = 60  # a bound for the test, far above the watch's 1 s period: not a timing assertion
-
-
-@pytest.fixture(autouse=True)
-def _needs_vllm():
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(f"vllm is not importable: {why}")
 
 
 def rank1_of(rank0: int) -> int:
