@@ -13,10 +13,11 @@ Method. For each seed, in this order and alone on the machine:
    reported). Its
    base statistics are measured on held-out questions with the real tool loop (one sample each at temperature 1):
    how often it opens a code block, how often it is right.
-2. For each algorithm run on this seed: ``python -m zerotir fit --config configs/toy_cpu[_<algo>].yaml`` from that
-   base, validation on 64 held-out questions (greedy) every ``--val_every`` RL steps, stopped by Lightning's
-   ``EarlyStopping`` once held-out accuracy reaches ``--target`` (or at ``--max_steps``). Wall time is measured
-   from the start of the process; the time of each validation comes from its TensorBoard event.
+2. For each algorithm run on this seed: ``python -m zerotir fit --config configs/toy_cpu.yaml [--config
+   configs/toy_cpu_<algo>.yaml]`` (the arm's overlay on the base) from that base, validation on 64 held-out
+   questions (greedy) every ``--val_every`` RL steps, stopped by Lightning's ``EarlyStopping`` once held-out
+   accuracy reaches ``--target`` (or at ``--max_steps``). Wall time is measured from the start of the process; the
+   time of each validation comes from its TensorBoard event.
 3. The last checkpoint is evaluated on all 256 held-out questions (``zerotir test``): the confirmation figure.
 
 Printed and written to ``<out>/emergence.{json,md,png}``: per run, base accuracy and code rate, pretraining
@@ -43,10 +44,13 @@ from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info
 
 REPO = Path(__file__).resolve().parents[1]
 
-CONFIGS = {
-    "reinforce_pp": "configs/toy_cpu.yaml", "ppo": "configs/toy_cpu_ppo.yaml", "grpo": "configs/toy_cpu_grpo.yaml",
-    "reinforce_baseline": "configs/toy_cpu_reinforce_baseline.yaml", "rloo": "configs/toy_cpu_rloo.yaml",
-    "reinforce_pp_vllm": "configs/toy_cpu_vllm.yaml",  # REINFORCE++ on the vLLM engine, its toy base's shape
+BASE_CONFIG = "configs/toy_cpu.yaml"
+CONFIGS = {  # the --config files of each arm, in order: the base, then the arm's overlay on it
+    "reinforce_pp": [BASE_CONFIG], "ppo": [BASE_CONFIG, "configs/toy_cpu_ppo.yaml"],
+    "grpo": [BASE_CONFIG, "configs/toy_cpu_grpo.yaml"],
+    "reinforce_baseline": [BASE_CONFIG, "configs/toy_cpu_reinforce_baseline.yaml"],
+    "rloo": [BASE_CONFIG, "configs/toy_cpu_rloo.yaml"],
+    "reinforce_pp_vllm": [BASE_CONFIG, "configs/toy_cpu_vllm.yaml"],  # REINFORCE++ on the vLLM engine, its base's shape
 }
 DEFAULT_ALGORITHMS = ["reinforce_pp", "ppo", "grpo"]
 VAL_NAME = "heldout"
@@ -73,10 +77,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def base_settings(algo: str) -> dict:
-    """The ``toy_base`` settings of the algorithm's config (``{}``: the toy world's defaults)."""
+    """The ``toy_base`` settings of the algorithm's config files, later files overriding earlier ones (``{}``: the
+    toy world's defaults)."""
     import yaml
 
-    return dict(yaml.safe_load((REPO / CONFIGS[algo]).read_text()).get("toy_base") or {})
+    settings: dict = {}
+    for path in CONFIGS[algo]:
+        settings.update(yaml.safe_load((REPO / path).read_text()).get("toy_base") or {})
+    return settings
+
+
+def config_args(algo: str) -> list[str]:
+    """``--config`` of each of the algorithm's config files, in order."""
+    return [arg for path in CONFIGS[algo] for arg in ("--config", path)]
 
 
 def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes,
@@ -134,7 +147,7 @@ def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dic
     run_dir = args.out / f"{algo}_s{seed}"
     common = ["--model.model_path", base["path"], "--toy_base", "null",
               "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
-    fit = ["fit", "--config", CONFIGS[algo], *early_stop_args(args.target),
+    fit = ["fit", *config_args(algo), *early_stop_args(args.target),
            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),
            "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every), *common]
     print(f"[{algo} seed {seed}] RL from {base['path']} (log {run_dir}.log)", flush=True)

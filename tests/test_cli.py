@@ -171,13 +171,16 @@ def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path
 
     monkeypatch.setattr(zerotir.cli, "ensure_toy_base", no_build)
     monkeypatch.chdir(REPO)
+    toy = str(REPO / "configs" / "toy_cpu.yaml")  # the base of the two overlays below
     grpo = str(REPO / "configs" / "toy_cpu_grpo.yaml")
     with pytest.raises(ValueError, match="kl_coef=0.01 and use_kl_loss=false.*grpo_kl_in_reward: true"):
-        ZeroTIRCLI(args=["--config", grpo, "--model.rl.kl_coef", "0.01", "--model.rl.use_kl_loss", "false",
+        ZeroTIRCLI(args=["--config", toy, "--config", grpo, "--model.rl.kl_coef", "0.01",
+                         "--model.rl.use_kl_loss", "false",
                          "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
     with pytest.raises(ValueError, match="algorithm=rloo with model.sampling.n=1"):
-        ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu_rloo.yaml"), "--model.sampling.n", "1",
+        ZeroTIRCLI(args=["--config", toy, "--config", str(REPO / "configs" / "toy_cpu_rloo.yaml"),
+                         "--model.sampling.n", "1",
                          "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
 
@@ -252,9 +255,9 @@ def test_a_toy_base_elsewhere_is_reused_only_with_the_same_settings(tmp_path, mo
     assert calls == [str(base)]  # the same settings: ensure_toy_base reuses it
 
 
-def test_the_readme_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
-    """README's override of model.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
-    line = next(t for t in (REPO / "README.md").read_text().split("`") if t.startswith("--model.sandbox.urls"))
+def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
+    """docs/usage.md's override of model.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
+    line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.sandbox.urls"))
     example = shlex.split(line)
     monkeypatch.chdir(REPO)
     common = ["--model.model_path", str(tiny_dir), "--toy_base", "null"]
@@ -278,7 +281,8 @@ def test_a_failed_check_prints_its_message_and_exits_without_a_traceback(tiny_di
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("ZEROTIR_DEBUG", "0")  # --debug below sets both; restored after the test
     monkeypatch.setenv("JSONARGPARSE_DEBUG", "false")
-    args = ["fit", "--config", str(REPO / "configs" / "toy_cpu_grpo.yaml"), "--model.rl.use_kl_loss", "true",
+    args = ["fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"), "--config",
+            str(REPO / "configs" / "toy_cpu_grpo.yaml"), "--model.rl.use_kl_loss", "true",
             "--model.model_path", str(tiny_dir), "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as exc:
         entry.main(args)

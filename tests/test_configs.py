@@ -22,14 +22,67 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 def header_args(path: Path) -> list[str]:
-    """The arguments after ``python -m zerotir`` in the config's first line."""
+    """The arguments after ``python -m zerotir`` in the config's first line.
+
+    An overlay (``configs/toy_cpu_ppo.yaml``) holds only what differs from its base, so its command names the base
+    first and itself last: ``--config configs/toy_cpu.yaml --config configs/toy_cpu_ppo.yaml``."""
     first = path.read_text().splitlines()[0]
     prefix = "# python -m zerotir "
     assert first.startswith(prefix), f"{path.name}: the first line must be '{prefix}<command> --config {path}...'"
     args = shlex.split(first[len(prefix):])
     assert args[0] in SUBCOMMANDS, f"{path.name}: unknown subcommand {args[0]!r}"
-    assert args[args.index("--config") + 1] == str(path.relative_to(REPO)), f"{path.name}: --config names another file"
+    files = config_files(args)
+    assert files[-1] == str(path.relative_to(REPO)), f"{path.name}: the last --config names another file"
+    for base in files[:-1]:
+        assert (REPO / base).is_file() and len(config_files(header_args(REPO / base))) == 1, \
+            f"{path.name}: its base {base} is not a whole config of configs/"
     return args
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The files of every ``--config`` in ``args``, in order."""
+    return [args[i + 1] for i, arg in enumerate(args) if arg == "--config"]
+
+
+UNSET = object()
+
+
+def file_setting(files: list[str], *keys: str):
+    """``keys`` (a path into the YAML) as the last of ``files`` that sets it gives it, or ``UNSET``."""
+    found = UNSET
+    for name in files:
+        value = yaml.safe_load((REPO / name).read_text())
+        for key in keys:
+            value = value.get(key, UNSET) if isinstance(value, dict) else UNSET
+        found = found if value is UNSET else value
+    return found
+
+
+OVERLAYS = [p for p in CONFIGS if p.read_text().splitlines()[0].count(" --config ") > 1]  # header_args checks them
+
+
+def test_the_toy_variants_are_overlays_on_the_toy_config():
+    names = {p.name for p in OVERLAYS}
+    assert names >= {"toy_cpu_ppo.yaml", "toy_cpu_grpo.yaml", "toy_cpu_rloo.yaml", "toy_cpu_reinforce_baseline.yaml",
+                     "toy_cpu_vllm.yaml"}
+    assert "toy_cpu.yaml" not in names
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=lambda p: str(p.relative_to(REPO)))
+def test_an_overlay_holds_only_what_differs_from_its_base(path):
+    """A key an overlay sets to its base's value says nothing, and goes stale when the base changes."""
+    *bases, _ = config_files(header_args(path))
+
+    def same(overlay: dict, keys: tuple[str, ...]) -> list[str]:
+        found = []
+        for key, value in overlay.items():
+            if isinstance(value, dict) and value:
+                found += same(value, (*keys, key))
+            elif file_setting(bases, *keys, key) == value:
+                found.append(".".join((*keys, key)))
+        return found
+
+    assert same(yaml.safe_load(path.read_text()), ()) == [], f"{path.name} repeats its base"
 
 
 def print_config(args: list[str], capsys) -> dict:
@@ -91,7 +144,7 @@ def start(args: list[str], tiny_dir: Path, root: Path) -> None:
     The tiny model folder stands in for the config's model (``--toy_base null``: a toy base's path decision has
     its own tests in tests/test_cli.py). A config of one CPU process runs its command (``fit``: the data module's,
     the callbacks' and the module's setup, the models' loading and the optimizer) until ``on_fit_start`` /
-    ``on_test_start``, where the runtime would start the sandbox and the engine. A GPU config is built with
+    ``on_test_start``, where the rollout source would start the sandbox and the engine. A GPU config is built with
     ``trainer.accelerator cpu`` (its devices, nodes and DeepSpeed config kept) and, like any config of several
     processes, runs the setup hooks of its command (the data module's, the callbacks' and the module's: the
     DeepSpeed and rollout checks); what follows needs the GPUs, the processes and the model itself.
@@ -100,7 +153,7 @@ def start(args: list[str], tiny_dir: Path, root: Path) -> None:
     if "--ckpt_path" in rest:  # a run's checkpoint (eval_toy_heldout.yaml's header): not in the repository
         at = rest.index("--ckpt_path")
         rest = rest[:at] + rest[at + 2:]
-    gpu = yaml.safe_load(Path(rest[rest.index("--config") + 1]).read_text())["trainer"].get("accelerator") == "gpu"
+    gpu = file_setting(config_files(rest), "trainer", "accelerator") == "gpu"
     cli = ZeroTIRCLI(args=rest + ["--model.model_path", str(tiny_dir), "--toy_base", "null",
                                   "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false"]
                      + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
@@ -134,4 +187,4 @@ def test_every_arm_of_the_emergence_benchmark_starts(algo, tiny_dir, tmp_path, m
     assert sorted(toy_emergence.CONFIGS) == sorted(["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo",
                                                      "reinforce_pp_vllm"])  # a new arm is added to the list above
     monkeypatch.chdir(REPO)
-    start(["fit", "--config", toy_emergence.CONFIGS[algo], *toy_emergence.early_stop_args(0.8)], tiny_dir, tmp_path)
+    start(["fit", *toy_emergence.config_args(algo), *toy_emergence.early_stop_args(0.8)], tiny_dir, tmp_path)

@@ -14,6 +14,8 @@ from callbacks import PassRateFilter, ScalingMetrics
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.config import HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.module import ZeroTIRModule
+from zerotir.rollout.source import InlineSource
+from zerotir.rollout.tp_group import TensorParallelGroup
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.types import Trajectories
@@ -36,36 +38,38 @@ def train_file(tmp_path_factory):
     return path
 
 
-class ScriptedRuntime:
-    """Stands in for the sandbox + engine: records the rows it was asked to roll out."""
+class IdleEngine:
+    """The scripted source's engine: nothing to load, nothing to release."""
 
-    def __init__(self, all_wrong: bool = False):
-        self.all_wrong = all_wrong
-        self.seen: list[list[str]] = []
-        self.stale = False
-        self.urls = ["scripted"]
-        self.closed = False
-        self.pipelined = False  # the asynchronous pipeline is tested in tests/e2e/test_pipeline.py
-
-    def start(self, actor, tokenizer, device) -> None:
+    def load_weights_from(self, actor) -> None:
         pass
 
-    def sync(self, actor) -> float:
-        return 0.0
+    def rest(self) -> None:
+        pass
 
-    def push_weights(self, actor, version) -> float:
-        return 0.0
 
-    def share_rows(self, rows):  # no tensor-parallel engine: this rank's rows are the group's
-        return list(rows), slice(0, len(rows))
+class ScriptedSource(InlineSource):
+    """The in-line rollout source with a scripted rollout in place of sandbox + engine (its ``batch``, versions,
+    tensor-parallel share and evaluation are the real ones); records the rows it was asked to roll out."""
+
+    def __init__(self, module: ZeroTIRModule, all_wrong: bool = False, engine=None):
+        super().__init__(HFRollout(), SandboxConfig(), ToolConfig(), module.sampling, None, "unused", module.seed)
+        self.all_wrong = all_wrong
+        self.seen: list[list[str]] = []
+        self.closed = False
+        self.failure: str | None = None  # a rollout that raises this
+        self.engine = engine or IdleEngine()
+
+    def start(self, actor, tokenizer, device, stream) -> None:
+        pass
 
     def close(self) -> None:
         self.closed = True
 
-
-def scripted_rollout(module: ZeroTIRModule, runtime: ScriptedRuntime):
-    def rollout(rows, params):
-        runtime.seen.append([r["id"] for r in rows])
+    def roll_out(self, rows, params):
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        self.seen.append([r["id"] for r in rows])
         g = torch.Generator().manual_seed(params.seed)
         parts = []
         for gi, row in enumerate(rows):
@@ -76,11 +80,9 @@ def scripted_rollout(module: ZeroTIRModule, runtime: ScriptedRuntime):
                 action = torch.zeros_like(ids, dtype=torch.bool)
                 action[0, len(prompt):] = True
                 action[0, len(prompt) + 3:len(prompt) + 5] = False  # injected tool output
-                reward = 0.0 if runtime.all_wrong else float(s % 2 == 0)
+                reward = 0.0 if self.all_wrong else float(s % 2 == 0)
                 parts.append(_traj(ids, action, len(prompt), gi, reward))
         return Trajectories.cat(parts, pad_token_id=0), {"generation": 0.01, "sandbox": 0.0, "reward": 0.0}
-
-    return rollout
 
 
 def _traj(ids, action, prompt_len, group, reward) -> Trajectories:
@@ -113,16 +115,14 @@ def small_module(tiny_dir, eval_n=1, **rl) -> ZeroTIRModule:
 def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1, **rl):
     pl.seed_everything(0)  # the critic's value head is initialised from the global RNG
     module = small_module(tiny_dir, eval_n, **rl)
-    runtime = ScriptedRuntime(all_wrong)
-    module.runtime = runtime
-    module.rollout = scripted_rollout(module, runtime)
+    source = module.source = ScriptedSource(module, all_wrong)
     data = PromptDataModule(train_files=[str(train_file)], template="plain", tokenizer=str(tiny_dir),
                             prompts_per_step=2, test_files=[])
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=root,
                          callbacks=[PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()])
-    return module, data, trainer, runtime
+    return module, data, trainer, source
 
 
 def recorded(trainer) -> list:
@@ -170,11 +170,17 @@ def test_skipped_update_keeps_step_count_and_weights(tiny_dir, train_file, tmp_p
     assert all(len(r.rollout) == 4 and not r.kept.any() for r in results)
 
 
-class CopyingEngine:
-    """A separate engine, as vLLM is: ``update_weights`` copies every tensor it is sent."""
+class CopyingEngine(IdleEngine):
+    """A separate engine, as vLLM is: its weights arrive through the real bucketed sync (``zerotir.scale.weight_sync``)
+    and ``update_weights`` copies every tensor it is sent."""
 
     def __init__(self):
         self.weights: dict[str, torch.Tensor] = {}
+
+    def load_weights_from(self, actor) -> None:
+        from zerotir.scale.weight_sync import sync_weights
+
+        sync_weights(actor, self, 1 << 20)
 
     def update_weights(self, bucket) -> None:
         self.weights.update({name: tensor.detach().clone() for name, tensor in bucket})
@@ -195,12 +201,9 @@ class EngineMatchesActor(pl.Callback):
 
 def test_the_engine_generates_with_the_weights_of_the_last_update(tiny_dir, train_file, tmp_path):
     # The weight push must follow the update: an engine one step behind would pass every other test.
-    from zerotir.rollout.runtime import RolloutRuntime
-
     module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm="grpo", max_steps=3)
-    runtime = RolloutRuntime(VLLMRollout(weight_sync_bucket_mb=1), SandboxConfig(), ToolConfig(), str(tiny_dir))
-    runtime.engine = engine = CopyingEngine()  # started: the real bucketed sync (zerotir.scale.weight_sync) feeds it
-    module.runtime = runtime
+    engine = CopyingEngine()
+    module.source = ScriptedSource(module, engine=engine)
     check = EngineMatchesActor(engine)
     trainer.callbacks.append(check)
     module.configure_model()
@@ -211,20 +214,20 @@ def test_the_engine_generates_with_the_weights_of_the_last_update(tiny_dir, trai
 
 
 def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_file, tmp_path):
-    module, data, trainer, runtime = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
+    module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
     trainer.fit(module, datamodule=data)
     ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
     assert not any(k.startswith("ref_model.") for k in ckpt["state_dict"])
     assert ckpt["zerotir"]["rl_steps_done"] == 2 and ckpt["global_step"] == 2
     assert ckpt["PromptDataModule"]["consumed"] == 2
     # Straight run of 3 steps vs. 2 + resume 1: same prompts in step 3, same step counters.
-    straight, sdata, strainer, sruntime = make_run(tiny_dir, train_file, tmp_path / "s", max_steps=3,
+    straight, sdata, strainer, ssource = make_run(tiny_dir, train_file, tmp_path / "s", max_steps=3,
                                                    algorithm="ppo", kl_coef=0.05)
     strainer.fit(straight, datamodule=sdata)
-    resumed, rdata, rtrainer, rruntime = make_run(tiny_dir, train_file, tmp_path / "r", max_steps=3,
+    resumed, rdata, rtrainer, rsource = make_run(tiny_dir, train_file, tmp_path / "r", max_steps=3,
                                                   algorithm="ppo", kl_coef=0.05)
     rtrainer.fit(resumed, datamodule=rdata, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
-    assert rruntime.seen == [sruntime.seen[2]] and runtime.seen == sruntime.seen[:2]
+    assert rsource.seen == [ssource.seen[2]] and source.seen == ssource.seen[:2]
     assert resumed.rl_steps_done == 3 and rtrainer.global_step == 3
     opt_state = rtrainer.optimizers[0].state_dict()["state"]
     assert all(int(s["step"]) == 3 for s in opt_state.values())
@@ -255,13 +258,13 @@ def test_bad_arguments_name_the_field(tiny_dir):
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):
     module = ZeroTIRModule(str(tiny_dir))
-    assert module.runtime.backend.schedule == "trajectory"  # the default engine and schedule
+    assert module.source.schedule.kind == "trajectory"  # the default engine and schedule
 
 
 def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_file, tmp_path):
     module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, algorithm="ppo", kl_coef=0.05)
     trainer.fit(module, datamodule=data)
-    evaluated, edata, etrainer, runtime = make_run(tiny_dir, train_file, tmp_path / "eval", algorithm="ppo",
+    evaluated, edata, etrainer, source = make_run(tiny_dir, train_file, tmp_path / "eval", algorithm="ppo",
                                                    kl_coef=0.05, eval_n=2)
     edata.test_files = [str(train_file)]
     etrainer.test(evaluated, datamodule=edata, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
@@ -271,19 +274,15 @@ def test_test_loads_only_the_actor_and_reads_a_ppo_checkpoint(tiny_dir, train_fi
     report = json.loads((tmp_path / "eval" / "eval" / "test_train.json").read_text())
     metrics = report["benchmarks"]["train"]
     assert metrics["num_problems"] == 6 and metrics["samples_per_problem"] == 2 and metrics["accuracy"] == 0.5
-    assert (tmp_path / "eval" / "eval" / "test_summary.md").is_file() and len(runtime.seen) == 1
+    assert (tmp_path / "eval" / "eval" / "test_summary.md").is_file() and len(source.seen) == 1
 
 
-def test_a_failing_step_stops_the_runtime(tiny_dir, train_file, tmp_path):
-    module, data, trainer, runtime = make_run(tiny_dir, train_file, tmp_path, algorithm="grpo")
-
-    def broken(rows, params):
-        raise RuntimeError("engine crashed")
-
-    module.rollout = broken
+def test_a_failing_step_stops_the_rollout_source(tiny_dir, train_file, tmp_path):
+    module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path, algorithm="grpo")
+    source.failure = "engine crashed"
     with pytest.raises(RuntimeError, match="engine crashed"):
         trainer.fit(module, datamodule=data)
-    assert runtime.closed  # the embedded sandbox does not outlive a failed run
+    assert source.closed  # the embedded sandbox does not outlive a failed run
 
 
 # ----- DeepSpeed and tensor-parallel plumbing, with stand-ins for Lightning's trainer and strategy -----
@@ -403,8 +402,8 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
     import zerotir.module
 
     module = ZeroTIRModule(str(tiny_dir), sampling=SamplingConfig(n=2), rollout=VLLMRollout(tensor_parallel_size=2))
-    runtime = ScriptedRuntime()
-    module.runtime, module.rollout = runtime, scripted_rollout(module, runtime)
+    source = module.source = ScriptedSource(module)
+    source.tp_group = SharedEngineGroup(rank=3, size=2)  # engine 1 = ranks 2 and 3
     module.log = lambda *args, **kwargs: None
     trained = []
 
@@ -418,10 +417,26 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
     batch = [{"id": f"q{i}", "prompt_text": f"{i}+{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i),
               "source": "s"} for i in range(4)]
     out = module.training_step(batch, 0)["step"]
-    assert runtime.seen == [["q2", "q3"]]  # the engine's prompts
+    assert source.seen == [["q2", "q3"]]  # the engine's prompts
     assert trained[0].group_ids.tolist() == [1, 1] and len(out.rollout) == 2  # rank 3: the 2nd group
     # The callbacks' outputs: the rollout and, per group id of it, its prompt (the engine's share of the batch).
     assert out.batch.problem_ids == ["q2", "q3"]
     assert out.batch.prompts == ["2+2", "3+3"] and out.batch.weight_version == 0
     with pytest.raises(ValueError, match=r"data.prompts_per_step=6.*multiple of devices x num_nodes = 4"):
         module.training_step(batch + batch[:2], 1)
+
+
+class SharedEngineGroup(TensorParallelGroup):
+    """Rank ``rank`` of a tensor-parallel group of ``size`` ranks, without a process group: this rank runs the tool
+    loop itself (the leader's part) and trains on its share of the group's trajectories."""
+
+    def __init__(self, rank: int, size: int):
+        super().__init__(1)
+        self.rank, self.size, self.leader = rank, size, rank - rank % size
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    def rollout(self, engine, run):
+        return run(engine)

@@ -360,7 +360,7 @@ class PipelineConfig:
     threads: int | None = None
     """Torch intra-op threads while the producer runs, process-wide (torch has one setting for all threads): the
     producer and the trainer each compute on this many. None: half the machine's cores (at least 1): 1 + 1 on 2 cores,
-    the measured default (README, "Asynchronous pipeline")."""
+    the measured default (docs/results.md, "Asynchronous pipeline")."""
     producer_device: str | None = None
     """Where the producer's engine runs: the transformers copy of the weights, or the vLLM engine ("cuda:1": a GPU
     of its own, the trainer keeping its device); None: the trainer's device."""
@@ -423,8 +423,8 @@ ScheduleKind = Literal["trajectory", "rounds", "lockstep"]
 
 
 class RolloutBackend:
-    """Base of the ``model.rollout`` choices (``HFRollout``, ``VLLMRollout``); ``zerotir.rollout.runtime`` builds the
-    engine each one names."""
+    """Base of the ``model.rollout`` choices (``HFRollout``, ``VLLMRollout``); ``zerotir.rollout.engines.create_engine``
+    builds the engine each one names."""
 
     schedule: str
     tokens_per_call: int | None
@@ -466,7 +466,7 @@ class HFRollout(RolloutBackend):
     num_threads: int | None = None
     """Torch intra-op threads while generating in line (restored afterwards; a producer runs at model.pipeline.threads
     and setting both is an error). None: 1 thread for a model under 20M parameters on CPU (tiny matmuls, where a
-    descheduled worker thread stalls every op; benchmarks/decode_threads.py, README), torch's setting otherwise."""
+    descheduled worker thread stalls every op; docs/results.md, "Decode threads"), torch's setting otherwise."""
 
     def __post_init__(self) -> None:
         self._check_schedule()

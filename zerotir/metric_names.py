@@ -1,5 +1,5 @@
 """TensorBoard tag names, defined once: written by ``callbacks.scaling_metrics`` and the module, read by
-``zerotir.scaling.report`` and the tests. The README's metrics table documents each one.
+``zerotir.scaling.report`` and the tests. The metrics table of docs/metrics.md documents each one.
 """
 
 # Rollout statistics, one value per RL step, over all trajectories of the step (before pass-rate filtering).

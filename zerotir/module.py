@@ -1,9 +1,10 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
-    prompts -> tool-integrated rollouts (n per prompt; ``zerotir.rollout``) -> outcome rewards -> sandbox guard
-    -> ``zerotir.rl.step.rl_step`` (the rollout filter's keep decision, old log-probs / reference / values,
-    advantages, the PPO-epoch update) -> weight push to the rollout engine -> ``StepResult`` returned to the
-    callbacks (``outputs["step"]`` of ``on_train_batch_end``).
+    prompts -> the rollout source's batch (tool-integrated rollouts, n per prompt, scored as they end:
+    ``zerotir.rollout.source``) -> sandbox guard -> the rollout filter's keep decision -> ``zerotir.rl.step.rl_step``
+    (old log-probs / reference / values, advantages, the PPO-epoch update) -> the source's after-update (the new
+    weights to the engine that generates next) -> ``StepResult`` returned to the callbacks (``outputs["step"]`` of
+    ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
 hooks, checkpoints. Its settings are the typed groups of ``zerotir.config``.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,18 +38,17 @@ from zerotir.config import (
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.rl.guards import SandboxErrorGuard
-from zerotir.rl.staleness import check_staleness, staleness_stats
+from zerotir.rl.staleness import staleness_stats
 from zerotir.rl.step import BatchInfo, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
-from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.runtime import RolloutRuntime
-from zerotir.rollout.tp_group import own_trajectories
+from zerotir.rollout.source import sampling_params
+from zerotir.rollout.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_deepspeed_config, check_rollout_backend, count_skipped_step, hf_zero3_config,
     is_deepspeed, is_zero3,
 )
-from zerotir.scale.distributed import shard_prompts, training_share
+from zerotir.scale.distributed import shard_prompts
 from zerotir.scale.peer_watch import WatchPeers
-from zerotir.types import Trajectories
+from zerotir.types import PromptRow
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +98,20 @@ class ZeroTIRModule(LightningModule):
         self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
-        self.pipeline = pipeline
         rl.check_training_sampling(sampling)
         pipeline.check_backend(rollout)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
                              "or allow tool calls")
+        from zerotir.reward import score_batch
+
         self.tokenizer = models.load_tokenizer(self.model_path)
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        self.runtime = RolloutRuntime(rollout, sandbox, tool, self.model_path, seed, pipeline.producer_device)
-        self.sandbox_guard = SandboxErrorGuard(sandbox.urls or ["<embedded local sandbox>"], sandbox.max_error_rate,
-                                               sandbox.error_patience)
+        self.source = make_rollout_source(pipeline, rollout, sandbox, tool, sampling, score_batch, self.model_path,
+                                          seed)
+        self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
         self.rollout_filter: RolloutFilter | None = None  # set by a filter callback (set_rollout_filter)
@@ -133,14 +134,9 @@ class ZeroTIRModule(LightningModule):
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
-        """Before any model loads: a DeepSpeed config or rollout backend that cannot work fails here, naming the fix."""
-        if self.pipeline.enabled and self.trainer.world_size > 1:
-            raise ValueError(f"model.pipeline.max_staleness={self.pipeline.max_staleness} with {self.trainer.world_size} "
-                             "training processes: the producer serves one trainer process (its rollout engine on a "
-                             "device of its own); set max_staleness: null, or train on one device")
-        if self.pipeline.enabled and is_deepspeed(self.trainer) and is_zero3(self.trainer):
-            raise ValueError("model.pipeline.max_staleness with DeepSpeed ZeRO-3: the producer's copy of the weights "
-                             "needs whole parameters; use ZeRO stage 1 / 2 or max_staleness: null")
+        """Before any model loads: a DeepSpeed config, rollout backend or rollout source that cannot work with this
+        trainer fails here, naming the fix."""
+        self.source.check_trainer(self.trainer.world_size, is_deepspeed(self.trainer) and is_zero3(self.trainer))
         if is_deepspeed(self.trainer):
             check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, self.backend)
             if stage == "fit":
@@ -218,99 +214,52 @@ class ZeroTIRModule(LightningModule):
             norm = float(self.trainer.model.get_global_grad_norm() or 0.0)
         return norm
 
-    # ----- runtime (sandbox + engine): started before the loops, so a dead sandbox fails before step 1 -----
-    def _start_runtime(self) -> None:
-        self.runtime.start(self.actor, self.tokenizer, self.device)
-        self.sandbox_guard.urls = self.runtime.urls
+    # ----- the rollout source (sandbox + engine): started before the loops, so a dead sandbox fails before step 1 -----
+    def _start_source(self) -> None:
+        datamodule = self.trainer.datamodule
+        stream = datamodule.train_batch if isinstance(datamodule, PromptDataModule) else None
+        self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:
-        self._start_runtime()
+        self._start_source()
 
     def on_validation_start(self) -> None:
-        self._start_runtime()
+        self._start_source()
 
     def on_test_start(self) -> None:
-        self._start_runtime()
+        self._start_source()
 
     # ----- one RL step -----
-    def params(self, sampling: SamplingConfig, seed: int) -> SamplingParams:
-        return SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_new_tokens=sampling.max_response_tokens, seed=seed)
-
-    def rollout(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """Roll out ``rows`` (the datamodule's prompt dicts), each trajectory scored as it ends; timings of
-        generation, sandbox, reward."""
-        from zerotir.reward import score_batch
-
-        self._start_runtime()  # no-op once started
-        if self.runtime.stale:  # first rollout of the run, or after a resume: push the actor's weights
-            self.runtime.sync(self.actor)
-        self.actor.eval()
-        return self.runtime.rollout(self.tokenizer, [r["prompt_ids"] for r in rows], [r["answer"] for r in rows],
-                                    params, reward=score_batch)
-
-    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> dict[str, StepResult]:
+    def training_step(self, batch: list[PromptRow], batch_idx: int) -> dict[str, StepResult]:
         """One RL step; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""
         start = time.perf_counter()
         step = self.rl_steps_done + 1
         rows = self._my_prompts(batch)
-        if self.pipeline.enabled:
-            traj, timings = self._take(step, rows)
-        else:
-            # Seeded by the rows' place in the global batch, so a row samples the same on any number of ranks.
-            seed = self.seed + step + self._first_row(len(batch)) * self.sampling.n
-            traj, timings = self.rollout(rows, self.params(self.sampling, seed))
-            traj.versions = torch.where(traj.action_mask, self.rl_steps_done, -1)  # in line: the trainer's weights
-        staleness = staleness_stats(traj.versions, traj.action_mask, step)
-        if self.pipeline.enabled:
-            check_staleness(staleness, step, self.pipeline.max_staleness)
-        tp = self.backend.tensor_parallel_size
-        if tp > 1:  # the ranks of an engine rolled out the same prompts: each trains on its own share of them
-            traj = traj.select(training_share(traj.group_ids, self.global_rank, tp))
-        self.sandbox_guard.update(traj, step)
+        rolled = self.source.batch(step, rows, self._first_row(len(batch)))
+        traj, timings = rolled.trajectories, rolled.timings
+        self.sandbox_guard.update(traj, step, rolled.sandbox)
         decision = self.rollout_filter(traj) if self.rollout_filter is not None else None
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
                          max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
                          top_p=self.sampling.top_p)
-        if result.stats:
-            result.stats["lr"] = float(self.lr_schedulers().get_last_lr()[0])
         timings["update"] = time.perf_counter() - update_start
-        timings["weight_sync"] = self.runtime.push_weights(self.actor, step)  # to the producer as version `step`
+        timings["weight_sync"] = self.source.after_update(self.actor, step)  # the weights of `step` updates
         timings["step"] = time.perf_counter() - start
-        result.timings = timings
-        result.pipeline = {key: staleness[key] for key in ("staleness_mean", "staleness_max")}
+        staleness = staleness_stats(traj.versions, traj.action_mask, step)
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, PromptDataModule):
             datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
-        result.batch = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
+        lr = {"lr": float(self.lr_schedulers().get_last_lr()[0])} if result.stats else {}
+        result = replace(result, stats={**result.stats, **lr}, timings=timings,
+                         batch=BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done),
+                         pipeline={key: staleness[key] for key in ("staleness_mean", "staleness_max")})
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
 
-    def _take(self, step: int, rows: list[dict[str, Any]]) -> tuple[Trajectories, dict[str, float]]:
-        """The producer's batch for ``step`` (the producer starts at the first step of a run or of a resume, at the
-        first unconsumed batch, with the actor's weights); it must hold the prompts the loader gave for this step."""
-        if not self.runtime.pipelined:
-            datamodule = self.trainer.datamodule
-            if not isinstance(datamodule, PromptDataModule):
-                raise ValueError("model.pipeline.max_staleness: the producer reads the batches of the next steps from "
-                                 "zerotir's PromptDataModule (train_batch); use it as the run's datamodule")
-            from zerotir.reward import score_batch
-
-            self._start_runtime()
-            self.runtime.start_producer(
-                self.actor, self.tokenizer, self.device, self.pipeline, datamodule.train_batch,
-                lambda k: self.params(self.sampling, self.seed + k), score_batch, step, rows[0]["batch_index"],
-                self.rl_steps_done)
-        produced = self.runtime.take(step)
-        if produced.batch_index != rows[0]["batch_index"] or [r["id"] for r in produced.rows] != [r["id"] for r in rows]:
-            raise RuntimeError(f"step {step}: the producer generated batch {produced.batch_index} but the loader gave "
-                               f"batch {rows[0]['batch_index']}; the training stream and the producer disagree")
-        return produced.rollout, produced.timings
-
-    def _my_prompts(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _my_prompts(self, batch: list[PromptRow]) -> list[PromptRow]:
         """This rank's share of the step's prompts (all of them on a single process)."""
         tp, world = self.backend.tensor_parallel_size, self.trainer.world_size
         if tp > 1 and len(batch) % world:
@@ -327,18 +276,17 @@ class ZeroTIRModule(LightningModule):
         return self.global_rank // tp * (prompts // (world // tp))
 
     # ----- validation and test: the same rollout path, reports through zerotir.eval -----
-    def _eval_step(self, batch: list[dict[str, Any]], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:
+    def _eval_step(self, batch: list[PromptRow], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:
         """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
         as ``outputs["step"]``, at the RL step of the weights."""
-        rows, own = self.runtime.share_rows(batch)  # a tensor-parallel group rolls out its ranks' merged rows
-        traj, timings = self.rollout(rows, self.params(self.eval_sampling, self.seed + batch_idx))
-        traj = own_trajectories(traj, own, len(rows), self.eval_sampling.n)  # group ids index ``rows``
+        rolled = self.source.evaluate(batch, sampling_params(self.eval_sampling, self.seed + batch_idx))
+        traj, rows = rolled.trajectories, rolled.rows  # a tensor-parallel group's merged rows: group ids index them
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
         info = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
         kept = torch.ones(len(traj), dtype=torch.bool)
-        return {"step": StepResult(self.rl_steps_done, traj, kept, None, {}, timings, info)}
+        return {"step": StepResult(self.rl_steps_done, traj, kept, None, {}, rolled.timings, info)}
 
-    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int,
+    def validation_step(self, batch: list[PromptRow], batch_idx: int,
                         dataloader_idx: int = 0) -> dict[str, StepResult]:
         return self._eval_step(batch, batch_idx, dataloader_idx)
 
@@ -382,19 +330,21 @@ class ZeroTIRModule(LightningModule):
             if self.critic is None:  # validate / test, or a checkpoint of another algorithm: the actor is enough
                 for key in [k for k in state if k.startswith("critic.")]:
                     del state[key]
-        self.runtime.stale = True
 
     def teardown(self, stage: str) -> None:
-        self.runtime.close()
+        self.source.close()
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        return [_CloseRuntimeOnException(), PurgeResumedSteps(), WatchPeers()]
+        return [_CloseSourceOnException(self.source.close), PurgeResumedSteps(), WatchPeers(self.source.close)]
 
 
-class _CloseRuntimeOnException(Callback):
-    """Stops the module's sandbox / engine when fit, validate or test raises (a NaN loss, a dead sandbox...)."""
+class _CloseSourceOnException(Callback):
+    """Stops the rollout source's sandbox / engine when fit, validate or test raises (a NaN loss, a dead sandbox...)."""
+
+    def __init__(self, close: Any) -> None:
+        self.close = close
 
     def on_exception(self, trainer: Any, pl_module: ZeroTIRModule, exception: BaseException) -> None:
-        pl_module.runtime.close()
+        self.close()
 

@@ -1,4 +1,5 @@
-"""The batch of trajectories that flows from the rollout loop to the trainer.
+"""The records that flow from the data to the rollout and from the rollout loop to the trainer: a prompt row
+(``PromptRow``) and the batch of trajectories (``Trajectories``).
 
 Shapes use B = number of trajectories (prompts x samples) and T = the longest prompt + response in the batch.
 Every per-token tensor is aligned with ``input_ids``: the value at ``[b, t]`` concerns the token ``input_ids[b, t]``
@@ -11,12 +12,38 @@ output (the ```output blocks) and padding are 0, and every loss and every mean o
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 import torch
 
 # Why a trajectory stopped.
 FINISH_STOP = "stop"  # the model ended (EOS or a stop string that ends the answer)
 FINISH_LENGTH = "length"  # the response-token budget ran out: truncated, reward 0
+
+
+class _TrainingRowKeys(TypedDict, total=False):
+    batch_index: int
+
+
+class PromptRow(_TrainingRowKeys):
+    """One prompt as the data module yields it (a batch is a plain list of them: no tensors, no collation).
+
+    Attributes:
+        id: the data row's id (``data.id_field``), unique within its source.
+        problem: the problem text (``data.problem_field``).
+        answer: the ground truth the reward compares the final ``\\boxed{}`` with (``data.answer_field``).
+        prompt_text: the problem rendered by the prompt template.
+        prompt_ids: its token ids, what the engine is given.
+        source: the name of the file / benchmark the row came from.
+        batch_index: on training rows: the index of the batch in the training stream (the data cursor).
+    """
+
+    id: str
+    problem: str
+    answer: str
+    prompt_text: str
+    prompt_ids: list[int]
+    source: str
 
 
 @dataclass(frozen=True)

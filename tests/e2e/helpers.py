@@ -74,7 +74,7 @@ class CompareEngineWithActor(Callback):
 
         prompts = [list(ids) for ids in self.last_ids]
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
-        engine_ids = [s[0].token_ids for s in generate(pl_module.runtime.engine, prompts, params)]
+        engine_ids = [s[0].token_ids for s in generate(pl_module.source.engine, prompts, params)]
         actor = HFEngine(copy.deepcopy(pl_module.actor).float().eval(), pl_module.tokenizer)
         actor_ids = [s[0].token_ids for s in generate(actor, prompts, params)]
         self.path.write_text(json.dumps({"engine": engine_ids, "actor": actor_ids}))
@@ -138,7 +138,7 @@ class SaveFinalParams(Callback):
 
 class SandboxUnreachableOnRank(Callback):
     """On global rank ``rank`` only, point ``model.sandbox.urls`` at a loopback port where nothing listens, before the
-    module starts its runtime (``ZeroTIRModule.on_fit_start``; callbacks' hooks run first): that rank's sandbox is
+    module starts its rollout source (``ZeroTIRModule.on_fit_start``; callbacks' hooks run first): that rank's sandbox is
     unreachable, as with a wrong URL in one node's configuration. The port is bound (so no other process can take it)
     but never listened on, so a connection is refused at once.
 
@@ -159,9 +159,8 @@ class SandboxUnreachableOnRank(Callback):
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        runtime = pl_module.runtime
-        runtime.sandbox_config = dataclasses.replace(runtime.sandbox_config, urls=[url], workers=None,
-                                                     server_options={})
+        service = pl_module.source.sandbox
+        service.config = dataclasses.replace(service.config, urls=[url], workers=None, server_options={})
 
 
 class EngineKVCacheOnRank(Callback):
@@ -182,5 +181,5 @@ class EngineKVCacheOnRank(Callback):
         import dataclasses
 
         if trainer.global_rank == self.rank:
-            runtime = pl_module.runtime
-            runtime.backend = dataclasses.replace(runtime.backend, cpu_kv_cache_gib=self.gib)
+            source = pl_module.source
+            source.backend = dataclasses.replace(source.backend, cpu_kv_cache_gib=self.gib)

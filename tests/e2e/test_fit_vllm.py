@@ -33,13 +33,15 @@ def test_fit_with_vllm_syncs_weights_into_the_engine(e2e_base, e2e_data, tmp_pat
 
 
 def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
-    """``configs/toy_cpu_vllm.yaml`` as shipped: it builds its vLLM-runnable toy base (a short pretraining here:
-    this test checks the path, not learning), starts the embedded sandbox and trains through the vLLM engine."""
+    """``configs/toy_cpu_vllm.yaml`` as shipped, on its base ``configs/toy_cpu.yaml``: it builds its vLLM-runnable
+    toy base (a short pretraining here: this test checks the path, not learning), starts the embedded sandbox and
+    trains through the vLLM engine."""
     base = tmp_path / "toy_base_vllm"
     own = tmp_path / "base.yaml"  # a toy base is built only at the folder a config file names (its own folder)
     own.write_text(f"model:\n  model_path: {base}\n")
     cli = run_cli([
-        "fit", "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"), "--config", str(own),
+        "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),
+        "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"), "--config", str(own),
         "--toy_base.steps", "20", "--toy_base.probe_threshold", "0",
         "--toy_base.warmup_steps", "5", "--toy_base.decay_steps", "5", "--toy_base.eval_n", "0",
         "--model.sandbox.workers", "1", "--data.prompts_per_step", "4", "--model.sampling.n", "4",

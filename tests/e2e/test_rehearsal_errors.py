@@ -1,11 +1,12 @@
 """Errors on one rank of the CPU rehearsal (issue #24): the 2-process ZeRO-3 fit of
 ``configs/rehearsal/zero3_reinforce.yaml``, with rank 1 alone given a sandbox URL where nothing listens, or a vLLM
 engine whose KV cache cannot hold one request. Every rank stops with rank 1's message
-(``zerotir.scale.distributed.fail_together`` around ``RolloutRuntime.start``), the run exits non-zero before step 1
+(``zerotir.scale.distributed.fail_together`` around ``EngineSource.start``), the run exits non-zero before step 1
 and leaves no process behind (no rank waiting in a collective).
 
 Rank 1's setting comes from a test callback (``tests/e2e/helpers.py``) that changes that rank's ``model.sandbox`` /
-``model.rollout`` before the runtime starts: a per-rank misconfiguration, through the product's own start-up path.
+``model.rollout`` before the rollout source starts: a per-rank misconfiguration, through the product's own start-up
+path.
 """
 
 from __future__ import annotations

@@ -375,16 +375,16 @@ def _with_errors(calls: int, errors: int) -> Trajectories:
 
 
 def test_sandbox_guard_stops_after_patience_consecutive_bad_steps():
-    guard = SandboxErrorGuard(["http://127.0.0.1:9"], max_rate=0.5, patience=2)
-    assert guard.update(_with_errors(4, 4), 1) == 1.0
-    assert guard.update(_with_errors(0, 0), 2) is None  # nothing executed: says nothing, keeps the count
+    guard, urls = SandboxErrorGuard(max_rate=0.5, patience=2), ["http://127.0.0.1:9"]
+    assert guard.update(_with_errors(4, 4), 1, urls) == 1.0
+    assert guard.update(_with_errors(0, 0), 2, urls) is None  # nothing executed: says nothing, keeps the count
     assert guard.bad_steps == 1
-    guard.update(_with_errors(4, 1), 3)  # a good step resets
+    guard.update(_with_errors(4, 1), 3, urls)  # a good step resets
     assert guard.bad_steps == 0
-    guard.update(_with_errors(2, 2), 4)
+    guard.update(_with_errors(2, 2), 4, urls)
     with pytest.raises(SandboxFailureError, match=r"RL step 5.*http://127.0.0.1:9.*python -m sandbox serve"):
-        guard.update(_with_errors(3, 3), 5)
-    restored = SandboxErrorGuard(["u"], 0.5, 2)
+        guard.update(_with_errors(3, 3), 5, urls)
+    restored = SandboxErrorGuard(0.5, 2)
     restored.load_state_dict({"bad_steps": 1})
     assert restored.bad_steps == 1
 

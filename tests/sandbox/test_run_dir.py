@@ -8,7 +8,6 @@ dir (cwd, ``HOME``, ``TMPDIR``) is held to the rule."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 

@@ -268,10 +268,10 @@ def _outcome(fn) -> tuple[str, str] | None:
 def _error_worker(rank: int, port: int, out_dir: str) -> None:
     from types import SimpleNamespace
 
-    from zerotir.config import HFRollout, SandboxConfig, ToolConfig
+    from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
     from zerotir.rl.guards import SandboxErrorGuard, check_finite
     from zerotir.rl.update import TrainBatch
-    from zerotir.rollout.runtime import RolloutRuntime
+    from zerotir.rollout.source import InlineSource
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=ERROR_TIMEOUT_S))
@@ -283,17 +283,17 @@ def _error_worker(rank: int, port: int, out_dir: str) -> None:
         loss = torch.tensor(float("nan") if rank == 1 else 0.5)
         results["finite"] = _outcome(lambda: check_finite(loss, {"policy_loss": loss}, 7, batch))
         # The sandbox guard: only rank 0's sandbox fails (every execution), patience 1.
-        guard = SandboxErrorGuard([f"http://sandbox-of-rank-{rank}"], max_rate=0.5, patience=1)
+        guard = SandboxErrorGuard(max_rate=0.5, patience=1)
         traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]))
-        results["guard"] = _outcome(lambda: guard.update(traj, 3))
+        results["guard"] = _outcome(lambda: guard.update(traj, 3, [f"http://sandbox-of-rank-{rank}"]))
         # The sandbox health check at start: rank 1's configured sandbox does not answer.
         url = _health_server() if rank == 0 else f"http://127.0.0.1:{free_port()}"
-        runtime = RolloutRuntime(HFRollout(), SandboxConfig(urls=[url]), ToolConfig(), "unused")
-        results["health"] = _outcome(lambda: runtime.start(None, None, "cpu"))
+        source = InlineSource(HFRollout(), SandboxConfig(urls=[url]), ToolConfig(), SamplingConfig(), None, "unused", 0)
+        results["health"] = _outcome(lambda: source.start(None, None, "cpu", None))
         # Nothing failed anywhere: nothing is raised, and the block's value comes back.
-        guard_ok = SandboxErrorGuard(["u"], max_rate=0.5, patience=1)
+        guard_ok = SandboxErrorGuard(max_rate=0.5, patience=1)
         ok = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([1]))
-        results["no_error"] = guard_ok.update(ok, 1)
+        results["no_error"] = guard_ok.update(ok, 1, ["u"])
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

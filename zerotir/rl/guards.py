@@ -70,17 +70,15 @@ class SandboxErrorGuard:
     """Stop the run when the sandbox error rate (per execution) stays above ``max_rate`` for ``patience`` steps.
 
     Args:
-        urls: the sandbox URLs, named in the message.
         max_rate: the highest tolerated share of executions the service failed to run.
         patience: consecutive steps above ``max_rate`` that stop the run.
     """
 
-    def __init__(self, urls: Sequence[str], max_rate: float = 0.5, patience: int = 3):
+    def __init__(self, max_rate: float = 0.5, patience: int = 3):
         if not 0.0 <= max_rate <= 1.0:
             raise ValueError(f"model.sandbox.max_error_rate={max_rate}: must lie in [0, 1]")
         if patience < 1:
             raise ValueError(f"model.sandbox.error_patience={patience}: must be >= 1")
-        self.urls = list(urls)
         self.max_rate = max_rate
         self.patience = patience
         self.bad_steps = 0
@@ -91,8 +89,9 @@ class SandboxErrorGuard:
         calls = int(traj.num_calls.sum())
         return None if calls == 0 else int(traj.num_sandbox_errors.sum()) / calls
 
-    def update(self, traj: Trajectories, rl_step: int) -> float | None:
-        """Record one step's rollouts; raise ``SandboxFailureError`` when the patience is exhausted.
+    def update(self, traj: Trajectories, rl_step: int, urls: Sequence[str]) -> float | None:
+        """Record one step's rollouts (their code ran on ``urls``, named in the error); raise
+        ``SandboxFailureError`` when the patience is exhausted.
 
         A step without any execution neither counts as bad nor resets the count: it says nothing about the service.
         A collective under a process group: every rank calls it each step with its own rollouts (ranks may use their
@@ -102,9 +101,9 @@ class SandboxErrorGuard:
             This step's error rate (None without executions).
         """
         with fail_together(SandboxFailureError):
-            return self._update_here(traj, rl_step)
+            return self._update_here(traj, rl_step, urls)
 
-    def _update_here(self, traj: Trajectories, rl_step: int) -> float | None:
+    def _update_here(self, traj: Trajectories, rl_step: int, urls: Sequence[str]) -> float | None:
         rate = self.error_rate(traj)
         if rate is None:
             return None
@@ -113,7 +112,7 @@ class SandboxErrorGuard:
             raise SandboxFailureError(
                 f"RL step {rl_step}: the sandbox failed {rate:.0%} of executions, above model.sandbox.max_error_rate="
                 f"{self.max_rate} for {self.bad_steps} consecutive steps (model.sandbox.error_patience={self.patience}). "
-                f"Sandbox URLs: {', '.join(self.urls)}. Without a working sandbox the run would silently train "
+                f"Sandbox URLs: {', '.join(urls)}. Without a working sandbox the run would silently train "
                 "without tools. Fix: check that the servers are up (`python -m sandbox serve`, GET /health), or "
                 "leave model.sandbox.urls unset for an embedded local sandbox; then resume with `fit --ckpt_path last`."
             )

@@ -1,6 +1,7 @@
 """The tool loop: ZeroTIR's two-phase stop machine over token ids, one state machine per trajectory.
 
-Every trajectory (prompt x sample) is a request of the engine (``engine.RolloutEngine``) and is in one of three modes:
+Every trajectory (prompt x sample, a ``rows.Row``) is a request of the engine (``engine.RolloutEngine``) and is in
+one of three modes (``rows.Mode``):
 
     text  -- generating with stop ``code_start`` ("```python"); on it the trajectory enters a code block and is
              resubmitted at once with the closing fence as its stop;
@@ -33,12 +34,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, get_args
 
 import torch
 
-from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
+from zerotir.config import DEFAULT_TOKENS_PER_CALL, ScheduleKind, ToolConfig
 from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
+from zerotir.rollout.rows import Mode, Row, stops
 from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
     STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
@@ -49,7 +51,6 @@ from zerotir.types import FINISH_LENGTH, FINISH_STOP, ToolCall, Trajectories
 
 __all__ = ["Reward", "Schedule", "ToolConfig", "rollout", "rollout_sync"]
 
-TEXT, CODE, FINAL = "text", "code", "final"
 _IO_TURNS = 8  # event-loop turns given to sandbox calls and reward tasks between engine steps (see _let_io_run)
 _SEGMENT_SEED = 1_000_003  # a request's seed: params.seed + this x its segment + its trajectory index
 
@@ -61,44 +62,16 @@ Reward = Callable[[Sequence[str], Sequence[str], Sequence[bool]], Awaitable[list
 class Schedule:
     """How the tool loop drives the engine (see the module doc)."""
 
-    kind: Literal["trajectory", "rounds", "lockstep"] = "trajectory"
+    kind: ScheduleKind = "trajectory"  # the config's ``model.rollout.init_args.schedule``
     tokens_per_call: int = DEFAULT_TOKENS_PER_CALL  # "rounds": tokens per trajectory and round
 
     def __post_init__(self) -> None:
-        if self.kind not in ("trajectory", "rounds", "lockstep"):
-            raise ValueError(f"Schedule.kind={self.kind!r}: choose 'trajectory', 'rounds' or 'lockstep'")
+        kinds = get_args(ScheduleKind)
+        if self.kind not in kinds:
+            raise ValueError(f"Schedule.kind={self.kind!r} (model.rollout.init_args.schedule): choose one of "
+                             + ", ".join(repr(k) for k in kinds))
         if self.tokens_per_call < 1:
             raise ValueError(f"Schedule.tokens_per_call={self.tokens_per_call}: must be >= 1")
-
-
-@dataclass
-class Row:
-    """One trajectory being built."""
-
-    group: int
-    prompt: list[int]
-    mode: str
-    head: str | None = None  # code already in the prompt, when the prompt ends inside an open block
-    mode_start: int = 0  # response index where the current mode began
-    block_from: int = 0  # response index from which the decoded text holds the current block's opening
-    response: list[int] = field(default_factory=list)
-    action: list[bool] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # weight version per response id (-1: injected, unrecorded)
-    code: str | None = None  # extracted from the last segment, to send to the sandbox
-    tail: str = ""  # text the closing fence's token held after the fence (tool_block.injection_text)
-    running: str = ""  # the code in flight (recorded with its result in tool_calls)
-    pending: asyncio.Future | None = None  # the sandbox call of this trajectory, in flight
-    in_engine: bool = False  # submitted and not yet returned by the engine
-    limit: int = 0  # max_new_tokens of the last submission
-    segments: int = 0  # submissions so far
-    calls: int = 0
-    exec_errors: int = 0
-    timeouts: int = 0
-    sandbox_errors: int = 0
-    finish: str | None = None
-    reward: asyncio.Future | None = None  # its score, computed once it has finished
-    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -243,7 +216,7 @@ def _go_on(run: _Run, key: int) -> None:
 def _submit(run: _Run, key: int, per_call: int | None) -> None:
     """Submit trajectory ``key``'s next segment: its ids so far, its mode's stops, the room it has left."""
     row, params = run.rows[key], run.params
-    ids = row.prompt + row.response
+    ids = row.prompt + row.response.ids
     room = run.budget(row) - len(row.response)
     if room < 1:  # the context is full: the trajectory is cut there
         row.finish = FINISH_LENGTH
@@ -251,7 +224,7 @@ def _submit(run: _Run, key: int, per_call: int | None) -> None:
         return
     row.limit = room if per_call is None else min(per_call, room)
     seed = None if params.seed is None else params.seed + _SEGMENT_SEED * row.segments + key
-    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=_stops(row.mode, run.tool, params.stop))
+    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=stops(row.mode, run.tool, params.stop))
     try:
         run.engine.submit(key, ids, request)
     except Exception as exc:
@@ -282,7 +255,7 @@ def _end(run: _Run, key: int) -> None:
     run.engine.release(key)
     row = run.rows[key]
     if run.reward is not None and row.reward is None:
-        text = run.tokenizer.decode(row.response, skip_special_tokens=True)
+        text = run.tokenizer.decode(row.response.ids, skip_special_tokens=True)
         row.reward = asyncio.ensure_future(run.reward([text], [run.truths[row.group]], [row.finish == FINISH_LENGTH]))
 
 
@@ -332,17 +305,12 @@ def _initial_rows(tokenizer: Any, prompts: list[list[int]], n: int, tool: ToolCo
     """``n`` rows per prompt; a prompt that ends inside an opened code block starts in the code phase."""
     rows = []
     for group, prompt in enumerate(prompts):
-        head, mode = None, FINAL
+        head, mode = None, Mode.FINAL
         if tool.max_tool_calls > 0:
             head = open_block_head(tokenizer.decode(prompt, skip_special_tokens=True), tool.code_start, tool.code_end)
-            mode = TEXT if head is None else CODE
+            mode = Mode.TEXT if head is None else Mode.CODE
         rows += [Row(group, list(prompt), mode, head) for _ in range(n)]
     return rows
-
-
-def _stops(mode: str, tool: ToolConfig, extra: list[str]) -> list[str]:
-    own = {TEXT: [tool.code_start], CODE: [tool.code_end], FINAL: []}[mode]
-    return own + [s for s in extra if s not in own]
 
 
 def _absorb(run: _Run, key: int, sample: Sample) -> None:
@@ -352,27 +320,24 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
         raise RuntimeError(f"rollout: the engine returned {len(sample.token_ids)} ids and {len(sample.logprobs)} "
                            f"log-probs for trajectory {key}, asked for at most {row.limit} ids with one log-prob each")
     boundary = len(row.response)
-    row.response += sample.token_ids
-    row.action += [True] * len(sample.token_ids)
-    row.logprobs += list(sample.logprobs)
-    row.versions += [-1 if sample.version is None else sample.version] * len(sample.token_ids)
+    row.response.append_sampled(sample.token_ids, sample.logprobs, sample.version)
     reason, stop = sample.finish_reason, sample.stop_str
     if boundary > row.mode_start:  # this mode's text came from several rounds: a stop may span the last boundary
-        stops = _stops(row.mode, tool, run.params.stop)
-        hit = straddling_stop(tokenizer, row.response, row.mode_start, boundary, stops)
+        hit = straddling_stop(tokenizer, row.response.ids, row.mode_start, boundary,
+                              stops(row.mode, tool, run.params.stop))
         if hit is not None:  # end the segment where the stop ends; later samples are dropped, as if never drawn
             (cut, stop), reason = hit, "stop"
-            del row.response[cut:], row.action[cut:], row.logprobs[cut:], row.versions[cut:]
+            row.response.truncate(cut)
     full = len(row.response) >= run.budget(row)
     if reason == "eos":
         row.finish = FINISH_STOP
     elif reason == "length":  # the budget or the context; else only this round's limit: go on in the same mode
         if full:
             row.finish = FINISH_LENGTH
-    elif row.mode == TEXT and stop == tool.code_start:
-        row.mode, row.block_from, row.mode_start, row.head = CODE, row.mode_start, len(row.response), None
-    elif row.mode == CODE and stop == tool.code_end:
-        text = tokenizer.decode(row.response[row.block_from :], skip_special_tokens=True)
+    elif row.mode is Mode.TEXT and stop == tool.code_start:
+        row.mode, row.block_from, row.mode_start, row.head = Mode.CODE, row.mode_start, len(row.response), None
+    elif row.mode is Mode.CODE and stop == tool.code_end:
+        text = tokenizer.decode(row.response.ids[row.block_from :], skip_special_tokens=True)
         block = row.head + text if row.head is not None else code_after_start(text, tool.code_start)
         row.code, row.tail = code_before_end(block, tool.code_end), text_after_end(block, tool.code_end)
     else:  # one of the caller's stop strings
@@ -404,12 +369,9 @@ def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int
     text = injection_text(tool.output_template.format(output=output), row.tail)
     injected = tokenizer.encode(text, add_special_tokens=False)
     room = budget - len(row.response)
-    row.response += injected[:room]
-    row.action += [False] * len(injected[:room])
-    row.logprobs += [0.0] * len(injected[:room])
-    row.versions += [-1] * len(injected[:room])
+    row.response.append_injected(injected[:room])
     row.head, row.tail = None, ""
-    row.mode = TEXT if row.calls < tool.max_tool_calls else FINAL
+    row.mode = Mode.TEXT if row.calls < tool.max_tool_calls else Mode.FINAL
     row.mode_start = row.block_from = len(row.response)
     if len(injected) >= room:
         row.finish = FINISH_LENGTH

@@ -10,7 +10,8 @@ strings and token budget; ``step()`` advances every running request and returns 
 finished in it; a finished key may be submitted again with its ids + new ids (the sampled tokens, then an injected
 tool output), and the engine then computes only the new ids (its keys / values for the old ones are kept: HF parks
 the row in its batch, vLLM finds them in its prefix cache). ``release(key)`` ends a request for good (aborting it if
-it still runs). Weight updates, cache resets and sleep / wake are declared methods below, each with its meaning.
+it still runs). Weight loads, cache resets and rest between rollouts are declared methods below, each with its
+meaning.
 """
 
 from __future__ import annotations
@@ -116,13 +117,16 @@ class RolloutEngine(Protocol):
         the transformers engine's module was trained); a later submit of such a key recomputes its ids."""
         ...
 
-    def sleep(self, level: int = 1) -> None:
-        """Release accelerator memory between rollouts (level 1: weights to host, KV cache dropped; level 2: both
-        dropped, weights resent by ``update_weights`` after ``wake_up``). A no-op where there is nothing to release."""
+    def load_weights_from(self, actor: torch.nn.Module) -> None:
+        """Generate with ``actor``'s current weights from now on (after an RL update, at the start of a run or a
+        resume). The engine decides how they reach it: the transformers engine that wraps the actor only drops its
+        cached keys / values; an engine on a copy (vLLM, the producer's) receives them through ``update_weights`` in
+        buckets of whole layers."""
         ...
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Restore what ``sleep`` released (``tags``: "weights", "kv_cache", or all)."""
+    def rest(self) -> None:
+        """A rollout is over and nothing runs until the next ``load_weights_from``: release what the update needs
+        (vLLM in sleep mode drops weights and KV cache). A no-op where there is nothing to release."""
         ...
 
 

@@ -178,11 +178,20 @@ class HFEngine:
             if self._session.empty:
                 self._close()
 
-    def sleep(self, level: int = 1) -> None:
-        """Nothing to release: the engine generates with the trained module itself, whose memory training uses."""
+    def load_weights_from(self, actor: torch.nn.Module) -> None:
+        """Generate with ``actor``'s current weights from now on. The engine that wraps the trained actor itself has
+        them already: only its cached keys / values (of the old weights) are dropped (``reset_cache``). An engine on
+        a copy (the pipeline's producer) gets them copied in buckets (``zerotir.scale.weight_sync.sync_weights``)."""
+        if actor is self.model:
+            self.reset_cache()
+            return
+        from zerotir.scale.weight_sync import sync_weights
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Nothing was released by ``sleep``."""
+        sync_weights(actor, self)
+
+    def rest(self) -> None:
+        """Nothing to release between rollouts: the engine generates with the trained module, whose memory training
+        uses, or with a copy that keeps generating (the producer)."""
 
     # ---------------------------------------------------------------------------------------- internals
     def _close(self) -> None:

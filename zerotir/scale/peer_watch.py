@@ -114,14 +114,19 @@ class PeerWatch:
 class WatchPeers(Callback):
     """A ``PeerWatch`` for the length of ``fit`` on several ranks (added by ``ZeroTIRModule.configure_callbacks``):
     started when fitting starts, stopped when training ends, on an exception (each rank then stops on its own
-    error, ``zerotir.scale.distributed.fail_together``) and at teardown. A lost peer closes the module's sandbox and
-    rollout engine before the process ends."""
+    error, ``zerotir.scale.distributed.fail_together``) and at teardown. A lost peer runs ``on_lost`` (the module's
+    rollout source's ``close``: its sandbox and engine) before the process ends.
 
-    def __init__(self) -> None:
+    Args:
+        on_lost: what to stop before the process exits; None: nothing.
+    """
+
+    def __init__(self, on_lost: Callable[[], None] | None = None) -> None:
+        self.on_lost = on_lost
         self.watch: PeerWatch | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self.watch = PeerWatch.start_for_world(on_lost=pl_module.runtime.close)
+        self.watch = PeerWatch.start_for_world(on_lost=self.on_lost)
 
     def _stop(self) -> None:
         if self.watch is not None:

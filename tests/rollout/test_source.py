@@ -1,0 +1,172 @@
+"""The rollout sources' calls around a step, with a fake engine: the in-line source gives the engine the actor's
+weights at start, lets it rest after a training batch (not after an evaluation batch) and gives it the new weights
+after each update, stamping versions; its start reaches no sandbox without tools and checks a vLLM engine's free
+memory before building it, and a start that fails on one of two gloo ranks stops both with one message. The
+pipeline source refuses the trainers its producer cannot serve, naming the fix."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.gloo import free_port, run_ranks
+from tests.rl.test_update import make_traj
+from zerotir.config import HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
+from zerotir.rollout import source as source_module
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engines import check_engine_memory
+from zerotir.rollout.pipeline_source import PipelineSource
+from zerotir.rollout.source import InlineSource
+from zerotir.rollout.sources import make_rollout_source
+
+GIB = 1 << 30
+NO_TOOLS = ToolConfig(max_tool_calls=0)
+ROWS = [{"id": "a", "problem": "1+1", "answer": "2", "prompt_text": "1+1", "prompt_ids": [1, 2], "source": "s"}]
+
+
+class FakeEngine:
+    """Records what the source asks of it."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def load_weights_from(self, actor: nn.Module) -> None:
+        self.calls.append(("load_weights_from", actor))
+
+    def rest(self) -> None:
+        self.calls.append(("rest",))
+
+
+class Actor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+
+
+def started_source(monkeypatch, tool: ToolConfig = NO_TOOLS) -> tuple[InlineSource, FakeEngine, Actor, list]:
+    seeds: list[int] = []
+
+    def rollout_sync(engine, tokenizer, sandbox, prompts, params, *args):
+        engine.calls.append(("rollout",))
+        seeds.append(params.seed)
+        return make_traj([1.0, 0.0], [0, 0]), {"generation": 0.0}
+
+    engine = FakeEngine()
+    monkeypatch.setattr(source_module, "rollout_sync", rollout_sync)
+    monkeypatch.setattr(source_module, "create_engine", lambda *args, **kwargs: engine)
+    source = InlineSource(HFRollout(), SandboxConfig(), tool, SamplingConfig(n=2), None, "unused", seed=10)
+    actor = Actor()
+    source.start(actor, None, "cpu", None)
+    return source, engine, actor, seeds
+
+
+def test_inline_source_rests_after_a_training_batch_and_loads_the_update(monkeypatch):
+    source, engine, actor, seeds = started_source(monkeypatch)
+    assert engine.calls == [("load_weights_from", actor)]  # at start: a resumed actor, or a separate engine
+    batch = source.batch(3, ROWS, first_row=2)
+    assert engine.calls[1:] == [("rollout",), ("rest",)]
+    assert seeds == [10 + 3 + 2 * 2]  # the run's seed + the step + the first row's place x n
+    versions = batch.trajectories.versions[batch.trajectories.action_mask]
+    assert versions.numel() and bool((versions == 2).all())  # in line: the trainer's weights, 2 updates done
+    assert batch.rows == ROWS and batch.sandbox == ["<embedded local sandbox>"]  # no tools: no sandbox started
+    engine.calls.clear()
+    assert source.after_update(actor, 3) >= 0.0
+    source.evaluate(ROWS, SamplingParams(n=2, seed=0))
+    assert engine.calls == [("load_weights_from", actor), ("rollout",)]  # evaluation leaves the engine awake
+    source.close()
+
+
+def test_without_tools_no_sandbox_is_started(monkeypatch):
+    """``max_tool_calls: 0`` (the ZeroRL baseline) runs no code: the embedded sandbox is never started."""
+    import sandbox
+
+    def refuse(**kwargs):
+        raise AssertionError("the embedded sandbox was started for a run without tools")
+
+    monkeypatch.setattr(sandbox, "local_sandbox", refuse)
+    source, _, _, _ = started_source(monkeypatch)
+    assert source.sandbox.client is None and source.sandbox.urls == []
+    source.close()
+
+
+def test_engine_memory_check_names_the_field_and_a_utilization_that_fits():
+    check_engine_memory(40 * GIB, 80 * GIB, 0.5, "cuda:0")  # exactly the share: vLLM starts
+    with pytest.raises(ValueError, match=r"model.rollout.init_args.gpu_memory_utilization=0.5: the vLLM engine on "
+                                         r"cuda:1 needs 40.00 GiB .* only 30.00 GiB are free.*at most 0.37"):
+        check_engine_memory(30 * GIB, 80 * GIB, 0.5, "cuda:1")
+
+
+def test_start_checks_free_memory_before_building_a_vllm_engine_on_cuda(monkeypatch):
+    built, asked = [], []
+    monkeypatch.setattr(source_module, "create_engine", lambda *args, **kw: built.append(args[3]) or FakeEngine())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: asked.append(device) or (10 * GIB, 80 * GIB))
+
+    def source(backend):
+        return InlineSource(backend, SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "x", 0)
+
+    rt = source(VLLMRollout(gpu_memory_utilization=0.5))
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.5: the vLLM engine on cuda:0 needs 40.00 GiB"):
+        rt.start(Actor(), None, torch.device("cuda:0"), None)
+    assert built == [] and rt.engine is None
+    source(VLLMRollout(gpu_memory_utilization=0.1)).start(Actor(), None, torch.device("cuda:0"), None)  # 8 of 10 GiB
+    assert built == [torch.device("cuda:0")] and len(asked) == 2
+    source(HFRollout()).start(Actor(), None, "cuda:0", None)
+    assert len(built) == 2 and len(asked) == 2  # the transformers engine wraps the actor: no vLLM share to check
+
+
+def test_the_pipeline_source_refuses_trainers_its_producer_cannot_serve():
+    pipeline = PipelineConfig(max_staleness=1)
+    source = make_rollout_source(pipeline, HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "x", 0)
+    assert isinstance(source, PipelineSource)
+    source.check_trainer(1, zero3=False)
+    with pytest.raises(ValueError, match=r"max_staleness=1 with 2 training processes.*max_staleness: null"):
+        source.check_trainer(2, zero3=False)
+    with pytest.raises(ValueError, match=r"ZeRO-3.*ZeRO stage 1 / 2 or max_staleness: null"):
+        source.check_trainer(1, zero3=True)
+    inline = make_rollout_source(PipelineConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(), None,
+                                 "x", 0)
+    assert isinstance(inline, InlineSource) and not isinstance(inline, PipelineSource)
+    inline.check_trainer(8, zero3=True)  # an engine of the trainer's own serves any trainer
+
+
+def _start_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
+    """Rank 1 alone has too little free GPU memory, then rank 1 alone fails to build its engine: each time both
+    ranks must leave ``start`` with rank 1's error (without it rank 0 would go on into its next collective)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    built: list[int] = []
+
+    def create_engine(*args, **kwargs):
+        if rank == 1:
+            raise RuntimeError("rank 1 could not build its engine")
+        built.append(rank)
+        return FakeEngine()
+
+    source_module.create_engine = create_engine
+    torch.cuda.mem_get_info = lambda device: ((10 if rank == 1 else 60) * GIB, 80 * GIB)
+    results = {}
+    for name, backend in (("memory", VLLMRollout(gpu_memory_utilization=0.5)), ("build", HFRollout())):
+        rt = InlineSource(backend, SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "unused", 0)
+        try:
+            rt.start(Actor(), None, torch.device("cuda:0"), None)
+            results[name] = ("started", rt.engine is not None, list(built))
+        except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
+            results[name] = (type(exc).__name__, str(exc), list(built))
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_a_start_failing_on_one_rank_stops_both_with_its_message(tmp_path):
+    ranks = run_ranks(_start_on_two_ranks, (free_port(), str(tmp_path)), 2, tmp_path, timeout_s=150)
+    memory = [r["memory"] for r in ranks]
+    assert memory[0] == memory[1] and memory[0][0] == "ValueError" and memory[0][2] == []  # nobody built anything
+    assert "gpu_memory_utilization=0.5: the vLLM engine on cuda:0 needs 40.00 GiB" in memory[0][1]
+    build = [r["build"] for r in ranks]
+    assert build[0][:2] == build[1][:2] == ("RuntimeError", "rank 1 could not build its engine")
+    assert build[0][2] == [0] and build[1][2] == []  # rank 0 had built its engine, and still stopped

@@ -1,0 +1,191 @@
+"""Where a training step's rollouts come from: one interface, one implementation per mode.
+
+    source.start(actor, tokenizer, device, stream)   before the first rollout (the sandbox, the engine, its weights)
+    source.batch(step, rows, first_row)              the step's scored trajectories (a ``RolloutBatch``)
+    source.evaluate(rows, params)                    an evaluation batch, on the same engine
+    source.after_update(actor, version)              the new weights, as ``version`` (updates done); seconds taken
+    source.close()                                   stop everything it started
+
+``InlineSource`` (``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on
+the trainer's engine with the trainer's weights. ``PipelineSource`` (``zerotir.rollout.pipeline_source``) hands out
+the batches a producer generated ahead, under the capacity rule. ``zerotir.rollout.sources.make_rollout_source``
+picks one from the ``model.pipeline`` group; nothing outside the sources asks which mode runs.
+
+What both share lives in ``EngineSource``: the sandbox (``SandboxService``), the engine (built by the typed factory
+``engines.create_engine`` from the ``model.rollout`` group; the engine owns how new weights reach it,
+``load_weights_from``) and the tensor-parallel group of a sharded vLLM engine (``tp_group``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from zerotir.config import RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.rollout.agent_loop import Reward, Schedule, rollout_sync
+from zerotir.rollout.engine import RolloutEngine, SamplingParams
+from zerotir.rollout.engines import check_engine_fits, create_engine
+from zerotir.rollout.sandbox_service import SandboxService
+from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
+from zerotir.types import PromptRow, Trajectories
+
+log = logging.getLogger(__name__)
+
+# The training batches of a run by index (``PromptDataModule.train_batch``): what a producer generates ahead from.
+Stream = Callable[[int], list[PromptRow]]
+
+
+@dataclass
+class RolloutBatch:
+    """One batch of scored trajectories and what it stands for.
+
+    Attributes:
+        rows: the prompt rows the trajectories' group ids index (an evaluation batch of a tensor-parallel group:
+            the group's merged rows).
+        trajectories: scored, with ``versions`` (B, T) stamped: the weight version of every sampled token.
+        timings: seconds per phase (generation, sandbox, reward; the pipeline's waits).
+        sandbox: the sandbox the code ran on (its URLs), named when it fails.
+    """
+
+    rows: list[PromptRow]
+    trajectories: Trajectories
+    timings: dict[str, float] = field(default_factory=dict)
+    sandbox: list[str] = field(default_factory=list)
+
+
+class RolloutSource(Protocol):
+    """What the module asks of a rollout source (see the module doc)."""
+
+    def check_trainer(self, world_size: int, zero3: bool) -> None:
+        """Refuse a trainer this source cannot serve (before any model loads), naming the fix."""
+        ...
+
+    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
+        """Reach the sandbox, build the engine and give it ``actor``'s weights; idempotent. ``stream``: the run's
+        training batches (None outside ``fit``)."""
+        ...
+
+    def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
+        """The scored trajectories of RL step ``step`` for this rank's ``rows``; ``first_row`` is the index of the
+        first of them in the step's global batch (it seeds the samples, the same on any number of ranks)."""
+        ...
+
+    def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
+        """An evaluation batch with the latest weights."""
+        ...
+
+    def after_update(self, actor: nn.Module, version: int) -> float:
+        """The weights of ``actor`` after an update, as ``version`` (updates done); returns the seconds it took."""
+        ...
+
+    def close(self) -> None:
+        """Stop what ``start`` started; idempotent."""
+        ...
+
+
+def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
+    """The engine's parameters of a ``model.sampling`` / ``model.eval_sampling`` group, with ``seed``."""
+    return SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                          max_new_tokens=sampling.max_response_tokens, seed=seed)
+
+
+class EngineSource:
+    """The sandbox, the engine and the tensor-parallel group of a source, with the in-line rollout on them.
+
+    Args:
+        backend: the ``model.rollout`` group (the engine and its settings).
+        sandbox: the ``model.sandbox`` group.
+        tool: the ``model.tool`` group.
+        sampling: the ``model.sampling`` group (training rollouts).
+        reward: scores each trajectory as it ends (``zerotir.reward.score_batch``).
+        model_path: the HF folder a separate engine loads at start.
+        seed: the run's seed: the engine's own, and the base of every step's (step k samples with seed + k).
+        engine_device: where the engine runs when not on the trainer's device (``model.pipeline.producer_device``).
+        own_weights: the engine keeps a copy of the weights of its own (the pipeline's producer generates while the
+            trainer updates), instead of generating with the trained actor where the engine can.
+    """
+
+    def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, sampling: SamplingConfig,
+                 reward: Reward | None, model_path: str, seed: int, engine_device: str | None = None,
+                 own_weights: bool = False):
+        self.own_weights = own_weights
+        self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
+        self.model_path, self.seed, self.engine_device = model_path, seed, engine_device
+        self.sandbox = SandboxService(sandbox, tool)
+        self.schedule = Schedule(backend.schedule, backend.round_tokens)
+        self.engine: RolloutEngine | None = None
+        self.tp_group = TensorParallelGroup(1)  # the ranks sharing this rank's engine: built by start
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    def check_trainer(self, world_size: int, zero3: bool) -> None:
+        """An engine of the trainer's own serves any trainer."""
+
+    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
+        """The sandbox, then the engine with ``actor``'s weights. Each phase is a collective under a process group
+        (``fail_together``): a sandbox that does not answer one rank, too little free memory on one rank's GPU or
+        an engine that fails to build on one rank stops every rank with that rank's error, instead of leaving the
+        others waiting in their next collective (the memory check runs on every rank before any builds, as vLLM's
+        own start-up all-reduces memory figures over the ranks)."""
+        if self.engine is not None:
+            return
+        from zerotir.scale.distributed import fail_together
+
+        device = self.engine_device or device
+        with fail_together(Exception):
+            self.sandbox.start()
+            check_engine_fits(self.backend, device)
+        self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
+        engine = None
+        with fail_together(Exception):
+            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed,
+                                   own_weights=self.own_weights)
+        self.engine, self._tokenizer = engine, tokenizer
+        engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
+
+    def roll_out(self, rows: list[PromptRow], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
+        """The tool loop over ``rows`` on this source's engine, each trajectory scored as it ends. A collective of the tensor-parallel group: its leader runs the loop and the
+        other ranks replay its engine calls; all return the leader's trajectories."""
+        if self.engine is None:
+            raise RuntimeError("rollout before the source started (RolloutSource.start)")
+        prompts, truths = [r["prompt_ids"] for r in rows], [r["answer"] for r in rows]
+        out = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
+            engine, self._tokenizer, self.sandbox.client, prompts, params, self.tool, truths, self.schedule,
+            self.reward))
+        return out
+
+    def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
+        """An evaluation batch in line. With a tensor-parallel engine the group first merges its ranks' rows (their
+        validation samplers give each rank other rows), rolls them out together and each rank keeps its own."""
+        group_rows, own = self.tp_group.share_rows(rows)
+        traj, timings = self.roll_out(group_rows, params)
+        traj = own_trajectories(traj, own, len(group_rows), params.n)  # group ids index ``group_rows``
+        return RolloutBatch(group_rows, traj, timings, self.sandbox.names)
+
+    def close(self) -> None:
+        self.engine = None
+        self.sandbox.close()
+
+
+class InlineSource(EngineSource):
+    """Each step's batch generated when the step asks, with the trainer's current weights (version ``step - 1``)."""
+
+    def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
+        params = sampling_params(self.sampling, self.seed + step + first_row * self.sampling.n)
+        traj, timings = self.roll_out(rows, params)
+        self.engine.rest()  # until after_update: the update may have its memory
+        traj.versions = torch.where(traj.action_mask, step - 1, -1)
+        if self.tp_group.shared:  # the ranks of an engine rolled out the same prompts: each trains on its share
+            traj = traj.select(self.tp_group.training_share(traj.group_ids))
+        return RolloutBatch(rows, traj, timings, self.sandbox.names)
+
+    def after_update(self, actor: nn.Module, version: int) -> float:
+        start = time.perf_counter()
+        self.engine.load_weights_from(actor)
+        return time.perf_counter() - start
