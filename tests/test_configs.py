@@ -168,8 +168,9 @@ def start(args: list[str], tiny_dir: Path, root: Path) -> None:
         module.setup(stage)
         return
     trainer.callbacks.append(_StopAtStart())
+    run = {"fit": trainer.fit, "validate": trainer.validate, "test": trainer.test}[command]
     with pytest.raises(_Started):
-        getattr(trainer, command)(module, datamodule=data)
+        run(module, datamodule=data)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))

@@ -59,13 +59,18 @@ def test_noise_is_filtered_by_message_and_kept_with_debug(monkeypatch):
     monkeypatch.setattr(warnings, "filters", list(warnings.filters))
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     monkeypatch.setenv("ZEROTIR_DEBUG", "1")
+    from transformers.utils import logging as transformers_logging
+
+    monkeypatch.setattr(transformers_logging, "_tqdm_active", True)  # restored after the test
     console.quiet_library_output()
     assert lightning_log.filter(record) and "VLLM_LOGGING_LEVEL" not in os.environ
+    assert transformers_logging.is_progress_bar_enabled()
 
     monkeypatch.delenv("ZEROTIR_DEBUG")
     console.quiet_library_output()
     assert not lightning_log.filter(record) and lightning_log.filter(other)
     assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    assert not transformers_logging.is_progress_bar_enabled()  # no "Loading weights" bar per model
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         console.quiet_library_output()  # its filters go in front of "always"

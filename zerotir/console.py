@@ -11,9 +11,9 @@ step was slow nor zero right after a resume. Without a terminal (a pipe, ``nohup
 warnings: Lightning's advertising tips and its TPU / HPU availability lines, the "checkpoint directory exists"
 warning (a resumed run writes into its own folder on purpose), Lightning's ``sync_dist`` advice for the evaluation
 tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
-helper, and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set). ``--debug`` or ``ZEROTIR_DEBUG=1``
-keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build) go to
-stderr.
+helper, transformers' "Loading weights" progress bars and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING``
+unless set). ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start,
+the toy-base build) go to stderr.
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def quiet_library_output() -> None:
     if debug_requested():
         return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a "Loading weights" bar per model: the run's lines say more
     drop = _DropMessages(LIGHTNING_INFO_NOISE)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)

@@ -123,7 +123,7 @@ class ZeroTIRModule(LightningModule):
             if is_dataclass(value) and not isinstance(value, type):
                 plain = asdict(value)
                 if isinstance(value, RolloutBackend):
-                    plain = {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": plain}
+                    plain = {"class_path": f"zerotir.config.{type(value).__qualname__}", "init_args": plain}
                 self.hparams[key] = plain
 
     def set_rollout_filter(self, decide: RolloutFilter | None) -> None:

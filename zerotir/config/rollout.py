@@ -1,0 +1,123 @@
+"""What the rollouts do: the code interpreter (``model.tool``), sampling (``model.sampling`` /
+``model.eval_sampling``) and where code runs (``model.sandbox``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerotir.config.checks import check_min, check_sampling
+
+
+@dataclass(frozen=True)
+class ToolConfig:
+    """How the model calls the code interpreter during a rollout (``model.tool``)."""
+
+    max_tool_calls: int = 4
+    """Code blocks executed per response (the paper allows 20); after that the code stops are removed and the model
+    must finish in text. 0 = no tool at all (the paper's ZeroRL baseline: no sandbox is started)."""
+    max_output_chars: int = 512
+    """The injected output is cut to this many characters (head + tail with a marker)."""
+    max_output_tokens: int | None = 256
+    """Then cut to this many tokens of the model's tokenizer (head + tail with a marker): a character cap does not
+    bound tokens (Qwen2.5 spends one token per digit). The paper's public code replaces results longer than 256
+    tokens by a short message; ToRL keeps head and tail. None = characters only."""
+    run_timeout: float = 5.0
+    """Wall-time limit of one execution in the sandbox, seconds."""
+    code_start: str = "```python"
+    """The stop string that opens a code block (first phase)."""
+    code_end: str = "```"
+    """The stop string that closes it (second phase)."""
+    output_template: str = "\n```output\n{output}\n```\n"
+    """The injected block; ``{output}`` is replaced by the formatted result."""
+
+    def __post_init__(self) -> None:
+        check_min("tool", self, ("max_tool_calls",), 0, " (0 = no tool)")
+        check_min("tool", self, ("max_output_chars",), 80, " (room for a message and the truncation marker)")
+        check_min("tool", self, ("max_output_tokens",), 32, " or null (room for a message and the marker)")
+        if not self.code_start or not self.code_end:
+            raise ValueError("model.tool.code_start and code_end must be non-empty stop strings")
+        if "{output}" not in self.output_template:
+            raise ValueError(f"model.tool.output_template must contain '{{output}}', got {self.output_template!r}")
+        if self.run_timeout <= 0:
+            raise ValueError(f"model.tool.run_timeout={self.run_timeout}: must be > 0 seconds")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the model may run code at all (else no sandbox is needed)."""
+        return self.max_tool_calls > 0
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How rollouts are sampled (``model.sampling`` for training, ``model.eval_sampling`` for validation / test)."""
+
+    n: int = 8
+    """Samples per prompt (evaluation: avg@k and pass@k with k = n)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    max_response_tokens: int = 1024
+    """Response budget per trajectory, sampled + injected tool output; reaching it truncates (reward 0)."""
+
+    def __post_init__(self) -> None:
+        check_sampling("model.[eval_]sampling", self.n, self.temperature, self.top_p,
+                       ("max_response_tokens", self.max_response_tokens))
+
+
+EVAL_SAMPLING = SamplingConfig(n=1, temperature=0.0)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where code runs (``model.sandbox``): configured servers, or an embedded local server started for the run."""
+
+    urls: list[str] | None = None
+    """Sandbox servers (``python -m sandbox serve``); None starts an embedded local server for the run."""
+    workers: int | None = None
+    """Worker processes of the embedded server (None: one per core). Embedded server only."""
+    server_options: dict[str, Any] = field(default_factory=dict)
+    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any field of
+    ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders exposed read-only,
+    ...). Embedded server only."""
+    max_concurrency: int = 64
+    """Requests in flight from the trainer to the sandbox."""
+    request_timeout: float = 60.0
+    """Seconds one HTTP request may take."""
+    retries: int = 3
+    """Retries of a request that failed to reach a server (another server is tried first)."""
+    max_error_rate: float = 0.5
+    """Highest tolerated share of executions the sandbox fails to run (its own errors, not the model's)."""
+    error_patience: int = 3
+    """Consecutive RL steps above that rate that stop the run."""
+
+    def __post_init__(self) -> None:
+        if self.urls is not None and not self.urls:
+            raise ValueError("model.sandbox.urls=[]: give at least one URL, or null for an embedded local sandbox")
+        if self.urls is not None and (self.workers is not None or self.server_options):
+            given = {"workers": self.workers} if self.workers is not None else {}
+            given.update({"server_options": self.server_options} if self.server_options else {})
+            unset = " ".join("--model.sandbox.workers null" if k == "workers" else "--model.sandbox.server_options {}"
+                             for k in given)
+            raise ValueError(f"model.sandbox.urls={self.urls} with model.sandbox."
+                             f"{', '.join(f'{k}={v}' for k, v in given.items())}: those configure the embedded server, "
+                             f"which is not started when urls is set (the toy configs set workers: 2). Unset them "
+                             f"(on the command line: {unset}), or set urls to null")
+        check_min("sandbox", self, ("workers", "max_concurrency", "error_patience"), 1)
+        check_min("sandbox", self, ("retries",), 0)
+        if self.request_timeout <= 0:
+            raise ValueError(f"model.sandbox.request_timeout={self.request_timeout}: must be > 0 seconds")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"model.sandbox.max_error_rate={self.max_error_rate}: must be in [0, 1]")
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``sandbox.SandboxClient``."""
+        return {"max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
+                "retries": self.retries}
+
+    @property
+    def local_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``sandbox.local_sandbox`` for the embedded server."""
+        return dict(self.server_options, **({} if self.workers is None else {"workers": self.workers}))
