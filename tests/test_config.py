@@ -30,6 +30,17 @@ def test_config_errors_name_the_field():
         SamplingConfig(max_response_tokens=0)
 
 
+def test_the_token_budget_replaces_micro_batch_size_and_both_long_response_settings_are_at_least_1():
+    assert RLConfig(max_tokens_per_micro_batch=4096).max_tokens_per_micro_batch == 4096
+    with pytest.raises(ValueError, match=r"max_tokens_per_micro_batch=4096 with micro_batch_size=2.*replaces"):
+        RLConfig(max_tokens_per_micro_batch=4096, micro_batch_size=2)
+    with pytest.raises(ValueError, match=r"model.rl.max_tokens_per_micro_batch=0: must be >= 1"):
+        RLConfig(max_tokens_per_micro_batch=0)
+    with pytest.raises(ValueError, match=r"model.rl.logprob_chunk_tokens=0: must be >= 1"):
+        RLConfig(logprob_chunk_tokens=0)
+    assert RLConfig(micro_batch_size=2).max_tokens_per_micro_batch is None  # the row count stays the default
+
+
 @pytest.mark.parametrize("kwargs,message", [
     # GRPO's KL nowhere: both fields and the fixes are named
     (dict(algorithm="grpo", kl_coef=0.01), "algorithm=grpo with kl_coef=0.01 and use_kl_loss=false.*use_kl_loss: true"

@@ -10,11 +10,10 @@ import torch
 from zerotir.rl import algorithms as A
 from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import NonFiniteLossError, SandboxErrorGuard, SandboxFailureError
+from zerotir.rl.micro_batches import aligned, iter_rows
 from zerotir.rl.update import (
     RLConfig,
     TrainBatch,
-    aligned_chunks,
-    chunk_count,
     compute_advantages,
     forward_in_chunks,
     micro_batch_loss,
@@ -70,24 +69,24 @@ def test_chunked_forward_matches_a_full_forward(tiny):
     traj.attention_mask[2, 6:] = 0  # a shorter row: its chunk is trimmed to 6 columns
     fn = lambda i, m: sequence_logprobs(tiny, i, m, temperature=1.0)[0]
     full = fn(traj.input_ids, traj.attention_mask)
-    chunked = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, micro_batch_size=2, total_chunks=2)
+    chunked = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, iter_rows(3, 2), total_chunks=2)
     assert torch.allclose(chunked[:2, :9], full[:2, :9], atol=1e-5)  # padding columns are cut, left 0
     assert torch.allclose(chunked[2, :6], full[2, :6], atol=1e-5) and chunked[2, 6:].abs().sum() == 0
-    padded = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, micro_batch_size=2, total_chunks=4)
+    padded = forward_in_chunks(fn, traj.input_ids, traj.attention_mask, iter_rows(3, 2), total_chunks=4)
     assert torch.equal(padded, chunked)  # another rank's larger count: extra passes that write nothing
 
 
-def test_aligned_chunks_pads_to_the_given_count_and_runs_no_collective(monkeypatch):
-    # The count over the ranks is the caller's (an explicit global_max): aligned_chunks itself is pure.
+def test_aligned_pads_to_the_given_count_and_runs_no_collective(monkeypatch):
+    # The count over the ranks is the caller's (an explicit global_max): aligned itself is pure.
     import zerotir.rl.update as U
 
-    monkeypatch.setattr(U, "global_max", lambda value: pytest.fail("aligned_chunks ran a collective"))
-    assert chunk_count(5, 2) == 3 and chunk_count(0, 2) == 0
-    chunks = aligned_chunks(5, 2, total=4)
+    monkeypatch.setattr(U, "global_max", lambda value: pytest.fail("aligned ran a collective"))
+    assert len(iter_rows(5, 2)) == 3 and iter_rows(0, 2) == []
+    chunks = aligned(iter_rows(5, 2), total=4)
     assert [(r.tolist(), pad) for r, pad in chunks] == [([0, 1], False), ([2, 3], False), ([4], False), ([0], True)]
-    assert [pad for _, pad in aligned_chunks(0, 2, total=1)] == [True]  # a rank with no rows still joins the pass
-    with pytest.raises(ValueError, match="total=2 is below this rank's 3 chunks"):
-        aligned_chunks(5, 2, total=2)
+    assert [pad for _, pad in aligned(iter_rows(0, 2), total=1)] == [True]  # a rank with no rows joins the pass
+    with pytest.raises(ValueError, match="total=2 is below this rank's 3 micro-batches"):
+        aligned(iter_rows(5, 2), total=2)
 
 
 def test_grpo_advantages_by_hand():

@@ -15,6 +15,7 @@ GAEInjected = Literal["skip", "restart"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 OffPolicyCorrection = Literal["none", "tis", "decoupled"]
 Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
+MICRO_BATCH_SIZE_DEFAULT = 8  # model.rl.micro_batch_size; it must stay so when max_tokens_per_micro_batch is set
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,30 @@ class RLConfig:
     """Passes over each RL batch."""
     num_mini_batches: int = 1
     """Optimizer steps per pass (each over its share of the batch)."""
-    micro_batch_size: int = 8
+    micro_batch_size: int = MICRO_BATCH_SIZE_DEFAULT
     """Trajectories per forward / backward (memory only: the gradient is the same token mean whatever the size)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of a micro-batch, instead of micro_batch_size (which must then stay at its default): rows are
+    binned, longest first, so that each micro-batch's rows x longest row length is at most this; a longer row is a
+    micro-batch of its own, never truncated. Used by every forward pass (old / reference log-probs, critic, update);
+    memory only, like micro_batch_size. None = micro_batch_size rows in batch order."""
+    logprob_chunk_tokens: int | None = None
+    """Tokens per LM-head chunk of the trainer's log-probs and entropy: the final hidden states go through the head
+    this many at a time, recomputed in backward, so the (rows, T, vocabulary) logits never exist whole. Memory only
+    (the same values). None = the full logits."""
 
     def __post_init__(self) -> None:
         check_choice("rl", "algorithm", self.algorithm, Algorithm)
         check_choice("rl", "kl_estimator", self.kl_estimator, KLEstimator)
         check_choice("rl", "gae_injected", self.gae_injected, GAEInjected)
         check_choice("rl", "loss_agg_mode", self.loss_agg_mode, LossAggMode)
-        check_min("rl", self, ("ppo_epochs", "num_mini_batches", "micro_batch_size"), 1)
+        check_min("rl", self, ("ppo_epochs", "num_mini_batches", "micro_batch_size", "max_tokens_per_micro_batch",
+                                "logprob_chunk_tokens"), 1)
+        if self.max_tokens_per_micro_batch is not None and self.micro_batch_size != MICRO_BATCH_SIZE_DEFAULT:
+            raise ValueError(f"model.rl.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} with "
+                             f"micro_batch_size={self.micro_batch_size}: the token budget replaces the row count; "
+                             f"remove micro_batch_size (leave it at {MICRO_BATCH_SIZE_DEFAULT}) or "
+                             f"max_tokens_per_micro_batch")
         check_min("rl", self, ("kl_coef",), 0, " (0 turns the KL term and the reference model off)")
         check_min("rl", self, ("clip_low", "clip_high", "value_clip", "vf_coef"), 0)
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:

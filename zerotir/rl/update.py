@@ -8,6 +8,11 @@ Alignment (see ``zerotir.types``): every per-token tensor is ``(B, T)`` and alig
 ``t`` scores token ``t`` given the tokens before it, and the value at ``t`` is the critic's estimate of that state.
 Position 0 is a prompt token and gets 0.
 
+Micro-batches (``zerotir.rl.micro_batches``): ``micro_batch_size`` rows, or bins under the token budget
+``max_tokens_per_micro_batch``, in every pass (old and reference log-probs, critic values, the update); the
+log-probs come from the full logits or, with ``logprob_chunk_tokens``, from the hidden states a chunk of tokens at a
+time (``zerotir.rl.chunked_logprobs``).
+
 Data parallel: each rank holds its own trajectories. Whitening uses the global batch statistics, the loss weights
 use the global token (or sequence) count, and every rank runs the same number of forward / backward passes (the
 largest local count; the extra passes repeat a local row with weight 0), which ZeRO-3's collective parameter gathers
@@ -25,14 +30,16 @@ from torch import Tensor, nn
 
 from zerotir.config import RLConfig
 from zerotir.rl import algorithms as A
+from zerotir.rl.chunked_logprobs import chunked_sequence_logprobs
 from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import check_finite
+from zerotir.rl.micro_batches import aligned, iter_rows, micro_batches, row_lengths
 from zerotir.rl.off_policy import behaviour_weights
 from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
 from zerotir.types import Trajectories
 
-__all__ = ["RLConfig", "TrainBatch", "compute_advantages", "micro_batch_loss", "placeholder", "ppo_update",
-           "prepare_batch"]
+__all__ = ["RLConfig", "TrainBatch", "compute_advantages", "iter_rows", "micro_batch_loss", "placeholder",
+           "ppo_update", "prepare_batch"]
 
 
 @dataclass
@@ -62,14 +69,9 @@ class TrainBatch:
         return TrainBatch(**values)
 
 
-def iter_rows(n: int, size: int) -> list[Tensor]:
-    """Index chunks ``[0, size), [size, 2 size), ...`` of ``range(n)``."""
-    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
-
-
 def sequence_logprobs(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float, with_entropy: bool = False,
-    entropy_grad: bool = False,
+    entropy_grad: bool = False, chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of every token under ``model`` at ``temperature`` (and the entropy of each position's
     distribution), ``(B, T)``.
@@ -82,8 +84,16 @@ def sequence_logprobs(
     The model's logits at ``t - 1`` predict token ``t``, so both outputs are shifted right by one; position 0 is 0.
     The entropy is computed one row at a time (a full float32 softmax of a (B, T, V) batch is large for big
     vocabularies) and without gradient unless ``entropy_grad`` (an entropy bonus in the loss).
+
+    ``chunk_tokens`` is ``model.rl.logprob_chunk_tokens``: set, the same values come from the decoder's hidden
+    states through the LM head that many tokens at a time (``chunked_sequence_logprobs``: no full logits, the
+    entropy per chunk); None, from the model's full logits as described above.
     """
     check_temperature(temperature)
+    if chunk_tokens is not None:
+        return chunked_sequence_logprobs(model, input_ids, attention_mask, temperature=temperature,
+                                         chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+                                         entropy_grad=entropy_grad)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     if temperature != 1.0:
         logits.div_(temperature)  # in place: no second (B, T, V) tensor; the LM head's backward does not need it
@@ -111,28 +121,14 @@ def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor
     return nn.functional.pad(values, (1, 0))
 
 
-def chunk_count(n: int, size: int) -> int:
-    """How many ``size``-row chunks ``iter_rows`` makes of ``n`` rows."""
-    return -(-n // size)
-
-
-def aligned_chunks(n: int, size: int, total: int) -> list[tuple[Tensor, bool]]:
-    """``(rows, is_padding)`` chunks of ``range(n)``, padded to ``total`` chunks with repeats of row 0 (padding
-    chunks must not count). A pure function: ``total`` is the largest ``chunk_count`` over the ranks, which the
-    caller reduces (``global_max``), so that every rank runs the same number of passes."""
-    chunks = [(rows, False) for rows in iter_rows(n, size)]
-    if total < len(chunks):
-        raise ValueError(f"aligned_chunks: total={total} is below this rank's {len(chunks)} chunks of {n} rows")
-    return chunks + [(torch.zeros(1, dtype=torch.long), True)] * (total - len(chunks))
-
-
 @torch.no_grad()
 def forward_in_chunks(fn: Callable[[Tensor, Tensor], Tensor], input_ids: Tensor, attention_mask: Tensor,
-                      micro_batch_size: int, total_chunks: int) -> Tensor:
-    """``fn(ids, mask) -> (b, t)`` over micro-batches (each trimmed to its longest row), re-padded to ``(B, T)``;
-    ``total_chunks`` passes in all (``aligned_chunks``: the caller's reduced count, the same on every rank)."""
+                      chunks: list[Tensor], total_chunks: int) -> Tensor:
+    """``fn(ids, mask) -> (b, t)`` over the micro-batches ``chunks`` (row indices, each trimmed to its longest row),
+    re-padded to ``(B, T)``; ``total_chunks`` passes in all (``aligned``: the caller's reduced count, the same on
+    every rank)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    for rows, padding in aligned_chunks(input_ids.shape[0], micro_batch_size, total_chunks):
+    for rows, padding in aligned(chunks, total_chunks):
         width = int(attention_mask[rows].sum(1).max().item())
         values = fn(input_ids[rows, :width], attention_mask[rows, :width]).float()
         if not padding:
@@ -185,20 +181,21 @@ def prepare_batch(
     """
     ids, attn = traj.input_ids, traj.attention_mask
     mask = traj.action_mask.bool()
-    mb = cfg.micro_batch_size
-    passes = int(global_max(chunk_count(len(traj), mb)))  # collective: every rank runs as many forward passes
+    chunks = micro_batches(row_lengths(attn), cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    passes = int(global_max(len(chunks)))  # collective: every rank runs as many forward passes
+    logprobs = {"temperature": temperature, "chunk_tokens": cfg.logprob_chunk_tokens}
     engine_logp = traj.logprobs.float() if top_p == 1.0 else None
     stats: dict[str, float] = {}
     old_logp = None
     if not cfg.single_pass:
-        old_logp = forward_in_chunks(lambda i, m: sequence_logprobs(actor, i, m, temperature=temperature)[0],
-                                     ids, attn, mb, passes)
+        old_logp = forward_in_chunks(lambda i, m: sequence_logprobs(actor, i, m, **logprobs)[0],
+                                     ids, attn, chunks, passes)
         if engine_logp is not None:
             stats["engine_logprob_diff"] = A.masked_mean((old_logp - engine_logp).abs(), mask).item()
     ref_logp = kl = None
     if ref is not None and cfg.kl_coef > 0:
-        ref_logp = forward_in_chunks(lambda i, m: sequence_logprobs(ref, i, m, temperature=temperature)[0],
-                                     ids, attn, mb, passes)
+        ref_logp = forward_in_chunks(lambda i, m: sequence_logprobs(ref, i, m, **logprobs)[0],
+                                     ids, attn, chunks, passes)
         if old_logp is not None:
             kl = A.kl_penalty(old_logp, ref_logp, cfg.kl_estimator, mask)
             stats["kl"] = A.masked_mean(kl, mask).item()
@@ -206,7 +203,7 @@ def prepare_batch(
     if cfg.algorithm == "ppo":
         if critic is None:
             raise ValueError("algorithm 'ppo' needs a critic")
-        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m), ids, attn, mb, passes)
+        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m), ids, attn, chunks, passes)
     adv, returns = compute_advantages(cfg, traj, mask, kl, values)
     batch = TrainBatch(ids, attn, mask, old_logp, adv, engine_logp,
                        ref_logp if cfg.use_kl_loss else None, values, returns)
@@ -223,7 +220,8 @@ def micro_batch_loss(
     ``temperature`` is ``model.sampling.temperature`` (see ``sequence_logprobs``). Returns the loss and detached
     statistics."""
     logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, temperature=temperature,
-                                      with_entropy=True, entropy_grad=cfg.entropy_coef != 0)
+                                      with_entropy=True, entropy_grad=cfg.entropy_coef != 0,
+                                      chunk_tokens=cfg.logprob_chunk_tokens)
     mask = mb.action_mask
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
@@ -279,11 +277,12 @@ def ppo_update(
     temperature: float,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, each split into ``num_mini_batches`` optimizer steps, each accumulated
-    over micro-batches of ``micro_batch_size`` trajectories.
+    over micro-batches of the mini-batch's rows: ``micro_batch_size`` trajectories, or bins under
+    ``max_tokens_per_micro_batch`` (``zerotir.rl.micro_batches``).
 
     A micro-batch's loss is weighted by its share of the mini-batch's action tokens (``token-mean``) or of its
     sequences (the ``seq-mean-*`` modes), so the accumulated gradient is the mini-batch's aggregate loss whatever
-    the micro-batch size. Exactly ``optimizer_steps_per_rl_step``
+    the partition into micro-batches. Exactly ``optimizer_steps_per_rl_step``
     calls of ``optimizer_step(has_grad)`` are made; an empty mini-batch calls it with ``has_grad=False`` (the step is
     then a no-op that keeps Lightning's step count in line with the RL step). ``max_response_tokens``,
     ``temperature``: see ``micro_batch_loss``.
@@ -295,6 +294,7 @@ def ppo_update(
     norms = []
     weight_total = 0.0
     world = rank_and_world_size()[1]
+    lengths = row_lengths(batch.attention_mask)
     for _ in range(cfg.ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         # tensor_split gives exactly num_mini_batches parts (some empty when the batch is small).
@@ -303,8 +303,9 @@ def ppo_update(
             if units == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
                 optimizer_step(False)
                 continue
-            passes = int(global_max(chunk_count(len(mini_rows), cfg.micro_batch_size)))  # collective, as `units`
-            for rows, padding in aligned_chunks(len(mini_rows), cfg.micro_batch_size, passes):
+            chunks = micro_batches(lengths[mini_rows], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+            passes = int(global_max(len(chunks)))  # collective, as `units`: every rank runs as many passes
+            for rows, padding in aligned(chunks, passes):
                 mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])
                 loss, stats = micro_batch_loss(cfg, mb, actor, critic, max_response_tokens, temperature=temperature)
                 check_finite(loss, stats, rl_step, mb)

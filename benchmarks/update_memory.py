@@ -1,0 +1,192 @@
+"""Peak memory and throughput of the RL update on long-tailed response lengths: today's micro-batches of
+``micro_batch_size`` rows with the full logits, against the token budget (``model.rl.max_tokens_per_micro_batch``)
+and the chunked LM head (``model.rl.logprob_chunk_tokens``), side by side in one run on CPU.
+
+    python -m benchmarks.update_memory                      # the docs/results.md table
+    python -m benchmarks.update_memory --rows 8 --max-len 2048   # smaller and quicker
+
+Method. A tiny Llama widened to a ``--vocab`` vocabulary (random weights: the update's cost does not depend on what
+the model knows) and a batch of ``--rows`` trajectories whose lengths are lognormal around ``--median`` tokens, cut
+to ``[prompt + 8, --max-len]``, the longest set to ``--max-len`` (the long tail is the point). Each response has a
+masked tool-output span. Each variant runs in a fresh process: a warm-up update on the two shortest rows (the
+optimizer's state), then the measured one on the batch, both ``prepare_batch`` + ``ppo_update`` (REINFORCE++, one
+epoch, one mini-batch: a single pass) with an AdamW step. Today's micro-batches are ``--micro-batch-size`` rows in
+batch order (4 by default rather than the project's 8, to keep today's peak within a small machine's memory).
+
+* Peak memory: the process's peak resident memory during the measured update above its resident memory before it
+  (Linux ``VmHWM`` after resetting it through ``/proc/self/clear_refs``, minus ``VmRSS``). torch's CPU allocator
+  keeps no statistics and ``tracemalloc`` sees only Python's allocations, so resident memory is the measure; large
+  tensors are their own mappings, returned to the system when freed, so the number follows the tensors.
+* Tokens per second: the batch's real tokens (the attention mask's sum, the same for every variant) over the
+  measured update's wall time. Padded tokens (what the micro-batches compute) are shown beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import time
+
+import torch
+
+VARIANTS = {  # name -> the model.rl settings it changes
+    "today": {},
+    "token budget": {"max_tokens_per_micro_batch": "budget"},
+    "chunked head": {"logprob_chunk_tokens": "chunk"},
+    "budget + chunked": {"max_tokens_per_micro_batch": "budget", "logprob_chunk_tokens": "chunk"},
+}
+PROMPT = 16
+
+
+def lengths_of(args: argparse.Namespace) -> list[int]:
+    """Lognormal lengths (median ``--median``, sigma ``--sigma``), cut to the range, the longest at ``--max-len``."""
+    gen = torch.Generator().manual_seed(args.seed)
+    raw = torch.exp(math.log(args.median) + args.sigma * torch.randn(args.rows, generator=gen))
+    lengths = [int(min(max(v, PROMPT + 8), args.max_len)) for v in raw.tolist()]
+    lengths[max(range(len(lengths)), key=lengths.__getitem__)] = args.max_len
+    return lengths
+
+
+def trajectories(args: argparse.Namespace):
+    """The batch: right-padded rows of ``lengths_of(args)``, a prompt of 16 tokens, a 10% tool output masked."""
+    from zerotir.types import Trajectories
+
+    lengths = lengths_of(args)
+    b, width = len(lengths), max(lengths)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(3, args.vocab, (b, width), generator=gen)
+    positions = torch.arange(width)[None, :]
+    n = torch.tensor(lengths)[:, None]
+    attn = (positions < n).long()
+    ids = ids * attn
+    response = n - PROMPT
+    tool = (positions >= PROMPT + response // 3) & (positions < PROMPT + response // 3 + response // 10)
+    action = (positions >= PROMPT) & (positions < n) & ~tool
+    zeros = torch.zeros(b, dtype=torch.long)
+    return Trajectories(
+        input_ids=ids, attention_mask=attn, action_mask=action, logprobs=torch.zeros(b, width),
+        prompt_lens=torch.full((b,), PROMPT), response_lens=response[:, 0], group_ids=torch.arange(b) // 2,
+        rewards=(torch.arange(b) % 2).float(), num_calls=zeros + 1, num_exec_errors=zeros, num_timeouts=zeros,
+        num_sandbox_errors=zeros, truncated=torch.zeros(b, dtype=torch.bool), finish_reasons=["stop"] * b,
+        response_texts=["x"] * b, ground_truths=["1"] * b,
+    )
+
+
+def model_of(args: argparse.Namespace):
+    from transformers import LlamaForCausalLM
+
+    from zerotir.toy.tiny_model import tiny_llama_config
+    from zerotir.toy.tokenizer import build_byte_tokenizer
+
+    config = tiny_llama_config(build_byte_tokenizer(), hidden_size=args.hidden, num_layers=2, num_heads=2,
+                               max_position_embeddings=args.max_len + 1)
+    config.vocab_size = args.vocab
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def _kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} (this benchmark measures memory on Linux)")
+
+
+def run_variant(args: argparse.Namespace, name: str) -> dict:
+    """One variant's measured update (after a warm-up), in this process."""
+    from zerotir.config import RLConfig
+    from zerotir.rl.micro_batches import micro_batches, padded_tokens, row_lengths
+    from zerotir.rl.update import ppo_update, prepare_batch
+
+    torch.set_num_threads(args.threads)
+    settings = {k: getattr(args, v) for k, v in VARIANTS[name].items()}
+    rows = {} if "max_tokens_per_micro_batch" in settings else {"micro_batch_size": args.micro_batch_size}
+    cfg = RLConfig(algorithm="reinforce_pp", **rows, **settings)  # the budget replaces micro_batch_size
+    traj, actor = trajectories(args), model_of(args)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-5)
+
+    def step(has_grad: bool) -> float:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return 0.0
+
+    def update(traj) -> float:
+        start = time.perf_counter()
+        batch, _ = prepare_batch(cfg, traj, actor, None, None, temperature=1.0, top_p=1.0)
+        ppo_update(cfg, batch, actor, None, lambda loss: loss.backward(), step, rl_step=1,
+                   generator=torch.Generator().manual_seed(0), temperature=1.0)
+        return time.perf_counter() - start
+
+    lengths = row_lengths(traj.attention_mask)
+    update(traj.select(lengths.argsort()[:2].tolist()))  # warm-up on the two shortest rows: the optimizer's state
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+    before = _kib("VmRSS")
+    seconds = update(traj)
+    peak = _kib("VmHWM") - before
+    chunks = micro_batches(lengths, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    real = int(lengths.sum())
+    return {"variant": name, "micro_batches": len(chunks), "padded_tokens": sum(padded_tokens(lengths, c)
+            for c in chunks), "real_tokens": real, "peak_mib": peak / 1024, "seconds": seconds,
+            "tokens_per_s": real / seconds}
+
+
+def _child(args: argparse.Namespace, name: str, queue) -> None:
+    queue.put(run_variant(args, name))
+
+
+def table(results: list[dict]) -> str:
+    base = results[0]
+    header = ("| variant | micro-batches | padded tokens | peak memory of the update (MiB) | x lower | update s | "
+              "tokens/s | x faster |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['variant']} | {r['micro_batches']} | {r['padded_tokens']} | {r['peak_mib']:.0f} | "
+                     f"{base['peak_mib'] / max(r['peak_mib'], 1e-9):.1f} | {r['seconds']:.1f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rows", type=int, default=16, help="trajectories in the batch")
+    p.add_argument("--median", type=float, default=300.0, help="median length (tokens)")
+    p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the lengths")
+    p.add_argument("--max-len", type=int, default=4096, help="the longest row (tokens)")
+    p.add_argument("--vocab", type=int, default=32768, help="vocabulary of the widened toy model")
+    p.add_argument("--hidden", type=int, default=64, help="hidden size of the toy model")
+    p.add_argument("--micro-batch-size", type=int, default=4, help="today's rows per micro-batch")
+    p.add_argument("--budget", type=int, default=4096, help="max_tokens_per_micro_batch of the budget variants")
+    p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_tokens of the chunked variants")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = p.parse_args()
+    lengths = lengths_of(args)
+    print(f"{args.rows} rows, lengths median {sorted(lengths)[len(lengths) // 2]}, max {max(lengths)}, "
+          f"{sum(lengths)} tokens; vocabulary {args.vocab}, hidden {args.hidden}; load {os.getloadavg()[0]:.1f}",
+          flush=True)
+    ctx = mp.get_context("spawn")
+    results = []
+    for name in VARIANTS:
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(args, name, queue))
+        proc.start()
+        proc.join()  # the result is a few numbers: it fits the queue's pipe before the child exits
+        if proc.exitcode != 0:
+            raise RuntimeError(f"variant {name!r} failed (exit code {proc.exitcode}; -9: out of memory, try fewer "
+                               f"--rows or a smaller --max-len)")
+        results.append(queue.get(timeout=10))
+        print(f"  {name}: {results[-1]['peak_mib']:.0f} MiB, {results[-1]['seconds']:.1f} s", flush=True)
+    print(table(results))
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
