@@ -34,8 +34,11 @@ KILL_AFTER=5   # seconds between a stage's SIGTERM and its SIGKILL
 STAGES=(install env build vllm grads zero2 zero3 summary)
 declare -A LIMIT=([install]=40 [env]=50 [build]=60 [vllm]=30 [grads]=90 [zero2]=105 [zero3]=105 [summary]=15)
 DEFAULT_BUDGET=540
-if [ -n "$CPU_FLAG" ]; then   # the CPU plumbing run, on a loaded 2-core machine: no zero3 stage, slower stages
-  LIMIT[grads]=300; LIMIT[zero2]=300; DEFAULT_BUDGET=900
+if [ -n "$CPU_FLAG" ]; then   # the CPU plumbing run (tests/test_gpu_check.py) on a shared 2-core machine: it checks
+  # what the stages do, not how fast; under load any stage (the summary's vllm import too) may take minutes, so each
+  # limit is only a hang guard there
+  for stage in "${STAGES[@]}"; do LIMIT[$stage]=900; done
+  DEFAULT_BUDGET=5400
 fi
 BUDGET=${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}
 for stage in "${STAGES[@]}"; do

@@ -42,7 +42,7 @@ def _assert_grads(path: Path) -> None:
 
 
 def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
-    done = _run_check(tmp_path, cpu=True, timeout=480)
+    done = _run_check(tmp_path, cpu=True, timeout=5400)  # a hang guard: the run's time depends on the machine's load
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "no wheels in" in done.stdout and "ZeRO-3 vs ZeRO-2" in done.stdout
     _assert_grads(tmp_path / "grads.json")  # DeepSpeed's CPU accelerator: the ZeRO-2 / ZeRO-3 gradient stage
