@@ -165,7 +165,12 @@ def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dic
             "--data.limit_test_rows", str(args.final_rows), *common[:4], "--trainer.default_root_dir", str(final_dir),
             "--trainer.enable_progress_bar", "false"]
     zerotir(test, Path(f"{final_dir}.log"))
-    final = json.loads((final_dir / "eval" / "test_summary.json").read_text())["benchmarks"][VAL_NAME]
+    # `zerotir test` writes a run folder of its own, <root>/test/<stamp>/ (zerotir.eval.report.new_run_dir)
+    summaries = sorted((final_dir / "test").glob("*/eval/test_summary.json"))
+    if len(summaries) != 1:
+        raise RuntimeError(f"{final_dir}: expected the summary of one test run, found {len(summaries)}; see "
+                           f"{final_dir}.log")
+    final = json.loads(summaries[0].read_text())["benchmarks"][VAL_NAME]
     return {
         "algorithm": algo, "seed": seed, **{k: base[k] for k in ("pretrain_minutes", "base_accuracy", "base_code_rate")},
         "reached": hit is not None, "steps_to_target": hit and hit["step"], "rl_minutes_to_target": hit and hit["minutes"],

@@ -134,6 +134,28 @@ def test_the_pipeline_source_refuses_trainers_its_producer_cannot_serve():
     inline.check_trainer(8, zero3=True)  # an engine of the trainer's own serves any trainer
 
 
+def test_the_pipelines_engine_keeps_its_own_weights_and_decodes_on_the_pipelines_threads(monkeypatch):
+    """A transformers engine whose group leaves num_threads unset decodes on model.pipeline.threads (torch's count is
+    process-wide: a producer decoding on 1 thread would set it for the trainer too)."""
+    from zerotir.rollout.engines import create_engine
+    from zerotir.toy.tiny_model import build_tiny_model
+    from zerotir.toy.tokenizer import build_byte_tokenizer
+
+    asked = []
+    monkeypatch.setattr(source_module, "create_engine", lambda *args, **kw: asked.append(kw) or FakeEngine())
+    pipeline = PipelineConfig(max_staleness=1, threads=2)
+    source = make_rollout_source(pipeline, HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "x", 0)
+    source.start(Actor(), None, "cpu", None)
+    assert asked == [{"own_weights": True, "threads": 2}]
+    tok = build_byte_tokenizer()
+    model = build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2)
+    copy = create_engine(HFRollout(), model, tok, "cpu", "x", 0, own_weights=True, threads=2)
+    assert copy.num_threads == 2 and copy.model is not model  # a frozen copy, not the trained actor
+    assert not any(p.requires_grad for p in copy.model.parameters())
+    assert create_engine(HFRollout(num_threads=3), model, tok, "cpu", "x", 0, threads=2).num_threads == 3
+    assert create_engine(HFRollout(), model, tok, "cpu", "x", 0).model is model
+
+
 def _start_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
     """Rank 1 alone has too little free GPU memory, then rank 1 alone fails to build its engine: each time both
     ranks must leave ``start`` with rank 1's error (without it rank 0 would go on into its next collective)."""

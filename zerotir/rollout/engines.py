@@ -27,7 +27,7 @@ from zerotir.rollout.engine import RolloutEngine
 
 @functools.singledispatch
 def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-                  model_path: str, seed: int, own_weights: bool = False) -> RolloutEngine:
+                  model_path: str, seed: int, own_weights: bool = False, threads: int | None = None) -> RolloutEngine:
     """The engine ``backend`` (a ``model.rollout`` group) names, with its settings.
 
     Args:
@@ -41,6 +41,9 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
         own_weights: the engine must hold weights of its own, apart from the trained actor's (the pipeline's
             producer generates while the trainer updates): a transformers engine then runs on a frozen copy of
             ``actor``; a vLLM engine always has its own.
+        threads: torch threads a transformers engine decodes on when its group leaves ``num_threads`` unset (the
+            pipeline's ``model.pipeline.threads``, which the producer and the trainer share); a vLLM engine keeps
+            its ``serving_threads``.
     """
     raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "
                     "zerotir.config.VLLMRollout")
@@ -48,17 +51,18 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
 
 @create_engine.register
 def _hf_engine(backend: HFRollout, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-               model_path: str, seed: int, own_weights: bool = False) -> RolloutEngine:
+               model_path: str, seed: int, own_weights: bool = False, threads: int | None = None) -> RolloutEngine:
     from zerotir.rollout.hf_engine import HFEngine
 
     model = copy.deepcopy(actor).eval().requires_grad_(False) if own_weights else actor
     return HFEngine(model, tokenizer, device=device, max_batch_size=backend.max_batch_size,
-                    num_threads=backend.num_threads, tokens_per_step=backend.tokens_per_step)
+                    num_threads=backend.num_threads if backend.num_threads is not None else threads,
+                    tokens_per_step=backend.tokens_per_step)
 
 
 @create_engine.register
 def _vllm_engine(backend: VLLMRollout, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-                 model_path: str, seed: int, own_weights: bool = False) -> RolloutEngine:
+                 model_path: str, seed: int, own_weights: bool = False, threads: int | None = None) -> RolloutEngine:
     from zerotir.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(model_path, dtype=backend.dtype, gpu_memory_utilization=backend.gpu_memory_utilization,

@@ -42,8 +42,9 @@ class PipelineSource(EngineSource):
 
     def __init__(self, pipeline: PipelineConfig, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig,
                  sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int):
+        self.threads = pipeline.threads or max(1, len(os.sched_getaffinity(0)) // 2)  # process-wide, from the start
         super().__init__(backend, sandbox, tool, sampling, reward, model_path, seed,
-                         engine_device=pipeline.producer_device, own_weights=True)
+                         engine_device=pipeline.producer_device, own_weights=True, engine_threads=self.threads)
         self.pipeline = pipeline
         self.producer: RolloutProducer | None = None
         self._stream: Stream | None = None
@@ -53,8 +54,8 @@ class PipelineSource(EngineSource):
         """The producer serves one trainer process and copies whole parameters."""
         if world_size > 1:
             raise ValueError(f"model.pipeline.max_staleness={self.pipeline.max_staleness} with {world_size} training "
-                             "processes: the producer serves one trainer process (its rollout engine on a device of its "
-                             "own); set max_staleness: null, or train on one device")
+                             "processes: the producer serves one trainer process (its rollout engine on a device of "
+                             "its own); set max_staleness: null, or train on one device")
         if zero3:
             raise ValueError("model.pipeline.max_staleness with DeepSpeed ZeRO-3: the producer's copy of the weights "
                              "needs whole parameters; use ZeRO stage 1 / 2 or max_staleness: null")
@@ -69,7 +70,8 @@ class PipelineSource(EngineSource):
         if self.producer is None:
             self._start_producer(step, rows[0]["batch_index"], first_row)
         produced = self.producer.take(step)
-        if produced.batch_index != rows[0]["batch_index"] or [r["id"] for r in produced.rows] != [r["id"] for r in rows]:
+        same_rows = [r["id"] for r in produced.rows] == [r["id"] for r in rows]
+        if produced.batch_index != rows[0]["batch_index"] or not same_rows:
             raise RuntimeError(f"step {step}: the producer generated batch {produced.batch_index} but the loader gave "
                                f"batch {rows[0]['batch_index']}; the training stream and the producer disagree")
         traj = produced.rollout
@@ -97,8 +99,7 @@ class PipelineSource(EngineSource):
         if self._stream is None:
             raise ValueError("model.pipeline.max_staleness: the producer reads the batches of the next steps from "
                              "zerotir's PromptDataModule (train_batch); use it as the run's datamodule")
-        pipeline = self.pipeline
-        threads = pipeline.threads or max(1, len(os.sched_getaffinity(0)) // 2)
+        pipeline, threads = self.pipeline, self.threads
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)
         n = self.sampling.n

@@ -110,12 +110,13 @@ class EngineSource:
         engine_device: where the engine runs when not on the trainer's device (``model.pipeline.producer_device``).
         own_weights: the engine keeps a copy of the weights of its own (the pipeline's producer generates while the
             trainer updates), instead of generating with the trained actor where the engine can.
+        engine_threads: torch threads of a transformers engine whose group leaves them unset (the pipeline's).
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, sampling: SamplingConfig,
                  reward: Reward | None, model_path: str, seed: int, engine_device: str | None = None,
-                 own_weights: bool = False):
-        self.own_weights = own_weights
+                 own_weights: bool = False, engine_threads: int | None = None):
+        self.own_weights, self.engine_threads = own_weights, engine_threads
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
         self.model_path, self.seed, self.engine_device = model_path, seed, engine_device
         self.sandbox = SandboxService(sandbox, tool)
@@ -145,13 +146,14 @@ class EngineSource:
         engine = None
         with fail_together(Exception):
             engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed,
-                                   own_weights=self.own_weights)
+                                   own_weights=self.own_weights, threads=self.engine_threads)
         self.engine, self._tokenizer = engine, tokenizer
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
 
     def roll_out(self, rows: list[PromptRow], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """The tool loop over ``rows`` on this source's engine, each trajectory scored as it ends. A collective of the tensor-parallel group: its leader runs the loop and the
-        other ranks replay its engine calls; all return the leader's trajectories."""
+        """The tool loop over ``rows`` on this source's engine, each trajectory scored as it ends. A collective of the
+        tensor-parallel group: its leader runs the loop and the other ranks replay its engine calls; all return the
+        leader's trajectories."""
         if self.engine is None:
             raise RuntimeError("rollout before the source started (RolloutSource.start)")
         prompts, truths = [r["prompt_ids"] for r in rows], [r["answer"] for r in rows]

@@ -16,8 +16,8 @@ iterators of them) to the worker by reference, which a separate engine process c
 no chunked prefill and a small KV cache (``cpu_kv_cache_gib``). docs/vllm.md lists the traps these settings avoid.
 
 Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise reload) through ``collective_rpc`` with
-a function (``vllm_reload.reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the prefix cache
-is dropped *with* the running requests' blocks (vLLM preempts them; they recompute their prompt and the tokens sampled
+a function (``vllm_reload.reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the
+prefix cache is dropped *with* the running requests' blocks (vLLM preempts them; they recompute their prompt and the tokens sampled
 so far under the new weights and go on sampling), because vLLM refuses to reset a cache any running request holds a
 block of, and the usual state of a push into the pipeline's producer is requests running. vLLM fuses some HF tensors
 into one layer (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``)
