@@ -1,6 +1,7 @@
 """Peak memory and throughput of the RL update on long-tailed response lengths: today's micro-batches of
 ``micro_batch_size`` rows with the full logits, against the token budget (``model.rl.max_tokens_per_micro_batch``)
-and the chunked LM head (``model.rl.logprob_chunk_tokens``), side by side in one run on CPU.
+and the chunked LM head (``model.rl.logprob_chunk_tokens``), and both with packed rows (``model.rl.pack_rows``),
+side by side in one run on CPU.
 
     python -m benchmarks.update_memory                      # the docs/results.md table
     python -m benchmarks.update_memory --rows 8 --max-len 2048   # smaller and quicker
@@ -18,7 +19,8 @@ batch order (4 by default rather than the project's 8, to keep today's peak with
   keeps no statistics and ``tracemalloc`` sees only Python's allocations, so resident memory is the measure; large
   tensors are their own mappings, returned to the system when freed, so the number follows the tensors.
 * Tokens per second: the batch's real tokens (the attention mask's sum, the same for every variant) over the
-  measured update's wall time. Padded tokens (what the micro-batches compute) are shown beside them.
+  measured update's wall time. The tokens the micro-batches compute are shown beside them (padded: rows x longest
+  row per micro-batch; packed: the real tokens).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ import time
 
 import torch
 
-VARIANTS = {  # name -> the model.rl settings it changes
+VARIANTS = {  # name -> the model.rl settings it changes: a flag's name (its value) or a value
     "today": {},
     "token budget": {"max_tokens_per_micro_batch": "budget"},
     "chunked head": {"logprob_chunk_tokens": "chunk"},
     "budget + chunked": {"max_tokens_per_micro_batch": "budget", "logprob_chunk_tokens": "chunk"},
+    "budget + chunked + packed": {"max_tokens_per_micro_batch": "budget", "logprob_chunk_tokens": "chunk",
+                                  "pack_rows": True},
 }
 PROMPT = 16
 
@@ -103,7 +107,7 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
     from zerotir.rl.update import ppo_update, prepare_batch
 
     torch.set_num_threads(args.threads)
-    settings = {k: getattr(args, v) for k, v in VARIANTS[name].items()}
+    settings = {k: getattr(args, v) if isinstance(v, str) else v for k, v in VARIANTS[name].items()}
     rows = {} if "max_tokens_per_micro_batch" in settings else {"micro_batch_size": args.micro_batch_size}
     cfg = RLConfig(algorithm="reinforce_pp", **rows, **settings)  # the budget replaces micro_batch_size
     traj, actor = trajectories(args), model_of(args)
@@ -128,11 +132,12 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
     before = _kib("VmRSS")
     seconds = update(traj)
     peak = _kib("VmHWM") - before
-    chunks = micro_batches(lengths, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    chunks = micro_batches(lengths, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, cfg.pack_rows)
     real = int(lengths.sum())
-    return {"variant": name, "micro_batches": len(chunks), "padded_tokens": sum(padded_tokens(lengths, c)
-            for c in chunks), "real_tokens": real, "peak_mib": peak / 1024, "seconds": seconds,
-            "tokens_per_s": real / seconds}
+    # A packed micro-batch computes its real tokens only; a padded one its rows x its longest row.
+    computed = real if cfg.pack_rows else sum(padded_tokens(lengths, c) for c in chunks)
+    return {"variant": name, "micro_batches": len(chunks), "padded_tokens": computed, "real_tokens": real,
+            "peak_mib": peak / 1024, "seconds": seconds, "tokens_per_s": real / seconds}
 
 
 def _child(args: argparse.Namespace, name: str, queue) -> None:
@@ -141,7 +146,7 @@ def _child(args: argparse.Namespace, name: str, queue) -> None:
 
 def table(results: list[dict]) -> str:
     base = results[0]
-    header = ("| variant | micro-batches | padded tokens | peak memory of the update (MiB) | x lower | update s | "
+    header = ("| variant | micro-batches | computed tokens | peak memory of the update (MiB) | x lower | update s | "
               "tokens/s | x faster |")
     lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in results:

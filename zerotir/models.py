@@ -19,6 +19,7 @@ from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -174,8 +175,17 @@ class ValueModel(nn.Module):
         self.value_head = nn.Linear(hidden_size, 1)
         init_value_head(self.value_head, hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    @property
+    def config(self) -> PretrainedConfig:
+        """The backbone's transformers config (its attention implementation decides how packed rows are masked)."""
+        return self.backbone.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Values ``(B, T)``; ``attention_mask`` a 2D padding mask, or with ``position_ids`` restarting per
+        trajectory the packed row's 4D mask (or None: the flash-attention varlen path, ``zerotir.rl.packing``)."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids).last_hidden_state
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from zerotir.config import RLConfig
+from zerotir.models import ValueModel
 from zerotir.rl.update import TrainBatch, ppo_update, prepare_batch
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -71,6 +72,32 @@ def models(seed: int = 0):
     for m in (actor, ref):
         m.eval()
     return actor, ref, TinyCritic()
+
+
+def value_critic(seed: int = 2):
+    """A ``zerotir.models.ValueModel`` on a tiny Llama backbone: the project's critic, which takes packed rows."""
+    backbone = build_tiny_model(build_byte_tokenizer(), hidden_size=32, num_layers=2, num_heads=2, seed=seed)
+    torch.manual_seed(seed)
+    critic = ValueModel(backbone.model, backbone.config.hidden_size)
+    critic.eval()
+    return critic
+
+
+def all_reduced_backward(calls: list[int], world: int):
+    """``backward_fn`` of ``run_update`` for a gloo rank: each backward's gradients all-reduced and divided by
+    ``world`` (as DDP or ZeRO's reduction does), counted in ``calls[0]``."""
+    import torch.distributed as dist
+
+    def backward(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+        calls[0] += 1
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for p, g in zip(params, grads):
+            g = torch.zeros_like(p) if g is None else g.clone()
+            dist.all_reduce(g)  # the backend's reduction: sum over ranks, then the mean
+            g /= world
+            p.grad = g if p.grad is None else p.grad + g
+
+    return backward
 
 
 def run_update(cfg: RLConfig, traj: Trajectories, actor, ref, critic, backward_fn=None

@@ -10,9 +10,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from zerotir.scale import architecture as arch_mod
-from zerotir.scale import memory_plan as mp
 from zerotir.scale.architecture import KNOWN, Architecture, from_hf_config, resolve
-from zerotir.scale.memory_plan import GIB, PlanSettings, plan_rows, render_markdown, totals
+from zerotir.scale.memory_plan import PlanSettings, plan_rows, render_markdown, totals
 
 # ----- parameter counts -----
 
@@ -92,7 +91,7 @@ def test_resolve_reads_a_model_folder_and_a_config_file(tmp_path: Path) -> None:
 HAND_SETTINGS = PlanSettings(gpus=2, nodes=1, zero=3, critic=True, reference=True, micro_batch_size=1, seq_len=4,
                              gradient_checkpointing=True, vllm_tp=1, gpu_memory_utilization=0.5, gpu_mem_gib=2**-14,
                              overhead_gib=2**-20, vllm_overhead_gib=2**-20, vllm_sleep_gib=2**-21,
-                             sync_bucket_mb=2**-10, samples_per_step=8)
+                             sync_bucket_mb=2**-10, samples_per_step=8, prompt_tokens=1)
 
 # Rows by hand (P = 1736, Pc = 1489, N = 2 GPUs, ZeRO-3, no offload):
 #   actor params 2P/N = 1736 | grads 2P/N = 1736, during the update + fp32 4P/N = 3472 -> 5208 | Adam 12P/N = 10416
@@ -101,13 +100,15 @@ HAND_SETTINGS = PlanSettings(gpus=2, nodes=1, zero=3, critic=True, reference=Tru
 #   reference 2P/N = 1736
 #   actor activations, 4 tokens, checkpointed: layer inputs 2 layers * 2h = 32 bytes/token -> 128;
 #       one layer recomputed 2 * (8h + 2kv + 4i) = 2 * (64 + 8 + 64) = 272 bytes/token -> 1088;
-#       logits 4 tokens * 32 * 18 bytes = 2304                                                   -> 3520
+#       -> 1216; logits (their own row) 4 tokens * 32 * 18 bytes = 2304
 #   critic activations: 128 + 1088 = 1216
 #   vLLM weights 2P = 3472; work 1024; KV = 32768 - 3472 - 1024 = 28272; asleep 512 (update); context 1024
 #   weight-sync bucket: 1024-byte buckets, but a layer (2 * 608 = 1216 bytes) is never split -> 1216
 #   rollout total: 1736+1736+10416 + 1489+1489+8934 + 1736 + 3472+1024+28272 + 1216 + 1024 = 62544
-#   update total:  1736+5208+10416 + 1489+4467+8934 + 2432 + 1736 + 3520+1216 + 512 + 1024 = 42690
+#   update total:  1736+5208+10416 + 1489+4467+8934 + 2432 + 1736 + 1216+2304+1216 + 512 + 1024 = 42690
 #   KV capacity: 28272 // 32 = 883 tokens = 220 sequences of 4 tokens; 8 samples over 2 engines = 4 each.
+#   longest: per token the update adds 304 (actor layers) + 576 (logits) + 304 (critic) = 1184 bytes to the
+#       42690 - 4 * 1184 = 37954 that do not grow: 37954 + 1184 L <= 65536 -> L = 23 (rollout and KV fit at any L).
 HAND_TABLE = """\
 **hand** (0.00B params, critic 0.00B), 1 node(s) x 2 GPUs of 6.10352e-05 GiB, ZeRO-3, vLLM TP 1 at gpu_memory_utilization 0.5
 
@@ -121,7 +122,8 @@ HAND_TABLE = """\
 | critic: optimizer (fp32 master, Adam m, v) | 8934 | 8934 | 0 | partitioned |
 | ZeRO-3 gathered params | 0 | 2432 | 0 | 2 layers or the LM head |
 | reference (bf16) | 1736 | 1736 | 0 | frozen, no optimizer state |
-| activations: actor | 0 | 3520 | 0 | 1 x 4 tokens, checkpointed |
+| activations: actor | 0 | 1216 | 0 | 1 x 4 tokens, checkpointed |
+| logits: actor (log-probs, entropy) | 0 | 2304 | 0 | 4 tokens x 32 x 18 bytes |
 | activations: critic | 0 | 1216 | 0 |  |
 | vLLM: weights (bf16) | 3472 | 0 | 0 | TP 1; dropped while asleep, re-synced |
 | vLLM: activations + CUDA graphs | 1024 | 0 | 0 | assumed |
@@ -134,7 +136,8 @@ HAND_TABLE = """\
 - KV cache: 0 KiB per token per GPU -> 883 tokens per engine = 220 sequences of 4 tokens at once
 - each of the 2 engines generates 4 samples per step
 - rollout: 62544 of 65536 B per GPU -> fits
-- update: 42690 of 65536 B per GPU -> fits"""
+- update: 42690 of 65536 B per GPU -> fits
+- longest sequence that fits: 23 tokens = a response of 22 after a 1-token prompt"""
 
 
 def test_hand_worked_plan_table() -> None:
@@ -184,70 +187,54 @@ def test_too_small_vllm_budget_is_flagged() -> None:
     assert "NEGATIVE: budget too small" in text and "DOES NOT FIT" in text
 
 
+def test_token_budget_and_chunked_head_size_the_update() -> None:
+    from dataclasses import replace
+
+    rows = lambda **kw: {r.component: r.update for r in plan_rows(HAND, replace(HAND_SETTINGS, **kw))}
+    base = rows()
+    # A budget of 12 tokens: 304 bytes/token of layers (actor and critic alike), 32 x 18 of logits per token.
+    budget = rows(max_tokens_per_micro_batch=12)
+    assert budget["activations: actor"] == budget["activations: critic"] == 12 * 304
+    assert budget["logits: actor (log-probs, entropy)"] == 12 * 32 * 18
+    assert rows(max_tokens_per_micro_batch=2)["activations: actor"] == 4 * 304  # a longer sequence is alone
+    # Chunks of 3 of the 4 tokens: only the logits row shrinks; a chunk wider than the micro-batch changes nothing.
+    chunked = rows(logprob_chunk_tokens=3)
+    assert chunked["logits: actor (log-probs, entropy)"] == 3 * 32 * 18
+    assert chunked["activations: actor"] == base["activations: actor"]
+    assert rows(logprob_chunk_tokens=100) == base
+    both = rows(max_tokens_per_micro_batch=12, logprob_chunk_tokens=3)
+    assert both["logits: actor (log-probs, entropy)"] == 3 * 32 * 18 and both["activations: actor"] == 12 * 304
+
+
+def test_longest_seq_len_is_the_last_length_that_fits() -> None:
+    from dataclasses import replace
+
+    from zerotir.scale.memory_plan import fits, longest_seq_len
+
+    assert longest_seq_len(HAND, HAND_SETTINGS) == 23  # by hand above
+    # Chunks of one token: 304 + 18 x 32 / L ... the logits stop growing, so 37954 + 608 L + 576 <= 65536 -> 44.
+    assert longest_seq_len(HAND, replace(HAND_SETTINGS, logprob_chunk_tokens=1)) == 44
+    seven = PlanSettings(critic=True)  # the shipped 7B PPO layout on 80 GiB GPUs
+    for s in (seven, replace(seven, max_tokens_per_micro_batch=16384, logprob_chunk_tokens=1024),
+              replace(seven, micro_batch_size=2)):
+        longest = longest_seq_len(KNOWN["qwen2.5-7b"], s)
+        assert fits(KNOWN["qwen2.5-7b"], replace(s, seq_len=longest))
+        assert not fits(KNOWN["qwen2.5-7b"], replace(s, seq_len=longest + 1))
+    assert longest_seq_len(KNOWN["qwen2.5-7b"], replace(seven, gpu_mem_gib=20)) == 0  # the states alone overflow
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"zero": 2, "offload_params": True}, "offload_params=True needs zero=3"),
     ({"gpus": 8, "vllm_tp": 3}, "vllm_tp=3 must divide gpus=8"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
     ({"seq_len": 0}, "seq_len=0"),
+    ({"max_tokens_per_micro_batch": 0}, "max_tokens_per_micro_batch=0"),
+    ({"logprob_chunk_tokens": -1}, "logprob_chunk_tokens=-1"),
+    ({"prompt_tokens": -1}, "prompt_tokens=-1"),
 ])
 def test_bad_settings_name_the_field(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         PlanSettings(**kwargs)
-
-
-# ----- command line and run configs -----
-
-RUN_CONFIG = """\
-trainer:
-  devices: 4
-  num_nodes: 2
-  strategy:
-    class_path: lightning.pytorch.strategies.DeepSpeedStrategy
-    init_args:
-      config:
-        zero_optimization: {stage: 3, offload_optimizer: {device: cpu}}
-model:
-  model_path: Qwen/Qwen2.5-7B
-  rl: {algorithm: ppo, kl_coef: 0.0, micro_batch_size: 2}
-  sampling: {max_response_tokens: 8192, n: 16}
-  gradient_checkpointing: true
-  rollout:
-    class_path: zerotir.config.VLLMRollout
-    init_args: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2}
-data:
-  max_prompt_tokens: 1024
-  prompts_per_step: 128
-"""
-
-
-def test_settings_from_run_config(tmp_path: Path) -> None:
-    path = tmp_path / "run.yaml"
-    path.write_text(RUN_CONFIG)
-    model, values = mp.settings_from_run_config(path)
-    assert model == "Qwen/Qwen2.5-7B"
-    assert values == {"gpus": 4, "nodes": 2, "zero": 3, "offload_optimizer": True, "offload_params": False,
-                      "critic": True, "reference": False, "micro_batch_size": 2, "seq_len": 9216,
-                      "gradient_checkpointing": True, "vllm_tp": 2, "gpu_memory_utilization": 0.4,
-                      "samples_per_step": 2048, "sync_bucket_mb": 256.0}
-    path.write_text("trainer: {devices: 8, strategy: ddp}\nmodel: {model_path: Qwen/Qwen2.5-7B}\n")
-    with pytest.raises(ValueError, match="strategy='ddp' is not DeepSpeed"):
-        mp.settings_from_run_config(path)
-
-
-def test_command_line_with_run_config_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    path = tmp_path / "run.yaml"
-    path.write_text(RUN_CONFIG)
-    text = mp.main(["--run_config", str(path), "--nodes", "4", "--plan.gpu_mem_gib", "141"])
-    assert text == capsys.readouterr().out.strip()
-    assert text.startswith("**Qwen2.5-7B** (7.62B params, critic 7.07B), 4 node(s) x 4 GPUs of 141 GiB, ZeRO-3, "
-                           "optimizer offload, vLLM TP 2 at gpu_memory_utilization 0.4")
-    assert "each of the 8 engines generates 256 samples per step" in text  # 2048 samples / (16 GPUs / TP 2)
-    expected = render_markdown(KNOWN["qwen2.5-7b"], PlanSettings(
-        gpus=4, nodes=4, zero=3, offload_optimizer=True, critic=True, micro_batch_size=2, seq_len=9216, vllm_tp=2,
-        gpu_memory_utilization=0.4, gpu_mem_gib=141, samples_per_step=2048))
-    assert text == expected
-    assert mp.main(["--model", "qwen2.5-0.5b", "--gpus", "1", "--unit", "MiB"]).count("MiB/GPU") == 2
-    assert GIB == 1 << 30
 
 
 def test_sync_bucket_peak_bounds_the_real_buckets() -> None:

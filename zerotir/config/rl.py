@@ -90,6 +90,12 @@ class RLConfig:
     """Tokens per LM-head chunk of the trainer's log-probs and entropy: the final hidden states go through the head
     this many at a time, recomputed in backward, so the (rows, T, vocabulary) logits never exist whole. Memory only
     (the same values). None = the full logits."""
+    pack_rows: bool = False
+    """Pack each micro-batch's trajectories into one row without padding (zerotir.rl.packing): positions restart
+    per trajectory and each attends only to itself (a block-diagonal mask under sdpa / eager, transformers'
+    variable-length path under flash attention; other attention implementations are refused). With
+    max_tokens_per_micro_batch a packed row holds at most that many tokens (first-fit decreasing; a longer
+    trajectory alone), else micro_batch_size trajectories. Memory and speed only (the same values)."""
 
     def __post_init__(self) -> None:
         check_choice("rl", "algorithm", self.algorithm, Algorithm)

@@ -71,12 +71,14 @@ def head_logprobs(head: nn.Module, hidden: Tensor, labels: Tensor, *, temperatur
 
 
 def chunked_sequence_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float, chunk_tokens: int,
-    with_entropy: bool = False, entropy_grad: bool = False,
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *, temperature: float, chunk_tokens: int,
+    with_entropy: bool = False, entropy_grad: bool = False, position_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``sequence_logprobs`` from the decoder's hidden states: log-probs (and entropy) ``(B, T)``, aligned with
-    ``input_ids`` (position 0 gets 0), the LM head applied ``chunk_tokens`` tokens at a time."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    ``input_ids`` (position 0 gets 0), the LM head applied ``chunk_tokens`` tokens at a time. ``position_ids`` and
+    a 4D (or no) ``attention_mask`` are a packed row's (``zerotir.rl.packing.packed_inputs``)."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids).last_hidden_state
     b, t = input_ids.shape
     states = hidden[:, :-1].reshape(b * (t - 1), hidden.shape[-1])
     labels = input_ids[:, 1:].reshape(-1).long()

@@ -24,11 +24,12 @@ the mini-batch's ``loss_units`` (action tokens for token-mean, rows with an acti
 ``aggregate_loss`` of a part times that share is the part's sum divided by the whole's units, which sums over any
 partition to the whole's aggregate. Only the order of floating-point additions changes.
 
-Not here: packed rows (several trajectories concatenated in one row, positions restarting per trajectory, attention
-kept within each; verl's remove-padding, OpenRLHF's ``--packing_samples``). They need a packing function over these
-same bins that also returns the segment boundaries, a model call that takes them (transformers' variable-length
-flash-attention path through ``position_ids`` restarting at 0 on GPU; a block-diagonal 4D mask or one call per
-segment on CPU), and the per-token outputs scattered back to the ``(B, T)`` layout of ``zerotir.types``.
+Packed rows (``model.rl.pack_rows``, ``zerotir.rl.packing``): each micro-batch becomes one row of its trajectories'
+real tokens, so its cost is the sum of its lengths, not rows x longest. The bins follow that cost
+(``packed_bins``): first-fit decreasing on the summed length, each row (longest first, ties by index) going into the
+first bin it still fits (``sum + length <= max_tokens``), a new bin when none has room, a row longer than the budget
+alone. So under a budget a packed micro-batch is one row of at most the budget's tokens (the variable-length flash
+path takes one packed row at a time). Without a budget, ``micro_batch_size`` rows in batch order make one packed row.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["aligned", "iter_rows", "micro_batches", "padded_tokens", "row_lengths", "token_budget_bins"]
+__all__ = ["aligned", "iter_rows", "micro_batches", "packed_bins", "padded_tokens", "row_lengths",
+           "token_budget_bins"]
 
 
 def row_lengths(attention_mask: Tensor) -> Tensor:
@@ -69,12 +71,35 @@ def token_budget_bins(lengths: Tensor, max_tokens: int) -> list[Tensor]:
     return [torch.tensor(sorted(rows), dtype=torch.long) for rows in bins]
 
 
-def micro_batches(lengths: Tensor, micro_batch_size: int, max_tokens: int | None) -> list[Tensor]:
-    """The micro-batches of rows with ``lengths``: ``token_budget_bins`` under ``max_tokens``
-    (``model.rl.max_tokens_per_micro_batch``), or ``micro_batch_size`` rows in batch order when it is None."""
+def packed_bins(lengths: Tensor, max_tokens: int) -> list[Tensor]:
+    """Row indices of ``lengths`` (B,) in bins whose summed length is at most ``max_tokens`` (a longer row alone):
+    first-fit decreasing, see the module docstring; the bins of packed rows."""
+    if max_tokens < 1:
+        raise ValueError(f"model.rl.max_tokens_per_micro_batch={max_tokens}: must be >= 1")
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be (B,), got {tuple(lengths.shape)}")
+    values = [max(int(v), 1) for v in lengths.tolist()]
+    bins: list[list[int]] = []
+    sums: list[int] = []
+    for i in sorted(range(len(values)), key=lambda i: (-values[i], i)):
+        fits = next((b for b, total in enumerate(sums) if total + values[i] <= max_tokens), None)
+        if fits is None:
+            bins.append([i])
+            sums.append(values[i])
+        else:
+            bins[fits].append(i)
+            sums[fits] += values[i]
+    return [torch.tensor(sorted(rows), dtype=torch.long) for rows in bins]
+
+
+def micro_batches(lengths: Tensor, micro_batch_size: int, max_tokens: int | None, packed: bool = False
+                  ) -> list[Tensor]:
+    """The micro-batches of rows with ``lengths``: under ``max_tokens`` (``model.rl.max_tokens_per_micro_batch``)
+    ``packed_bins`` when the rows are packed (``model.rl.pack_rows``), else ``token_budget_bins``; or
+    ``micro_batch_size`` rows in batch order when it is None."""
     if max_tokens is None:
         return iter_rows(len(lengths), micro_batch_size)
-    return token_budget_bins(lengths, max_tokens)
+    return packed_bins(lengths, max_tokens) if packed else token_budget_bins(lengths, max_tokens)
 
 
 def padded_tokens(lengths: Tensor, rows: Tensor) -> int:

@@ -11,7 +11,8 @@ Position 0 is a prompt token and gets 0.
 Micro-batches (``zerotir.rl.micro_batches``): ``micro_batch_size`` rows, or bins under the token budget
 ``max_tokens_per_micro_batch``, in every pass (old and reference log-probs, critic values, the update); the
 log-probs come from the full logits or, with ``logprob_chunk_tokens``, from the hidden states a chunk of tokens at a
-time (``zerotir.rl.chunked_logprobs``).
+time (``zerotir.rl.chunked_logprobs``); with ``pack_rows`` each micro-batch is one packed row of its trajectories
+(``zerotir.rl.packing``: positions restarting, attention within each trajectory), its outputs put back in ``(B, T)``.
 
 Data parallel: each rank holds its own trajectories. Whitening uses the global batch statistics, the loss weights
 use the global token (or sequence) count, and every rank runs the same number of forward / backward passes (the
@@ -34,6 +35,7 @@ from zerotir.rl.chunked_logprobs import chunked_sequence_logprobs
 from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import check_finite
 from zerotir.rl.micro_batches import aligned, iter_rows, micro_batches, row_lengths
+from zerotir.rl.packing import pack, packed_inputs, unpack
 from zerotir.rl.off_policy import behaviour_weights
 from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
 from zerotir.types import Trajectories
@@ -71,7 +73,7 @@ class TrainBatch:
 
 def sequence_logprobs(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float, with_entropy: bool = False,
-    entropy_grad: bool = False, chunk_tokens: int | None = None,
+    entropy_grad: bool = False, chunk_tokens: int | None = None, packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of every token under ``model`` at ``temperature`` (and the entropy of each position's
     distribution), ``(B, T)``.
@@ -88,13 +90,29 @@ def sequence_logprobs(
     ``chunk_tokens`` is ``model.rl.logprob_chunk_tokens``: set, the same values come from the decoder's hidden
     states through the LM head that many tokens at a time (``chunked_sequence_logprobs``: no full logits, the
     entropy per chunk); None, from the model's full logits as described above.
+
+    ``packed`` is ``model.rl.pack_rows``: the rows go through the model as one packed row (``zerotir.rl.packing``)
+    and the outputs come back in the ``(B, T)`` layout, 0 on padding.
     """
     check_temperature(temperature)
+    if packed:
+        row = pack(input_ids, attention_mask)
+        logp, entropy = _logprobs(model, packed_inputs(model, row), temperature, with_entropy, entropy_grad,
+                                  chunk_tokens)
+        return unpack(row, logp), None if entropy is None else unpack(row, entropy)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": None}
+    return _logprobs(model, inputs, temperature, with_entropy, entropy_grad, chunk_tokens)
+
+
+def _logprobs(model: nn.Module, inputs: dict[str, Tensor | None], temperature: float, with_entropy: bool,
+              entropy_grad: bool, chunk_tokens: int | None) -> tuple[Tensor, Tensor | None]:
+    """``sequence_logprobs`` of the model's forward ``inputs`` (padded rows, or one packed row)."""
+    input_ids = inputs["input_ids"]
     if chunk_tokens is not None:
-        return chunked_sequence_logprobs(model, input_ids, attention_mask, temperature=temperature,
+        return chunked_sequence_logprobs(model, input_ids, inputs["attention_mask"], temperature=temperature,
                                          chunk_tokens=chunk_tokens, with_entropy=with_entropy,
-                                         entropy_grad=entropy_grad)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+                                         entropy_grad=entropy_grad, position_ids=inputs["position_ids"])
+    logits = model(**inputs).logits
     if temperature != 1.0:
         logits.div_(temperature)  # in place: no second (B, T, V) tensor; the LM head's backward does not need it
     logits = logits[:, :-1]
@@ -115,10 +133,15 @@ def check_temperature(temperature: float) -> None:
                          "model.eval_sampling only)")
 
 
-def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Critic values aligned with the actions, ``(B, T)``: the value at ``t`` is read after token ``t - 1``."""
-    values = critic(input_ids, attention_mask)[:, :-1].float()
-    return nn.functional.pad(values, (1, 0))
+def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> Tensor:
+    """Critic values aligned with the actions, ``(B, T)``: the value at ``t`` is read after token ``t - 1``;
+    ``packed`` (``model.rl.pack_rows``): through one packed row, as ``sequence_logprobs``."""
+    if not packed:
+        return nn.functional.pad(critic(input_ids, attention_mask)[:, :-1].float(), (1, 0))
+    row = pack(input_ids, attention_mask)
+    inputs = packed_inputs(critic, row)
+    values = critic(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])[:, :-1].float()
+    return unpack(row, nn.functional.pad(values, (1, 0)))
 
 
 @torch.no_grad()
@@ -181,9 +204,9 @@ def prepare_batch(
     """
     ids, attn = traj.input_ids, traj.attention_mask
     mask = traj.action_mask.bool()
-    chunks = micro_batches(row_lengths(attn), cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    chunks = micro_batches(row_lengths(attn), cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, cfg.pack_rows)
     passes = int(global_max(len(chunks)))  # collective: every rank runs as many forward passes
-    logprobs = {"temperature": temperature, "chunk_tokens": cfg.logprob_chunk_tokens}
+    logprobs = {"temperature": temperature, "chunk_tokens": cfg.logprob_chunk_tokens, "packed": cfg.pack_rows}
     engine_logp = traj.logprobs.float() if top_p == 1.0 else None
     stats: dict[str, float] = {}
     old_logp = None
@@ -203,7 +226,8 @@ def prepare_batch(
     if cfg.algorithm == "ppo":
         if critic is None:
             raise ValueError("algorithm 'ppo' needs a critic")
-        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m), ids, attn, chunks, passes)
+        values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m, cfg.pack_rows), ids, attn, chunks,
+                                   passes)
     adv, returns = compute_advantages(cfg, traj, mask, kl, values)
     batch = TrainBatch(ids, attn, mask, old_logp, adv, engine_logp,
                        ref_logp if cfg.use_kl_loss else None, values, returns)
@@ -221,7 +245,7 @@ def micro_batch_loss(
     statistics."""
     logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, temperature=temperature,
                                       with_entropy=True, entropy_grad=cfg.entropy_coef != 0,
-                                      chunk_tokens=cfg.logprob_chunk_tokens)
+                                      chunk_tokens=cfg.logprob_chunk_tokens, packed=cfg.pack_rows)
     mask = mb.action_mask
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
@@ -241,7 +265,7 @@ def micro_batch_loss(
             stats["kl"] = stats["kl_loss"]
         loss = loss + cfg.kl_coef * kl_loss
     if cfg.algorithm == "ppo":
-        values = sequence_values(critic, mb.input_ids, mb.attention_mask)
+        values = sequence_values(critic, mb.input_ids, mb.attention_mask, cfg.pack_rows)
         v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip, **agg)
         stats["value_loss"] = v_loss.detach()
         loss = loss + cfg.vf_coef * v_loss
@@ -303,7 +327,8 @@ def ppo_update(
             if units == 0:  # nothing the policy sampled on any rank: keep the step count, change nothing
                 optimizer_step(False)
                 continue
-            chunks = micro_batches(lengths[mini_rows], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+            chunks = micro_batches(lengths[mini_rows], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch,
+                                   cfg.pack_rows)
             passes = int(global_max(len(chunks)))  # collective, as `units`: every rank runs as many passes
             for rows, padding in aligned(chunks, passes):
                 mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])

@@ -1,8 +1,5 @@
 """Per-GPU memory plan of a colocated RL run: actor, critic, reference and vLLM on the same GPUs, from parameter counts.
-
-    python -m zerotir.scale.memory_plan --model qwen2.5-7b --gpus 8 --zero 3 --critic true
-    python -m zerotir.scale.memory_plan --model path/to/config.json --gpus 8 --nodes 4 --zero 3 --offload_optimizer true
-    python -m zerotir.scale.memory_plan --run_config configs/qwen2.5-7b_ppo.yaml     # settings read from a run's config
+The command line is ``python -m zerotir.scale.memory_plan_cli`` (flags, or the settings of a run config).
 
 Two phases share each GPU. *Rollout*: vLLM is awake and holds its whole budget (``gpu_memory_utilization`` x GPU
 memory: weights, activations and CUDA graphs, and the KV cache in what is left), while the training states stay where
@@ -18,12 +15,15 @@ as DeepSpeed does it; numbers are per GPU):
     ZeRO-3 gathered working set (update): the layer being computed plus the prefetched one, or the embedding /
                LM head when that is larger, in bf16.
     reference  frozen bf16 weights, no optimizer state: 2P, or 2P/N partitioned under ZeRO-3; only with kl_coef > 0.
-Activations (update, rough; bf16; flash attention, so no seq x seq scores; micro-batch b sequences of s tokens):
+Activations (update, rough; bf16; flash attention, so no seq x seq scores; a micro-batch of T tokens: b sequences
+of s tokens, or with ``max_tokens_per_micro_batch`` the budget, T = max(budget, s): a longer sequence is alone):
     per layer and token 2 * (8h + 2kv + 4i) bytes are kept for the backward pass (norm inputs and outputs, q, k, v,
     attention output, residual; the MLP's gate, up, activation and product). With gradient checkpointing only each
     layer's input (2h bytes per token) is kept, plus one layer's full set while it is recomputed.
-    logits: b * s * V * ``logit_bytes`` (default 18: bf16 logits 2, their fp32 copy for the log-probs 4, and the
-    fp32 log-softmax, probabilities and product 12 of the entropy, as ``zerotir.rl.update`` computes them).
+    logits: T * V * ``logit_bytes`` (default 18: bf16 logits 2, their fp32 copy for the log-probs 4, and the
+    fp32 log-softmax, probabilities and product 12 of the entropy, as ``zerotir.rl.update`` computes them); with
+    ``logprob_chunk_tokens`` C the LM head runs C tokens at a time (``zerotir.rl.chunked_logprobs``), so the row is
+    min(C, T) * V * ``logit_bytes``.
     Actor and critic activations add: one backward runs through ``policy_loss + vf_coef * value_loss``.
 Fixed assumptions (flags): ``overhead_gib`` for the CUDA context, NCCL buffers and allocator slack; vLLM's activation
 peak plus CUDA graphs ``vllm_overhead_gib`` (vLLM measures the real figure when it starts); ``vllm_sleep_gib`` left on
@@ -31,17 +31,16 @@ the GPU while vLLM sleeps; ``sync_bucket_mb`` for the bucket size of the weight 
 Weight sync (rollout): one gathered bucket in bf16. A bucket holds whole layers and never splits one
 (``zerotir.scale.weight_sync.plan_buckets``), so the peak is ``max(sync_bucket_mb, the largest layer)``; for Qwen2.5 that
 is the embedding / LM head (vocab x hidden: about 1.0 GiB for 7B, 1.45 GiB for 32B), not the 256 MiB bucket.
+The longest sequence a layout fits (``longest_seq_len``): the largest ``seq_len`` at which both phases fit and one
+engine's KV cache holds at least one sequence of that length; the longest response is that less ``prompt_tokens``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Literal
 
-from zerotir.scale.architecture import Architecture, resolve
+from zerotir.scale.architecture import Architecture
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -60,7 +59,11 @@ class PlanSettings:
         critic: train a critic (PPO).
         reference: keep a frozen reference model (kl_coef > 0).
         micro_batch_size: sequences per forward / backward.
+        max_tokens_per_micro_batch: token budget of a micro-batch instead of micro_batch_size (model.rl's); None =
+            micro_batch_size sequences.
+        logprob_chunk_tokens: tokens per LM-head chunk of the log-probs (model.rl's); None = the full logits.
         seq_len: tokens per sequence (prompt + response).
+        prompt_tokens: the prompt part of seq_len (the longest-response line subtracts it).
         gradient_checkpointing: recompute activations in the backward pass.
         vllm_tp: vLLM tensor-parallel size (GPUs per engine).
         gpu_memory_utilization: share of each GPU's memory vLLM may use while awake.
@@ -83,7 +86,10 @@ class PlanSettings:
     critic: bool = False
     reference: bool = False
     micro_batch_size: int = 1
+    max_tokens_per_micro_batch: int | None = None
+    logprob_chunk_tokens: int | None = None
     seq_len: int = 9216
+    prompt_tokens: int = 1024
     gradient_checkpointing: bool = True
     vllm_tp: int = 1
     gpu_memory_utilization: float = 0.5
@@ -97,9 +103,14 @@ class PlanSettings:
     sync_bucket_mb: float = 256.0
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "nodes", "micro_batch_size", "seq_len", "vllm_tp", "logit_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        for name, value in (("gpus", self.gpus), ("nodes", self.nodes), ("micro_batch_size", self.micro_batch_size),
+                            ("seq_len", self.seq_len), ("vllm_tp", self.vllm_tp), ("logit_bytes", self.logit_bytes),
+                            ("max_tokens_per_micro_batch", _or_one(self.max_tokens_per_micro_batch)),
+                            ("logprob_chunk_tokens", _or_one(self.logprob_chunk_tokens))):
+            if value < 1:
+                raise ValueError(f"{name}={value}: must be >= 1")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens={self.prompt_tokens}: must be >= 0")
         if self.zero not in (2, 3):
             raise ValueError(f"zero={self.zero}: the plan covers ZeRO stages 2 and 3")
         if self.offload_params and self.zero != 3:
@@ -112,6 +123,24 @@ class PlanSettings:
     @property
     def world_size(self) -> int:
         return self.gpus * self.nodes
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Tokens of one micro-batch: the budget (or one longer sequence alone), else micro_batch_size sequences."""
+        if self.max_tokens_per_micro_batch is not None:
+            return max(self.max_tokens_per_micro_batch, self.seq_len)
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def logit_tokens(self) -> int:
+        """Tokens whose logits exist at once: one LM-head chunk, or the whole micro-batch."""
+        tokens = self.micro_batch_tokens
+        return tokens if self.logprob_chunk_tokens is None else min(self.logprob_chunk_tokens, tokens)
+
+
+def _or_one(value: int | None) -> int:
+    """An optional count for the ``>= 1`` check: None (the setting is off) passes."""
+    return 1 if value is None else value
 
 
 @dataclass(frozen=True)
@@ -147,17 +176,19 @@ def trained_model_rows(label: str, params: int, s: PlanSettings, enabled: bool =
     ]
 
 
-def activation_bytes(arch: Architecture, s: PlanSettings, with_logits: bool) -> float:
-    """Activations kept for one micro-batch's backward pass through one model (see the module docstring)."""
-    tokens = s.micro_batch_size * s.seq_len
+def activation_bytes(arch: Architecture, s: PlanSettings) -> float:
+    """Layer activations kept for one micro-batch's backward pass through one model (see the module docstring)."""
+    tokens = s.micro_batch_tokens
     h = arch.hidden_size
     full_layer = 2 * (8 * h + 2 * arch.kv_dim + 4 * arch.intermediate_size) * tokens
     if s.gradient_checkpointing:
-        kept = arch.num_layers * 2 * h * tokens + full_layer
-    else:
-        kept = arch.num_layers * full_layer
-    logits = tokens * arch.vocab_size * s.logit_bytes if with_logits else 0
-    return kept + logits
+        return arch.num_layers * 2 * h * tokens + full_layer
+    return arch.num_layers * full_layer
+
+
+def logits_bytes(arch: Architecture, s: PlanSettings) -> float:
+    """The actor's logits and what the log-probs and entropy make of them: ``logit_tokens x V x logit_bytes``."""
+    return s.logit_tokens * arch.vocab_size * s.logit_bytes
 
 
 def vllm_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
@@ -204,9 +235,11 @@ def plan_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
         Row("ZeRO-3 gathered params", 0.0, gathered, 0.0,
             "2 layers or the LM head" if s.zero == 3 else "ZeRO-2: none"),
         Row("reference (bf16)", ref_gpu, ref_gpu, ref_cpu, ref_note),
-        Row("activations: actor", 0.0, activation_bytes(arch, s, with_logits=True), 0.0,
-            f"{s.micro_batch_size} x {s.seq_len} tokens" + (", checkpointed" if s.gradient_checkpointing else "")),
-        Row("activations: critic", 0.0, activation_bytes(arch, s, with_logits=False) if s.critic else 0.0, 0.0,
+        Row("activations: actor", 0.0, activation_bytes(arch, s), 0.0, _tokens_note(s)),
+        Row("logits: actor (log-probs, entropy)", 0.0, logits_bytes(arch, s), 0.0,
+            f"{s.logit_tokens} tokens x {arch.vocab_size} x {s.logit_bytes} bytes"
+            + (" (LM head in chunks)" if s.logprob_chunk_tokens is not None else "")),
+        Row("activations: critic", 0.0, activation_bytes(arch, s) if s.critic else 0.0, 0.0,
             "" if s.critic else "not used"),
         *vllm_rows(arch, s),
         Row("weight-sync bucket", sync_bucket_bytes(arch, s), 0.0, 0.0,
@@ -214,6 +247,37 @@ def plan_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
         Row("CUDA context, NCCL, slack", s.overhead_gib * GIB, s.overhead_gib * GIB, 0.0, "assumed"),
     ]
     return rows
+
+
+def _tokens_note(s: PlanSettings) -> str:
+    """What one micro-batch holds: ``b x s`` tokens, or the token budget."""
+    if s.max_tokens_per_micro_batch is None:
+        held = f"{s.micro_batch_size} x {s.seq_len} tokens"
+    else:
+        held = f"{s.micro_batch_tokens} tokens (budget {s.max_tokens_per_micro_batch})"
+    return held + (", checkpointed" if s.gradient_checkpointing else "")
+
+
+def fits(arch: Architecture, s: PlanSettings) -> bool:
+    """Both phases within the GPU's memory, and one engine's KV cache holds a sequence of ``seq_len`` tokens."""
+    rows = plan_rows(arch, s)
+    total = totals(rows)
+    kv = next(r.rollout for r in rows if r.component == "vLLM: KV cache")
+    gpu = s.gpu_mem_gib * GIB
+    return total.rollout <= gpu and total.update <= gpu and kv // arch.kv_cache_bytes_per_token(s.vllm_tp) >= s.seq_len
+
+
+def longest_seq_len(arch: Architecture, s: PlanSettings, limit: int = 1 << 22) -> int:
+    """The largest ``seq_len`` (prompt included, at most ``limit``) at which ``s`` fits, by bisection (memory grows
+    with the length); 0 when not even one token fits."""
+    low, high = 0, limit  # low: the longest length known to fit (0: none yet)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(arch, replace(s, seq_len=mid)):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def totals(rows: list[Row]) -> Row:
@@ -263,136 +327,7 @@ def summary_lines(arch: Architecture, s: PlanSettings, rows: list[Row], total: R
     for phase, used in (("rollout", total.rollout), ("update", total.update)):
         verdict = "fits" if used <= gpu and kv > 0 else "DOES NOT FIT"
         out.append(f"- {phase}: {_fmt(used, unit)} of {_fmt(gpu, unit)} {unit} per GPU -> {verdict}")
+    longest = longest_seq_len(arch, s)
+    out.append(f"- longest sequence that fits: {longest:,} tokens = a response of "
+               f"{max(longest - s.prompt_tokens, 0):,} after a {s.prompt_tokens}-token prompt")
     return out
-
-
-# ----- settings from a run config and the command line -----
-
-_STRATEGY_NAMES = {  # Lightning's registered DeepSpeed strategy names -> (stage, offload optimizer, offload params)
-    "deepspeed_stage_2": (2, False, False),
-    "deepspeed_stage_2_offload": (2, True, False),
-    "deepspeed_stage_3": (3, False, False),
-    "deepspeed_stage_3_offload": (3, True, True),
-}
-
-
-def _strategy_settings(strategy: Any, where: str) -> dict[str, Any]:
-    """ZeRO stage and offloads from ``trainer.strategy``: a registered name or a ``DeepSpeedStrategy`` class_path."""
-    if isinstance(strategy, str) and strategy in _STRATEGY_NAMES:
-        stage, opt, par = _STRATEGY_NAMES[strategy]
-        return {"zero": stage, "offload_optimizer": opt, "offload_params": par}
-    init = strategy.get("init_args", {}) if isinstance(strategy, dict) else None
-    if init is None or "DeepSpeed" not in str(strategy.get("class_path", "")):
-        raise ValueError(f"{where}: trainer.strategy={strategy!r} is not DeepSpeed; the memory plan covers ZeRO-2 / 3 "
-                         f"({', '.join(_STRATEGY_NAMES)} or a DeepSpeedStrategy class_path)")
-    ds = init.get("config")
-    if isinstance(ds, str):
-        ds = json.loads(_config_file(ds, where).read_text(encoding="utf-8"))
-    if isinstance(ds, dict):
-        zero = ds.get("zero_optimization", {})
-        return {"zero": int(zero.get("stage", 0)),
-                "offload_optimizer": zero.get("offload_optimizer", {}).get("device", "none") != "none",
-                "offload_params": zero.get("offload_param", {}).get("device", "none") != "none"}
-    return {"zero": int(init.get("stage", 2)), "offload_optimizer": bool(init.get("offload_optimizer", False)),
-            "offload_params": bool(init.get("offload_parameters", False))}
-
-
-def _config_file(name: str, where: str) -> Path:
-    """A DeepSpeed JSON named in a run config: relative to the working directory, else to the repository root."""
-    path = Path(name)
-    for candidate in (path, Path(where).resolve().parents[1] / path):
-        if candidate.is_file():
-            return candidate
-    raise ValueError(f"{where}: the DeepSpeed config {name!r} does not exist (paths are relative to the repository "
-                     "root; run from there)")
-
-
-def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
-    """The model and ``PlanSettings`` fields a zerotir run config implies (``python -m zerotir fit --config``).
-
-    Reads ``model.*`` (model_path, gradient_checkpointing, the ``rl`` and ``sampling`` groups, and the ``rollout``
-    group's tensor_parallel_size / gpu_memory_utilization / weight_sync_bucket_mb), ``data.*`` (max_prompt_tokens,
-    prompts_per_step) and ``trainer.*`` (devices, num_nodes, strategy). Missing fields take the groups' defaults.
-    """
-    import yaml
-
-    from zerotir.config import RLConfig, SamplingConfig, VLLMRollout
-
-    where = str(path)
-    config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    model, data, trainer = (config.get(k) or {} for k in ("model", "data", "trainer"))
-    if "model_path" not in model:
-        raise ValueError(f"{where}: model.model_path is missing")
-    devices = trainer.get("devices", 1)
-    if not isinstance(devices, int):
-        raise ValueError(f"{where}: trainer.devices={devices!r}; the plan needs a number of GPUs per node")
-    rl = RLConfig(**(model.get("rl") or {}))
-    sampling = SamplingConfig(**(model.get("sampling") or {}))
-    rollout = model.get("rollout") or {}
-    vllm = str(rollout.get("class_path", "")).endswith("VLLMRollout")
-    engine = VLLMRollout(**(rollout.get("init_args") or {})) if vllm else None
-    settings = {
-        "gpus": devices,
-        "nodes": int(trainer.get("num_nodes", 1)),
-        **_strategy_settings(trainer.get("strategy"), where),
-        "critic": rl.algorithm == "ppo",
-        "reference": rl.kl_coef > 0,
-        "micro_batch_size": rl.micro_batch_size,
-        "seq_len": int(data.get("max_prompt_tokens") or 1024) + sampling.max_response_tokens,
-        "gradient_checkpointing": bool(model.get("gradient_checkpointing", False)),
-        "vllm_tp": engine.tensor_parallel_size if engine else 1,
-        "gpu_memory_utilization": engine.gpu_memory_utilization if engine else VLLMRollout.gpu_memory_utilization,
-        "samples_per_step": int(data.get("prompts_per_step", 128)) * sampling.n,
-        "sync_bucket_mb": float(engine.weight_sync_bucket_mb if engine else VLLMRollout.weight_sync_bucket_mb),
-    }
-    return str(model["model_path"]), settings
-
-
-def build_parser() -> Any:
-    """The command line: ``--model`` / ``--run_config`` / ``--unit`` and every ``PlanSettings`` field."""
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(prog="python -m zerotir.scale.memory_plan",
-                            description="Per-GPU memory plan of a colocated RL run (see zerotir/scale/memory_plan.py).")
-    parser.add_argument("--model", type=str | None, default=None,
-                        help="qwen2.5-0.5b / qwen2.5-7b / qwen2.5-32b (or hub ids), a config.json or a model folder")
-    parser.add_argument("--run_config", type=str | None, default=None,
-                        help="a zerotir run config; its model and settings are the defaults of the other flags")
-    parser.add_argument("--unit", type=Literal["GiB", "MiB", "B"], default="GiB")
-    parser.add_class_arguments(PlanSettings, nested_key="plan")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> str:
-    """Parse ``argv``, print the plan as Markdown and return it.
-
-    Settings flags are given as ``--plan.gpus 8 --plan.zero 3``; the short forms ``--gpus``, ``--nodes``, ``--zero``
-    are accepted too. With ``--run_config`` the config's values are the defaults and flags override them.
-    """
-    argv = [_long_form(a) for a in (sys.argv[1:] if argv is None else argv)]
-    parser = build_parser()
-    first = parser.parse_args(argv)
-    if first.run_config is not None:
-        config_model, values = settings_from_run_config(first.run_config)
-        parser.set_defaults({"model": config_model, **{f"plan.{k}": v for k, v in values.items()}})
-    args = parser.parse_args(argv)
-    if args.model is None:
-        parser.error("give --model (a known name, hub id, config.json or model folder) or --run_config")
-    settings = PlanSettings(**vars(args.plan)) if not isinstance(args.plan, PlanSettings) else args.plan
-    text = render_markdown(resolve(args.model), settings, args.unit)
-    print(text)
-    return text
-
-
-def _long_form(arg: str) -> str:
-    """``--gpus`` -> ``--plan.gpus`` (and ``--gpus=8``) for every ``PlanSettings`` field."""
-    name, eq, value = arg.partition("=")
-    if name.startswith("--") and name[2:] in _PLAN_FIELDS:
-        return f"--plan.{name[2:]}{eq}{value}"
-    return arg
-
-
-_PLAN_FIELDS = {f.name for f in fields(PlanSettings)}
-
-if __name__ == "__main__":
-    main()
