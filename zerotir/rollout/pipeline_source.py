@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 import torch
@@ -89,9 +88,7 @@ class PipelineSource(EngineSource):
         """The new weights into the producer's engine between two of its steps, as ``version``; in line before the
         producer starts."""
         if self.producer is None:
-            start = time.perf_counter()
-            self.engine.load_weights_from(actor)
-            return time.perf_counter() - start
+            return self.load_weights(actor)
         return self.producer.push(lambda engine: engine.load_weights_from(actor), version)
 
     def _start_producer(self, step: int, batch_index: int, first_row: int) -> None:

@@ -170,6 +170,12 @@ class EngineSource:
         traj = own_trajectories(traj, own, len(group_rows), params.n)  # group ids index ``group_rows``
         return RolloutBatch(group_rows, traj, timings, self.sandbox.names)
 
+    def load_weights(self, actor: nn.Module) -> float:
+        """``actor``'s weights into this source's engine, in line; the seconds it took."""
+        start = time.perf_counter()
+        self.engine.load_weights_from(actor)
+        return time.perf_counter() - start
+
     def close(self) -> None:
         self.engine = None
         self.sandbox.close()
@@ -188,6 +194,4 @@ class InlineSource(EngineSource):
         return RolloutBatch(rows, traj, timings, self.sandbox.names)
 
     def after_update(self, actor: nn.Module, version: int) -> float:
-        start = time.perf_counter()
-        self.engine.load_weights_from(actor)
-        return time.perf_counter() - start
+        return self.load_weights(actor)
