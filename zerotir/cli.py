@@ -26,6 +26,7 @@ What the subclass adds to Lightning's CLI:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -35,6 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
+import docstring_parser
 import torch
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
@@ -72,6 +74,11 @@ def use_cpu_deepspeed_without_cuda() -> None:
 
 # Field docstrings of the configuration dataclasses are their --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
+# jsonargparse reads those docstrings with ``docstring_parser.parse_from_object``, which re-reads and re-parses the
+# class's source on every call: once per class and per subcommand (fit, validate, test, predict), and again for every
+# command line a process builds. Its result depends only on the object and the style, so it is kept per process; the
+# parser, its --help and the parsed configs are the same as without the cache.
+docstring_parser.parse_from_object = functools.lru_cache(maxsize=None)(docstring_parser.parse_from_object)
 
 
 class ZeroTIRArgumentParser(LightningArgumentParser):

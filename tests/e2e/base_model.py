@@ -12,12 +12,22 @@ evolves; the cache stamp holds a sample document, so any change of format rebuil
 
 As the toy base's, its schedule is a function of the step alone (a fixed step count, a linear decay over it), never
 of wall time, so a loaded machine builds the same model, only later; the seconds it took are recorded, not used.
+
+The suite does not pretrain it: ``data/e2e_base`` ships it (``ship``: the pretrained weights stored in float16, under
+1 MB, with ``SHA256SUMS``), and ``unpack`` verifies that folder and writes the float32 model the tests load (the
+float16 values, exactly). Its stamp holds the settings and the sample document it was built with; when they differ
+from the ones here, ``unpack`` fails naming the command that rebuilds it:
+``python -m tests.e2e.base_model --out data/e2e_base``.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +43,11 @@ SETTINGS = {"seed": 0, "steps": 400, "batch_size": 16, "lr": 3e-3, "hidden_size"
             "num_heads": 4, "intermediate_size": 256, "code_share": 0.5, "version": 2}
 PROMPT = "Q: {problem} = ? (Python allowed; answer in \\boxed{{}})\nA: "
 TEMPLATE = "tests.e2e.base_model:prompt"  # the data module's template name for this prompt
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "e2e_base"
+SHIPPED_NAME = "data/e2e_base"
+STAMP, CHECKSUMS = "e2e_base.json", "SHA256SUMS"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+REBUILD = f"python -m tests.e2e.base_model --out {SHIPPED_NAME}"
 
 
 def prompt(problem: str, tokenizer: object | None = None) -> str:
@@ -103,3 +118,57 @@ def pretrain(out_dir: Path, settings: dict = SETTINGS) -> Path:
     record = {"key": [settings, sample], "final_loss": loss.item(), "seconds": time.perf_counter() - start}
     stamp.write_text(json.dumps(record, indent=2))
     return out_dir
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def ship(out_dir: Path) -> Path:
+    """Pretrain the base and write it to ``out_dir`` as shipped: float16 weights, the tokenizer, the stamp and
+    ``SHA256SUMS`` (``sha256sum -c`` format) over every other file. One torch thread, as the e2e tests run."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        built = pretrain(Path(tmp))
+        model = AutoModelForCausalLM.from_pretrained(str(built), dtype=torch.float32)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.to(torch.float16).save_pretrained(str(out_dir))
+        for name in (*TOKENIZER_FILES, STAMP):
+            shutil.copy(built / name, out_dir / name)
+    names = sorted(p.name for p in out_dir.iterdir() if p.is_file() and p.name != CHECKSUMS)
+    (out_dir / CHECKSUMS).write_text("".join(f"{_sha256(out_dir / n)}  {n}\n" for n in names))
+    return out_dir
+
+
+def unpack(dest: Path, shipped: Path = SHIPPED) -> Path:
+    """Verify the shipped base (its checksums, and that its stamp is this module's settings and formats) and write
+    it to ``dest`` in float32, the dtype the tests train in.
+
+    Raises:
+        AssertionError: a file is missing or differs from ``SHA256SUMS``, or the stamp is another recipe's; the
+            message names the command that rebuilds the shipped base.
+    """
+    from transformers import AutoModelForCausalLM
+
+    sums = shipped / CHECKSUMS
+    assert sums.is_file(), f"{shipped}: no {CHECKSUMS}; restore it (`git checkout -- {SHIPPED_NAME}`) or run {REBUILD}"
+    for line in sums.read_text().splitlines():
+        expected, _, name = line.partition("  ")
+        assert (shipped / name).is_file() and _sha256(shipped / name) == expected, \
+            f"{shipped / name}: missing or changed since {CHECKSUMS} was written; restore it or run {REBUILD}"
+    key = json.loads((shipped / STAMP).read_text())["key"]
+    assert key == json.loads(json.dumps([SETTINGS, document(random.Random(0), 1.0)])), \
+        f"{shipped} was built with other settings or formats than tests/e2e/base_model.py's; run {REBUILD}"
+    model = AutoModelForCausalLM.from_pretrained(str(shipped), dtype=torch.float32)
+    model.save_pretrained(str(dest))
+    for name in (*TOKENIZER_FILES, STAMP):
+        shutil.copy(shipped / name, dest / name)
+    return dest
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Pretrain the e2e tests' base and write it as shipped.")
+    parser.add_argument("--out", type=Path, required=True, help=f"the folder to write ({SHIPPED_NAME} is shipped)")
+    print(ship(parser.parse_args().out))

@@ -1,5 +1,6 @@
-"""Shared pieces of the end-to-end tests: the quickly pretrained base model, the prompt files, and a runner of the
-real command line (in-process ``LightningCLI`` with the shipped configs, or ``python -m zerotir`` in a subprocess)."""
+"""Shared pieces of the end-to-end tests: the pretrained tiny base (shipped in data/e2e_base), the prompt files, and
+a runner of the real command line (in-process ``LightningCLI`` with the shipped configs, or ``python -m zerotir`` in a
+subprocess)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
+from tests.e2e.base_model import TEMPLATE, unpack, write_problems
 from zerotir.cli import ZeroTIRCLI
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,12 +33,10 @@ def needs_vllm() -> None:
 
 
 @pytest.fixture(scope="session")
-def e2e_base(request, tmp_path_factory) -> Path:
-    """The pretrained tiny base, cached in pytest's cache folder between runs (rebuilt when its settings change);
-    built in a temporary folder when the cache is off (``-p no:cacheprovider``)."""
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("zerotir_e2e_base") if cache is not None else tmp_path_factory.mktemp("e2e_base")
-    return pretrain(Path(folder))
+def e2e_base(tmp_path_factory) -> Path:
+    """The pretrained tiny base shipped in ``data/e2e_base`` (checksums and recipe verified), in float32 in a
+    temporary folder: ``tests.e2e.base_model.unpack``."""
+    return unpack(tmp_path_factory.mktemp("e2e_base"))
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,9 @@ then one ``optimizer.step()``. Under ZeRO-2 DeepSpeed's default *managed* accumu
 gradient; ``"managed_gradient_accumulation": false`` makes ``step()`` the boundary. This test runs each shipped config
 (bf16 off so the comparison is exact, clipping off) on a small MLP on CPU with gloo, and checks that two half-batch
 backward calls and one SGD step move the weights exactly like one full-batch gradient step, and that the same run with
-the flag removed does not (so the check can fail). Each config runs in a fresh subprocess (DeepSpeed keeps global
-state and must see DS_ACCELERATOR before it is imported).
+the flag removed does not (so the check can fail). The checks run in one fresh subprocess (DeepSpeed must see
+DS_ACCELERATOR before it is imported), one process group for all of them and a new model, optimizer and engine for
+each, as ``tests/scale/test_deepspeed_setup.py`` runs both ZeRO stages in one process.
 """
 
 from __future__ import annotations
@@ -37,13 +38,24 @@ def _deepspeed_importable() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def run_check(config_path: Path, drop_flag: bool) -> dict:
+# (config, drop the flag): each shipped ZeRO config as shipped, and ZeRO-2 without the flag (the check can fail).
+CHECKS = [("zero2.json", False), ("zero2.json", True), ("zero3.json", False)]
+
+
+def run_checks(checks: list[tuple[str, bool]]) -> dict[tuple[str, bool], dict]:
+    """Every check in one subprocess: ``{(config name, drop_flag): {"config", "drop_flag", "max_err"}}``."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    args = [sys.executable, __file__, str(config_path)] + (["--drop-flag"] if drop_flag else [])
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
+    args = [sys.executable, __file__, *(f"{name}:drop" if drop else name for name, drop in checks)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=480, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {(r["config"], r["drop_flag"]): r for r in results}
+
+
+@pytest.fixture(scope="module")
+def accumulation_errors() -> dict[tuple[str, bool], dict]:
+    return run_checks(CHECKS)
 
 
 def test_every_config_sets_the_flag() -> None:
@@ -59,22 +71,21 @@ def test_every_config_sets_the_flag() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
 @pytest.mark.parametrize("name", ["zero2.json", "zero3.json"])
-def test_micro_batches_accumulate_like_one_batch(name: str) -> None:
-    result = run_check(REPO / "configs" / "deepspeed" / name, drop_flag=False)
+def test_micro_batches_accumulate_like_one_batch(name: str, accumulation_errors) -> None:
+    result = accumulation_errors[(name, False)]
     assert result["max_err"] < 1e-6, result
     if name == "zero2.json":  # without the flag ZeRO-2 keeps only the last micro-batch's gradient
-        assert run_check(REPO / "configs" / "deepspeed" / name, drop_flag=True)["max_err"] > 1e-3
+        assert accumulation_errors[(name, True)]["max_err"] > 1e-3
 
 
-def _worker(config_path: str, drop_flag: bool) -> dict:
+def _worker(config_path: Path, drop_flag: bool) -> dict:
+    """One check, inside the process group the caller set up."""
     import copy
 
     import deepspeed
     import torch
-    import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    config = json.loads(Path(config_path).read_text())
+    config = json.loads(config_path.read_text())
     config["bf16"] = {"enabled": False}  # exact fp32 comparison on CPU
     config["gradient_clipping"] = 0.0
     config["zero_optimization"].pop("offload_optimizer", None)  # SGD as the client optimizer; offload needs CPU Adam
@@ -97,9 +108,13 @@ def _worker(config_path: str, drop_flag: bool) -> dict:
         after = [p.detach().clone() for p in engine.module.parameters()]
     # SGD with lr 1: after = before - full-batch gradient.
     err = max(float((b - a - g).abs().max()) for b, a, g in zip(before, after, grads))
+    return {"config": config_path.name, "drop_flag": drop_flag, "max_err": err}
+
+
+if __name__ == "__main__":  # python this_file NAME[:drop] ...: one JSON list, a result per check
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    checks = [arg.split(":") for arg in sys.argv[1:]]
+    print(json.dumps([_worker(REPO / "configs" / "deepspeed" / c[0], c[1:] == ["drop"]) for c in checks]))
     dist.destroy_process_group()
-    return {"config": Path(config_path).name, "drop_flag": drop_flag, "max_err": err}
-
-
-if __name__ == "__main__":
-    print(json.dumps(_worker(sys.argv[1], "--drop-flag" in sys.argv)))
