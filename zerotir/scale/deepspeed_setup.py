@@ -41,7 +41,7 @@ def is_deepspeed(trainer: Any) -> bool:
 
 def is_zero3(trainer: Any) -> bool:
     """True under DeepSpeed ZeRO stage 3 (parameters partitioned over the ranks)."""
-    return is_deepspeed(trainer) and bool(getattr(trainer.strategy, "zero_stage_3", False))
+    return is_deepspeed(trainer) and trainer.strategy.zero_stage_3
 
 
 def check_deepspeed_config(config: Mapping[str, Any], max_grad_norm: float, optimizer: str) -> None:
