@@ -62,6 +62,7 @@ class Job:
     algorithm: str = "reinforce_pp"
     seed: int = 0
     budget: int = 4
+    extra: tuple[str, ...] = ()  # further command-line settings of the run (another benchmark's arms)
 
 
 def jobs(seeds: list[int]) -> list[Job]:
@@ -118,7 +119,7 @@ class Sweep:
                 "--trainer.enable_checkpointing", "false", "--data.limit_val_rows", "128",
                 "--seed_everything", str(job.seed), "--model.seed", str(job.seed), "--data.seed", str(job.seed),
                 "--model.rl.algorithm", job.algorithm, "--model.tool.max_tool_calls", str(job.budget),
-                *(PPO_ARGS if job.algorithm == "ppo" else [])]
+                *(PPO_ARGS if job.algorithm == "ppo" else []), *job.extra]
         self._log(f"{job.name}: start")
         seconds = self._run(argv, self.args.out / f"{job.name}.log")
         (run_dir / "done.json").write_text(json.dumps({"job": job.__dict__, "seconds": seconds}) + "\n")

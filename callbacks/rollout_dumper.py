@@ -2,8 +2,9 @@
 
 What it reads: the ``StepResult`` (``zerotir.rl.step``) that ``training_step`` (and ``validation_step`` /
 ``test_step``) return as ``outputs["step"]`` of ``on_*_batch_end``: its ``rl_step``, ``rollout`` (the scored
-trajectories, before pass-rate filtering) and ``batch`` (the prompt text, data id and source name of each group id,
-and the ``weight_version``: how many updates the weights that generated it had seen).
+trajectories, before pass-rate filtering), ``batch`` (the prompt text, data id and source name of each group id,
+and the ``weight_version``: how many updates the weights that generated it had seen) and ``filter`` (the decision:
+each record names the rules that removed it, ``filtered_by``).
 
 The callback only hands them to a background thread (``zerotir.rollout_log.writer``), which builds the records,
 writes ``<dirpath>/step_<k>.jsonl.gz`` (``val_step_<k>`` / ``test_step_<k>`` for evaluations, one file for all
@@ -159,7 +160,7 @@ class RolloutDumper(Callback):
         def job() -> None:
             records = [r for part in parts for r in R.trajectory_records(
                 part["rollout"], part["prompts"], part["problem_ids"], part["sources"], step=step, split=split,
-                weight_version=part["weight_version"], rank=rank)]
+                weight_version=part["weight_version"], rank=rank, removed=part["removed"])]
             for i, record in enumerate(records):  # one index over all batches of an evaluation
                 record["index"] = i
             R.write_records(path, records)
@@ -182,4 +183,5 @@ def _step_outputs(outputs: Any, hook: str) -> dict[str, Any]:
                         f"got {got}")
     info = result.batch
     return {"step": result.rl_step, "rollout": result.rollout, "prompts": info.prompts,
-            "problem_ids": info.problem_ids, "sources": info.sources, "weight_version": info.weight_version}
+            "problem_ids": info.problem_ids, "sources": info.sources, "weight_version": info.weight_version,
+            "removed": result.filter.removed if result.filter is not None else None}

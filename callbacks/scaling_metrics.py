@@ -4,9 +4,11 @@ What it reads: the ``StepResult`` (``zerotir.rl.step``) that ``training_step`` r
 ``on_train_batch_end``: its ``rl_step`` (the x axis of every tag here), ``rollout`` (all trajectories of the step,
 scored, *before* pass-rate filtering), ``timings`` (seconds per phase: generation, sandbox, reward, update,
 weight_sync, step; with the asynchronous pipeline also wait_for_rollout and wait_for_trainer), ``pipeline`` (the
-batch's staleness) and ``stats`` (kl, entropy, policy_loss, value_loss, clip_fraction, grad_norm, lr; empty when
-the update was skipped). It logs them under the names of ``zerotir.metric_names``. Keys outside those lists are
-logged as ``time/<key>`` and ``train/<key>``, never dropped. The callback only observes: no loss math here.
+batch's staleness), ``refill`` (how the batch was filled: generation rounds, prompts consumed, ...), ``filter`` (the
+decision: each removal rule's share of the trajectories, ``filter/<name>_fraction``) and ``stats`` (kl, entropy,
+policy_loss, value_loss, clip_fraction, grad_norm, lr; empty when the update was skipped). It logs
+them under the names of ``zerotir.metric_names``. Keys outside those lists are logged as ``time/<key>`` and
+``train/<key>``, never dropped. The callback only observes: no loss math here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ TIMING_NAMES = {
     "wait_for_trainer": mn.TIME_WAIT_TRAINER,
 }
 PIPELINE_NAMES = {"staleness_mean": mn.STALENESS_MEAN, "staleness_max": mn.STALENESS_MAX}
+REFILL_NAMES = {
+    "generation_rounds": mn.GENERATION_ROUNDS,
+    "prompts_consumed": mn.PROMPTS_CONSUMED,
+    "exhausted_steps": mn.EXHAUSTED_STEPS,
+    "empty_steps_in_a_row": mn.EMPTY_STEPS_IN_A_ROW,
+}
 UPDATE_NAMES = {
     "kl": mn.KL,
     "entropy": mn.ENTROPY,
@@ -99,6 +107,14 @@ def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dic
     return metrics
 
 
+def filter_fractions(result: StepResult) -> dict[str, float]:
+    """``filter/<name>_fraction``: the share of the step's trajectories (this rank's) that each removal rule of its
+    decision matched (``FilterDecision.removed``); nothing without a decision or a rule."""
+    removed = result.filter.removed if result.filter is not None else {}
+    return {mn.FILTER_FRACTIONS.get(name, f"filter/{name}_fraction"): float(matched.double().mean().item())
+            for name, matched in removed.items() if len(matched)}
+
+
 def named_stats(stats: dict[str, float], names: dict[str, str], prefix: str) -> dict[str, float]:
     """Map the module's short keys to metric names; unknown keys become ``prefix/key``."""
     return {names.get(key, f"{prefix}/{key}"): float(value) for key, value in stats.items()}
@@ -124,6 +140,8 @@ class ScalingMetrics(Callback):
         metrics.update(named_stats(result.stats, UPDATE_NAMES, "train"))
         metrics.update(named_stats(result.timings, TIMING_NAMES, "time"))
         metrics.update(named_stats(result.pipeline, PIPELINE_NAMES, "pipeline"))
+        metrics.update(named_stats(result.refill, REFILL_NAMES, "filter"))
+        metrics.update(filter_fractions(result))
         return metrics
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -98,7 +98,7 @@ def test_help_lists_every_group_with_its_meaning(capsys):
     for group, field, meaning in (("rl", "clip_low", "Lower clip epsilon"), ("optim", "warmup_steps", "Linear warmup"),
                                   ("tool", "max_tool_calls", "ZeroRL baseline"), ("sampling", "n", "Samples per"),
                                   ("eval_sampling", "temperature", "greedy"), ("sandbox", "urls", "embedded"),
-                                  ("rollout", "", "HFRollout")):
+                                  ("rollout", "", "HFRollout"), ("refill", "max_rounds", "max_num_gen_batches")):
         assert f"--model.{group}" + (f".{field}" if field else "") in out, group
         assert meaning in out, meaning
 
@@ -192,7 +192,8 @@ def test_help_describes_every_estimator_and_option(capsys):
     for words in ('"reinforce_baseline" (REINFORCE++-baseline', '"rloo" (leave-one-out group baseline',
                   "--model.rl.dual_clip", "--model.rl.loss_agg_mode", "Dr. GRPO", "--model.rl.gae_injected",
                   '"restart" (the paper\'s code', "--model.rl.whiten_eps", "--model.rl.grpo_std_eps",
-                  "--model.rl.grpo_kl_in_reward"):
+                  "--model.rl.grpo_kl_in_reward", "--model.rl.kl_clamp", "--model.rl.is_band_low",
+                  "--model.rl.is_band_high", '"token_mask" (IcePop'):
         assert words in text, words
 
 

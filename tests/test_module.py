@@ -415,15 +415,15 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
     module._trainer = FakeTrainer(world_size=4, global_rank=3)  # engine 1 = ranks 2 and 3
     tok = build_byte_tokenizer()
     batch = [{"id": f"q{i}", "prompt_text": f"{i}+{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i),
-              "source": "s"} for i in range(4)]
-    out = module.training_step(batch, 0)["step"]
+              "source": "s", "batch_index": 0} for i in range(4)]
+    out = module.training_step(iter([(batch, 0, 0)]))["step"]  # the step draws its batch (Lightning's iterator)
     assert source.seen == [["q2", "q3"]]  # the engine's prompts
     assert trained[0].group_ids.tolist() == [1, 1] and len(out.rollout) == 2  # rank 3: the 2nd group
     # The callbacks' outputs: the rollout and, per group id of it, its prompt (the engine's share of the batch).
     assert out.batch.problem_ids == ["q2", "q3"]
     assert out.batch.prompts == ["2+2", "3+3"] and out.batch.weight_version == 0
     with pytest.raises(ValueError, match=r"data.prompts_per_step=6.*multiple of devices x num_nodes = 4"):
-        module.training_step(batch + batch[:2], 1)
+        module.training_step(iter([(batch + batch[:2], 1, 0)]))
 
 
 class SharedEngineGroup(TensorParallelGroup):

@@ -45,7 +45,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
-from zerotir.config import RLConfig, SamplingConfig
+from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import new_run_dir
 from zerotir.module import ZeroTIRModule
@@ -143,10 +143,9 @@ class ZeroTIRCLI(LightningCLI):
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
         # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
         # checks itself when it is built, the cross-group checks follow.
-        rl, sampling = config.model.rl, config.model.sampling
-        rl = rl if isinstance(rl, RLConfig) else RLConfig(**rl.as_dict())
-        rl.check_training_sampling(sampling if isinstance(sampling, SamplingConfig)
-                                   else SamplingConfig(**sampling.as_dict()))
+        rl, sampling = _group(config.model.rl, RLConfig), _group(config.model.sampling, SamplingConfig)
+        rl.check_training_sampling(sampling)
+        _group(config.model.filters, FilterConfig).check_run(rl, sampling, _group(config.model.tool, ToolConfig))
         if config.get("toy_base") is not None:
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             settings = config.toy_base
@@ -172,6 +171,11 @@ class ZeroTIRCLI(LightningCLI):
         if trainer_config.get("enable_checkpointing") is False:
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         return self._instantiate_trainer(trainer_config, callbacks)
+
+
+def _group(value: Any, group: type[Any]) -> Any:
+    """A configuration group as parsed (an instance, or a Namespace of its fields) as an instance of ``group``."""
+    return value if isinstance(value, group) else group(**value.as_dict())
 
 
 def _as_list(callbacks: Any) -> list[Any]:

@@ -80,10 +80,10 @@ def _reported_types() -> tuple[type[BaseException], ...]:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from sandbox.client import SandboxUnavailable
-    from zerotir.rl.guards import NonFiniteLossError, SandboxFailureError
+    from zerotir.rl.guards import EmptyStepsError, NonFiniteLossError, SandboxFailureError
 
     return (ValueError, FileNotFoundError, FileExistsError, MisconfigurationException, SandboxUnavailable,
-            SandboxFailureError, NonFiniteLossError)
+            SandboxFailureError, NonFiniteLossError, EmptyStepsError)
 
 
 def _where(exc: BaseException) -> str:

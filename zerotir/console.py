@@ -11,9 +11,10 @@ step was slow nor zero right after a resume. Without a terminal (a pipe, ``nohup
 warnings: Lightning's advertising tips and its TPU / HPU availability lines, the "checkpoint directory exists"
 warning (a resumed run writes into its own folder on purpose), Lightning's ``sync_dist`` advice for the evaluation
 tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
-helper, transformers' "Loading weights" progress bars and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING``
-unless set). ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start,
-the toy-base build) go to stderr.
+helper, its "experimental" notes on the ``dataloader_iter`` training step (the RL step draws its own batches),
+transformers' "Loading weights" progress bars and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set).
+``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build)
+go to stderr.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ WARNING_NOISE: tuple[tuple[str, type[Warning]], ...] = (
     (r"It is recommended to use `self\.log\('[^']+/(accuracy|pass_at_k|code_rate|calls_per_response|"
      r"response_length|sandbox_error_rate|truncation_rate)', \.\.\., sync_dist=True\)`", UserWarning),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
+    # The RL step draws its own batches (refill); no hook of zerotir reads a training batch_idx.
+    (r"Found `dataloader_iter` argument in the `training_step`", Warning),
+    (r"You are using the `dataloader_iter` step flavor", Warning),
 )
 
 

@@ -20,6 +20,17 @@ CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollo
                     "rollout/correct_calls_3plus")
 
 KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate filter
+# Share of the step's trajectories each removal rule matched (model.filters; zerotir.filters.decide.REMOVAL_NAMES):
+# "filter/<name>_fraction".
+FILTER_NAMES = ("pass_rate", "overlong_wrong", "shortcut", "code_mismatch", "void_repetition", "void_turn",
+                "truncated", "roc", "perplexity")
+FILTER_FRACTIONS = {name: f"filter/{name}_fraction" for name in FILTER_NAMES}
+# How the step's batch was filled (model.refill), per step: generation rounds, prompts drawn from the stream, steps so
+# far whose refill rounds ran out before the batch was full (refill runs only), consecutive steps without an update.
+GENERATION_ROUNDS = "filter/generation_rounds"
+PROMPTS_CONSUMED = "filter/prompts_consumed"
+EXHAUSTED_STEPS = "filter/exhausted_steps"
+EMPTY_STEPS_IN_A_ROW = "filter/empty_steps_in_a_row"
 
 # Update statistics.
 KL = "train/kl"
@@ -33,6 +44,14 @@ ENGINE_LOGPROB_DIFF = "train/engine_logprob_diff"  # mean |trainer - engine| log
 IS_RATIO_MEAN = "train/is_ratio_mean"  # mean exp(trainer - engine) log-prob ratio on action tokens, before any cap
 IS_CAPPED_FRACTION = "train/is_capped_fraction"  # share of action tokens whose ratio exceeds model.rl.is_cap
 IS_WEIGHT_MEAN = "train/is_weight_mean"  # mean off-policy weight of the policy loss (1 without correction)
+IS_SEQ_CAPPED_FRACTION = "train/is_seq_capped_fraction"  # share of sequences whose product of ratios exceeds is_cap
+IS_MASKED_FRACTION = "train/is_masked_fraction"  # share of action tokens the correction weighs 0 (dropped / rejected)
+IS_SEQ_MASKED_FRACTION = "train/is_seq_masked_fraction"  # share of sequences with at least one such token
+# Engine vs trainer on the action tokens (zerotir.rl.mismatch), whatever the correction, when top_p is 1.
+MISMATCH_KL = "train/mismatch_kl"  # k3 estimate of KL(engine || trainer), token mean
+MISMATCH_CHI2 = "train/mismatch_chi2"  # token-level chi-square E_engine[ratio^2] - 1
+MISMATCH_ENGINE_PPL = "train/mismatch_engine_ppl"  # exp(-token mean of the engine's log-probs)
+MISMATCH_TRAINER_PPL = "train/mismatch_trainer_ppl"  # exp(-token mean of the trainer's log-probs)
 LEARNING_RATE = "train/lr"
 
 # Wall time of each phase of an RL step, seconds.

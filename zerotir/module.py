@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -32,14 +33,18 @@ from lightning.pytorch.trainer.states import TrainerFn
 from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
-    EVAL_SAMPLING, HFRollout, OptimConfig, PipelineConfig, RLConfig, RolloutBackend, SamplingConfig, SandboxConfig,
-    ToolConfig, as_plain,
+    EVAL_SAMPLING, FilterConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, RolloutBackend,
+    SamplingConfig, SandboxConfig, ToolConfig, as_plain,
 )
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
+from zerotir.filters.decide import decide
+from zerotir.filters.trajectory import FilterContext
 from zerotir.rl.guards import SandboxErrorGuard
+from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round
 from zerotir.rl.staleness import staleness_stats
-from zerotir.rl.step import BatchInfo, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rl.step import BatchInfo, FilterDecision, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.rollout.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
@@ -48,7 +53,7 @@ from zerotir.scale.deepspeed_setup import (
 )
 from zerotir.scale.distributed import shard_prompts
 from zerotir.scale.peer_watch import WatchPeers
-from zerotir.types import PromptRow
+from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +75,13 @@ class ZeroTIRModule(LightningModule):
         sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
         pipeline: asynchronous rollouts: a producer with its own engine generating the next batches while the
             trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.rollout.producer``).
+        refill: dynamic sampling: a step whose filter drops groups draws more prompts, up to ``max_rounds`` batches;
+            and how many steps in a row may train nothing before the run stops (``zerotir.rl.refill``).
+        filters: trajectory filters (each removes a trajectory from the loss and its group's baseline), overlong
+            handling and correct-with-errors downsampling, all off by default (``zerotir.filters``).
         eval_report_dir: where evaluation reports go; default ``<trainer.default_root_dir>/eval``.
-        seed: seed of rollout sampling (step k samples with ``seed + k``), so a resumed run repeats a step exactly.
+        seed: seed of rollout sampling (training batch b samples with ``seed + b + 1``: step k's, without refill,
+            with ``seed + k``), so a resumed run repeats a step exactly.
     """
 
     def __init__(
@@ -87,6 +97,8 @@ class ZeroTIRModule(LightningModule):
         rollout: RolloutBackend = HFRollout(),
         sandbox: SandboxConfig = SandboxConfig(),
         pipeline: PipelineConfig = PipelineConfig(),
+        refill: RefillConfig = RefillConfig(),
+        filters: FilterConfig = FilterConfig(),
         eval_report_dir: str | None = None,
         seed: int = 0,
     ):
@@ -99,6 +111,8 @@ class ZeroTIRModule(LightningModule):
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
         rl.check_training_sampling(sampling)
+        filters.check_run(rl, sampling, tool)
+        self.filters = filters
         pipeline.check_backend(rollout)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
@@ -112,6 +126,7 @@ class ZeroTIRModule(LightningModule):
         self.source = make_rollout_source(pipeline, rollout, sandbox, tool, sampling, score_batch, self.model_path,
                                           seed)
         self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
+        self.refill, self.fill_watch = refill, FillWatch(refill)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
         self.rollout_filter: RolloutFilter | None = None  # set by a filter callback (set_rollout_filter)
@@ -221,6 +236,11 @@ class ZeroTIRModule(LightningModule):
         self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:
+        if self.refill.enabled and self.rollout_filter is None:
+            raise ValueError(f"model.refill.max_rounds={self.refill.max_rounds}: a step draws more prompts when the "
+                             "rollout filter drops groups, and this run has no rollout filter (callbacks."
+                             "PassRateFilter absent, or enabled: false), so nothing is ever dropped; set "
+                             "model.refill.max_rounds: 1 or add the PassRateFilter to trainer.callbacks")
         self._start_source()
 
     def on_validation_start(self) -> None:
@@ -230,17 +250,17 @@ class ZeroTIRModule(LightningModule):
         self._start_source()
 
     # ----- one RL step -----
-    def training_step(self, batch: list[PromptRow], batch_idx: int) -> dict[str, StepResult]:
-        """One RL step; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""
+    def training_step(self, dataloader_iter: Iterator[tuple[list[PromptRow], int, int]]) -> dict[str, StepResult]:
+        """One RL step, drawing its batches of prompts from ``dataloader_iter`` (Lightning's: nothing is fetched
+        ahead, so the data cursor is the last batch a step took); the ``StepResult`` goes to the callbacks as
+        ``outputs["step"]``."""
         start = time.perf_counter()
         step = self.rl_steps_done + 1
-        rows = self._my_prompts(batch)
-        rolled = self.source.batch(step, rows, self._first_row(len(batch)))
-        traj, timings = rolled.trajectories, rolled.timings
-        self.sandbox_guard.update(traj, step, rolled.sandbox)
-        decision = self.rollout_filter(traj) if self.rollout_filter is not None else None
+        filled, sandbox = self._fill(dataloader_iter, step)
+        traj, timings = filled.trajectories, filled.timings
+        self.sandbox_guard.update(traj, step, sandbox)
         update_start = time.perf_counter()
-        result = rl_step(self.rl, traj, decision, Models(self.actor, self.critic, self.ref_model),
+        result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self.ref_model),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
                          max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
                          top_p=self.sampling.top_p)
@@ -248,16 +268,36 @@ class ZeroTIRModule(LightningModule):
         timings["weight_sync"] = self.source.after_update(self.actor, step)  # the weights of `step` updates
         timings["step"] = time.perf_counter() - start
         staleness = staleness_stats(traj.versions, traj.action_mask, step)
+        refill = self.fill_watch.update(step, filled, result.skipped)  # warns; stops a run that keeps training nothing
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, PromptDataModule):
-            datamodule.mark_consumed(batch[0]["batch_index"])  # the data position saved with the checkpoint
+            datamodule.mark_consumed(filled.last_batch_index)  # the data position saved with the checkpoint
         lr = {"lr": float(self.lr_schedulers().get_last_lr()[0])} if result.stats else {}
         result = replace(result, stats={**result.stats, **lr}, timings=timings,
-                         batch=BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done),
-                         pipeline={key: staleness[key] for key in ("staleness_mean", "staleness_max")})
+                         batch=BatchInfo(**batch_fields(filled.rows), weight_version=self.rl_steps_done),
+                         pipeline={key: staleness[key] for key in ("staleness_mean", "staleness_max")}, refill=refill)
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
+
+    def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]], step: int) -> tuple[FilledBatch, list[str]]:
+        """The step's batch: the stream's next batch, rolled out and decided, then (``model.refill``) more of them
+        until the kept groups fill it (``rl.refill.BatchFill``); with the sandbox the code ran on."""
+        fill: BatchFill | None = None
+        while True:
+            batch = next(batches)[0]
+            fill = fill or BatchFill(len(batch), self.refill.max_rounds)
+            rolled = self.source.batch(step, self._my_prompts(batch), self._first_row(len(batch)))
+            traj = rolled.trajectories
+            if fill.add(Round(rolled.rows, traj, self._decide(traj), batch[0]["batch_index"], rolled.timings)):
+                return fill.result(pad_id(self.tokenizer)), rolled.sandbox
+
+    def _decide(self, traj: Trajectories) -> FilterDecision | None:
+        """The keep decision of one batch: the rollout filter's (None without one: everything trains), then the
+        trajectory filters of ``model.filters`` (``zerotir.filters.decide``)."""
+        group = self.rollout_filter(traj) if self.rollout_filter is not None else None
+        context = FilterContext.of(self.tool, self.sampling.max_response_tokens)
+        return decide(self.filters, traj, group, context, step=self.rl_steps_done + 1, seed=self.seed)
 
     def _my_prompts(self, batch: list[PromptRow]) -> list[PromptRow]:
         """This rank's share of the step's prompts (all of them on a single process)."""
@@ -312,7 +352,8 @@ class ZeroTIRModule(LightningModule):
 
     # ----- checkpoints and teardown -----
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["zerotir"] = {"rl_steps_done": self.rl_steps_done, "sandbox_guard": self.sandbox_guard.state_dict()}
+        checkpoint["zerotir"] = {"rl_steps_done": self.rl_steps_done, "sandbox_guard": self.sandbox_guard.state_dict(),
+                                 "refill": self.fill_watch.state_dict()}
         # The reference model is the unchanged base model: reload it from model_path instead of storing it.
         state = checkpoint.get("state_dict")
         if state is not None:
@@ -323,6 +364,7 @@ class ZeroTIRModule(LightningModule):
         saved = checkpoint.get("zerotir", {})
         self.rl_steps_done = int(saved.get("rl_steps_done", 0))
         self.sandbox_guard.load_state_dict(saved.get("sandbox_guard", {}))
+        self.fill_watch.load_state_dict(saved.get("refill", {}))
         state = checkpoint.get("state_dict")
         if state is not None:
             if self.ref_model is not None:  # put the frozen weights back for strict loading

@@ -133,3 +133,29 @@ def test_every_trajectory_of_a_step_is_written_kept_by_the_filter_or_not(tmp_pat
     rows = R.read_step(tmp_path / "rollouts", 1)
     assert [(r["index"], r["problem_id"], r["reward"]) for r in rows] == [(0, "a", 1.0), (1, "a", 0.0), (2, "b", 0.0)]
     assert rows[2]["tool_calls"] == [{"code": "1/0\n", "status": "error", "output": "ZeroDivisionError"}]
+    assert [r["filtered_by"] for r in rows] == [[], [], []]  # a plain pass-rate decision records no rule
+
+
+def test_a_dumped_trajectory_names_the_filters_that_removed_it(tmp_path):
+    """The step's decision from the pass-rate filter and ``model.filters`` (``zerotir.filters.decide``): group 1 is
+    dropped by the pass rate, and rows 1 and 2 end with a void turn; the file keeps every row, each with its rules."""
+    from callbacks.pass_rate_filter import PassRateFilter
+    from zerotir.config import FilterConfig, ToolConfig
+    from zerotir.filters.decide import decide
+    from zerotir.filters.trajectory import FilterContext
+
+    rollout = batch()
+    rollout.response_texts[1] = "I give up."  # one turn, neither a code block nor an answer
+    group = PassRateFilter(low=0.01, high=0.99).decide(rollout)
+    decision = decide(FilterConfig(void_turn=True), rollout, group, FilterContext.of(ToolConfig(), 16), step=1,
+                      seed=0)
+    info = BatchInfo(["Q: 3 + 4 = ?", "Q: 1 + 1 = ?"], ["a", "b"], ["toy", "toy"], 0)
+    tr = trainer(tmp_path)
+    dumper = RolloutDumper(tensorboard_samples=False)
+    dumper.setup(tr, FakeModule(), "fit")
+    dumper.on_train_batch_end(tr, FakeModule(), {"step": StepResult(1, rollout, decision.keep, decision, {}, {}, info)},
+                              None, 0)
+    dumper.on_fit_end(tr, FakeModule())
+    rows = R.read_step(tmp_path / "rollouts", 1)
+    # Row 2 stops right after its output block (an empty last turn): a void turn, in a group the pass rate dropped.
+    assert [r["filtered_by"] for r in rows] == [[], ["void_turn"], ["pass_rate", "void_turn"]]

@@ -80,6 +80,24 @@ def test_on_train_batch_end_logs_everything_on_the_rl_step_axis():
     assert all(kwargs["logger"] is False for _, kwargs in module.logged.values())
 
 
+def test_each_removal_rule_logs_the_share_of_trajectories_it_matched():
+    # 4 trajectories: the pass rate dropped group 1 (rows 2, 3) -> 0.5; void_turn matched row 0 -> 0.25; roc none -> 0.
+    from zerotir.rl.step import FilterDecision
+
+    removed = {"pass_rate": torch.tensor([False, False, True, True]),
+               "void_turn": torch.tensor([True, False, False, False]), "roc": torch.zeros(4, dtype=torch.bool)}
+    decision = FilterDecision(torch.tensor([False, True, False, False]), 1, 2, removed=removed)
+    trainer = FakeTrainer()
+    ScalingMetrics().on_train_batch_end(trainer, FakeModule(), step_outputs(four_trajectories(), decision=decision),
+                                        None, 0)
+    [(metrics, _)] = trainer.loggers[0].calls
+    assert metrics["filter/pass_rate_fraction"] == 0.5 and metrics[mn.FILTER_FRACTIONS["void_turn"]] == 0.25
+    assert metrics["filter/roc_fraction"] == 0.0
+    trainer = FakeTrainer()
+    ScalingMetrics().on_train_batch_end(trainer, FakeModule(), step_outputs(four_trajectories()), None, 0)
+    assert not [name for name in trainer.loggers[0].calls[0][0] if name.endswith("_fraction")]
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="repeat_ngram"):
         ScalingMetrics(repeat_ngram=0)

@@ -66,7 +66,8 @@ def test_fit_two_steps_updates_every_parameter(config, e2e_base, e2e_data, tmp_p
 
 RECORD_FIELDS = {"step", "split", "rank", "index", "group", "problem_id", "source", "prompt", "response", "answer",
                  "reference", "reward", "correct", "calls", "exec_errors", "timeouts", "sandbox_errors",
-                 "finish_reason", "truncated", "response_tokens", "sampled_tokens", "tool_calls", "weight_version"}
+                 "finish_reason", "truncated", "response_tokens", "sampled_tokens", "tool_calls", "weight_version",
+                 "filtered_by"}
 
 
 def check_rollouts(root, module, validated: bool) -> None:

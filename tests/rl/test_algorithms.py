@@ -80,6 +80,28 @@ def test_k3_clamps_its_exponent_instead_of_overflowing():
     assert torch.isfinite(out).all()
 
 
+def test_kl_clamp_caps_k2_and_k3_at_10_and_leaves_k1():
+    # Token 0: ref - logp = 5: k3 = e^5 - 5 - 1 = 142.41, k2 = 25 / 2 = 12.5, k1 = -5. Token 1: ref - logp = ln 2:
+    # k3 = 2 - ln 2 - 1 = 0.3069, k2 = 0.2402, k1 = -0.6931, all under 10.
+    ln2 = math.log(2.0)
+    logp, ref = T([[-5.0, -ln2]]), T([[0.0, 0.0]])
+    close(alg.kl_penalty(logp, ref, "k3"), [[math.exp(5) - 6, 1 - ln2]], atol=1e-4)  # unclamped: 142.41
+    close(alg.kl_penalty(logp, ref, "k3", kl_clamp=10.0), [[10.0, 1 - ln2]])
+    close(alg.kl_penalty(logp, ref, "k2", kl_clamp=10.0), [[10.0, 0.5 * ln2**2]])
+    close(alg.kl_penalty(logp, ref, "k1", kl_clamp=1.0), [[-5.0, -ln2]])  # k1 is never clamped
+    # The overflow case: the exponent is clamped at 20 first (4.85e8), then the estimate at 10.
+    close(alg.kl_penalty(T([[-100.0]]), T([[0.0]]), "k3", kl_clamp=10.0), [[10.0]])
+    # In a KL loss a clamped token passes no gradient; the other still does: d k3 / d logp = 1 - exp(ref - logp).
+    x = logp.clone().requires_grad_(True)
+    alg.kl_penalty(x, ref, "k3", kl_clamp=10.0).sum().backward()
+    close(x.grad, [[0.0, 1 - 2.0]])
+    with pytest.raises(ValueError, match="kl_clamp=0.0: must be > 0"):
+        alg.kl_penalty(logp, ref, "k3", kl_clamp=0.0)
+    assert RLConfig().kl_clamp == 10.0 and RLConfig(kl_clamp=None).kl_clamp is None
+    with pytest.raises(ValueError, match=r"model.rl.kl_clamp=-1.0: must be > 0"):
+        RLConfig(kl_clamp=-1.0)
+
+
 # ---- rewards and returns -------------------------------------------------------------------------------------------
 
 # Row layout used below: position 0 prompt, 1-2 sampled, 3 injected tool output, 4 sampled, 5 padding.

@@ -444,3 +444,77 @@ def test_off_policy_correction_reweights_the_update_by_the_engine_log_probs(tiny
     for name, g in weighted[0].items():
         assert torch.allclose(g, want[0][name], atol=1e-6), name
     assert stats["is_ratio_mean"] > 1.0
+
+
+@pytest.mark.parametrize("correction", ["seq_mask", "geo_mask", "token_mask"])
+def test_a_rejected_sequence_contributes_no_gradient(tiny, correction):
+    """Row 0's engine log-probs are ln 4 below the trainer's on each of its 4 action tokens: token ratios 4, product
+    256, geometric mean 4, all outside [0.5, 2]; the other rows' engine log-probs are the trainer's (ratio 1, kept,
+    weight 1). The update's gradient is then the uncorrected one with row 0's advantages zeroed (its tokens still
+    count in the token mean: the weights leave the denominator alone)."""
+    traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
+    cfg = RLConfig(algorithm="grpo", micro_batch_size=2, off_policy_correction=correction, is_band_low=0.5,
+                   is_band_high=2.0)
+    plain_cfg = RLConfig(algorithm="grpo", micro_batch_size=2)
+    batch = _batch(tiny, traj, cfg)
+    with torch.no_grad():
+        batch.engine_logp = sequence_logprobs(tiny, batch.input_ids, batch.attention_mask,
+                                              temperature=1.0)[0].clone()
+    batch.engine_logp[0] -= math.log(4.0)
+    masked, _, stats = _run_update(tiny, batch, cfg)
+    without_row0 = _batch(tiny, traj, plain_cfg)
+    without_row0.advantages = without_row0.advantages.clone()
+    assert without_row0.advantages[0].abs().sum() > 0  # the row had a gradient to lose
+    without_row0.advantages[0] = 0.0
+    want, _, _ = _run_update(tiny, without_row0, plain_cfg)
+    plain, _, _ = _run_update(tiny, batch, plain_cfg)
+    for name, g in masked[0].items():
+        assert torch.allclose(g, want[0][name], atol=1e-6), name
+    assert any(not torch.allclose(g, plain[0][name], atol=1e-6) for name, g in masked[0].items())
+    assert stats["is_masked_fraction"] == pytest.approx(0.25)  # 4 of the 16 action tokens, in a micro-batch of 2
+    assert stats["is_weight_mean"] == pytest.approx(0.75)
+
+
+def test_mismatch_diagnostics_are_reported_with_and_without_the_recompute_pass(tiny):
+    """Engine log-probs 0.25 above the trainer's on every action token: log rho = -0.25, so k3 = e^-0.25 - 1 + 0.25
+    = 0.02880, chi2 = e^-0.5 - 1 = -0.39347, and the engine's perplexity is the trainer's x e^-0.25."""
+    traj = make_traj([1.0, 0.0], [0, 0])
+    tiny.eval()
+    truth = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, temperature=1.0)[0]
+    traj.logprobs = torch.where(traj.action_mask, truth + 0.25, torch.zeros_like(truth))
+    trainer_ppl = math.exp(-A.masked_mean(truth, traj.action_mask).item())
+    want = {"mismatch_kl": math.exp(-0.25) - 0.75, "mismatch_chi2": math.exp(-0.5) - 1,
+            "mismatch_trainer_ppl": trainer_ppl, "mismatch_engine_ppl": trainer_ppl * math.exp(-0.25)}
+    _, stats = prepare_batch(RLConfig(algorithm="grpo", ppo_epochs=2), traj, tiny, None, None, temperature=1.0,
+                             top_p=1.0)
+    single = RLConfig(algorithm="grpo", micro_batch_size=2)  # one micro-batch: its perplexities are the batch's
+    batch, none = prepare_batch(single, traj, tiny, None, None, temperature=1.0, top_p=1.0)
+    _, _, upd = _run_update(tiny, batch, single)
+    assert none == {}
+    for name, value in want.items():
+        assert stats[name] == pytest.approx(value, rel=1e-4), name
+        assert upd[name] == pytest.approx(value, rel=1e-4), name
+    batch, stats = prepare_batch(RLConfig(algorithm="grpo", ppo_epochs=2), traj, tiny, None, None, temperature=1.0,
+                                 top_p=0.9)
+    assert not any(k.startswith("mismatch_") for k in stats)  # nucleus log-probs are not the trainer's distribution
+
+
+def test_kl_clamp_reaches_the_rewards_and_the_kl_loss(tiny):
+    """A reference that puts nearly all its mass elsewhere (its head x 200): k3 per token far above 10 unclamped."""
+    import copy
+
+    ref = copy.deepcopy(tiny)
+    with torch.no_grad():
+        ref.lm_head.weight.mul_(200.0)
+    traj = make_traj([1.0, 0.0], [0, 0])
+    unclamped = RLConfig(algorithm="reinforce_pp", kl_coef=0.1, kl_clamp=None)
+    _, stats = prepare_batch(unclamped, traj, tiny, ref, None, temperature=1.0, top_p=1.0)
+    assert stats["kl"] > 10.0
+    _, stats = prepare_batch(RLConfig(algorithm="reinforce_pp", kl_coef=0.1), traj, tiny, ref, None, temperature=1.0,
+                             top_p=1.0)
+    assert 0.0 < stats["kl"] <= 10.0
+    for kl_clamp, in_range in ((None, lambda kl: kl > 10.0), (10.0, lambda kl: 0.0 < kl <= 10.0)):
+        as_loss = RLConfig(algorithm="grpo", kl_coef=0.1, use_kl_loss=True, kl_clamp=kl_clamp)
+        batch, _ = prepare_batch(as_loss, traj, tiny, ref, None, temperature=1.0, top_p=1.0)
+        _, _, upd = _run_update(tiny, batch, as_loss)
+        assert in_range(upd["kl_loss"]), (kl_clamp, upd["kl_loss"])

@@ -123,6 +123,33 @@ def test_a_resumed_producer_starts_at_its_step_and_version():
     assert results[0][0].rollout.versions.max() == 4
 
 
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_refill_batches_come_next_in_the_stream_and_keep_the_capacity_rule(max_staleness):
+    # Steps 1, 2, 3 take 2, 1 and 3 batches (refill: take(k) again). A refill batch trains at step k, not k + 1, so
+    # asking for it must open the capacity gate; with S = 0 the producer would otherwise wait for the update of step
+    # k, which comes only after that batch: the trainer's wait would end at producer_timeout.
+    engine = make_engine(step_seconds=0.002)
+    producer = make_producer(engine, max_staleness=max_staleness, producer_timeout=5.0)
+    producer.start()
+    taken = []
+    try:
+        for step, rounds in ((1, 2), (2, 1), (3, 3)):
+            for _ in range(rounds):
+                produced = producer.take(step)
+                stats = staleness_stats(produced.rollout.versions, produced.rollout.action_mask, step)
+                versions = set(produced.rollout.versions[produced.rollout.action_mask].tolist())
+                taken.append((produced.step, produced.batch_index, versions, stats["staleness_max"]))
+            producer.push(lambda engine, v=step: engine.loads.append(v), step)
+        with pytest.raises(ValueError, match=r"next one is 4 \(or 3 again, a refill batch\)"):
+            producer.take(2)
+    finally:
+        producer.close()
+    assert [(s, b) for s, b, _, _ in taken] == [(1, 10), (1, 11), (2, 12), (3, 13), (3, 14), (3, 15)]
+    assert max(worst for _, _, _, worst in taken) <= max_staleness
+    if max_staleness == 0:  # every batch from the weights of the step that trains on it: version step - 1
+        assert [v for _, _, v, _ in taken] == [{0}, {0}, {1}, {2}, {2}, {2}]
+
+
 def test_a_push_during_a_segment_leaves_its_tokens_at_the_submitted_version():
     engine = make_engine(answer_len=40, step_seconds=0.01)
     producer = make_producer(engine, max_staleness=1)

@@ -26,7 +26,8 @@ from zerotir.rollout.sources import make_rollout_source
 
 GIB = 1 << 30
 NO_TOOLS = ToolConfig(max_tool_calls=0)
-ROWS = [{"id": "a", "problem": "1+1", "answer": "2", "prompt_text": "1+1", "prompt_ids": [1, 2], "source": "s"}]
+ROWS = [{"id": "a", "problem": "1+1", "answer": "2", "prompt_text": "1+1", "prompt_ids": [1, 2], "source": "s",
+         "batch_index": 5}]
 
 
 class FakeEngine:
@@ -70,7 +71,7 @@ def test_inline_source_rests_after_a_training_batch_and_loads_the_update(monkeyp
     assert engine.calls == [("load_weights_from", actor)]  # at start: a resumed actor, or a separate engine
     batch = source.batch(3, ROWS, first_row=2)
     assert engine.calls[1:] == [("rollout",), ("rest",)]
-    assert seeds == [10 + 3 + 2 * 2]  # the run's seed + the step + the first row's place x n
+    assert seeds == [10 + 5 + 1 + 2 * 2]  # the run's seed + the batch index + 1 + the first row's place x n
     versions = batch.trajectories.versions[batch.trajectories.action_mask]
     assert versions.numel() and bool((versions == 2).all())  # in line: the trainer's weights, 2 updates done
     assert batch.rows == ROWS and batch.sandbox == ["<embedded local sandbox>"]  # no tools: no sandbox started

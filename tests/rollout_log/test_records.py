@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 
 import pytest
+import torch
 
 from tests.callbacks.helpers import make_batch
 from zerotir.rollout_log import records as R
@@ -32,11 +33,19 @@ def test_a_record_per_trajectory_with_every_field():
         "correct": True, "calls": 1, "exec_errors": 0, "timeouts": 0, "sandbox_errors": 0, "finish_reason": "stop",
         "truncated": False, "response_tokens": 3, "sampled_tokens": 3,
         "tool_calls": [{"code": "print(3 + 4)\n", "status": "ok", "output": "7"}], "weight_version": 2,
+        "filtered_by": [],
     }
     assert records[1]["answer"] == "6" and not records[1]["correct"] and records[1]["tool_calls"] == []
     assert records[2]["problem_id"] == "b" and records[2]["answer"] is None
     with pytest.raises(ValueError, match="group id 1 has no prompt"):
         R.trajectory_records(batch(), ["only one"], ["a"], step=1)
+
+
+def test_a_record_names_the_filters_that_removed_it():
+    # Row 0 trained; row 1 removed by the pass-rate rule and matched by void_turn; row 2 removed by void_turn only.
+    removed = {"pass_rate": torch.tensor([False, True, False]), "void_turn": torch.tensor([False, True, True])}
+    records = R.trajectory_records(batch(), ["p0", "p1"], ["a", "b"], step=1, removed=removed)
+    assert [r["filtered_by"] for r in records] == [[], ["pass_rate", "void_turn"], ["void_turn"]]
 
 
 def test_files_are_named_per_split_and_rank_written_atomically_and_read_back(tmp_path):

@@ -36,6 +36,14 @@ def test_markdown_sample_shows_code_and_output_blocks():
     assert "Let me add." in best and "*output (ok)*" in best
 
 
+def test_the_headline_names_the_filters_that_removed_a_trajectory():
+    record = dict(records()[1], filtered_by=["pass_rate", "void_turn"])
+    assert markdown_sample(record).startswith("reward 0 (wrong) | 0 call(s), 0 failed | finish stop | 3 tokens | "
+                                              "filtered by pass_rate, void_turn")
+    old = {k: v for k, v in records()[1].items() if k != "filtered_by"}  # a dump written before the filters
+    assert "filtered by" not in markdown_sample(old)
+
+
 def test_summary_line():
     assert summary_line(4, records()) == ("step 4 | 3 trajectories | accuracy 0.33 | code 0.67 | calls/response 0.67 "
                                           "| failed calls 0.50 | 3.0 tokens | truncated 0.00")

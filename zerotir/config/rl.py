@@ -13,7 +13,8 @@ GROUP_ALGORITHMS = ("reinforce_baseline", "rloo", "grpo")  # baselines from the 
 KLEstimator = Literal["k1", "k2", "k3"]
 GAEInjected = Literal["skip", "restart"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-OffPolicyCorrection = Literal["none", "tis", "decoupled"]
+OffPolicyCorrection = Literal["none", "tis", "decoupled", "seq_tis", "seq_mask", "geo_mask", "token_mask"]
+MASKING_CORRECTIONS = ("seq_mask", "geo_mask", "token_mask")  # the corrections that keep a band and drop the rest
 Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
 MICRO_BATCH_SIZE_DEFAULT = 8  # model.rl.micro_batch_size; it must stay so when max_tokens_per_micro_batch is set
 
@@ -31,6 +32,10 @@ class RLConfig:
     """KL coefficient beta against the frozen base model; 0 skips the reference model entirely."""
     kl_estimator: KLEstimator = "k3"
     """KL estimator per token: k1 (log ratio), k2 (squared log ratio / 2) or k3 (Schulman's unbiased, >= 0)."""
+    kl_clamp: float | None = 10.0
+    """Clamp of the per-token k2 and k3 KL estimates to [-kl_clamp, kl_clamp] (> 0), in the rewards and in the KL
+    loss alike, as verl (k3) and OpenRLHF (every estimator) clamp at 10: one token the policy finds far less likely
+    than the reference otherwise adds up to ~4.9e8 (k3). k1 is never clamped. None = no clamp."""
     use_kl_loss: bool = False
     """Put the KL in the loss (GRPO style) instead of the token rewards."""
     grpo_kl_in_reward: bool = False
@@ -64,11 +69,19 @@ class RLConfig:
     "seq-mean-token-sum-norm" (each row's token sum / model.sampling.max_response_tokens, Dr. GRPO)."""
     off_policy_correction: OffPolicyCorrection = "none"
     """Weights of the policy loss for tokens the engine sampled (its log-probs) while the ratio is clipped against
-    the trainer's recomputed ones (``zerotir.rl.off_policy``): "none"; "tis" (truncated importance sampling,
-    min(exp(trainer - engine), is_cap)); "decoupled" (decoupled PPO: that ratio, tokens above is_cap dropped).
-    Corrects the engine / trainer mismatch (e.g. vLLM in bfloat16), and a behaviour policy some weight versions old."""
+    the trainer's recomputed ones (``zerotir.rl.off_policy``), with rho = exp(trainer - engine) per action token:
+    "none"; "tis" (truncated importance sampling, min(rho, is_cap)); "decoupled" (decoupled PPO: rho, tokens above
+    is_cap dropped); "seq_tis" (min(product of the row's rho, is_cap) on all its tokens); "seq_mask" (a row whose
+    product of rho leaves [is_band_low, is_band_high] weighs 0, the others 1); "geo_mask" (the same on the geometric
+    mean of rho); "token_mask" (IcePop: a token whose rho leaves the band weighs 0, the others 1). Corrects the
+    engine / trainer mismatch (e.g. vLLM in bfloat16), and a behaviour policy some weight versions old."""
     is_cap: float = 2.0
-    """The cap of off_policy_correction (> 1)."""
+    """The cap of off_policy_correction tis, seq_tis and decoupled (> 1)."""
+    is_band_low: float | None = None
+    """Lower end of the kept band of the masking corrections (seq_mask, geo_mask, token_mask; in (0, 1), e.g. 0.5);
+    set with is_band_high, for those corrections only."""
+    is_band_high: float | None = None
+    """Upper end of the kept band of the masking corrections (> 1, e.g. 2.0); set with is_band_low."""
     value_clip: float | None = 0.2
     """Clip range of the value loss around the old values (ppo); None = unclipped."""
     vf_coef: float = 0.5
@@ -122,10 +135,30 @@ class RLConfig:
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"model.rl.dual_clip={self.dual_clip}: the lower bound c must be > 1 (3 is usual), "
                              f"or null: none")
+        if self.kl_clamp is not None and not self.kl_clamp > 0:
+            raise ValueError(f"model.rl.kl_clamp={self.kl_clamp}: must be > 0 (10 as verl and OpenRLHF), or null: no "
+                             f"clamp")
         check_choice("rl", "off_policy_correction", self.off_policy_correction, OffPolicyCorrection)
         if not self.is_cap > 1:
             raise ValueError(f"model.rl.is_cap={self.is_cap}: must be > 1 (e.g. 2.0)")
+        self._check_band()
         self._check_combinations()
+
+    def _check_band(self) -> None:
+        """The band of the masking corrections: both ends set for those, neither for the others, low < 1 < high."""
+        low, high, mode = self.is_band_low, self.is_band_high, self.off_policy_correction
+        if mode in MASKING_CORRECTIONS:
+            if low is None or high is None:
+                raise ValueError(f"model.rl.off_policy_correction={mode!r} with is_band_low={low}, is_band_high="
+                                 f"{high}: the masking corrections keep the ratios within [is_band_low, "
+                                 f"is_band_high]; set both (e.g. 0.5 and 2.0)")
+            if not 0 < low < 1 < high:
+                raise ValueError(f"model.rl.is_band_low={low}, is_band_high={high}: need 0 < is_band_low < 1 < "
+                                 f"is_band_high (e.g. 0.5 and 2.0)")
+        elif low is not None or high is not None:
+            raise ValueError(f"model.rl.is_band_low={low}, is_band_high={high} with off_policy_correction={mode!r}: "
+                             f"the band is used only by {', '.join(MASKING_CORRECTIONS)}; remove is_band_low and "
+                             f"is_band_high, or set off_policy_correction to one of those")
 
     def _check_combinations(self) -> None:
         """Settings that cannot apply together fail here, naming the fields and the fix."""

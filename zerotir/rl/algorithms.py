@@ -45,7 +45,8 @@ _K3_MAX_LOG_RATIO = 20.0
 # ---- KL estimators ---------------------------------------------------------------------------------------------------
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", mask: Tensor | None = None) -> Tensor:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", mask: Tensor | None = None,
+               kl_clamp: float | None = None) -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from the log-probs of the sampled tokens (Schulman's k1/k2/k3).
 
     With ``log_ratio = logp - ref_logp``:
@@ -55,11 +56,17 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", mask: Tensor | 
             ref - logp is clamped at 20 so a token the policy finds far less likely than the reference gives a large
             finite penalty (~4.9e8) rather than inf.
 
+    ``kl_clamp`` (``model.rl.kl_clamp``) clamps k2 and k3 to [-kl_clamp, kl_clamp] afterwards, as verl clamps k3
+    (``low_var_kl``) and OpenRLHF every estimator at 10: one token's penalty cannot outweigh the outcome reward of
+    the whole trajectory, and a clamped token passes no gradient in a KL loss. k1 stays unclamped (signed, its mean
+    is the plain KL estimate; verl leaves it so too).
+
     Args:
         logp: (B, T) log-probs under the current policy.
         ref_logp: (B, T) log-probs under the frozen reference.
         kind: "k1", "k2" or "k3".
         mask: optional (B, T) action mask; positions outside it are set to 0.
+        kl_clamp: the clamp of k2 and k3 (> 0); None = unclamped.
     """
     _check_shape("ref_logp", ref_logp, "logp", logp)
     log_ratio = logp - ref_logp
@@ -67,14 +74,18 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", mask: Tensor | 
         _check_shape("mask", mask, "logp", logp)
         # Zero the ratio before any exp so garbage outside the mask never makes inf (nor NaN gradients).
         log_ratio = torch.where(_bool_mask(mask), log_ratio, torch.zeros_like(log_ratio))
+    if kl_clamp is not None and not kl_clamp > 0:
+        raise ValueError(f"kl_clamp={kl_clamp}: must be > 0, or None (no clamp)")
     if kind == "k1":
         return log_ratio
     if kind == "k2":
-        return 0.5 * log_ratio**2
-    if kind == "k3":
+        kl = 0.5 * log_ratio**2
+    elif kind == "k3":
         neg = (-log_ratio).clamp(max=_K3_MAX_LOG_RATIO)
-        return torch.exp(neg) - neg - 1
-    raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+        kl = torch.exp(neg) - neg - 1
+    else:
+        raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+    return kl if kl_clamp is None else kl.clamp(-kl_clamp, kl_clamp)
 
 
 # ---- Rewards, returns and advantages ---------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Failures that must stop a run loudly: a non-finite loss, and a sandbox that keeps failing.
+"""Failures that must stop a run loudly: a non-finite loss, a sandbox that keeps failing, and (raised by
+``zerotir.rl.refill.FillWatch``) steps that keep training nothing.
 
 A dead or overloaded sandbox does not crash the rollout: the client reports each failed execution as a sandbox error
 and the model sees an error message instead of its output. Left alone, that silently turns ZeroTIR into a no-tool
@@ -23,6 +24,10 @@ class NonFiniteLossError(FloatingPointError):
 
 class SandboxFailureError(RuntimeError):
     """The sandbox service failed too many executions for too long."""
+
+
+class EmptyStepsError(RuntimeError):
+    """Too many consecutive RL steps trained nothing: the rollout filter kept no prompt group (``model.refill``)."""
 
 
 def _range(t: Tensor | None, mask: Tensor) -> str:

@@ -9,39 +9,67 @@ returns the result from ``training_step``, so callbacks read it from ``outputs["
 Nothing here imports Lightning: the optimizer is reached through two callables (``StepOptimizer``).
 
 A keep decision (``FilterDecision``) comes from the pass-rate filter (``callbacks.PassRateFilter``, a pure function
-of the rewards); without one every trajectory is kept. The skip decision is global: every rank skips together, or
-every rank trains (a rank that kept nothing then trains on a zero-weight placeholder row so the collective passes
-stay in step).
+of the rewards) composed with the trajectory filters of ``model.filters`` (``zerotir.filters.decide``); without one
+every trajectory is kept. Two of its parts apply here, to the kept rows only: the high-perplexity removal (it needs
+the reference log-probs, taken once and reused for the KL: ``zerotir.rl.perplexity``) and the reward shaping (the
+soft overlong penalty, added before the advantages; ``StepResult.rollout`` keeps the raw rewards). A removed row is
+dropped before the advantages, so a group baseline is over the group's remaining samples. The skip decision is
+global: every rank skips together, or every rank trains (a rank that kept nothing then trains on a zero-weight
+placeholder row so the collective passes stay in step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
 
 from zerotir.config import RLConfig
+from zerotir.rl.perplexity import reference_logprobs, sequence_perplexity
 from zerotir.rl.update import check_temperature, placeholder, ppo_update, prepare_batch
 from zerotir.scale.distributed import global_sum
 from zerotir.types import Trajectories
 
 LOSS_KEYS = ("policy_loss", "value_loss", "kl_loss")
+PERPLEXITY = "perplexity"  # the high-perplexity removal's name in FilterDecision.removed
 
 
 @dataclass
 class FilterDecision:
-    """Which trajectories of a step train, as decided by a rollout filter."""
+    """Which trajectories of a step train, as decided by the rollout filter and ``model.filters``."""
 
     keep: Tensor  # (B,) bool: the trajectories kept for the update (all False when the step is skipped)
-    kept_groups: int  # prompt groups kept, over all ranks
+    kept_groups: int  # prompt groups the pass-rate rule kept, over all ranks (all of them without that filter)
     groups: int  # prompt groups seen, over all ranks
     skipped: bool = False  # fewer groups than the filter's minimum passed: the update is skipped
+    # rule name -> (B,) bool: the trajectories that rule matched; a match removes ("pass_rate": its dropped groups)
+    removed: dict[str, Tensor] = field(default_factory=dict)
+    reward_shaping: Tensor | None = None  # (B,) added to the trained rows' rewards before the advantages, or None
+    perplexity_threshold: float | None = None  # kept rows with a reference perplexity above it leave the update
 
     @property
     def kept_fraction(self) -> float:
         return self.kept_groups / max(self.groups, 1)
+
+    @staticmethod
+    def cat(parts: list[FilterDecision], kept_groups: int, skipped: bool) -> FilterDecision:
+        """The decision over the batches of ``parts`` concatenated in order (refill rounds): keeps, removals and
+        reward shaping concatenated (a rule absent from a part matched none of its rows), groups summed;
+        ``kept_groups`` and ``skipped`` as the caller counted them."""
+        zeros = [torch.zeros(len(p.keep), dtype=torch.bool) for p in parts]
+        names = dict.fromkeys(name for p in parts for name in p.removed)
+        removed = {name: torch.cat([p.removed.get(name, z).cpu() for p, z in zip(parts, zeros)]) for name in names}
+        shaping = None
+        if any(p.reward_shaping is not None for p in parts):
+            shaping = torch.cat([p.reward_shaping.cpu() if p.reward_shaping is not None else z.float()
+                                 for p, z in zip(parts, zeros)])
+        thresholds = {p.perplexity_threshold for p in parts}
+        if len(thresholds) > 1:
+            raise ValueError(f"FilterDecision.cat: the parts disagree on the perplexity threshold ({thresholds})")
+        return FilterDecision(torch.cat([p.keep.cpu() for p in parts]), kept_groups, sum(p.groups for p in parts),
+                              skipped, removed, shaping, thresholds.pop())
 
 
 RolloutFilter = Callable[[Trajectories], FilterDecision]
@@ -88,6 +116,7 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: generation, sandbox, reward, ...
     batch: BatchInfo = field(default_factory=BatchInfo)  # filled by the module (it knows the prompts)
     pipeline: dict[str, float] = field(default_factory=dict)  # staleness_mean / _max of the batch's tokens (versions)
+    refill: dict[str, float] = field(default_factory=dict)  # the batch's generation rounds, ... (rl.refill.FillWatch)
 
     @property
     def skipped(self) -> bool:
@@ -126,23 +155,56 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
     check_temperature(temperature)
     keep = decision.keep.cpu() if decision is not None else torch.ones(len(rollout), dtype=torch.bool)
     kept = rollout.select(keep)
-    if global_sum(len(kept)) == 0:  # no rank kept anything
+    if decision is not None and decision.reward_shaping is not None:
+        kept.rewards = kept.rewards + decision.reward_shaping.cpu()[keep].to(kept.rewards)
+    stats: dict[str, float] = {}
+    if global_sum(len(kept)) > 0:  # else no rank kept anything: skip
+        batch = (kept if len(kept) else placeholder(rollout)).to(device)
+        ref_logp = None
+        if decision is not None and decision.perplexity_threshold is not None:
+            batch, ref_logp, decision = _drop_high_perplexity(cfg, batch, len(kept) > 0, decision, models.reference,
+                                                              temperature)
+            keep = decision.keep
+        if decision is None or decision.perplexity_threshold is None or global_sum(int(keep.sum())) > 0:
+            stats = _update(cfg, batch, models, optimizer, step, seed, max_response_tokens, temperature, top_p,
+                            ref_logp)
+    if not stats:
         for _ in range(cfg.optimizer_steps_per_rl_step):
             optimizer.step(False)
-        stats: dict[str, float] = {}
-    else:
-        batch = (kept if len(kept) else placeholder(rollout)).to(device)
-        stats = _update(cfg, batch, models, optimizer, step, seed, max_response_tokens, temperature, top_p)
     return StepResult(step, rollout, keep, decision, stats)
 
 
+def _drop_high_perplexity(cfg: RLConfig, batch: Trajectories, real: bool, decision: FilterDecision,
+                          reference: nn.Module | None, temperature: float
+                          ) -> tuple[Trajectories, Tensor, FilterDecision]:
+    """The reference pass over the kept ``batch`` (``real``: not this rank's placeholder), its rows whose perplexity
+    is above the decision's threshold removed (the decision records them under ``PERPLEXITY``, over the rollout's
+    rows); returns the remaining rows (a placeholder when none remains), their reference log-probs and the decision.
+    """
+    if reference is None:
+        raise ValueError("model.filters.perplexity=true needs the reference model, which is loaded only with "
+                         "model.rl.kl_coef > 0; set kl_coef > 0 or perplexity: false")
+    ref_logp = reference_logprobs(cfg, batch, reference, temperature)  # every rank runs it: a collective pass count
+    keep = decision.keep.cpu()
+    over = (sequence_perplexity(ref_logp, batch.action_mask).cpu() > decision.perplexity_threshold) & real
+    removed = torch.zeros_like(keep)
+    if real:
+        removed[keep.nonzero(as_tuple=True)[0][over]] = True
+    decision = replace(decision, keep=keep & ~removed, removed={**decision.removed, PERPLEXITY: removed})
+    if over.all():
+        return placeholder(batch), ref_logp[:1], decision
+    rows = (~over).nonzero(as_tuple=True)[0]
+    return batch.select(rows), ref_logp[rows.to(ref_logp.device)], decision
+
+
 def _update(cfg: RLConfig, batch_traj: Trajectories, models: Models, optimizer: StepOptimizer, step: int,
-            seed: int, max_response_tokens: int | None, temperature: float, top_p: float) -> dict[str, float]:
+            seed: int, max_response_tokens: int | None, temperature: float, top_p: float,
+            ref_logp: Tensor | None) -> dict[str, float]:
     trained = [m for m in (models.actor, models.critic) if m is not None]
     for m in trained:
         m.eval()  # old log-probs / values without dropout, as the rollout saw them
     batch, stats = prepare_batch(cfg, batch_traj, models.actor, models.reference, models.critic,
-                                 temperature=temperature, top_p=top_p)
+                                 temperature=temperature, top_p=top_p, ref_logp=ref_logp)
     for m in trained:
         m.train()  # gradient checkpointing is only active in train mode
     gen = torch.Generator().manual_seed(seed + step)

@@ -35,6 +35,7 @@ from zerotir.rl.chunked_logprobs import chunked_sequence_logprobs
 from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import check_finite
 from zerotir.rl.micro_batches import aligned, iter_rows, micro_batches, row_lengths
+from zerotir.rl.mismatch import mismatch_stats
 from zerotir.rl.packing import pack, packed_inputs, unpack
 from zerotir.rl.off_policy import behaviour_weights
 from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
@@ -187,10 +188,13 @@ def compute_advantages(
 @torch.no_grad()
 def prepare_batch(
     cfg: RLConfig, traj: Trajectories, actor: nn.Module, ref: nn.Module | None, critic: nn.Module | None, *,
-    temperature: float, top_p: float,
+    temperature: float, top_p: float, ref_logp: Tensor | None = None,
 ) -> tuple[TrainBatch, dict[str, float]]:
     """Recompute the old log-probs with the actor (the engine's are informational; skipped in a single pass, see
     ``RLConfig.single_pass``), the reference log-probs and the critic values, then the advantages.
+
+    ``ref_logp``: the reference log-probs of ``traj`` when the step has taken them already (the high-perplexity
+    filter, ``zerotir.rl.perplexity``); the reference pass is then not run again.
 
     ``temperature`` and ``top_p`` are ``model.sampling``'s: every log-prob is taken at that temperature. The
     engine's log-probs are kept as the behaviour policy only when ``top_p == 1``: under nucleus sampling they are
@@ -199,8 +203,9 @@ def prepare_batch(
     ``engine_logprob_diff`` (it would measure the truncation, not a mismatch) can use them.
 
     Returns:
-        The batch and its statistics: ``kl`` (policy vs reference on the action tokens) and
-        ``engine_logprob_diff`` (mean |actor - engine| log-prob), unless the update measures them (single pass).
+        The batch and its statistics: ``kl`` (policy vs reference on the action tokens), ``engine_logprob_diff``
+        (mean |actor - engine| log-prob) and the ``mismatch_*`` diagnostics (``zerotir.rl.mismatch``), unless the
+        update measures them (single pass).
     """
     ids, attn = traj.input_ids, traj.attention_mask
     mask = traj.action_mask.bool()
@@ -214,14 +219,14 @@ def prepare_batch(
         old_logp = forward_in_chunks(lambda i, m: sequence_logprobs(actor, i, m, **logprobs)[0],
                                      ids, attn, chunks, passes)
         if engine_logp is not None:
-            stats["engine_logprob_diff"] = A.masked_mean((old_logp - engine_logp).abs(), mask).item()
-    ref_logp = kl = None
-    if ref is not None and cfg.kl_coef > 0:
+            stats.update({k: v.item() for k, v in engine_stats(old_logp, engine_logp, mask).items()})
+    kl = None
+    if ref_logp is None and ref is not None and cfg.kl_coef > 0:
         ref_logp = forward_in_chunks(lambda i, m: sequence_logprobs(ref, i, m, **logprobs)[0],
                                      ids, attn, chunks, passes)
-        if old_logp is not None:
-            kl = A.kl_penalty(old_logp, ref_logp, cfg.kl_estimator, mask)
-            stats["kl"] = A.masked_mean(kl, mask).item()
+    if ref_logp is not None and old_logp is not None:
+        kl = A.kl_penalty(old_logp, ref_logp, cfg.kl_estimator, mask, cfg.kl_clamp)
+        stats["kl"] = A.masked_mean(kl, mask).item()
     values = None
     if cfg.algorithm == "ppo":
         if critic is None:
@@ -255,11 +260,12 @@ def micro_batch_loss(
                                 weights=weights)
     stats = dict(stats, **is_stats, policy_loss=loss.detach(), entropy=A.masked_mean(entropy, mask).detach())
     if single_pass and mb.engine_logp is not None:
-        stats["engine_logprob_diff"] = A.masked_mean((old_logp - mb.engine_logp).abs(), mask)
+        stats.update(engine_stats(old_logp, mb.engine_logp, mask))
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * A.aggregate_loss(entropy, mask, **agg)
     if mb.ref_logp is not None:
-        kl_loss = A.aggregate_loss(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask), mask, **agg)
+        kl_loss = A.aggregate_loss(A.kl_penalty(logp, mb.ref_logp, cfg.kl_estimator, mask, cfg.kl_clamp), mask,
+                                   **agg)
         stats["kl_loss"] = kl_loss.detach()
         if single_pass:  # the KL before the update, measured in the same forward pass
             stats["kl"] = stats["kl_loss"]
@@ -283,8 +289,19 @@ def _behaviour_weights(cfg: RLConfig, old_logp: Tensor, engine_logp: Tensor | No
                              "none (model.sampling.top_p < 1 samples from a truncated one); set top_p: 1 or "
                              "off_policy_correction: none")
         return None, {}
-    weights, stats = behaviour_weights(old_logp, engine_logp, mask, cfg.off_policy_correction, cfg.is_cap)
+    weights, stats = behaviour_weights(old_logp, engine_logp, mask, cfg.off_policy_correction, cfg.is_cap,
+                                       cfg.is_band_low, cfg.is_band_high)
     return (None if cfg.off_policy_correction == "none" else weights), stats
+
+
+@torch.no_grad()
+def engine_stats(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The engine-vs-trainer statistics of a step: ``engine_logprob_diff`` (mean |trainer - engine| log-prob of the
+    action tokens) and the ``mismatch_*`` diagnostics. Taken once over the batch after the old log-probs pass, or
+    per micro-batch in a single pass (then the step's value is their mean weighted like the loss, as every update
+    statistic; exact for the token means under token-mean, the perplexities are of the micro-batches)."""
+    diff = A.masked_mean((trainer_logp.float() - engine_logp.float()).abs(), mask)
+    return {"engine_logprob_diff": diff, **mismatch_stats(trainer_logp, engine_logp, mask)}
 
 
 def ppo_update(

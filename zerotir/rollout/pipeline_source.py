@@ -25,7 +25,7 @@ from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.producer import RolloutProducer
-from zerotir.rollout.source import EngineSource, RolloutBatch, Stream, sampling_params
+from zerotir.rollout.source import EngineSource, RolloutBatch, Stream, batch_seed, sampling_params
 from zerotir.types import PromptRow
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,9 @@ class PipelineSource(EngineSource):
         self._stream = stream
 
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
-        """The producer's batch of ``step`` (starting the producer at the first one); it must hold the prompts the
-        loader gave for this step, and its tokens must be within ``max_staleness`` versions."""
+        """The producer's next batch, for ``step`` (starting the producer at the first one; ``step`` again: a refill
+        batch of it); it must hold the prompts the loader gave, and its tokens must be within ``max_staleness``
+        versions."""
         if self.producer is None:
             self._start_producer(step, rows[0]["batch_index"], first_row)
         produced = self.producer.take(step)
@@ -102,7 +103,7 @@ class PipelineSource(EngineSource):
         n = self.sampling.n
         self.producer = RolloutProducer(
             self.engine, self._tokenizer, self.tool, self.schedule, self.reward, self.sandbox.client_factory(),
-            self._stream, lambda k: sampling_params(self.sampling, self.seed + k + first_row * n),
+            self._stream, lambda b: sampling_params(self.sampling, batch_seed(self.seed, b, first_row, n)),
             pipeline.max_staleness, pipeline.producer_timeout, step, batch_index, step - 1)
         self.producer.start()
         log.info("rollout producer started at step %d (batch %d, weights version %d, max_staleness %d, %d torch "

@@ -5,6 +5,12 @@ generates the batches of the next RL steps while the trainer updates on this one
     producer: batch k+1 starts once its weights have version >= k - S (``zerotir.rl.staleness.may_start``), runs the
               tool loop (``agent_loop.rollout``: each trajectory on its own, scored as it ends), then batch k+2 ...
 
+The producer generates the batches of the stream in order; which step trains on each is the trainer's: with refill
+(``model.refill``) a step takes more than one, calling ``take(k)`` again for each refill batch. The capacity rule
+gates a batch for the latest step that can train on it, as if every later step took one batch: the j-th batch after
+the last one taken is trained at step k + j - 1 at the latest (k: the next step, or the current one while it
+refills, which ``take`` says before it waits), so the rule holds whatever the steps take.
+
 Weight pushes land between two engine steps: the engine runs behind one lock, which a push takes for as long as it
 copies (``push`` returns those seconds, logged as ``time/weight_sync``), so generation stops only for the push itself.
 On a GPU an engine step can return with its kernels still queued (vLLM's async scheduling, on a stream of the
@@ -55,7 +61,7 @@ class ProducerStopped(Exception):
 class Produced:
     """One generated training batch, waiting for its RL step."""
 
-    step: int  # the RL step it was generated for
+    step: int  # the RL step that trains on it (set by ``take``; before, the latest step the capacity rule allowed)
     batch_index: int  # its index in the training stream (the data cursor)
     rows: list[PromptRow]  # the prompt rows
     rollout: Trajectories  # scored, with per-token versions
@@ -137,7 +143,7 @@ class VersionedEngine:
 
 @dataclass(frozen=True)
 class _Train:
-    """The next job is the training batch of ``step``."""
+    """The next job is a training batch, gated for ``step`` (the latest step that can train on it)."""
 
     step: int
 
@@ -164,7 +170,7 @@ class RolloutProducer:
         sandbox: builds the producer's sandbox client, in its thread (a client belongs to one event loop); None
             without tools.
         batches: the prompt rows of a training batch index (``PromptDataModule.train_batch``).
-        params: the sampling parameters of an RL step (each step has its own seed).
+        params: the sampling parameters of a training batch index (each batch has its own seed).
         max_staleness: S of ``model.pipeline``.
         producer_timeout: ``model.pipeline.producer_timeout``, seconds.
         first_step: the first RL step to generate for (``rl_steps_done + 1`` on a resume).
@@ -182,11 +188,13 @@ class RolloutProducer:
         self.first_step, self.first_batch = first_step, first_batch
         self._make_sandbox = sandbox
         self._cond = threading.Condition()
-        self._ready: dict[int, Produced] = {}
+        self._ready: dict[int, Produced] = {}  # by batch index
         self._evals: collections.deque[_Eval] = collections.deque()
         self._error: tuple[str, BaseException] | None = None
         self._stop = False
-        self._taken = first_step - 1  # the last step handed to the trainer
+        self._taken = first_step - 1  # the last step handed a batch
+        self._next_batch = first_batch  # the batch the trainer takes next
+        self._refills = 0  # batches taken beyond one per step (refill batches)
         self._state = "starting"
         self._beat_at = time.monotonic()
         self.engine = VersionedEngine(engine, version, self._beat, lambda: self._stop)
@@ -201,16 +209,24 @@ class RolloutProducer:
 
     # ------------------------------------------------------------------------------------ the trainer's side
     def take(self, step: int) -> Produced:
-        """The batch of RL step ``step`` (waiting for it); ``timings["wait_for_rollout"]`` is that wait."""
-        if step != self._taken + 1:
-            raise ValueError(f"take({step}): the producer hands out steps in order; the next one is {self._taken + 1}")
+        """The next batch of the stream for RL step ``step`` (waiting for it): the step after the last one taken, or
+        that one again for a refill batch; ``timings["wait_for_rollout"]`` is that wait."""
+        refill = step == self._taken >= self.first_step
+        if step != self._taken + 1 and not refill:
+            raise ValueError(f"take({step}): the producer hands out steps in order; the next one is {self._taken + 1}"
+                             + (f" (or {self._taken} again, a refill batch)" if self._taken >= self.first_step else ""))
         start = time.perf_counter()
         with self._cond:
-            while step not in self._ready:
-                self._check(f"the batch of step {step}")
+            if refill:  # this batch trains at this step, not the next: the capacity rule may let one more start
+                self._refills += 1
+                self._cond.notify_all()
+            index = self._next_batch
+            while index not in self._ready:
+                self._check(f"{'a refill batch' if refill else 'the batch'} of step {step}")
                 self._cond.wait(timeout=0.5)
-            produced = self._ready.pop(step)
-        self._taken = step
+            produced = self._ready.pop(index)
+        self._taken, self._next_batch = step, index + 1
+        produced.step = step
         produced.timings["wait_for_rollout"] = time.perf_counter() - start
         return produced
 
@@ -271,25 +287,31 @@ class RolloutProducer:
     def _beat(self) -> None:
         self._beat_at = time.monotonic()
 
+    def _latest_step(self, index: int) -> int:
+        """The latest RL step that can train on batch ``index``: every step takes at least one batch (with the
+        condition held; the refills taken so far only make it earlier)."""
+        return self.first_step + index - self.first_batch - self._refills
+
     def _run(self) -> None:
-        step = self.first_step
+        index = self.first_batch
         try:
             sandbox = self._make_sandbox() if self._make_sandbox is not None else None
             while True:
-                job, waited = self._next_job(step)
+                job, waited = self._next_job(index)
                 if job is None:
                     return
                 self._beat()
                 if isinstance(job, _Eval):
                     self._evaluate(job, sandbox)
                     continue
-                self._state = f"generating the batch of step {step} (weights version {self.engine.version})"
-                produced = self._generate(step, sandbox)
+                self._state = (f"generating the batch of step {job.step} at the latest (stream batch {index}, "
+                               f"weights version {self.engine.version})")
+                produced = self._generate(job.step, index, sandbox)
                 produced.timings["wait_for_trainer"] = waited
                 with self._cond:
-                    self._ready[step] = produced
+                    self._ready[index] = produced
                     self._cond.notify_all()
-                step += 1
+                index += 1
         except BaseException as err:  # noqa: BLE001 - handed to the trainer, which raises it with the step
             if self._stop:  # closed: the rollout in flight ended at its next step (ProducerStopped, maybe wrapped)
                 return
@@ -303,9 +325,10 @@ class RolloutProducer:
                     job.done.set_exception(RuntimeError("the rollout producer stopped before this evaluation batch"))
                 self._evals.clear()
 
-    def _next_job(self, step: int) -> tuple[_Eval | _Train | None, float]:
-        """The next job: an evaluation batch if one waits, else the batch of ``step`` once the capacity rule lets it
-        start; (None, 0) once closed. Also returns the seconds waited at the gate."""
+    def _next_job(self, index: int) -> tuple[_Eval | _Train | None, float]:
+        """The next job: an evaluation batch if one waits, else batch ``index`` once the capacity rule lets it start
+        for the latest step that can train on it; (None, 0) once closed. Also returns the seconds waited at the
+        gate."""
         waited = 0.0
         with self._cond:
             while True:
@@ -313,19 +336,19 @@ class RolloutProducer:
                     return None, 0.0
                 if self._evals:
                     return self._evals.popleft(), 0.0
+                step = self._latest_step(index)
                 if may_start(step, self.engine.version, self.max_staleness):
                     return _Train(step), waited
-                self._state = (f"waiting for weights version {step - 1 - self.max_staleness} to start the batch of "
-                               f"step {step} (it has {self.engine.version})")
+                self._state = (f"waiting for weights version {step - 1 - self.max_staleness} to start batch {index} "
+                               f"for step {step} (it has {self.engine.version})")
                 start = time.perf_counter()
                 self._cond.wait()
                 waited += time.perf_counter() - start
 
-    def _generate(self, step: int, sandbox: Any) -> Produced:
-        batch_index = self.first_batch + step - self.first_step
+    def _generate(self, step: int, batch_index: int, sandbox: Any) -> Produced:
         rows = self.batches(batch_index)
         traj, timings = rollout_sync(self.engine, self.tokenizer, sandbox, [r["prompt_ids"] for r in rows],
-                                     self.params(step), self.tool, [r["answer"] for r in rows], self.schedule,
+                                     self.params(batch_index), self.tool, [r["answer"] for r in rows], self.schedule,
                                      self.reward)
         return Produced(step, batch_index, rows, traj, timings)
 

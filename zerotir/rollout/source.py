@@ -1,7 +1,7 @@
 """Where a training step's rollouts come from: one interface, one implementation per mode.
 
     source.start(actor, tokenizer, device, stream)   before the first rollout (the sandbox, the engine, its weights)
-    source.batch(step, rows, first_row)              the step's scored trajectories (a ``RolloutBatch``)
+    source.batch(step, rows, first_row)              a batch of the step's scored trajectories (a ``RolloutBatch``)
     source.evaluate(rows, params)                    an evaluation batch, on the same engine
     source.after_update(actor, version)              the new weights, as ``version`` (updates done); seconds taken
     source.close()                                   stop everything it started
@@ -73,8 +73,9 @@ class RolloutSource(Protocol):
         ...
 
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
-        """The scored trajectories of RL step ``step`` for this rank's ``rows``; ``first_row`` is the index of the
-        first of them in the step's global batch (it seeds the samples, the same on any number of ranks)."""
+        """The scored trajectories of one batch of RL step ``step`` for this rank's ``rows`` (training rows: they
+        carry their ``batch_index``, which seeds the samples, ``batch_seed``); ``first_row`` is the index of the first
+        of them in the global batch. With refill (``model.refill``) a step asks for several batches in turn."""
         ...
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
@@ -88,6 +89,15 @@ class RolloutSource(Protocol):
     def close(self) -> None:
         """Stop what ``start`` started; idempotent."""
         ...
+
+
+def batch_seed(seed: int, batch_index: int, first_row: int, n: int) -> int:
+    """The rollout seed of training batch ``batch_index`` of the stream for the rank whose share starts at row
+    ``first_row``: ``seed + batch_index + 1 + first_row * n`` (trajectory ``k`` of the share then samples with that
+    + k, the seed of its global row on any number of ranks). Seeded by the data, not the step: with refill a step
+    generates several batches, each with its own seed, the same again on a resume; without refill step k generates
+    batch k - 1, so its seed is ``seed + k`` (+ the row offset)."""
+    return seed + batch_index + 1 + first_row * n
 
 
 def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
@@ -106,7 +116,7 @@ class EngineSource:
         sampling: the ``model.sampling`` group (training rollouts).
         reward: scores each trajectory as it ends (``zerotir.reward.score_batch``).
         model_path: the HF folder a separate engine loads at start.
-        seed: the run's seed: the engine's own, and the base of every step's (step k samples with seed + k).
+        seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
         engine_device: where the engine runs when not on the trainer's device (``model.pipeline.producer_device``).
         own_weights: the engine keeps a copy of the weights of its own (the pipeline's producer generates while the
             trainer updates), instead of generating with the trained actor where the engine can.
@@ -185,7 +195,8 @@ class InlineSource(EngineSource):
     """Each step's batch generated when the step asks, with the trainer's current weights (version ``step - 1``)."""
 
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
-        params = sampling_params(self.sampling, self.seed + step + first_row * self.sampling.n)
+        params = sampling_params(self.sampling, batch_seed(self.seed, rows[0]["batch_index"], first_row,
+                                                           self.sampling.n))
         traj, timings = self.roll_out(rows, params)
         self.engine.rest()  # until after_update: the update may have its memory
         traj.versions = torch.where(traj.action_mask, step - 1, -1)

@@ -20,7 +20,7 @@ def make_rollout_source(pipeline: PipelineConfig, backend: RolloutBackend, sandb
         pipeline, backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
         reward: scores each trajectory as it ends (``zerotir.reward.score_batch``).
         model_path: the HF folder a separate engine loads at start.
-        seed: the run's seed (step k samples with seed + k).
+        seed: the run's seed (training batch b samples with seed + b + 1: ``source.batch_seed``).
     """
     if pipeline.enabled:
         return PipelineSource(pipeline, backend, sandbox, tool, sampling, reward, model_path, seed)

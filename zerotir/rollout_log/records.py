@@ -20,9 +20,11 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from zerotir.reward import extract_boxed
 from zerotir.types import Trajectories
@@ -45,7 +47,8 @@ def file_name(split: str, step: int, rank: int = 0, world_size: int = 1) -> str:
 
 def trajectory_records(traj: Trajectories, prompts: Sequence[str], problem_ids: Sequence[str],
                        sources: Sequence[str] | None = None, *, step: int, split: str = "train",
-                       weight_version: int | None = None, rank: int = 0) -> list[dict[str, Any]]:
+                       weight_version: int | None = None, rank: int = 0,
+                       removed: Mapping[str, Tensor] | None = None) -> list[dict[str, Any]]:
     """One JSON-ready record per trajectory of ``traj``.
 
     Args:
@@ -57,18 +60,22 @@ def trajectory_records(traj: Trajectories, prompts: Sequence[str], problem_ids: 
         split: "train", "val" or "test".
         weight_version: how many updates the weights that generated the rollout had seen (None: unknown).
         rank: the data-parallel rank that generated the rows.
+        removed: the step's removal rules (``FilterDecision.removed``: name -> (B,) bool of the rows each matched);
+            None: no decision.
 
     Returns:
         Records with ``step, split, rank, index, group, problem_id, source, prompt, response, answer (the last
         \\boxed{} of the response, or None), reference, reward, correct, calls, exec_errors, timeouts,
-        sandbox_errors, finish_reason, truncated, response_tokens (sampled + injected), sampled_tokens, tool_calls
-        and weight_version``.
+        sandbox_errors, finish_reason, truncated, response_tokens (sampled + injected), sampled_tokens, tool_calls,
+        weight_version and filtered_by`` (the names of the rules that removed the row from the loss, in the order
+        they apply; [] for a trained row or without a decision).
     """
     size = len(traj)
     groups = traj.group_ids.tolist()
     if groups and max(groups) >= min(len(prompts), len(problem_ids)):
         raise ValueError(f"group id {max(groups)} has no prompt: {len(prompts)} prompts, {len(problem_ids)} ids")
     action = traj.action_mask.sum(1).tolist()
+    matched = {name: rows.tolist() for name, rows in (removed or {}).items()}
     columns = {name: getattr(traj, name).tolist() for name in (
         "rewards", "num_calls", "num_exec_errors", "num_timeouts", "num_sandbox_errors", "truncated", "response_lens")}
     records = []
@@ -87,6 +94,7 @@ def trajectory_records(traj: Trajectories, prompts: Sequence[str], problem_ids: 
             "sampled_tokens": int(action[i]),
             "tool_calls": [{"code": c.code, "status": c.status, "output": c.output} for c in traj.tool_calls[i]],
             "weight_version": weight_version,
+            "filtered_by": [name for name, rows in matched.items() if rows[i]],
         })
     return records
 

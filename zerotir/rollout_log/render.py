@@ -44,11 +44,13 @@ def _fenced(text: str, lang: str = "") -> str:
 
 
 def headline(record: dict[str, Any]) -> str:
-    """One line on a trajectory: reward, verdict, calls, finish reason, length."""
+    """One line on a trajectory: reward, verdict, calls, finish reason, length, and the filters that removed it."""
     failed = sum(c["status"] in FAILED_STATUSES for c in record["tool_calls"])
     verdict = "correct" if record["correct"] else "wrong"
+    removed = record.get("filtered_by") or []  # absent from dumps written before the trajectory filters
     return (f"reward {record['reward']:g} ({verdict}) | {record['calls']} call(s), {failed} failed | "
-            f"finish {record['finish_reason']} | {record['response_tokens']} tokens")
+            f"finish {record['finish_reason']} | {record['response_tokens']} tokens"
+            + (f" | filtered by {', '.join(removed)}" if removed else ""))
 
 
 def markdown_sample(record: dict[str, Any], title: str = "") -> str:

@@ -1,0 +1,139 @@
+"""What trains, ablated in the mixed toy world: the paper's trajectory filters, refill and overlong masking, side by
+side over RL seeds (issue #28).
+
+    python -m benchmarks.filter_ablation                               # the runs, then the table
+    python -m benchmarks.filter_ablation --out /tmp/fa --report-only   # the table from the runs already there
+
+Arms, each a ``configs/toy_mixed.yaml`` run on one shared medium base (``benchmarks.toy_findings``' ``Sweep``: the
+base is built once, its copy probe ends its pretraining), REINFORCE++, 4 calls, the pass-rate filter on in all:
+
+- ``off``: the pass-rate filter alone (today's default);
+- ``paper``: + the paper's trajectory filters (overlong-or-truncated and wrong, shortcut, code-count mismatch, void by
+  repetition at 0.2; the perplexity rule needs a reference model, which a run with ``kl_coef: 0`` does not load);
+- ``refill``: + dynamic sampling, up to ``--rounds`` generation rounds per step;
+- ``mask``: + truncated responses masked out of the loss (``model.filters.overlong: mask``).
+
+Per arm, over seeds (mean and min-max): the final greedy held-out accuracy (easy and hard averaged), the held-out
+code rate, the steps until the smoothed rollout accuracy covers 80% of the way from its start to the best plateau of
+the arms in that seed (``zerotir.scaling.laws.steps_to_fraction``; never reached: the run length), and the share of
+steps that trained on fewer prompt groups than a full batch (``filter/kept_fraction`` below 1 without refill,
+``filter/exhausted_steps`` rising with it) or on none (no ``train/policy_loss`` at that step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.toy_findings import REPO, Job, Sweep
+from benchmarks.toy_findings_rules import Runs, mean_acc
+from zerotir import metric_names as mn
+from zerotir.scaling import laws
+from zerotir.scaling.runs import Run
+
+PAPER = ["--model.filters.overlong_wrong", "true", "--model.filters.shortcut", "true",
+         "--model.filters.code_mismatch", "true", "--model.filters.void_repetition", "true"]
+
+
+def arms(rounds: int) -> dict[str, list[str]]:
+    """Each arm's settings over ``configs/toy_mixed.yaml``, in the order of the table."""
+    refill = ["--model.refill.max_rounds", str(rounds)]
+    return {"off": [], "paper": PAPER, "refill": PAPER + refill,
+            "mask": PAPER + refill + ["--model.filters.overlong", "mask"]}
+
+
+def jobs(seeds: list[int], rounds: int) -> list[Job]:
+    return [Job(f"{arm}_s{seed}", seed=seed, extra=tuple(extra)) for seed in seeds
+            for arm, extra in arms(rounds).items()]
+
+
+def _heldout_code_rate(run: Run) -> float | None:
+    values = [run.get(f"heldout_{group}/{mn.EVAL_CODE_RATE}") for group in ("easy", "hard")]
+    if any(v is None or v.empty for v in values):
+        return None
+    return float(np.mean([v.iloc[-1] for v in values]))
+
+
+def step_shares(run: Run) -> dict[str, float]:
+    """Shares of the run's steps that trained on no group (``skipped``) or on fewer than a full batch
+    (``shrunk``, skipped steps not included)."""
+    kept = run.get(mn.KEPT_FRACTION)
+    steps = sorted(set(kept.index)) if kept is not None else []
+    if not steps:
+        return {"skipped": float("nan"), "shrunk": float("nan")}
+    trained = run.get(mn.POLICY_LOSS)
+    trained_steps = set(trained.index) if trained is not None else set()
+    exhausted = run.get(mn.EXHAUSTED_STEPS)
+    skipped = [s for s in steps if s not in trained_steps]
+    if exhausted is not None:  # refill: a step is short when the count of short steps rises at it
+        rises = exhausted.diff().fillna(exhausted.iloc[0])
+        shrunk = [s for s in steps if s in trained_steps and rises.get(s, 0.0) > 0]
+    else:
+        shrunk = [s for s in steps if s in trained_steps and kept[s] < 1.0 - 1e-9]
+    return {"skipped": len(skipped) / len(steps), "shrunk": len(shrunk) / len(steps)}
+
+
+def _spread(values: list[float], fmt: str = ".2f") -> str:
+    values = [v for v in values if v is not None and not np.isnan(v)]
+    if not values:
+        return "n/a"
+    return f"{np.mean(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def report(out: Path, seeds: list[int], rounds: int, steps: int) -> str:
+    """The markdown table of the arms (mean and min-max over seeds)."""
+    runs = Runs(out)
+    names = list(arms(rounds))
+    speed: dict[str, list[float]] = {arm: [] for arm in names}
+    for seed in seeds:
+        present = {arm: runs.get(f"{arm}_s{seed}") for arm in names}
+        present = {arm: r for arm, r in present.items() if r is not None and r.get(mn.ACCURACY) is not None}
+        best = max((laws.steps_to_fraction(r.get(mn.ACCURACY))["plateau"] for r in present.values()), default=None)
+        for arm, run in present.items():
+            reach = laws.steps_to_fraction(run.get(mn.ACCURACY), plateau=best)["step"]
+            speed[arm].append(float(steps if reach is None else reach))
+    lines = ["| arm | held-out accuracy | held-out code rate | steps to 80% of plateau | steps skipped | steps shrunk "
+             "| runs |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for arm in names:
+        present = [r for r in (runs.get(f"{arm}_s{s}") for s in seeds) if r is not None]
+        shares = [step_shares(r) for r in present]
+        lines.append(f"| {arm} | {_spread([mean_acc(r) for r in present])} "
+                     f"| {_spread([_heldout_code_rate(r) for r in present])} | {_spread(speed[arm], '.1f')} "
+                     f"| {_spread([s['skipped'] for s in shares])} | {_spread([s['shrunk'] for s in shares])} "
+                     f"| {len(present)} of {len(seeds)} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "filter_ablation", help="runs and the base")
+    p.add_argument("--steps", type=int, default=40, help="RL steps per run")
+    p.add_argument("--val_every", type=int, default=10, help="RL steps between validations")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--rounds", type=int, default=3, help="model.refill.max_rounds of the refill arms")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
+    p.add_argument("--base_minutes", type=float, default=120.0,
+                   help="safety cap of the base's pretraining; its copy probe ends it first")
+    p.add_argument("--report-only", action="store_true", help="only print the table from existing runs")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    if not args.report_only:
+        Sweep(args).run(jobs(args.seeds, args.rounds), sizes=["medium"])
+    table = report(args.out, args.seeds, args.rounds, args.steps)
+    command = "python -m benchmarks.filter_ablation " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = f"{command.strip()}: {(time.time() - start) / 60:.1f} min\n\n{table}\n"
+    (args.out / "ablation.md").write_text(text)
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

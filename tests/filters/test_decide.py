@@ -1,0 +1,79 @@
+"""The composition of the pass-rate decision and ``model.filters`` into the step's decision."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.callbacks.helpers import make_batch
+from zerotir import metric_names
+from zerotir.config import FilterConfig, ToolConfig
+from zerotir.filters.decide import REMOVAL_NAMES, decide
+from zerotir.filters.trajectory import FilterContext
+from zerotir.rl.step import FilterDecision
+
+CTX = FilterContext.of(ToolConfig(), max_response_tokens=16)
+RAN = "```python\nprint(1+1)\n```\n```output\n2\n```\n"
+
+
+def batch():
+    # Group 0: row 0 ended with a void turn (wrong), row 1 correct and clean. Group 1: row 2 truncated (wrong, 16
+    # tokens), row 3 correct, 14 tokens.
+    return make_batch([0.0, 1.0, 0.0, 1.0], [0, 0, 1, 1], num_calls=[1, 1, 0, 0], truncated=[False, False, True, False],
+                      response_lens=[6, 8, 16, 14],
+                      texts=[RAN + "hmm.", RAN + "\\boxed{2}", "\\boxed{3} and", "\\boxed{3}"])
+
+
+def test_with_every_rule_off_the_decision_is_the_pass_rate_filters():
+    group = FilterDecision(torch.tensor([True, True, False, False]), 1, 2)
+    decision = decide(FilterConfig(), batch(), group, CTX, step=1, seed=0)
+    assert decision.keep is group.keep and (decision.kept_groups, decision.groups) == (1, 2)
+    # the rows the pass rate dropped are recorded under its name (the rollout dump shows it)
+    assert list(decision.removed) == ["pass_rate"]
+    assert decision.removed["pass_rate"].tolist() == [False, False, True, True]
+    assert decide(FilterConfig(), batch(), None, CTX, step=1, seed=0) is None
+
+
+def test_the_rules_remove_rows_from_what_the_pass_rate_kept():
+    group = FilterDecision(torch.tensor([True, True, True, False]), 2, 2)  # the filter dropped row 3's group
+    out = decide(FilterConfig(void_turn=True, overlong="mask"), batch(), group, CTX, step=1, seed=0)
+    assert list(out.removed) == ["pass_rate", "void_turn", "truncated"]  # in the order they apply
+    assert out.removed["pass_rate"].tolist() == [False, False, False, True]
+    assert out.removed["void_turn"].tolist() == [True, False, False, False]
+    assert out.removed["truncated"].tolist() == [False, False, True, False]
+    assert out.keep.tolist() == [False, True, False, False]  # kept by every rule
+    assert (out.kept_groups, out.groups, out.skipped) == (2, 2, False)  # the pass-rate filter's group counts
+    assert out.reward_shaping is None and out.perplexity_threshold is None
+
+
+def test_a_skipped_pass_rate_decision_stays_skipped():
+    skipped = FilterDecision(torch.zeros(4, dtype=torch.bool), 0, 2, skipped=True)
+    out = decide(FilterConfig(void_turn=True), batch(), skipped, CTX, step=1, seed=0)
+    assert out.skipped and not out.keep.any() and out.removed["pass_rate"].all()
+
+
+def test_without_a_pass_rate_filter_every_group_counts_as_kept():
+    out = decide(FilterConfig(overlong="mask"), batch(), None, CTX, step=1, seed=0)
+    assert "pass_rate" not in out.removed and out.keep.tolist() == [True, True, False, True]
+    assert (out.kept_groups, out.groups) == (2, 2)
+
+
+def test_the_soft_penalty_and_the_perplexity_threshold_travel_to_the_step():
+    # Budget 16, buffer 4: 6 and 8 tokens are free, 14 -> -0.5, 16 -> -1. Nothing is removed by the penalty.
+    cfg = FilterConfig(overlong="soft_penalty", overlong_buffer=4, perplexity=True, perplexity_threshold=3.0)
+    out = decide(cfg, batch(), None, CTX, step=1, seed=0)
+    assert out.reward_shaping.tolist() == [0.0, 0.0, -1.0, -0.5] and out.keep.all()
+    assert out.perplexity_threshold == 3.0 and out.removed == {}
+
+
+def test_roc_downsamples_among_the_rows_still_kept():
+    # Group 1 after the mask: row 3 only (correct, no call: penalty 0.5, not clean): ceil(0.5 x 1) = 1 kept.
+    # Group 0: row 1 correct and clean (one call that ran, one answer): kept; row 0 wrong: kept.
+    out = decide(FilterConfig(overlong="mask", roc=True), batch(), None, CTX, step=3, seed=0)
+    assert out.removed["roc"].tolist() == [False] * 4 and out.keep.tolist() == [True, True, False, True]
+    strict = decide(FilterConfig(overlong="mask", roc=True, roc_correct_keep=0.0), batch(), None, CTX, step=3, seed=0)
+    assert strict.removed["roc"].tolist() == [False, False, False, True]  # share 0: only clean correct rows stay
+
+
+def test_every_removal_has_its_metric():
+    assert REMOVAL_NAMES == metric_names.FILTER_NAMES
+    assert metric_names.FILTER_FRACTIONS["void_turn"] == "filter/void_turn_fraction"

@@ -1,0 +1,84 @@
+"""The step's keep decision: the pass-rate filter's, then the rules of ``model.filters``, as one pure composition.
+
+    pass rate (the group's difficulty, over ALL n samples of each prompt; a callback's ``PassRateFilter.decide``)
+      -> the trajectory rules (``trajectory.RULES``: each judges every trajectory by itself)
+      -> "mask": truncated responses (``overlong.truncated_rows``)
+      -> GRPO-RoC downsampling among the trajectories still kept (``roc``)
+    keep = not removed by any of them; the RL step then removes the high-perplexity ones (it has the reference
+    log-probs: ``FilterDecision.perplexity_threshold``) and adds the soft overlong penalty
+    (``FilterDecision.reward_shaping``) to the rewards of the trajectories it trains on.
+
+Baseline rule: a removed trajectory is dropped before the advantages, so a group baseline (GRPO, RLOO,
+REINFORCE++-baseline) is taken over the group's remaining samples, as the paper's code does by dropping filtered
+samples from its replay buffer before the update. A removed trajectory's reward is noise (a truncated right answer,
+a shortcut through unexecuted code, a repetition loop): kept in the baseline, it would shift every other sample's
+advantage by it.
+
+``removed`` records, per rule name, every trajectory the rule matched (one match removes; a row can match several),
+so the metrics give each rule's share and the rollout dump names the rules that removed each row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from zerotir.config import FilterConfig
+from zerotir.filters.overlong import soft_overlong_penalty, truncated_rows
+from zerotir.filters.roc import roc_dropped, roc_penalty
+from zerotir.filters.trajectory import RULES, FilterContext
+from zerotir.rl.step import PERPLEXITY, FilterDecision
+from zerotir.scale.distributed import global_group_counts
+from zerotir.types import Trajectories
+
+PASS_RATE, TRUNCATED, ROC = "pass_rate", "truncated", "roc"
+# Every name a decision's ``removed`` can hold, in the order the rules apply (metric_names.FILTER_NAMES lists them).
+REMOVAL_NAMES = (PASS_RATE, *RULES, TRUNCATED, ROC, PERPLEXITY)
+
+
+def decide(cfg: FilterConfig, traj: Trajectories, group: FilterDecision | None, ctx: FilterContext, *, step: int,
+           seed: int) -> FilterDecision | None:
+    """The step's decision on this rank's ``traj`` (see the module doc); ``group`` is the pass-rate filter's (None:
+    no such filter). With every rule of ``cfg`` off it is ``group`` with its dropped rows recorded under "pass_rate"
+    (so the rollout dump names the filter that removed each row either way). Without ``group`` the group counts are
+    reduced over the ranks (a collective: every rank calls this at the same step).
+
+    Args:
+        cfg: ``model.filters``.
+        traj: the step's scored trajectories.
+        group: the pass-rate decision, taken on all samples of each prompt, or None.
+        ctx: the block markers and the response budget.
+        step: the RL step; with ``seed`` it seeds the RoC order among equal penalties.
+        seed: the run's seed.
+    """
+    if not cfg.enabled:
+        return None if group is None else replace(group, removed={PASS_RATE: ~group.keep.cpu().bool()})
+    size = len(traj)
+    removed: dict[str, Tensor] = {}
+    if group is not None:
+        removed[PASS_RATE] = ~group.keep.cpu().bool()
+    for name in cfg.trajectory_rules:
+        removed[name] = RULES[name](traj, cfg, ctx)
+    if cfg.overlong == "mask":
+        removed[TRUNCATED] = truncated_rows(traj)
+    keep = torch.ones(size, dtype=torch.bool)
+    for matched in removed.values():
+        keep &= ~matched
+    if cfg.roc:
+        generator = torch.Generator().manual_seed(seed + step)
+        removed[ROC] = roc_dropped(keep, traj.correct.cpu(), traj.group_ids.cpu(), roc_penalty(traj, ctx.markers),
+                                   cfg.roc_correct_keep, generator)
+        keep &= ~removed[ROC]
+    shaping = None
+    if cfg.overlong == "soft_penalty":
+        shaping = soft_overlong_penalty(traj.response_lens.cpu(), ctx.max_response_tokens, cfg.overlong_buffer,
+                                        cfg.overlong_penalty)
+    if group is not None:
+        kept_groups, groups, skipped = group.kept_groups, group.groups, group.skipped
+    else:
+        kept_groups, groups = global_group_counts(torch.ones(size, dtype=torch.bool), traj.group_ids.cpu())
+        skipped = False
+    return FilterDecision(keep, kept_groups, groups, skipped, removed=removed, reward_shaping=shaping,
+                          perplexity_threshold=cfg.perplexity_threshold if cfg.perplexity else None)
