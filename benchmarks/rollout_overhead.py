@@ -254,6 +254,8 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
                                   results[(name, "trajectory")][-1]["sampled"], args.seed + r)
                 results.setdefault((name, "plain"), []).append({"tok_s": plain, "load": os.getloadavg()[0]})
                 print(f"  run {r} {name} plain decoding of the same tokens: {plain:.0f} tok/s", flush=True)
+    for engine in [*engines.values(), fixed, *([no_cache] if no_cache else [])]:
+        engine.close()  # before the next profile's engines (vLLM's process-wide state goes with its engine)
     return report(results, args, rows, profile, budget)
 
 

@@ -42,7 +42,7 @@ def engines(tmp_path_factory):
                              max_position_embeddings=MAX_LEN).eval()
     vllm = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25, block_size=32)
     yield HFEngine(model, TOK), vllm
-    del vllm
+    vllm.close()
 
 
 def tool_config(engine, prompt: list[int]) -> ToolConfig:

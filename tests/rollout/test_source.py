@@ -42,6 +42,9 @@ class FakeEngine:
     def rest(self) -> None:
         self.calls.append(("rest",))
 
+    def close(self) -> None:
+        self.calls.append(("close",))
+
 
 class Actor(nn.Module):
     def __init__(self):
@@ -80,6 +83,8 @@ def test_inline_source_rests_after_a_training_batch_and_loads_the_update(monkeyp
     source.evaluate(ROWS, SamplingParams(n=2, seed=0))
     assert engine.calls == [("load_weights_from", actor), ("rollout",)]  # evaluation leaves the engine awake
     source.close()
+    source.close()  # idempotent: the engine is closed once, at once (not left to the garbage collector)
+    assert engine.calls[-2:] == [("rollout",), ("close",)] and source.engine is None
 
 
 def test_without_tools_no_sandbox_is_started(monkeypatch):

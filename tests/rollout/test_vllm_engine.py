@@ -77,7 +77,7 @@ def world(tmp_path_factory):
     original = {k: v.clone() for k, v in model.state_dict().items()}
     yield SimpleNamespace(folder=folder, tok=tok, model=model, engine=engine, original=original,
                           prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
-    del engine
+    engine.close()
 
 
 @pytest.fixture

@@ -194,6 +194,14 @@ def test_zero3_sync_into_vllm_matches_trained_model(vllm_ok, zero3):
     params = SamplingParams(temperature=0, max_new_tokens=20)
 
     engine = VLLMEngine(zero3.folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25)
+    try:
+        _sync_and_compare(engine, zero3, trained, initial, start, prompts, params)
+    finally:
+        engine.close()
+
+
+def _sync_and_compare(engine, zero3, trained, initial, start, prompts, params) -> None:
+    """The engine decodes as the initial model, then (after the ZeRO-3 sync) exactly as the trained one."""
     before = [row[0].token_ids for row in generate(engine, prompts, params)]
     assert before == [reference_greedy(initial, p, 20) for p in prompts]
 

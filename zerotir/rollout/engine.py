@@ -129,6 +129,12 @@ class RolloutEngine(Protocol):
         (vLLM in sleep mode drops weights and KV cache). A no-op where there is nothing to release."""
         ...
 
+    def close(self) -> None:
+        """Free what the engine holds, now: its running requests, caches and (vLLM) its engine core with the
+        process's vLLM distributed state, which the garbage collector would otherwise tear down at some later
+        time, possibly under another engine of the same process. Idempotent; the engine takes no work after."""
+        ...
+
 
 def generate(engine: RolloutEngine, prompts: list[list[int]],
              params: SamplingParams | list[SamplingParams]) -> list[list[Sample]]:

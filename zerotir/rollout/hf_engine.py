@@ -193,6 +193,12 @@ class HFEngine:
         """Nothing to release between rollouts: the engine generates with the trained module, whose memory training
         uses, or with a copy that keeps generating (the producer)."""
 
+    def close(self) -> None:
+        """End the open decode session, if any (its rows and cached keys / values); the model is left as it is
+        (it may be the trained actor). The engine can open a new session afterwards."""
+        if self._session is not None:
+            self._close()
+
     # ---------------------------------------------------------------------------------------- internals
     def _close(self) -> None:
         session, self._session = self._session, None

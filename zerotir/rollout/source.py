@@ -187,7 +187,9 @@ class EngineSource:
         return time.perf_counter() - start
 
     def close(self) -> None:
-        self.engine = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()  # now, not whenever the garbage collector gets to it (RolloutEngine.close)
         self.sandbox.close()
 
 

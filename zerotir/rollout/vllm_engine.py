@@ -134,7 +134,9 @@ class VLLMEngine:
                       # RolloutEngine protocol and HFEngine define them
                       logprobs_mode="processed_logprobs", enable_prefix_caching=enable_prefix_caching)
         kwargs.update(llm_kwargs)
-        self.llm = _create_llm(kwargs)
+        # A process group that exists before the engine is the caller's (a multi-rank trainer's): close keeps it.
+        self._callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._llm: Any = _create_llm(kwargs)
         model_config = self.llm.llm_engine.model_config
         self.vocab_size = model_config.get_vocab_size()
         self.context_length = model_config.max_model_len
@@ -144,6 +146,27 @@ class VLLMEngine:
         self._request_of: dict[Hashable, str] = {}  # running key -> vLLM request id
         self._key_of: dict[str, Hashable] = {}
         self._request_ids = itertools.count()
+
+    @property
+    def llm(self) -> Any:
+        """The ``vllm.LLM``; an error once the engine is closed."""
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine: the engine was closed (close()); build a new one")
+        return self._llm
+
+    def close(self) -> None:
+        """Shut the in-process engine core down now (``RolloutEngine.close``): its worker, KV cache and vLLM's
+        distributed state. Left to the garbage collector, that teardown runs whenever the LLM is collected, maybe
+        under a newer engine of the same process, whose groups it then destroys mid-run. vLLM's teardown also
+        destroys torch's default process group; one the caller had before the engine (a multi-rank trainer's) is
+        kept. Idempotent."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        self._request_of.clear()
+        self._key_of.clear()
+        with _keeping_default_group(self._callers_group):
+            llm.llm_engine.engine_core.shutdown()
 
     def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
         """Add request ``key`` to the engine (``RolloutEngine.submit``); its seed, when set, makes its sample
@@ -255,6 +278,27 @@ class VLLMEngine:
         on_gpu = torch.cuda.device(self.cuda_index) if self.cuda_index is not None else contextlib.nullcontext()
         with torch_threads(self.serving_threads), on_gpu:
             yield
+
+
+@contextlib.contextmanager
+def _keeping_default_group(keep: bool) -> Iterator[None]:
+    """With ``keep``, ``torch.distributed.destroy_process_group()`` (no group named: the default one) does nothing
+    inside the block: vLLM's in-process shutdown calls it, and that group belongs to the trainer. Groups it names
+    (vLLM's own) are still destroyed."""
+    if not keep:
+        yield
+        return
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_named_only(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_named_only
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
 
 
 def _create_llm(kwargs: dict[str, Any]) -> Any:
