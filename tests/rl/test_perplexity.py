@@ -7,7 +7,7 @@ import math
 import torch
 
 from tests.rl.test_step import tiny_actor
-from tests.rl.test_update import make_traj
+from tests.rl.update_world import make_traj
 from zerotir.config import RLConfig
 from zerotir.rl.perplexity import reference_logprobs, sequence_perplexity
 from zerotir.rl.update import sequence_logprobs

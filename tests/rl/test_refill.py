@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from callbacks import PassRateFilter
 from tests.gloo import free_port, run_ranks
-from tests.rl.test_update import make_traj
+from tests.rl.update_world import make_traj
 from zerotir.config import RefillConfig
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round, first_kept_groups, rank_share

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from tests.rl.test_update import make_traj
+from tests.rl.update_world import make_traj
 from zerotir.config import RLConfig
 from zerotir.rl import algorithms as A
 from zerotir.rl.step import FilterDecision, Models, StepOptimizer, rl_step

@@ -10,7 +10,7 @@ import torch
 
 import zerotir.rl.step as step_module
 from tests.rl.test_step import SAMPLING, Recording, tiny_actor
-from tests.rl.test_update import make_traj
+from tests.rl.update_world import make_traj
 from zerotir.config import RLConfig
 from zerotir.rl.perplexity import reference_logprobs, sequence_perplexity
 from zerotir.rl.step import PERPLEXITY, FilterDecision, Models, rl_step

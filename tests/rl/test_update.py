@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tests.rl.update_world import ROW_MASK, grads, make_traj, prepared, run_update
 from zerotir.rl import algorithms as A
 from zerotir.rl.estimators import ESTIMATORS
 from zerotir.rl.guards import NonFiniteLossError, SandboxErrorGuard, SandboxFailureError
@@ -17,40 +18,10 @@ from zerotir.rl.update import (
     compute_advantages,
     forward_in_chunks,
     micro_batch_loss,
-    ppo_update,
     prepare_batch,
     sequence_logprobs,
 )
-from zerotir.toy.tiny_model import build_tiny_model
-from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.types import Trajectories
-
-# Row layout used throughout (T = 10): prompt 0..2, sampled 3..4, injected 5..6, sampled 7..8, then padding.
-ROW_MASK = [0, 0, 0, 1, 1, 0, 0, 1, 1, 0]
-
-
-def make_traj(rewards: list[float], groups: list[int], seed: int = 0) -> Trajectories:
-    g = torch.Generator().manual_seed(seed)
-    b, t = len(rewards), len(ROW_MASK)
-    ids = torch.randint(3, 250, (b, t), generator=g)
-    ids[:, -1] = 0
-    attn = torch.ones(b, t, dtype=torch.long)
-    attn[:, -1] = 0
-    action = torch.tensor([ROW_MASK] * b, dtype=torch.bool)
-    zeros = torch.zeros(b, dtype=torch.long)
-    return Trajectories(
-        input_ids=ids, attention_mask=attn, action_mask=action, logprobs=torch.zeros(b, t),
-        prompt_lens=torch.full((b,), 3), response_lens=torch.full((b,), 6), group_ids=torch.tensor(groups),
-        rewards=torch.tensor(rewards), num_calls=zeros + 1, num_exec_errors=zeros, num_timeouts=zeros,
-        num_sandbox_errors=zeros, truncated=torch.zeros(b, dtype=torch.bool),
-        finish_reasons=["stop"] * b, response_texts=["x"] * b, ground_truths=["1"] * b,
-    )
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    return build_tiny_model(build_byte_tokenizer(), hidden_size=32, num_layers=2, num_heads=2)
 
 
 def test_sequence_logprobs_are_aligned_with_input_ids(tiny):
@@ -181,39 +152,15 @@ def test_ppo_gae_restart_at_injected_tokens_through_the_config():
     assert torch.allclose(returns[0, [3, 4, 7, 8]], torch.tensor([0.0, 0.0, 1.0, 1.0]))
 
 
-def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _run_update(model, batch, cfg, max_response_tokens=None):
-    model.zero_grad(set_to_none=True)
-    captured, calls = [], []
-
-    def step(has_grad: bool) -> float:
-        calls.append(has_grad)
-        captured.append(_grads(model))
-        model.zero_grad(set_to_none=True)
-        return 1.0
-
-    stats = ppo_update(cfg, batch, model, None, lambda loss: loss.backward(), step, rl_step=3,
-                       generator=torch.Generator().manual_seed(0), max_response_tokens=max_response_tokens,
-                       temperature=1.0)
-    return captured, calls, stats
-
-
-def _batch(model, traj, cfg):
-    model.eval()
-    batch, _ = prepare_batch(cfg, traj, model, None, None, temperature=1.0, top_p=1.0)
-    return batch
 
 
 def test_accumulated_gradient_is_the_token_mean_over_the_batch_whatever_the_micro_batch(tiny):
     traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
     traj.action_mask[0, 7:9] = False  # rows with different action counts make the weighting matter
     base = RLConfig(algorithm="grpo", micro_batch_size=4)
-    batch = _batch(tiny, traj, base)
-    whole, calls, _ = _run_update(tiny, batch, base)
-    pieces, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1))
+    batch = prepared(tiny, traj, base)
+    whole, calls, _ = run_update(tiny, batch, base)
+    pieces, _, _ = run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1))
     assert calls == [True]
     for name, g in whole[0].items():
         assert torch.allclose(g, pieces[0][name], atol=1e-6), name
@@ -224,11 +171,11 @@ def test_sequence_mean_modes_are_independent_of_the_micro_batch_too(tiny, mode):
     traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
     traj.action_mask[0, 4:9] = False  # row 0 has one action token, the others four
     cfg = RLConfig(algorithm="grpo", micro_batch_size=4, loss_agg_mode=mode)
-    batch = _batch(tiny, traj, cfg)
-    whole, _, _ = _run_update(tiny, batch, cfg, max_response_tokens=6)  # the response budget, model.sampling's
-    pieces, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1, loss_agg_mode=mode),
+    batch = prepared(tiny, traj, cfg)
+    whole, _, _ = run_update(tiny, batch, cfg, max_response_tokens=6)  # the response budget, model.sampling's
+    pieces, _, _ = run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=1, loss_agg_mode=mode),
                                max_response_tokens=6)
-    token_mean, _, _ = _run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=4))
+    token_mean, _, _ = run_update(tiny, batch, RLConfig(algorithm="grpo", micro_batch_size=4))
     for name, g in whole[0].items():
         assert torch.allclose(g, pieces[0][name], atol=1e-6), name
     assert any(not torch.allclose(g, token_mean[0][name], atol=1e-6) for name, g in whole[0].items())
@@ -237,13 +184,13 @@ def test_sequence_mean_modes_are_independent_of_the_micro_batch_too(tiny, mode):
 def test_injected_tokens_do_not_reach_the_gradient(tiny):
     cfg = RLConfig(algorithm="grpo", ppo_epochs=2)  # two epochs: the old log-probs are a separate tensor
     traj = make_traj([1.0, 0.0], [0, 0])
-    batch = _batch(tiny, traj, cfg)
-    ref, _, _ = _run_update(tiny, batch, cfg)
+    batch = prepared(tiny, traj, cfg)
+    ref, _, _ = run_update(tiny, batch, cfg)
     # Garbage in old log-probs and advantages at prompt / injected positions changes nothing.
     off = ~batch.action_mask
     batch.old_logp = torch.where(off, torch.full_like(batch.old_logp, -50.0), batch.old_logp)
     batch.advantages = torch.where(off, torch.full_like(batch.advantages, 99.0), batch.advantages)
-    other, _, _ = _run_update(tiny, batch, cfg)
+    other, _, _ = run_update(tiny, batch, cfg)
     for name, g in ref[0].items():
         assert torch.allclose(g, other[0][name], atol=1e-7), name
 
@@ -274,7 +221,7 @@ def test_ppo_value_loss_ignores_prompt_and_injected_positions(tiny):
         critic.zero_grad(set_to_none=True)
         loss, stats = micro_batch_loss(cfg, b, tiny, critic, temperature=1.0)
         loss.backward()
-        return float(stats["value_loss"]), float(loss), _grads(critic), _grads(tiny)
+        return float(stats["value_loss"]), float(loss), grads(critic), grads(tiny)
 
     ref = value_loss_and_grads(batch)
     off = ~batch.action_mask
@@ -291,8 +238,8 @@ def test_ppo_value_loss_ignores_prompt_and_injected_positions(tiny):
 def test_optimizer_step_count_is_epochs_times_mini_batches(tiny):
     cfg = RLConfig(algorithm="grpo", ppo_epochs=2, num_mini_batches=3)
     assert cfg.optimizer_steps_per_rl_step == 6
-    batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
-    _, calls, stats = _run_update(tiny, batch, cfg)
+    batch = prepared(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
+    _, calls, stats = run_update(tiny, batch, cfg)
     # Two rows in three mini-batches: one of them is empty in each epoch and makes a no-op step.
     assert len(calls) == 6 and calls.count(False) == 2
     assert stats["grad_norm"] == 1.0 and 0.0 <= stats["clip_fraction"] <= 1.0
@@ -311,19 +258,19 @@ def test_engine_logprob_diff_is_reported_with_and_without_the_recompute_pass(tin
     single = RLConfig(algorithm="grpo")
     batch, stats = prepare_batch(single, traj, tiny, None, None, temperature=1.0, top_p=1.0)
     assert single.single_pass and batch.old_logp is None and stats == {}
-    _, _, upd = _run_update(tiny, batch, single)
+    _, _, upd = run_update(tiny, batch, single)
     assert upd["engine_logprob_diff"] == pytest.approx(0.25, abs=1e-4) and upd["clip_fraction"] == 0.0
 
 
 def test_single_pass_gradient_equals_the_recomputed_old_logprobs_one(tiny):
     cfg = RLConfig(algorithm="reinforce_pp")
     traj = make_traj([1.0, 0.0, 0.0], [0, 0, 1])
-    batch = _batch(tiny, traj, cfg)
+    batch = prepared(tiny, traj, cfg)
     assert batch.old_logp is None
-    fast, _, _ = _run_update(tiny, batch, cfg)
+    fast, _, _ = run_update(tiny, batch, cfg)
     tiny.eval()
     batch.old_logp = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, temperature=1.0)[0].detach()
-    slow, _, _ = _run_update(tiny, batch, cfg)
+    slow, _, _ = run_update(tiny, batch, cfg)
     for name, g in fast[0].items():
         assert torch.allclose(g, slow[0][name], atol=1e-6), name
 
@@ -346,16 +293,16 @@ def test_kl_against_reference_is_computed_and_kept_for_the_loss(tiny):
     as_loss = RLConfig(algorithm="grpo", kl_coef=0.1, use_kl_loss=True, kl_estimator="k1")
     batch, stats = prepare_batch(as_loss, traj, tiny, tiny, None, temperature=1.0, top_p=1.0)
     assert batch.ref_logp is not None and "kl" not in stats  # measured in the update's forward pass
-    _, _, upd = _run_update(tiny, batch, as_loss)
+    _, _, upd = run_update(tiny, batch, as_loss)
     assert upd["kl"] == pytest.approx(0.0, abs=1e-5) and upd["kl_loss"] == upd["kl"]
 
 
 def test_nan_loss_stops_naming_step_and_batch(tiny):
     cfg = RLConfig(algorithm="grpo")
-    batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
+    batch = prepared(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
     batch.advantages[0, 3] = float("nan")
     with pytest.raises(NonFiniteLossError, match=r"RL step 3: the loss is nan.*2 trajectories.*advantages"):
-        _run_update(tiny, batch, cfg)
+        run_update(tiny, batch, cfg)
 
 
 def test_train_batch_select_trims_padding():
@@ -386,135 +333,3 @@ def test_sandbox_guard_stops_after_patience_consecutive_bad_steps():
     restored = SandboxErrorGuard(0.5, 2)
     restored.load_state_dict({"bad_steps": 1})
     assert restored.bad_steps == 1
-
-
-def test_entropy_bonus_reaches_the_gradient_only_when_asked(tiny):
-    traj = make_traj([1.0, 0.0], [0, 0])
-    plain_cfg, bonus_cfg = RLConfig(algorithm="grpo"), RLConfig(algorithm="grpo", entropy_coef=0.5)
-    plain, _, stats = _run_update(tiny, _batch(tiny, traj, plain_cfg), plain_cfg)
-    bonus, _, _ = _run_update(tiny, _batch(tiny, traj, bonus_cfg), bonus_cfg)
-    name = "lm_head.weight"
-    assert not torch.allclose(plain[0][name], bonus[0][name])
-    assert stats["entropy"] > 0
-
-
-@pytest.mark.parametrize("entropy_coef,with_grad", [(0.0, False), (0.5, True)])
-def test_entropy_keeps_no_graph_unless_it_is_in_the_loss(tiny, monkeypatch, entropy_coef, with_grad):
-    # A graph through a (T, V) float32 softmax per row costs ~16 GiB for a 9k-token sequence with a 152k vocabulary.
-    seen = []
-    original = A.entropy_from_logits
-
-    def spy(logits):
-        out = original(logits)
-        seen.append((logits.requires_grad, out.requires_grad))
-        return out
-
-    monkeypatch.setattr(A, "entropy_from_logits", spy)
-    cfg = RLConfig(algorithm="grpo", entropy_coef=entropy_coef)
-    batch = _batch(tiny, make_traj([1.0, 0.0], [0, 0]), cfg)
-    loss, stats = micro_batch_loss(cfg, batch, tiny, None, temperature=1.0)
-    assert len(seen) == 2 and all(logits_grad for logits_grad, _ in seen)  # one call per row, inside the graph
-    assert all(out_grad is with_grad for _, out_grad in seen)
-    assert loss.requires_grad and stats["entropy"] > 0
-
-
-@pytest.mark.parametrize("correction", ["tis", "decoupled"])
-def test_off_policy_correction_reweights_the_update_by_the_engine_log_probs(tiny, correction):
-    """The engine's log-probs equal to the trainer's: the correction changes nothing. Made 1.5x likelier under the
-    trainer (the engine gave the sampled tokens less probability) on row 0 only: with a cap of 2 that row's tokens
-    weigh 1.5 in either correction, which is the gradient of the uncorrected loss with row 0's advantage x 1.5."""
-    traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
-    cfg = RLConfig(algorithm="grpo", micro_batch_size=4, off_policy_correction=correction, is_cap=2.0)
-    plain_cfg = RLConfig(algorithm="grpo", micro_batch_size=4)
-    batch = _batch(tiny, traj, cfg)  # a single pass: the trainer's log-probs are those of the update's forward
-    with torch.no_grad():
-        batch.engine_logp = sequence_logprobs(tiny, batch.input_ids, batch.attention_mask,
-                                              temperature=1.0)[0].clone()
-    same, _, stats = _run_update(tiny, batch, cfg)
-    plain, _, _ = _run_update(tiny, batch, plain_cfg)
-    for name, g in same[0].items():
-        assert torch.allclose(g, plain[0][name], atol=1e-6), name
-    assert stats["is_weight_mean"] == pytest.approx(1.0) and stats["is_capped_fraction"] == 0.0
-    batch.engine_logp[0] -= math.log(1.5)
-    weighted, _, stats = _run_update(tiny, batch, cfg)
-    scaled = _batch(tiny, traj, plain_cfg)
-    scaled.advantages = scaled.advantages.clone()
-    scaled.advantages[0] *= 1.5
-    want, _, _ = _run_update(tiny, scaled, plain_cfg)
-    for name, g in weighted[0].items():
-        assert torch.allclose(g, want[0][name], atol=1e-6), name
-    assert stats["is_ratio_mean"] > 1.0
-
-
-@pytest.mark.parametrize("correction", ["seq_mask", "geo_mask", "token_mask"])
-def test_a_rejected_sequence_contributes_no_gradient(tiny, correction):
-    """Row 0's engine log-probs are ln 4 below the trainer's on each of its 4 action tokens: token ratios 4, product
-    256, geometric mean 4, all outside [0.5, 2]; the other rows' engine log-probs are the trainer's (ratio 1, kept,
-    weight 1). The update's gradient is then the uncorrected one with row 0's advantages zeroed (its tokens still
-    count in the token mean: the weights leave the denominator alone)."""
-    traj = make_traj([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
-    cfg = RLConfig(algorithm="grpo", micro_batch_size=2, off_policy_correction=correction, is_band_low=0.5,
-                   is_band_high=2.0)
-    plain_cfg = RLConfig(algorithm="grpo", micro_batch_size=2)
-    batch = _batch(tiny, traj, cfg)
-    with torch.no_grad():
-        batch.engine_logp = sequence_logprobs(tiny, batch.input_ids, batch.attention_mask,
-                                              temperature=1.0)[0].clone()
-    batch.engine_logp[0] -= math.log(4.0)
-    masked, _, stats = _run_update(tiny, batch, cfg)
-    without_row0 = _batch(tiny, traj, plain_cfg)
-    without_row0.advantages = without_row0.advantages.clone()
-    assert without_row0.advantages[0].abs().sum() > 0  # the row had a gradient to lose
-    without_row0.advantages[0] = 0.0
-    want, _, _ = _run_update(tiny, without_row0, plain_cfg)
-    plain, _, _ = _run_update(tiny, batch, plain_cfg)
-    for name, g in masked[0].items():
-        assert torch.allclose(g, want[0][name], atol=1e-6), name
-    assert any(not torch.allclose(g, plain[0][name], atol=1e-6) for name, g in masked[0].items())
-    assert stats["is_masked_fraction"] == pytest.approx(0.25)  # 4 of the 16 action tokens, in a micro-batch of 2
-    assert stats["is_weight_mean"] == pytest.approx(0.75)
-
-
-def test_mismatch_diagnostics_are_reported_with_and_without_the_recompute_pass(tiny):
-    """Engine log-probs 0.25 above the trainer's on every action token: log rho = -0.25, so k3 = e^-0.25 - 1 + 0.25
-    = 0.02880, chi2 = e^-0.5 - 1 = -0.39347, and the engine's perplexity is the trainer's x e^-0.25."""
-    traj = make_traj([1.0, 0.0], [0, 0])
-    tiny.eval()
-    truth = sequence_logprobs(tiny, traj.input_ids, traj.attention_mask, temperature=1.0)[0]
-    traj.logprobs = torch.where(traj.action_mask, truth + 0.25, torch.zeros_like(truth))
-    trainer_ppl = math.exp(-A.masked_mean(truth, traj.action_mask).item())
-    want = {"mismatch_kl": math.exp(-0.25) - 0.75, "mismatch_chi2": math.exp(-0.5) - 1,
-            "mismatch_trainer_ppl": trainer_ppl, "mismatch_engine_ppl": trainer_ppl * math.exp(-0.25)}
-    _, stats = prepare_batch(RLConfig(algorithm="grpo", ppo_epochs=2), traj, tiny, None, None, temperature=1.0,
-                             top_p=1.0)
-    single = RLConfig(algorithm="grpo", micro_batch_size=2)  # one micro-batch: its perplexities are the batch's
-    batch, none = prepare_batch(single, traj, tiny, None, None, temperature=1.0, top_p=1.0)
-    _, _, upd = _run_update(tiny, batch, single)
-    assert none == {}
-    for name, value in want.items():
-        assert stats[name] == pytest.approx(value, rel=1e-4), name
-        assert upd[name] == pytest.approx(value, rel=1e-4), name
-    batch, stats = prepare_batch(RLConfig(algorithm="grpo", ppo_epochs=2), traj, tiny, None, None, temperature=1.0,
-                                 top_p=0.9)
-    assert not any(k.startswith("mismatch_") for k in stats)  # nucleus log-probs are not the trainer's distribution
-
-
-def test_kl_clamp_reaches_the_rewards_and_the_kl_loss(tiny):
-    """A reference that puts nearly all its mass elsewhere (its head x 200): k3 per token far above 10 unclamped."""
-    import copy
-
-    ref = copy.deepcopy(tiny)
-    with torch.no_grad():
-        ref.lm_head.weight.mul_(200.0)
-    traj = make_traj([1.0, 0.0], [0, 0])
-    unclamped = RLConfig(algorithm="reinforce_pp", kl_coef=0.1, kl_clamp=None)
-    _, stats = prepare_batch(unclamped, traj, tiny, ref, None, temperature=1.0, top_p=1.0)
-    assert stats["kl"] > 10.0
-    _, stats = prepare_batch(RLConfig(algorithm="reinforce_pp", kl_coef=0.1), traj, tiny, ref, None, temperature=1.0,
-                             top_p=1.0)
-    assert 0.0 < stats["kl"] <= 10.0
-    for kl_clamp, in_range in ((None, lambda kl: kl > 10.0), (10.0, lambda kl: 0.0 < kl <= 10.0)):
-        as_loss = RLConfig(algorithm="grpo", kl_coef=0.1, use_kl_loss=True, kl_clamp=kl_clamp)
-        batch, _ = prepare_batch(as_loss, traj, tiny, ref, None, temperature=1.0, top_p=1.0)
-        _, _, upd = _run_update(tiny, batch, as_loss)
-        assert in_range(upd["kl_loss"]), (kl_clamp, upd["kl_loss"])
