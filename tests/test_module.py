@@ -8,102 +8,15 @@ import json
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from callbacks import PassRateFilter, ScalingMetrics
+from tests.scripted_source import IdleEngine, Recorder, ScriptedSource, recorded
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.config import HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.module import ZeroTIRModule
-from zerotir.rollout.source import InlineSource
 from zerotir.rollout.tp_group import TensorParallelGroup
-from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
-from zerotir.types import Trajectories
-
-RESPONSE = 8  # scripted response: 3 sampled, 2 injected, 3 sampled
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
-    return path
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rows = [{"id": f"q{i}", "problem": f"{i} + {i}", "answer": str(2 * i)} for i in range(6)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-class IdleEngine:
-    """The scripted source's engine: nothing to load, nothing to release."""
-
-    def load_weights_from(self, actor) -> None:
-        pass
-
-    def rest(self) -> None:
-        pass
-
-
-class ScriptedSource(InlineSource):
-    """The in-line rollout source with a scripted rollout in place of sandbox + engine (its ``batch``, versions,
-    tensor-parallel share and evaluation are the real ones); records the rows it was asked to roll out."""
-
-    def __init__(self, module: ZeroTIRModule, all_wrong: bool = False, engine=None):
-        super().__init__(HFRollout(), SandboxConfig(), ToolConfig(), module.sampling, None, "unused", module.seed)
-        self.all_wrong = all_wrong
-        self.seen: list[list[str]] = []
-        self.closed = False
-        self.failure: str | None = None  # a rollout that raises this
-        self.engine = engine or IdleEngine()
-
-    def start(self, actor, tokenizer, device, stream) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def roll_out(self, rows, params):
-        if self.failure is not None:
-            raise RuntimeError(self.failure)
-        self.seen.append([r["id"] for r in rows])
-        g = torch.Generator().manual_seed(params.seed)
-        parts = []
-        for gi, row in enumerate(rows):
-            for s in range(params.n):
-                prompt = torch.tensor(row["prompt_ids"])
-                response = torch.randint(3, 250, (RESPONSE,), generator=g)
-                ids = torch.cat([prompt, response])[None]
-                action = torch.zeros_like(ids, dtype=torch.bool)
-                action[0, len(prompt):] = True
-                action[0, len(prompt) + 3:len(prompt) + 5] = False  # injected tool output
-                reward = 0.0 if self.all_wrong else float(s % 2 == 0)
-                parts.append(_traj(ids, action, len(prompt), gi, reward))
-        return Trajectories.cat(parts, pad_token_id=0), {"generation": 0.01, "sandbox": 0.0, "reward": 0.0}
-
-
-def _traj(ids, action, prompt_len, group, reward) -> Trajectories:
-    one = torch.ones(1, dtype=torch.long)
-    return Trajectories(
-        input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
-        logprobs=torch.where(action, -5.5, 0.0), prompt_lens=one * prompt_len, response_lens=one * RESPONSE,
-        group_ids=one * group, rewards=torch.tensor([reward]), num_calls=one, num_exec_errors=one * 0,
-        num_timeouts=one * 0, num_sandbox_errors=one * 0, truncated=torch.zeros(1, dtype=torch.bool),
-        finish_reasons=["stop"], response_texts=["\\boxed{1}"], ground_truths=["1"],
-    )
-
-
-class Recorder(Callback):
-    """Keeps the ``StepResult`` of every training step, as the callbacks receive it."""
-
-    def __init__(self):
-        self.results = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.results.append(outputs["step"])
 
 
 def small_module(tiny_dir, eval_n=1, **rl) -> ZeroTIRModule:
@@ -125,8 +38,6 @@ def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1,
     return module, data, trainer, source
 
 
-def recorded(trainer) -> list:
-    return next(cb for cb in trainer.callbacks if isinstance(cb, Recorder)).results
 
 
 def _snapshot(module):

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from callbacks import PassRateFilter, ScalingMetrics
 from tests.rollout.scripted import ScriptedEngine
-from tests.test_module import Recorder, ScriptedSource, recorded
+from tests.scripted_source import Recorder, ScriptedSource, recorded
 from zerotir import metric_names as mn
 from zerotir.config import (
     HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
@@ -24,18 +24,9 @@ from zerotir.data.datamodule import PromptDataModule, PromptStream
 from zerotir.module import ZeroTIRModule
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rollout.pipeline_source import PipelineSource
-from zerotir.toy.tiny_model import build_tiny_model
-from zerotir.toy.tokenizer import build_byte_tokenizer
 
 ROWS = 12  # prompts q0..q11; data.prompts_per_step = 2, so batches 0..5 are the first epoch
 SEED = 3  # the module's (rollout) seed
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +61,12 @@ class GradedSource(ScriptedSource):
         return traj, timings
 
 
-def make_run(tiny, train_file, root, informative: set[str], refill: RefillConfig, max_steps: int, **trainer):
+def make_run(tiny_dir, train_file, root, informative: set[str], refill: RefillConfig, max_steps: int, **trainer):
     pl.seed_everything(0)
-    module = ZeroTIRModule(str(tiny), rl=RLConfig(algorithm="grpo", micro_batch_size=2), optim=OptimConfig(lr=1e-2),
+    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(algorithm="grpo", micro_batch_size=2), optim=OptimConfig(lr=1e-2),
                            sampling=SamplingConfig(n=2, max_response_tokens=16), refill=refill, seed=SEED)
     source = module.source = GradedSource(module, informative)
-    data = PromptDataModule(train_files=[str(train_file)], template="plain", tokenizer=str(tiny), prompts_per_step=2,
+    data = PromptDataModule(train_files=[str(train_file)], template="plain", tokenizer=str(tiny_dir), prompts_per_step=2,
                             test_files=[])
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
     callbacks = [PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()]
@@ -89,8 +80,8 @@ def half_informative() -> set[str]:
     return {stream_ids(b)[0] for b in range(ROWS // 2)}
 
 
-def test_half_uninformative_groups_fill_the_batch_in_two_rounds(tiny, train_file, tmp_path):
-    module, data, trainer, source = make_run(tiny, train_file, tmp_path, half_informative(),
+def test_half_uninformative_groups_fill_the_batch_in_two_rounds(tiny_dir, train_file, tmp_path):
+    module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path, half_informative(),
                                              RefillConfig(max_rounds=3), max_steps=2)
     trainer.fit(module, datamodule=data)
     results = recorded(trainer)
@@ -109,11 +100,11 @@ def test_half_uninformative_groups_fill_the_batch_in_two_rounds(tiny, train_file
     assert metrics[mn.EMPTY_STEPS_IN_A_ROW] == 0.0
 
 
-def test_rounds_running_out_train_what_they_kept_then_empty_steps_stop_the_run(tiny, train_file, tmp_path, caplog):
+def test_rounds_running_out_train_what_they_kept_then_empty_steps_stop_the_run(tiny_dir, train_file, tmp_path, caplog):
     # Only batch 0's first prompt is informative. Step 1: batches 0, 1 keep one group of the two a batch holds: the
     # rounds (2) run out and the step trains on that one. Steps 2 and 3 keep nothing (batches 2-5): no update, and
     # the second empty step in a row stops the run (max_empty_steps=2).
-    module, data, trainer, source = make_run(tiny, train_file, tmp_path, {stream_ids(0)[0]},
+    module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path, {stream_ids(0)[0]},
                                              RefillConfig(max_rounds=2, max_empty_steps=2), max_steps=5)
     with caplog.at_level(logging.WARNING, logger="zerotir.rl.refill"):
         with pytest.raises(EmptyStepsError, match=r"RL step 3: 2 consecutive steps without an update \(model.refill"
@@ -132,15 +123,15 @@ def test_rounds_running_out_train_what_they_kept_then_empty_steps_stop_the_run(t
            "consecutive steps without one" in caplog.text
 
 
-def test_resume_mid_run_trains_exactly_the_rounds_not_yet_consumed(tiny, train_file, tmp_path):
+def test_resume_mid_run_trains_exactly_the_rounds_not_yet_consumed(tiny_dir, train_file, tmp_path):
     refill = RefillConfig(max_rounds=3)
-    straight, sdata, strainer, ssource = make_run(tiny, train_file, tmp_path / "s", half_informative(), refill, 3)
+    straight, sdata, strainer, ssource = make_run(tiny_dir, train_file, tmp_path / "s", half_informative(), refill, 3)
     strainer.fit(straight, datamodule=sdata)
-    first, fdata, ftrainer, fsource = make_run(tiny, train_file, tmp_path / "a", half_informative(), refill, 2)
+    first, fdata, ftrainer, fsource = make_run(tiny_dir, train_file, tmp_path / "a", half_informative(), refill, 2)
     ftrainer.fit(first, datamodule=fdata)
     ckpt = torch.load(tmp_path / "a" / "ckpt" / "last.ckpt", weights_only=False)
     assert ckpt["PromptDataModule"]["consumed"] == 4 and ckpt["zerotir"]["rl_steps_done"] == 2
-    resumed, rdata, rtrainer, rsource = make_run(tiny, train_file, tmp_path / "r", half_informative(), refill, 3)
+    resumed, rdata, rtrainer, rsource = make_run(tiny_dir, train_file, tmp_path / "r", half_informative(), refill, 3)
     rtrainer.fit(resumed, datamodule=rdata, ckpt_path=str(tmp_path / "a" / "ckpt" / "last.ckpt"))
     assert fsource.seen + rsource.seen == ssource.seen == [stream_ids(b) for b in range(6)]  # none lost, none twice
     assert rsource.seeds == ssource.seeds[4:]
@@ -153,11 +144,11 @@ def test_resume_mid_run_trains_exactly_the_rounds_not_yet_consumed(tiny, train_f
         assert torch.allclose(p, dict(resumed.named_parameters())[name], atol=1e-6), name
 
 
-def test_all_filtered_steps_warn_and_the_count_survives_resume(tiny, train_file, tmp_path, caplog):
+def test_all_filtered_steps_warn_and_the_count_survives_resume(tiny_dir, train_file, tmp_path, caplog):
     # Without refill and nothing informative: every step is empty. Two steps, a checkpoint, then a resumed run stops
     # at its first step (the third empty one in a row): the count came back with the checkpoint.
     refill = RefillConfig(max_empty_steps=3)
-    module, data, trainer, _ = make_run(tiny, train_file, tmp_path / "a", set(), refill, max_steps=2)
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path / "a", set(), refill, max_steps=2)
     with caplog.at_level(logging.WARNING, logger="zerotir.rl.refill"):
         trainer.fit(module, datamodule=data)
     warnings = [m for m in caplog.messages if "no update" in m]
@@ -165,14 +156,14 @@ def test_all_filtered_steps_warn_and_the_count_survives_resume(tiny, train_file,
     assert "of the 2 prompt groups (1 generation round)" in warnings[1]
     assert [r.refill["empty_steps_in_a_row"] for r in recorded(trainer)] == [1.0, 2.0]
     assert all("exhausted_steps" not in r.refill for r in recorded(trainer))  # no refill: nothing to run out
-    resumed, rdata, rtrainer, rsource = make_run(tiny, train_file, tmp_path / "r", set(), refill, max_steps=10)
+    resumed, rdata, rtrainer, rsource = make_run(tiny_dir, train_file, tmp_path / "r", set(), refill, max_steps=10)
     with pytest.raises(EmptyStepsError, match=r"RL step 3: 3 consecutive steps without an update"):
         rtrainer.fit(resumed, datamodule=rdata, ckpt_path=str(tmp_path / "a" / "ckpt" / "last.ckpt"))
     assert rsource.seen == [stream_ids(2)]
 
 
-def test_refill_without_a_rollout_filter_is_an_error_naming_the_fix(tiny, train_file, tmp_path):
-    module, data, trainer, _ = make_run(tiny, train_file, tmp_path, set(), RefillConfig(max_rounds=2), max_steps=1)
+def test_refill_without_a_rollout_filter_is_an_error_naming_the_fix(tiny_dir, train_file, tmp_path):
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, set(), RefillConfig(max_rounds=2), max_steps=1)
     trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, PassRateFilter)]
     with pytest.raises(ValueError, match=r"model.refill.max_rounds=2: .* no rollout filter .* set model.refill."
                                          r"max_rounds: 1 or add the PassRateFilter to trainer.callbacks"):
@@ -208,10 +199,10 @@ async def _boxed_reward(texts, truths, truncated) -> list[float]:
     return [float(f"\\boxed{{{truth}}}" in text) for text, truth in zip(texts, truths)]
 
 
-def test_the_pipeline_fills_a_step_from_the_producers_next_batches(tiny, train_file, tmp_path):
+def test_the_pipeline_fills_a_step_from_the_producers_next_batches(tiny_dir, train_file, tmp_path):
     # As the in-line test: every batch has one informative prompt of two, so every step takes two batches, now
     # generated ahead by the producer (S = 1); a refill batch is the producer's next one, checked against the loader's.
-    module, data, trainer, _ = make_run(tiny, train_file, tmp_path, set(), RefillConfig(max_rounds=3), max_steps=2)
+    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, set(), RefillConfig(max_rounds=3), max_steps=2)
     data.set_tokenizer(module.tokenizer)
     data.setup("fit")
     scripts = {}

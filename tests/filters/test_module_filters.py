@@ -7,13 +7,13 @@ import lightning.pytorch as pl
 import pytest
 
 from callbacks import PassRateFilter, ScalingMetrics
-from tests.test_module import Recorder, ScriptedSource, recorded, tiny_dir, train_file  # noqa: F401 (fixtures)
+from tests.scripted_source import Recorder, ScriptedSource, recorded
 from zerotir.config import FilterConfig, OptimConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
 
 
-def test_the_module_composes_the_pass_rate_filter_and_the_rules(tiny_dir, train_file, tmp_path):  # noqa: F811
+def test_the_module_composes_the_pass_rate_filter_and_the_rules(tiny_dir, train_file, tmp_path):
     # The scripted rollout: 2 prompts x 2 samples, 8 response tokens each, sample 0 right and sample 1 wrong. The
     # pass-rate filter keeps both groups (mean 0.5); with a budget of 8 tokens every wrong sample is at the budget,
     # so overlong_wrong removes it: the step trains on the two right samples. Were the pass rate taken after the
@@ -38,7 +38,7 @@ def test_the_module_composes_the_pass_rate_filter_and_the_rules(tiny_dir, train_
     assert float(metrics["filter/overlong_wrong_fraction"]) == 0.5 and float(metrics["filter/pass_rate_fraction"]) == 0
 
 
-def test_a_rule_that_cannot_apply_stops_the_module_at_its_construction(tiny_dir):  # noqa: F811
+def test_a_rule_that_cannot_apply_stops_the_module_at_its_construction(tiny_dir):
     with pytest.raises(ValueError, match=r"model.filters.perplexity=true with model.rl.kl_coef=0"):
         ZeroTIRModule(str(tiny_dir), filters=FilterConfig(perplexity=True))
     with pytest.raises(ValueError, match=r"model.filters.void_turn=true with model.tool.max_tool_calls=0"):

@@ -64,6 +64,7 @@ class ScriptedEngine:
     returned: list[tuple[Hashable, Sample]] = field(default_factory=list)
     released: list[Hashable] = field(default_factory=list)
     steps: int = 0
+    closed: bool = False
     _running: dict[Hashable, tuple[Sample, int]] = field(default_factory=dict)
 
     def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
@@ -101,6 +102,9 @@ class ScriptedEngine:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         pass
+
+    def close(self) -> None:
+        self.closed = True
 
     def submissions(self, key: Hashable) -> list[Submission]:
         return [c for c in self.calls if c.key == key]

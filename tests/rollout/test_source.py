@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.gloo import free_port, run_ranks
-from tests.rl.test_update import make_traj
+from tests.rl.update_world import make_traj
 from zerotir.config import HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
 from zerotir.rollout import source as source_module
 from zerotir.rollout.engine import SamplingParams
