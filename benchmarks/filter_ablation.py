@@ -13,11 +13,12 @@ base is built once, its copy probe ends its pretraining), REINFORCE++, 4 calls, 
 - ``refill``: + dynamic sampling, up to ``--rounds`` generation rounds per step;
 - ``mask``: + truncated responses masked out of the loss (``model.filters.overlong: mask``).
 
-Per arm, over seeds (mean and min-max): the final greedy held-out accuracy (easy and hard averaged), the held-out
-code rate, the steps until the smoothed rollout accuracy covers 80% of the way from its start to the best plateau of
+Per arm, over seeds (mean and min-max): the final greedy held-out accuracy (easy and hard averaged) and that of the
+validation before it (the toy world lets every arm reach its ceiling by the end), the held-out code rate, the steps until the smoothed rollout accuracy covers 80% of the way from its start to the best plateau of
 the arms in that seed (``zerotir.scaling.laws.steps_to_fraction``; never reached: the run length), and the share of
 steps that trained on fewer prompt groups than a full batch (``filter/kept_fraction`` below 1 without refill,
-``filter/exhausted_steps`` rising with it) or on none (no ``train/policy_loss`` at that step).
+``filter/exhausted_steps`` rising with it) or on none (no ``train/policy_loss`` at that step), and what a step
+generated to get its batch: generation rounds and prompts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.toy_findings import REPO, Job, Sweep
-from benchmarks.toy_findings_rules import Runs, mean_acc
+from benchmarks.toy_findings_rules import GROUPS, Runs, mean_acc
 from zerotir import metric_names as mn
 from zerotir.scaling import laws
 from zerotir.scaling.runs import Run
@@ -77,6 +78,26 @@ def step_shares(run: Run) -> dict[str, float]:
     return {"skipped": len(skipped) / len(steps), "shrunk": len(shrunk) / len(steps)}
 
 
+def heldout_acc_at(run: Run, step: int) -> float | None:
+    """The greedy held-out accuracy (easy and hard averaged) of the validation at ``step``: at the end every arm of
+    the toy world may be at its ceiling, where an earlier validation still tells them apart."""
+    values = []
+    for group in GROUPS:
+        series = run.get(f"heldout_{group}/{mn.EVAL_ACCURACY}")
+        if series is None or step not in series.index:
+            return None
+        values.append(float(series[step]))
+    return float(np.mean(values))
+
+
+def per_step_cost(run: Run) -> dict[str, float]:
+    """What a step generated, on average over the run's steps: its generation rounds and the prompts they consumed
+    (refill's price for a full batch)."""
+    rounds, prompts = run.get(mn.GENERATION_ROUNDS), run.get(mn.PROMPTS_CONSUMED)
+    return {"rounds": float("nan") if rounds is None or rounds.empty else float(rounds.mean()),
+            "prompts": float("nan") if prompts is None or prompts.empty else float(prompts.mean())}
+
+
 def _spread(values: list[float], fmt: str = ".2f") -> str:
     values = [v for v in values if v is not None and not np.isnan(v)]
     if not values:
@@ -84,8 +105,9 @@ def _spread(values: list[float], fmt: str = ".2f") -> str:
     return f"{np.mean(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
-def report(out: Path, seeds: list[int], rounds: int, steps: int) -> str:
-    """The markdown table of the arms (mean and min-max over seeds)."""
+def report(out: Path, seeds: list[int], rounds: int, steps: int, mid_step: int) -> str:
+    """The markdown table of the arms (mean and min-max over seeds); ``mid_step`` is the earlier validation shown
+    beside the final one."""
     runs = Runs(out)
     names = list(arms(rounds))
     speed: dict[str, list[float]] = {arm: [] for arm in names}
@@ -96,14 +118,17 @@ def report(out: Path, seeds: list[int], rounds: int, steps: int) -> str:
         for arm, run in present.items():
             reach = laws.steps_to_fraction(run.get(mn.ACCURACY), plateau=best)["step"]
             speed[arm].append(float(steps if reach is None else reach))
-    lines = ["| arm | held-out accuracy | held-out code rate | steps to 80% of plateau | steps skipped | steps shrunk "
-             "| runs |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| arm | held-out accuracy | at step {mid_step} | held-out code rate | steps to 80% of plateau "
+             "| steps skipped | steps shrunk | rounds / step | prompts / step | runs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for arm in names:
         present = [r for r in (runs.get(f"{arm}_s{s}") for s in seeds) if r is not None]
-        shares = [step_shares(r) for r in present]
+        shares, costs = [step_shares(r) for r in present], [per_step_cost(r) for r in present]
         lines.append(f"| {arm} | {_spread([mean_acc(r) for r in present])} "
+                     f"| {_spread([heldout_acc_at(r, mid_step) for r in present])} "
                      f"| {_spread([_heldout_code_rate(r) for r in present])} | {_spread(speed[arm], '.1f')} "
                      f"| {_spread([s['skipped'] for s in shares])} | {_spread([s['shrunk'] for s in shares])} "
+                     f"| {_spread([c['rounds'] for c in costs])} | {_spread([c['prompts'] for c in costs], '.1f')} "
                      f"| {len(present)} of {len(seeds)} |")
     return "\n".join(lines)
 
@@ -128,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.time()
     if not args.report_only:
         Sweep(args).run(jobs(args.seeds, args.rounds), sizes=["medium"])
-    table = report(args.out, args.seeds, args.rounds, args.steps)
+    table = report(args.out, args.seeds, args.rounds, args.steps, args.steps - args.val_every)
     command = "python -m benchmarks.filter_ablation " + " ".join(argv if argv is not None else sys.argv[1:])
     text = f"{command.strip()}: {(time.time() - start) / 60:.1f} min\n\n{table}\n"
     (args.out / "ablation.md").write_text(text)

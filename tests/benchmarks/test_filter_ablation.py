@@ -48,6 +48,20 @@ def test_step_shares_with_refill_read_the_rise_of_exhausted_steps():
     assert fa.step_shares(r) == {"skipped": 0.0, "shrunk": 0.25}
 
 
+def test_heldout_accuracy_at_a_step_averages_the_groups_and_needs_both():
+    easy, hard = f"heldout_easy/{mn.EVAL_ACCURACY}", f"heldout_hard/{mn.EVAL_ACCURACY}"
+    both = run(**{easy: {10: 0.5, 20: 1.0}, hard: {10: 0.0, 20: 0.5}})
+    assert fa.heldout_acc_at(both, 10) == 0.25 and fa.heldout_acc_at(both, 20) == 0.75
+    assert fa.heldout_acc_at(both, 30) is None
+    assert fa.heldout_acc_at(run(**{easy: {10: 0.5}}), 10) is None
+
+
+def test_per_step_cost_averages_rounds_and_prompts_and_is_nan_without_them():
+    r = run(**{mn.GENERATION_ROUNDS: {1: 1.0, 2: 3.0}, mn.PROMPTS_CONSUMED: {1: 8.0, 2: 24.0}})
+    assert fa.per_step_cost(r) == {"rounds": 2.0, "prompts": 16.0}
+    assert all(np.isnan(v) for v in fa.per_step_cost(run(**{mn.KEPT_FRACTION: {1: 1.0}})).values())
+
+
 def test_spread_gives_mean_and_range_and_skips_missing():
     assert fa._spread([0.5, 0.7, None, float("nan")]) == "0.60 (0.50-0.70)"
     assert fa._spread([]) == "n/a"
