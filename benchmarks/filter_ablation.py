@@ -14,11 +14,12 @@ base is built once, its copy probe ends its pretraining), REINFORCE++, 4 calls, 
 - ``mask``: + truncated responses masked out of the loss (``model.filters.overlong: mask``).
 
 Per arm, over seeds (mean and min-max): the final greedy held-out accuracy (easy and hard averaged) and that of the
-validation before it (the toy world lets every arm reach its ceiling by the end), the held-out code rate, the steps until the smoothed rollout accuracy covers 80% of the way from its start to the best plateau of
-the arms in that seed (``zerotir.scaling.laws.steps_to_fraction``; never reached: the run length), and the share of
-steps that trained on fewer prompt groups than a full batch (``filter/kept_fraction`` below 1 without refill,
-``filter/exhausted_steps`` rising with it) or on none (no ``train/policy_loss`` at that step), and what a step
-generated to get its batch: generation rounds and prompts.
+validation before it (the toy world lets every arm reach its ceiling by the end), the held-out code rate, the steps
+until the smoothed rollout accuracy covers 80% of the way from its start to the best plateau of the arms in that
+seed (``zerotir.scaling.laws.steps_to_fraction``; never reached: the run length), the share of a step's
+trajectories the rules removed, the share of steps that trained on fewer prompt groups than a full batch
+(``filter/kept_fraction`` below 1 without refill, ``filter/exhausted_steps`` rising with it) or on none (no
+``train/policy_loss`` at that step), and what a step generated to get its batch: generation rounds and prompts.
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ def heldout_acc_at(run: Run, step: int) -> float | None:
     return float(np.mean(values))
 
 
+def removed_by_rules(run: Run) -> float:
+    """The share of a step's trajectories the trajectory rules matched (``filter/<name>_fraction`` of every rule but
+    the pass-rate decision, summed; a trajectory two rules matched counts twice), averaged over the run's steps: 0
+    when the arm has no rule on."""
+    tags = [tag for name, tag in mn.FILTER_FRACTIONS.items() if name != "pass_rate"]
+    series = [run.get(tag) for tag in tags]
+    present = [s for s in series if s is not None and not s.empty]
+    return float(sum(s.mean() for s in present)) if present else 0.0
+
+
 def per_step_cost(run: Run) -> dict[str, float]:
     """What a step generated, on average over the run's steps: its generation rounds and the prompts they consumed
     (refill's price for a full batch)."""
@@ -119,14 +130,15 @@ def report(out: Path, seeds: list[int], rounds: int, steps: int, mid_step: int) 
             reach = laws.steps_to_fraction(run.get(mn.ACCURACY), plateau=best)["step"]
             speed[arm].append(float(steps if reach is None else reach))
     lines = [f"| arm | held-out accuracy | at step {mid_step} | held-out code rate | steps to 80% of plateau "
-             "| steps skipped | steps shrunk | rounds / step | prompts / step | runs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| removed by the rules | steps skipped | steps shrunk | rounds / step | prompts / step | runs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for arm in names:
         present = [r for r in (runs.get(f"{arm}_s{s}") for s in seeds) if r is not None]
         shares, costs = [step_shares(r) for r in present], [per_step_cost(r) for r in present]
         lines.append(f"| {arm} | {_spread([mean_acc(r) for r in present])} "
                      f"| {_spread([heldout_acc_at(r, mid_step) for r in present])} "
                      f"| {_spread([_heldout_code_rate(r) for r in present])} | {_spread(speed[arm], '.1f')} "
+                     f"| {_spread([removed_by_rules(r) for r in present], '.3f')} "
                      f"| {_spread([s['skipped'] for s in shares])} | {_spread([s['shrunk'] for s in shares])} "
                      f"| {_spread([c['rounds'] for c in costs])} | {_spread([c['prompts'] for c in costs], '.1f')} "
                      f"| {len(present)} of {len(seeds)} |")

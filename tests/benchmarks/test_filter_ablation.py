@@ -56,6 +56,14 @@ def test_heldout_accuracy_at_a_step_averages_the_groups_and_needs_both():
     assert fa.heldout_acc_at(run(**{easy: {10: 0.5}}), 10) is None
 
 
+def test_removed_by_rules_sums_the_rules_means_without_the_pass_rate_decision():
+    tag = mn.FILTER_FRACTIONS
+    r = run(**{tag["overlong_wrong"]: {1: 0.1, 2: 0.3}, tag["shortcut"]: {1: 0.05, 2: 0.05},
+               tag["pass_rate"]: {1: 0.5, 2: 0.5}})
+    assert np.isclose(fa.removed_by_rules(r), 0.25)
+    assert fa.removed_by_rules(run(**{mn.KEPT_FRACTION: {1: 1.0}})) == 0.0
+
+
 def test_per_step_cost_averages_rounds_and_prompts_and_is_nan_without_them():
     r = run(**{mn.GENERATION_ROUNDS: {1: 1.0, 2: 3.0}, mn.PROMPTS_CONSUMED: {1: 8.0, 2: 24.0}})
     assert fa.per_step_cost(r) == {"rounds": 2.0, "prompts": 16.0}
