@@ -13,7 +13,15 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_THREAD = threading.local()
+
+
+class _ThreadLoop(threading.local):
+    """Each thread's own event loop (None until the thread first runs a coroutine here)."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+_THREAD = _ThreadLoop()
 
 
 def run_sync(coro: Coroutine[Any, Any, T], what: str = "this call") -> T:
@@ -29,7 +37,7 @@ def run_sync(coro: Coroutine[Any, Any, T], what: str = "this call") -> T:
     else:
         coro.close()
         raise RuntimeError(f"{what} was called from a running event loop; await the coroutine there instead")
-    loop = getattr(_THREAD, "loop", None)
+    loop = _THREAD.loop
     if loop is None or loop.is_closed():
         loop = _THREAD.loop = asyncio.new_event_loop()
     return loop.run_until_complete(coro)

@@ -7,6 +7,7 @@ function tested on its own.
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import Any
 
@@ -92,7 +93,7 @@ def straddling_stop(
 def status_of(result: Any) -> str:
     """The status value ("ok", "error", "timeout", ...) of an ``ExecResult``-like object."""
     status = result.status
-    return str(getattr(status, "value", status))
+    return str(status.value if isinstance(status, enum.Enum) else status)
 
 
 def format_result(result: Any, tool: ToolConfig, tokenizer: Any = None) -> str:
