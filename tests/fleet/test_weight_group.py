@@ -30,8 +30,8 @@ from zerotir.toy.tokenizer import build_byte_tokenizer
 
 WORLD = 3  # the sender and 2 engine processes
 BUCKET_BYTES = 1  # every layer a bucket of its own: several buckets per push
-GROUP_TIMEOUT_S = 60.0
-SPAWN_TIMEOUT_S = 180.0
+GROUP_TIMEOUT_S = 240.0  # hang guards: spawned processes import torch first, slowly on a loaded machine
+SPAWN_TIMEOUT_S = 300.0
 JOIN_TIMEOUT_S = 1.0
 PROMPTS = ["Hello", "2+3="]
 
@@ -136,7 +136,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return run_ranks(_worker, (port, default_port, str(out)), WORLD, out, SPAWN_TIMEOUT_S)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_every_receiver_gets_the_senders_weights_exactly(ranks: list[dict]) -> None:
     sender, receivers = ranks[0], ranks[1:]
     for got in receivers:
@@ -183,27 +183,27 @@ def test_stop_ends_the_group_and_the_default_group_still_works(ranks: list[dict]
     assert ranks[0]["closed"] and all(r["closed"] and r["after_stop"] is None for r in ranks[1:])
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_rank_that_never_joins_fails_the_group_in_time_naming_it() -> None:
     address = GroupAddress("127.0.0.1", free_port())
     start = time.monotonic()
     with pytest.raises(WeightGroupError, match=rf"at 127\.0\.0\.1:{address.port}, rank 0 of 3: rank\(s\) \[1, 2\] "
                                                r"did not join within"):
         form_weight_group(address, 0, 3, timeout_s=JOIN_TIMEOUT_S)
-    assert time.monotonic() - start < JOIN_TIMEOUT_S + 20
+    assert time.monotonic() - start < JOIN_TIMEOUT_S + 60
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_receiver_without_a_sender_fails_in_time_naming_the_address() -> None:
     address = GroupAddress("127.0.0.1", free_port())
     start = time.monotonic()
     with pytest.raises(WeightGroupError, match=rf"rank 1 of 2: rank 0 \(the trainer's sender\) did not answer at "
                                                rf"127\.0\.0\.1:{address.port} within"):
         form_weight_group(address, 1, 2, timeout_s=JOIN_TIMEOUT_S)
-    assert time.monotonic() - start < JOIN_TIMEOUT_S + 20
+    assert time.monotonic() - start < JOIN_TIMEOUT_S + 60
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_push_is_framed_and_checks_its_input() -> None:
     group = form_weight_group(GroupAddress("127.0.0.1", free_port()), 0, 1, timeout_s=10.0)  # a sender alone
     sender = WeightSender(group)

@@ -1,0 +1,153 @@
+"""An engine host without Ray: an ``EngineHost`` in a spawned process joins a weight group whose sender is this test
+process, receives one push and then decodes greedily exactly as the sender's model does.
+
+The host loads the tiny model of ``tiny_dir`` (the conftest's folder); the sender loads the same folder and moves
+every parameter, so the host's greedy rollout changes with the push (checked against its rollout before it). Bad
+settings and calls out of order are refused in this process, naming the setting or the call to make first.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from tests.gloo import free_port
+
+from zerotir.config import HFRollout, ToolConfig
+from zerotir.fleet.engine_host import EngineHost, HostSettings
+from zerotir.fleet.weight_group import GroupAddress, form_weight_group
+from zerotir.fleet.weight_push import WeightSender
+from zerotir.models import freeze, load_causal_lm, load_tokenizer
+from zerotir.rollout.agent_loop import rollout_sync
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.scale.weight_sync import sync_weights
+from zerotir.types import Trajectories
+
+PROMPTS = ["Hello", "2+3="]
+GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, seed=0)
+NO_TOOL = ToolConfig(max_tool_calls=0)  # no sandbox: nothing to start or reach
+GROUP_TIMEOUT_S = 240.0  # hang guards: the spawned host imports torch and builds its engine first
+SPAWN_TIMEOUT_S = 300.0
+VERSION = 7
+
+
+def host_settings(folder: Path | str) -> HostSettings:
+    return HostSettings(str(folder), HFRollout(), NO_TOOL, seed=0, threads=1)
+
+
+def prompt_ids(folder: Path | str) -> list[list[int]]:
+    tok = load_tokenizer(folder)
+    return [tok.encode(p) for p in PROMPTS]
+
+
+def sender_model(folder: Path | str, seed: int) -> torch.nn.Module:
+    """The folder's model with every parameter moved, as an update would."""
+    model = freeze(load_causal_lm(folder))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def sampled_ids(traj: Trajectories) -> list[list[int]]:
+    """The ids the engine sampled, row by row."""
+    return [ids[mask].tolist() for ids, mask in zip(traj.input_ids, traj.action_mask)]
+
+
+def local_greedy(model: torch.nn.Module, folder: Path | str) -> list[list[int]]:
+    """The sender's model through the same tool loop, in this process."""
+    tok = load_tokenizer(folder)
+    traj, _ = rollout_sync(HFEngine(model, tok, num_threads=1), tok, None, prompt_ids(folder), GREEDY, NO_TOOL, None)
+    return sampled_ids(traj)
+
+
+def _host(rank: int, port: int, folder: str, out: str) -> None:
+    host = EngineHost(host_settings(folder))
+    before, _ = host.roll_out(prompt_ids(folder), None, GREEDY)
+    host.join_weights(GroupAddress("127.0.0.1", port), 1, 2, GROUP_TIMEOUT_S)
+    version = host.receive_weights()
+    after, timings = host.roll_out(prompt_ids(folder), ["5", "5"], GREEDY)
+    params = {name: p.detach().clone() for name, p in host.engine.model.named_parameters()}
+    stopped = host.receive_weights()
+    host.close()
+    torch.save({"before": before, "version": version, "after": after, "timings": timings, "params": params,
+                "stopped": stopped, "group_after_stop": host.group}, Path(out) / "host.pt")
+
+
+@pytest.fixture(scope="module")
+def pushed(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, torch.nn.Module]:
+    """The host's results after one push (version 7) from this process, and the model pushed."""
+    out, port = tmp_path_factory.mktemp("host"), free_port()
+    ctx = mp.start_processes(_host, args=(port, str(tiny_dir), str(out)), nprocs=1, join=False, start_method="spawn")
+    try:
+        model = sender_model(tiny_dir, seed=3)
+        sender = WeightSender(form_weight_group(GroupAddress("127.0.0.1", port), 0, 2, "cpu", GROUP_TIMEOUT_S))
+        with sender.push(VERSION):
+            sync_weights(model, sender, bucket_bytes=1)  # a bucket per layer
+        sender.stop()
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        while not ctx.join(timeout=1.0):  # a failure in the host raises here with its traceback
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the engine host did not finish within {SPAWN_TIMEOUT_S} s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.terminate()
+    return torch.load(out / "host.pt", weights_only=False), model
+
+
+@pytest.mark.timeout(600)
+def test_a_host_decodes_as_the_sender_after_a_push(pushed: tuple[dict, torch.nn.Module], tiny_dir: Path) -> None:
+    got, model = pushed
+    want = local_greedy(model, tiny_dir)
+    assert [len(ids) for ids in want] == [12, 12]
+    assert got["version"] == VERSION
+    assert sampled_ids(got["after"]) == want
+    assert sampled_ids(got["before"]) != want  # the folder's weights decode otherwise: the push made the difference
+    sender = dict(model.named_parameters())
+    assert got["params"].keys() == sender.keys()
+    assert all(torch.equal(got["params"][name], sender[name]) for name in sender)
+
+
+def test_tokens_after_a_push_carry_its_version(pushed: tuple[dict, torch.nn.Module]) -> None:
+    got, _ = pushed
+    after, before = got["after"], got["before"]
+    assert before.versions is None  # the folder's weights: no push yet
+    assert torch.equal(after.versions, torch.where(after.action_mask, VERSION, -1))
+    assert after.input_ids.device.type == "cpu" and after.ground_truths == ["5", "5"]
+    assert float(after.rewards.abs().sum()) == 0.0  # the trainer scores them
+    assert set(got["timings"]) >= {"generation", "sandbox", "reward"}
+
+
+def test_the_senders_stop_ends_the_hosts_group(pushed: tuple[dict, torch.nn.Module]) -> None:
+    got, _ = pushed
+    assert got["stopped"] is None and got["group_after_stop"] is None
+
+
+def test_bad_settings_are_refused_naming_them(tiny_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"HostSettings.sandbox_urls is empty but model.tool.max_tool_calls=4"):
+        EngineHost(HostSettings(str(tiny_dir), HFRollout(), ToolConfig(max_tool_calls=4)))
+    with pytest.raises(FileNotFoundError, match=r"HostSettings.model_path=.*no config.json"):
+        EngineHost(host_settings(tmp_path))
+    with pytest.raises(ValueError, match=r"HostSettings.threads=0"):
+        EngineHost(HostSettings(str(tiny_dir), HFRollout(), NO_TOOL, threads=0))
+    with pytest.raises(TypeError, match=r"HostSettings.rollout="):
+        EngineHost(HostSettings(str(tiny_dir), "hf", NO_TOOL))  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_calls_out_of_order_say_what_to_call_first(tiny_dir: Path) -> None:
+    host = EngineHost(host_settings(tiny_dir))
+    with pytest.raises(RuntimeError, match="before join_weights"):
+        host.receive_weights()
+    with pytest.raises(ValueError, match="rank 0 is the trainer's sender"):
+        host.join_weights(GroupAddress("127.0.0.1", free_port()), 0, 2, 1.0)
+    host.close()
+    host.close()  # idempotent
+    with pytest.raises(RuntimeError, match="EngineHost is closed"):
+        host.roll_out(prompt_ids(tiny_dir), None, GREEDY)

@@ -1,0 +1,83 @@
+"""The fleet on a local Ray cluster: one ``EngineHost`` actor (the transformers engine on the tiny model of
+``tiny_dir``) and this test process as the trainer's weight sender.
+
+The sender moves every parameter, pushes while the actor's ``receive_weights`` runs, and the actor's greedy rollout
+(no tools, so no sandbox) must then be exactly the sender model's greedy tokens, stamped with the version pushed.
+Every wait on the actor is bounded (``ray.get(..., timeout=...)``); the cluster is shut down at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tests.fleet.test_engine_host import GREEDY, host_settings, local_greedy, prompt_ids, sampled_ids, sender_model
+from tests.gloo import free_port
+
+from zerotir.fleet.weight_group import GroupAddress, form_weight_group
+from zerotir.fleet.weight_push import WeightSender
+from zerotir.scale.weight_sync import sync_weights
+
+ray = pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
+
+from zerotir.fleet.cluster import spawn_hosts, start_cluster, stop_cluster  # noqa: E402
+
+STARTUP_TIMEOUT_S = 300.0  # a hang guard: the actor's process imports torch and transformers and builds its engine
+GROUP_TIMEOUT_S = 60.0  # the actor is up when the group forms
+CALL_TIMEOUT_S = 60.0
+VERSION = 4
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    start_cluster(num_cpus=2, num_gpus=0, object_store_memory=100 << 20)
+    try:
+        yield
+    finally:
+        stop_cluster()
+
+
+@pytest.mark.timeout(600)
+def test_an_actor_decodes_as_the_sender_after_a_push(cluster: None, tiny_dir: Path) -> None:
+    host = spawn_hosts(1, host_settings(tiny_dir), num_cpus=1)[0]
+    built = ray.get(host.describe.remote(), timeout=STARTUP_TIMEOUT_S)  # built before the group's clock starts
+    assert built == {"engine": "HFEngine", "context_length": built["context_length"], "version": None}
+    address = GroupAddress("127.0.0.1", free_port())
+    joined = host.join_weights.remote(address, 1, 2, GROUP_TIMEOUT_S)
+    sender = WeightSender(form_weight_group(address, 0, 2, "cpu", GROUP_TIMEOUT_S))  # waits for the actor to join
+    ray.get(joined, timeout=CALL_TIMEOUT_S)
+    model = sender_model(tiny_dir, seed=5)
+    received = host.receive_weights.remote()
+    with sender.push(VERSION):
+        sync_weights(model, sender, bucket_bytes=1)  # a bucket per layer, while the actor receives
+    assert ray.get(received, timeout=CALL_TIMEOUT_S) == VERSION
+    traj, timings = ray.get(host.roll_out.remote(prompt_ids(tiny_dir), None, GREEDY), timeout=CALL_TIMEOUT_S)
+    want = local_greedy(model, tiny_dir)
+    assert [len(ids) for ids in want] == [12, 12]
+    assert sampled_ids(traj) == want
+    assert torch.equal(traj.versions, torch.where(traj.action_mask, VERSION, -1))
+    assert timings["generation"] > 0
+    stopped = host.receive_weights.remote()
+    sender.stop()  # the actor's receive_weights returns None; the sender leaves last
+    assert ray.get(stopped, timeout=CALL_TIMEOUT_S) is None
+    ray.get(host.close.remote(), timeout=CALL_TIMEOUT_S)
+
+
+def test_the_cluster_refuses_bad_calls_naming_the_fix(cluster: None, tiny_dir: Path) -> None:
+    with pytest.raises(RuntimeError, match="already started in this process; stop_cluster"):
+        start_cluster(num_cpus=1)
+    with pytest.raises(ValueError, match="spawn_hosts\\(count=0\\)"):
+        spawn_hosts(0, host_settings(tiny_dir))
+    with pytest.raises(ValueError, match="num_cpus=-1"):
+        spawn_hosts(1, host_settings(tiny_dir), num_cpus=-1)
+
+
+def test_the_local_clusters_workers_run_at_normal_priority(cluster: None) -> None:
+    """Ray's default worker niceness (15) lets any busy process starve the engine hosts; the local cluster's is 0."""
+    import os
+
+    niceness = ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote(), timeout=STARTUP_TIMEOUT_S)
+    assert niceness == os.nice(0)
+    assert "RAY_worker_niceness" not in os.environ  # set only while the raylet started

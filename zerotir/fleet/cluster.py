@@ -1,0 +1,103 @@
+"""The fleet's Ray cluster: start a local one (or join a running one) and spawn the engine hosts as Ray actors.
+
+    start_cluster(num_cpus=4)                     # a local cluster on this machine: no dashboard, quiet logs
+    start_cluster(address="10.0.0.1:6379")        # or join one started with `ray start --head`
+    hosts = spawn_hosts(2, settings, num_cpus=1, num_gpus=1)   # Ray actor handles of EngineHost
+    ray.get([h.join_weights.remote(address, r + 1, 3, 60.0) for r, h in enumerate(hosts)], timeout=...)
+    stop_cluster()
+
+Each actor is one process running one ``EngineHost`` (``zerotir.fleet.engine_host``), built from the same picklable
+``HostSettings``; Ray gives it the CPUs and GPUs asked for (a GPU actor sees its GPU as ``cuda``). Its methods run one
+at a time, in the order they were called. Ray is an optional extra (``pip install -e ".[fleet]"``) and is imported
+only inside these functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from zerotir.fleet.engine_host import EngineHost, HostSettings
+
+NICENESS = "RAY_worker_niceness"  # Ray's setting of its workers' niceness, read by the raylet at its start
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError('the rollout fleet runs on Ray, which is not installed: pip install -e ".[fleet]"') from exc
+    return ray
+
+
+def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, address: str | None = None,
+                  object_store_memory: int | None = None) -> None:
+    """Start a local Ray cluster with ``num_cpus`` / ``num_gpus`` (None: what the machine has), or join the running
+    one at ``address`` (its resources are its own: then give neither). No dashboard; Ray's logs at warnings only.
+
+    A local cluster's workers run at the trainer's priority: Ray starts its workers at niceness 15 by default
+    (``RAY_worker_niceness``), where every busy process of normal priority starves them (an engine host's import
+    and start took tens of times longer beside a CPU-bound job). A value the user set in the environment is kept;
+    the nodes of a running cluster take theirs from where ``ray start`` ran.
+
+    Raises:
+        RuntimeError: Ray is already started in this process (``stop_cluster`` first).
+        ValueError: resources given together with an address.
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        raise RuntimeError("start_cluster: Ray is already started in this process; stop_cluster() first")
+    quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
+    if address is not None:
+        if (num_cpus, num_gpus, object_store_memory) != (None, None, None):
+            raise ValueError(f"start_cluster(address={address!r}): a running cluster has its own resources; drop "
+                             "num_cpus / num_gpus / object_store_memory, or leave address unset for a local cluster")
+        ray.init(address=address, **quiet)
+        return
+    for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        if value is not None and value < 0:
+            raise ValueError(f"start_cluster({name}={value}): must be >= 0, or None for what the machine has")
+    with _worker_niceness("0"):
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory, **quiet)
+
+
+@contextlib.contextmanager
+def _worker_niceness(value: str) -> Iterator[None]:
+    """``RAY_worker_niceness`` set to ``value`` while the local raylet starts (it reads it then), unless set."""
+    if NICENESS in os.environ:
+        yield
+        return
+    os.environ[NICENESS] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(NICENESS, None)
+
+
+def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0) -> list[Any]:
+    """``count`` Ray actors, each an ``EngineHost(settings)`` with ``num_cpus`` CPUs and ``num_gpus`` GPUs; their
+    handles. An actor starts in the background: its first method call waits for it (and raises its start error).
+
+    Raises:
+        RuntimeError: no cluster (``start_cluster`` first).
+        ValueError: a bad count or resource.
+    """
+    ray = _ray()
+    if not ray.is_initialized():
+        raise RuntimeError("spawn_hosts: no Ray cluster in this process; call start_cluster() first")
+    if count < 1:
+        raise ValueError(f"spawn_hosts(count={count}): the fleet needs at least one engine host")
+    if num_cpus < 0 or num_gpus < 0:
+        raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
+    actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(EngineHost)
+    return [actor.remote(settings) for _ in range(count)]
+
+
+def stop_cluster() -> None:
+    """Shut this process's Ray down (a local cluster stops with it, its actors too); nothing if none runs."""
+    ray = _ray()
+    if ray.is_initialized():
+        ray.shutdown()

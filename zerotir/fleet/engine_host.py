@@ -1,0 +1,202 @@
+"""What one engine process of the rollout fleet runs: an engine with weights of its own, the tool loop on it and a
+sandbox client, fed new weights by the trainer's pushes.
+
+``EngineHost`` is a plain class, so it runs in any process: a Ray actor of the fleet (``zerotir.fleet.cluster``
+wraps it with ``ray.remote``) or a spawned process in a test. It is built from ``HostSettings`` alone (plain,
+picklable values: the model folder, the ``model.rollout`` group, the ``model.tool`` group, the seed, the sandbox's
+URLs, torch threads, the device), because a Ray actor receives its arguments pickled and loads everything else
+itself: the tokenizer and the engine from the model folder (weights of its own, apart from the trainer's), and its
+own sandbox client.
+
+    host = EngineHost(settings)
+    host.join_weights(address, rank, world_size, timeout_s)   # rank 1..K of the trainer's weight group
+    host.receive_weights()                                    # one push into the engine: its version (None: stopped)
+    host.roll_out(prompt_ids, truths, params)                 # the tool loop: (Trajectories on the CPU, timings)
+    host.close()
+
+Rewards are left at 0 (no reward function crosses to the host): the trainer scores the trajectories it gets back.
+Tokens sampled after a push are stamped with its version (``Trajectories.versions``); before the first push the
+engine has the folder's weights and nothing is stamped.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerotir.config import RolloutBackend, ToolConfig, VLLMRollout
+from zerotir.fleet.weight_group import DEFAULT_TIMEOUT_S, SENDER, GroupAddress, WeightGroup, form_weight_group
+from zerotir.fleet.weight_push import receive_push
+from zerotir.models import freeze, load_causal_lm, load_tokenizer
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
+from zerotir.rollout.engine import RolloutEngine, SamplingParams
+from zerotir.rollout.engines import create_engine
+from zerotir.types import Trajectories
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Everything an engine process is built from; plain values, so it pickles to a Ray actor.
+
+    Attributes:
+        model_path: the HF folder (config, weights, tokenizer) the engine and the tokenizer load.
+        rollout: the ``model.rollout`` group (``HFRollout`` / ``VLLMRollout``): the engine and its settings.
+        tool: the ``model.tool`` group; with tools (``max_tool_calls > 0``) ``sandbox_urls`` must be given.
+        seed: the engine's own seed (each rollout's requests carry theirs, ``SamplingParams.seed``).
+        sandbox_urls: the sandbox servers (``python -m sandbox serve``) the host's client sends code to.
+        sandbox_options: further ``sandbox.SandboxClient`` keywords (``SandboxConfig.client_options``).
+        threads: torch intra-op threads of the process (None: torch's); also a transformers engine's when its group
+            leaves ``num_threads`` unset.
+        device: where the engine runs and the weight group's tensors live ("cpu": gloo, "cuda": NCCL).
+    """
+
+    model_path: str
+    rollout: RolloutBackend
+    tool: ToolConfig
+    seed: int = 0
+    sandbox_urls: tuple[str, ...] = ()
+    sandbox_options: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None
+    device: str = "cpu"
+
+    def check(self) -> None:
+        """Refuse settings the host cannot run, naming the setting and the fix."""
+        if not (Path(self.model_path) / "config.json").is_file():
+            raise FileNotFoundError(f"HostSettings.model_path={self.model_path!r}: no HF model folder there (no "
+                                    "config.json); give the folder the trainer loaded its actor from")
+        if not isinstance(self.rollout, RolloutBackend):
+            raise TypeError(f"HostSettings.rollout={self.rollout!r}: give the model.rollout group "
+                            "(zerotir.config.HFRollout or zerotir.config.VLLMRollout)")
+        if self.tool.enabled and not self.sandbox_urls:
+            raise ValueError(f"HostSettings.sandbox_urls is empty but model.tool.max_tool_calls="
+                             f"{self.tool.max_tool_calls}: give the URLs of the sandbox servers the engine processes "
+                             "reach (python -m sandbox serve), or set model.tool.max_tool_calls=0 (no tool)")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"HostSettings.threads={self.threads}: must be >= 1, or None for torch's setting")
+
+
+class EngineHost:
+    """One engine process of the fleet: engine, tool loop and sandbox client (see the module doc).
+
+    Args:
+        settings: what to load and how; checked first (``HostSettings.check``).
+
+    Raises:
+        FileNotFoundError, TypeError, ValueError: bad settings, naming the setting and the fix.
+        sandbox.SandboxUnavailable: with tools, no sandbox server answered (every URL named).
+    """
+
+    def __init__(self, settings: HostSettings):
+        settings.check()
+        self.settings = settings
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)  # the process is the host's own
+        self.tokenizer = load_tokenizer(settings.model_path)
+        self.schedule = Schedule(settings.rollout.schedule, settings.rollout.round_tokens)
+        self.sandbox = _sandbox_client(settings)
+        actor = _engine_model(settings.rollout, settings.model_path)
+        self.engine: RolloutEngine | None = create_engine(
+            settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
+            own_weights=False, threads=settings.threads)  # the model loaded here is the host's own already
+        self.group: WeightGroup | None = None
+        self.version: int | None = None  # of the last push received; None: the folder's weights
+
+    def describe(self) -> dict[str, Any]:
+        """What the host runs: its engine's type, context length and the version of its weights. Cheap, so a
+        caller waits on it for a new actor to be built (loading the engine) before it forms the weight group."""
+        engine = self._engine()
+        return {"engine": type(engine).__name__, "context_length": engine.context_length, "version": self.version}
+
+    def join_weights(self, address: GroupAddress, rank: int, world_size: int,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Join the trainer's weight group as receiver ``rank`` (1..world_size - 1); returns once every rank has
+        joined (the trainer's sender forms it at ``address`` as rank 0 at the same time).
+
+        Raises:
+            ValueError: rank 0 (the sender's) or a bad rank / world size.
+            RuntimeError: the host already is in a group, or it is closed.
+            zerotir.fleet.weight_group.WeightGroupError: the group did not form within ``timeout_s``.
+        """
+        self._engine()
+        if rank == SENDER:
+            raise ValueError(f"EngineHost.join_weights(rank={rank}): rank {SENDER} is the trainer's sender; give "
+                             f"each engine process its own rank, 1..world_size - 1")
+        if self.group is not None and not self.group.closed:
+            raise RuntimeError(f"EngineHost.join_weights: already in the {self.group}; the sender's stop ends it")
+        self.group = form_weight_group(address, rank, world_size, self.settings.device, timeout_s)
+
+    def receive_weights(self) -> int | None:
+        """Receive one push into the engine, bucket by bucket (``receive_push``); the push's version, or None when
+        the sender stopped the group (the host then has none, and may join another).
+
+        Raises:
+            RuntimeError: no group joined (``join_weights`` first), or the host is closed.
+            zerotir.fleet.weight_group.WeightGroupError: the push was aborted, broken or timed out.
+        """
+        engine = self._engine()
+        if self.group is None or self.group.closed:
+            raise RuntimeError("EngineHost.receive_weights before join_weights: join the trainer's weight group "
+                               "first (join_weights(address, rank, world_size))")
+        version = receive_push(self.group, engine)
+        if version is None:
+            self.group = None
+        else:
+            self.version = version
+        return version
+
+    def roll_out(self, prompts: list[list[int]], truths: list[str] | None,
+                 params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
+        """The tool loop (``agent_loop.rollout_sync``) over ``prompts`` (token ids) on this host's engine, code on
+        its sandbox; ``params.n`` trajectories per prompt, rewards 0. Returns the trajectories on the CPU, their
+        tokens stamped with the weights' version once a push landed, and the loop's timings (seconds)."""
+        engine = self._engine()
+        traj, timings = rollout_sync(engine, self.tokenizer, self.sandbox, prompts, params, self.settings.tool,
+                                     truths, self.schedule, None)
+        traj = traj.to("cpu")
+        if self.version is not None:
+            traj.versions = torch.where(traj.action_mask, self.version, -1)
+        return traj, timings
+
+    def close(self) -> None:
+        """Close the engine and leave the weight group; idempotent."""
+        engine, self.engine = self.engine, None
+        group, self.group = self.group, None
+        try:
+            if engine is not None:
+                engine.close()
+        finally:
+            if group is not None:
+                group.close()
+            self.sandbox = None
+
+    def _engine(self) -> RolloutEngine:
+        if self.engine is None:
+            raise RuntimeError("EngineHost is closed (close() ran); start a new host")
+        return self.engine
+
+
+def _sandbox_client(settings: HostSettings) -> Any:
+    """The host's own sandbox client, checked once (``SandboxUnavailable`` names every URL); None without tools."""
+    if not settings.tool.enabled:
+        return None
+    from sandbox import SandboxClient
+
+    client = SandboxClient(list(settings.sandbox_urls), **settings.sandbox_options)
+    client.check_health()
+    return client
+
+
+@functools.singledispatch
+def _engine_model(backend: RolloutBackend, model_path: str) -> nn.Module | None:
+    """The module an engine of ``backend`` generates with: loaded from ``model_path`` (float32), the host's own."""
+    return freeze(load_causal_lm(model_path))
+
+
+@_engine_model.register
+def _vllm_model(backend: VLLMRollout, model_path: str) -> nn.Module | None:
+    return None  # a vLLM engine loads ``model_path`` itself
