@@ -32,11 +32,15 @@ VERSION = 4
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
     start_cluster(num_cpus=2, num_gpus=0, object_store_memory=100 << 20)
     try:
         yield
     finally:
         stop_cluster()
+    assert signal.getsignal(signal.SIGTERM) == before  # ray.init's own SIGTERM handler does not outlive the cluster
 
 
 @pytest.mark.timeout(600)

@@ -17,12 +17,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from zerotir.fleet.engine_host import EngineHost, HostSettings
 
 NICENESS = "RAY_worker_niceness"  # Ray's setting of its workers' niceness, read by the raylet at its start
+# The SIGTERM handler before ray.init replaced it with its own (sys.exit), put back by stop_cluster.
+_SIGTERM_BEFORE: list[Any] = []
 
 
 def _ray() -> Any:
@@ -50,6 +54,8 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
     ray = _ray()
     if ray.is_initialized():
         raise RuntimeError("start_cluster: Ray is already started in this process; stop_cluster() first")
+    if threading.current_thread() is threading.main_thread():
+        _SIGTERM_BEFORE[:] = [signal.getsignal(signal.SIGTERM)]
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
     if address is not None:
         if (num_cpus, num_gpus, object_store_memory) != (None, None, None):
@@ -97,7 +103,10 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
 
 
 def stop_cluster() -> None:
-    """Shut this process's Ray down (a local cluster stops with it, its actors too); nothing if none runs."""
+    """Shut this process's Ray down (a local cluster stops with it, its actors too) and put back the SIGTERM handler
+    ``ray.init`` replaced (a trainer's, Lightning's); nothing if none runs."""
     ray = _ray()
     if ray.is_initialized():
         ray.shutdown()
+    if _SIGTERM_BEFORE and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _SIGTERM_BEFORE.pop())
