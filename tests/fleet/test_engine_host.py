@@ -8,13 +8,11 @@ settings and calls out of order are refused in this process, naming the setting 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from tests.gloo import free_port
+from tests.gloo import free_port, spawned
 
 from zerotir.config import HFRollout, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
@@ -83,21 +81,12 @@ def _host(rank: int, port: int, folder: str, out: str) -> None:
 def pushed(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, torch.nn.Module]:
     """The host's results after one push (version 7) from this process, and the model pushed."""
     out, port = tmp_path_factory.mktemp("host"), free_port()
-    ctx = mp.start_processes(_host, args=(port, str(tiny_dir), str(out)), nprocs=1, join=False, start_method="spawn")
-    try:
+    with spawned(_host, (port, str(tiny_dir), str(out)), 1, SPAWN_TIMEOUT_S):  # a host failure raises here
         model = sender_model(tiny_dir, seed=3)
         sender = WeightSender(form_weight_group(GroupAddress("127.0.0.1", port), 0, 2, "cpu", GROUP_TIMEOUT_S))
         with sender.push(VERSION):
             sync_weights(model, sender, bucket_bytes=1)  # a bucket per layer
         sender.stop()
-        deadline = time.monotonic() + SPAWN_TIMEOUT_S
-        while not ctx.join(timeout=1.0):  # a failure in the host raises here with its traceback
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the engine host did not finish within {SPAWN_TIMEOUT_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.terminate()
     return torch.load(out / "host.pt", weights_only=False), model
 
 
