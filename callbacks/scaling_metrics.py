@@ -35,7 +35,8 @@ TIMING_NAMES = {
     "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
     "wait_for_trainer": mn.TIME_WAIT_TRAINER,
 }
-PIPELINE_NAMES = {"staleness_mean": mn.STALENESS_MEAN, "staleness_max": mn.STALENESS_MAX}
+PIPELINE_NAMES = {"staleness_mean": mn.STALENESS_MEAN, "staleness_max": mn.STALENESS_MAX,
+                  "fleet_restarts": mn.FLEET_RESTARTS, "push_mb": mn.PUSH_MB}
 REFILL_NAMES = {
     "generation_rounds": mn.GENERATION_ROUNDS,
     "prompts_consumed": mn.PROMPTS_CONSUMED,

@@ -67,6 +67,9 @@ TIME_WAIT_TRAINER = "time/wait_for_trainer"  # the producer waiting at the capac
 # The asynchronous pipeline (model.pipeline): weight versions the batch's sampled tokens lag the trainer's weights.
 STALENESS_MEAN = "pipeline/staleness_mean"
 STALENESS_MAX = "pipeline/staleness_max"
+# The rollout fleet (model.fleet): engine processes restarted so far, and the size of the step's weight push.
+FLEET_RESTARTS = "pipeline/fleet_restarts"
+PUSH_MB = "pipeline/push_mb"
 
 # Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
 EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)

@@ -33,8 +33,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
-    EVAL_SAMPLING, FilterConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, RolloutBackend,
-    SamplingConfig, SandboxConfig, ToolConfig, as_plain,
+    EVAL_SAMPLING, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig,
+    RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
 )
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
@@ -46,7 +46,7 @@ from zerotir.rl.staleness import staleness_stats
 from zerotir.rl.step import BatchInfo, FilterDecision, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
-from zerotir.rollout.sources import make_rollout_source
+from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_deepspeed_config, check_rollout_backend, count_skipped_step, hf_zero3_config,
     is_deepspeed, is_zero3,
@@ -75,6 +75,8 @@ class ZeroTIRModule(LightningModule):
         sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
         pipeline: asynchronous rollouts: a producer with its own engine generating the next batches while the
             trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.rollout.producer``).
+        fleet: rollout engines in processes of their own (Ray actors), fed every update's weights over a process
+            group of their own, on the pipeline's schedule (``zerotir.fleet``); ``engines: 0`` (the default): none.
         refill: dynamic sampling: a step whose filter drops groups draws more prompts, up to ``max_rounds`` batches;
             and how many steps in a row may train nothing before the run stops (``zerotir.rl.refill``).
         filters: trajectory filters (each removes a trajectory from the loss and its group's baseline), overlong
@@ -97,6 +99,7 @@ class ZeroTIRModule(LightningModule):
         rollout: RolloutBackend = HFRollout(),
         sandbox: SandboxConfig = SandboxConfig(),
         pipeline: PipelineConfig = PipelineConfig(),
+        fleet: FleetConfig = FleetConfig(),
         refill: RefillConfig = RefillConfig(),
         filters: FilterConfig = FilterConfig(),
         eval_report_dir: str | None = None,
@@ -113,7 +116,6 @@ class ZeroTIRModule(LightningModule):
         rl.check_training_sampling(sampling)
         filters.check_run(rl, sampling, tool)
         self.filters = filters
-        pipeline.check_backend(rollout)
         if sandbox.urls is not None and not tool.enabled:
             raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
                              "or allow tool calls")
@@ -123,8 +125,8 @@ class ZeroTIRModule(LightningModule):
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        self.source = make_rollout_source(pipeline, rollout, sandbox, tool, sampling, score_batch, self.model_path,
-                                          seed)
+        self.source = make_rollout_source(pipeline, fleet, rollout, sandbox, tool, sampling, score_batch,
+                                          self.model_path, seed)
         self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
         self.refill, self.fill_watch = refill, FillWatch(refill)
         self.evaluator = EvalAccumulator()
@@ -275,7 +277,8 @@ class ZeroTIRModule(LightningModule):
         lr = {"lr": float(self.lr_schedulers().get_last_lr()[0])} if result.stats else {}
         result = replace(result, stats={**result.stats, **lr}, timings=timings,
                          batch=BatchInfo(**batch_fields(filled.rows), weight_version=self.rl_steps_done),
-                         pipeline={key: staleness[key] for key in ("staleness_mean", "staleness_max")}, refill=refill)
+                         pipeline={**{key: staleness[key] for key in ("staleness_mean", "staleness_max")},
+                                   **self.source.stats()}, refill=refill)
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}

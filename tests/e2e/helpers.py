@@ -183,3 +183,17 @@ class EngineKVCacheOnRank(Callback):
         if trainer.global_rank == self.rank:
             source = pl_module.source
             source.backend = dataclasses.replace(source.backend, cpu_kv_cache_gib=self.gib)
+
+
+class KillFleetEngine(Callback):
+    """Kills engine process ``engine`` of the rollout fleet (Ray restarts it) at the end of RL step ``step``, while
+    the engines hold the next step's batch (submitted by the step's weight push): a crash mid-rollout."""
+
+    def __init__(self, step: int, engine: int = 0):
+        self.step, self.engine = step, engine
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if outputs["step"].rl_step == self.step:
+            import ray
+
+            ray.kill(pl_module.source.hosts[self.engine], no_restart=False)

@@ -16,13 +16,15 @@ from torch import nn
 
 from tests.gloo import free_port, run_ranks
 from tests.rl.update_world import make_traj
-from zerotir.config import HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
+from zerotir.config import (
+    FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
+)
 from zerotir.rollout import source as source_module
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.engines import check_engine_memory
 from zerotir.rollout.pipeline_source import PipelineSource
 from zerotir.rollout.source import InlineSource
-from zerotir.rollout.sources import make_rollout_source
+from zerotir.sources import make_rollout_source
 
 GIB = 1 << 30
 NO_TOOLS = ToolConfig(max_tool_calls=0)
@@ -127,15 +129,16 @@ def test_start_checks_free_memory_before_building_a_vllm_engine_on_cuda(monkeypa
 
 def test_the_pipeline_source_refuses_trainers_its_producer_cannot_serve():
     pipeline = PipelineConfig(max_staleness=1)
-    source = make_rollout_source(pipeline, HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "x", 0)
+    source = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
+                                 None, "x", 0)
     assert isinstance(source, PipelineSource)
     source.check_trainer(1, zero3=False)
     with pytest.raises(ValueError, match=r"max_staleness=1 with 2 training processes.*max_staleness: null"):
         source.check_trainer(2, zero3=False)
     with pytest.raises(ValueError, match=r"ZeRO-3.*ZeRO stage 1 / 2 or max_staleness: null"):
         source.check_trainer(1, zero3=True)
-    inline = make_rollout_source(PipelineConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(), None,
-                                 "x", 0)
+    inline = make_rollout_source(PipelineConfig(), FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
+                                 SamplingConfig(), None, "x", 0)
     assert isinstance(inline, InlineSource) and not isinstance(inline, PipelineSource)
     inline.check_trainer(8, zero3=True)  # an engine of the trainer's own serves any trainer
 
@@ -150,7 +153,8 @@ def test_the_pipelines_engine_keeps_its_own_weights_and_decodes_on_the_pipelines
     asked = []
     monkeypatch.setattr(source_module, "create_engine", lambda *args, **kw: asked.append(kw) or FakeEngine())
     pipeline = PipelineConfig(max_staleness=1, threads=2)
-    source = make_rollout_source(pipeline, HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "x", 0)
+    source = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
+                                 None, "x", 0)
     source.start(Actor(), None, "cpu", None)
     assert asked == [{"own_weights": True, "threads": 2}]
     tok = build_byte_tokenizer()

@@ -1,5 +1,5 @@
 """The typed configuration groups of a run: ``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling`` /
-``model.eval_sampling``, ``model.sandbox``, ``model.pipeline``, ``model.refill``, ``model.filters`` and
+``model.eval_sampling``, ``model.sandbox``, ``model.pipeline``, ``model.fleet``, ``model.refill``, ``model.filters`` and
 ``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``).
 
 Each group is a frozen dataclass whose field docstrings are the ``--help`` text of the command line (the CLI turns
@@ -8,8 +8,8 @@ attribute docstrings on), and whose ``__post_init__`` is the one place its field
 here and nowhere else; ``python -m zerotir fit --print_config`` prints every group with them.
 
 The groups live in modules of one idea each (``rl``: the algorithm and the optimizer; ``rollout``: tool, sampling,
-sandbox; ``backends``: the engines of ``model.rollout``; ``pipeline``; ``refill``; ``filters``; ``checks``: what they
-share) and are used by these names, ``zerotir.config.<Group>``, which the configs' ``class_path`` values name too.
+sandbox; ``backends``: the engines of ``model.rollout``; ``pipeline``; ``fleet``; ``refill``; ``filters``;
+``checks``: what they share) and are used by these names, ``zerotir.config.<Group>``, which the configs' ``class_path`` values name too.
 
 Nothing here imports torch, Lightning or the engines: the groups are plain data.
 """
@@ -17,6 +17,7 @@ Nothing here imports torch, Lightning or the engines: the groups are plain data.
 from zerotir.config.backends import DEFAULT_TOKENS_PER_CALL, HFRollout, RolloutBackend, ScheduleKind, VLLMRollout
 from zerotir.config.checks import as_plain, check_sampling
 from zerotir.config.filters import FilterConfig, Overlong
+from zerotir.config.fleet import FleetConfig
 from zerotir.config.pipeline import PipelineConfig
 from zerotir.config.refill import RefillConfig
 from zerotir.config.rl import (
@@ -27,6 +28,7 @@ from zerotir.config.rollout import EVAL_SAMPLING, SamplingConfig, SandboxConfig,
 
 __all__ = [
     "DEFAULT_TOKENS_PER_CALL", "EVAL_SAMPLING", "GROUP_ALGORITHMS", "MASKING_CORRECTIONS", "Algorithm", "FilterConfig",
+    "FleetConfig",
     "GAEInjected", "HFRollout", "KLEstimator", "LossAggMode", "OffPolicyCorrection", "OptimConfig", "Optimizer",
     "Overlong", "PipelineConfig", "RLConfig", "RefillConfig", "RolloutBackend", "SamplingConfig", "SandboxConfig",
     "ScheduleKind", "ToolConfig", "VLLMRollout", "as_plain", "check_sampling",

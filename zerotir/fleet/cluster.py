@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,9 +84,12 @@ def _worker_niceness(value: str) -> Iterator[None]:
         os.environ.pop(NICENESS, None)
 
 
-def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0) -> list[Any]:
+def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0,
+                max_restarts: int = 0) -> list[Any]:
     """``count`` Ray actors, each an ``EngineHost(settings)`` with ``num_cpus`` CPUs and ``num_gpus`` GPUs; their
     handles. An actor starts in the background: its first method call waits for it (and raises its start error).
+    Ray restarts an actor whose process dies up to ``max_restarts`` times (building a new ``EngineHost``); the calls
+    it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
 
     Raises:
         RuntimeError: no cluster (``start_cluster`` first).
@@ -98,7 +102,8 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
         raise ValueError(f"spawn_hosts(count={count}): the fleet needs at least one engine host")
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
-    actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(EngineHost)
+    options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
+    actor = ray.remote(**options)(EngineHost)
     return [actor.remote(settings) for _ in range(count)]
 
 
@@ -110,3 +115,48 @@ def stop_cluster() -> None:
         ray.shutdown()
     if _SIGTERM_BEFORE and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _SIGTERM_BEFORE.pop())
+
+
+class EngineDied(RuntimeError):
+    """An engine process of the fleet died (its calls in flight are lost); ``engine`` is its index in the list,
+    ``restarting`` whether Ray is restarting it (a call after that may succeed) or gave it up."""
+
+    def __init__(self, engine: int, message: str, restarting: bool):
+        super().__init__(message)
+        self.engine, self.restarting = engine, restarting
+
+
+def ray_get(refs: list[Any], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
+    """The results of ``refs`` (one per engine process, in order; ``engines``: their indices, default 0, 1, ...),
+    all within ``timeout_s`` seconds; a failure names the engine and what it was ``doing``.
+
+    Raises:
+        TimeoutError: an engine had not finished within ``timeout_s`` (``model.fleet.timeout_s``).
+        EngineDied: an engine's process died.
+        RuntimeError: an engine's call raised (its error in the message).
+    """
+    ray = _ray()
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+    deadline, out = time.monotonic() + timeout_s, []
+    for k, ref in zip(engines if engines is not None else range(len(refs)), refs):
+        try:
+            out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except GetTimeoutError as exc:
+            raise TimeoutError(f"engine process {k} of the fleet did not finish {doing} within {timeout_s:g} s "
+                               "(model.fleet.timeout_s)") from exc
+        except RayActorError as exc:
+            raise EngineDied(k, f"engine process {k} of the fleet died while {doing}: {exc}",
+                             isinstance(exc, ActorUnavailableError)) from exc
+        except RayTaskError as exc:
+            cause = exc.cause if exc.cause is not None else exc
+            raise RuntimeError(f"engine process {k} of the fleet failed while {doing}: {type(cause).__name__}: "
+                               f"{cause}") from exc
+    return out
+
+
+def kill_hosts(hosts: list[Any]) -> None:
+    """End the engine processes now (a call in flight is dropped); Ray does not restart a killed actor."""
+    ray = _ray()
+    for host in hosts:
+        ray.kill(host, no_restart=True)

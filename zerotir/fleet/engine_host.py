@@ -22,6 +22,8 @@ engine has the folder's weights and nothing is stamped.
 from __future__ import annotations
 
 import functools
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,10 +109,12 @@ class EngineHost:
         self.version: int | None = None  # of the last push received; None: the folder's weights
 
     def describe(self) -> dict[str, Any]:
-        """What the host runs: its engine's type, context length and the version of its weights. Cheap, so a
+        """What the host runs: its engine's type, context length, the version of its weights and where it runs
+        (node name, process id). Cheap, so a
         caller waits on it for a new actor to be built (loading the engine) before it forms the weight group."""
         engine = self._engine()
-        return {"engine": type(engine).__name__, "context_length": engine.context_length, "version": self.version}
+        return {"engine": type(engine).__name__, "context_length": engine.context_length, "version": self.version,
+                "node": socket.gethostname(), "pid": os.getpid()}
 
     def join_weights(self, address: GroupAddress, rank: int, world_size: int,
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -148,6 +152,13 @@ class EngineHost:
         else:
             self.version = version
         return version
+
+    def leave_weights(self) -> None:
+        """Leave the weight group without the ordered goodbye (``WeightGroup.abandon``): another of its processes
+        died, so the trainer forms a new group, which the host then joins; nothing if it is in none."""
+        group, self.group = self.group, None
+        if group is not None:
+            group.abandon()
 
     def roll_out(self, prompts: list[list[int]], truths: list[str] | None,
                  params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:

@@ -132,6 +132,13 @@ class WeightGroup:
         finally:
             self._backend.shutdown()
 
+    def abandon(self) -> None:
+        """Shut this process's backend down without the ordered leave of ``close``: the other ranks are gone (their
+        processes were killed), so none would ever mark itself gone; idempotent."""
+        if not self.closed:
+            self.closed = True
+            self._backend.shutdown()
+
 
 def form_weight_group(address: GroupAddress, rank: int, world_size: int, device: str | torch.device = "cpu",
                       timeout_s: float = DEFAULT_TIMEOUT_S) -> WeightGroup:

@@ -4,12 +4,14 @@
     source.batch(step, rows, first_row)              a batch of the step's scored trajectories (a ``RolloutBatch``)
     source.evaluate(rows, params)                    an evaluation batch, on the same engine
     source.after_update(actor, version)              the new weights, as ``version`` (updates done); seconds taken
+    source.stats()                                   its own counters for the step's metrics (the fleet's)
     source.close()                                   stop everything it started
 
 ``InlineSource`` (``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on
 the trainer's engine with the trainer's weights. ``PipelineSource`` (``zerotir.rollout.pipeline_source``) hands out
-the batches a producer generated ahead, under the capacity rule. ``zerotir.rollout.sources.make_rollout_source``
-picks one from the ``model.pipeline`` group; nothing outside the sources asks which mode runs.
+the batches a producer generated ahead, under the capacity rule; ``zerotir.fleet.source.FleetSource`` those of engine
+processes of their own. ``zerotir.sources.make_rollout_source`` picks one from the ``model.pipeline`` and
+``model.fleet`` groups; nothing outside the sources asks which mode runs.
 
 What both share lives in ``EngineSource``: the sandbox (``SandboxService``), the engine (built by the typed factory
 ``engines.create_engine`` from the ``model.rollout`` group; the engine owns how new weights reach it,
@@ -84,6 +86,10 @@ class RolloutSource(Protocol):
 
     def after_update(self, actor: nn.Module, version: int) -> float:
         """The weights of ``actor`` after an update, as ``version`` (updates done); returns the seconds it took."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """The source's own counters for the step's metrics (``pipeline/<key>``); {} where it has none."""
         ...
 
     def close(self) -> None:
@@ -185,6 +191,9 @@ class EngineSource:
         start = time.perf_counter()
         self.engine.load_weights_from(actor)
         return time.perf_counter() - start
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         engine, self.engine = self.engine, None

@@ -1,0 +1,129 @@
+"""The rollout fleet end to end (``model.fleet``): the training run's rollouts on an engine process of its own (a
+Ray actor), its weights broadcast after every update.
+
+S = 0 through the fleet must give the in-line run's rewards and parameters exactly: the engine process loads the
+same folder, gets the trainer's weights bit for bit before each batch, samples each trajectory with the seed of its
+global row and runs the code on the same sandbox (the trainer's embedded one, reached by URL), so only the process
+differs. Both runs use the "lockstep" schedule (see ``test_pipeline``) and one torch thread (the conftest's; the
+engine process's is ``model.fleet.threads``' default, cpus_per_engine = 1)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
+from zerotir import metric_names as mn
+
+pytest.importorskip("ray", reason='the fleet runs on Ray: pip install -e ".[fleet]"')
+pytestmark = pytest.mark.slow
+
+LOCKSTEP = ["--model.rollout.init_args.schedule", "lockstep", "--trainer.limit_val_batches", "0",
+            "--trainer.enable_checkpointing", "false"]
+FLEET = ["--model.fleet.engines", "1", "--model.fleet.timeout_s", "300"]
+
+
+def _fit(root, e2e_base, e2e_data, *extra):
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, root, "--trainer.max_steps", "3",
+                           *LOCKSTEP, *extra))
+    scalars = read_scalars(root / "tensorboard")
+    rewards = [v for _, v in scalars[mn.REWARD_MEAN]]
+    return cli, scalars, rewards, {k: v.clone() for k, v in cli.model.actor.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def in_line(e2e_base, e2e_data, tmp_path_factory):
+    """The in-line run the fleet's runs must equal: rewards of its 3 steps and its parameters after them."""
+    _, _, rewards, params = _fit(tmp_path_factory.mktemp("inline"), e2e_base, e2e_data)
+    assert len(rewards) == 3
+    return rewards, params
+
+
+def _assert_equal(in_line, rewards, params):
+    assert rewards == in_line[0]
+    changed = [k for k in in_line[1] if not torch.equal(in_line[1][k], params[k])]
+    assert in_line[1].keys() == params.keys() and not changed, f"parameters differ after 3 steps: {changed[:5]}"
+
+
+@pytest.mark.timeout(900)
+def test_s0_through_the_fleet_equals_the_in_line_run(in_line, e2e_base, e2e_data, tmp_path):
+    cli, scalars, rewards, params = _fit(tmp_path, e2e_base, e2e_data, "--model.pipeline.max_staleness", "0", *FLEET)
+    _assert_equal(in_line, rewards, params)
+    assert [v for _, v in scalars[mn.STALENESS_MAX]] == [0.0, 0.0, 0.0]
+    assert [s for s, _ in scalars[mn.TIME_WEIGHT_SYNC]] == [1, 2, 3]
+    push_mb = sum(p.numel() * 4 for p in params.values()) / 2**20  # every parameter, float32, each push
+    assert [v for _, v in scalars[mn.PUSH_MB]] == pytest.approx([push_mb] * 3)
+    assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [0.0, 0.0, 0.0]
+    assert cli.model.source.hosts == []  # closed at the end of fit: the engine process and the cluster are gone
+
+
+@pytest.mark.timeout(900)
+def test_an_engine_killed_mid_rollout_is_restarted_and_its_share_generated_again(in_line, e2e_base, e2e_data,
+                                                                                  tmp_path):
+    """The engine is killed while it rolls out step 2's batch. Ray restarts it, it rejoins the weight group with the
+    trainer's weights, and the batch runs again with the same seeds: every step's batch is complete and the run
+    still equals the in-line one."""
+    kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "1",
+            "--trainer.callbacks.engine", "0"]
+    cli, scalars, rewards, params = _fit(tmp_path, e2e_base, e2e_data, "--model.pipeline.max_staleness", "0",
+                                         *FLEET, *kill)
+    _assert_equal(in_line, rewards, params)
+    assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [0.0, 1.0, 1.0]
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _ray_processes() -> list[str]:
+    """Command lines of the Ray processes (raylet, GCS, workers) running now."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "raylet" in cmd or "gcs_server" in cmd or "ray::" in cmd or "default_worker.py" in cmd:
+                out.append(f"{proc.name}: {cmd[:120]}")
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_s1_killed_with_batches_on_the_fleet_resumes_at_the_first_unconsumed_batch(e2e_base, e2e_data, tmp_path):
+    """S = 1: a checkpoint at step 2, SIGKILL once step 3 is logged (the engine then holds batch 4, or generates
+    it), resumed to step 5: steps 3-5 train batches 2-4, each once, staleness at most 1; no Ray process outlives
+    the killed run's cluster or the resumed one."""
+    marker, log, steps = tmp_path / "hung_at_step", tmp_path / "fit.log", tmp_path / "steps.jsonl"
+    common = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",
+              "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis", *FLEET,
+              "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
+    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
+            "--trainer.callbacks.marker", str(marker)]
+    before = _ray_processes()
+    fit_killed_at(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
+                           *common, *hang), marker, log)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["zerotir"]["rl_steps_done"] == 2 and ckpt["PromptDataModule"]["consumed"] == 2
+
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "5",
+                           "--ckpt_path", "last", *common))
+    assert cli.model.rl_steps_done == 5 and cli.datamodule.consumed == 5
+    records = [r for r in _records(steps) if "start" not in r]
+    killed, resumed = records[:3], records[3:]
+    assert [(r["rl_step"], r["batch_index"]) for r in killed] == [(1, 0), (2, 1), (3, 2)]
+    assert [(r["rl_step"], r["batch_index"]) for r in resumed] == [(3, 2), (4, 3), (5, 4)]
+    assert resumed[0]["ids"] == killed[2]["ids"]
+    scalars = read_scalars(tmp_path / "tensorboard")
+    for tag in (mn.STALENESS_MAX, mn.TIME_WAIT_ROLLOUT, mn.TIME_WEIGHT_SYNC, mn.IS_RATIO_MEAN):
+        assert [s for s, _ in scalars[tag]] == [1, 2, 3, 4, 5], tag
+    staleness = dict(scalars[mn.STALENESS_MAX])
+    assert staleness[1] == 0.0 and staleness[3] == 0.0 and max(staleness.values()) == 1.0
+    deadline = time.monotonic() + 60  # Ray's processes end shortly after their driver (killed, or shut down)
+    while set(_ray_processes()) - set(before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not set(_ray_processes()) - set(before)

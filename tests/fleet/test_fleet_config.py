@@ -1,0 +1,68 @@
+"""``model.fleet`` (``zerotir.config.fleet``) and the source it selects: each bad value names its field and fix, the
+groups that cannot run together fail naming both, and ``make_rollout_source`` picks the fleet's source only when
+engines are asked for. No Ray: nothing here starts a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerotir.config import (
+    FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
+)
+from zerotir.fleet.source import FleetSource
+from zerotir.rollout.pipeline_source import PipelineSource
+from zerotir.sources import make_rollout_source
+
+NO_TOOLS = ToolConfig(max_tool_calls=0)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"engines": -1}, r"model.fleet.engines=-1: must be >= 0 \(0: no fleet\)"),
+    ({"cpus_per_engine": -1}, r"model.fleet.cpus_per_engine=-1: must be >= 0"),
+    ({"threads": 0}, r"model.fleet.threads=0: must be >= 1"),
+    ({"max_restarts": -1}, r"model.fleet.max_restarts=-1: must be >= 0"),
+    ({"weight_port": 70000}, r"model.fleet.weight_port=70000: a TCP port 1..65535, or 0 for a free one"),
+    ({"timeout_s": 0}, r"model.fleet.timeout_s=0: must be > 0 seconds"),
+])
+def test_fleet_errors_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FleetConfig(**kwargs)
+
+
+def test_derived_settings():
+    assert not FleetConfig().enabled and FleetConfig(engines=2).enabled
+    assert FleetConfig(engines=1).device == "cpu" and FleetConfig(engines=1, gpus_per_engine=1).device == "cuda"
+    assert FleetConfig(engines=1, cpus_per_engine=0.5).engine_threads == 1
+    assert FleetConfig(engines=1, cpus_per_engine=4).engine_threads == 4
+    assert FleetConfig(engines=1, cpus_per_engine=4, threads=2).engine_threads == 2
+
+
+@pytest.mark.parametrize(("pipeline", "backend", "message"), [
+    (PipelineConfig(), HFRollout(), r"model.fleet.engines=1 with model.pipeline.max_staleness: null: the fleet runs "
+                                    r"the pipeline's schedule; set model.pipeline.max_staleness"),
+    (PipelineConfig(max_staleness=1, threads=2), HFRollout(),
+     r"model.pipeline.threads=2 with model.fleet.engines=1: settings of the in-process producer.*model.fleet.threads"),
+    (PipelineConfig(max_staleness=0), VLLMRollout(tensor_parallel_size=2), r"tensor_parallel_size=2: a fleet engine "
+                                                                            r"is one process"),
+    (PipelineConfig(max_staleness=1), VLLMRollout(enable_sleep_mode=True), r"enable_sleep_mode=true: a fleet engine "
+                                                                            r"has devices of its own"),
+])
+def test_groups_that_cannot_run_with_the_fleet(pipeline, backend, message):
+    with pytest.raises(ValueError, match=message):
+        make_rollout_source(pipeline, FleetConfig(engines=1), backend, SandboxConfig(), NO_TOOLS, SamplingConfig(),
+                            None, "x", 0)
+
+
+def test_the_fleet_source_is_chosen_by_its_engines_and_serves_one_training_process():
+    pipeline = PipelineConfig(max_staleness=1)
+    # The in-process producer refuses the transformers engine's own thread count; an engine process has its own.
+    fleet = make_rollout_source(pipeline, FleetConfig(engines=2), HFRollout(num_threads=2), SandboxConfig(), NO_TOOLS,
+                                SamplingConfig(), None, "x", 0)
+    assert isinstance(fleet, FleetSource) and fleet.stats() == {"fleet_restarts": 0.0, "push_mb": 0.0}
+    fleet.check_trainer(1, zero3=True)  # one process under ZeRO-3: sync_weights gathers each bucket
+    with pytest.raises(ValueError, match=r"model.fleet.engines=2 with 2 training processes: the fleet serves one"):
+        fleet.check_trainer(2, zero3=False)
+    fleet.close()  # never started: nothing to stop
+    plain = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
+                                None, "x", 0)
+    assert isinstance(plain, PipelineSource)

@@ -1,0 +1,95 @@
+"""The rollout fleet: ``model.fleet``, engines in processes of their own (Ray actors), and its checks against the
+other groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerotir.config.backends import RolloutBackend, VLLMRollout
+from zerotir.config.checks import check_min
+from zerotir.config.pipeline import PipelineConfig
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Rollout engines as Ray actors beside the trainer (``model.fleet``, ``zerotir.fleet``): each engine process
+    loads the model folder and runs the tool loop with its own sandbox client; after every update the trainer
+    broadcasts the new weights to all of them over a process group of their own (gloo on CPU, NCCL on GPU). The
+    schedule is the pipeline's: ``model.pipeline.max_staleness`` S (0: each batch waits for the update before it;
+    S >= 1: the fleet generates up to S batches ahead while the trainer updates). Needs the ``fleet`` extra (Ray)."""
+
+    engines: int = 0
+    """Engine processes (Ray actors). 0 (the default): no fleet, the rollouts run in the trainer's process. Each
+    batch is split into one contiguous share of its prompts per engine."""
+    cpus_per_engine: float = 1.0
+    """CPUs Ray reserves for each engine process."""
+    gpus_per_engine: float = 0.0
+    """GPUs Ray gives each engine process (> 0: the engine runs on "cuda" and the weights go over NCCL); a local
+    cluster's GPUs are the machine's, so on a GPU node leave the trainer's devices out of CUDA_VISIBLE_DEVICES' share
+    Ray counts, or join a cluster whose nodes hold the fleet's GPUs (address)."""
+    threads: int | None = None
+    """Torch intra-op threads in each engine process; None: cpus_per_engine rounded down (at least 1)."""
+    address: str | None = None
+    """A running Ray cluster to join ("10.0.0.1:6379", started with `ray start --head`); None: the trainer starts a
+    local cluster of engines x cpus_per_engine CPUs and engines x gpus_per_engine GPUs."""
+    weight_host: str = "127.0.0.1"
+    """The trainer's address as the engine processes reach it: the weight group's store listens there. On a
+    cluster of several nodes, the trainer node's IP."""
+    weight_port: int = 0
+    """The weight group's TCP port on weight_host; 0: a free one."""
+    max_restarts: int = 3
+    """Engine processes that may die in a run (all engines together) before it stops: Ray restarts a dead one, it
+    rejoins the weight group with the current weights, and the shares of batches it held are generated again
+    (counted in pipeline/fleet_restarts). The next death past the bound stops the run, naming the engine, its node
+    and the step."""
+    timeout_s: float = 600.0
+    """Bound on every wait for the fleet: an engine's start, the weight group forming, one push, one batch of
+    rollouts (a batch generated ahead counts from when the trainer starts to wait for it)."""
+
+    def __post_init__(self) -> None:
+        check_min("fleet", self, ("engines",), 0, " (0: no fleet)")
+        check_min("fleet", self, ("cpus_per_engine", "gpus_per_engine"), 0)
+        check_min("fleet", self, ("threads",), 1)
+        check_min("fleet", self, ("max_restarts",), 0)
+        if not 0 <= self.weight_port < 65536:
+            raise ValueError(f"model.fleet.weight_port={self.weight_port}: a TCP port 1..65535, or 0 for a free one")
+        if not self.timeout_s > 0:
+            raise ValueError(f"model.fleet.timeout_s={self.timeout_s}: must be > 0 seconds")
+
+    @property
+    def enabled(self) -> bool:
+        """Rollouts run on the fleet's engine processes."""
+        return self.engines > 0
+
+    @property
+    def device(self) -> str:
+        """Where each engine runs and its end of the weight group lives."""
+        return "cuda" if self.gpus_per_engine > 0 else "cpu"
+
+    @property
+    def engine_threads(self) -> int:
+        """Torch threads of each engine process."""
+        return self.threads or max(1, int(self.cpus_per_engine))
+
+    def check_groups(self, pipeline: PipelineConfig, backend: RolloutBackend) -> None:
+        """The cross-group checks with ``model.pipeline`` and ``model.rollout``, naming both sides."""
+        if not self.enabled:
+            return
+        if not pipeline.enabled:
+            raise ValueError(f"model.fleet.engines={self.engines} with model.pipeline.max_staleness: null: the fleet "
+                             "runs the pipeline's schedule; set model.pipeline.max_staleness (0: each batch waits "
+                             "for the update before it, 1: one batch generated ahead) or model.fleet.engines: 0")
+        producer = [f"model.pipeline.{k}={v!r}" for k, v in (("threads", pipeline.threads),
+                                                            ("producer_device", pipeline.producer_device)) if v]
+        if producer:
+            raise ValueError(f"{', '.join(producer)} with model.fleet.engines={self.engines}: settings of the "
+                             "in-process producer, which the fleet replaces; use model.fleet.threads / "
+                             "gpus_per_engine, or drop them")
+        if backend.tensor_parallel_size > 1:
+            raise ValueError(f"model.fleet.engines={self.engines} with model.rollout.init_args.tensor_parallel_size="
+                             f"{backend.tensor_parallel_size}: a fleet engine is one process; set "
+                             "tensor_parallel_size: 1 (tensor-parallel fleet engines are not built yet)")
+        if isinstance(backend, VLLMRollout) and backend.enable_sleep_mode:
+            raise ValueError(f"model.fleet.engines={self.engines} with model.rollout.init_args.enable_sleep_mode="
+                             "true: a fleet engine has devices of its own and never gives them to the trainer; set "
+                             "enable_sleep_mode: false")

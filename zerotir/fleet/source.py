@@ -1,0 +1,376 @@
+"""The rollout source of the fleet (``model.fleet.engines`` >= 1): each batch is rolled out by engine processes of
+their own (Ray actors running ``EngineHost``), and every update's weights are broadcast to them over the weight
+group.
+
+    trainer:  take(k) -> update k -> push(version k) -> take(k + 1) -> ...
+    engines:  batch i starts once the pushes have reached version latest_step(i) - 1 - S (the capacity rule of
+              ``zerotir.rl.staleness``), then the next one; a push lands between two batches
+
+The schedule is the pipeline's (``model.pipeline.max_staleness`` S): with S = 0 each batch is submitted when its
+step asks for it, after the previous update's push (the synchronous schedule: the same rollouts and parameters as
+in line); with S >= 1 the source submits the batches of the next steps as soon as the rule lets them start, so the
+engines generate while the trainer updates. The rule gates batch i for the latest step that can train on it, as if
+every later step took one batch (with refill, ``model.refill``, a step takes more, which only makes it earlier).
+
+An actor runs its calls one at a time in the order they were made, so a batch submitted after a push's
+``receive_weights`` call samples with those weights, and a push waits for the batches submitted before it. Each
+batch is split into one contiguous share of its prompts per engine, each share with the seeds of its global rows
+(``source.batch_seed``): with vLLM, which seeds every request, the trajectories do not depend on the number of
+engines; the transformers engine samples a whole call with one generator (seeded by its first request), so its
+samples do, while one engine reproduces the in-line rollouts exactly. The engines return rewards 0;
+the trainer scores every trajectory with the run's reward (``zerotir.reward.score_batch``) once its batch is in.
+Tokens carry the version of the push their engine had (``Trajectories.versions``); ``check_staleness`` verifies the
+bound on each batch before the update.
+
+The sandbox: the trainer starts it (``SandboxService``: the configured servers, or an embedded one) and gives its
+URLs to the engines, each of which makes its own client. Every wait on the fleet is bounded by
+``model.fleet.timeout_s``, and an error names the engine, what it was doing and the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.fleet.engine_host import HostSettings
+from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weight_group
+from zerotir.fleet.weight_push import PushStats, WeightSender
+from zerotir.rl.staleness import check_staleness, may_start, staleness_stats
+from zerotir.rollout.agent_loop import Reward
+from zerotir.rollout.engine import SamplingParams, pad_id
+from zerotir.rollout.sandbox_service import SandboxService
+from zerotir.rollout.source import RolloutBatch, Stream, batch_seed, sampling_params
+from zerotir.rollout.sync import run_sync
+from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
+from zerotir.types import PromptRow, Trajectories
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Share:
+    """One engine's share of a batch: where its rows start, the engine, its call's arguments and Ray reference."""
+
+    lo: int
+    engine: int
+    args: tuple[list[list[int]], list[str], SamplingParams]
+    ref: Any
+
+
+@dataclass
+class _Submitted:
+    """One batch on the engines: its rows and one share per engine."""
+
+    index: int  # the batch's index in the training stream; -1 for an evaluation batch
+    rows: list[PromptRow]
+    shares: list[_Share] = field(default_factory=list)
+
+
+class FleetSource:
+    """Rollouts on the fleet's engine processes (see the module doc); the ``RolloutSource`` of a fleet run.
+
+    Args:
+        fleet: the ``model.fleet`` group (``engines`` >= 1).
+        pipeline: the ``model.pipeline`` group (``max_staleness`` set: the schedule).
+        backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
+        reward: scores the trajectories the engines return (``zerotir.reward.score_batch``).
+        model_path: the HF folder every engine process loads.
+        seed: the run's seed (training batch b samples with ``batch_seed``).
+    """
+
+    def __init__(self, fleet: FleetConfig, pipeline: PipelineConfig, backend: RolloutBackend, sandbox: SandboxConfig,
+                 tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int):
+        self.fleet, self.max_staleness = fleet, pipeline.max_staleness
+        self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
+        self.model_path, self.seed = model_path, seed
+        self.sandbox = SandboxService(sandbox, tool)
+        self.hosts: list[Any] = []
+        self.sender: WeightSender | None = None
+        self.version: int | None = None  # of the last push the engines received; None: the folder's weights
+        self._actor: nn.Module | None = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._stream: Stream | None = None
+        self._submitted: dict[int, _Submitted] = {}  # training batches on the engines, by stream index
+        self._first: tuple[int, int, int] | None = None  # (step, batch index, first row) of the first batch taken
+        self._next_submit = self._next_take = 0
+        self._taken = 0  # the last step handed a batch
+        self._refills = 0  # batches taken beyond one per step
+        self._where: list[dict[str, Any]] = []  # per engine: its describe() (node, pid) when it last started
+        self._step = 0  # the step in progress, named by errors
+        self.restarts = 0  # engine processes that died and were restarted
+
+    # ------------------------------------------------------------------------------------------- start and stop
+    def check_trainer(self, world_size: int, zero3: bool) -> None:
+        """One training process sends the weights and takes every batch (several ranks are not built yet)."""
+        if world_size > 1:
+            raise ValueError(f"model.fleet.engines={self.fleet.engines} with {world_size} training processes: the "
+                             "fleet serves one training process so far; train on one device, or set "
+                             "model.fleet.engines: 0 (colocated engines on every rank)")
+
+    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
+        """The sandbox, the cluster, the engine processes and the weight group; idempotent. The first push happens
+        with the first batch (its step gives the version) or evaluation batch."""
+        if self.hosts:
+            return
+        from zerotir.fleet.cluster import spawn_hosts, start_cluster
+
+        self.sandbox.start()
+        fleet = self.fleet
+        if fleet.address is None:
+            start_cluster(num_cpus=math.ceil(fleet.engines * fleet.cpus_per_engine),
+                          num_gpus=math.ceil(fleet.engines * fleet.gpus_per_engine))
+        else:
+            start_cluster(address=fleet.address)
+        settings = HostSettings(self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
+                                self.sandbox.config.client_options, fleet.engine_threads, fleet.device)
+        self.hosts = spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine,
+                                 fleet.max_restarts)
+        started = time.perf_counter()
+        self._where = self._describe("starting (loading the model)")
+        address = self._form_group(fleet.weight_port)
+        log.info("rollout fleet: %d engine processes up in %.1f s, weight group at %s", len(self.hosts),
+                 time.perf_counter() - started, address)
+        self._actor, self._tokenizer, self._stream = actor, tokenizer, stream
+
+    def _describe(self, doing: str) -> list[dict[str, Any]]:
+        from zerotir.fleet.cluster import ray_get
+
+        return ray_get([h.describe.remote() for h in self.hosts], self.fleet.timeout_s, doing)
+
+    def _when_up(self) -> list[dict[str, Any]]:
+        """Every engine's ``describe()`` once it answers: Ray refuses calls while it restarts one (bounded by
+        ``model.fleet.timeout_s``)."""
+        from zerotir.fleet.cluster import EngineDied
+
+        deadline = time.monotonic() + self.fleet.timeout_s
+        while True:
+            try:
+                return self._describe("restarting after an engine died")
+            except EngineDied as died:
+                if not died.restarting or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _form_group(self, port: int) -> GroupAddress:
+        """A weight group of this process (the sender) and every engine, at ``port`` (0: a free one)."""
+        from zerotir.fleet.cluster import ray_get
+
+        fleet = self.fleet
+        address = GroupAddress(fleet.weight_host, port or _free_port(fleet.weight_host))
+        world = 1 + len(self.hosts)
+        joined = [h.join_weights.remote(address, r + 1, world, fleet.timeout_s) for r, h in enumerate(self.hosts)]
+        self.sender = WeightSender(form_weight_group(address, 0, world, fleet.device, fleet.timeout_s))
+        ray_get(joined, fleet.timeout_s, "joining the weight group")
+        return address
+
+    def close(self) -> None:
+        """End the engine processes (a batch in flight is dropped: it was never trained), the weight group, the
+        cluster (a local one) and the sandbox; idempotent."""
+        from zerotir.fleet.cluster import kill_hosts, stop_cluster
+
+        hosts, self.hosts = self.hosts, []
+        sender, self.sender = self.sender, None
+        self._submitted.clear()
+        try:
+            if hosts:
+                kill_hosts(hosts)
+            if sender is not None:
+                sender.group.abandon()  # its receivers were killed: none would leave in order
+        finally:
+            if hosts:
+                stop_cluster()
+            self.sandbox.close()
+
+    # ----------------------------------------------------------------------------------------------- the step
+    def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
+        """The batch of ``step`` (``step`` again: a refill batch of it): submitted now or earlier under the
+        capacity rule, collected, scored and checked against the loader's rows and the staleness bound."""
+        index, self._step = rows[0]["batch_index"], step
+        if self._first is None:
+            self._begin(step, index, first_row)
+        refill = step == self._taken >= self._first[0]
+        if step != self._taken + 1 and not refill:
+            raise ValueError(f"FleetSource.batch(step={step}): steps come in order; the next one is "
+                             f"{self._taken + 1}")
+        if index != self._next_take:
+            raise RuntimeError(f"step {step}: the loader gave batch {index} but the fleet's stream is at batch "
+                               f"{self._next_take}; the training stream and the fleet disagree")
+        self._refills += refill
+        self._top_up()
+        start = time.perf_counter()
+        submitted = self._submitted.pop(index)
+        traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
+        timings["wait_for_rollout"] = time.perf_counter() - start
+        if [r["id"] for r in submitted.rows] != [r["id"] for r in rows]:
+            raise RuntimeError(f"step {step}: the fleet rolled out other prompts than the loader's batch {index}")
+        check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
+        self._taken, self._next_take = step, index + 1
+        self._top_up()  # the next batches generate while this one trains (S >= 1)
+        return RolloutBatch(submitted.rows, traj, timings, self.sandbox.names)
+
+    def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
+        """An evaluation batch on the engines, after the batches submitted before it, with the latest weights."""
+        if self.version is None:
+            self._push(self._actor, 0)  # before any training batch (a sanity check, validate): the actor's weights
+        submitted = self._submit(-1, rows, params)
+        traj, timings = self._collect(submitted, "an evaluation batch")
+        return RolloutBatch(rows, traj, timings, self.sandbox.names)
+
+    def after_update(self, actor: nn.Module, version: int) -> float:
+        """Broadcast ``actor``'s weights as ``version`` (it waits for the batches submitted before it), then submit
+        the batches the rule now lets start; returns the push's seconds."""
+        stats = self._push(actor, version)
+        self._top_up()
+        return stats.seconds
+
+    def stats(self) -> dict[str, float]:
+        """The fleet's counters for the step's metrics: engine restarts so far and the last push's size (MB)."""
+        last = self.sender.pushes[-1].bytes if self.sender is not None and self.sender.pushes else 0
+        return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20}
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _begin(self, step: int, index: int, first_row: int) -> None:
+        """The first training batch: the stream cursor starts at it, and the engines get version ``step - 1``."""
+        if not self.hosts:
+            raise RuntimeError("FleetSource.batch before start (RolloutSource.start)")
+        if self._stream is None:
+            raise ValueError("model.fleet.engines: the fleet reads the batches of the next steps from zerotir's "
+                             "PromptDataModule (train_batch); use it as the run's datamodule")
+        self._first, self._taken = (step, index, first_row), step - 1
+        self._next_submit = self._next_take = index
+        if self.version != step - 1:
+            self._push(self._actor, step - 1)
+
+    def _latest_step(self, index: int) -> int:
+        """The latest RL step that can train on stream batch ``index`` (every step takes at least one batch)."""
+        step, first_batch, _ = self._first
+        return step + index - first_batch - self._refills
+
+    def _top_up(self) -> None:
+        """Submit every next batch of the stream the capacity rule lets start with the engines' weights."""
+        while may_start(self._latest_step(self._next_submit), self.version, self.max_staleness):
+            index = self._next_submit
+            params = sampling_params(self.sampling, batch_seed(self.seed, index, self._first[2], self.sampling.n))
+            self._submitted[index] = self._submit(index, self._stream(index), params)
+            self._next_submit += 1
+
+    def _submit(self, index: int, rows: list[PromptRow], params: SamplingParams) -> _Submitted:
+        """``rows`` split into one contiguous share per engine. Trajectory k of a batch is seeded with ``params.seed
+        + k`` (``agent_loop``), so a share starting at row ``lo`` gets ``params.seed + lo * n``."""
+        submitted = _Submitted(index, rows)
+        bounds = [round(len(rows) * k / len(self.hosts)) for k in range(len(self.hosts) + 1)]
+        for engine, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            if hi == lo:
+                continue
+            share = rows[lo:hi]
+            seeded = params if params.seed is None else replace(params, seed=params.seed + lo * params.n)
+            args = ([r["prompt_ids"] for r in share], [r["answer"] for r in share], seeded)
+            submitted.shares.append(_Share(lo, engine, args, self.hosts[engine].roll_out.remote(*args)))
+        return submitted
+
+    def _collect(self, submitted: _Submitted, what: str) -> tuple[Trajectories, dict[str, float]]:
+        """The engines' shares of one batch, in row order (group ids shifted to the batch's rows), scored."""
+        from zerotir.fleet.cluster import EngineDied, ray_get
+
+        while True:
+            try:
+                results = ray_get([share.ref for share in submitted.shares], self.fleet.timeout_s,
+                                  f"rolling out {what}", [share.engine for share in submitted.shares])
+                break
+            except EngineDied as died:
+                self._recover(died, self.version, [submitted])
+        parts, timings = [], {"generation": 0.0, "sandbox": 0.0}
+        for share, (traj, took) in zip(submitted.shares, results):
+            traj.group_ids = traj.group_ids + share.lo
+            parts.append(traj)
+            for key in timings:  # the engines run side by side: the batch took as long as its slowest share
+                timings[key] = max(timings[key], took.get(key, 0.0))
+        traj = Trajectories.cat(parts, pad_id(self._tokenizer))
+        timings["reward"] = self._score(traj)
+        return traj, timings
+
+    def _score(self, traj: Trajectories) -> float:
+        """Fill ``traj.rewards`` with the run's reward; its seconds (0 without a reward: rewards stay 0)."""
+        if self.reward is None:
+            return 0.0
+        start = time.perf_counter()
+        scores = run_sync(self.reward(traj.response_texts, traj.ground_truths, traj.truncated.tolist()),
+                          "the fleet's reward")
+        traj.rewards = torch.tensor(scores, dtype=torch.float32)
+        return time.perf_counter() - start
+
+    def _push(self, actor: nn.Module, version: int) -> PushStats:
+        """``actor``'s weights to every engine as ``version``, bucket by bucket; waits until each has them. An engine
+        that dies meanwhile is recovered (``_recover``), which pushes again."""
+        from zerotir.fleet.cluster import EngineDied, ray_get
+
+        received = [h.receive_weights.remote() for h in self.hosts]
+        try:
+            with self.sender.push(version):
+                sync_weights(actor, self.sender, DEFAULT_BUCKET_BYTES)
+            got = ray_get(received, self.fleet.timeout_s, f"receiving the weights of version {version}")
+        except (EngineDied, WeightGroupError) as exc:
+            self._recover(exc, version, list(self._submitted.values()))
+            return self.sender.pushes[-1]
+        if got != [version] * len(self.hosts):
+            raise RuntimeError(f"weight push {version}: the engines report versions {got}")
+        self.version = version
+        stats = self.sender.pushes[-1]
+        log.debug("weight push %d: %.2f s, %.1f MB in %d buckets", version, stats.seconds, stats.bytes / 2**20,
+                  stats.buckets)
+        return stats
+
+
+    def _recover(self, cause: Exception, version: int, batches: list[_Submitted]) -> None:
+        """After an engine died: wait for Ray's restart, count it (past ``model.fleet.max_restarts`` the run stops,
+        naming the engine, its node and the step), form a new weight group of every engine, push the actor's
+        weights as ``version``, and submit again the shares of ``batches`` and of every batch ahead that the dead
+        engines held (with the same seeds: the same trajectories where the weights are the same)."""
+        from zerotir.fleet.cluster import EngineDied
+
+        try:
+            now = self._when_up()
+        except EngineDied as died:
+            where = self._where[died.engine]
+            raise RuntimeError(f"engine process {died.engine} of the fleet (node {where['node']}, pid "
+                               f"{where['pid']}) died at step {self._step} and Ray could not restart it: {died}; "
+                               f"first failure: {cause}") from cause
+        dead = [k for k, (old, new) in enumerate(zip(self._where, now)) if old["pid"] != new["pid"]]
+        if not dead:  # every engine is the one that started: not a death (a push that timed out, say)
+            raise cause
+        self.restarts += len(dead)
+        if self.restarts > self.fleet.max_restarts:
+            names = ", ".join(f"{k} (node {self._where[k]['node']}, pid {self._where[k]['pid']})" for k in dead)
+            raise RuntimeError(f"engine process {names} of the fleet died at step {self._step}: {self.restarts} "
+                               f"restarts, past model.fleet.max_restarts={self.fleet.max_restarts}: {cause}") from cause
+        log.warning("rollout fleet: engine %s died at step %d (%s); restarted (%d of %d restarts allowed)", dead,
+                    self._step, cause, self.restarts, self.fleet.max_restarts)
+        self._where = now
+        self.sender.group.abandon()
+        for k, host in enumerate(self.hosts):
+            if k not in dead:
+                host.leave_weights.remote()  # after its calls in flight, before it joins the new group
+        self._form_group(0)
+        self._push(self._actor, version)
+        pending = {id(b): b for b in [*batches, *self._submitted.values()]}
+        for submitted in pending.values():
+            for share in submitted.shares:
+                if share.engine in dead:
+                    share.ref = self.hosts[share.engine].roll_out.remote(*share.args)
+
+
+def _free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the weight group's store binds it right after)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

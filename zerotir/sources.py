@@ -1,0 +1,41 @@
+"""The rollout source a run's config names, the one place that asks which mode runs; the module holds the result as
+a ``rollout.source.RolloutSource``:
+
+- ``model.pipeline.max_staleness: null``: each step's batch is generated in line (``rollout.source.InlineSource``);
+- a number: the asynchronous pipeline's producer thread (``rollout.pipeline_source.PipelineSource``);
+- a number and ``model.fleet.engines`` >= 1: engine processes of their own (``fleet.source.FleetSource``).
+
+The cross-group checks of the mode chosen run here too, before anything is built.
+"""
+
+from __future__ import annotations
+
+from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.fleet.source import FleetSource
+from zerotir.rollout.agent_loop import Reward
+from zerotir.rollout.pipeline_source import PipelineSource
+from zerotir.rollout.source import InlineSource, RolloutSource
+
+
+def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: RolloutBackend, sandbox: SandboxConfig,
+                        tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str,
+                        seed: int) -> RolloutSource:
+    """The source ``model.pipeline`` and ``model.fleet`` name, over the engine of ``model.rollout`` and the sandbox
+    of ``model.sandbox``.
+
+    Args:
+        pipeline, fleet, backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
+        reward: scores each trajectory (``zerotir.reward.score_batch``).
+        model_path: the HF folder a separate engine loads at start.
+        seed: the run's seed (training batch b samples with seed + b + 1: ``rollout.source.batch_seed``).
+
+    Raises:
+        ValueError: groups that cannot run together, naming both.
+    """
+    if fleet.enabled:
+        fleet.check_groups(pipeline, backend)
+        return FleetSource(fleet, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed)
+    pipeline.check_backend(backend)
+    if pipeline.enabled:
+        return PipelineSource(pipeline, backend, sandbox, tool, sampling, reward, model_path, seed)
+    return InlineSource(backend, sandbox, tool, sampling, reward, model_path, seed)
