@@ -1,7 +1,8 @@
-"""The asynchronous pipeline on 2 CPU cores: the toy world trained synchronously and with max_staleness 1 and 2.
+"""The asynchronous pipeline on 2 CPU cores: the toy world trained synchronously, with max_staleness 1 and 2 through
+the producer thread, and through the rollout fleet (an engine process of its own).
 
-    python -m benchmarks.async_pipeline                                  # sync, S=1, S=2 on RL seeds 0 1 2
-    python -m benchmarks.async_pipeline --model_dir /tmp/async/base_s0   # reuse a toy base
+    python -m benchmarks.async_pipeline                                  # every arm on RL seeds 0 1 2
+    python -m benchmarks.async_pipeline --model_dir data/toy_base --arms sync s1 fleet_s1 --seeds 0
 
 Method. One toy base (``configs/toy_cpu.yaml``'s, pretraining seed 0; built into ``<out>/base_s0`` unless
 ``--model_dir`` names one). Then, for each RL seed and in that order each arm (so that a change of the machine's
@@ -9,14 +10,17 @@ load falls on every arm alike), ``python -m zerotir fit --config configs/toy_cpu
 
 - ``sync``: ``model.pipeline.max_staleness`` null, the default: each step generates its batch in line;
 - ``s1`` / ``s2``: ``max_staleness`` 1 / 2: a producer thread with its own copy of the weights generates ahead,
-  torch's threads split 1 + 1 (``model.pipeline.threads`` default on 2 cores); ``off_policy_correction: tis``.
+  torch's threads split 1 + 1 (``model.pipeline.threads`` default on 2 cores); ``off_policy_correction: tis``;
+- ``fleet_s0`` / ``fleet_s1``: ``model.fleet.engines`` 1 (``configs/toy_cpu_fleet.yaml``): one engine process (a Ray
+  actor with one torch thread and one CPU of a local cluster), the weights broadcast after every update over gloo,
+  S = 0 (the synchronous schedule through the fleet: its overhead) and S = 1 (``tis``).
 
 Each run validates on 64 held-out questions (greedy) every ``--val_every`` steps and stops at ``--target`` held-out
 accuracy (Lightning's ``EarlyStopping``) or ``--max_steps``. Measured per run, from its TensorBoard logs: RL steps per
 minute of training (steps / the sum of ``time/step``: the training loop's wall time, validation excluded), minutes
 from the process start to the first validation at the target, and the profile: mean seconds per step of
-generation, update, the trainer waiting for rollouts and the producer waiting for the trainer, and the mean
-staleness. Written to ``<out>/async_pipeline.{json,md,png}``.
+generation, update, the trainer waiting for rollouts, the producer waiting for the trainer and the weights'
+push (``time/weight_sync``), and the mean staleness. Written to ``<out>/async_pipeline.{json,md,png}``.
 
 Targets (issue #16): S = 1 at least 1.25x the steps per minute of the synchronous run, and no more minutes to 80%.
 """
@@ -39,9 +43,12 @@ from zerotir.scaling.runs import load_run
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/toy_cpu.yaml"
 ARMS = {"sync": [], "s1": ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis"],
-        "s2": ["--model.pipeline.max_staleness", "2", "--model.rl.off_policy_correction", "tis"]}
+        "s2": ["--model.pipeline.max_staleness", "2", "--model.rl.off_policy_correction", "tis"],
+        "fleet_s0": ["--model.pipeline.max_staleness", "0", "--model.fleet.engines", "1"],
+        "fleet_s1": ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+                     "--model.fleet.engines", "1"]}
 PROFILE = {"generation": mn.TIME_GENERATION, "update": mn.TIME_UPDATE, "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
-           "wait_for_trainer": mn.TIME_WAIT_TRAINER, "staleness": mn.STALENESS_MEAN}
+           "wait_for_trainer": mn.TIME_WAIT_TRAINER, "weight_sync": mn.TIME_WEIGHT_SYNC, "staleness": mn.STALENESS_MEAN}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,8 +112,9 @@ def markdown(rows: list[dict], target: float) -> str:
         return "-" if v is None else fmt.format(v)
 
     lines = [f"| arm | seeds | RL steps / min | vs sync (range) | reached {target:.0%} | minutes to {target:.0%} | "
-             "s/step generation | s/step update | trainer waits s/step | producer waits s/step | staleness |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "s/step generation | s/step update | trainer waits s/step | producer waits s/step | weights s/step | "
+             "staleness |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p = r["profile"]
         rng = r["speedup_range"]
@@ -114,7 +122,7 @@ def markdown(rows: list[dict], target: float) -> str:
                      f"({cell(rng and rng[0])}-{cell(rng and rng[1])}) | {r['reached']}/{r['seeds']} | "
                      f"{cell(r['minutes_to_target'])} | {cell(p.get('generation'))} | {cell(p.get('update'))} | "
                      f"{cell(p.get('wait_for_rollout'))} | {cell(p.get('wait_for_trainer'))} | "
-                     f"{cell(p.get('staleness'))} |")
+                     f"{cell(p.get('weight_sync'))} | {cell(p.get('staleness'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -130,7 +138,7 @@ def plot(runs: list[dict], out: Path, arms: list[str]) -> None:
         ax.scatter([i] * len(values), values, label=arm)
     ax.set_xticks(range(len(arms)), arms)
     ax.set_ylabel("RL steps per minute")
-    ax.set_title("Toy world on 2 CPU cores: synchronous vs max_staleness S")
+    ax.set_title("Toy world on 2 CPU cores: in line, producer thread, fleet")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
