@@ -48,7 +48,7 @@ from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
-    begin_micro_batch, check_deepspeed_config, check_rollout_backend, count_skipped_step, hf_zero3_config,
+    begin_micro_batch, check_deepspeed_config, count_skipped_step, hf_zero3_config, release_gathered_params,
     is_deepspeed, is_zero3,
 )
 from zerotir.scale.distributed import shard_prompts
@@ -154,10 +154,8 @@ class ZeroTIRModule(LightningModule):
         """Before any model loads: a DeepSpeed config, rollout backend or rollout source that cannot work with this
         trainer fails here, naming the fix."""
         self.source.check_trainer(self.trainer.world_size, is_deepspeed(self.trainer) and is_zero3(self.trainer))
-        if is_deepspeed(self.trainer):
-            check_rollout_backend(is_zero3(self.trainer), self.trainer.world_size, self.backend)
-            if stage == "fit":
-                check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
+        if is_deepspeed(self.trainer) and stage == "fit":
+            check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -267,6 +265,8 @@ class ZeroTIRModule(LightningModule):
                          max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
                          top_p=self.sampling.top_p)
         timings["update"] = time.perf_counter() - update_start
+        if is_zero3(self.trainer):
+            release_gathered_params(self.trainer.model)  # the push gathers outside a forward
         timings["weight_sync"] = self.source.after_update(self.actor, step)  # the weights of `step` updates
         timings["step"] = time.perf_counter() - start
         staleness = staleness_stats(traj.versions, traj.action_mask, step)

@@ -119,21 +119,44 @@ class SaveFinalParams(Callback):
         self.path = Path(path)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        from contextlib import nullcontext
+        save_trainable(trainer, pl_module, self.path)
 
-        from zerotir.scale.deepspeed_setup import is_zero3
 
-        named = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
-        if is_zero3(trainer):
-            import deepspeed
+def save_trainable(trainer, pl_module, path: Path) -> None:
+    """Every trainable parameter (name -> fp32 tensor) saved from rank 0 to ``path``; under ZeRO-3 gathered first,
+    a collective every rank joins."""
+    from contextlib import nullcontext
 
-            gather = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
-        else:
-            gather = nullcontext()
-        with gather:
-            params = {n: p.detach().float().clone() for n, p in named}
-        if trainer.global_rank == 0:
-            torch.save(params, self.path)
+    from zerotir.scale.deepspeed_setup import is_zero3
+
+    named = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
+    if is_zero3(trainer):
+        import deepspeed
+
+        trainer.model.empty_partition_cache()  # nothing left in flight by the step (release_gathered_params)
+        gather = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
+    else:
+        gather = nullcontext()
+    with gather:
+        params = {n: p.detach().float().clone() for n, p in named}
+    if trainer.global_rank == 0:
+        torch.save(params, path)
+
+
+class SaveParamsAtStep(Callback):
+    """At the end of RL step ``step``, save every trainable parameter from rank 0 to ``path`` (``save_trainable``).
+
+    Args:
+        path: the file to write (``torch.save``).
+        step: the RL step after which to save.
+    """
+
+    def __init__(self, path: str, step: int) -> None:
+        self.path, self.step = Path(path), step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if outputs["step"].rl_step == self.step:
+            save_trainable(trainer, pl_module, self.path)
 
 
 class SandboxUnreachableOnRank(Callback):
@@ -197,3 +220,29 @@ class KillFleetEngine(Callback):
             import ray
 
             ray.kill(pl_module.source.hosts[self.engine], no_restart=False)
+
+
+class SaveEngineWeights(Callback):
+    """When training ends (the fleet still up, the last push received), save the parameters of fleet engine
+    ``engine``'s model (a transformers engine: HF name -> fp32 tensor) to ``path``, from rank 0, which drives the
+    fleet. Read through Ray's ``__ray_call__`` (a function run on the actor's own ``EngineHost``), so the product needs
+    no accessor for a test.
+
+    Args:
+        path: the file to write (``torch.save``).
+        engine: the engine process's index.
+    """
+
+    def __init__(self, path: str, engine: int = 0) -> None:
+        self.path, self.engine = Path(path), engine
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank != 0:
+            return
+        import ray
+
+        def weights(host):
+            return {n: p.detach().float().clone() for n, p in host.engine.model.named_parameters()}
+
+        host = pl_module.source.hosts[self.engine]
+        torch.save(ray.get(host.__ray_call__.remote(weights), timeout=120), self.path)

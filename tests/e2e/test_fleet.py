@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
+from tests.gloo import free_port
 from zerotir import metric_names as mn
 
 pytest.importorskip("ray", reason='the fleet runs on Ray: pip install -e ".[fleet]"')
@@ -64,13 +65,14 @@ def test_s0_through_the_fleet_equals_the_in_line_run(in_line, e2e_base, e2e_data
 @pytest.mark.timeout(900)
 def test_an_engine_killed_mid_rollout_is_restarted_and_its_share_generated_again(in_line, e2e_base, e2e_data,
                                                                                   tmp_path):
-    """The engine is killed while it rolls out step 2's batch. Ray restarts it, it rejoins the weight group with the
-    trainer's weights, and the batch runs again with the same seeds: every step's batch is complete and the run
-    still equals the in-line one."""
+    """The engine is killed while it rolls out step 2's batch. Ray restarts it, it rejoins a new weight group on the
+    configured port (the dead group's store gave it up) with the trainer's weights, and the batch runs again with
+    the same seeds: every step's batch is complete and the run still equals the in-line one."""
     kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "1",
             "--trainer.callbacks.engine", "0"]
+    port = ["--model.fleet.weight_port", str(free_port())]  # the new group forms on the configured port again
     cli, scalars, rewards, params = _fit(tmp_path, e2e_base, e2e_data, "--model.pipeline.max_staleness", "0",
-                                         *FLEET, *kill)
+                                         *FLEET, *port, *kill)
     _assert_equal(in_line, rewards, params)
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [0.0, 1.0, 1.0]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotir.rl.staleness import check_staleness, may_start, staleness_stats, trainer_version
+from zerotir.rl.staleness import StreamCursor, check_staleness, may_start, staleness_stats, trainer_version
 
 
 def test_trainer_version_counts_the_updates_before_a_step():
@@ -56,3 +56,30 @@ def test_unstamped_or_future_versions_are_errors():
         staleness_stats(torch.tensor([[1, 2]]), mask, step=2)
     with pytest.raises(ValueError, match="same shape"):
         staleness_stats(torch.zeros(1, 3, dtype=torch.long), mask, step=1)
+
+
+def test_the_stream_cursor_hands_out_batches_in_order_and_counts_refills():
+    cursor = StreamCursor(first_step=5, first_batch=10)  # a resume at step 5, batch 10 the first unconsumed
+    assert cursor.latest_step(10) == 5 and cursor.latest_step(13) == 8  # one batch per later step at the most
+    with pytest.raises(ValueError, match=r"step 6 asked for a batch: steps take their batches in order; the next "
+                                         r"one is 5$"):
+        cursor.take(6)
+    with pytest.raises(ValueError, match=r"the next one is 5$"):
+        cursor.take(4)  # no step taken yet: nothing to refill
+    assert cursor.take(5) == (10, False)
+    cursor.handed(5)
+    assert cursor.take(5) == (11, True)  # step 5 again: a refill batch, counted at once
+    assert cursor.latest_step(12) == 6  # batch 11 trains at step 5, not 6: every later batch one step earlier
+    cursor.handed(5)
+    with pytest.raises(ValueError, match=r"the next one is 6 \(or 5 again, a refill batch\)"):
+        cursor.take(7)
+    assert cursor.take(6) == (12, False)
+    cursor.handed(6)
+    assert (cursor.taken, cursor.next_take, cursor.refills) == (6, 13, 1)
+
+
+@pytest.mark.parametrize(("version", "s", "expected"), [(5, 0, False), (6, 0, True), (5, 1, True), (4, 1, False)])
+def test_the_stream_cursor_gates_a_batch_on_the_latest_step_that_can_train_it(version, s, expected):
+    cursor = StreamCursor(first_step=1, first_batch=0)
+    # batch 6 trains at step 7 at the latest, which needs weights of version >= 6 - S
+    assert cursor.may_start(6, version, s) is expected

@@ -135,12 +135,15 @@ def test_the_pipeline_source_refuses_trainers_its_producer_cannot_serve():
     source.check_trainer(1, zero3=False)
     with pytest.raises(ValueError, match=r"max_staleness=1 with 2 training processes.*max_staleness: null"):
         source.check_trainer(2, zero3=False)
-    with pytest.raises(ValueError, match=r"ZeRO-3.*ZeRO stage 1 / 2 or max_staleness: null"):
+    with pytest.raises(ValueError, match=r"ZeRO-3.*rollout fleet \(model.fleet.engines >= 1\), use ZeRO stage 1 / 2"):
         source.check_trainer(1, zero3=True)
     inline = make_rollout_source(PipelineConfig(), FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
                                  SamplingConfig(), None, "x", 0)
     assert isinstance(inline, InlineSource) and not isinstance(inline, PipelineSource)
-    inline.check_trainer(8, zero3=True)  # an engine of the trainer's own serves any trainer
+    inline.check_trainer(8, zero3=False)  # an engine of the trainer's own on every rank
+    inline.check_trainer(1, zero3=True)
+    with pytest.raises(ValueError, match=r"HFRollout with DeepSpeed ZeRO-3 on 8 ranks.*deadlock"):
+        inline.check_trainer(8, zero3=True)  # the transformers engine decodes with the partitioned actor
 
 
 def test_the_pipelines_engine_keeps_its_own_weights_and_decodes_on_the_pipelines_threads(monkeypatch):

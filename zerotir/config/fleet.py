@@ -36,7 +36,8 @@ class FleetConfig:
     """The trainer's address as the engine processes reach it: the weight group's store listens there. On a
     cluster of several nodes, the trainer node's IP."""
     weight_port: int = 0
-    """The weight group's TCP port on weight_host; 0: a free one."""
+    """The weight group's TCP port on weight_host; 0: a free one. A group formed again after an engine died takes
+    the same port (the dead group's store gives it up first)."""
     max_restarts: int = 3
     """Engine processes that may die in a run (all engines together) before it stops: Ray restarts a dead one, it
     rejoins the weight group with the current weights, and the shares of batches it held are generated again

@@ -41,9 +41,10 @@ from transformers import PreTrainedTokenizerBase
 
 from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import HostSettings
-from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weight_group
-from zerotir.fleet.weight_push import PushStats, WeightSender
-from zerotir.rl.staleness import check_staleness, may_start, staleness_stats
+from zerotir.fleet.ranks import Discard, TrainerRanks, same_rows, split_batch
+from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weight_group, free_port
+from zerotir.fleet.weight_push import KeepGathering, PushStats, WeightSender
+from zerotir.rl.staleness import StreamCursor, check_staleness, staleness_stats
 from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams, pad_id
 from zerotir.rollout.sandbox_service import SandboxService
@@ -99,29 +100,30 @@ class FleetSource:
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._stream: Stream | None = None
         self._submitted: dict[int, _Submitted] = {}  # training batches on the engines, by stream index
-        self._first: tuple[int, int, int] | None = None  # (step, batch index, first row) of the first batch taken
-        self._next_submit = self._next_take = 0
-        self._taken = 0  # the last step handed a batch
-        self._refills = 0  # batches taken beyond one per step
+        self._cursor: StreamCursor | None = None  # set by the first training batch
+        self._next_submit = 0  # the next batch of the stream to submit
         self._where: list[dict[str, Any]] = []  # per engine: its describe() (node, pid) when it last started
         self._step = 0  # the step in progress, named by errors
         self.restarts = 0  # engine processes that died and were restarted
+        self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
+        self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
 
     # ------------------------------------------------------------------------------------------- start and stop
     def check_trainer(self, world_size: int, zero3: bool) -> None:
-        """One training process sends the weights and takes every batch (several ranks are not built yet)."""
-        if world_size > 1:
-            raise ValueError(f"model.fleet.engines={self.fleet.engines} with {world_size} training processes: the "
-                             "fleet serves one training process so far; train on one device, or set "
-                             "model.fleet.engines: 0 (colocated engines on every rank)")
+        """Any trainer: rank 0 drives the fleet for every rank (``zerotir.fleet.ranks``), and the engines have
+        weights of their own, so neither several ranks nor ZeRO-3's partitioned parameters constrain them."""
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
         """The sandbox, the cluster, the engine processes and the weight group; idempotent. The first push happens
         with the first batch (its step gives the version) or evaluation batch."""
-        if self.hosts:
+        if self.hosts or self._actor is not None:
             return
         from zerotir.fleet.cluster import spawn_hosts, start_cluster
 
+        self.ranks = TrainerRanks()
+        self._actor, self._tokenizer, self._stream = actor, tokenizer, stream
+        if not self.ranks.lead:
+            return  # rank 0 drives the fleet; this rank follows it (``batch``, ``evaluate``, ``after_update``)
         self.sandbox.start()
         fleet = self.fleet
         if fleet.address is None:
@@ -138,7 +140,6 @@ class FleetSource:
         address = self._form_group(fleet.weight_port)
         log.info("rollout fleet: %d engine processes up in %.1f s, weight group at %s", len(self.hosts),
                  time.perf_counter() - started, address)
-        self._actor, self._tokenizer, self._stream = actor, tokenizer, stream
 
     def _describe(self, doing: str) -> list[dict[str, Any]]:
         from zerotir.fleet.cluster import ray_get
@@ -164,7 +165,7 @@ class FleetSource:
         from zerotir.fleet.cluster import ray_get
 
         fleet = self.fleet
-        address = GroupAddress(fleet.weight_host, port or _free_port(fleet.weight_host))
+        address = GroupAddress(fleet.weight_host, port or free_port(fleet.weight_host))
         world = 1 + len(self.hosts)
         joined = [h.join_weights.remote(address, r + 1, world, fleet.timeout_s) for r, h in enumerate(self.hosts)]
         self.sender = WeightSender(form_weight_group(address, 0, world, fleet.device, fleet.timeout_s))
@@ -178,6 +179,7 @@ class FleetSource:
 
         hosts, self.hosts = self.hosts, []
         sender, self.sender = self.sender, None
+        self._actor = None
         self._submitted.clear()
         try:
             if hosts:
@@ -191,74 +193,101 @@ class FleetSource:
 
     # ----------------------------------------------------------------------------------------------- the step
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
-        """The batch of ``step`` (``step`` again: a refill batch of it): submitted now or earlier under the
-        capacity rule, collected, scored and checked against the loader's rows and the staleness bound."""
-        index, self._step = rows[0]["batch_index"], step
-        if self._first is None:
-            self._begin(step, index, first_row)
-        refill = step == self._taken >= self._first[0]
-        if step != self._taken + 1 and not refill:
-            raise ValueError(f"FleetSource.batch(step={step}): steps come in order; the next one is "
-                             f"{self._taken + 1}")
-        if index != self._next_take:
-            raise RuntimeError(f"step {step}: the loader gave batch {index} but the fleet's stream is at batch "
-                               f"{self._next_take}; the training stream and the fleet disagree")
-        self._refills += refill
-        self._top_up()
+        """This rank's part of the batch of ``step`` (``step`` again: a refill batch of it). Rank 0 takes the global
+        batch (submitted now or earlier under the capacity rule), scores it, checks it against the staleness bound
+        and hands every rank its share (``zerotir.fleet.ranks``); each rank checks its rows against its loader's."""
         start = time.perf_counter()
+        if self.ranks.lead:
+            with self.ranks.leading():
+                whole = self._global_batch(step, rows[0]["batch_index"])
+            share = len(whole.rows) // self.ranks.world
+            part, _ = self.ranks.scatter(self._parts(whole, [share] * self.ranks.world, self.sampling.n))
+        else:
+            self.ranks.follow(self._join_push)
+            part, self._stats = self.ranks.scatter(None)
+        part.timings["wait_for_rollout"] = time.perf_counter() - start
+        return same_rows(part, rows, f"step {step}, stream batch {rows[0]['batch_index']}")
+
+    def _global_batch(self, step: int, index: int) -> RolloutBatch:
+        """The whole batch ``index`` of the stream (its first row is row 0 of the step's global batch) for
+        ``step``, collected, scored and checked (rank 0)."""
+        self._step = step
+        if self._cursor is None:
+            self._begin(step, index)
+        expected, _ = self._cursor.take(step)
+        if index != expected:
+            raise RuntimeError(f"step {step}: the loader gave batch {index} but the fleet's stream is at batch "
+                               f"{expected}; the training stream and the fleet disagree")
+        self._top_up()
         submitted = self._submitted.pop(index)
         traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
-        timings["wait_for_rollout"] = time.perf_counter() - start
-        if [r["id"] for r in submitted.rows] != [r["id"] for r in rows]:
-            raise RuntimeError(f"step {step}: the fleet rolled out other prompts than the loader's batch {index}")
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
-        self._taken, self._next_take = step, index + 1
+        self._cursor.handed(step)
         self._top_up()  # the next batches generate while this one trains (S >= 1)
         return RolloutBatch(submitted.rows, traj, timings, self.sandbox.names)
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
-        """An evaluation batch on the engines, after the batches submitted before it, with the latest weights."""
-        if self.version is None:
-            self._push(self._actor, 0)  # before any training batch (a sanity check, validate): the actor's weights
-        submitted = self._submit(-1, rows, params)
-        traj, timings = self._collect(submitted, "an evaluation batch")
-        return RolloutBatch(rows, traj, timings, self.sandbox.names)
+        """An evaluation batch on the engines, after the batches submitted before it, with the latest weights: the
+        rows of every rank in one batch (rank 0's), each rank's part handed back to it."""
+        every = self.ranks.gather(rows)
+        if not self.ranks.lead:
+            self.ranks.follow(self._join_push)
+            part, self._stats = self.ranks.scatter(None)
+            return part
+        with self.ranks.leading():
+            if self.version is None:
+                self._push(self._actor, 0)  # before any training batch (a sanity check, validate): the actor's
+            merged = [row for part in every for row in part]
+            traj, timings = self._collect(self._submit(-1, merged, params), "an evaluation batch")
+        whole = RolloutBatch(merged, traj, timings, self.sandbox.names)
+        return self.ranks.scatter(self._parts(whole, [len(r) for r in every], params.n))[0]
 
     def after_update(self, actor: nn.Module, version: int) -> float:
         """Broadcast ``actor``'s weights as ``version`` (it waits for the batches submitted before it), then submit
-        the batches the rule now lets start; returns the push's seconds."""
-        stats = self._push(actor, version)
-        self._top_up()
-        return stats.seconds
+        the batches the rule now lets start; returns the push's seconds. The other ranks join its gathers."""
+        start = time.perf_counter()
+        if not self.ranks.lead:
+            self.ranks.follow(self._join_push)
+            return time.perf_counter() - start
+        with self.ranks.leading():
+            self._push(actor, version)
+            self._top_up()
+        return self.sender.pushes[-1].seconds
 
     def stats(self) -> dict[str, float]:
-        """The fleet's counters for the step's metrics: engine restarts so far and the last push's size (MB)."""
+        """The fleet's counters for the step's metrics: engine restarts so far and the last push's size (MB); on
+        the other ranks, rank 0's as of their last batch."""
+        if not self.ranks.lead:
+            return dict(self._stats)
         last = self.sender.pushes[-1].bytes if self.sender is not None and self.sender.pushes else 0
         return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20}
 
+    def _parts(self, whole: RolloutBatch, counts: list[int], n: int) -> list[tuple[RolloutBatch, dict[str, float]]]:
+        """Each rank's part of ``whole`` with rank 0's counters (``stats``), what ``scatter`` hands out."""
+        stats = self.stats()
+        return [(part, stats) for part in split_batch(whole, counts, n)]
+
+    def _join_push(self, version: int) -> None:
+        """A rank >= 1's side of rank 0's push: the same bucket gathers (ZeRO-3 collectives), nothing sent."""
+        sync_weights(self._actor, Discard(), DEFAULT_BUCKET_BYTES)
+
     # ------------------------------------------------------------------------------------------------ helpers
-    def _begin(self, step: int, index: int, first_row: int) -> None:
+    def _begin(self, step: int, index: int) -> None:
         """The first training batch: the stream cursor starts at it, and the engines get version ``step - 1``."""
         if not self.hosts:
             raise RuntimeError("FleetSource.batch before start (RolloutSource.start)")
         if self._stream is None:
             raise ValueError("model.fleet.engines: the fleet reads the batches of the next steps from zerotir's "
                              "PromptDataModule (train_batch); use it as the run's datamodule")
-        self._first, self._taken = (step, index, first_row), step - 1
-        self._next_submit = self._next_take = index
+        self._cursor, self._next_submit = StreamCursor(step, index), index
         if self.version != step - 1:
             self._push(self._actor, step - 1)
 
-    def _latest_step(self, index: int) -> int:
-        """The latest RL step that can train on stream batch ``index`` (every step takes at least one batch)."""
-        step, first_batch, _ = self._first
-        return step + index - first_batch - self._refills
-
     def _top_up(self) -> None:
         """Submit every next batch of the stream the capacity rule lets start with the engines' weights."""
-        while may_start(self._latest_step(self._next_submit), self.version, self.max_staleness):
+        while self._cursor.may_start(self._next_submit, self.version, self.max_staleness):
             index = self._next_submit
-            params = sampling_params(self.sampling, batch_seed(self.seed, index, self._first[2], self.sampling.n))
+            params = sampling_params(self.sampling, batch_seed(self.seed, index, 0, self.sampling.n))
             self._submitted[index] = self._submit(index, self._stream(index), params)
             self._next_submit += 1
 
@@ -313,9 +342,12 @@ class FleetSource:
         from zerotir.fleet.cluster import EngineDied, ray_get
 
         received = [h.receive_weights.remote() for h in self.hosts]
+        self.ranks.announce_push(version)
         try:
             with self.sender.push(version):
-                sync_weights(actor, self.sender, DEFAULT_BUCKET_BYTES)
+                relay = KeepGathering(self.sender)
+                sync_weights(actor, relay, DEFAULT_BUCKET_BYTES)
+                relay.raise_failure()
             got = ray_get(received, self.fleet.timeout_s, f"receiving the weights of version {version}")
         except (EngineDied, WeightGroupError) as exc:
             self._recover(exc, version, list(self._submitted.values()))
@@ -358,19 +390,10 @@ class FleetSource:
         for k, host in enumerate(self.hosts):
             if k not in dead:
                 host.leave_weights.remote()  # after its calls in flight, before it joins the new group
-        self._form_group(0)
+        self._form_group(self.fleet.weight_port)  # the abandoned group's store no longer holds the port
         self._push(self._actor, version)
         pending = {id(b): b for b in [*batches, *self._submitted.values()]}
         for submitted in pending.values():
             for share in submitted.shares:
                 if share.engine in dead:
                     share.ref = self.hosts[share.engine].roll_out.remote(*share.args)
-
-
-def _free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the weight group's store binds it right after)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -27,6 +27,7 @@ which hosts the store, waits for them and goes last.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -138,6 +139,7 @@ class WeightGroup:
         if not self.closed:
             self.closed = True
             self._backend.shutdown()
+            self._backend = self._store = None  # the sender's store stops listening: a new group may take its port
 
 
 def form_weight_group(address: GroupAddress, rank: int, world_size: int, device: str | torch.device = "cpu",
@@ -237,3 +239,10 @@ def _wait_for_ranks(store: dist.Store, key: str, ranks: range, seconds: float, l
         missing = [r for r in ranks if not store.check([f"{key}/{r}"])]
         raise WeightGroupError(f"{label}: rank(s) {missing} did not {doing} within {seconds:g} s; start each engine "
                                f"process with this address and its rank ({exc})") from exc
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (a weight group's store binds it right after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

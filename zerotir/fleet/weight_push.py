@@ -118,6 +118,27 @@ class WeightSender:
         self.group.close()
 
 
+class KeepGathering:
+    """A push's receiver on rank 0 of a multi-rank trainer: each bucket goes to ``sender`` until the transport fails;
+    after that the buckets are still taken, and dropped, so that every rank's gathers finish together (ZeRO-3's
+    gathers are collectives of all training ranks), and ``raise_failure`` raises it once the last bucket is in."""
+
+    def __init__(self, sender: WeightSender):
+        self.sender, self.failure = sender, None
+
+    def update_weights(self, named_tensors: Bucket) -> None:
+        if self.failure is None:
+            try:
+                self.sender.update_weights(named_tensors)
+            except WeightGroupError as exc:
+                self.failure = exc
+
+    def raise_failure(self) -> None:
+        """The transport's failure during the push, if any."""
+        if self.failure is not None:
+            raise self.failure
+
+
 def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
     """On an engine process (rank >= 1): receive one push, each bucket into ``engine.update_weights`` as it arrives
     (one bucket in memory at a time). Returns the push's version, or None when the sender stopped the group (it is

@@ -71,3 +71,51 @@ def check_staleness(stats: dict[str, float], step: int, max_staleness: int) -> N
         raise RuntimeError(f"step {step}: the batch's oldest token has version {int(stats['oldest_version'])}, "
                            f"{int(stats['staleness_max'])} updates old, over model.pipeline.max_staleness="
                            f"{max_staleness}; the producer broke the capacity rule")
+
+
+class StreamCursor:
+    """Which batch of the training stream each RL step takes, and the latest step each batch can train at: the
+    capacity rule's bookkeeping, one for the producer thread and the fleet alike.
+
+    Steps take the stream's batches in order from ``first_batch`` (``first_step``'s): each step one, and with
+    refill (``model.refill``) more, the step asking again. A batch not yet taken is trained at the latest at step
+    ``latest_step(index)``: as if every later step took one batch (refill batches taken so far only make it
+    earlier), so gating batch ``index`` on that step keeps the bound whatever the steps take.
+
+    Args:
+        first_step: the first RL step that takes a batch (``rl_steps_done + 1`` on a resume).
+        first_batch: its batch index (the first unconsumed batch).
+    """
+
+    def __init__(self, first_step: int, first_batch: int):
+        self.first_step, self.first_batch = first_step, first_batch
+        self.taken = first_step - 1  # the last step handed a batch
+        self.next_take = first_batch  # the batch the trainer takes next
+        self.refills = 0  # batches taken beyond one per step
+
+    def take(self, step: int) -> tuple[int, bool]:
+        """The index of the batch ``step`` takes now and whether it is a refill batch (``step`` again); the refill
+        is counted at once (it may let one more batch start), the batch once ``handed``.
+
+        Raises:
+            ValueError: ``step`` is neither the next step nor, for a refill, the last one taken.
+        """
+        refill = step == self.taken >= self.first_step
+        if step != self.taken + 1 and not refill:
+            again = f" (or {self.taken} again, a refill batch)" if self.taken >= self.first_step else ""
+            raise ValueError(f"step {step} asked for a batch: steps take their batches in order; the next one is "
+                             f"{self.taken + 1}{again}")
+        self.refills += refill
+        return self.next_take, refill
+
+    def handed(self, step: int) -> None:
+        """The batch ``take`` named went to ``step``."""
+        self.taken, self.next_take = step, self.next_take + 1
+
+    def latest_step(self, index: int) -> int:
+        """The latest RL step that can train on stream batch ``index`` (>= ``next_take``)."""
+        return self.first_step + index - self.first_batch - self.refills
+
+    def may_start(self, index: int, version: int, max_staleness: int) -> bool:
+        """Whether batch ``index`` may start generating with weights of ``version`` (the capacity rule)."""
+        return may_start(self.latest_step(index), version, max_staleness)

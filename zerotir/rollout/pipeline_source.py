@@ -53,11 +53,13 @@ class PipelineSource(EngineSource):
         """The producer serves one trainer process and copies whole parameters."""
         if world_size > 1:
             raise ValueError(f"model.pipeline.max_staleness={self.pipeline.max_staleness} with {world_size} training "
-                             "processes: the producer serves one trainer process (its rollout engine on a device of "
-                             "its own); set max_staleness: null, or train on one device")
+                             "processes: the in-process producer serves one trainer process; run the pipeline on "
+                             "the rollout fleet (model.fleet.engines >= 1), which serves every rank, set "
+                             "max_staleness: null, or train on one device")
         if zero3:
-            raise ValueError("model.pipeline.max_staleness with DeepSpeed ZeRO-3: the producer's copy of the weights "
-                             "needs whole parameters; use ZeRO stage 1 / 2 or max_staleness: null")
+            raise ValueError("model.pipeline.max_staleness with DeepSpeed ZeRO-3: the in-process producer's copy of "
+                             "the weights needs whole parameters; run the pipeline on the rollout fleet "
+                             "(model.fleet.engines >= 1), use ZeRO stage 1 / 2, or max_staleness: null")
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
         super().start(actor, tokenizer, device, stream)

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from zerotir.config import ToolConfig
-from zerotir.rl.staleness import may_start
+from zerotir.rl.staleness import StreamCursor, may_start
 from zerotir.rollout.agent_loop import Reward, Schedule, rollout_sync
 from zerotir.rollout.engine import Sample, SamplingParams
 from zerotir.types import PromptRow, Trajectories
@@ -185,16 +185,13 @@ class RolloutProducer:
         self.tokenizer, self.tool, self.schedule, self.reward = tokenizer, tool, schedule, reward
         self.batches, self.params, self.max_staleness = batches, params, max_staleness
         self.producer_timeout = producer_timeout
-        self.first_step, self.first_batch = first_step, first_batch
         self._make_sandbox = sandbox
         self._cond = threading.Condition()
         self._ready: dict[int, Produced] = {}  # by batch index
         self._evals: collections.deque[_Eval] = collections.deque()
         self._error: tuple[str, BaseException] | None = None
         self._stop = False
-        self._taken = first_step - 1  # the last step handed a batch
-        self._next_batch = first_batch  # the batch the trainer takes next
-        self._refills = 0  # batches taken beyond one per step (refill batches)
+        self.cursor = StreamCursor(first_step, first_batch)  # read and moved with the condition held
         self._state = "starting"
         self._beat_at = time.monotonic()
         self.engine = VersionedEngine(engine, version, self._beat, lambda: self._stop)
@@ -211,21 +208,16 @@ class RolloutProducer:
     def take(self, step: int) -> Produced:
         """The next batch of the stream for RL step ``step`` (waiting for it): the step after the last one taken, or
         that one again for a refill batch; ``timings["wait_for_rollout"]`` is that wait."""
-        refill = step == self._taken >= self.first_step
-        if step != self._taken + 1 and not refill:
-            raise ValueError(f"take({step}): the producer hands out steps in order; the next one is {self._taken + 1}"
-                             + (f" (or {self._taken} again, a refill batch)" if self._taken >= self.first_step else ""))
         start = time.perf_counter()
         with self._cond:
+            index, refill = self.cursor.take(step)
             if refill:  # this batch trains at this step, not the next: the capacity rule may let one more start
-                self._refills += 1
                 self._cond.notify_all()
-            index = self._next_batch
             while index not in self._ready:
                 self._check(f"{'a refill batch' if refill else 'the batch'} of step {step}")
                 self._cond.wait(timeout=0.5)
             produced = self._ready.pop(index)
-        self._taken, self._next_batch = step, index + 1
+            self.cursor.handed(step)
         produced.step = step
         produced.timings["wait_for_rollout"] = time.perf_counter() - start
         return produced
@@ -287,13 +279,8 @@ class RolloutProducer:
     def _beat(self) -> None:
         self._beat_at = time.monotonic()
 
-    def _latest_step(self, index: int) -> int:
-        """The latest RL step that can train on batch ``index``: every step takes at least one batch (with the
-        condition held; the refills taken so far only make it earlier)."""
-        return self.first_step + index - self.first_batch - self._refills
-
     def _run(self) -> None:
-        index = self.first_batch
+        index = self.cursor.first_batch
         try:
             sandbox = self._make_sandbox() if self._make_sandbox is not None else None
             while True:
@@ -336,7 +323,7 @@ class RolloutProducer:
                     return None, 0.0
                 if self._evals:
                     return self._evals.popleft(), 0.0
-                step = self._latest_step(index)
+                step = self.cursor.latest_step(index)
                 if may_start(step, self.engine.version, self.max_staleness):
                     return _Train(step), waited
                 self._state = (f"waiting for weights version {step - 1 - self.max_staleness} to start batch {index} "

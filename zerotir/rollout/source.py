@@ -36,6 +36,7 @@ from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
+from zerotir.scale.deepspeed_setup import check_rollout_backend
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,9 @@ class EngineSource:
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     def check_trainer(self, world_size: int, zero3: bool) -> None:
-        """An engine of the trainer's own serves any trainer."""
+        """An engine on every rank: the transformers engine decodes with the actor itself, which under ZeRO-3 on
+        several ranks deadlocks (``check_rollout_backend``)."""
+        check_rollout_backend(zero3, world_size, self.backend)
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
         """The sandbox, then the engine with ``actor``'s weights. Each phase is a collective under a process group

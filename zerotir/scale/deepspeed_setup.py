@@ -13,6 +13,7 @@
       optimizer step) inside ONE ``DeepSpeedEngine.forward``. ZeRO-3 advances its micro-step counter only in
       ``clear_backward_seen_flag()``, which only ``engine.forward`` calls, and overwrites (instead of adding to) its
       gradient partitions while that counter is 0, so without this call it trains on the last micro-batch alone.
+    * ``release_gathered_params``: under ZeRO-3, nothing left in flight before a push gathers the weights.
     * ``check_rollout_backend``: the transformers engine under ZeRO-3 with several ranks deadlocks; refused.
 
 DeepSpeed and transformers' DeepSpeed glue are imported only inside the functions that need them.
@@ -131,6 +132,22 @@ def begin_micro_batch(engine: Any) -> None:
 
     if isinstance(engine.optimizer, ZeROOptimizer):
         engine.optimizer.clear_backward_seen_flag()
+
+
+def release_gathered_params(engine: Any) -> None:
+    """After an update, before anything gathers the parameters outside a forward (a weight push): under ZeRO-3 wait
+    for the parameters DeepSpeed's coordinator prefetched and partition every gathered one again
+    (``DeepSpeedEngine.empty_partition_cache``).
+
+    Under Lightning a whole RL step runs inside one ``engine.forward``, so the coordinator prefetches by the trace of
+    the step's many passes and can leave parameters in flight when the update ends; ``GatheredParameters`` skips
+    those and then fails to partition them ("Cannot partition a param in flight"). The next forward gathers what it
+    needs again. Call it under ZeRO-3 only.
+
+    Args:
+        engine: the ``deepspeed.DeepSpeedEngine`` (``trainer.model`` under Lightning's ``DeepSpeedStrategy``).
+    """
+    engine.empty_partition_cache()
 
 
 def check_rollout_backend(zero3: bool, world_size: int, backend: RolloutBackend) -> None:

@@ -1,0 +1,100 @@
+"""The rollout fleet with several training ranks (``zerotir.fleet.ranks``): 2 CPU ranks under DeepSpeed ZeRO-3
+(``CpuDeepSpeedStrategy``, gloo) and one engine process, at S = 0, against one rank rolling out in line on the same
+global batches of 4 prompts.
+
+Rank 0 drives the fleet: it submits the whole global batch, so the one engine rolls out exactly what the in-line
+run's engine does on the same weights (the same folder, the trainer's weights bit for bit before each batch, the
+seed of global row 0, the "lockstep" schedule, the same sandbox), and hands rank 1 its 2 prompts and their
+trajectories. Every push is gathered bucket by bucket on both ranks (ZeRO-3's gathers are collectives) and sent by
+rank 0 alone. What must hold:
+
+- step 1 (both runs on the base's weights): the same rewards and trajectories; rank 0's rollouts on disk are the
+  first 2 prompts' samples, rank 1's the last 2's, together the in-line run's, in order;
+- the parameters after step 1 equal the one-rank run's within 1e-5 (the rehearsal's tolerance for ZeRO-3 against
+  one rank: ``test_rehearsal_equivalence``). From step 2 on the runs sample with weights that differ in the last
+  bits, and sampling at temperature 1 can turn such a difference into another token, so later rollouts may differ;
+- every step: each rank trains on its own share of the step's global batch (its problem ids, group ids from 0);
+- after the last push the engine's weights equal the trainer's gathered fp32 parameters bit for bit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.conftest import cli_args, read_scalars, run_subprocess
+from tests.e2e.test_rehearsal_equivalence import TOLERANCE, strategy_args
+from zerotir import metric_names as mn
+from zerotir.rollout_log.records import read_step
+
+pytest.importorskip("ray", reason='the fleet runs on Ray: pip install -e ".[fleet]"')
+pytestmark = pytest.mark.slow
+
+STEPS = 2
+# No KL (no reference model), no gradient clipping (plain torch clips per parameter group, DeepSpeed one global
+# norm), 2 samples per prompt, micro-batches of 2 (the reference accumulates 4 per step, each rank 2).
+COMMON = ["--model.rollout.init_args.schedule", "lockstep", "--model.rl.kl_coef", "0", "--model.rl.micro_batch_size",
+          "2", "--model.optim.max_grad_norm", "0", "--model.optim.warmup_steps", "0", "--model.sampling.n", "2",
+          "--data.prompts_per_step", "4", "--trainer.max_steps", str(STEPS), "--trainer.limit_val_batches", "0",
+          "--trainer.enable_checkpointing", "false"]
+FLEET = ["--model.pipeline.max_staleness", "0", "--model.fleet.engines", "1", "--model.fleet.timeout_s", "300"]
+
+
+def _fit(mode: str, root: Path, base: Path, data: dict[str, Path], *extra: str) -> dict[str, dict[str, torch.Tensor]]:
+    """``STEPS`` RL steps of ``mode`` (single: in line on one rank; zero3: 2 ranks and the fleet); rank 0's
+    parameters (HF names) after step 1 and at the end."""
+    root.mkdir(parents=True)
+    first, final = root / "step1.pt", root / "final.pt"
+    args = cli_args("fit", "tiny_cpu_reinforce", base, data, root, *strategy_args(mode, root), *COMMON, *extra,
+                    "--trainer.callbacks+=tests.e2e.helpers.SaveParamsAtStep", "--trainer.callbacks.path", str(first),
+                    "--trainer.callbacks.step", "1",
+                    "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(final))
+    log = root / "fit.log"
+    with log.open("w") as out:
+        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT)
+        assert fit.wait(timeout=800) == 0, log.read_text()[-4000:]
+    return {key: {name.removeprefix("actor."): t for name, t in torch.load(path).items()}
+            for key, path in (("step1", first), ("final", final))}
+
+
+def _rewards(root: Path) -> list[float]:
+    return [v for _, v in read_scalars(root / "tensorboard")[mn.REWARD_MEAN]]
+
+
+@pytest.mark.timeout(1500)
+def test_two_zero3_ranks_on_one_fleet_engine_train_the_parameters_of_one_rank(e2e_base, e2e_data, tmp_path):
+    initial = tmp_path / "initial.pt"
+    reference = _fit("single", tmp_path / "single", e2e_base, e2e_data, "--trainer.callbacks+=tests.e2e.helpers."
+                     "SnapshotParams", "--trainer.callbacks.path", str(initial))
+    engine_file = tmp_path / "engine.pt"
+    two = _fit("zero3", tmp_path / "fleet", e2e_base, e2e_data, *FLEET,
+               "--trainer.callbacks+=tests.e2e.helpers.SaveEngineWeights", "--trainer.callbacks.path",
+               str(engine_file))
+
+    assert _rewards(tmp_path / "fleet")[0] == _rewards(tmp_path / "single")[0]
+    for step in range(1, STEPS + 1):
+        alone = read_step(tmp_path / "single" / "rollouts", step)
+        ranks = read_step(tmp_path / "fleet" / "rollouts", step)
+        by_rank = {r: [rec for rec in ranks if rec["rank"] == r] for r in (0, 1)}
+        ids = [rec["problem_id"] for rec in alone]
+        assert [rec["problem_id"] for rec in by_rank[0]] == ids[:4]  # 2 prompts x 2 samples each
+        assert [rec["problem_id"] for rec in by_rank[1]] == ids[4:]
+        assert [rec["group"] for rec in by_rank[1]] == [0, 0, 1, 1]  # group ids count from the rank's first row
+        if step == 1:
+            assert [rec["response"] for rec in by_rank[0] + by_rank[1]] == [rec["response"] for rec in alone]
+
+    ref, first = reference["step1"], two["step1"]
+    assert first.keys() == ref.keys()
+    base = {n.removeprefix("actor."): t for n, (t, grad) in torch.load(initial).items() if grad}
+    assert max(float((ref[n] - base[n]).abs().max()) for n in ref) > 10 * TOLERANCE  # step 1 updated
+    errors = {n: float((first[n] - ref[n]).abs().max()) for n in ref}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOLERANCE, f"{worst} differs by {errors[worst]:.3g} after step 1"
+
+    engine, final = torch.load(engine_file), two["final"]
+    assert set(final) <= set(engine)
+    differ = [n for n in final if not torch.equal(engine[n], final[n])]
+    assert not differ, f"the engine's weights differ from the trainer's after the last push: {differ[:5]}"
