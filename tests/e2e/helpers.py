@@ -222,6 +222,21 @@ class KillFleetEngine(Callback):
             ray.kill(pl_module.source.hosts[self.engine], no_restart=False)
 
 
+class KillFleetEngineBeforePush(Callback):
+    """Kills engine process ``engine`` of the rollout fleet (Ray restarts it) just before the optimizer step of RL
+    step ``step``: the weight push that follows the update meets a dead engine (its group's connection is gone)."""
+
+    def __init__(self, step: int, engine: int = 0):
+        self.step, self.engine, self.done = step, engine, False
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if pl_module.rl_steps_done + 1 == self.step and not self.done:
+            import ray
+
+            self.done = True
+            ray.kill(pl_module.source.hosts[self.engine], no_restart=False)
+
+
 class SaveEngineWeights(Callback):
     """When training ends (the fleet still up, the last push received), save the parameters of fleet engine
     ``engine``'s model (a transformers engine: HF name -> fp32 tensor) to ``path``, from rank 0, which drives the

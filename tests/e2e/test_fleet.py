@@ -77,6 +77,20 @@ def test_an_engine_killed_mid_rollout_is_restarted_and_its_share_generated_again
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [0.0, 1.0, 1.0]
 
 
+@pytest.mark.timeout(900)
+def test_an_engine_dead_when_the_weights_are_pushed_is_restarted_and_the_push_done_again(in_line, e2e_base, e2e_data,
+                                                                                        tmp_path):
+    """The engine is killed just before step 1's optimizer step: the push after the update finds its connection
+    gone, every bucket is still gathered (``push_weights``), Ray restarts the engine, a new group forms and the push
+    runs again. Step 2's batch then samples with the right weights: the run still equals the in-line one."""
+    kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngineBeforePush", "--trainer.callbacks.step", "1",
+            "--trainer.callbacks.engine", "0"]
+    _, scalars, rewards, params = _fit(tmp_path, e2e_base, e2e_data, "--model.pipeline.max_staleness", "0", *FLEET,
+                                       *kill)
+    _assert_equal(in_line, rewards, params)
+    assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [1.0, 1.0, 1.0]
+
+
 def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 

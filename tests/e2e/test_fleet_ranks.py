@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, read_scalars, run_subprocess
+from tests.e2e.conftest import REPO, cli_args, read_scalars, run_subprocess
 from tests.e2e.test_rehearsal_equivalence import TOLERANCE, strategy_args
 from zerotir import metric_names as mn
 from zerotir.rollout_log.records import read_step
@@ -98,3 +98,37 @@ def test_two_zero3_ranks_on_one_fleet_engine_train_the_parameters_of_one_rank(e2
     assert set(final) <= set(engine)
     differ = [n for n in final if not torch.equal(engine[n], final[n])]
     assert not differ, f"the engine's weights differ from the trainer's after the last push: {differ[:5]}"
+
+
+@pytest.mark.timeout(1200)
+def test_the_zero3_fleet_rehearsal_validates_and_resumes_after_sigkill(e2e_base, e2e_data, tmp_path):
+    """``configs/rehearsal/zero3_fleet.yaml`` (2 ZeRO-3 ranks, one engine process, S = 1) with validation every 2
+    steps (each rank's held-out rows in one fleet batch, each rank's part handed back) and a sharded checkpoint
+    every 2, killed with SIGKILL (both ranks, the engine and the cluster) once step 3 is logged, then resumed to
+    step 5: one value per step in TensorBoard, each step's rollouts on disk once per rank, staleness at most 1, the
+    held-out accuracy at steps 2 and 4, and no Ray process left."""
+    from tests.e2e.conftest import fit_killed_at
+    from tests.e2e.test_fleet import _ray_processes
+
+    root, marker = tmp_path / "run", tmp_path / "hang"
+    config = ["--config", str(REPO / "configs" / "rehearsal" / "zero3_fleet.yaml"), "--trainer.default_root_dir",
+              str(root)]  # after the overlay, which names its own
+    common = cli_args("fit", "rehearsal/zero3_reinforce", e2e_base, e2e_data, root, *config,
+                      "--model.fleet.timeout_s", "300", "--trainer.max_steps", "5",
+                      "--checkpoint.every_n_train_steps", "2", "--trainer.val_check_interval", "2")
+    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
+            "--trainer.callbacks.marker", str(marker)]
+    before = _ray_processes()
+    fit_killed_at(common + hang, marker, tmp_path / "killed.log", timeout=600)
+    assert (root / "checkpoints" / "last.ckpt" / "checkpoint").is_dir()  # the sharded ZeRO-3 checkpoint of step 2
+
+    with (tmp_path / "resumed.log").open("w") as out:
+        resumed = run_subprocess(common + ["--ckpt_path", "last"], stdout=out, stderr=subprocess.STDOUT)
+        assert resumed.wait(timeout=600) == 0, (tmp_path / "resumed.log").read_text()[-4000:]
+    scalars = read_scalars(root / "tensorboard")
+    assert [s for s, _ in scalars[mn.REWARD_MEAN]] == [1, 2, 3, 4, 5]
+    assert [s for s, _ in scalars[f"heldout/{mn.EVAL_ACCURACY}"]] == [2, 4]
+    assert max(v for _, v in scalars[mn.STALENESS_MAX]) <= 1.0
+    dumps = sorted(p.name for p in (root / "rollouts").iterdir() if p.name.startswith("step_"))
+    assert dumps == sorted(f"step_{k}.rank{r}.jsonl.gz" for k in range(1, 6) for r in (0, 1))
+    assert not set(_ray_processes()) - set(before)

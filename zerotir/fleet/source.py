@@ -43,7 +43,7 @@ from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, Sampling
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.ranks import Discard, TrainerRanks, same_rows, split_batch
 from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weight_group, free_port
-from zerotir.fleet.weight_push import KeepGathering, PushStats, WeightSender
+from zerotir.fleet.weight_push import PushStats, WeightSender, push_weights
 from zerotir.rl.staleness import StreamCursor, check_staleness, staleness_stats
 from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams, pad_id
@@ -342,12 +342,9 @@ class FleetSource:
         from zerotir.fleet.cluster import EngineDied, ray_get
 
         received = [h.receive_weights.remote() for h in self.hosts]
-        self.ranks.announce_push(version)
+        self.ranks.announce_push(version)  # every rank joins the gathers, which run to the end whatever fails
         try:
-            with self.sender.push(version):
-                relay = KeepGathering(self.sender)
-                sync_weights(actor, relay, DEFAULT_BUCKET_BYTES)
-                relay.raise_failure()
+            push_weights(self.sender, actor, version)
             got = ray_get(received, self.fleet.timeout_s, f"receiving the weights of version {version}")
         except (EngineDied, WeightGroupError) as exc:
             self._recover(exc, version, list(self._submitted.values()))

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from zerotir.fleet.weight_group import SENDER, WeightGroup, WeightGroupError
-from zerotir.scale.weight_sync import Bucket, WeightReceiver
+from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, WeightReceiver, sync_weights
 
 _BEGIN, _BUCKET, _END, _ABORT, _STOP = "begin", "bucket", "end", "abort", "stop"
 # The dtypes a push carries, by the name its manifest gives them.
@@ -103,12 +104,17 @@ class WeightSender:
         try:
             yield self
         except BaseException as exc:
-            self._version = None
-            if not isinstance(exc, WeightGroupError):
-                with contextlib.suppress(WeightGroupError):
-                    self.group.share({"kind": _ABORT, "version": version, "reason": f"{type(exc).__name__}: {exc}"})
+            self.abort(exc)
             raise
         self.end()
+
+    def abort(self, cause: BaseException) -> None:
+        """Drop the open push: unless the transport itself failed (``WeightGroupError``), the receivers are told it
+        was aborted, and raise."""
+        version, self._version = self._version, None
+        if version is not None and not isinstance(cause, WeightGroupError):
+            with contextlib.suppress(WeightGroupError):
+                self.group.share({"kind": _ABORT, "version": version, "reason": f"{type(cause).__name__}: {cause}"})
 
     def stop(self) -> None:
         """Tell every receiver the group ends, then leave it (after them)."""
@@ -119,12 +125,13 @@ class WeightSender:
 
 
 class KeepGathering:
-    """A push's receiver on rank 0 of a multi-rank trainer: each bucket goes to ``sender`` until the transport fails;
-    after that the buckets are still taken, and dropped, so that every rank's gathers finish together (ZeRO-3's
-    gathers are collectives of all training ranks), and ``raise_failure`` raises it once the last bucket is in."""
+    """A push's receiver that never stops the gathers: each bucket goes to ``sender`` until the transport fails
+    (``failure``); after that the buckets are still taken, and dropped. Under ZeRO-3 the gathers are collectives of
+    every training rank, so rank 0 must finish them with the others whatever happens to the engines."""
 
     def __init__(self, sender: WeightSender):
-        self.sender, self.failure = sender, None
+        self.sender = sender
+        self.failure: WeightGroupError | None = None
 
     def update_weights(self, named_tensors: Bucket) -> None:
         if self.failure is None:
@@ -133,10 +140,30 @@ class KeepGathering:
             except WeightGroupError as exc:
                 self.failure = exc
 
-    def raise_failure(self) -> None:
-        """The transport's failure during the push, if any."""
-        if self.failure is not None:
-            raise self.failure
+
+def push_weights(sender: WeightSender, model: nn.Module, version: int,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> PushStats:
+    """``model``'s weights to every receiver as push ``version``, bucket by bucket (``sync_weights``). Every bucket
+    is gathered (ZeRO-3) even after the transport failed, at the push's start or in a bucket, so that the other
+    training ranks' gathers finish with this one's; the failure is raised after the last bucket.
+
+    Raises:
+        WeightGroupError: the transport failed (a receiver died, a timeout); the receivers left hold a mix of versions.
+    """
+    relay = KeepGathering(sender)
+    try:
+        sender.begin(version)
+    except WeightGroupError as exc:
+        relay.failure = exc
+    try:
+        sync_weights(model, relay, bucket_bytes)
+    except BaseException as exc:
+        sender.abort(exc if relay.failure is None else relay.failure)
+        raise
+    if relay.failure is not None:
+        sender.abort(relay.failure)
+        raise relay.failure
+    return sender.end()
 
 
 def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
