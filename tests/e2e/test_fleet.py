@@ -91,6 +91,30 @@ def test_an_engine_dead_when_the_weights_are_pushed_is_restarted_and_the_push_do
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.timeout(900)
+def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(e2e_base, e2e_data, tmp_path):
+    """Streaming (``model.fleet.max_in_flight``: each prompt group on its own, the next batch's groups admitted as
+    room frees up, pushes between engine steps) at S = 1 on two engine processes, one of them killed at the end of
+    step 1 with the next batch in its stream: Ray restarts it, its groups run again, and every step trains one
+    batch of the stream, in order, each token at most one update old."""
+    steps = tmp_path / "steps.jsonl"
+    kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "1",
+            "--trainer.callbacks.engine", "0"]
+    record = ["--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "4",
+                           "--trainer.limit_val_batches", "0", "--trainer.enable_checkpointing", "false",
+                           "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+                           "--model.fleet.engines", "2", "--model.fleet.max_in_flight", "8",
+                           "--model.fleet.timeout_s", "300", *kill, *record))
+    assert cli.model.rl_steps_done == 4
+    records = [r for r in _records(steps) if "start" not in r]
+    assert [(r["rl_step"], r["batch_index"]) for r in records] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    scalars = read_scalars(tmp_path / "tensorboard")
+    assert [s for s, _ in scalars[mn.STALENESS_MAX]] == [1, 2, 3, 4]
+    assert max(v for _, v in scalars[mn.STALENESS_MAX]) <= 1.0
+    assert [v for _, v in scalars[mn.FLEET_RESTARTS]][-1] == 1.0
+
+
 def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -43,6 +43,13 @@ class FleetConfig:
     rejoins the weight group with the current weights, and the shares of batches it held are generated again
     (counted in pipeline/fleet_restarts). The next death past the bound stops the run, naming the engine, its node
     and the step."""
+    max_in_flight: int = 0
+    """Streaming rollouts: each engine keeps up to this many trajectories in flight, admitting the prompt groups of
+    the batches the capacity rule lets start as room frees up (a group of the next batch starts while the slowest
+    of this one still runs), hands each group back the moment its last sample ends, and takes each weight push
+    between two of its steps, the trajectories in flight going on under the new weights (their tokens stamped with
+    the version that sampled them). 0 (the default): each engine rolls out one batch share at a time. At least
+    model.sampling.n when set (a group runs whole)."""
     timeout_s: float = 600.0
     """Bound on every wait for the fleet: an engine's start, the weight group forming, one push, one batch of
     rollouts (a batch generated ahead counts from when the trainer starts to wait for it)."""
@@ -51,7 +58,7 @@ class FleetConfig:
         check_min("fleet", self, ("engines",), 0, " (0: no fleet)")
         check_min("fleet", self, ("cpus_per_engine", "gpus_per_engine"), 0)
         check_min("fleet", self, ("threads",), 1)
-        check_min("fleet", self, ("max_restarts",), 0)
+        check_min("fleet", self, ("max_restarts", "max_in_flight"), 0)
         if not 0 <= self.weight_port < 65536:
             raise ValueError(f"model.fleet.weight_port={self.weight_port}: a TCP port 1..65535, or 0 for a free one")
         if not self.timeout_s > 0:

@@ -91,6 +91,11 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     Ray restarts an actor whose process dies up to ``max_restarts`` times (building a new ``EngineHost``); the calls
     it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
 
+    A streaming host (``settings.max_in_flight`` > 0) takes calls side by side: the ``roll_out`` calls of several
+    batches feed its stream together, and a push (``receive_weights``) runs while they wait. Its weight-group calls
+    (join, leave, receive) stay one at a time, in the order they were made (a concurrency group of one); the others
+    run one at a time in order, as in a host that does not stream.
+
     Raises:
         RuntimeError: no cluster (``start_cluster`` first).
         ValueError: a bad count or resource.
@@ -103,8 +108,39 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
-    actor = ray.remote(**options)(EngineHost)
+    if settings.max_in_flight:
+        actor = ray.remote(**options, concurrency_groups=STREAMING_GROUPS)(_streaming_host(ray))
+    else:
+        actor = ray.remote(**options)(EngineHost)
     return [actor.remote(settings) for _ in range(count)]
+
+
+# A streaming host's concurrency groups: its weight-group calls one at a time, its rollout calls side by side (more
+# than the batches the capacity rule ever lets run at once).
+STREAMING_GROUPS = {"weights": 1, "rollouts": 64}
+
+
+def _streaming_host(ray: Any) -> type:
+    """``EngineHost`` with its methods in the streaming host's concurrency groups (Ray's ``ray.method``)."""
+
+    class StreamingEngineHost(EngineHost):
+        @ray.method(concurrency_group="weights")
+        def join_weights(self, *args: Any, **kwargs: Any) -> None:
+            return super().join_weights(*args, **kwargs)
+
+        @ray.method(concurrency_group="weights")
+        def receive_weights(self) -> int | None:
+            return super().receive_weights()
+
+        @ray.method(concurrency_group="weights")
+        def leave_weights(self) -> None:
+            return super().leave_weights()
+
+        @ray.method(concurrency_group="rollouts")
+        def roll_out(self, *args: Any, **kwargs: Any) -> Any:
+            return super().roll_out(*args, **kwargs)
+
+    return StreamingEngineHost
 
 
 def stop_cluster() -> None:

@@ -22,9 +22,11 @@ engine has the folder's weights and nothing is stamped.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import socket
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,11 @@ from torch import nn
 
 from zerotir.config import RolloutBackend, ToolConfig, VLLMRollout
 from zerotir.fleet.weight_group import DEFAULT_TIMEOUT_S, SENDER, GroupAddress, WeightGroup, form_weight_group
+from zerotir.fleet.stream import GroupStream, Job
 from zerotir.fleet.weight_push import receive_push
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
-from zerotir.rollout.engine import RolloutEngine, SamplingParams
+from zerotir.rollout.engine import RolloutEngine, SamplingParams, pad_id
 from zerotir.rollout.engines import create_engine
 from zerotir.types import Trajectories
 
@@ -55,6 +58,11 @@ class HostSettings:
         threads: torch intra-op threads of the process (None: torch's); also a transformers engine's when its group
             leaves ``num_threads`` unset.
         device: where the engine runs and the weight group's tensors live ("cpu": gloo, "cuda": NCCL).
+        max_in_flight: > 0: stream (``zerotir.fleet.stream``): every prompt group of every ``roll_out`` call is a
+            tool loop of its own, admitted while the trajectories in flight stay within this, and pushes land
+            between engine steps (calls then run side by side: ``cluster.spawn_hosts(streaming=True)``); 0: each
+            ``roll_out`` is one tool loop over its prompts, one call at a time.
+        stream_timeout_s: streaming, the bound on a ``roll_out`` call's wait for its groups (``model.fleet.timeout_s``).
     """
 
     model_path: str
@@ -65,6 +73,8 @@ class HostSettings:
     sandbox_options: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
     device: str = "cpu"
+    max_in_flight: int = 0
+    stream_timeout_s: float = DEFAULT_TIMEOUT_S
 
     def check(self) -> None:
         """Refuse settings the host cannot run, naming the setting and the fix."""
@@ -80,6 +90,8 @@ class HostSettings:
                              "reach (python -m sandbox serve), or set model.tool.max_tool_calls=0 (no tool)")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"HostSettings.threads={self.threads}: must be >= 1, or None for torch's setting")
+        if self.max_in_flight < 0:
+            raise ValueError(f"HostSettings.max_in_flight={self.max_in_flight}: >= 1 to stream, or 0")
 
 
 class EngineHost:
@@ -107,6 +119,10 @@ class EngineHost:
             own_weights=False, threads=settings.threads)  # the model loaded here is the host's own already
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
+        self._calls = itertools.count()  # tags the groups of each streamed roll_out call
+        self.stream = None if not settings.max_in_flight else GroupStream(
+            self.engine, self.tokenizer, settings.tool, self.schedule,
+            (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight)
 
     def describe(self) -> dict[str, Any]:
         """What the host runs: its engine's type, context length, the version of its weights and where it runs
@@ -146,7 +162,10 @@ class EngineHost:
         if self.group is None or self.group.closed:
             raise RuntimeError("EngineHost.receive_weights before join_weights: join the trainer's weight group "
                                "first (join_weights(address, rank, world_size))")
-        version = receive_push(self.group, engine)
+        if self.stream is None:
+            version = receive_push(self.group, engine)
+        else:  # between two engine steps of the stream, which goes on with the new weights
+            version = self.stream.push(lambda inner: receive_push(self.group, inner), self.group.timeout_s)
         if version is None:
             self.group = None
         else:
@@ -166,6 +185,8 @@ class EngineHost:
         its sandbox; ``params.n`` trajectories per prompt, rewards 0. Returns the trajectories on the CPU, their
         tokens stamped with the weights' version once a push landed, and the loop's timings (seconds)."""
         engine = self._engine()
+        if self.stream is not None:
+            return self._streamed(prompts, truths, params)
         traj, timings = rollout_sync(engine, self.tokenizer, self.sandbox, prompts, params, self.settings.tool,
                                      truths, self.schedule, None)
         traj = traj.to("cpu")
@@ -173,8 +194,27 @@ class EngineHost:
             traj.versions = torch.where(traj.action_mask, self.version, -1)
         return traj, timings
 
+    def _streamed(self, prompts: list[list[int]], truths: list[str] | None,
+                  params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
+        """``roll_out`` through the stream: each prompt a group of its own, seeded as row i of the call (trajectory
+        k of a call samples with ``params.seed + k``), collected in order; tokens stamped per segment."""
+        start, n = time.perf_counter(), params.n
+        truths = truths if truths is not None else [""] * len(prompts)
+        tag = next(self._calls)
+        jobs = [Job((tag, i), p, t, params if params.seed is None else replace(params, seed=params.seed + i * n))
+                for i, (p, t) in enumerate(zip(prompts, truths))]
+        self.stream.submit(jobs)
+        groups = self.stream.take([job.key for job in jobs], self.settings.stream_timeout_s)
+        for i, group in enumerate(groups):
+            group.group_ids = group.group_ids + i
+        traj = Trajectories.cat(groups, pad_id(self.tokenizer))
+        return traj, {"generation": time.perf_counter() - start, "sandbox": 0.0}
+
     def close(self) -> None:
         """Close the engine and leave the weight group; idempotent."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
         engine, self.engine = self.engine, None
         group, self.group = self.group, None
         try:

@@ -89,6 +89,9 @@ class FleetSource:
 
     def __init__(self, fleet: FleetConfig, pipeline: PipelineConfig, backend: RolloutBackend, sandbox: SandboxConfig,
                  tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int):
+        if 0 < fleet.max_in_flight < sampling.n:
+            raise ValueError(f"model.fleet.max_in_flight={fleet.max_in_flight} with model.sampling.n={sampling.n}: a "
+                             f"prompt group streams whole; set max_in_flight >= {sampling.n} (or 0: no streaming)")
         self.fleet, self.max_staleness = fleet, pipeline.max_staleness
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
         self.model_path, self.seed = model_path, seed
@@ -132,7 +135,8 @@ class FleetSource:
         else:
             start_cluster(address=fleet.address)
         settings = HostSettings(self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
-                                self.sandbox.config.client_options, fleet.engine_threads, fleet.device)
+                                self.sandbox.config.client_options, fleet.engine_threads, fleet.device,
+                                fleet.max_in_flight, fleet.timeout_s)
         self.hosts = spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine,
                                  fleet.max_restarts)
         started = time.perf_counter()

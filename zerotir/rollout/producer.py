@@ -80,7 +80,7 @@ class VersionedEngine:
     sample is stamped with the weight version of its submission. Implements the ``RolloutEngine`` protocol.
     ``synchronize`` waits for the devices' queued work around each push's copy (``synchronize_devices``)."""
 
-    def __init__(self, engine: Any, version: int, beat: Callable[[], None], stopped: Callable[[], bool],
+    def __init__(self, engine: Any, version: int | None, beat: Callable[[], None], stopped: Callable[[], bool],
                  synchronize: Callable[[], None] = synchronize_devices):
         self.engine, self.version = engine, version
         self._synchronize = synchronize
@@ -111,17 +111,18 @@ class VersionedEngine:
     def num_running(self) -> int:
         return self.engine.num_running
 
-    def push(self, load: Callable[[Any], Any], version: int, producer_timeout: float) -> float:
-        """Run ``load(engine)`` (the weight copy) between two steps and set the version; returns its seconds."""
+    def push(self, load: Callable[[Any], Any], version: int | None, producer_timeout: float) -> float:
+        """Run ``load(engine)`` (the weight copy) between two steps and set the version (None: the one ``load``
+        returns, the fleet's pushes carry theirs; it stays when that is None too); returns its seconds."""
         if not self.lock.acquire(timeout=producer_timeout):
             raise TimeoutError(f"weight push of version {version}: the producer's engine stayed busy for "
                                f"{producer_timeout:.0f} s (model.pipeline.producer_timeout); the producer is hung")
         try:
             start = time.perf_counter()
             self._synchronize()  # the engine's last forward may still be queued on its own stream
-            load(self.engine)
+            loaded = load(self.engine)
             self._synchronize()  # the copy may still be queued on the pushing thread's stream
-            self.version = version
+            self.version = version if version is not None else loaded if loaded is not None else self.version
             return time.perf_counter() - start
         finally:
             self.lock.release()

@@ -1,0 +1,135 @@
+"""Streaming rollouts in one engine process (``zerotir.fleet.stream``): several tool loops on one engine through
+their own shares, groups admitted within ``max_in_flight`` and handed back as each ends, pushes between engine
+steps with every later segment stamped, failures named. A tiny transformers model, greedy: a group's trajectories
+then do not depend on what runs beside it, so each must equal its rollout alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fleet.test_engine_host import NO_TOOL, sampled_ids
+from zerotir.fleet.stream import EngineHub, GroupStream, Job
+from zerotir.models import freeze, load_causal_lm, load_tokenizer
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
+from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+
+PROMPTS = ["Hello", "2+3=", "The sum of 12 and 30 is", "x"]
+TIMEOUT_S = 120.0
+
+
+def greedy(n: int, tokens: int = 10) -> SamplingParams:
+    return SamplingParams(n=n, temperature=0.0, max_new_tokens=tokens, seed=0)
+
+
+@pytest.fixture(scope="module")
+def world(tiny_dir):
+    tokenizer = load_tokenizer(tiny_dir)
+    model = freeze(load_causal_lm(tiny_dir))
+    return tokenizer, model, [tokenizer.encode(p) for p in PROMPTS]
+
+
+def _engine(world) -> HFEngine:
+    tokenizer, model, _ = world
+    return HFEngine(model, tokenizer, device="cpu", max_batch_size=8)
+
+
+def _alone(world, prompt: list[int], params: SamplingParams) -> list[list[int]]:
+    tokenizer, _, _ = world
+    traj, _ = rollout_sync(_engine(world), tokenizer, None, [prompt], params, NO_TOOL)
+    return sampled_ids(traj)
+
+
+class _ScriptedEngine:
+    """Finishes request k after k + 1 steps (so keys of several shares end in different steps)."""
+
+    context_length = 1 << 20
+
+    def __init__(self):
+        self.running: dict = {}
+
+    def submit(self, key, ids, params):
+        self.running[key] = 1 + key[1]
+
+    def step(self):
+        done = []
+        for key in list(self.running):
+            self.running[key] -= 1
+            if self.running[key] == 0:
+                del self.running[key]
+                done.append((key, Sample([7], [0.0], "eos")))
+        return done
+
+    def release(self, key):
+        self.running.pop(key, None)
+
+
+def test_the_samples_of_a_shared_engine_go_to_the_share_that_submitted_them():
+    hub = EngineHub(_ScriptedEngine())
+    a, b = hub.share(), hub.share()
+    a.submit(0, [1], greedy(1))
+    b.submit(1, [1], greedy(1))
+    assert (a.num_running, b.num_running) == (1, 1)
+    assert [k for k, _ in a.step()] == [0]  # b's request 1 is still running
+    assert [k for k, _ in a.step()] == [] and b.num_running == 1  # a's step finished b's: it waits in b
+    assert [k for k, _ in b.step()] == [1] and b.num_running == 0
+
+
+def test_streamed_groups_equal_their_rollouts_alone(world):
+    tokenizer, _, prompts = world
+    params = greedy(n=2)
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=4)
+    try:
+        stream.submit([Job(("b", i), p, "", params) for i, p in enumerate(prompts)])
+        got = stream.take([("b", i) for i in range(len(prompts))], TIMEOUT_S)
+        stats = stream.stats()
+    finally:
+        stream.close()
+    for prompt, traj in zip(prompts, got):
+        assert len(traj) == 2 and traj.group_ids.tolist() == [0, 0]
+        assert sampled_ids(traj) == _alone(world, prompt, params)
+        assert traj.versions is None  # before any push nothing is stamped
+    assert stats.groups == 4 and 0 < stats.busy <= stats.wall
+    assert stats.trajectory_seconds <= 4 * stats.busy + 1e-9  # never more than max_in_flight in flight
+
+
+def test_a_push_lands_between_engine_steps_and_stamps_what_follows(world):
+    tokenizer, model, prompts = world
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=2)
+    loads = []
+
+    def load(engine):
+        loads.append(engine)
+        return 3  # the push's version
+
+    try:
+        assert stream.push(load, TIMEOUT_S) == 3
+        stream.submit([Job("after", prompts[1], "", greedy(n=1))])
+        (traj,) = stream.take(["after"], TIMEOUT_S)
+    finally:
+        stream.close()
+    assert len(loads) == 1 and isinstance(loads[0], HFEngine)  # the engine itself, not a share
+    assert set(traj.versions[traj.action_mask].tolist()) == {3}
+
+
+def test_a_failed_group_is_named_and_the_stream_goes_on(world):
+    tokenizer, _, prompts = world
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=2)
+    try:
+        bad = SamplingParams(n=1, temperature=0.0, max_new_tokens=10, seed=0, stop=[""])  # refused by validate
+        stream.submit([Job("bad", prompts[0], "", bad), Job("good", prompts[1], "", greedy(n=1))])
+        with pytest.raises(RuntimeError, match=r"prompt group bad: ValueError: .*stop contains an empty string"):
+            stream.take(["bad"], TIMEOUT_S)
+        assert len(stream.take(["good"], TIMEOUT_S)) == 1
+        with pytest.raises(TimeoutError, match=r"prompt groups \['never'\] had not ended within 0.2 s"):
+            stream.take(["never"], 0.2)
+    finally:
+        stream.close()
+    with pytest.raises(RuntimeError, match="the engine's rollout stream is closed"):
+        stream.submit([Job("late", prompts[0], "", greedy(n=1))])
+
+
+def test_a_stream_needs_room_for_a_trajectory(world):
+    tokenizer, _, _ = world
+    with pytest.raises(ValueError, match=r"max_in_flight=0\): must be >= 1 \(model.fleet.max_in_flight\)"):
+        GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=0)

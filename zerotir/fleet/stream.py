@@ -1,0 +1,287 @@
+"""Streaming rollouts inside one engine process of the fleet (``model.fleet.max_in_flight``): prompt groups are
+admitted as room frees up, each group leaves the moment its last sample ends, and weight pushes land between two
+engine steps while the trajectories in flight go on.
+
+    trainer -> submit(jobs)          groups wait in the inbox
+    thread:    admit while the trajectories in flight stay within max_in_flight; every group is a tool loop of its
+               own (``agent_loop.rollout`` over ``EngineShare``: its own keys on the one engine), all stepping the
+               one engine together; a group that ends goes to the outbox
+    trainer -> take(jobs)            the groups of a batch, as soon as each has ended
+    trainer -> push(receive, ...)    between two engine steps (``VersionedEngine``), while the groups in flight wait
+
+So an engine never waits for the slowest trajectory of a batch: while it runs, the groups of the next batches that
+the capacity rule already let in take the free room. Each segment of a trajectory is stamped with the version of
+the weights when it was submitted (``VersionedEngine``), the oldest that may have produced its tokens, so the
+staleness bound the trainer checks stays a guarantee. A group samples with the seeds it would have in a batch (the
+trainer gives each group its batch's seed offset by its row), so with vLLM, which seeds every request, its
+trajectories do not depend on what else runs beside it.
+
+Everything runs in one thread with one event loop (the tool loops, the sandbox client, the engine's steps); the
+trainer's calls come from other threads (a Ray actor with concurrent calls) and meet it through one condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import Schedule, rollout
+from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.producer import ProducerStopped, VersionedEngine
+from zerotir.types import Trajectories
+
+log = logging.getLogger(__name__)
+
+
+class EngineHub:
+    """One engine stepped by several tool loops at once: each loop gets an ``EngineShare`` (its own keys), and the
+    samples of every step go to the share that submitted them."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.context_length = engine.context_length
+        self._shares: dict[int, EngineShare] = {}
+        self._next = 0
+
+    def share(self) -> EngineShare:
+        self._next += 1
+        share = self._shares[self._next] = EngineShare(self, self._next)
+        return share
+
+    def drop(self, share: EngineShare) -> None:
+        self._shares.pop(share.tag, None)
+
+    def step(self) -> None:
+        """One engine step; its finished samples to their shares."""
+        for (tag, key), sample in self.engine.step():
+            self._shares[tag].finished(key, sample)
+
+
+class EngineShare:
+    """One tool loop's view of a shared engine (``RolloutEngine`` protocol): it submits and releases its own keys,
+    and its ``step`` returns its own finished samples, stepping the engine only when none is waiting. A sample
+    another loop's step finished waits here, and counts as running until it is returned."""
+
+    def __init__(self, hub: EngineHub, tag: int):
+        self.hub, self.tag = hub, tag
+        self.context_length = hub.context_length
+        self._running: set[Hashable] = set()
+        self._done: list[tuple[Hashable, Sample]] = []
+
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        self.hub.engine.submit((self.tag, key), ids, params)
+        self._running.add(key)
+
+    def step(self) -> list[tuple[Hashable, Sample]]:
+        if not self._done:
+            self.hub.step()
+        out, self._done = self._done, []
+        return out
+
+    def release(self, key: Hashable) -> None:
+        self.hub.engine.release((self.tag, key))
+        self._running.discard(key)
+
+    def finished(self, key: Hashable, sample: Sample) -> None:
+        self._running.discard(key)
+        self._done.append((key, sample))
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running) + len(self._done)
+
+
+@dataclass
+class Job:
+    """One prompt group to roll out: ``n`` samples of one prompt, seeded as in its batch."""
+
+    key: Hashable
+    prompt: list[int]
+    truth: str
+    params: SamplingParams  # n samples; the seed of the group's row in its batch
+
+    @property
+    def size(self) -> int:
+        return self.params.n
+
+
+@dataclass
+class _Done:
+    trajectories: Trajectories | None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class StreamStats:
+    """What the stream did so far: wall seconds since it started, seconds with at least one trajectory in flight,
+    and trajectory-seconds in flight (their integral over time)."""
+
+    wall: float = 0.0
+    busy: float = 0.0
+    trajectory_seconds: float = 0.0
+    groups: int = 0
+
+
+class GroupStream:
+    """The streaming loop of one engine process (see the module doc): its own thread, started at once.
+
+    Args:
+        engine: the process's engine (``RolloutEngine``), with the folder's weights (version None) until a push.
+        tokenizer: the model's tokenizer.
+        tool: the ``model.tool`` group.
+        schedule: how each group's tool loop drives the engine.
+        sandbox: builds the stream's sandbox client, in its thread (a client belongs to one event loop); None
+            without tools.
+        max_in_flight: trajectories in flight at most (a group larger than that runs alone).
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
+                 sandbox: Callable[[], Any] | None, max_in_flight: int):
+        if max_in_flight < 1:
+            raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): must be >= 1 (model.fleet.max_in_flight)")
+        self.tokenizer, self.tool, self.schedule, self.max_in_flight = tokenizer, tool, schedule, max_in_flight
+        self._make_sandbox = sandbox
+        self._cond = threading.Condition()
+        self._inbox: list[Job] = []
+        self._outbox: dict[Hashable, _Done] = {}
+        self._in_flight = 0
+        self._stop = False
+        self._error: BaseException | None = None
+        self._stats, self._since = StreamStats(), time.monotonic()
+        self.engine = VersionedEngine(engine, None, lambda: None, lambda: self._stop)
+        self._thread = threading.Thread(target=self._run, name="zerotir-fleet-stream", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------- the callers' side
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue ``jobs``; they start as room frees up, in order."""
+        with self._cond:
+            self._check("queueing prompt groups")
+            self._inbox.extend(jobs)
+            self._cond.notify_all()
+
+    def take(self, keys: list[Hashable], timeout_s: float) -> list[Trajectories]:
+        """The trajectories of the groups ``keys`` (in that order), waiting at most ``timeout_s`` for the last.
+
+        Raises:
+            RuntimeError: a group's tool loop failed (its error), or the stream failed or was closed.
+            TimeoutError: a group had not ended within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not all(k in self._outbox for k in keys):
+                self._check("waiting for prompt groups")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [k for k in keys if k not in self._outbox]
+                    raise TimeoutError(f"prompt groups {missing[:4]}{'...' if len(missing) > 4 else ''} had not "
+                                       f"ended within {timeout_s:g} s ({self._in_flight} trajectories in flight, "
+                                       f"{len(self._inbox)} groups waiting; model.fleet.timeout_s)")
+                self._cond.wait(timeout=min(left, 1.0))
+            done = [self._outbox.pop(k) for k in keys]
+        for key, got in zip(keys, done):
+            if got.error is not None:
+                raise RuntimeError(f"prompt group {key}: {type(got.error).__name__}: {got.error}") from got.error
+        return [got.trajectories for got in done]
+
+    def push(self, load: Callable[[Any], int | None], timeout_s: float) -> int | None:
+        """``load(engine)`` between two engine steps (a weight push; it returns the push's version, None when the
+        sender stopped, which leaves the version as it was); the groups in flight go on with the new weights.
+        Returns what ``load`` returned."""
+        loaded: list[int | None] = []
+        self.engine.push(lambda engine: loaded.append(load(engine)) or loaded[0], None, timeout_s)
+        return loaded[0]
+
+    def stats(self) -> StreamStats:
+        """Wall, busy and trajectory-seconds since the stream started, and groups done."""
+        with self._cond:
+            self._account()
+            return StreamStats(self._stats.wall, self._stats.busy, self._stats.trajectory_seconds, self._stats.groups)
+
+    def close(self) -> None:
+        """Stop the thread (the groups in flight end at their next engine step) and wait for it."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+
+    def _check(self, doing: str) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the engine's rollout stream failed (while {doing}): {type(self._error).__name__}: "
+                               f"{self._error}") from self._error
+        if self._stop or not self._thread.is_alive():
+            raise RuntimeError(f"the engine's rollout stream is closed (while {doing})")
+
+    def _account(self) -> None:
+        """Add the time since the last call to the stats (with the condition held)."""
+        now = time.monotonic()
+        elapsed, self._since = now - self._since, now
+        self._stats.wall += elapsed
+        if self._in_flight:
+            self._stats.busy += elapsed
+            self._stats.trajectory_seconds += elapsed * self._in_flight
+
+    # ------------------------------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # noqa: BLE001 - handed to the callers, who raise it
+            if not self._stop:
+                log.error("the engine's rollout stream failed: %r", err)
+                with self._cond:
+                    self._error = err
+                    self._cond.notify_all()
+
+    async def _main(self) -> None:
+        sandbox = self._make_sandbox() if self._make_sandbox is not None else None
+        hub = EngineHub(self.engine)
+        tasks: set[asyncio.Task] = set()
+        while True:
+            with self._cond:
+                if self._stop:
+                    break
+                while self._inbox and (not self._in_flight or
+                                       self._in_flight + self._inbox[0].size <= self.max_in_flight):
+                    job = self._inbox.pop(0)
+                    self._account()
+                    self._in_flight += job.size
+                    tasks.add(asyncio.ensure_future(self._group(job, hub, sandbox)))
+            if tasks:
+                done, tasks = await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a group's own errors are in its outcome; this raises only the stream's
+            else:
+                await asyncio.sleep(0.005)
+        for task in tasks:
+            task.cancel()
+
+    async def _group(self, job: Job, hub: EngineHub, sandbox: Any) -> None:
+        """One group's tool loop on its share of the engine; its outcome to the outbox."""
+        share, start = hub.share(), time.perf_counter()
+        try:
+            traj, _ = await rollout(share, self.tokenizer, sandbox, [job.prompt], job.params, self.tool,
+                                    [job.truth], self.schedule, None)
+            done = _Done(traj.to("cpu"), None, time.perf_counter() - start)
+        except (ProducerStopped, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the group's failure, raised by take
+            if self._stop:
+                raise ProducerStopped from exc
+            done = _Done(None, exc, time.perf_counter() - start)
+        finally:
+            hub.drop(share)
+            with self._cond:
+                self._account()
+                self._in_flight -= job.size
+                self._cond.notify_all()
+        with self._cond:
+            self._outbox[job.key] = done
+            self._stats.groups += 1
+            self._cond.notify_all()
