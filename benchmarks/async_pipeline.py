@@ -63,7 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(args: argparse.Namespace, arm: str, seed: int, base: Path) -> dict:
+def run(args: argparse.Namespace, arm: str, seed: int, base: Path, arms: dict[str, list[str]] = ARMS,
+        profile: dict[str, str] = PROFILE, extra: tuple[str, ...] = ()) -> dict:
+    """One arm's fit from ``base`` with RL seed ``seed`` (``arms[arm]``'s settings, then ``extra``): its speed, its
+    validation curve against the target and the mean of each ``profile`` tag per step."""
     run_dir = args.out / f"{arm}_s{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -71,7 +74,8 @@ def run(args: argparse.Namespace, arm: str, seed: int, base: Path) -> dict:
            "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
            "--trainer.enable_checkpointing", "false", *early_stop_args(args.target),
            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),
-           "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every), *ARMS[arm]]
+           "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every), *arms[arm],
+           *extra]
     print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {arm} seed {seed} (log {run_dir}.log)",
           flush=True)
     start = zerotir(fit, Path(f"{run_dir}.log"))
@@ -82,16 +86,16 @@ def run(args: argparse.Namespace, arm: str, seed: int, base: Path) -> dict:
     out = {"arm": arm, "seed": seed, "steps": steps, "steps_per_minute": steps / (sum(series[mn.TIME_STEP]) / 60),
            "reached": hit is not None, "steps_to_target": hit and hit["step"],
            "minutes_to_target": hit and hit["minutes"], "final_accuracy": curve[-1]["accuracy"] if curve else None,
-           "profile": {k: statistics.fmean(series[tag]) for k, tag in PROFILE.items() if tag in series}}
+           "profile": {k: statistics.fmean(series[tag]) for k, tag in profile.items() if tag in series}}
     print(f"    {steps} steps, {out['steps_per_minute']:.1f} steps/min, target at step {out['steps_to_target']} "
           f"({out['minutes_to_target'] and round(out['minutes_to_target'], 2)} min); profile "
           + ", ".join(f"{k} {v:.2f}" for k, v in out["profile"].items()), flush=True)
     return out
 
 
-def summary(runs: list[dict], arms: list[str]) -> list[dict]:
-    """Per arm: mean steps / min, its ratio to sync's (per seed, then the mean), minutes to the target."""
-    sync = {r["seed"]: r for r in runs if r["arm"] == "sync"}
+def summary(runs: list[dict], arms: list[str], profile: dict[str, str] = PROFILE, baseline: str = "sync") -> list[dict]:
+    """Per arm: mean steps / min, its ratio to ``baseline``'s (per seed, then the mean), minutes to the target."""
+    sync = {r["seed"]: r for r in runs if r["arm"] == baseline}
     rows = []
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
@@ -103,7 +107,7 @@ def summary(runs: list[dict], arms: list[str]) -> list[dict]:
                      "speedup_range": [min(ratios), max(ratios)] if ratios else None,
                      "reached": len(minutes), "minutes_to_target": statistics.fmean(minutes) if minutes else None,
                      "profile": {k: statistics.fmean(r["profile"][k] for r in mine if k in r["profile"])
-                                 for k in PROFILE if any(k in r["profile"] for r in mine)}})
+                                 for k in profile if any(k in r["profile"] for r in mine)}})
     return rows
 
 

@@ -36,7 +36,8 @@ TIMING_NAMES = {
     "wait_for_trainer": mn.TIME_WAIT_TRAINER,
 }
 PIPELINE_NAMES = {"staleness_mean": mn.STALENESS_MEAN, "staleness_max": mn.STALENESS_MAX,
-                  "fleet_restarts": mn.FLEET_RESTARTS, "push_mb": mn.PUSH_MB}
+                  "fleet_restarts": mn.FLEET_RESTARTS, "push_mb": mn.PUSH_MB, "fleet_busy": mn.FLEET_BUSY,
+                  "fleet_fill": mn.FLEET_FILL}
 REFILL_NAMES = {
     "generation_rounds": mn.GENERATION_ROUNDS,
     "prompts_consumed": mn.PROMPTS_CONSUMED,

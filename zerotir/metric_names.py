@@ -70,6 +70,10 @@ STALENESS_MAX = "pipeline/staleness_max"
 # The rollout fleet (model.fleet): engine processes restarted so far, and the size of the step's weight push.
 FLEET_RESTARTS = "pipeline/fleet_restarts"
 PUSH_MB = "pipeline/push_mb"
+# The fleet's engines since they started, the mean over engines: the share of wall time with a rollout in flight,
+# and (streaming) the mean trajectories in flight over model.fleet.max_in_flight.
+FLEET_BUSY = "pipeline/fleet_busy"
+FLEET_FILL = "pipeline/fleet_fill"
 
 # Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
 EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)

@@ -59,6 +59,7 @@ def test_s0_through_the_fleet_equals_the_in_line_run(in_line, e2e_base, e2e_data
     push_mb = sum(p.numel() * 4 for p in params.values()) / 2**20  # every parameter, float32, each push
     assert [v for _, v in scalars[mn.PUSH_MB]] == pytest.approx([push_mb] * 3)
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [0.0, 0.0, 0.0]
+    assert all(0 < v <= 1 for _, v in scalars[mn.FLEET_BUSY]) and mn.FLEET_FILL not in scalars  # batch shares
     assert cli.model.source.hosts == []  # closed at the end of fit: the engine process and the cluster are gone
 
 
@@ -113,6 +114,7 @@ def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(
     assert [s for s, _ in scalars[mn.STALENESS_MAX]] == [1, 2, 3, 4]
     assert max(v for _, v in scalars[mn.STALENESS_MAX]) <= 1.0
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]][-1] == 1.0
+    assert all(0 < v <= 1 for _, v in scalars[mn.FLEET_BUSY] + scalars[mn.FLEET_FILL])
 
 
 def _records(path):

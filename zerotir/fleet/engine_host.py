@@ -120,6 +120,7 @@ class EngineHost:
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
         self._calls = itertools.count()  # tags the groups of each streamed roll_out call
+        self._started, self._busy_s = time.monotonic(), 0.0  # batch shares: seconds inside roll_out
         self.stream = None if not settings.max_in_flight else GroupStream(
             self.engine, self.tokenizer, settings.tool, self.schedule,
             (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight)
@@ -187,12 +188,24 @@ class EngineHost:
         engine = self._engine()
         if self.stream is not None:
             return self._streamed(prompts, truths, params)
+        start = time.monotonic()
         traj, timings = rollout_sync(engine, self.tokenizer, self.sandbox, prompts, params, self.settings.tool,
                                      truths, self.schedule, None)
         traj = traj.to("cpu")
         if self.version is not None:
             traj.versions = torch.where(traj.action_mask, self.version, -1)
+        self._busy_s += time.monotonic() - start
         return traj, timings
+
+    def occupancy(self) -> dict[str, float]:
+        """How busy the engine has been since the host started: ``busy``, the share of wall time with a rollout in
+        flight, and (streaming) ``fill``, the mean trajectories in flight over ``max_in_flight``. A batch share keeps
+        the engine busy until its slowest trajectory ends, however few still run by then, which ``fill`` shows."""
+        if self.stream is None:
+            return {"busy": self._busy_s / max(time.monotonic() - self._started, 1e-9)}
+        stats = self.stream.stats()
+        wall = max(stats.wall, 1e-9)
+        return {"busy": stats.busy / wall, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight)}
 
     def _streamed(self, prompts: list[list[int]], truths: list[str] | None,
                   params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:

@@ -1,29 +1,18 @@
 """The rollout source of the fleet (``model.fleet.engines`` >= 1): each batch is rolled out by engine processes of
 their own (Ray actors running ``EngineHost``), and every update's weights are broadcast to them over the weight
-group.
+group (docs/fleet.md).
 
     trainer:  take(k) -> update k -> push(version k) -> take(k + 1) -> ...
-    engines:  batch i starts once the pushes have reached version latest_step(i) - 1 - S (the capacity rule of
-              ``zerotir.rl.staleness``), then the next one; a push lands between two batches
+    engines:  batch i starts once the pushes have reached version latest_step(i) - 1 - S (the capacity rule,
+              ``zerotir.rl.staleness.StreamCursor``); batch shares one at a time, or streamed group by group
 
-The schedule is the pipeline's (``model.pipeline.max_staleness`` S): with S = 0 each batch is submitted when its
-step asks for it, after the previous update's push (the synchronous schedule: the same rollouts and parameters as
-in line); with S >= 1 the source submits the batches of the next steps as soon as the rule lets them start, so the
-engines generate while the trainer updates. The rule gates batch i for the latest step that can train on it, as if
-every later step took one batch (with refill, ``model.refill``, a step takes more, which only makes it earlier).
-
-An actor runs its calls one at a time in the order they were made, so a batch submitted after a push's
-``receive_weights`` call samples with those weights, and a push waits for the batches submitted before it. Each
-batch is split into one contiguous share of its prompts per engine, each share with the seeds of its global rows
-(``source.batch_seed``): with vLLM, which seeds every request, the trajectories do not depend on the number of
-engines; the transformers engine samples a whole call with one generator (seeded by its first request), so its
-samples do, while one engine reproduces the in-line rollouts exactly. The engines return rewards 0;
-the trainer scores every trajectory with the run's reward (``zerotir.reward.score_batch``) once its batch is in.
-Tokens carry the version of the push their engine had (``Trajectories.versions``); ``check_staleness`` verifies the
-bound on each batch before the update.
-
-The sandbox: the trainer starts it (``SandboxService``: the configured servers, or an embedded one) and gives its
-URLs to the engines, each of which makes its own client. Every wait on the fleet is bounded by
+With S = 0 each batch is submitted when its step asks for it, after the previous update's push (the in-line run's
+rollouts and parameters); with S >= 1 the batches of the next steps go out as soon as the rule lets them start.
+A push waits until every engine has it before any later batch is submitted, so a batch samples with the weights the
+rule allowed. Each batch is split into one contiguous share of its prompts per engine, each with the seeds of its
+global rows (``source.batch_seed``); the trainer scores the trajectories (the engines return rewards 0) and checks
+their versions against the bound. Rank 0 drives the fleet for every training rank (``zerotir.fleet.ranks``). The
+sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs. Every wait is bounded by
 ``model.fleet.timeout_s``, and an error names the engine, what it was doing and the step.
 """
 
@@ -110,6 +99,7 @@ class FleetSource:
         self.restarts = 0  # engine processes that died and were restarted
         self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
         self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
+        self._occupancy: dict[str, float] = {}  # the engines', as of the last training batch
 
     # ------------------------------------------------------------------------------------------- start and stop
     def check_trainer(self, world_size: int, zero3: bool) -> None:
@@ -226,6 +216,7 @@ class FleetSource:
         submitted = self._submitted.pop(index)
         traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
+        self._occupancy = self._engines_occupancy()
         self._cursor.handed(step)
         self._top_up()  # the next batches generate while this one trains (S >= 1)
         return RolloutBatch(submitted.rows, traj, timings, self.sandbox.names)
@@ -264,7 +255,17 @@ class FleetSource:
         if not self.ranks.lead:
             return dict(self._stats)
         last = self.sender.pushes[-1].bytes if self.sender is not None and self.sender.pushes else 0
-        return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20}
+        return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20, **self._occupancy}
+
+    def _engines_occupancy(self) -> dict[str, float]:
+        """``EngineHost.occupancy`` as ``fleet_<key>``, the mean over the engines."""
+        from zerotir.fleet.cluster import EngineDied, ray_get
+
+        try:
+            each = ray_get([h.occupancy.remote() for h in self.hosts], self.fleet.timeout_s, "reporting its occupancy")
+        except EngineDied:  # recovered where its batches are collected; the figures of before stand until then
+            return self._occupancy
+        return {f"fleet_{key}": sum(e[key] for e in each) / len(each) for key in each[0]}
 
     def _parts(self, whole: RolloutBatch, counts: list[int], n: int) -> list[tuple[RolloutBatch, dict[str, float]]]:
         """Each rank's part of ``whole`` with rank 0's counters (``stats``), what ``scatter`` hands out."""
