@@ -97,13 +97,15 @@ def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(
     """Streaming (``model.fleet.max_in_flight``: each prompt group on its own, the next batch's groups admitted as
     room frees up, pushes between engine steps) at S = 1 on two engine processes, one of them killed at the end of
     step 1 with the next batch in its stream: Ray restarts it, its groups run again, and every step trains one
-    batch of the stream, in order, each token at most one update old."""
+    batch of the stream, in order, each token at most one update old. Validation every 2 steps goes through the
+    stream too, its greedy groups waiting for the training groups in flight (the transformers engine samples its
+    running requests alike)."""
     steps = tmp_path / "steps.jsonl"
     kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "1",
             "--trainer.callbacks.engine", "0"]
     record = ["--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
     cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "4",
-                           "--trainer.limit_val_batches", "0", "--trainer.enable_checkpointing", "false",
+                           "--trainer.val_check_interval", "2", "--trainer.enable_checkpointing", "false",
                            "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
                            "--model.fleet.engines", "2", "--model.fleet.max_in_flight", "8",
                            "--model.fleet.timeout_s", "300", *kill, *record))
@@ -115,6 +117,7 @@ def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(
     assert max(v for _, v in scalars[mn.STALENESS_MAX]) <= 1.0
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]][-1] == 1.0
     assert all(0 < v <= 1 for _, v in scalars[mn.FLEET_BUSY] + scalars[mn.FLEET_FILL])
+    assert [s for s, _ in scalars[f"heldout/{mn.EVAL_ACCURACY}"]] == [2, 4]
 
 
 def _records(path):

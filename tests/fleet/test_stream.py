@@ -93,6 +93,22 @@ def test_streamed_groups_equal_their_rollouts_alone(world):
     assert stats.trajectory_seconds <= 4 * stats.busy + 1e-9  # never more than max_in_flight in flight
 
 
+def test_a_group_that_samples_otherwise_waits_for_those_in_flight(world):
+    """The transformers engine samples every running request alike: a greedy (evaluation) group submitted beside
+    training groups starts once they have ended, and they after it."""
+    tokenizer, _, prompts = world
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=5)
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=8)
+    try:
+        stream.submit([Job("train0", prompts[0], "", sampled), Job("eval", prompts[1], "", greedy(n=1)),
+                       Job("train1", prompts[2], "", sampled)])
+        got = stream.take(["train0", "eval", "train1"], TIMEOUT_S)
+    finally:
+        stream.close()
+    assert [len(t) for t in got] == [2, 1, 2]
+    assert sampled_ids(got[1]) == _alone(world, prompts[1], greedy(n=1))
+
+
 def test_a_push_lands_between_engine_steps_and_stamps_what_follows(world):
     tokenizer, model, prompts = world
     stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=2)

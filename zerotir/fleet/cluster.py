@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +52,8 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
     Raises:
         RuntimeError: Ray is already started in this process (``stop_cluster`` first).
         ValueError: resources given together with an address.
+        ConnectionError: nothing answers at ``address`` (checked first, within ``REACH_TIMEOUT_S``: Ray itself
+            waits minutes for an address that does not answer), or Ray found no cluster there.
     """
     ray = _ray()
     if ray.is_initialized():
@@ -62,13 +65,36 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
         if (num_cpus, num_gpus, object_store_memory) != (None, None, None):
             raise ValueError(f"start_cluster(address={address!r}): a running cluster has its own resources; drop "
                              "num_cpus / num_gpus / object_store_memory, or leave address unset for a local cluster")
-        ray.init(address=address, **quiet)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, **quiet)
+        except ConnectionError as exc:
+            raise ConnectionError(f"model.fleet.address={address!r}: no Ray cluster there ({exc}); start one with "
+                                  "`ray start --head` on that node, or set model.fleet.address: null (a local "
+                                  "cluster)") from exc
         return
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if value is not None and value < 0:
             raise ValueError(f"start_cluster({name}={value}): must be >= 0, or None for what the machine has")
     with _worker_niceness("0"):
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory, **quiet)
+
+
+REACH_TIMEOUT_S = 10.0  # how long a cluster's head may take to accept a connection
+
+
+def _check_reachable(address: str) -> None:
+    """A ``host:port`` address must accept a TCP connection within ``REACH_TIMEOUT_S``; "auto" and client
+    addresses (``ray://``) are left to Ray, which answers those at once."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConnectionError(f"model.fleet.address={address!r}: nothing answers at {host}:{port} within "
+                              f"{REACH_TIMEOUT_S:g} s ({exc}); start the cluster's head there (`ray start --head "
+                              f"--port {port}`), or set model.fleet.address: null (a local cluster)") from exc
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Streaming rollouts inside one engine process of the fleet (``model.fleet.max_in_flight``): prompt groups are
 admitted as room frees up, each group leaves the moment its last sample ends, and weight pushes land between two
-engine steps while the trajectories in flight go on.
+engine steps while the trajectories in flight go on. Groups that sample otherwise than those in flight (a greedy
+evaluation beside training samples) wait until those have ended: an engine may sample its running requests alike.
 
     trainer -> submit(jobs)          groups wait in the inbox
     thread:    admit while the trajectories in flight stay within max_in_flight; every group is a tool loop of its
@@ -152,6 +153,7 @@ class GroupStream:
         self._inbox: list[Job] = []
         self._outbox: dict[Hashable, _Done] = {}
         self._in_flight = 0
+        self._kind: tuple[float, float] | None = None  # how the groups in flight sample: (temperature, top_p)
         self._stop = False
         self._error: BaseException | None = None
         self._stats, self._since = StreamStats(), time.monotonic()
@@ -219,6 +221,15 @@ class GroupStream:
         if self._stop or not self._thread.is_alive():
             raise RuntimeError(f"the engine's rollout stream is closed (while {doing})")
 
+    def _fits(self, job: Job) -> bool:
+        """Whether ``job`` may start now (with the condition held): nothing runs, or it fits within
+        ``max_in_flight`` and samples as the groups in flight do (the transformers engine samples every running
+        request alike, so a greedy evaluation group waits for the training groups in flight to end, and they
+        for it)."""
+        if not self._in_flight:
+            return True
+        return self._in_flight + job.size <= self.max_in_flight and _kind(job.params) == self._kind
+
     def _account(self) -> None:
         """Add the time since the last call to the stats (with the condition held)."""
         now = time.monotonic()
@@ -247,11 +258,11 @@ class GroupStream:
             with self._cond:
                 if self._stop:
                     break
-                while self._inbox and (not self._in_flight or
-                                       self._in_flight + self._inbox[0].size <= self.max_in_flight):
+                while self._inbox and self._fits(self._inbox[0]):
                     job = self._inbox.pop(0)
                     self._account()
                     self._in_flight += job.size
+                    self._kind = _kind(job.params)
                     tasks.add(asyncio.ensure_future(self._group(job, hub, sandbox)))
             if tasks:
                 done, tasks = await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
@@ -285,3 +296,7 @@ class GroupStream:
             self._outbox[job.key] = done
             self._stats.groups += 1
             self._cond.notify_all()
+
+
+def _kind(params: SamplingParams) -> tuple[float, float]:
+    return params.temperature, params.top_p
