@@ -362,7 +362,6 @@ class FleetSource:
                   stats.buckets)
         return stats
 
-
     def _recover(self, cause: Exception, version: int, batches: list[_Submitted]) -> None:
         """After an engine died: wait for Ray's restart, count it (past ``model.fleet.max_restarts`` the run stops,
         naming the engine, its node and the step), form a new weight group of every engine, push the actor's
