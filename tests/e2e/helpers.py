@@ -224,17 +224,27 @@ class KillFleetEngine(Callback):
 
 class KillFleetEngineBeforePush(Callback):
     """Kills engine process ``engine`` of the rollout fleet (Ray restarts it) just before the optimizer step of RL
-    step ``step``: the weight push that follows the update meets a dead engine (its group's connection is gone)."""
+    step ``step``, and waits until its process is gone: the weight push that follows the update meets a dead engine
+    (its group's connection is gone), whenever Ray brings the new one up."""
 
     def __init__(self, step: int, engine: int = 0):
         self.step, self.engine, self.done = step, engine, False
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if pl_module.rl_steps_done + 1 == self.step and not self.done:
+            import os
+            import time
+
             import ray
 
             self.done = True
-            ray.kill(pl_module.source.hosts[self.engine], no_restart=False)
+            host = pl_module.source.hosts[self.engine]
+            pid = ray.get(host.describe.remote(), timeout=120)["pid"]
+            ray.kill(host, no_restart=False)
+            deadline = time.monotonic() + 60  # ray.kill returns at once: wait until the process is gone (a local
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:  # cluster: same machine)
+                time.sleep(0.05)
+            assert not os.path.exists(f"/proc/{pid}"), f"engine process {pid} still runs 60 s after ray.kill"
 
 
 class SaveEngineWeights(Callback):
