@@ -60,7 +60,7 @@ class HostSettings:
         device: where the engine runs and the weight group's tensors live ("cpu": gloo, "cuda": NCCL).
         max_in_flight: > 0: stream (``zerotir.fleet.stream``): every prompt group of every ``roll_out`` call is a
             tool loop of its own, admitted while the trajectories in flight stay within this, and pushes land
-            between engine steps (calls then run side by side: ``cluster.spawn_hosts(streaming=True)``); 0: each
+            between engine steps (its Ray actor then takes calls side by side: ``cluster.spawn_hosts``); 0: each
             ``roll_out`` is one tool loop over its prompts, one call at a time.
         stream_timeout_s: streaming, the bound on a ``roll_out`` call's wait for its groups (``model.fleet.timeout_s``).
     """

@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from zerotir.rollout.source import RolloutBatch
+from zerotir.rollout.tp_group import own_trajectories
 from zerotir.scale.distributed import gather_objects, rank_and_world_size
 from zerotir.scale.weight_sync import Bucket
 
@@ -126,7 +127,7 @@ def split_batch(batch: RolloutBatch, counts: list[int], n: int) -> list[RolloutB
                          f"{counts} rows of {n} samples")
     parts, lo = [], 0
     for count in counts:
-        part = traj.select(list(range(lo * n, (lo + count) * n)))
+        part = own_trajectories(traj, slice(lo, lo + count), len(batch.rows), n)
         part.group_ids = part.group_ids - lo
         parts.append(RolloutBatch(batch.rows[lo: lo + count], part, dict(batch.timings), list(batch.sandbox)))
         lo += count
@@ -139,4 +140,3 @@ def same_rows(part: RolloutBatch, rows: list[Any], what: str) -> RolloutBatch:
         raise RuntimeError(f"{what}: the fleet rolled out other prompts than this rank's loader gave it; the training "
                            "stream and the fleet disagree")
     return part
-

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zerotir.config import ToolConfig
@@ -116,7 +116,6 @@ class Job:
 class _Done:
     trajectories: Trajectories | None
     error: BaseException | None = None
-    seconds: float = 0.0
 
 
 @dataclass
@@ -205,7 +204,7 @@ class GroupStream:
         """Wall, busy and trajectory-seconds since the stream started, and groups done."""
         with self._cond:
             self._account()
-            return StreamStats(self._stats.wall, self._stats.busy, self._stats.trajectory_seconds, self._stats.groups)
+            return replace(self._stats)
 
     def close(self) -> None:
         """Stop the thread (the groups in flight end at their next engine step) and wait for it."""
@@ -275,17 +274,17 @@ class GroupStream:
 
     async def _group(self, job: Job, hub: EngineHub, sandbox: Any) -> None:
         """One group's tool loop on its share of the engine; its outcome to the outbox."""
-        share, start = hub.share(), time.perf_counter()
+        share = hub.share()
         try:
             traj, _ = await rollout(share, self.tokenizer, sandbox, [job.prompt], job.params, self.tool,
                                     [job.truth], self.schedule, None)
-            done = _Done(traj.to("cpu"), None, time.perf_counter() - start)
+            done = _Done(traj.to("cpu"))
         except (ProducerStopped, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - the group's failure, raised by take
             if self._stop:
                 raise ProducerStopped from exc
-            done = _Done(None, exc, time.perf_counter() - start)
+            done = _Done(None, exc)
         finally:
             hub.drop(share)
             with self._cond:
