@@ -15,13 +15,16 @@ order for each RL seed (a change of the machine's load falls on every arm alike)
 - ``fleet_s1``: one engine process (``configs/toy_cpu_fleet.yaml``: a Ray actor with one CPU), S = 1, the batch's
   share rolled out in one tool loop: the engine is busy until its slowest trajectory ends;
 - ``stream_s1``: the same engine streaming (``model.fleet.max_in_flight`` = one batch's trajectories): every prompt
-  group on its own, the next batch's groups admitted as the last ones of this batch run, pushes between engine steps.
+  group on its own, the next batch's groups admitted as the last ones of this batch run, pushes between engine steps,
+  each step training the first groups to end, whatever their batch (a group over the bound generated again).
 
 Measured per run from its TensorBoard logs: RL steps per minute of training (steps / the sum of ``time/step``),
 minutes to the held-out target (``--target``, checked every ``--val_every`` steps), the profile (mean seconds per
 step of generation, update, the trainer waiting for rollouts, the weights' push) and the fleet's occupancy at the
 end: ``pipeline/fleet_busy`` (the share of wall time the engine had a rollout in flight) and ``pipeline/fleet_fill``
-(streaming: the mean trajectories in flight over ``max_in_flight``). Written to ``<out>/fleet.{json,md,png}``.
+(streaming: the mean trajectories in flight over ``max_in_flight``); streaming, the mean stream batches a step's
+groups came from (``pipeline/fleet_spread``) and the groups generated again (``pipeline/fleet_regenerated``).
+Written to ``<out>/fleet.{json,md,png}``.
 
 Targets (issue #27): the fleet at S = 1 at least 1.5x the steps per minute of in line and no slower to 80%;
 streaming engine fill at least 0.9 on this workload against the batch shares' figure.
@@ -71,6 +74,9 @@ def run(args: argparse.Namespace, arm: str, seed: int) -> dict:
     series = load_run(run_dir.name, run_dir / "tensorboard").scalars
     out["occupancy"] = {k: float(series[tag].iloc[-1]) for k, tag in OCCUPANCY.items()
                         if tag in series and len(series[tag])}
+    if mn.FLEET_SPREAD in series:  # streaming
+        out["occupancy"]["spread"] = float(series[mn.FLEET_SPREAD].mean())
+        out["occupancy"]["regenerated"] = float(series[mn.FLEET_REGENERATED].iloc[-1])
     return out
 
 
@@ -79,17 +85,18 @@ def markdown(runs: list[dict], rows: list[dict], target: float) -> str:
         return "-" if v is None else fmt.format(v)
 
     lines = [f"| arm | seeds | RL steps / min | vs in line (range) | reached {target:.0%} | minutes to {target:.0%} | "
-             "s/step generation | s/step update | trainer waits s/step | push s/step | engine busy | engine fill |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "s/step generation | s/step update | trainer waits s/step | push s/step | engine busy | engine fill | "
+             "batches per step | groups regenerated |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, rng = r["profile"], r["speedup_range"]
         occ = [x["occupancy"] for x in runs if x["arm"] == r["arm"]]
-        mean = {k: statistics.fmean(o[k] for o in occ) for k in OCCUPANCY if occ and all(k in o for o in occ)}
+        mean = {k: statistics.fmean(o[k] for o in occ) for k in [*OCCUPANCY, "spread", "regenerated"]
+                if occ and all(k in o for o in occ)}
         lines.append(f"| {r['arm']} | {r['seeds']} | {r['steps_per_minute']:.1f} | {cell(r['speedup'])}x "
                      f"({cell(rng and rng[0])}-{cell(rng and rng[1])}) | {r['reached']}/{r['seeds']} | "
                      f"{cell(r['minutes_to_target'])} | {cell(p.get('generation'))} | {cell(p.get('update'))} | "
                      f"{cell(p.get('wait_for_rollout'))} | {cell(p.get('weight_sync'))} | {cell(mean.get('busy'))} | "
-                     f"{cell(mean.get('fill'))} |")
+                     f"{cell(mean.get('fill'))} | {cell(mean.get('spread'))} | {cell(mean.get('regenerated'), '{:.1f}')} |")
     return "\n".join(lines) + "\n"
 
 

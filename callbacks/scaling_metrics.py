@@ -37,7 +37,8 @@ TIMING_NAMES = {
 }
 PIPELINE_NAMES = {"staleness_mean": mn.STALENESS_MEAN, "staleness_max": mn.STALENESS_MAX,
                   "fleet_restarts": mn.FLEET_RESTARTS, "push_mb": mn.PUSH_MB, "fleet_busy": mn.FLEET_BUSY,
-                  "fleet_fill": mn.FLEET_FILL}
+                  "fleet_fill": mn.FLEET_FILL, "fleet_regenerated": mn.FLEET_REGENERATED,
+                  "fleet_spread": mn.FLEET_SPREAD}
 REFILL_NAMES = {
     "generation_rounds": mn.GENERATION_ROUNDS,
     "prompts_consumed": mn.PROMPTS_CONSUMED,

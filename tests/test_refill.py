@@ -20,7 +20,8 @@ from zerotir import metric_names as mn
 from zerotir.config import (
     HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
 )
-from zerotir.data.datamodule import PromptDataModule, PromptStream
+from zerotir.data.datamodule import PromptDataModule
+from zerotir.data.stream import PromptStream
 from zerotir.module import ZeroTIRModule
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rollout.pipeline_source import PipelineSource

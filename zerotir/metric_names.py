@@ -74,6 +74,10 @@ PUSH_MB = "pipeline/push_mb"
 # and (streaming) the mean trajectories in flight over model.fleet.max_in_flight.
 FLEET_BUSY = "pipeline/fleet_busy"
 FLEET_FILL = "pipeline/fleet_fill"
+# Streaming, where each step takes the prompt groups that have ended: groups dropped over the staleness bound and
+# generated again (so far), and the stream batches the step's groups came from.
+FLEET_REGENERATED = "pipeline/fleet_regenerated"
+FLEET_SPREAD = "pipeline/fleet_spread"
 
 # Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
 EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)

@@ -7,14 +7,14 @@
     ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
-hooks, checkpoints. Its settings are the typed groups of ``zerotir.config``.
+hooks, checkpoints, the data position. Its settings are the typed groups of ``zerotir.config``.
 
 Steps: optimization is manual with ONE optimizer (actor and critic are two parameter groups; Lightning's DeepSpeed
 strategy accepts a single optimizer). Lightning's ``trainer.global_step`` counts ``optimizer.step()`` calls, and each
 RL step makes exactly ``ppo_epochs * num_mini_batches`` of them (a skipped update makes as many no-op steps), so
 ``global_step == rl_step * ppo_epochs * num_mini_batches``. With the defaults (1, 1) the two are equal and
 ``trainer.max_steps`` / ``ModelCheckpoint(every_n_train_steps=...)`` count RL steps. ``rl_step`` is also kept
-explicitly (saved in checkpoints) and is the x axis of every TensorBoard tag.
+(saved in checkpoints) and is the x axis of every TensorBoard tag.
 """
 
 from __future__ import annotations
@@ -160,10 +160,9 @@ class ZeroTIRModule(LightningModule):
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
 
-        ``validate`` / ``test`` need only the actor: the other models are not loaded, and their weights in a
-        checkpoint are ignored (see ``on_load_checkpoint``). Under ZeRO-3 Lightning calls this inside
-        ``deepspeed.zero.Init``; transformers' ``HfDeepSpeedConfig`` is made live first so that ``from_pretrained``
-        loads into the partitioned parameters (``zerotir.scale.deepspeed_setup.hf_zero3_config``).
+        ``validate`` / ``test`` need only the actor (the others' weights in a checkpoint are ignored). Under ZeRO-3
+        Lightning calls this inside ``deepspeed.zero.Init``; transformers' ``HfDeepSpeedConfig`` is made live first
+        so that ``from_pretrained`` loads into the partitioned parameters (``deepspeed_setup.hf_zero3_config``).
         """
         if self.actor is not None:
             return
@@ -256,7 +255,7 @@ class ZeroTIRModule(LightningModule):
         ``outputs["step"]``."""
         start = time.perf_counter()
         step = self.rl_steps_done + 1
-        filled, sandbox = self._fill(dataloader_iter, step)
+        filled, sandbox, taken = self._fill(dataloader_iter, step)
         traj, timings = filled.trajectories, filled.timings
         self.sandbox_guard.update(traj, step, sandbox)
         update_start = time.perf_counter()
@@ -272,8 +271,11 @@ class ZeroTIRModule(LightningModule):
         staleness = staleness_stats(traj.versions, traj.action_mask, step)
         refill = self.fill_watch.update(step, filled, result.skipped)  # warns; stops a run that keeps training nothing
         datamodule = self.trainer.datamodule
-        if isinstance(datamodule, PromptDataModule):
-            datamodule.mark_consumed(filled.last_batch_index)  # the data position saved with the checkpoint
+        if isinstance(datamodule, PromptDataModule):  # the data position saved with the checkpoint
+            if taken is not None:  # the source took prompt groups of several batches
+                datamodule.mark_rows(taken)
+            else:
+                datamodule.mark_consumed(filled.last_batch_index)
         lr = {"lr": float(self.lr_schedulers().get_last_lr()[0])} if result.stats else {}
         result = replace(result, stats={**result.stats, **lr}, timings=timings,
                          batch=BatchInfo(**batch_fields(filled.rows), weight_version=self.rl_steps_done),
@@ -283,17 +285,20 @@ class ZeroTIRModule(LightningModule):
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
 
-    def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]], step: int) -> tuple[FilledBatch, list[str]]:
-        """The step's batch: the stream's next batch, rolled out and decided, then (``model.refill``) more of them
-        until the kept groups fill it (``rl.refill.BatchFill``); with the sandbox the code ran on."""
+    def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]],
+              step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]] | None]:
+        """The step's batch: the stream's next batch rolled out and decided, then (``model.refill``) more until the
+        kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; ``RolloutBatch.taken``."""
         fill: BatchFill | None = None
+        taken: list[tuple[int, int]] | None = None
         while True:
             batch = next(batches)[0]
             fill = fill or BatchFill(len(batch), self.refill.max_rounds)
             rolled = self.source.batch(step, self._my_prompts(batch), self._first_row(len(batch)))
             traj = rolled.trajectories
+            taken = taken if rolled.taken is None else [*(taken or []), *rolled.taken]
             if fill.add(Round(rolled.rows, traj, self._decide(traj), batch[0]["batch_index"], rolled.timings)):
-                return fill.result(pad_id(self.tokenizer)), rolled.sandbox
+                return fill.result(pad_id(self.tokenizer)), rolled.sandbox, taken
 
     def _decide(self, traj: Trajectories) -> FilterDecision | None:
         """The keep decision of one batch: the rollout filter's (None without one: everything trains), then the

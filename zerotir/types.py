@@ -23,6 +23,7 @@ FINISH_LENGTH = "length"  # the response-token budget ran out: truncated, reward
 
 class _TrainingRowKeys(TypedDict, total=False):
     batch_index: int
+    position: int
 
 
 class PromptRow(_TrainingRowKeys):
@@ -36,6 +37,7 @@ class PromptRow(_TrainingRowKeys):
         prompt_ids: its token ids, what the engine is given.
         source: the name of the file / benchmark the row came from.
         batch_index: on training rows: the index of the batch in the training stream (the data cursor).
+        position: on training rows: the row's index in that batch (with ``batch_index``, its place in the stream).
     """
 
     id: str

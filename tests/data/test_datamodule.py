@@ -14,7 +14,8 @@ import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from zerotir.data.datamodule import BENCHMARKS, BUNDLED, PromptDataModule, PromptStream, data_dir, load_rows
+from zerotir.data.datamodule import BENCHMARKS, BUNDLED, PromptDataModule, data_dir, load_rows
+from zerotir.data.stream import PromptStream
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 # Row counts from data/README.md.

@@ -25,7 +25,8 @@ class SnapshotParams(Callback):
 
 
 class RecordSteps(Callback):
-    """Append one JSON line per RL step to ``path``: the RL step, the data batch index and the prompt ids; and, when
+    """Append one JSON line per RL step to ``path``: the RL step, the loader's batch index and prompt ids, the prompt
+    ids the step trained (the fleet's streaming takes prompt groups of several batches); and, when
     training starts, the pass-rate filter's state as restored from a checkpoint (``{"start": ...}``).
 
     Args:
@@ -45,7 +46,7 @@ class RecordSteps(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._write({"rl_step": outputs["step"].rl_step, "batch_index": batch[0]["batch_index"],
-                     "ids": [row["id"] for row in batch]})
+                     "ids": [row["id"] for row in batch], "trained": list(outputs["step"].batch.problem_ids)})
 
 
 class CompareEngineWithActor(Callback):

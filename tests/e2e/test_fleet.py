@@ -19,6 +19,7 @@ import torch
 from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
 from tests.gloo import free_port
 from zerotir import metric_names as mn
+from zerotir.data.stream import PromptStream
 
 pytest.importorskip("ray", reason='the fleet runs on Ray: pip install -e ".[fleet]"')
 pytestmark = pytest.mark.slow
@@ -94,30 +95,52 @@ def test_an_engine_dead_when_the_weights_are_pushed_is_restarted_and_the_push_do
 
 @pytest.mark.timeout(900)
 def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(e2e_base, e2e_data, tmp_path):
-    """Streaming (``model.fleet.max_in_flight``: each prompt group on its own, the next batch's groups admitted as
-    room frees up, pushes between engine steps) at S = 1 on two engine processes, one of them killed at the end of
-    step 1 with the next batch in its stream: Ray restarts it, its groups run again, and every step trains one
-    batch of the stream, in order, each token at most one update old. Validation every 2 steps goes through the
-    stream too, its greedy groups waiting for the training groups in flight (the transformers engine samples its
-    running requests alike)."""
+    """Streaming (``model.fleet.max_in_flight``: each prompt group a call of its own, the next batch's groups
+    admitted as room frees up, pushes between engine steps) at S = 1 on two engine processes, one of them killed at
+    the end of step 1 with the next batch in its stream: Ray restarts it and its groups run again. Each step trains
+    the first groups to end, whatever their batch: every prompt at most once, each token at most one update old,
+    and the data record holds exactly the prompts trained. Validation every 2 steps goes through the stream too,
+    its greedy groups waiting for the training groups in flight (the transformers engine samples its running
+    requests alike)."""
     steps = tmp_path / "steps.jsonl"
     kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "1",
             "--trainer.callbacks.engine", "0"]
     record = ["--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
     cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "4",
                            "--trainer.val_check_interval", "2", "--trainer.enable_checkpointing", "false",
-                           "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
-                           "--model.fleet.engines", "2", "--model.fleet.max_in_flight", "8",
-                           "--model.fleet.timeout_s", "300", *kill, *record))
+                           *STREAMING, *kill, *record))
     assert cli.model.rl_steps_done == 4
     records = [r for r in _records(steps) if "start" not in r]
-    assert [(r["rl_step"], r["batch_index"]) for r in records] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert [(r["rl_step"], r["batch_index"]) for r in records] == [(1, 0), (2, 1), (3, 2), (4, 3)]  # the loader's
+    trained = [i for r in records for i in r["trained"]]
+    assert all(len(r["trained"]) == len(r["ids"]) for r in records) and len(set(trained)) == len(trained)
+    assert sorted(trained) == sorted(_consumed_ids(cli.datamodule))
     scalars = read_scalars(tmp_path / "tensorboard")
     assert [s for s, _ in scalars[mn.STALENESS_MAX]] == [1, 2, 3, 4]
     assert max(v for _, v in scalars[mn.STALENESS_MAX]) <= 1.0
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]][-1] == 1.0
     assert all(0 < v <= 1 for _, v in scalars[mn.FLEET_BUSY] + scalars[mn.FLEET_FILL])
+    assert all(v >= 1 for _, v in scalars[mn.FLEET_SPREAD]) and [s for s, _ in scalars[mn.FLEET_REGENERATED]] == [
+        1, 2, 3, 4]
     assert [s for s, _ in scalars[f"heldout/{mn.EVAL_ACCURACY}"]] == [2, 4]
+
+
+STREAMING = ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+             "--model.fleet.engines", "2", "--model.fleet.max_in_flight", "8", "--model.fleet.timeout_s", "300"]
+
+
+def _consumed_ids(datamodule) -> list[str]:
+    """The ids of the stream rows the data module's record (its checkpoint state) counts as consumed."""
+    return _ids_of(datamodule.state_dict(), PromptStream(datamodule.train_rows, datamodule.prompts_per_step,
+                                                         datamodule.seed))
+
+
+def _ids_of(state, stream) -> list[str]:
+    """The ids of the rows a data state (``PromptDataModule.state_dict``) counts as consumed."""
+    out = [r["id"] for b in range(state["consumed"]) for r in stream.batch(b)]
+    for b, positions in state["rows"].items():
+        out += [r["id"] for r in stream.batch(int(b)) if r["position"] in positions]
+    return out
 
 
 def _records(path):
@@ -172,3 +195,69 @@ def test_s1_killed_with_batches_on_the_fleet_resumes_at_the_first_unconsumed_bat
     while set(_ray_processes()) - set(before) and time.monotonic() < deadline:
         time.sleep(1)
     assert not set(_ray_processes()) - set(before)
+
+
+@pytest.mark.timeout(900)
+def test_streaming_killed_at_s1_resumes_with_the_prompts_no_step_trained(e2e_base, e2e_data, tmp_path):
+    """Streaming at S = 1 (steps take the groups that have ended, from several batches): a checkpoint at step 2,
+    SIGKILL once step 3 is logged, resumed to step 5. The checkpoint's data record holds exactly the prompts of
+    steps 1-2, single rows included; the resumed steps train none of them again, and every curve has one value
+    per step."""
+    marker, log, steps = tmp_path / "hung_at_step", tmp_path / "fit.log", tmp_path / "steps.jsonl"
+    common = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0", *STREAMING,
+              "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
+    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
+            "--trainer.callbacks.marker", str(marker)]
+    fit_killed_at(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
+                           *common, *hang), marker, log)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["zerotir"]["rl_steps_done"] == 2
+    killed = [r for r in _records(steps) if "start" not in r]
+    assert [r["rl_step"] for r in killed] == [1, 2, 3]
+
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "5",
+                           "--ckpt_path", "last", *common))
+    assert cli.model.rl_steps_done == 5
+    dm = cli.datamodule
+    stream = PromptStream(dm.train_rows, dm.prompts_per_step, dm.seed)
+    before = [i for r in killed[:2] for i in r["trained"]]
+    assert sorted(_ids_of(ckpt["PromptDataModule"], stream)) == sorted(before)
+    resumed = [r for r in _records(steps) if "start" not in r][3:]
+    assert [r["rl_step"] for r in resumed] == [3, 4, 5]
+    trained = before + [i for r in resumed for i in r["trained"]]
+    assert len(set(trained)) == len(trained) and sorted(trained) == sorted(_consumed_ids(dm))
+    scalars = read_scalars(tmp_path / "tensorboard")
+    for tag in (mn.STALENESS_MAX, mn.FLEET_SPREAD, mn.FLEET_REGENERATED):
+        assert [s for s, _ in scalars[tag]] == [1, 2, 3, 4, 5], tag
+    assert max(v for _, v in scalars[mn.STALENESS_MAX]) <= 1.0
+
+
+@pytest.mark.timeout(900)
+def test_a_resume_whose_record_runs_batches_ahead_fills_its_steps_from_the_rows_left(e2e_base, e2e_data, tmp_path):
+    """A checkpoint whose data record holds batches 1 and 2 whole and batch 0 but for its row 0 (a straggler of batch
+    0 that kept the record's first whole batch back): the resumed fleet finds one untrained row in the batches the
+    capacity rule lets start, so it submits the next ones until its step can fill, instead of waiting for groups
+    that will never come. Steps 2-3 then train batch 0's row 0 and rows of batch 3 on, none of the record's."""
+    steps = tmp_path / "steps.jsonl"
+    common = ["--checkpoint.every_n_train_steps", "1", "--trainer.limit_val_batches", "0", *STREAMING,
+              "--model.fleet.engines", "1", "--trainer.callbacks+=tests.e2e.helpers.RecordSteps",
+              "--trainer.callbacks.path", str(steps)]
+    run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "1", *common))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=False)
+    record = {"consumed": 0, "rows": {"0": [1, 2, 3], "1": [0, 1, 2, 3], "2": [0, 1, 2, 3]}}
+    ckpt["PromptDataModule"].update(record)
+    torch.save(ckpt, last)
+
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "3",
+                           "--ckpt_path", "last", *common))
+    assert cli.model.rl_steps_done == 3
+    dm = cli.datamodule
+    stream = PromptStream(dm.train_rows, dm.prompts_per_step, dm.seed)
+    recorded = _ids_of(record, stream)
+    resumed = [r for r in _records(steps) if "start" not in r][1:]
+    assert [r["rl_step"] for r in resumed] == [2, 3]
+    trained = [i for r in resumed for i in r["trained"]]
+    assert len(trained) == 8 and len(set(trained)) == 8 and not set(trained) & set(recorded)
+    assert stream.batch(0)[0]["id"] in trained
+    assert sorted(_consumed_ids(dm)) == sorted(recorded + trained)

@@ -48,8 +48,11 @@ class FleetConfig:
     the batches the capacity rule lets start as room frees up (a group of the next batch starts while the slowest
     of this one still runs), hands each group back the moment its last sample ends, and takes each weight push
     between two of its steps, the trajectories in flight going on under the new weights (their tokens stamped with
-    the version that sampled them). 0 (the default): each engine rolls out one batch share at a time. At least
-    model.sampling.n when set (a group runs whole)."""
+    the version that sampled them). Each step then trains the first prompt groups in stream order among those that
+    have ended, whatever their batch, so no step waits for a slow group; a group over the staleness bound is
+    dropped and generated again (pipeline/fleet_regenerated), and the checkpoint records the single prompts
+    consumed. 0 (the default): each engine rolls out one batch share at a time, and each step trains its own
+    batch. At least model.sampling.n when set (a group runs whole)."""
     timeout_s: float = 600.0
     """Bound on every wait for the fleet: an engine's start, the weight group forming, one push, one batch of
     rollouts (a batch generated ahead counts from when the trainer starts to wait for it)."""

@@ -12,8 +12,9 @@ a warning giving the count per source (kept in ``PromptDataModule.dropped``): an
 from within the budget, and dropping keeps a run going where one long problem would otherwise stop it.
 
 Batches are plain lists of dicts (no tensors): ``{"id", "problem", "answer", "prompt_text", "prompt_ids", "source"}``,
-plus ``"batch_index"`` on training rows. The train loader is an endless, seeded stream, reshuffled every epoch, whose
-cursor follows *consumption* (``mark_consumed``), so a resumed run continues with exactly the next unseen batch.
+plus ``"batch_index"`` and ``"position"`` on training rows. The train loader is an endless, seeded stream, reshuffled
+every epoch (``zerotir.data.stream``), whose cursor follows *consumption* (``mark_consumed``, or ``mark_rows`` where a
+step took single prompts from several batches), so a resumed run continues with exactly the prompts not yet seen.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
 from zerotir.data.prompts import get_template, tokenize_prompts
+from zerotir.data.stream import Consumption, PromptStream, row_copy
 
 logger = logging.getLogger(__name__)
 
@@ -175,51 +176,6 @@ def batch_fields(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
             "sources": [r["source"] for r in rows]}
 
 
-def _row_copy(row: dict[str, Any]) -> dict[str, Any]:
-    return {**row, "prompt_ids": list(row["prompt_ids"])}
-
-
-class PromptStream(IterableDataset):
-    """The endless training stream: batch ``b`` holds items ``b*P .. b*P+P-1`` of the concatenation of per-epoch
-    permutations (epoch ``e`` shuffled with seed ``(seed, e)``), so any batch can be rebuilt from its index alone.
-
-    Args:
-        rows: the prepared prompt rows.
-        prompts_per_step: P, prompts per batch.
-        seed: shuffling seed.
-        start: called at the start of each iteration; returns the first batch index to yield (default 0).
-    """
-
-    def __init__(self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int,
-                 start: Callable[[], int] | None = None) -> None:
-        self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
-        self.start = start or (lambda: 0)
-        self._perms: dict[int, np.ndarray] = {}
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            if len(self._perms) > 2:  # a batch spans at most two epochs; keep memory flat
-                self._perms.clear()
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-        return self._perms[epoch]
-
-    def batch(self, batch_index: int) -> list[dict[str, Any]]:
-        """The rows of global batch ``batch_index``, each tagged with ``"batch_index"``."""
-        n, size = len(self.rows), self.prompts_per_step
-        out = []
-        for k in range(batch_index * size, (batch_index + 1) * size):
-            row = _row_copy(self.rows[int(self._perm(k // n)[k % n])])
-            row["batch_index"] = batch_index
-            out.append(row)
-        return out
-
-    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        batch_index = int(self.start())
-        while True:
-            yield self.batch(batch_index)
-            batch_index += 1
-
-
 class _ListDataset(Dataset):
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
@@ -228,7 +184,7 @@ class _ListDataset(Dataset):
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return _row_copy(self.rows[i])
+        return row_copy(self.rows[i])
 
 
 class PromptDataModule(LightningDataModule):
@@ -278,7 +234,7 @@ class PromptDataModule(LightningDataModule):
         self.dropped: dict[str, int] = {}  # source name -> prompts dropped as too long
         self.train_rows: list[dict[str, Any]] | None = None
         self.eval_rows: dict[str, dict[str, list[dict[str, Any]]]] = {}  # "val" / "test" -> name -> rows
-        self._consumed = 0
+        self._consumed = Consumption(prompts_per_step)
         self._pending_state: dict[str, Any] | None = None
         self._stream: PromptStream | None = None
         self._lookahead: PromptStream | None = None  # the producer's own copy of the stream (train_batch)
@@ -336,17 +292,19 @@ class PromptDataModule(LightningDataModule):
         if self.train_rows is None:
             self.setup("fit")
         # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts.
-        self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed, start=lambda: self._consumed)
+        self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed, start=lambda: self._consumed.whole)
         return DataLoader(self._stream, batch_size=None, collate_fn=list, num_workers=0)
 
     def train_batch(self, batch_index: int) -> list[dict[str, Any]]:
-        """Training batch ``batch_index`` of the stream, as the train loader yields it (the pipeline's producer
-        reads the batches of the next steps ahead of the loader; a stream of its own, so no state is shared)."""
+        """The rows of training batch ``batch_index`` of the stream that no step consumed yet: the loader's batch
+        where none was (a producer reads the batches of the next steps ahead of the loader, from a stream of its
+        own, so no state is shared); fewer where a step took single prompts of it (``mark_rows``)."""
         if self.train_rows is None:
             self.setup("fit")
         if self._lookahead is None:
             self._lookahead = PromptStream(self.train_rows, self.prompts_per_step, self.seed)
-        return self._lookahead.batch(batch_index)
+        consumed = self._consumed.consumed(batch_index)
+        return [row for row in self._lookahead.batch(batch_index) if row["position"] not in consumed]
 
     def _eval_loaders(self, split: str) -> list[DataLoader]:
         if split not in self.eval_rows:
@@ -365,8 +323,8 @@ class PromptDataModule(LightningDataModule):
     # ----- resume -----
     @property
     def consumed(self) -> int:
-        """Training batches consumed so far (the index of the next batch a fresh loader yields)."""
-        return self._consumed
+        """Training batches consumed whole so far (the index of the next batch a fresh loader yields)."""
+        return self._consumed.whole
 
     def mark_consumed(self, batch_index: int) -> None:
         """Record that training batch ``batch_index`` was used by a step (call after the step, not on prefetch).
@@ -374,17 +332,24 @@ class PromptDataModule(LightningDataModule):
         Raises:
             ValueError: the batch was already consumed (the cursor only moves forward).
         """
-        if batch_index < self._consumed:
-            raise ValueError(f"mark_consumed({batch_index}): batches up to {self._consumed - 1} are already consumed")
-        self._consumed = batch_index + 1
+        self._consumed.mark_batch(batch_index)
+
+    def mark_rows(self, positions: Iterable[tuple[int, int]]) -> None:
+        """Record that a step used the rows ``(batch index, position)`` (a step that took prompt groups as they
+        ended, from several batches); ``train_batch`` leaves them out from now on, a resumed run too.
+
+        Raises:
+            ValueError: a row was already consumed.
+        """
+        self._consumed.mark_rows(positions)
 
     def state_dict(self) -> dict[str, Any]:
         num_rows = len(self.train_rows) if self.train_rows is not None else None
-        return {"consumed": self._consumed, "seed": self.seed, "prompts_per_step": self.prompts_per_step,
+        return {**self._consumed.state(), "seed": self.seed, "prompts_per_step": self.prompts_per_step,
                 "num_train_rows": num_rows}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._consumed = int(state_dict["consumed"])
+        self._consumed.load(state_dict)
         self._pending_state = dict(state_dict)
         self._check_state()
 

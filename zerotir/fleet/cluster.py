@@ -217,6 +217,45 @@ def ray_get(refs: list[Any], timeout_s: float, doing: str, engines: list[int] | 
     return out
 
 
+def ray_ready(refs: list[Any], timeout_s: float) -> list[int]:
+    """The indices of ``refs`` whose calls have ended (returned, raised or died), waiting up to ``timeout_s`` for
+    the first of them; [] if none ended in time. ``ray_get`` then gives each one's result or error."""
+    if not refs:
+        return []
+    ready, _ = _ray().wait(refs, num_returns=1, timeout=max(0.0, timeout_s))
+    if ready:  # and every other one that has ended by now
+        ready, _ = _ray().wait(refs, num_returns=len(refs), timeout=0)
+    done = set(ready)  # ObjectRefs hash and compare by the object's id
+    return [k for k, ref in enumerate(refs) if ref in done]
+
+
+def mean_occupancy(hosts: list[Any], timeout_s: float) -> dict[str, float]:
+    """``EngineHost.occupancy`` of every host as ``fleet_<key>``, the mean over them.
+
+    Raises:
+        EngineDied, TimeoutError, RuntimeError: as ``ray_get``.
+    """
+    each = ray_get([h.occupancy.remote() for h in hosts], timeout_s, "reporting its occupancy")
+    return {f"fleet_{key}": sum(e[key] for e in each) / len(each) for key in each[0]}
+
+
+def describe_hosts(hosts: list[Any], timeout_s: float, doing: str, wait: bool = False) -> list[dict[str, Any]]:
+    """Every host's ``describe()`` (engine, node, pid); ``wait``: once it answers, Ray refusing calls while it
+    restarts one (bounded by ``timeout_s``).
+
+    Raises:
+        EngineDied: a host died (``wait``: and Ray gave it up, or it was not back within ``timeout_s``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray_get([h.describe.remote() for h in hosts], timeout_s, doing)
+        except EngineDied as died:
+            if not wait or not died.restarting or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def kill_hosts(hosts: list[Any]) -> None:
     """End the engine processes now (a call in flight is dropped); Ray does not restart a killed actor."""
     ray = _ray()

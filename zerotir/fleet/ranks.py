@@ -129,14 +129,19 @@ def split_batch(batch: RolloutBatch, counts: list[int], n: int) -> list[RolloutB
     for count in counts:
         part = own_trajectories(traj, slice(lo, lo + count), len(batch.rows), n)
         part.group_ids = part.group_ids - lo
-        parts.append(RolloutBatch(batch.rows[lo: lo + count], part, dict(batch.timings), list(batch.sandbox)))
+        parts.append(RolloutBatch(batch.rows[lo: lo + count], part, dict(batch.timings), list(batch.sandbox),
+                                  batch.taken))
         lo += count
     return parts
 
 
 def same_rows(part: RolloutBatch, rows: list[Any], what: str) -> RolloutBatch:
-    """``part`` when its rows are ``rows`` (the loader's, by id); else the error naming ``what``."""
-    if [r["id"] for r in part.rows] != [r["id"] for r in rows]:
+    """``part`` when its rows are ``rows`` (the loader's, by id; as many, where the fleet took the groups that had
+    ended, ``part.taken``); else the error naming ``what``."""
+    if part.taken is not None and len(part.rows) != len(rows):
+        raise RuntimeError(f"{what}: the fleet handed this rank {len(part.rows)} prompt groups for the {len(rows)} "
+                           "prompts of its loader's batch; the ranks' batch sizes and the fleet disagree")
+    if part.taken is None and [r["id"] for r in part.rows] != [r["id"] for r in rows]:
         raise RuntimeError(f"{what}: the fleet rolled out other prompts than this rank's loader gave it; the training "
                            "stream and the fleet disagree")
     return part

@@ -7,13 +7,14 @@ group (docs/fleet.md).
               ``zerotir.rl.staleness.StreamCursor``); batch shares one at a time, or streamed group by group
 
 With S = 0 each batch is submitted when its step asks for it, after the previous update's push (the in-line run's
-rollouts and parameters); with S >= 1 the batches of the next steps go out as soon as the rule lets them start.
-A push waits until every engine has it before any later batch is submitted, so a batch samples with the weights the
-rule allowed. Each batch is split into one contiguous share of its prompts per engine, each with the seeds of its
-global rows (``source.batch_seed``); the trainer scores the trajectories (the engines return rewards 0) and checks
-their versions against the bound. Rank 0 drives the fleet for every training rank (``zerotir.fleet.ranks``). The
-sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs. Every wait is bounded by
-``model.fleet.timeout_s``, and an error names the engine, what it was doing and the step.
+rollouts and parameters); with S >= 1 the next steps' batches go out as soon as the rule lets them, each after the
+push before it has reached every engine. A batch goes out in shares (``zerotir.fleet.shares``): one contiguous
+share per engine, a step taking its own batch; or, streaming, one call per prompt group, a step taking the first
+groups in stream order among those that have ended, whatever their batch (one over the bound is generated again),
+so no step waits for a slow group. Every trajectory samples with its row's seed (``source.batch_seed``); the
+trainer scores them and checks their versions against the bound. Rank 0 drives the fleet for every training rank
+(``zerotir.fleet.ranks``). The sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs.
+Every wait is bounded by ``model.fleet.timeout_s``; an error names the engine, what it was doing and the step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.ranks import Discard, TrainerRanks, same_rows, split_batch
+from zerotir.fleet.shares import Ended, EndedGroups, Submitted, collect_ended, cut_shares, merge
 from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weight_group, free_port
 from zerotir.fleet.weight_push import PushStats, WeightSender, push_weights
 from zerotir.rl.staleness import StreamCursor, check_staleness, staleness_stats
@@ -43,25 +44,6 @@ from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Share:
-    """One engine's share of a batch: where its rows start, the engine, its call's arguments and Ray reference."""
-
-    lo: int
-    engine: int
-    args: tuple[list[list[int]], list[str], SamplingParams]
-    ref: Any
-
-
-@dataclass
-class _Submitted:
-    """One batch on the engines: its rows and one share per engine."""
-
-    index: int  # the batch's index in the training stream; -1 for an evaluation batch
-    rows: list[PromptRow]
-    shares: list[_Share] = field(default_factory=list)
 
 
 class FleetSource:
@@ -91,12 +73,15 @@ class FleetSource:
         self._actor: nn.Module | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._stream: Stream | None = None
-        self._submitted: dict[int, _Submitted] = {}  # training batches on the engines, by stream index
+        self._submitted: dict[int, Submitted] = {}  # training batches on the engines, by stream index
         self._cursor: StreamCursor | None = None  # set by the first training batch
         self._next_submit = 0  # the next batch of the stream to submit
         self._where: list[dict[str, Any]] = []  # per engine: its describe() (node, pid) when it last started
         self._step = 0  # the step in progress, named by errors
         self.restarts = 0  # engine processes that died and were restarted
+        self.regenerated = 0  # streaming: prompt groups dropped over the staleness bound and generated again
+        self._ended = EndedGroups()  # streaming: groups that have ended, not yet taken by a step
+        self._spread = 0  # streaming: the stream batches the last step's groups came from
         self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
         self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
         self._occupancy: dict[str, float] = {}  # the engines', as of the last training batch
@@ -111,7 +96,7 @@ class FleetSource:
         with the first batch (its step gives the version) or evaluation batch."""
         if self.hosts or self._actor is not None:
             return
-        from zerotir.fleet.cluster import spawn_hosts, start_cluster
+        from zerotir.fleet.cluster import describe_hosts, spawn_hosts, start_cluster
 
         self.ranks = TrainerRanks()
         self._actor, self._tokenizer, self._stream = actor, tokenizer, stream
@@ -130,29 +115,10 @@ class FleetSource:
         self.hosts = spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine,
                                  fleet.max_restarts)
         started = time.perf_counter()
-        self._where = self._describe("starting (loading the model)")
+        self._where = describe_hosts(self.hosts, fleet.timeout_s, "starting (loading the model)")
         address = self._form_group(fleet.weight_port)
         log.info("rollout fleet: %d engine processes up in %.1f s, weight group at %s", len(self.hosts),
                  time.perf_counter() - started, address)
-
-    def _describe(self, doing: str) -> list[dict[str, Any]]:
-        from zerotir.fleet.cluster import ray_get
-
-        return ray_get([h.describe.remote() for h in self.hosts], self.fleet.timeout_s, doing)
-
-    def _when_up(self) -> list[dict[str, Any]]:
-        """Every engine's ``describe()`` once it answers: Ray refuses calls while it restarts one (bounded by
-        ``model.fleet.timeout_s``)."""
-        from zerotir.fleet.cluster import EngineDied
-
-        deadline = time.monotonic() + self.fleet.timeout_s
-        while True:
-            try:
-                return self._describe("restarting after an engine died")
-            except EngineDied as died:
-                if not died.restarting or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
 
     def _form_group(self, port: int) -> GroupAddress:
         """A weight group of this process (the sender) and every engine, at ``port`` (0: a free one)."""
@@ -175,6 +141,7 @@ class FleetSource:
         sender, self.sender = self.sender, None
         self._actor = None
         self._submitted.clear()
+        self._ended.clear()
         try:
             if hosts:
                 kill_hosts(hosts)
@@ -193,7 +160,7 @@ class FleetSource:
         start = time.perf_counter()
         if self.ranks.lead:
             with self.ranks.leading():
-                whole = self._global_batch(step, rows[0]["batch_index"])
+                whole = self._global_batch(step, rows[0]["batch_index"], len(rows) * self.ranks.world)
             share = len(whole.rows) // self.ranks.world
             part, _ = self.ranks.scatter(self._parts(whole, [share] * self.ranks.world, self.sampling.n))
         else:
@@ -202,9 +169,9 @@ class FleetSource:
         part.timings["wait_for_rollout"] = time.perf_counter() - start
         return same_rows(part, rows, f"step {step}, stream batch {rows[0]['batch_index']}")
 
-    def _global_batch(self, step: int, index: int) -> RolloutBatch:
-        """The whole batch ``index`` of the stream (its first row is row 0 of the step's global batch) for
-        ``step``, collected, scored and checked (rank 0)."""
+    def _global_batch(self, step: int, index: int, size: int) -> RolloutBatch:
+        """The global batch of ``step`` (``size`` prompts; the loader's is batch ``index`` of the stream),
+        collected, scored and checked (rank 0): batch ``index`` itself, or (streaming) the first groups to end."""
         self._step = step
         if self._cursor is None:
             self._begin(step, index)
@@ -213,13 +180,47 @@ class FleetSource:
             raise RuntimeError(f"step {step}: the loader gave batch {index} but the fleet's stream is at batch "
                                f"{expected}; the training stream and the fleet disagree")
         self._top_up()
-        submitted = self._submitted.pop(index)
-        traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
+        if self.fleet.max_in_flight:
+            submitted, traj, timings = self._ended_batch(step, size)
+        else:
+            submitted = self._submitted.pop(index)
+            traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
         self._occupancy = self._engines_occupancy()
         self._cursor.handed(step)
         self._top_up()  # the next batches generate while this one trains (S >= 1)
-        return RolloutBatch(submitted.rows, traj, timings, self.sandbox.names)
+        taken = [(r["batch_index"], r["position"]) for r in submitted.rows] if self.fleet.max_in_flight else None
+        return RolloutBatch(submitted.rows, traj, timings, self.sandbox.names, taken)
+
+    def _ended_batch(self, step: int, size: int) -> tuple[Submitted, Trajectories, dict[str, float]]:
+        """Streaming: the first ``size`` prompt groups in stream order among those that have ended, scored. A
+        group over the staleness bound for ``step`` is dropped and generated again with the newest weights (with
+        its seed), counted in ``regenerated``; an engine that dies is recovered."""
+        deadline, took = time.monotonic() + self.fleet.timeout_s, {}
+        while True:
+            self._top_up()
+            while len(self._ended) + sum(len(b.shares) for b in self._submitted.values()) < size:
+                self._submit_next()  # a resumed run's first batches lack the rows trained before its checkpoint
+            for group in self._ended.stale(step, self.max_staleness):
+                self.regenerated += 1
+                self._submit_rows(group.row["batch_index"], [group.row])
+            if len(self._ended) >= size:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"step {step}: {len(self._ended)} of its {size} prompt groups had ended within "
+                                   f"{self.fleet.timeout_s:g} s (model.fleet.timeout_s)")
+            ended, died = collect_ended(self._submitted, left, f"rolling out the groups of step {step}")
+            for row, traj, timings in ended:
+                self._ended.add(Ended.of(row, traj))
+                took = {key: max(took.get(key, 0.0), value) for key, value in timings.items()}
+            if died is not None:
+                self._recover(died, self.version, [])
+        groups = self._ended.take(size)
+        traj, timings = merge([(g.trajectories, took) for g in groups], list(range(size)), pad_id(self._tokenizer))
+        timings["reward"] = self._score(traj)
+        self._spread = len({group.row["batch_index"] for group in groups})
+        return Submitted(-1, [group.row for group in groups]), traj, timings
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
         """An evaluation batch on the engines, after the batches submitted before it, with the latest weights: the
@@ -255,17 +256,17 @@ class FleetSource:
         if not self.ranks.lead:
             return dict(self._stats)
         last = self.sender.pushes[-1].bytes if self.sender is not None and self.sender.pushes else 0
-        return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20, **self._occupancy}
+        more = {"fleet_regenerated": self.regenerated, "fleet_spread": self._spread} if self.fleet.max_in_flight else {}
+        return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20, **self._occupancy, **more}
 
     def _engines_occupancy(self) -> dict[str, float]:
         """``EngineHost.occupancy`` as ``fleet_<key>``, the mean over the engines."""
-        from zerotir.fleet.cluster import EngineDied, ray_get
+        from zerotir.fleet.cluster import EngineDied, mean_occupancy
 
         try:
-            each = ray_get([h.occupancy.remote() for h in self.hosts], self.fleet.timeout_s, "reporting its occupancy")
+            return mean_occupancy(self.hosts, self.fleet.timeout_s)
         except EngineDied:  # recovered where its batches are collected; the figures of before stand until then
             return self._occupancy
-        return {f"fleet_{key}": sum(e[key] for e in each) / len(each) for key in each[0]}
 
     def _parts(self, whole: RolloutBatch, counts: list[int], n: int) -> list[tuple[RolloutBatch, dict[str, float]]]:
         """Each rank's part of ``whole`` with rank 0's counters (``stats``), what ``scatter`` hands out."""
@@ -291,26 +292,31 @@ class FleetSource:
     def _top_up(self) -> None:
         """Submit every next batch of the stream the capacity rule lets start with the engines' weights."""
         while self._cursor.may_start(self._next_submit, self.version, self.max_staleness):
-            index = self._next_submit
-            params = sampling_params(self.sampling, batch_seed(self.seed, index, 0, self.sampling.n))
-            self._submitted[index] = self._submit(index, self._stream(index), params)
-            self._next_submit += 1
+            self._submit_next()
 
-    def _submit(self, index: int, rows: list[PromptRow], params: SamplingParams) -> _Submitted:
-        """``rows`` split into one contiguous share per engine. Trajectory k of a batch is seeded with ``params.seed
-        + k`` (``agent_loop``), so a share starting at row ``lo`` gets ``params.seed + lo * n``."""
-        submitted = _Submitted(index, rows)
-        bounds = [round(len(rows) * k / len(self.hosts)) for k in range(len(self.hosts) + 1)]
-        for engine, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            if hi == lo:
-                continue
-            share = rows[lo:hi]
-            seeded = params if params.seed is None else replace(params, seed=params.seed + lo * params.n)
-            args = ([r["prompt_ids"] for r in share], [r["answer"] for r in share], seeded)
-            submitted.shares.append(_Share(lo, engine, args, self.hosts[engine].roll_out.remote(*args)))
-        return submitted
+    def _submit_next(self) -> None:
+        """Submit the rows of the stream's next batch that no step trained (``Stream``)."""
+        self._submit_rows(self._next_submit, self._stream(self._next_submit))
+        self._next_submit += 1
 
-    def _collect(self, submitted: _Submitted, what: str) -> tuple[Trajectories, dict[str, float]]:
+    def _submit_rows(self, index: int, rows: list[PromptRow]) -> None:
+        """Submit ``rows`` of training batch ``index``, held until collected beside the shares of that batch held
+        already (streaming: a group generated again)."""
+        params = sampling_params(self.sampling, batch_seed(self.seed, index, 0, self.sampling.n))
+        submitted = self._submit(index, rows, params, self.fleet.max_in_flight > 0)
+        held = self._submitted.setdefault(index, Submitted(index, []))
+        for share in submitted.shares:
+            share.lo += len(held.rows)
+        held.rows, held.shares = held.rows + submitted.rows, held.shares + submitted.shares
+
+    def _submit(self, index: int, rows: list[PromptRow], params: SamplingParams, per_group: bool = False) -> Submitted:
+        """``rows`` cut into shares (``shares.cut_shares``), each rolled out by one call to its engine."""
+        shares = cut_shares(rows, params, len(self.hosts), per_group)
+        for share in shares:
+            share.ref = self.hosts[share.engine].roll_out.remote(*share.args)
+        return Submitted(index, rows, shares)
+
+    def _collect(self, submitted: Submitted, what: str) -> tuple[Trajectories, dict[str, float]]:
         """The engines' shares of one batch, in row order (group ids shifted to the batch's rows), scored."""
         from zerotir.fleet.cluster import EngineDied, ray_get
 
@@ -321,13 +327,7 @@ class FleetSource:
                 break
             except EngineDied as died:
                 self._recover(died, self.version, [submitted])
-        parts, timings = [], {"generation": 0.0, "sandbox": 0.0}
-        for share, (traj, took) in zip(submitted.shares, results):
-            traj.group_ids = traj.group_ids + share.lo
-            parts.append(traj)
-            for key in timings:  # the engines run side by side: the batch took as long as its slowest share
-                timings[key] = max(timings[key], took.get(key, 0.0))
-        traj = Trajectories.cat(parts, pad_id(self._tokenizer))
+        traj, timings = merge(results, [share.lo for share in submitted.shares], pad_id(self._tokenizer))
         timings["reward"] = self._score(traj)
         return traj, timings
 
@@ -362,15 +362,15 @@ class FleetSource:
                   stats.buckets)
         return stats
 
-    def _recover(self, cause: Exception, version: int, batches: list[_Submitted]) -> None:
+    def _recover(self, cause: Exception, version: int, batches: list[Submitted]) -> None:
         """After an engine died: wait for Ray's restart, count it (past ``model.fleet.max_restarts`` the run stops,
         naming the engine, its node and the step), form a new weight group of every engine, push the actor's
         weights as ``version``, and submit again the shares of ``batches`` and of every batch ahead that the dead
         engines held (with the same seeds: the same trajectories where the weights are the same)."""
-        from zerotir.fleet.cluster import EngineDied
+        from zerotir.fleet.cluster import EngineDied, describe_hosts
 
         try:
-            now = self._when_up()
+            now = describe_hosts(self.hosts, self.fleet.timeout_s, "restarting after an engine died", wait=True)
         except EngineDied as died:
             where = self._where[died.engine]
             raise RuntimeError(f"engine process {died.engine} of the fleet (node {where['node']}, pid "

@@ -55,12 +55,16 @@ class RolloutBatch:
         trajectories: scored, with ``versions`` (B, T) stamped: the weight version of every sampled token.
         timings: seconds per phase (generation, sandbox, reward; the pipeline's waits).
         sandbox: the sandbox the code ran on (its URLs), named when it fails.
+        taken: the stream rows ``(batch index, position)`` the batch consumed, every rank's, where they are not the
+            loader's batch (the fleet's streaming takes prompt groups as they end, from several batches); None:
+            the loader's batch, whole.
     """
 
     rows: list[PromptRow]
     trajectories: Trajectories
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: list[str] = field(default_factory=list)
+    taken: list[tuple[int, int]] | None = None
 
 
 class RolloutSource(Protocol):

@@ -1,0 +1,79 @@
+"""The training stream's consumption record (``zerotir.data.stream.Consumption``) and the data module's use of it:
+single prompts consumed out of order (the fleet's streaming takes prompt groups as they end, from several
+batches), what a resumed run then generates, and the refusals that keep a prompt from training twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.data.test_datamodule import make_rows, module, tok, write_jsonl  # noqa: F401 (tok: a fixture)
+from zerotir.data.stream import Consumption, PromptStream
+
+
+def test_rows_consumed_out_of_order_make_a_batch_whole_once_all_its_rows_are_in():
+    record = Consumption(prompts_per_step=3)
+    record.mark_rows([(0, 0), (0, 2), (1, 1)])  # a step took two rows of batch 0 and one of batch 1
+    assert record.whole == 0 and record.consumed(0) == {0, 2} and record.consumed(1) == {1}
+    record.mark_rows([(1, 0), (1, 2)])  # batch 1 is complete, but batch 0 is not: whole stays
+    assert record.whole == 0 and record.consumed(1) == {0, 1, 2}
+    record.mark_rows([(2, 0), (0, 1)])  # batch 0 completes: batches 0 and 1 become whole
+    assert record.whole == 2 and record.consumed(1) == {0, 1, 2} and record.consumed(2) == {0}
+    assert record.state() == {"consumed": 2, "rows": {"2": [0]}}
+
+
+def test_a_row_consumed_twice_or_outside_a_batch_is_refused():
+    record = Consumption(prompts_per_step=2)
+    record.mark_rows([(0, 1)])
+    with pytest.raises(ValueError, match="row 1 of batch 0 was already consumed"):
+        record.mark_rows([(0, 1)])
+    record.mark_batch(0)
+    with pytest.raises(ValueError, match="row 0 of batch 0 was already consumed"):
+        record.mark_rows([(0, 0)])
+    with pytest.raises(ValueError, match=r"row \(3, 2\) is outside a batch of 2 prompts"):
+        record.mark_rows([(3, 2)])
+    with pytest.raises(ValueError, match="already consumed"):
+        record.mark_batch(0)
+
+
+def test_a_whole_batch_drops_the_single_rows_recorded_before_it():
+    record = Consumption(prompts_per_step=4)
+    record.mark_rows([(0, 3), (2, 1)])
+    record.mark_batch(0)  # the loader's batch 0 consumed whole (a step that took its own batch)
+    assert record.whole == 1 and record.consumed(2) == {1} and record.state()["rows"] == {"2": [1]}
+
+
+def test_state_round_trips_and_an_older_checkpoint_has_whole_batches_only():
+    record = Consumption(prompts_per_step=3)
+    record.mark_rows([(0, 0), (0, 1), (0, 2), (1, 2), (3, 0)])
+    loaded = Consumption(prompts_per_step=3)
+    loaded.load(record.state())
+    assert loaded.whole == 1 and loaded.consumed(1) == {2} and loaded.consumed(3) == {0}
+    loaded.load({"consumed": 5})
+    assert loaded.whole == 5 and loaded.state()["rows"] == {}
+
+
+def test_stream_rows_carry_their_batch_and_position():
+    rows = [{"id": str(k), "prompt_ids": [k]} for k in range(5)]
+    batch = PromptStream(rows, prompts_per_step=3, seed=0).batch(4)
+    assert [(r["batch_index"], r["position"]) for r in batch] == [(4, 0), (4, 1), (4, 2)]
+
+
+def test_the_datamodule_generates_only_unconsumed_rows_and_a_resumed_one_too(tmp_path: Path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(10))
+    dm = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    dm.setup("fit")
+    whole = [dm.train_batch(b) for b in range(3)]
+    dm.mark_rows([(0, 0), (0, 2), (1, 1)])
+    assert [r["id"] for r in dm.train_batch(0)] == [whole[0][1]["id"]]
+    assert [r["position"] for r in dm.train_batch(1)] == [0, 2]
+    assert dm.train_batch(2) == whole[2] and dm.consumed == 0
+
+    resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    resumed.load_state_dict(dm.state_dict())
+    resumed.setup("fit")
+    assert resumed.train_batch(0) == dm.train_batch(0) and resumed.train_batch(1) == dm.train_batch(1)
+    assert next(iter(resumed.train_dataloader())) == whole[0]  # the loader starts at the first batch not whole
+    with pytest.raises(ValueError, match="already consumed"):
+        resumed.mark_rows([(1, 1)])
