@@ -1,24 +1,26 @@
-"""The paper's findings, measured in the second toy world (``mixed``): the sweeps, then docs/findings.md.
+"""The paper's findings, measured in the mixed toy world with multi-step questions: the sweeps, then docs/findings.md.
 
     python -m benchmarks.toy_findings                                  # the whole sweep, then the report
-    python -m benchmarks.toy_findings --out /tmp/f17 --report-only     # the report from the runs already there
+    python -m benchmarks.toy_findings --out /tmp/f30 --report-only     # the report from the runs already there
 
-Method (issue #17). Three bases of the ``mixed`` world (``configs/toy_mixed.yaml``'s ``toy_base``), seed 0, sizes
-about 0.2M, 0.85M and 3M parameters, each pretrained until its copy probe passes (a quality criterion: a wall-time
-budget would make the base depend on the machine's load). Then RL runs of ``--steps`` steps from these bases with
-``configs/toy_mixed.yaml``, varying one thing at a time:
+Method (issues #17, #30). ``configs/toy_multi.yaml``: easy questions a tiny base answers in text, hard ones it
+cannot, and multi-step ones (``digitsum(a * b)``) whose reliable answer takes two calls, so the call budget can buy
+something and "one call" is measured rather than given by the corpus. Bases of three sizes (about 0.23M, 0.85M and
+1.9M parameters), each pretrained with two seeds (``--pseeds``) until its copy probe passes (a quality criterion: a
+wall-time budget would make the base depend on the machine's load). Then RL runs of ``--steps`` steps, varying one
+thing at a time:
 
-- ``tir_rpp_s{0,1,2}``: ZeroTIR, REINFORCE++, budget 4 calls, the 0.85M base, RL seeds 0-2 (the reference runs);
-- ``norl_s{0,1,2}``: the same without tools (``max_tool_calls 0``: ZeroRL);
-- ``tir_ppo_s{0,1,2}`` (and ``tir_rbl_s{0,1,2}`` with ``reinforce_baseline`` where the algorithm exists);
-- ``budget{1,2}_s0``: call budgets 1 and 2;
-- ``size_small_s0`` / ``size_large_s0``: the 0.2M and 3M bases.
+- ``tir_{size}_p{p}_s{s}``: ZeroTIR, REINFORCE++, budget 4, every size and pretraining seed, RL seeds ``--seeds``
+  (the medium ones are the reference runs of the findings about one run's dynamics);
+- ``norl_s{s}``: the same without tools (``max_tool_calls 0``: ZeroRL) on the medium base of pretraining seed 0;
+- ``ppo_s{s}``: PPO on that base;
+- ``budget{1,2}_s{s}``: call budgets 1 and 2 on that base.
 
-Seeds are RL seeds (sampling, data order) on one shared base per size, so the three seeds share their step-0 model.
-Validation: all 128 easy and 128 hard held-out questions, greedy, every ``--val_every`` steps and at the last step.
-Jobs run ``--jobs`` at a time with one torch thread each (``OMP_NUM_THREADS=1``). Each job's log lies next to its
-run folder. The report (``toy_findings_report.py``) reads the TensorBoard logs and writes ``<docs>/findings.md`` with
-PNG figures; a finding whose runs are missing is reported as not measured.
+Validation: all 128 easy, 128 hard and 128 multi-step held-out questions, greedy, every ``--val_every`` steps and at
+the last step. Jobs run ``--jobs`` at a time with one torch thread each (``OMP_NUM_THREADS=1``), the bases first,
+the slowest first. Each job's log lies next to its run folder. The report (``toy_findings_report.py``) reads the
+TensorBoard logs and writes ``<docs>/findings.md`` with PNG figures, every number a verdict rests on with its spread
+over seeds; a finding whose runs are missing is reported as not measured.
 """
 
 from __future__ import annotations
@@ -30,24 +32,23 @@ import subprocess
 import sys
 import threading
 import time
-import typing
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from zerotir.config import Algorithm
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "toy_mixed.yaml"
-# name -> tiny-Llama shape (parameters with the byte vocabulary: ~0.23M, ~0.85M, ~3.3M). Every size keeps heads of
-# 16 dimensions. The large base with 8 heads of 32 never passed its copy probe: 0 code copies after 3000 steps at
-# lr 4e-3 and after 3100 steps at lr 2e-3, which had the lower loss. It therefore gets both changes.
+CONFIG = REPO / "configs" / "toy_multi.yaml"
+# name -> tiny-Llama shape (parameters with the byte vocabulary: ~0.23M, ~0.85M, ~1.9M). Every size keeps heads of
+# 16 dimensions. A large base of hidden size 256 (3.3M) took 31 min to pass its copy probe, at lr 2e-3 (at 4e-3, and
+# with 8 heads of 32, it never passed): two of them would take 70% of the sweep's 90 minutes, so the large size is
+# 192 wide, at the lower lr.
 SIZES = {
     "small": {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "intermediate_size": 256},
     "medium": {"hidden_size": 128, "num_layers": 3, "num_heads": 8, "intermediate_size": 512},
-    "large": {"hidden_size": 256, "num_layers": 3, "num_heads": 16, "intermediate_size": 1024, "lr": 2.0e-3},
+    "large": {"hidden_size": 192, "num_layers": 3, "num_heads": 12, "intermediate_size": 768, "lr": 2.0e-3},
 }
 PPO_ARGS = ["--model.optim.critic_lr", "2.0e-4", "--model.rl.gamma", "1.0", "--model.rl.gae_lambda", "0.95",
             "--model.rl.vf_coef", "0.5", "--model.rl.value_clip", "0.2"]
@@ -55,7 +56,7 @@ PPO_ARGS = ["--model.optim.critic_lr", "2.0e-4", "--model.rl.gamma", "1.0", "--m
 
 @dataclass(frozen=True)
 class Job:
-    """One RL run: its name (= folder), base size, algorithm, seed and call budget."""
+    """One RL run: its name (= folder), base size and pretraining seed, algorithm, RL seed and call budget."""
 
     name: str
     size: str = "medium"
@@ -63,20 +64,27 @@ class Job:
     seed: int = 0
     budget: int = 4
     extra: tuple[str, ...] = ()  # further command-line settings of the run (another benchmark's arms)
+    pseed: int = 0  # the base's pretraining seed
+
+    @property
+    def base(self) -> tuple[str, int]:
+        return self.size, self.pseed
 
 
-def jobs(seeds: list[int]) -> list[Job]:
-    """The RL runs of the sweep, in the order they start (the headline and the reference runs first)."""
-    out: list[Job] = []
-    algorithms = [("ppo", "tir_ppo")]
-    if "reinforce_baseline" in typing.get_args(Algorithm):
-        algorithms.append(("reinforce_baseline", "tir_rbl"))
+def jobs(seeds: list[int], pseeds: list[int]) -> list[Job]:
+    """The RL runs of the sweep, in the order they start (the reference runs and the headline first)."""
+    out = [Job(f"tir_medium_p{p}_s{s}", seed=s, pseed=p) for p in pseeds for s in seeds]
     for seed in seeds:
-        out += [Job(f"tir_rpp_s{seed}", seed=seed), Job(f"norl_s{seed}", seed=seed, budget=0)]
-        out += [Job(f"{prefix}_s{seed}", algorithm=algo, seed=seed) for algo, prefix in algorithms]
-    out += [Job("budget1_s0", budget=1), Job("budget2_s0", budget=2)]
-    out += [Job("size_small_s0", size="small"), Job("size_large_s0", size="large")]
+        out += [Job(f"norl_s{seed}", seed=seed, budget=0), Job(f"ppo_s{seed}", algorithm="ppo", seed=seed)]
+        out += [Job(f"budget{b}_s{seed}", seed=seed, budget=b) for b in (1, 2)]
+    out += [Job(f"tir_{size}_p{p}_s{s}", size=size, seed=s, pseed=p) for size in ("large", "small") for p in pseeds
+            for s in seeds]
     return out
+
+
+def base_name(size: str, pseed: int) -> str:
+    """The folder of the base of ``size`` pretrained with seed ``pseed``."""
+    return f"base_{size}_p{pseed}"
 
 
 @dataclass
@@ -84,7 +92,8 @@ class Sweep:
     """Runs the jobs: bases first (each once), RL runs when their base is ready, ``jobs`` at a time."""
 
     args: argparse.Namespace
-    bases: dict[str, Future] = field(default_factory=dict)
+    config: Path = CONFIG
+    bases: dict[tuple[str, int], Future] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     record: dict = field(default_factory=dict)
 
@@ -98,22 +107,22 @@ class Sweep:
             raise RuntimeError(f"python -m zerotir {' '.join(argv[:2])} failed ({done.returncode}); see {log}")
         return time.time() - start
 
-    def base(self, size: str) -> Path:
-        settings = {**yaml.safe_load(CONFIG.read_text())["toy_base"], **SIZES[size], "threads": 1,
-                    "minutes": self.args.base_minutes}
-        out = self.args.out / f"base_{size}"
+    def base(self, size: str, pseed: int = 0) -> Path:
+        settings = {**yaml.safe_load(self.config.read_text())["toy_base"], **SIZES[size], "threads": 1,
+                    "minutes": self.args.base_minutes, "seed": pseed}
+        out = self.args.out / base_name(size, pseed)
         flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-        seconds = self._run(["toy-base", "--out", str(out), "--no-progress", *flags], self.args.out / f"base_{size}.log")
-        self._log(f"base {size} ready in {seconds / 60:.1f} min")
+        seconds = self._run(["toy-base", "--out", str(out), "--no-progress", *flags], out.with_suffix(".log"))
+        self._log(f"base {size} p{pseed} ready in {seconds / 60:.1f} min")
         return out
 
     def rl(self, job: Job) -> None:
-        base = self.bases[job.size].result()
+        base = self.bases[job.base].result()
         run_dir = self.args.out / job.name
         if (run_dir / "done.json").is_file():
             self._log(f"{job.name}: done before, kept")
             return
-        argv = ["fit", "--config", str(CONFIG), "--toy_base", "null", "--model.model_path", str(base),
+        argv = ["fit", "--config", str(self.config), "--toy_base", "null", "--model.model_path", str(base),
                 "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
                 "--trainer.max_steps", str(self.args.steps), "--trainer.val_check_interval", str(self.args.val_every),
                 "--trainer.enable_checkpointing", "false", "--data.limit_val_rows", "128",
@@ -130,17 +139,14 @@ class Sweep:
             load = os.getloadavg()[0]
             print(f"[{time.strftime('%H:%M:%S')} load {load:.1f}] {text}", flush=True)
 
-    def run(self, todo: list[Job], sizes: list[str] | None = None) -> None:
-        if sizes is None:
-            sizes = ["medium"] + sorted({j.size for j in todo} - {"medium"}, key=list(SIZES).index)
+    def run(self, todo: list[Job], bases: list[tuple[str, int]] | None = None) -> None:
+        if bases is None:
+            bases = sorted({j.base for j in todo}, key=lambda b: (-list(SIZES).index(b[0]), b[1]))  # largest first
         with ThreadPoolExecutor(self.args.jobs) as pool:
-            # A base is submitted before every job that waits for it, so a waiting slot never blocks its own base:
-            # the medium base and the slowest (large) first, the runs on the medium base, then the other bases.
-            early = [s for s in sizes if s in ("medium", "large")]
-            self.bases = {size: pool.submit(self.base, size) for size in early}
-            futures = [pool.submit(self.rl, job) for job in todo if job.size == "medium"]
-            self.bases.update({size: pool.submit(self.base, size) for size in sizes if size not in early})
-            futures += [pool.submit(self.rl, job) for job in todo if job.size != "medium"]
+            # Every base is submitted before every job that waits for one, so a waiting slot never blocks its own
+            # base; the slowest bases first, as the critical path runs through them and their runs.
+            self.bases = {base: pool.submit(self.base, *base) for base in bases}
+            futures = [pool.submit(self.rl, job) for job in todo]
             for f in futures:
                 try:
                     f.result()
@@ -154,7 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--docs", type=Path, default=REPO / "docs", help="where findings.md and its figures go")
     p.add_argument("--steps", type=int, default=40, help="RL steps per run")
     p.add_argument("--val_every", type=int, default=10, help="RL steps between validations")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds")
+    p.add_argument("--pseeds", type=int, nargs="+", default=[0, 1], help="pretraining seeds of every size's bases")
     p.add_argument("--jobs", type=int, default=3,
                    help="jobs at a time (one torch thread each; the large base holds one slot for most of the sweep)")
     p.add_argument("--base_minutes", type=float, default=120.0,
@@ -162,7 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", nargs="*", default=None, help="run only these job names")
     p.add_argument("--report-only", action="store_true", help="only write the report from existing runs")
     p.add_argument("--bases", nargs="+", choices=list(SIZES), default=None,
-                   help="only build these bases (the sweep reuses them: same settings)")
+                   help="only build these sizes' bases, one per pretraining seed (the sweep reuses them)")
     return p.parse_args(argv)
 
 
@@ -172,15 +179,15 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m benchmarks.toy_findings " + " ".join(argv if argv is not None else sys.argv[1:])
     start = time.time()
     if args.bases:
-        Sweep(args).run([], sizes=args.bases)
+        Sweep(args).run([], bases=[(size, p) for size in args.bases for p in args.pseeds])
         return
     if not args.report_only:
-        todo = [j for j in jobs(args.seeds) if args.only is None or j.name in args.only]
+        todo = [j for j in jobs(args.seeds, args.pseeds) if args.only is None or j.name in args.only]
         Sweep(args).run(todo)
     from benchmarks.toy_findings_report import write_report
 
     write_report(args.out, args.docs, command.strip(), sweep_minutes=(time.time() - start) / 60,
-                 steps=args.steps, seeds=args.seeds)
+                 steps=args.steps, seeds=args.seeds, pseeds=args.pseeds)
     print(f"wrote {args.docs / 'findings.md'}", flush=True)
 
 

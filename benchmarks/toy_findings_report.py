@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from benchmarks.toy_findings import SIZES, base_name
 from benchmarks.toy_findings_rules import (
-    GROUPS, RULES, SIZE_RUNS, TITLES, Runs, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, fmt, seed_runs, size_runs,
+    GROUPS, RULES, TITLES, Runs, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, fmt, reference, size_runs, tir,
 )
 from zerotir import metric_names as mn
 from zerotir.scaling import fit as sf
@@ -40,12 +41,13 @@ def fig_headline(result: dict, path: Path) -> str | None:
     rows = result.get("data")
     if not rows:
         return None
-    fig = Figure(figsize=(7, 3.8), layout="constrained")
+    fig = Figure(figsize=(8, 3.8), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(rows))
-    for i, (key, label) in enumerate([("tir_easy", "ZeroTIR easy"), ("norl_easy", "ZeroRL easy"),
-                                      ("tir_hard", "ZeroTIR hard"), ("norl_hard", "ZeroRL hard")]):
-        ax.bar(x + (i - 1.5) * 0.2, [r[key] for r in rows], 0.2, label=label, color=f"C{i}")
+    bars = [(f"{arm}_{g}", f"{name} {g}") for g in GROUPS for arm, name in (("tir", "ZeroTIR"), ("norl", "ZeroRL"))]
+    width = 0.8 / len(bars)
+    for i, (key, label) in enumerate(bars):
+        ax.bar(x + (i - (len(bars) - 1) / 2) * width, [r[key] for r in rows], width, label=label, color=f"C{i}")
     ax.set_xticks(x, [f"seed {r['seed']}" for r in rows])
     ax.set_ylabel("final held-out accuracy (greedy)")
     ax.set_ylim(0, 1)
@@ -53,18 +55,17 @@ def fig_headline(result: dict, path: Path) -> str | None:
     return _save(fig, path)
 
 
-def fig_dynamics(runs: Runs, seeds: list[int], path: Path) -> str | None:
-    per_seed = seed_runs(runs, seeds)
-    if not per_seed:
+def fig_dynamics(ref: list[tuple[str, Run]], path: Path) -> str | None:
+    if not ref:
         return None
     panels = [(mn.CODE_RATE, "code proportion (finding 1)"), (mn.CODE_IN_CORRECT, "code in correct (finding 2)"),
               (mn.REWARD_MEAN, "reward (finding 2)"), (mn.RESPONSE_LENGTH, "response length, tokens (finding 3)")]
     fig = Figure(figsize=(14, 3.6), layout="constrained")
     for ax, (tag, title) in zip(fig.subplots(1, 4), panels):
-        for s, r in per_seed:
+        for i, (label, r) in enumerate(ref):
             series = r.get(tag)
-            ax.plot(series.index, series.to_numpy(), color=f"C{s}", alpha=0.25)
-            ax.plot(series.index, laws.smooth(series, 0.6).to_numpy(), color=f"C{s}", label=f"seed {s}")
+            ax.plot(series.index, series.to_numpy(), color=f"C{i}", alpha=0.2)
+            ax.plot(series.index, laws.smooth(series, 0.6).to_numpy(), color=f"C{i}", label=label)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -88,22 +89,41 @@ def fig_curves(curves: dict[str, Run | None], tag: str, title: str, path: Path) 
     return _save(fig, path)
 
 
-def fig_selective(runs: Runs, seeds: list[int], path: Path) -> str | None:
-    per_seed = seed_runs(runs, seeds)
-    if not per_seed:
+def fig_selective(ref: list[tuple[str, Run]], path: Path) -> str | None:
+    if not ref:
         return None
     fig = Figure(figsize=(6.5, 4), layout="constrained")
     ax = fig.subplots()
-    for s, r in per_seed:
-        for g, style in (("easy", "--"), ("hard", "-")):
+    for i, (label, r) in enumerate(ref):
+        for g, style in (("easy", "--"), ("hard", "-"), ("multi", ":")):
             series = r.get(f"heldout_{g}/code_rate")
             if series is not None:
-                ax.plot(series.index, series.to_numpy(), style, marker="o", color=f"C{s}", label=f"seed {s} {g}")
-    ax.set_title("held-out code rate, easy (dashed) vs hard (solid) (finding 8)", fontsize=10)
+                ax.plot(series.index, series.to_numpy(), style, marker="o", color=f"C{i}", label=f"{label} {g}")
+    ax.set_title("held-out code rate: easy dashed, hard solid, multi-step dotted (finding 8)", fontsize=10)
     ax.set_xlabel("RL step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def fig_groups(result: dict, ylabel: str, title: str, path: Path) -> str | None:
+    """Findings 6 and 7: every run's value by group, with the group's mean and 95% confidence interval."""
+    groups = result.get("data")
+    if not groups or not isinstance(groups, dict):
+        return None
+    fig = Figure(figsize=(6.5, 4), layout="constrained")
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(groups.items()):
+        v = np.asarray(values, dtype=float)
+        ax.scatter(np.full(len(v), i) + np.linspace(-0.12, 0.12, len(v)), v, color=f"C{i}", alpha=0.6)
+        half = 1.96 * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0.0
+        ax.errorbar([i + 0.3], [v.mean()], yerr=[half], fmt="o", color="black", capsize=4)
+    ax.set_xticks(range(len(groups)), list(groups))
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
 
@@ -130,29 +150,33 @@ def fig_prediction(runs: Runs, result: dict, path: Path) -> str | None:
 # ---------------------------------------------------------------- the report
 
 
-def base_rows(out: Path) -> list[dict]:
+def base_rows(out: Path, pseeds: list[int]) -> list[dict]:
     rows = []
-    for size in ("small", "medium", "large"):
-        info = read_info(out / f"base_{size}")
-        if info is None:
-            continue
-        rec = info["record"]
-        base = rec.get("base_stats", {})
-        rows.append({"size": size, "params": rec["params"], "steps": rec["steps_done"],
-                     "decay_reason": rec["decay_reason"], "minutes": rec["train_seconds"] / 60, "stats": base,
-                     "design_problems": check_design(base) if set(GROUPS) <= set(base) else ["not measured"]})
+    for size in SIZES:
+        for pseed in pseeds:
+            info = read_info(out / base_name(size, pseed))
+            if info is None:
+                continue
+            rec = info["record"]
+            base = rec.get("base_stats", {})
+            rows.append({"size": size, "pseed": pseed, "params": rec["params"], "steps": rec["steps_done"],
+                         "decay_reason": rec["decay_reason"], "minutes": rec["train_seconds"] / 60, "stats": base,
+                         "design_problems": check_design(base) if set(GROUPS) <= set(base) else ["not measured"]})
     return rows
 
 
-def write_report(out: Path, docs: Path, command: str, sweep_minutes: float, steps: int, seeds: list[int]) -> dict:
+def write_report(out: Path, docs: Path, command: str, sweep_minutes: float, steps: int, seeds: list[int],
+                 pseeds: list[int]) -> dict:
     """Compute every finding from the runs under ``out`` and write ``docs/findings.md`` and its figures."""
     runs = Runs(out)
     figs = docs / "findings"
     all_names = sorted(p.parent.name for p in out.glob("*/done.json"))
-    measures = {0: lambda: f0(runs, seeds), 1: lambda: f1(runs, seeds), 2: lambda: f2(runs, seeds),
-                3: lambda: f3(runs, seeds), 4: lambda: f4(runs, seeds), 5: lambda: f5(runs, seeds, steps),
-                6: lambda: f6(runs, out, steps), 7: lambda: f7(runs), 8: lambda: f8(runs, seeds),
-                9: lambda: f9(runs, [n for n in all_names if not n.startswith("norl")]), 10: lambda: f10(runs, out)}
+    ref = reference(runs, seeds, pseeds)
+    measures = {0: lambda: f0(runs, seeds), 1: lambda: f1(ref), 2: lambda: f2(ref), 3: lambda: f3(ref),
+                4: lambda: f4(ref), 5: lambda: f5(runs, seeds, steps), 6: lambda: f6(runs, out, seeds, pseeds),
+                7: lambda: f7(runs, seeds), 8: lambda: f8(ref),
+                9: lambda: f9(runs, [n for n in all_names if not n.startswith("norl")]),
+                10: lambda: f10(runs, out, seeds, pseeds)}
     results = {}
     for k, measure in measures.items():
         try:
@@ -162,25 +186,29 @@ def write_report(out: Path, docs: Path, command: str, sweep_minutes: float, step
                           "verdict": "not measured"}
     figures = {
         0: fig_headline(results[0], figs / "headline.png"),
-        1: fig_dynamics(runs, seeds, figs / "dynamics.png"),
-        5: fig_curves({n: runs.get(n) for n in all_names if n.startswith("tir_")}, mn.ACCURACY,
-                      "rollout accuracy by algorithm (finding 5)", figs / "algorithms.png"),
-        8: fig_selective(runs, seeds, figs / "selective.png"),
+        1: fig_dynamics(ref, figs / "dynamics.png"),
+        5: fig_curves({n: runs.get(n) for n in all_names if n.startswith(("tir_medium_p0", "ppo_"))}, mn.ACCURACY,
+                      "rollout accuracy: REINFORCE++ (tir_*) and PPO (finding 5)", figs / "algorithms.png"),
+        6: fig_groups(results[6], "final greedy accuracy, long multi-step split", "by base size, every run (finding 6)",
+                      figs / "sizes.png"),
+        7: fig_groups(results[7], "final greedy multi-step accuracy", "by call budget, every run (finding 7)",
+                      figs / "budgets.png"),
+        8: fig_selective(ref, figs / "selective.png"),
         9: fig_prediction(runs, results[9], figs / "prediction.png"),
     }
     figures[2] = figures[3] = figures[1]
-    sized = [SIZE_RUNS[s] for s in size_runs(runs)]
-    for key, names, sub in (("params", sized, "sizes"),
-                            ("model.tool.max_tool_calls", ["budget1_s0", "budget2_s0", "tir_rpp_s0"], "budgets")):
+    sized = [r.name for rs in size_runs(runs, seeds, pseeds).values() for r in rs]
+    budgets = [n for s in seeds for n in (f"budget1_s{s}", f"budget2_s{s}", tir("medium", 0, s))]
+    for key, names, sub in (("params", sized, "sizes"), ("model.tool.max_tool_calls", budgets, "budgets")):
         if names and runs.all(names) is not None:
             run_report([str(out / n / "tensorboard") for n in names], figs / sub, group_by=[key], last_n=5)
-            figures[6 if sub == "sizes" else 7] = f"{sub}/groups.png"
-    figures[10] = figures.get(6)
-    (figs).mkdir(parents=True, exist_ok=True)
-    (figs / "findings.json").write_text(json.dumps({"results": results, "bases": base_rows(out)}, indent=2,
+    figures[10] = "sizes/groups.png" if (figs / "sizes" / "groups.png").is_file() else None
+    figs.mkdir(parents=True, exist_ok=True)
+    bases = base_rows(out, pseeds)
+    (figs / "findings.json").write_text(json.dumps({"results": results, "bases": bases}, indent=2,
                                                    default=_json) + "\n")
-    text = markdown(results, figures, base_rows(out), command, sweep_minutes, steps, seeds, out)
-    (docs / "findings.md").write_text(text)
+    (docs / "findings.md").write_text(markdown(results, figures, bases, command, sweep_minutes, steps, seeds, pseeds,
+                                               out))
     return results
 
 
@@ -193,7 +221,7 @@ def _json(value):
 
 
 def markdown(results: dict, figures: dict, bases: list[dict], command: str, sweep_minutes: float, steps: int,
-             seeds: list[int], out: Path) -> str:
+             seeds: list[int], pseeds: list[int], out: Path) -> str:
     load = os.getloadavg()
     job_minutes = sum(json.loads(p.read_text())["seconds"] for p in out.glob("*/done.json")) / 60
     base_minutes = sum(b["minutes"] for b in bases)
@@ -203,14 +231,20 @@ def markdown(results: dict, figures: dict, bases: list[dict], command: str, swee
              f"{how}. Job time: {base_minutes:.0f} min of base pretraining and {job_minutes:.0f} min of RL runs "
              f"(up to 3 jobs at a time, one thread each, on {len(os.sched_getaffinity(0))} cores; load "
              f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}).", "",
-             "The world (`configs/toy_mixed.yaml`, docs/toy_mixed.md): easy questions a tiny base answers in text "
-             "(1-digit sums and the times table), hard ones it cannot (3-digit products, `a * b + c`), "
-             f"a budget of 4 calls, REINFORCE++ unless said otherwise, {steps} RL steps of 16 prompts x 8 samples, "
-             f"RL seeds {', '.join(map(str, seeds))} on one shared base per size. Held-out accuracy and code rate: "
-             "the last greedy validation on 128 easy and 128 hard questions. Curves over steps are the training "
-             "rollouts (temperature 1); a run's \"plateau\" is its last 5 steps, which is where a run of this length "
-             "stops, not necessarily where it would level off. Each verdict follows the rule in its row, computed "
-             "from the logs.", "",
+             "The world (`configs/toy_multi.yaml`, docs/toy_mixed.md): easy questions a tiny base answers in text "
+             "(1-digit sums and the times table), hard ones it cannot (3-digit products, `a * b + c`) and "
+             "multi-step ones whose reliable answer takes two calls (the digit sum of a 3-digit product: the "
+             "product, then the sum of the digits read off its output), and a held-out split of the same two steps "
+             "on 4-digit products that no document or training question asks (`long`, the split with headroom); "
+             "a budget of 4 calls, REINFORCE++ unless "
+             f"said otherwise, {steps} RL steps of 16 prompts x 8 samples. Bases of 3 sizes, each pretrained with "
+             f"seeds {', '.join(map(str, pseeds))}; RL seeds {', '.join(map(str, seeds))} on each. Held-out accuracy "
+             "and code rate: the last greedy validation on 128 questions of each split. Curves "
+             "over steps are the training rollouts (temperature 1). A number given as `mean (95% CI low to "
+             "high; range min to max; n)` is the mean over n runs, the t interval of that mean and the runs' range; "
+             "the "
+             "findings about one run's dynamics (1-4, 8) read the medium base's runs of both pretraining seeds. "
+             "Each verdict follows the rule in its row, computed from the logs.", "",
              "| # | finding | evidence | rule | verdict |", "|---|---|---|---|---|"]
     for k in sorted(TITLES):
         res = results.get(k) or {}
@@ -218,18 +252,21 @@ def markdown(results: dict, figures: dict, bases: list[dict], command: str, swee
         lines.append(f"| {k} | {TITLES[k]} | {res.get('evidence', 'runs missing')}{fig} | {RULES[k]} | "
                      f"**{res.get('verdict', 'not measured')}** |")
     lines += ["", "## Bases at RL step 0", "",
-              "Measured with the real tool loop, one sample per held-out question at temperature 1 (64 easy, 64 "
-              "hard); the design check is `zerotir.toy.mixed.design.check_design`.", "",
-              "| size | params | pretraining steps (end by) | minutes | easy text acc | easy acc | hard acc | code rate "
-              "easy / hard | code right when used | design |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "Measured with the real tool loop, one sample per held-out question at temperature 1 (64 of each "
+              "group); the design check is `zerotir.toy.mixed.design.check_design`.", "",
+              "| size | pretraining seed | params | pretraining steps (end by) | minutes | easy text acc | easy acc | "
+              "hard acc | multi-step acc | long acc | two calls or more on multi-step | code rate easy / hard | "
+              "design |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in bases:
         st = b["stats"]
-        e, h = st.get("easy", {}), st.get("hard", {})
-        lines.append(f"| {b['size']} | {b['params'] / 1e6:.2f}M | {b['steps']} ({b['decay_reason']}) | "
+        e, h, m, long = st.get("easy", {}), st.get("hard", {}), st.get("multi", {}), st.get("long", {})
+        lines.append(f"| {b['size']} | {b['pseed']} | {b['params'] / 1e6:.2f}M | {b['steps']} ({b['decay_reason']}) | "
                      f"{b['minutes']:.1f} | {fmt(e.get('accuracy_no_code'), '.2f')} | {fmt(e.get('accuracy'), '.2f')} | "
-                     f"{fmt(h.get('accuracy'), '.2f')} | {fmt(e.get('code_rate'), '.2f')} / {fmt(h.get('code_rate'), '.2f')}"
-                     f" | {fmt(e.get('code_run_accuracy'), '.2f')} / {fmt(h.get('code_run_accuracy'), '.2f')} | "
-                     f"{'; '.join(b['design_problems']) or 'meets it'} |")
+                     f"{fmt(h.get('accuracy'), '.2f')} | {fmt(m.get('accuracy'), '.2f')} | "
+                     f"{fmt(long.get('accuracy'), '.2f')} | "
+                     f"{fmt(m.get('multi_call_rate'), '.2f')} | {fmt(e.get('code_rate'), '.2f')} / "
+                     f"{fmt(h.get('code_rate'), '.2f')} | {'; '.join(b['design_problems']) or 'meets it'} |")
     lines += ["", "## Figures", ""]
     seen = []
     for k, name in sorted(figures.items()):

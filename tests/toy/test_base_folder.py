@@ -13,7 +13,7 @@ import pytest
 from zerotir.toy import base_folder
 from zerotir.toy.base_folder import (CHECKSUM_FILE, SHIPPED, ChecksumError, building, clear_stale_tmp,
                                      verify_checksums, write_checksums)
-from zerotir.toy.pretrain import PretrainSettings, read_info
+from zerotir.toy.pretrain import NEW_FIELD_DEFAULTS, PretrainSettings, read_info
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,7 +99,7 @@ def test_the_shipped_base_is_the_default_settings_verified_and_small():
     assert SHIPPED == REPO / "data" / "toy_base"
     verify_checksums(SHIPPED)
     info = read_info(SHIPPED)
-    assert info["settings"] == PretrainSettings().identity()
+    assert {**NEW_FIELD_DEFAULTS, **info["settings"]} == PretrainSettings().identity()  # fields added since: defaults
     record = info["record"]
     # Copying was learned (the probe, not the step cap, started the decay) and the run ended after the decay.
     assert record["decay_reason"] == "probe" and record["probe"][-1]["both"] >= 0.5

@@ -292,7 +292,8 @@ class PromptDataModule(LightningDataModule):
         if self.train_rows is None:
             self.setup("fit")
         # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts.
-        self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed, start=lambda: self._consumed.whole)
+        self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed,
+                                    start=lambda: self._consumed.whole)
         return DataLoader(self._stream, batch_size=None, collate_fn=list, num_workers=0)
 
     def train_batch(self, batch_index: int) -> list[dict[str, Any]]:

@@ -103,7 +103,7 @@ def measure_questions(
     start = time.monotonic()
     with torch.inference_mode(), _sandbox_client(sandbox_urls) as client:
         traj, _ = rollout_sync(engine, tok, client, prompts, params, tool, [q.answer for q in questions],
-                               Schedule())
+                               Schedule("lockstep"))  # every row a step at a time: the same numbers every run
     rewards = [score(text, truth, bool(cut)) for text, truth, cut
                in zip(traj.response_texts, traj.ground_truths, traj.truncated.tolist(), strict=True)]
     used = traj.used_code.tolist()
@@ -119,6 +119,7 @@ def measure_questions(
         "code_run_accuracy": _rate(int(code_hits), with_code),
         "answers_with_code": with_code,
         "exec_error_rate": _rate(int(traj.num_exec_errors.sum()), calls),
+        "multi_call_rate": _rate(int((traj.num_calls >= 2).sum()), total),
         "truncation_rate": _rate(int(traj.truncated.sum()), total),
         "mean_response_tokens": round(float(traj.response_lens.float().mean()), 1),
         "temperature": temperature,

@@ -37,7 +37,8 @@ from zerotir.toy.worlds import get_world
 log = logging.getLogger(__name__)
 INFO_FILE = "toy_base.json"
 # Fields added after folders were first written: a folder without them was built with these values.
-NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": "", "head_dim": 0}
+NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": "", "head_dim": 0,
+                      "multi_share": 0.0}
 # Settings that bound a build without shaping the base; a record that holds one (before the limit stopped shaping the
 # schedule) differs from every current setting, so such a folder is rebuilt.
 LIMIT_FIELDS = ("minutes",)
@@ -78,6 +79,8 @@ class PretrainSettings:
             in its corpus (``zerotir.toy.mixed.corpus``); must stay 0 in the ``products`` world.
         kinds: ``mixed`` world only: the question kinds of the corpus and of the base measurement, comma-separated
             (``"add_1d,mul_1d"``); empty: all of the world's kinds.
+        multi_share: ``mixed`` world only: the share of multi-step questions (``digitsum``: two calls) in its
+            corpus, taken from the hard share; 0: none, and the base is measured on easy and hard questions only.
     """
 
     seed: int = 0
@@ -108,6 +111,7 @@ class PretrainSettings:
     text_error: float = 0.0
     code_bugs: float = 0.0
     kinds: str = ""
+    multi_share: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -126,10 +130,10 @@ class PretrainSettings:
             raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads} (or set "
                              "head_dim)")
         world = get_world(self.world)
-        if not world.mixed_only and (self.text_error or self.code_bugs or self.kinds):
-            raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}: only "
-                             "the 'mixed' world has wrong answers, buggy code and a kind choice; set world: mixed or "
-                             "leave them at 0 / ''")
+        if not world.mixed_only and (self.text_error or self.code_bugs or self.kinds or self.multi_share):
+            raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}, "
+                             f"multi_share={self.multi_share}: only the 'mixed' world has wrong answers, buggy code, a "
+                             "kind choice and multi-step questions; set world: mixed or leave them at 0 / ''")
         world.documents(self)  # validates the world's corpus shares
 
     def corpus(self) -> CorpusSettings:

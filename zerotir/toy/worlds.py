@@ -33,6 +33,7 @@ class WorldSettings(Protocol):
     text_error: float
     code_bugs: float
     kinds: str
+    multi_share: float
     heldout_n: int
     heldout_seed: int
     eval_n: int
@@ -73,7 +74,8 @@ def _products_measure(path: Path, s: WorldSettings) -> dict:
 def _mixed_documents(s: WorldSettings) -> Document:
     cs = mixed_corpus.MixedCorpusSettings(seed=s.seed, mixed_share=s.mixed_share, code_share=s.code_share,
                                           worked_share=s.worked_share, easy_share=s.easy_share,
-                                          text_error=s.text_error, code_bugs=s.code_bugs, kinds=mixed_kinds(s))
+                                          text_error=s.text_error, code_bugs=s.code_bugs, kinds=mixed_kinds(s),
+                                          multi_share=s.multi_share)
     return lambda rng, exclude: mixed_corpus.document(rng, cs, exclude)
 
 
@@ -83,14 +85,17 @@ def mixed_kinds(s: WorldSettings) -> tuple[str, ...]:
 
 
 def _mixed_measure(path: Path, s: WorldSettings) -> dict:
-    """Base statistics per group: ``{"easy": rates, "hard": rates}`` (``base_stats.measure_questions``), on the
-    held-out questions of the kinds the corpus asked (a group without such kinds is left out)."""
+    """Base statistics per group: ``{"easy": rates, "hard": rates, "multi": rates, "long": rates}``
+    (``base_stats.measure_questions``), on the held-out questions of the kinds the corpus asked (a group without such
+    kinds, or the multi-step ones where ``multi_share`` is 0, is left out)."""
     from zerotir.toy.base_stats import measure_questions
 
     n, kinds = min(s.eval_n, s.heldout_n), mixed_kinds(s)
+    groups = [g for g in mixed_tasks.GROUPS
+              if mixed_tasks.group_kinds(g, kinds) and (g not in mixed_tasks.MULTI_STEP or s.multi_share)]
     return {group: measure_questions(path, mixed_tasks.heldout_set(group, s.heldout_n, s.heldout_seed, kinds)[:n],
                                      seed=s.seed)
-            for group in mixed_tasks.GROUPS if mixed_tasks.group_kinds(group, kinds)}
+            for group in groups}
 
 
 WORLDS: dict[str, World] = {

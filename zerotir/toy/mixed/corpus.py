@@ -15,6 +15,11 @@ Documents (default shares in brackets, see :class:`MixedCorpusSettings`):
 
 The output of a buggy call is copied into the box like any other output, so the base's code is sometimes wrong and
 sometimes right; RL can learn to write it right, to call once or retry, and when to call at all.
+
+Multi-step questions (``digitsum(482 * 917)``, a share ``multi_share`` of the questions; 0 by default) are solved in
+two calls, the product and then the sum of its digits as read off the output (``print(4 + 4 + 1 + 9 + 9 + 4)``).
+Their buggy calls are the first call's bugs above, or the question copied into one call (``print(digitsum(...))``),
+whose ``NameError`` block, like a syntax error's, is followed by a text answer.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from dataclasses import asdict, dataclass
 from sandbox.result import ExecResult, ExecStatus, format_for_model
 from zerotir.config import ToolConfig
 from zerotir.toy.corpus import code_document, run_snippet, snippet
-from zerotir.toy.mixed.tasks import check_kinds, group_kinds, make_question
+from zerotir.toy.mixed.tasks import check_kinds, draw_group, group_kinds, make_question
 from zerotir.toy.tasks import Question
 from zerotir.toy.template import code_block, output_block, toy_prompt
 
 BUG_KINDS = ("operator", "off_by_one", "syntax")
+DIGIT_SUM = "digitsum("
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class MixedCorpusSettings:
         text_error: share of plain-text answers that are wrong.
         code_bugs: share of tool calls in ``mixed`` documents that are buggy (a third of each bug kind).
         kinds: the question kinds documents may ask (``zerotir.toy.mixed.tasks``); empty: all of them.
+        multi_share: share of multi-step questions (``digitsum``) in ``qa``, ``mixed`` and ``worked`` documents,
+            taken from the hard share.
     """
 
     seed: int = 0
@@ -55,13 +63,19 @@ class MixedCorpusSettings:
     text_error: float = 0.2
     code_bugs: float = 0.4
     kinds: tuple[str, ...] = ()
+    multi_share: float = 0.0
 
     def __post_init__(self) -> None:
         check_kinds(self.kinds)
-        for group, share in (("easy", self.easy_share), ("hard", 1.0 - self.easy_share)):
-            if share > 0 and not group_kinds(group, self.kinds):
+        hard = 1.0 - self.easy_share - self.multi_share
+        if hard < -1e-9:
+            raise ValueError(f"easy_share={self.easy_share} + multi_share={self.multi_share} must be at most 1 (the "
+                             "rest of the questions are hard)")
+        for group, share in (("easy", self.easy_share), ("multi", self.multi_share), ("hard", hard)):
+            if share > 1e-9 and not group_kinds(group, self.kinds):
                 raise ValueError(f"kinds={list(self.kinds)} has no {group} kind, but the {group} share is {share}")
-        for name in ("mixed_share", "code_share", "worked_share", "easy_share", "text_error", "code_bugs"):
+        shares = ("mixed_share", "code_share", "worked_share", "easy_share", "text_error", "code_bugs", "multi_share")
+        for name in shares:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}={value}: must lie in [0, 1]")
@@ -111,19 +125,54 @@ def buggy_code(rng: random.Random, problem: str, bug: str) -> str:
 
 
 def error_block(code: str) -> str:
-    """The output block the tool loop injects for ``code`` that fails to compile (the traceback's last lines)."""
+    """The output block the tool loop injects for ``code`` that fails (the traceback's last lines): it does not
+    compile, or it raises (``print(digitsum(...))``: a ``NameError``)."""
     try:
-        compile(code, "main.py", "exec")
+        compiled = compile(code, "main.py", "exec")
     except SyntaxError as err:
         stderr = "".join(traceback.format_exception_only(err))
     else:
-        raise ValueError(f"{code!r} compiles; error_block is for code with a syntax error")
+        try:
+            exec(compiled, {})  # corpus code this module generated: arithmetic and print only
+        except Exception as err:  # noqa: BLE001 - the error is what the block shows
+            stderr = "".join(traceback.format_exception(type(err), err, err.__traceback__.tb_next))  # the code's frames
+        else:
+            raise ValueError(f"{code!r} runs; error_block is for code that fails")
     result = ExecResult(ExecStatus.ERROR, "", stderr, 0.0, 1)
     return ToolConfig().output_template.format(output=format_for_model(result))
 
 
+def digit_calls(expr: str) -> tuple[str, str]:
+    """The two calls of a multi-step answer for ``digitsum(expr)``, each with its output block: the product, then
+    the sum of the digits it printed; and the final output."""
+    first = run_snippet(f"print({expr})")
+    digits = " + ".join(first.strip().lstrip("-"))
+    second = run_snippet(f"print({digits})")
+    text = code_block(f"print({expr})") + output_block(first) + code_block(f"print({digits})") + output_block(second)
+    return text, second.strip()
+
+
+def multi_answer(rng: random.Random, q: Question, settings: MixedCorpusSettings) -> str:
+    """A tool-integrated answer to a multi-step question: the two calls, or (with probability ``code_bugs``) a
+    buggy first call (its wrong output read on), or a first call that fails (a syntax error, or the question copied
+    into one call), whose error is followed by a text answer: with a correction's two calls more, a document would
+    outgrow the pretraining rows and the RL response budget."""
+    expr = q.problem.removeprefix(DIGIT_SUM).removesuffix(")")
+    bug = rng.choice((*BUG_KINDS, "one_call")) if rng.random() < settings.code_bugs else None
+    if bug in ("syntax", "one_call"):
+        code = f"print({expr}" if bug == "syntax" else f"print({q.problem})"
+        return code_block(code) + error_block(code) + text_answer(rng, q, settings.text_error)
+    if bug is not None:
+        expr = buggy_code(rng, expr, bug).removeprefix("print(").removesuffix(")")
+    calls, answer = digit_calls(expr)
+    return calls + f"\\boxed{{{answer}}}"
+
+
 def tool_answer(rng: random.Random, q: Question, settings: MixedCorpusSettings) -> str:
-    """One tool-integrated answer to ``q``: a call (buggy with probability ``code_bugs``), its output, the box."""
+    """One tool-integrated answer to ``q``: a call (buggy with probability ``code_bugs``), its output, the box; two
+    calls for a multi-step question (``multi_answer``)."""
+    if q.problem.startswith(DIGIT_SUM):
+        return multi_answer(rng, q, settings)
     bug = rng.choice(BUG_KINDS) if rng.random() < settings.code_bugs else None
     code = f"print({q.problem})" if bug is None else buggy_code(rng, q.problem, bug)
     if bug != "syntax":
@@ -138,7 +187,7 @@ def tool_answer(rng: random.Random, q: Question, settings: MixedCorpusSettings) 
 
 def _question(rng: random.Random, settings: MixedCorpusSettings, exclude: Collection[str]) -> Question:
     while True:
-        q = make_question(rng, "easy" if rng.random() < settings.easy_share else "hard", settings.kinds)
+        q = make_question(rng, draw_group(rng, settings.easy_share, settings.multi_share), settings.kinds)
         if q.problem not in exclude:
             return q
 
@@ -151,6 +200,9 @@ def document(rng: random.Random, settings: MixedCorpusSettings, exclude: Collect
         return "mixed", toy_prompt(q.problem) + tool_answer(rng, q, settings)
     if u < settings.mixed_share + settings.worked_share:
         q = _question(rng, settings, exclude)
+        if q.problem.startswith(DIGIT_SUM):
+            calls, answer = digit_calls(q.problem.removeprefix(DIGIT_SUM).removesuffix(")"))
+            return "worked", f"Compute {q.problem}.\n" + calls + f"\\boxed{{{answer}}}"
         stdout = run_snippet(f"print({q.problem})")
         return "worked", (f"Compute {q.problem}.\n" + code_block(f"print({q.problem})") + output_block(stdout)
                           + f"\\boxed{{{stdout.strip()}}}")
