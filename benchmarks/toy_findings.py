@@ -71,13 +71,18 @@ class Job:
         return self.size, self.pseed
 
 
+def tir_name(size: str, pseed: int, seed: int) -> str:
+    """The name of the ZeroTIR run on the base of ``size`` pretrained with seed ``pseed``, RL seed ``seed``."""
+    return f"tir_{size}_p{pseed}_s{seed}"
+
+
 def jobs(seeds: list[int], pseeds: list[int]) -> list[Job]:
     """The RL runs of the sweep, in the order they start (the reference runs and the headline first)."""
-    out = [Job(f"tir_medium_p{p}_s{s}", seed=s, pseed=p) for p in pseeds for s in seeds]
+    out = [Job(tir_name("medium", p, s), seed=s, pseed=p) for p in pseeds for s in seeds]
     for seed in seeds:
         out += [Job(f"norl_s{seed}", seed=seed, budget=0), Job(f"ppo_s{seed}", algorithm="ppo", seed=seed)]
         out += [Job(f"budget{b}_s{seed}", seed=seed, budget=b) for b in (1, 2)]
-    out += [Job(f"tir_{size}_p{p}_s{s}", size=size, seed=s, pseed=p) for size in ("large", "small") for p in pseeds
+    out += [Job(tir_name(size, p, s), size=size, seed=s, pseed=p) for size in ("large", "small") for p in pseeds
             for s in seeds]
     return out
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from benchmarks.toy_findings import SIZES, base_name
 from benchmarks.toy_findings_rules import (
-    GROUPS, RULES, TITLES, Runs, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, fmt, reference, size_runs, tir,
+    GROUPS, RULES, TITLES, Runs, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, fmt, mean_ci, reference, size_runs, tir,
 )
 from zerotir import metric_names as mn
 from zerotir.scaling import fit as sf
@@ -117,8 +117,8 @@ def fig_groups(result: dict, ylabel: str, title: str, path: Path) -> str | None:
     for i, (name, values) in enumerate(groups.items()):
         v = np.asarray(values, dtype=float)
         ax.scatter(np.full(len(v), i) + np.linspace(-0.12, 0.12, len(v)), v, color=f"C{i}", alpha=0.6)
-        half = 1.96 * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0.0
-        ax.errorbar([i + 0.3], [v.mean()], yerr=[half], fmt="o", color="black", capsize=4)
+        mean, half = mean_ci(v)  # the interval the evidence gives (``spread``)
+        ax.errorbar([i + 0.3], [mean], yerr=[half], fmt="o", color="black", capsize=4)
     ax.set_xticks(range(len(groups)), list(groups))
     ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
@@ -262,7 +262,8 @@ def markdown(results: dict, figures: dict, bases: list[dict], command: str, swee
         st = b["stats"]
         e, h, m, long = st.get("easy", {}), st.get("hard", {}), st.get("multi", {}), st.get("long", {})
         lines.append(f"| {b['size']} | {b['pseed']} | {b['params'] / 1e6:.2f}M | {b['steps']} ({b['decay_reason']}) | "
-                     f"{b['minutes']:.1f} | {fmt(e.get('accuracy_no_code'), '.2f')} | {fmt(e.get('accuracy'), '.2f')} | "
+                     f"{b['minutes']:.1f} | {fmt(e.get('accuracy_no_code'), '.2f')} | "
+                     f"{fmt(e.get('accuracy'), '.2f')} | "
                      f"{fmt(h.get('accuracy'), '.2f')} | {fmt(m.get('accuracy'), '.2f')} | "
                      f"{fmt(long.get('accuracy'), '.2f')} | "
                      f"{fmt(m.get('multi_call_rate'), '.2f')} | {fmt(e.get('code_rate'), '.2f')} / "

@@ -20,6 +20,7 @@ from scipy import stats
 
 from benchmarks import toy_findings
 from benchmarks.toy_findings import base_name
+from benchmarks.toy_findings import tir_name as tir
 from zerotir import metric_names as mn
 from zerotir.scaling import fit as sf
 from zerotir.scaling import laws
@@ -108,24 +109,26 @@ def verdict(all_true: bool, none_true: bool) -> str:
     return "reproduced" if all_true else "not reproduced" if none_true else "mixed"
 
 
-def tir(size: str, pseed: int, seed: int) -> str:
-    """The name of the ZeroTIR run on the base of ``size`` and pretraining seed ``pseed``, RL seed ``seed``."""
-    return f"tir_{size}_p{pseed}_s{seed}"
-
-
 def reference(runs: Runs, seeds: list[int], pseeds: list[int]) -> list[tuple[str, Run]]:
     """The medium ZeroTIR runs that have finished, labelled "p{pseed} s{seed}"."""
     return [(f"p{p} s{s}", r) for p in pseeds for s in seeds if (r := runs.get(tir("medium", p, s))) is not None]
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """The mean of ``values`` and the half-width of its 95% t interval (0 for a single value)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return float(v.mean()), 0.0
+    return float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
 
 
 def spread(values: list[float], digits: int = 2) -> str:
     """``mean (95% CI low to high; range min to max; n)`` of ``values``: the t interval of the mean, the runs'
     range (one value: itself)."""
     v = np.asarray(values, dtype=float)
-    mean, d = float(v.mean()), digits
+    (mean, half), d = mean_ci(v), digits
     if len(v) < 2:
         return f"{mean:.{d}f} (n 1)"
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
     return (f"{mean:.{d}f} (95% CI {mean - half:.{d}f} to {mean + half:.{d}f}; range {v.min():.{d}f} to "
             f"{v.max():.{d}f}; n {len(v)})")
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
 from zerotir.rl.staleness import trainer_version
 from zerotir.rollout.engine import SamplingParams
 from zerotir.types import PromptRow, Trajectories
@@ -75,8 +73,10 @@ class Ended:
 
     @classmethod
     def of(cls, row: PromptRow, trajectories: Trajectories) -> Ended:
-        versions = trajectories.versions
-        sampled = versions[trajectories.action_mask.bool()] if versions is not None else torch.full((1,), -1)
+        if trajectories.versions is None:
+            raise ValueError(f"prompt group {row['batch_index']}/{row['position']}: its tokens carry no weight "
+                             "versions; the engine that generated it had no push")
+        sampled = trajectories.versions[trajectories.action_mask.bool()]
         oldest = int(sampled.min()) if sampled.numel() else 1 << 62  # nothing sampled: never stale
         if oldest < 0:
             raise ValueError(f"prompt group {row['batch_index']}/{row['position']}: a sampled token has no weight "

@@ -181,21 +181,21 @@ class FleetSource:
                                f"{expected}; the training stream and the fleet disagree")
         self._top_up()
         if self.fleet.max_in_flight:
-            submitted, traj, timings = self._ended_batch(step, size)
+            rows, traj, timings = self._ended_batch(step, size)
+            taken = [(r["batch_index"], r["position"]) for r in rows]
         else:
             submitted = self._submitted.pop(index)
+            rows, taken = submitted.rows, None
             traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
         self._occupancy = self._engines_occupancy()
         self._cursor.handed(step)
         self._top_up()  # the next batches generate while this one trains (S >= 1)
-        taken = [(r["batch_index"], r["position"]) for r in submitted.rows] if self.fleet.max_in_flight else None
-        return RolloutBatch(submitted.rows, traj, timings, self.sandbox.names, taken)
+        return RolloutBatch(rows, traj, timings, self.sandbox.names, taken)
 
-    def _ended_batch(self, step: int, size: int) -> tuple[Submitted, Trajectories, dict[str, float]]:
-        """Streaming: the first ``size`` prompt groups in stream order among those that have ended, scored. A
-        group over the staleness bound for ``step`` is dropped and generated again with the newest weights (with
-        its seed), counted in ``regenerated``; an engine that dies is recovered."""
+    def _ended_batch(self, step: int, size: int) -> tuple[list[PromptRow], Trajectories, dict[str, float]]:
+        """Streaming: the first ``size`` prompt groups in stream order among those that have ended, scored. One over
+        the bound for ``step`` is generated again with the newest weights (``regenerated``); a dead engine recovered."""
         deadline, took = time.monotonic() + self.fleet.timeout_s, {}
         while True:
             self._top_up()
@@ -220,7 +220,7 @@ class FleetSource:
         traj, timings = merge([(g.trajectories, took) for g in groups], list(range(size)), pad_id(self._tokenizer))
         timings["reward"] = self._score(traj)
         self._spread = len({group.row["batch_index"] for group in groups})
-        return Submitted(-1, [group.row for group in groups]), traj, timings
+        return [group.row for group in groups], traj, timings
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
         """An evaluation batch on the engines, after the batches submitted before it, with the latest weights: the

@@ -15,8 +15,9 @@ right shape but copied the digits off the output badly, and 30 RL steps left it 
 half, whose outputs have four digits at most, it learned the copy, and RL reached 100% within 10 steps.)
 
 Long (held out only, with the multi-step questions): ``dsum_4x3`` and ``dsum_4x4``, the same two steps on products
-with a 4-digit factor (``digitsum(4821 * 917)``). They are never asked in the corpus or the training stream, so its accuracy measures how far the procedure learned on shorter
-products carries: the split with headroom, where a larger model has room to show.
+with a 4-digit factor (``digitsum(4821 * 917)``). They are never asked in the corpus or the training stream, so their
+accuracy measures how far the procedure learned on shorter products carries: the split with headroom, where a larger
+model has room to show.
 
 Held-out sets are drawn per group (``heldout_easy.jsonl``, ``heldout_hard.jsonl``), so validation reports accuracy
 and code use on easy and hard questions separately. The corpus and the training stream never ask a held-out question
@@ -45,16 +46,17 @@ HARD_KINDS: dict[str, Callable[[random.Random], str]] = {
     "mul_3x3": lambda r: f"{_n(r, 3)} * {_n(r, 3)}",
     "mul_add": lambda r: f"{_n(r, 2)} * {_n(r, 2)} + {_n(r, 2)}",
 }
-MULTI_KINDS: dict[str, Callable[[random.Random], str]] = {
-    "dsum_2x2": lambda r: f"digitsum({_n(r, 2)} * {_n(r, 2)})",
-    "dsum_3x3": lambda r: f"digitsum({_n(r, 3)} * {_n(r, 3)})",
-}
+
+
+def _digit_sum(a: int, b: int) -> Callable[[random.Random], str]:
+    """The question kind ``digitsum(A * B)`` of an ``a``-digit and a ``b``-digit factor."""
+    return lambda r: f"digitsum({_n(r, a)} * {_n(r, b)})"
+
+
+MULTI_KINDS: dict[str, Callable[[random.Random], str]] = {"dsum_2x2": _digit_sum(2, 2), "dsum_3x3": _digit_sum(3, 3)}
 # Held out only: the same two steps with a 4-digit factor (six to eight digits to read off and add), never in the
 # corpus or the training stream: how far the learned procedure carries, where a larger model has room to show.
-LONG_KINDS: dict[str, Callable[[random.Random], str]] = {
-    "dsum_4x3": lambda r: f"digitsum({_n(r, 4)} * {_n(r, 3)})",
-    "dsum_4x4": lambda r: f"digitsum({_n(r, 4)} * {_n(r, 4)})",
-}
+LONG_KINDS: dict[str, Callable[[random.Random], str]] = {"dsum_4x3": _digit_sum(4, 3), "dsum_4x4": _digit_sum(4, 4)}
 GROUPS = {"easy": EASY_KINDS, "hard": HARD_KINDS, "multi": MULTI_KINDS, "long": LONG_KINDS}
 MULTI_STEP = ("multi", "long")  # the groups asked only where multi_share > 0
 # Kinds whose questions are few enough to be memorised facts: never excluded from the corpus.
