@@ -16,8 +16,8 @@ thing at a time:
 - ``ppo_s{s}``: PPO on that base;
 - ``budget{1,2}_s{s}``: call budgets 1 and 2 on that base.
 
-Validation: all 128 easy, 128 hard and 128 multi-step held-out questions, greedy, every ``--val_every`` steps and at
-the last step. Jobs run ``--jobs`` at a time with one torch thread each (``OMP_NUM_THREADS=1``), the bases first,
+Validation: 128 questions of each held-out split (easy, hard, multi-step, long), greedy, every ``--val_every`` steps
+and at the last step. Jobs run ``--jobs`` at a time with one torch thread each (``OMP_NUM_THREADS=1``), the bases first,
 the slowest first. Each job's log lies next to its run folder. The report (``toy_findings_report.py``) reads the
 TensorBoard logs and writes ``<docs>/findings.md`` with PNG figures, every number a verdict rests on with its spread
 over seeds; a finding whose runs are missing is reported as not measured.
@@ -41,6 +41,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "toy_multi.yaml"
+SWEEP_FILE = "sweep.json"  # the sweep's command and wall time, for a report written later with --report-only
 # name -> tiny-Llama shape (parameters with the byte vocabulary: ~0.23M, ~0.85M, ~1.9M). Every size keeps heads of
 # 16 dimensions. A large base of hidden size 256 (3.3M) took 31 min to pass its copy probe, at lr 2e-3 (at 4e-3, and
 # with 8 heads of 32, it never passed): two of them would take 70% of the sweep's 90 minutes, so the large size is
@@ -179,6 +180,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if __package__ in (None, ""):  # `python benchmarks/toy_findings.py` cannot import the report: say so now
+        raise SystemExit("run the sweep as a module from the repository root: python -m benchmarks.toy_findings "
+                         + " ".join(sys.argv[1:]))
+    # Imported before the sweep, not after it: a broken import must fail in a second, not after 90 minutes of runs.
+    from benchmarks.toy_findings_report import write_report
+
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.toy_findings " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -189,10 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report_only:
         todo = [j for j in jobs(args.seeds, args.pseeds) if args.only is None or j.name in args.only]
         Sweep(args).run(todo)
-    from benchmarks.toy_findings_report import write_report
-
-    write_report(args.out, args.docs, command.strip(), sweep_minutes=(time.time() - start) / 60,
-                 steps=args.steps, seeds=args.seeds, pseeds=args.pseeds)
+        record = {"command": command.strip(), "minutes": round((time.time() - start) / 60, 1),
+                  "ended": time.strftime("%Y-%m-%d %H:%M")}
+        (args.out / SWEEP_FILE).write_text(json.dumps(record) + "\n")
+    record_file = args.out / SWEEP_FILE
+    swept = json.loads(record_file.read_text()) if record_file.is_file() else None
+    write_report(args.out, args.docs, command.strip(), swept=swept, steps=args.steps, seeds=args.seeds,
+                 pseeds=args.pseeds)
     print(f"wrote {args.docs / 'findings.md'}", flush=True)
 
 

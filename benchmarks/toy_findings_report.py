@@ -165,9 +165,12 @@ def base_rows(out: Path, pseeds: list[int]) -> list[dict]:
     return rows
 
 
-def write_report(out: Path, docs: Path, command: str, sweep_minutes: float, steps: int, seeds: list[int],
+def write_report(out: Path, docs: Path, command: str, swept: dict | None, steps: int, seeds: list[int],
                  pseeds: list[int]) -> dict:
-    """Compute every finding from the runs under ``out`` and write ``docs/findings.md`` and its figures."""
+    """Compute every finding from the runs under ``out`` and write ``docs/findings.md`` and its figures.
+
+    ``swept``: the sweep's record (``command``, wall ``minutes``, ``ended``), None when the runs' sweep wrote none.
+    """
     runs = Runs(out)
     figs = docs / "findings"
     all_names = sorted(p.parent.name for p in out.glob("*/done.json"))
@@ -207,8 +210,7 @@ def write_report(out: Path, docs: Path, command: str, sweep_minutes: float, step
     bases = base_rows(out, pseeds)
     (figs / "findings.json").write_text(json.dumps({"results": results, "bases": bases}, indent=2,
                                                    default=_json) + "\n")
-    (docs / "findings.md").write_text(markdown(results, figures, bases, command, sweep_minutes, steps, seeds, pseeds,
-                                               out))
+    (docs / "findings.md").write_text(markdown(results, figures, bases, command, swept, steps, seeds, pseeds, out))
     return results
 
 
@@ -220,20 +222,25 @@ def _json(value):
     raise TypeError(f"not JSON: {type(value)}")
 
 
-def markdown(results: dict, figures: dict, bases: list[dict], command: str, sweep_minutes: float, steps: int,
+def markdown(results: dict, figures: dict, bases: list[dict], command: str, swept: dict | None, steps: int,
              seeds: list[int], pseeds: list[int], out: Path) -> str:
     load = os.getloadavg()
     job_minutes = sum(json.loads(p.read_text())["seconds"] for p in out.glob("*/done.json")) / 60
     base_minutes = sum(b["minutes"] for b in bases)
-    how = (f"Report of the runs in `{out}`, written by `{command}`" if "--report-only" in command else
-           f"Produced by `{command}` ({sweep_minutes:.0f} min of sweep)")
+    if swept is None:
+        how = f"Report of the runs in `{out}`, written by `{command}` (their sweep recorded no wall time)"
+    elif swept["command"] == command:
+        how = f"Produced by `{command}` ({swept['minutes']:.0f} min of sweep, ended {swept['ended']})"
+    else:
+        how = (f"Runs of `{swept['command']}` ({swept['minutes']:.0f} min of sweep, ended {swept['ended']}); report "
+               f"written by `{command}`")
     lines = ["# The paper's findings in the mixed toy world", "",
              f"{how}. Job time: {base_minutes:.0f} min of base pretraining and {job_minutes:.0f} min of RL runs "
              f"(up to 3 jobs at a time, one thread each, on {len(os.sched_getaffinity(0))} cores; load "
              f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}).", "",
              "The world (`configs/toy_multi.yaml`, docs/toy_mixed.md): easy questions a tiny base answers in text "
              "(1-digit sums and the times table), hard ones it cannot (3-digit products, `a * b + c`) and "
-             "multi-step ones whose reliable answer takes two calls (the digit sum of a 3-digit product: the "
+             "multi-step ones whose reliable answer takes two calls (the digit sum of a 2- or 3-digit product: the "
              "product, then the sum of the digits read off its output), and a held-out split of the same two steps "
              "on 4-digit products that no document or training question asks (`long`, the split with headroom); "
              "a budget of 4 calls, REINFORCE++ unless "
