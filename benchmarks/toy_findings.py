@@ -188,21 +188,21 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.toy_findings " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = ("python -m benchmarks.toy_findings " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     start = time.time()
     if args.bases:
         Sweep(args).run([], bases=[(size, p) for size in args.bases for p in args.pseeds])
         return
-    if not args.report_only:
+    record_file = args.out / SWEEP_FILE
+    if args.report_only:
+        swept = json.loads(record_file.read_text()) if record_file.is_file() else None
+    else:
         todo = [j for j in jobs(args.seeds, args.pseeds) if args.only is None or j.name in args.only]
         Sweep(args).run(todo)
-        record = {"command": command.strip(), "minutes": round((time.time() - start) / 60, 1),
-                  "ended": time.strftime("%Y-%m-%d %H:%M")}
-        (args.out / SWEEP_FILE).write_text(json.dumps(record) + "\n")
-    record_file = args.out / SWEEP_FILE
-    swept = json.loads(record_file.read_text()) if record_file.is_file() else None
-    write_report(args.out, args.docs, command.strip(), swept=swept, steps=args.steps, seeds=args.seeds,
-                 pseeds=args.pseeds)
+        swept = {"command": command, "minutes": round((time.time() - start) / 60, 1),
+                 "ended": time.strftime("%Y-%m-%d %H:%M")}
+        record_file.write_text(json.dumps(swept) + "\n")
+    write_report(args.out, args.docs, command, swept=swept, steps=args.steps, seeds=args.seeds, pseeds=args.pseeds)
     print(f"wrote {args.docs / 'findings.md'}", flush=True)
 
 
