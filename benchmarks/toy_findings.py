@@ -7,8 +7,8 @@ Method (issues #17, #30). ``configs/toy_multi.yaml``: easy questions a tiny base
 cannot, and multi-step ones (``digitsum(a * b)``) whose reliable answer takes two calls, so the call budget can buy
 something and "one call" is measured rather than given by the corpus. Bases of three sizes (about 0.23M, 0.85M and
 1.9M parameters), each pretrained with two seeds (``--pseeds``) until its copy probe passes (a quality criterion: a
-wall-time budget would make the base depend on the machine's load). Then RL runs of ``--steps`` steps, varying one
-thing at a time:
+wall-time budget would make the base depend on the machine's load) or ``--base_steps`` steps. Then RL runs of
+``--steps`` steps, varying one thing at a time:
 
 - ``tir_{size}_p{p}_s{s}``: ZeroTIR, REINFORCE++, budget 4, every size and pretraining seed, RL seeds ``--seeds``
   (the medium ones are the reference runs of the findings about one run's dynamics);
@@ -17,10 +17,10 @@ thing at a time:
 - ``budget{1,2}_s{s}``: call budgets 1 and 2 on that base.
 
 Validation: 128 questions of each held-out split (easy, hard, multi-step, long), greedy, every ``--val_every`` steps
-and at the last step. Jobs run ``--jobs`` at a time with one torch thread each (``OMP_NUM_THREADS=1``), the bases first,
-the slowest first. Each job's log lies next to its run folder. The report (``toy_findings_report.py``) reads the
-TensorBoard logs and writes ``<docs>/findings.md`` with PNG figures, every number a verdict rests on with its spread
-over seeds; a finding whose runs are missing is reported as not measured.
+and at the last step (every verdict reads the last one). Jobs run ``--jobs`` at a time with one torch thread each
+(``OMP_NUM_THREADS=1``), the bases first, the slowest first. Each job's log lies next to its run folder. The report
+(``toy_findings_report.py``) reads the TensorBoard logs and writes ``<docs>/findings.md`` with PNG figures, every
+number a verdict rests on with its spread over seeds; a finding whose runs are missing is reported as not measured.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Sweep:
 
     def base(self, size: str, pseed: int = 0) -> Path:
         settings = {**yaml.safe_load(self.config.read_text())["toy_base"], **SIZES[size], "threads": 1,
-                    "minutes": self.args.base_minutes, "seed": pseed}
+                    "minutes": self.args.base_minutes, "steps": self.args.base_steps, "seed": pseed}
         out = self.args.out / base_name(size, pseed)
         flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
         seconds = self._run(["toy-base", "--out", str(out), "--no-progress", *flags], out.with_suffix(".log"))
@@ -165,13 +165,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "findings", help="runs and bases")
     p.add_argument("--docs", type=Path, default=REPO / "docs", help="where findings.md and its figures go")
     p.add_argument("--steps", type=int, default=40, help="RL steps per run")
-    p.add_argument("--val_every", type=int, default=10, help="RL steps between validations")
+    p.add_argument("--val_every", type=int, default=20,
+                   help="RL steps between validations (each takes about 3 training steps' time: 512 greedy answers)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds")
     p.add_argument("--pseeds", type=int, nargs="+", default=[0, 1], help="pretraining seeds of every size's bases")
     p.add_argument("--jobs", type=int, default=3,
                    help="jobs at a time (one torch thread each; the large base holds one slot for most of the sweep)")
     p.add_argument("--base_minutes", type=float, default=120.0,
                    help="safety cap of each base's pretraining; the copy probe ends it first")
+    p.add_argument("--base_steps", type=int, default=3000,
+                   help="the most pretraining steps of a base (its decay starts 300 before): in the first full sweep "
+                        "every base that passed its copy probe did so by step 2200, and none that had not passed by "
+                        "2700 passed by 3700")
     p.add_argument("--only", nargs="*", default=None, help="run only these job names")
     p.add_argument("--report-only", action="store_true", help="only write the report from existing runs")
     p.add_argument("--bases", nargs="+", choices=list(SIZES), default=None,
@@ -180,9 +185,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    if __package__ in (None, ""):  # `python benchmarks/toy_findings.py` cannot import the report: say so now
-        raise SystemExit("run the sweep as a module from the repository root: python -m benchmarks.toy_findings "
-                         + " ".join(sys.argv[1:]))
+    if __package__ in (None, ""):  # `python benchmarks/toy_findings.py`: become the module (it imports its report)
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.toy_findings", *sys.argv[1:]],
+                  dict(os.environ, PYTHONPATH=path))
     # Imported before the sweep, not after it: a broken import must fail in a second, not after 90 minutes of runs.
     from benchmarks.toy_findings_report import write_report
 
