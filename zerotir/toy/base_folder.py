@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -20,8 +21,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 CHECKSUM_FILE = "SHA256SUMS"
+INFO_FILE = "toy_base.json"
+# Fields added after folders were first written: a folder without them was built with these values.
+NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": "", "head_dim": 0,
+                      "multi_share": 0.0, "serve_head_dim": 0}
+# Settings that bound a build without shaping the base; a record that holds one (before the limit stopped shaping the
+# schedule) differs from every current setting, so such a folder is rebuilt.
+LIMIT_FIELDS = ("minutes",)
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "toy_base"
 SHIPPED_NAME = "data/toy_base"  # as the configs and the docs write it
 
@@ -131,3 +140,23 @@ def replace(tmp: Path, path: Path) -> None:
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)
+
+
+def read_info(path: str | Path) -> dict | None:
+    """The ``toy_base.json`` record of a toy-base folder, or None if there is none."""
+    info = Path(path) / INFO_FILE
+    return json.loads(info.read_text()) if info.is_file() else None
+
+
+class Identified(Protocol):
+    """Settings that name what they build (``zerotir.toy.pretrain.PretrainSettings``)."""
+
+    def identity(self) -> dict: ...
+
+
+def settings_differ(info: dict, s: Identified) -> dict[str, tuple]:
+    """``{field: (recorded, asked)}`` for every setting where the folder's record and ``s`` differ (a field the record
+    has and ``s`` lacks, from an older version, counts as a difference: that base was built another way)."""
+    built = {**NEW_FIELD_DEFAULTS, **info.get("settings", {})}
+    asked = s.identity()
+    return {k: (built.get(k), asked.get(k)) for k in sorted(set(built) | set(asked)) if built.get(k) != asked.get(k)}

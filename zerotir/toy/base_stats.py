@@ -14,11 +14,13 @@ import argparse
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from zerotir.console import StepDisplay
 from zerotir.reward import score
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
@@ -40,6 +42,27 @@ def _sandbox_client(urls: list[str] | None) -> Iterator[object]:
         yield SandboxClient(local_urls)
 
 
+PROGRESS_EVERY = 16  # engine steps (a token for every running answer) between two progress lines
+
+
+class ReportingEngine:
+    """A measurement's engine that reports its progress: a line per ``every`` engine steps through a pipe (and one
+    after 10 s without, ``StepDisplay``), a live bar in a terminal. The measurement samples every answer a token at
+    a time, for minutes on a loaded machine; without these lines it would run silently."""
+
+    def __init__(self, engine: Any, display: StepDisplay) -> None:
+        self.engine, self.display, self.steps = engine, display, 0
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the RolloutEngine protocol, as the engine has it
+        return getattr(self.engine, name)
+
+    def step(self) -> list[tuple[Hashable, Any]]:
+        done = self.engine.step()
+        self.steps += 1
+        self.display.update(self.steps, None, {"answers running": str(self.engine.num_running)})
+        return done
+
+
 def _rate(hits: int, total: int) -> float | None:
     return round(hits / total, 4) if total else None
 
@@ -56,6 +79,7 @@ def measure_base(
     max_response_tokens: int = 192,
     max_tool_calls: int = 4,
     sandbox_urls: list[str] | None = None,
+    progress: bool = False,
 ) -> dict:
     """Sample ``samples`` answers to each of the first ``n`` held-out questions and report the rates.
 
@@ -68,6 +92,7 @@ def measure_base(
         max_response_tokens: response budget (sampled + injected tokens); a longer response scores 0.
         max_tool_calls: code blocks executed per answer.
         sandbox_urls: sandbox servers to use; None starts a local one for the duration of the call.
+        progress: report on stderr while sampling (:class:`ReportingEngine`).
 
     Returns:
         ``code_rate`` (answers with >= 1 executed code block), ``accuracy``, ``accuracy_no_code`` (among answers
@@ -78,7 +103,7 @@ def measure_base(
         raise ValueError(f"n={n}, samples={samples}: need 1 <= n <= heldout_n={heldout_n} and samples >= 1")
     questions = heldout_set(heldout_n, heldout_seed, kinds)[:n]
     stats = measure_questions(model_dir, questions, samples, seed, temperature, max_response_tokens, max_tool_calls,
-                              sandbox_urls)
+                              sandbox_urls, progress)
     return {**stats, "kinds": kinds}
 
 
@@ -91,12 +116,16 @@ def measure_questions(
     max_response_tokens: int = 192,
     max_tool_calls: int = 4,
     sandbox_urls: list[str] | None = None,
+    progress: bool = False,
 ) -> dict:
     """The rates of :func:`measure_base` on the given questions (any world's), in the toy prompt."""
     if not questions or samples < 1:
         raise ValueError(f"{len(questions)} questions, samples={samples}: need at least one of each")
-    engine = HFEngine(str(model_dir))
+    engine: Any = HFEngine(str(model_dir))
     tok = engine.tokenizer
+    if progress:
+        engine = ReportingEngine(engine, StepDisplay(f"toy-base: base stats ({len(questions) * samples} answers), "
+                                                     "engine step", every=PROGRESS_EVERY))
     prompts = [tok(toy_prompt(q.problem), add_special_tokens=False)["input_ids"] for q in questions]
     params = SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_response_tokens, seed=seed)
     tool = ToolConfig(max_tool_calls=max_tool_calls, max_output_chars=1024)
@@ -104,6 +133,8 @@ def measure_questions(
     with torch.inference_mode(), _sandbox_client(sandbox_urls) as client:
         traj, _ = rollout_sync(engine, tok, client, prompts, params, tool, [q.answer for q in questions],
                                Schedule("lockstep"))  # every row a step at a time: the same numbers every run
+    if progress:
+        engine.display.close()
     rewards = [score(text, truth, bool(cut)) for text, truth, cut
                in zip(traj.response_texts, traj.ground_truths, traj.truncated.tolist(), strict=True)]
     used = traj.used_code.tolist()

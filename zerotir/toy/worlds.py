@@ -50,7 +50,7 @@ class World:
     documents: Callable[[WorldSettings], Document]  # settings -> (rng, exclude) -> (doc kind, text)
     excluded: Callable[[WorldSettings], set[str]]
     probe_question: Callable[[random.Random], Question]
-    measure: Callable[[Path, WorldSettings], dict]
+    measure: Callable[[Path, WorldSettings, bool], dict]  # (folder, settings, progress lines) -> base statistics
     mixed_only: bool  # whether text_error / code_bugs / kinds apply
 
 
@@ -65,10 +65,11 @@ def _products_excluded(s: WorldSettings) -> set[str]:
     return {q.problem for q in products_tasks.heldout_set(s.heldout_n, s.heldout_seed, "hard")}
 
 
-def _products_measure(path: Path, s: WorldSettings) -> dict:
+def _products_measure(path: Path, s: WorldSettings, progress: bool = False) -> dict:
     from zerotir.toy.base_stats import measure_base
 
-    return measure_base(path, n=s.eval_n, seed=s.seed, heldout_n=s.heldout_n, heldout_seed=s.heldout_seed)
+    return measure_base(path, n=s.eval_n, seed=s.seed, heldout_n=s.heldout_n, heldout_seed=s.heldout_seed,
+                        progress=progress)
 
 
 def _mixed_documents(s: WorldSettings) -> Document:
@@ -84,7 +85,7 @@ def mixed_kinds(s: WorldSettings) -> tuple[str, ...]:
     return tuple(k.strip() for k in s.kinds.split(",") if k.strip())
 
 
-def _mixed_measure(path: Path, s: WorldSettings) -> dict:
+def _mixed_measure(path: Path, s: WorldSettings, progress: bool = False) -> dict:
     """Base statistics per group: ``{"easy": rates, "hard": rates, "multi": rates, "long": rates}``
     (``base_stats.measure_questions``), on the held-out questions of the kinds the corpus asked (a group without such
     kinds, or the multi-step ones where ``multi_share`` is 0, is left out)."""
@@ -94,7 +95,7 @@ def _mixed_measure(path: Path, s: WorldSettings) -> dict:
     groups = [g for g in mixed_tasks.GROUPS
               if mixed_tasks.group_kinds(g, kinds) and (g not in mixed_tasks.MULTI_STEP or s.multi_share)]
     return {group: measure_questions(path, mixed_tasks.heldout_set(group, s.heldout_n, s.heldout_seed, kinds)[:n],
-                                     seed=s.seed)
+                                     seed=s.seed, progress=progress)
             for group in groups}
 
 
