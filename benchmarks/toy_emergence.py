@@ -8,7 +8,8 @@
 Method. For each seed, in this order and alone on the machine:
 
 1. ``toy-base``: the toy base model of the run's config (its ``toy_base`` settings: ``zerotir.toy.pretrain``
-   defaults, or 8 heads of 32 for ``configs/toy_cpu_vllm.yaml``) with that seed, built into ``<out>/base_s<seed>``
+   defaults; ``configs/toy_cpu_vllm.yaml`` adds heads widened to 32, ``serve_head_dim``) with that seed, built into
+   ``<out>/base_s<seed>``
    (``base_s<seed>_<settings>`` for other settings; reused when present; its recorded training seconds are what is
    reported). Its
    base statistics are measured on held-out questions with the real tool loop (one sample each at temperature 1):

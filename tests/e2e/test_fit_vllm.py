@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from tests.e2e.conftest import REPO, cli_args, read_scalars, run_cli
 from zerotir import metric_names as mn
@@ -32,27 +33,58 @@ def test_fit_with_vllm_syncs_weights_into_the_engine(e2e_base, e2e_data, tmp_pat
     assert all(v > 0 for _, v in read_scalars(tmp_path / "tensorboard")[mn.TIME_WEIGHT_SYNC])
 
 
+class CompareWithShippedBase(Callback):
+    """When training starts (the engine holds the base's weights): greedy answers to the first held-out toy questions
+    from the rollout engine and from the transformers engine on the shipped ``data/toy_base``, into ``path`` (JSON).
+
+    Args:
+        path: the JSON file to write.
+        n: questions.
+        max_new_tokens: tokens decoded per answer.
+    """
+
+    def __init__(self, path: str, n: int = 8, max_new_tokens: int = 64) -> None:
+        self.path, self.n, self.max_new_tokens = path, n, max_new_tokens
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from zerotir.rollout.engine import SamplingParams, generate
+        from zerotir.rollout.hf_engine import HFEngine
+        from zerotir.toy.tasks import heldout_set
+        from zerotir.toy.template import toy_prompt
+
+        shipped = HFEngine(str(REPO / "data" / "toy_base"))
+        prompts = [shipped.tokenizer(toy_prompt(q.problem), add_special_tokens=False)["input_ids"]
+                   for q in heldout_set(256, 1234, "all")[: self.n]]
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
+        answers = {name: [s[0].token_ids for s in generate(engine, prompts, params)]
+                   for name, engine in (("engine", pl_module.source.engine), ("shipped", shipped))}
+        with open(self.path, "w") as f:
+            json.dump(answers, f)
+
+
 def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
-    """``configs/toy_cpu_vllm.yaml`` as shipped, on its base ``configs/toy_cpu.yaml``: it builds its vLLM-runnable
-    toy base (a short pretraining here: this test checks the path, not learning), starts the embedded sandbox and
-    trains through the vLLM engine."""
-    base = tmp_path / "toy_base_vllm"
+    """``configs/toy_cpu_vllm.yaml`` as shipped, on its base ``configs/toy_cpu.yaml``: it writes its vLLM-runnable
+    toy base (the shipped one, heads widened: no pretraining), starts the embedded sandbox and trains through the vLLM
+    engine, which answers greedily as the transformers engine does on the shipped base."""
+    base, compare = tmp_path / "toy_base_wide", tmp_path / "compare.json"
     own = tmp_path / "base.yaml"  # a toy base is built only at the folder a config file names (its own folder)
     own.write_text(f"model:\n  model_path: {base}\n")
     cli = run_cli([
         "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),
         "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"), "--config", str(own),
-        "--toy_base.steps", "20", "--toy_base.probe_threshold", "0",
-        "--toy_base.warmup_steps", "5", "--toy_base.decay_steps", "5", "--toy_base.eval_n", "0",
         "--model.sandbox.workers", "1", "--data.prompts_per_step", "4", "--model.sampling.n", "4",
         "--data.train_files", json.dumps([str(REPO / "data" / "toy" / "train.jsonl")]),
         "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.callbacks+=tests.e2e.test_fit_vllm.CompareWithShippedBase", "--trainer.callbacks.path", str(compare),
     ])
     assert cli.model.rl_steps_done == 2
+    answers = json.loads(compare.read_text())
+    assert answers["engine"] == answers["shipped"] and len(answers["engine"]) == 8
     assert type(cli.model.backend).__name__ == "VLLMRollout"  # the engine create_engine builds for it
     shape = json.loads((base / "config.json").read_text())
     assert (shape["num_attention_heads"], shape["head_dim"], shape["hidden_size"]) == (8, 32, 128)
+    assert json.loads((base / "toy_base.json").read_text())["record"]["heads_widened"]["from"] == "data/toy_base"
     scalars = read_scalars(tmp_path / "tensorboard")
     assert len(scalars[mn.REWARD_MEAN]) == 2 and all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])
 
