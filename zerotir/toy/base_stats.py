@@ -46,9 +46,10 @@ PROGRESS_EVERY = 16  # engine steps (a token for every running answer) between t
 
 
 class ReportingEngine:
-    """A measurement's engine that reports its progress: a line per ``every`` engine steps through a pipe (and one
-    after 10 s without, ``StepDisplay``), a live bar in a terminal. The measurement samples every answer a token at
-    a time, for minutes on a loaded machine; without these lines it would run silently."""
+    """A measurement's engine that reports its progress: a line per ``every`` engine steps through a pipe, and one
+    after 8 s without (a step's own time keeps the gap under 10 s; ``StepDisplay``), a live bar in a terminal. The
+    measurement samples every answer a token at a time, for minutes on a loaded machine; without these lines it
+    would run silently."""
 
     def __init__(self, engine: Any, display: StepDisplay) -> None:
         self.engine, self.display, self.steps = engine, display, 0
@@ -125,7 +126,7 @@ def measure_questions(
     tok = engine.tokenizer
     if progress:
         engine = ReportingEngine(engine, StepDisplay(f"toy-base: base stats ({len(questions) * samples} answers), "
-                                                     "engine step", every=PROGRESS_EVERY))
+                                                     "engine step", every=PROGRESS_EVERY, quiet_s=8.0))
     prompts = [tok(toy_prompt(q.problem), add_special_tokens=False)["input_ids"] for q in questions]
     params = SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_response_tokens, seed=seed)
     tool = ToolConfig(max_tool_calls=max_tool_calls, max_output_chars=1024)

@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = vars(build_parser().parse_args(argv))
     out, rebuild, quiet = args.pop("out"), args.pop("rebuild"), args.pop("no_progress")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # else a line per sandbox request of the base statistics
     path = ensure_toy_base(out, show_progress=not quiet, rebuild=rebuild, **args)
     print(json.dumps(read_info(path), indent=2))
     return path

@@ -90,11 +90,11 @@ class LoopRecord:
 
 class _Progress:
     """What a person sees of the loop: ``zerotir.console.StepDisplay`` (a live bar in a terminal, a line per 100
-    steps and at least one per 10 s in a log, each probe result on a line of its own), or, with ``show_progress``
+    steps and at least one per 8 s in a log, each probe result on a line of its own), or, with ``show_progress``
     off, log messages (the probes, and every 100 steps)."""
 
     def __init__(self, show: bool) -> None:
-        self.display = StepDisplay("toy-base", every=100, quiet_s=10.0) if show else None
+        self.display = StepDisplay("toy-base", every=100, quiet_s=8.0) if show else None
 
     def __enter__(self) -> _Progress:
         return self
