@@ -2,6 +2,7 @@
 
 import contextlib
 
+import pytest
 import torch
 
 from zerotir.data.prompts import render_prompt, tokenize_prompts
@@ -54,3 +55,14 @@ def test_rates_hand_worked(monkeypatch, tmp_path):
     assert seen["params"].temperature == 1.0 and seen["params"].max_new_tokens == 64
     expected = tokenize_prompts("toy", [render_prompt("toy", q.problem) for q in held], build_byte_tokenizer())
     assert seen["prompts"] == expected
+
+
+@pytest.mark.timeout(60)  # the failure this guards against is a hang
+def test_more_answers_than_the_engines_default_batch_all_finish(monkeypatch, tmp_path):
+    """In the lockstep schedule a row that has stopped keeps its batch slot until every row has stopped: with more
+    answers than ``HFRollout.max_batch_size`` (64) slots the queued ones once waited for a slot for ever."""
+    build_tiny_model(build_byte_tokenizer(), save_dir=tmp_path, hidden_size=16, num_layers=1, num_heads=2)
+    monkeypatch.setattr(base_stats, "_sandbox_client", lambda urls: contextlib.nullcontext(object()))
+    questions = base_stats.heldout_set(80)[:70]  # 2 tokens per answer: no code block, the sandbox is never asked
+    stats = base_stats.measure_questions(tmp_path, questions, max_response_tokens=2)
+    assert stats["n_answers"] == 70 and stats["truncation_rate"] == 1.0

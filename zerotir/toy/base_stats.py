@@ -122,7 +122,9 @@ def measure_questions(
     """The rates of :func:`measure_base` on the given questions (any world's), in the toy prompt."""
     if not questions or samples < 1:
         raise ValueError(f"{len(questions)} questions, samples={samples}: need at least one of each")
-    engine: Any = HFEngine(str(model_dir))
+    # Every answer in one batch: the lockstep schedule keeps a row that stopped at its code block in its batch slot
+    # until all rows have stopped, so with fewer slots than answers the rest would wait for a slot for ever.
+    engine: Any = HFEngine(str(model_dir), max_batch_size=len(questions) * samples)
     tok = engine.tokenizer
     if progress:
         engine = ReportingEngine(engine, StepDisplay(f"toy-base: base stats ({len(questions) * samples} answers), "
