@@ -351,3 +351,14 @@ class SharedEngineGroup(TensorParallelGroup):
 
     def rollout(self, engine, run):
         return run(engine)
+
+
+def test_the_module_trains_an_asynchronous_run_corrected_unless_the_config_says_none(tiny_dir):
+    from zerotir.config import PipelineConfig
+
+    s1 = PipelineConfig(max_staleness=1)
+    assert ZeroTIRModule(str(tiny_dir), pipeline=s1).rl.off_policy_correction == "tis"
+    uncorrected = ZeroTIRModule(str(tiny_dir), pipeline=s1, rl=RLConfig(off_policy_correction="none"))
+    assert uncorrected.rl.off_policy_correction == "none"
+    assert ZeroTIRModule(str(tiny_dir), pipeline=PipelineConfig(max_staleness=0)).rl.off_policy_correction == "none"
+    assert ZeroTIRModule(str(tiny_dir)).rl.off_policy_correction == "none"
