@@ -254,7 +254,7 @@ def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_fi
 
     module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, all_wrong=True, algorithm="grpo")
     monkeypatch.setattr(zerotir.module, "is_deepspeed", lambda trainer: True)  # take the DeepSpeed branch on CPU
-    monkeypatch.setattr(zerotir.module, "check_deepspeed_config", lambda *args: None)
+    monkeypatch.setattr(zerotir.module, "check_fit_setup", lambda *args: None)
     monkeypatch.setattr(trainer.strategy, "config", {}, raising=False)
     stepped = []
     monkeypatch.setattr(trainer.strategy, "optimizer_step", lambda *a, **k: stepped.append(1))
@@ -295,7 +295,8 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
 
     seen = []
 
-    def fake_load(path, dtype="float32", gradient_checkpointing=False):  # a real load needs a process group
+    # a real load needs a process group
+    def fake_load(path, dtype="float32", gradient_checkpointing=False, attn_implementation=None):
         seen.append(is_deepspeed_zero3_enabled())
         return torch.nn.Linear(2, 2)
 

@@ -65,6 +65,7 @@ class ZeroTIRModule(LightningModule):
         model_path: HF model folder or hub id of the base model (actor, reference and critic start from it).
         dtype: parameter dtype of the models: float32, bfloat16 or float16.
         gradient_checkpointing: recompute activations in the backward pass (actor and critic).
+        attn_implementation: the attention kernel (``models.check_attention``, docs/scale.md); null: sdpa.
         rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
         optim: the optimizer and its schedule.
         tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
@@ -91,6 +92,7 @@ class ZeroTIRModule(LightningModule):
         model_path: str,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         gradient_checkpointing: bool = False,
+        attn_implementation: str | None = None,
         rl: RLConfig = RLConfig(),
         optim: OptimConfig = OptimConfig(),
         tool: ToolConfig = ToolConfig(),
@@ -110,7 +112,7 @@ class ZeroTIRModule(LightningModule):
         self._plain_hparams()
         self.automatic_optimization = False
         self.model_path = models.resolve_model_path(model_path)
-        self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
+        self.dtype_name, self.gradient_checkpointing, self.attn = dtype, gradient_checkpointing, attn_implementation
         rl = rl.for_run(pipeline.max_staleness, sampling)  # checked, its off-policy correction's default for S
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
@@ -169,11 +171,11 @@ class ZeroTIRModule(LightningModule):
         fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         if self._trainer is not None and self._hf_zero3 is None:
             self._hf_zero3 = hf_zero3_config(self.trainer)
-        self.actor = models.load_causal_lm(self.model_path, self.dtype_name, self.gradient_checkpointing)
+        self.actor = models.load_causal_lm(self.model_path, self.dtype_name, self.gradient_checkpointing, self.attn)
         if fitting and self.rl.kl_coef > 0:
-            self.ref_model = models.load_reference(self.model_path, self.dtype_name)
+            self.ref_model = models.load_reference(self.model_path, self.dtype_name, self.attn)
         if fitting and self.rl.algorithm == "ppo":
-            self.critic = models.load_critic(self.model_path, self.dtype_name, self.gradient_checkpointing)
+            self.critic = models.load_critic(self.model_path, self.dtype_name, self.gradient_checkpointing, self.attn)
 
     def train(self, mode: bool = True) -> ZeroTIRModule:
         """Lightning switches the whole module to train mode; the reference model stays frozen in eval mode."""
@@ -334,8 +336,7 @@ class ZeroTIRModule(LightningModule):
         kept = torch.ones(len(traj), dtype=torch.bool)
         return {"step": StepResult(self.rl_steps_done, traj, kept, None, {}, rolled.timings, info)}
 
-    def validation_step(self, batch: list[PromptRow], batch_idx: int,
-                        dataloader_idx: int = 0) -> dict[str, StepResult]:
+    def validation_step(self, batch: list[PromptRow], batch_idx: int, dataloader_idx: int = 0) -> dict[str, StepResult]:
         return self._eval_step(batch, batch_idx, dataloader_idx)
 
     test_step = validation_step

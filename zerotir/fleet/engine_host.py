@@ -128,7 +128,8 @@ class EngineHost:
         self._started, self._busy_s = time.monotonic(), 0.0  # batch shares: seconds inside roll_out
         self.stream = None if not settings.max_in_flight else GroupStream(
             self.engine, self.tokenizer, settings.tool, self.schedule,
-            (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight)
+            (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight,
+            settings.device)
 
     def describe(self) -> dict[str, Any]:
         """What the host runs: its engine's type, context length, the version of its weights and where it runs
