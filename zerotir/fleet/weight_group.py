@@ -148,7 +148,7 @@ class WeightGroup:
 
 
 def form_weight_group(address: GroupAddress, rank: int, world_size: int, device: str | torch.device = "cpu",
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> WeightGroup:
+                      timeout_s: float = DEFAULT_TIMEOUT_S, gloo: bool = False) -> WeightGroup:
     """Form the weight group: every process calls this with the same address and world size, each with its rank.
 
     Rank 0 hosts the ``TCPStore`` at ``address``; each rank checks in there, and once all ``world_size`` ranks have
@@ -160,6 +160,8 @@ def form_weight_group(address: GroupAddress, rank: int, world_size: int, device:
         world_size: K + 1.
         device: where this process's tensors live: "cpu" forms a gloo group, "cuda" / "cuda:i" an NCCL one.
         timeout_s: the bound on joining and on each collective of the group afterwards.
+        gloo: gloo whatever the device: CUDA tensors over gloo (host-staged), as the GPU check runs the fleet's push
+            on one GPU, where NCCL refuses two ranks (``scripts/gpu_check_fleet.py``).
 
     Raises:
         ValueError: a bad rank, world size, timeout or device.
@@ -172,6 +174,7 @@ def form_weight_group(address: GroupAddress, rank: int, world_size: int, device:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s={timeout_s}: must be > 0 seconds")
     device, backend_class = _device_and_backend(device)
+    backend_class = dist.ProcessGroupGloo if gloo else backend_class
     label = f"weight group at {address}, rank {rank} of {world_size}"
     deadline = time.monotonic() + timeout_s
     store = _open_store(address, rank, timeout_s, label)
