@@ -298,13 +298,15 @@ def _vllm_lines(path: Path) -> list[str]:
     if not path.is_file():
         return ["", "vLLM checks: no report (the stage did not finish)"]
     data = json.loads(path.read_text())
-    plainly = [] if data["vllm"] else [f"**{NO_VLLM}**"]
+    ran = [row for row in data["checks"] if not row["status"].startswith("skipped")]
+    plainly = [] if ran else [f"**vLLM is NOT checked on this device**: {NO_VLLM if not data['vllm'] else ALL_SKIPPED}"]
     return ["", *plainly, f"vLLM checks (vllm importable: {data['vllm']}, {data['gpus']} GPUs):"] + [
         f"- {row['name']} ({row['bug']}): {row['status']}" for row in data["checks"]]
 
 
-NO_VLLM = ("vLLM is NOT checked on this device: no vLLM wheel here (a device run carries at most 64 MiB, and vLLM's "
-           "wheel is far larger), so the vLLM engine, its weight sync and the fleet's vLLM engines stay unverified")
+NO_VLLM = ("no vLLM wheel here (a device run carries at most 64 MiB, and vLLM's wheel is far larger), so the vLLM "
+           "engine, its weight sync and the fleet's vLLM engines stay unverified")
+ALL_SKIPPED = "every vLLM check was skipped (the reasons below)"
 
 
 def _fleet_lines(path: Path) -> list[str]:

@@ -50,7 +50,7 @@ def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("| zero2 |") == 3 and "Gradients on one batch" in summary
     assert "vLLM checks" in summary and "skipped" in summary  # no GPU here: listed, not run
-    assert "**vLLM is NOT checked on this device" in summary  # said plainly, not only skipped
+    assert "**vLLM is NOT checked on this device**: " in summary  # said plainly, not only skipped
     assert "Fleet push with CUDA tensors (gloo, one GPU): passed, 5 buckets" in summary  # CPU tensors here
     assert _stages(tmp_path)["fleet"] == "passed"
     assert _stages(tmp_path)["zero2"] == "passed" and not (tmp_path / "model").exists()  # the model stays in WORK
@@ -125,6 +125,17 @@ def test_the_fleet_stage_pushes_every_bucket_into_the_engine_and_says_when_it_ca
         assert script.main(["--report", str(tmp_path / "cuda.json")]) == 0
         assert json.loads((tmp_path / "cuda.json").read_text())["status"].startswith("skipped: no CUDA device")
         assert "SKIPPED (no CUDA device)" in capsys.readouterr().out
+
+
+def test_the_summary_says_plainly_when_no_vllm_check_ran(tmp_path, monkeypatch):
+    lines = _script(monkeypatch, "gpu_check")._vllm_lines
+    report = tmp_path / "vllm.json"
+    skipped = {"name": "producer_device", "bug": "b", "status": "skipped: needs a vLLM wheel on the device"}
+    report.write_text(json.dumps({"vllm": False, "gpus": 1, "checks": [skipped]}))
+    assert "**vLLM is NOT checked on this device**: no vLLM wheel here (a device run carries at most 64 MiB" in \
+        "\n".join(lines(report))
+    report.write_text(json.dumps({"vllm": True, "gpus": 1, "checks": [{**skipped, "status": "passed"}]}))
+    assert "NOT checked" not in "\n".join(lines(report))
 
 
 def _vllm_script(monkeypatch):
