@@ -12,7 +12,7 @@ from zerotir.config.rollout import SandboxConfig, ToolConfig
 
 HEAD_RECIPE = ("start a Ray cluster whose nodes hold only the engines' GPUs (on the trainer's node: "
                "`CUDA_VISIBLE_DEVICES=<the engines' GPUs> ray start --head --num-gpus <their count>`) and set "
-               "model.fleet.address to it (docs/fleet.md, \"Several nodes\")")
+               "model.fleet.address to it (docs/fleet.md, \"Running it\")")
 
 
 @dataclass(frozen=True)
