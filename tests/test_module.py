@@ -363,3 +363,20 @@ def test_the_module_trains_an_asynchronous_run_corrected_unless_the_config_says_
     assert uncorrected.rl.off_policy_correction == "none"
     assert ZeroTIRModule(str(tiny_dir), pipeline=PipelineConfig(max_staleness=0)).rl.off_policy_correction == "none"
     assert ZeroTIRModule(str(tiny_dir)).rl.off_policy_correction == "none"
+
+
+def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, train_file, tmp_path, monkeypatch):
+    """Issue 46, A1: a push gathers every parameter outside a forward, and under ZeRO-3 parameters the prefetch left
+    in flight cannot be partitioned again; a fleet pushes inside ``training_step`` too (its first batch, a recovered
+    engine), so ``release_for_push`` runs before each batch the source is asked for and before each push after the
+    update (it does nothing without ZeRO-3: recorded here on CPU)."""
+    import zerotir.module
+
+    module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path)
+    events = []
+    monkeypatch.setattr(zerotir.module, "release_for_push", lambda trainer: events.append("release"))
+    for name in ("batch", "after_update"):
+        real = getattr(source, name)
+        monkeypatch.setattr(source, name, lambda *a, _real=real, _name=name: (events.append(_name), _real(*a))[1])
+    trainer.fit(module, datamodule=data)
+    assert events == ["release", "batch", "release", "after_update"] * 2
