@@ -312,7 +312,7 @@ ALL_SKIPPED = "every vLLM check was skipped (the reasons below)"
 def _fleet_lines(path: Path) -> list[str]:
     """The fleet stage's outcome (``scripts/gpu_check_fleet.py``: the weight push with CUDA tensors over gloo)."""
     if not path.is_file():
-        return ["", "Fleet push with CUDA tensors (gloo): no report (the stage did not finish)"]
+        return ["", "Fleet push with CUDA tensors (gloo): no report (the stage did not run or finish: stages.tsv)"]
     data = json.loads(path.read_text())
     done = "" if "buckets" not in data else f", {data['buckets']} buckets in {data['seconds']:.2f} s"
     return ["", f"Fleet push with CUDA tensors (gloo, one GPU): {data['status']}{done}"
