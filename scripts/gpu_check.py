@@ -287,7 +287,7 @@ def summary(reports: list[Path]) -> str:
         lines += ["", f"Gradients on one batch (relative L2 error, tolerance {g['tolerance']}): ZeRO-2 vs full batch "
                       f"{g['zero2_vs_full_batch']:.2e}, ZeRO-3 vs ZeRO-2 {g['zero3_vs_zero2']:.2e}"
                       + (f" - PROBLEMS: {'; '.join(g['problems'])}" if g["problems"] else "")]
-    lines += _vllm_lines(reports[0].parent / "vllm.json")
+    lines += _vllm_lines(reports[0].parent / "vllm.json") + _fleet_lines(reports[0].parent / "fleet.json")
     text = "\n".join(lines)
     print(text)
     return text
@@ -298,8 +298,25 @@ def _vllm_lines(path: Path) -> list[str]:
     if not path.is_file():
         return ["", "vLLM checks: no report (the stage did not finish)"]
     data = json.loads(path.read_text())
-    return ["", f"vLLM checks (vllm importable: {data['vllm']}, {data['gpus']} GPUs):"] + [
+    ran = [row for row in data["checks"] if not row["status"].startswith("skipped")]
+    plainly = [] if ran else [f"**vLLM is NOT checked on this device**: {NO_VLLM if not data['vllm'] else ALL_SKIPPED}"]
+    return ["", *plainly, f"vLLM checks (vllm importable: {data['vllm']}, {data['gpus']} GPUs):"] + [
         f"- {row['name']} ({row['bug']}): {row['status']}" for row in data["checks"]]
+
+
+NO_VLLM = ("no vLLM wheel here (a device run carries at most 64 MiB, and vLLM's wheel is far larger), so the vLLM "
+           "engine, its weight sync and the fleet's vLLM engines stay unverified")
+ALL_SKIPPED = "every vLLM check was skipped (the reasons below)"
+
+
+def _fleet_lines(path: Path) -> list[str]:
+    """The fleet stage's outcome (``scripts/gpu_check_fleet.py``: the weight push with CUDA tensors over gloo)."""
+    if not path.is_file():
+        return ["", "Fleet push with CUDA tensors (gloo): no report (the stage did not run or finish: stages.tsv)"]
+    data = json.loads(path.read_text())
+    done = "" if "buckets" not in data else f", {data['buckets']} buckets in {data['seconds']:.2f} s"
+    return ["", f"Fleet push with CUDA tensors (gloo, one GPU): {data['status']}{done}"
+            + (f" - PROBLEMS: {'; '.join(data['problems'])}" if data.get("problems") else "")]
 
 
 def _num(value: float | None, spec: str = ".1f") -> str:

@@ -6,7 +6,11 @@
 #            math-verify, tensorboard, accelerate, deepspeed, ...) and check CUDA: all problems reported at once;
 #   build    a random Qwen2.5-0.5B-shaped model (byte tokenizer, no download);
 #   vllm     the checks that need a vLLM wheel on the device (scripts/gpu_check_vllm.py: the prefix cache after a
-#            push, producer_device, the push's stream synchronisation): run when vllm imports, else listed as skipped;
+#            push, producer_device, the push's stream synchronisation): run when vllm imports, else listed as skipped
+#            and the output says plainly that vLLM is not checked (no vLLM wheel fits what a device run carries);
+#   fleet    the fleet's weight push with CUDA tensors over gloo on one GPU (scripts/gpu_check_fleet.py: bucket
+#            views, receive into a transformers engine on the GPU, versions, stop); skipped, saying why, without CUDA
+#            (the CPU plumbing run leaves it out: tests/test_gpu_check.py runs it with CPU tensors in-process);
 #   grads    gradients on one fixed batch: ZeRO-2 vs plain torch, ZeRO-3 vs ZeRO-2 (two micro-batches inside one
 #            engine.forward, as under Lightning; a ZeRO-3 that keeps only the last micro-batch fails here);
 #   zero2, zero3  3 `fit` steps (PPO: actor + critic + reference), transformers engine, printing per-step time, peak
@@ -18,7 +22,7 @@
 # Every stage writes OUT_DIR/<stage>.log while it runs and appends a line to OUT_DIR/stages.tsv when it ends, so a
 # run cut short still leaves what it did in OUT_DIR (with the device tool: bash scripts/gpu_check.sh "$OUT").
 # The model (about 1 GB) goes to GPU_CHECK_WORK (default runs/gpu_check_work), not to OUT_DIR.
-#   bash scripts/gpu_check.sh [OUT_DIR]            # default runs/gpu_check; reports: OUT_DIR/{grads,zero2,zero3,vllm}.json
+#   bash scripts/gpu_check.sh [OUT_DIR]            # default runs/gpu_check; reports: OUT_DIR/{grads,zero2,zero3,vllm,fleet}.json
 #   GPU_CHECK_CPU=1 bash scripts/gpu_check.sh      # the script's own plumbing on CPU: tiny model, DeepSpeed's CPU
 #                                                  # accelerator for the gradient check, no DeepSpeed in the fit run
 # Exit status: 0 when every stage passed (gradients within tolerance; every step finite, nonzero gradients and
@@ -31,8 +35,8 @@ PY=${PYTHON:-python3}
 CPU_FLAG=""
 [ "${GPU_CHECK_CPU:-0}" = "1" ] && CPU_FLAG="--cpu"
 KILL_AFTER=5   # seconds between a stage's SIGTERM and its SIGKILL
-STAGES=(install env build vllm grads zero2 zero3 summary)
-declare -A LIMIT=([install]=40 [env]=50 [build]=60 [vllm]=30 [grads]=90 [zero2]=105 [zero3]=105 [summary]=15)
+STAGES=(install env build vllm fleet grads zero2 zero3 summary)
+declare -A LIMIT=([install]=40 [env]=50 [build]=60 [vllm]=20 [fleet]=25 [grads]=90 [zero2]=95 [zero3]=95 [summary]=15)
 DEFAULT_BUDGET=540
 if [ -n "$CPU_FLAG" ]; then   # the CPU plumbing run (tests/test_gpu_check.py) on a shared 2-core machine: it checks
   # what the stages do, not how fast; under load any stage (the summary's vllm import too) may take minutes, so each
@@ -123,6 +127,12 @@ run_stage build bash -c '"$1" scripts/gpu_check.py build --out "$2/model" $4 &&
   || exit 1; done' build "$PY" "$WORK" "$OUT_DIR" "$CPU_FLAG" || exit 1
 rm -f "$OUT_DIR/vllm.json"
 run_stage vllm $PY scripts/gpu_check_vllm.py --report "$OUT_DIR/vllm.json" --timeout $(( LIMIT[vllm] - 5 ))
+rm -f "$OUT_DIR/fleet.json"
+if [ -n "$CPU_FLAG" ]; then   # the suite runs the same push with CPU tensors in its own process, cheaper
+  printf 'fleet\tskipped: CPU plumbing run\t0\t0\n' >> "$OUT_DIR/stages.tsv"
+else
+  run_stage fleet $PY scripts/gpu_check_fleet.py --report "$OUT_DIR/fleet.json"
+fi
 rm -f "$OUT_DIR/grads.json"
 echo "(gradients on one batch: ZeRO-2 vs full batch, ZeRO-3 vs ZeRO-2)"
 run_stage grads $PY scripts/gpu_check.py grads --model "$WORK/model" --report "$OUT_DIR/grads.json" $CPU_FLAG

@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds for all the checks that run, together")
     args = parser.parse_args(argv)
     has_vllm = importlib.util.find_spec("vllm") is not None
+    if not has_vllm:
+        print("[gpu_check] vLLM is NOT checked on this device: vllm does not import (no vLLM wheel fits what a device "
+              "run carries, 64 MiB); the checks below are skipped", flush=True)
     gpus = gpu_count()
     deadline = time.perf_counter() + args.timeout
     rows = []

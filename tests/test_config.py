@@ -146,3 +146,23 @@ def test_the_engines_take_their_defaults_from_the_config(backend):
     assert len(shared) >= 3, shared
     for name in shared:
         assert named[name].default == getattr(group, name), name
+
+
+def test_an_asynchronous_schedule_turns_the_off_policy_correction_on_unless_it_is_set():
+    """model.rl.off_policy_correction unset: "tis" at S >= 1 (tokens up to S versions old), "none" in line and at
+    S = 0 (the in-line run's parameters, bit for bit); a value set by name, "none" too, is kept."""
+    sampling = SamplingConfig()
+    assert RLConfig().off_policy_correction is None
+    assert RLConfig().for_run(1, sampling).off_policy_correction == "tis"
+    assert RLConfig().for_run(3, sampling).off_policy_correction == "tis"
+    assert RLConfig().for_run(0, sampling).off_policy_correction == "none"
+    assert RLConfig().for_run(None, sampling).off_policy_correction == "none"
+    assert RLConfig(off_policy_correction="none").for_run(1, sampling).off_policy_correction == "none"
+    assert RLConfig(off_policy_correction="decoupled").for_run(2, sampling).off_policy_correction == "decoupled"
+    with pytest.raises(ValueError, match=r"model.pipeline.max_staleness=1 turns model.rl.off_policy_correction on "
+                                         r"\('tis'.*top_p=0.9.*set top_p: 1.0, or model.rl.off_policy_correction: "
+                                         r"none"):
+        RLConfig().for_run(1, SamplingConfig(top_p=0.9))
+    assert RLConfig().for_run(0, SamplingConfig(top_p=0.9)).off_policy_correction == "none"
+    with pytest.raises(ValueError, match=r"greedy decoding is for evaluation only"):  # the sampling checks run too
+        RLConfig().for_run(None, SamplingConfig(temperature=0.0))

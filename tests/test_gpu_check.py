@@ -50,6 +50,9 @@ def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("| zero2 |") == 3 and "Gradients on one batch" in summary
     assert "vLLM checks" in summary and "skipped" in summary  # no GPU here: listed, not run
+    assert "**vLLM is NOT checked on this device**: " in summary  # said plainly, not only skipped
+    assert "Fleet push with CUDA tensors (gloo): no report" in summary  # left out on CPU, said so
+    assert _stages(tmp_path)["fleet"] == "skipped: CPU plumbing run"
     assert _stages(tmp_path)["zero2"] == "passed" and not (tmp_path / "model").exists()  # the model stays in WORK
 
 
@@ -63,7 +66,7 @@ def test_the_default_stage_limits_fit_one_device_call():
     plan = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "GPU_CHECK_PLAN": "1"}, timeout=60, check=True).stdout
     stages = [line.split()[1] for line in plan.splitlines() if line.startswith("stage ")]
-    assert stages == ["install", "env", "build", "vllm", "grads", "zero2", "zero3", "summary"]
+    assert stages == ["install", "env", "build", "vllm", "fleet", "grads", "zero2", "zero3", "summary"]
     worst, budget = (int(w) for w in re.search(r"worst case (\d+) s .* budget (\d+) s", plan).groups())
     assert worst <= budget <= 540
 
@@ -74,6 +77,7 @@ case "$1 $2" in
   "scripts/gpu_check.py grads") echo "grads started"; sleep 300 ;;
   "scripts/gpu_check.py run") echo "fit started"; sleep 300 ;;
   "scripts/gpu_check.py env" | "scripts/gpu_check.py build" | "scripts/gpu_check.py config") echo "fake $2" ;;
+  "scripts/gpu_check_fleet.py --report") echo "fake fleet" ;;
   *) exec {python} "$@" ;;
 esac
 """
@@ -101,6 +105,39 @@ def test_hung_stages_are_cut_to_the_budget_and_their_logs_are_already_in_out(tmp
     assert all(c["status"].startswith("skipped: ") for c in checks)  # no GPU here: none of them ran
 
 
+def _script(monkeypatch, name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # a dataclass of the script looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fleet_stage_pushes_every_bucket_into_the_engine_and_says_when_it_cannot_run(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """Issue 46, A10: the fleet's push over gloo (CUDA tensors on a GPU; the same code with CPU tensors here), and
+    without CUDA a report that says it was skipped and why."""
+    script = _script(monkeypatch, "gpu_check_fleet")
+    assert script.main(["--report", str(tmp_path / "cpu.json"), "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "cpu.json").read_text())
+    assert report["status"] == "passed" and report["problems"] == [] and report["buckets"] == 5  # embed, 2 layers..
+    if not torch.cuda.is_available():
+        assert script.main(["--report", str(tmp_path / "cuda.json")]) == 0
+        assert json.loads((tmp_path / "cuda.json").read_text())["status"].startswith("skipped: no CUDA device")
+        assert "SKIPPED (no CUDA device)" in capsys.readouterr().out
+
+
+def test_the_summary_says_plainly_when_no_vllm_check_ran(tmp_path, monkeypatch):
+    lines = _script(monkeypatch, "gpu_check")._vllm_lines
+    report = tmp_path / "vllm.json"
+    skipped = {"name": "producer_device", "bug": "b", "status": "skipped: needs a vLLM wheel on the device"}
+    report.write_text(json.dumps({"vllm": False, "gpus": 1, "checks": [skipped]}))
+    assert "**vLLM is NOT checked on this device**: no vLLM wheel here (a device run carries at most 64 MiB" in \
+        "\n".join(lines(report))
+    report.write_text(json.dumps({"vllm": True, "gpus": 1, "checks": [{**skipped, "status": "passed"}]}))
+    assert "NOT checked" not in "\n".join(lines(report))
+
+
 def _vllm_script(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_check_vllm", ROOT / "scripts" / "gpu_check_vllm.py")
     module = importlib.util.module_from_spec(spec)
@@ -118,7 +155,8 @@ def test_without_vllm_every_vllm_check_is_skipped_saying_it_needs_a_vllm_wheel(t
     report = json.loads((tmp_path / "vllm.json").read_text())
     assert report["vllm"] is False
     assert [c["status"] for c in report["checks"]] == ["skipped: needs a vLLM wheel on the device"] * 3
-    assert capsys.readouterr().out.count("SKIPPED (needs a vLLM wheel on the device)") == 3
+    out = capsys.readouterr().out
+    assert out.count("SKIPPED (needs a vLLM wheel on the device)") == 3 and "vLLM is NOT checked on this device" in out
     two_gpus = next(c for c in script.CHECKS if c.name == "producer_device")
     assert script.why_skipped(two_gpus, has_vllm=True, gpus=1) == "needs 2 GPUs, this machine has 1"
     assert script.why_skipped(two_gpus, has_vllm=True, gpus=2) is None

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import transformers.utils
 
 from zerotir import models
 from zerotir.toy.tiny_model import build_tiny_model
@@ -137,3 +138,17 @@ def test_export_errors_name_the_problem(tiny_dir, tmp_path):
     torch.save({"hyper_parameters": {"model_path": str(tiny_dir)}, "state_dict": {"other.w": torch.zeros(1)}}, ckpt)
     with pytest.raises(ValueError, match="no 'actor"):
         models.export_policy(ckpt, tmp_path / "out")
+
+
+def test_the_attention_kernel_is_passed_to_from_pretrained_and_checked_against_what_is_installed(tiny_dir):
+    # packed rows reach transformers' varlen path only under a flash kernel (zerotir.rl.packing, docs/scale.md)
+    eager = models.load_causal_lm(tiny_dir, attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+    assert models.load_reference(tiny_dir, attn_implementation="eager").config._attn_implementation == "eager"
+    assert models.load_causal_lm(tiny_dir).config._attn_implementation == "sdpa"  # transformers' default
+    with pytest.raises(ValueError, match=r"model.attn_implementation='flash': choose one of \['sdpa', 'eager', "):
+        models.check_attention("flash")
+    if not (torch.cuda.is_available() and transformers.utils.is_flash_attn_2_available()):
+        with pytest.raises(ValueError, match=r"model.attn_implementation='flash_attention_2': (no CUDA device here|its "
+                                             r"package is not installed).*or set model.attn_implementation: sdpa"):
+            models.load_causal_lm(tiny_dir, attn_implementation="flash_attention_2")

@@ -254,7 +254,7 @@ def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_fi
 
     module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, all_wrong=True, algorithm="grpo")
     monkeypatch.setattr(zerotir.module, "is_deepspeed", lambda trainer: True)  # take the DeepSpeed branch on CPU
-    monkeypatch.setattr(zerotir.module, "check_deepspeed_config", lambda *args: None)
+    monkeypatch.setattr(zerotir.module, "check_fit_setup", lambda *args: None)
     monkeypatch.setattr(trainer.strategy, "config", {}, raising=False)
     stepped = []
     monkeypatch.setattr(trainer.strategy, "optimizer_step", lambda *a, **k: stepped.append(1))
@@ -295,7 +295,8 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
 
     seen = []
 
-    def fake_load(path, dtype="float32", gradient_checkpointing=False):  # a real load needs a process group
+    # a real load needs a process group
+    def fake_load(path, dtype="float32", gradient_checkpointing=False, attn_implementation=None):
         seen.append(is_deepspeed_zero3_enabled())
         return torch.nn.Linear(2, 2)
 
@@ -351,3 +352,31 @@ class SharedEngineGroup(TensorParallelGroup):
 
     def rollout(self, engine, run):
         return run(engine)
+
+
+def test_the_module_trains_an_asynchronous_run_corrected_unless_the_config_says_none(tiny_dir):
+    from zerotir.config import PipelineConfig
+
+    s1 = PipelineConfig(max_staleness=1)
+    assert ZeroTIRModule(str(tiny_dir), pipeline=s1).rl.off_policy_correction == "tis"
+    uncorrected = ZeroTIRModule(str(tiny_dir), pipeline=s1, rl=RLConfig(off_policy_correction="none"))
+    assert uncorrected.rl.off_policy_correction == "none"
+    assert ZeroTIRModule(str(tiny_dir), pipeline=PipelineConfig(max_staleness=0)).rl.off_policy_correction == "none"
+    assert ZeroTIRModule(str(tiny_dir)).rl.off_policy_correction == "none"
+
+
+def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, train_file, tmp_path, monkeypatch):
+    """Issue 46, A1: a push gathers every parameter outside a forward, and under ZeRO-3 parameters the prefetch left
+    in flight cannot be partitioned again; a fleet pushes inside ``training_step`` too (its first batch, a recovered
+    engine), so ``release_for_push`` runs before each batch the source is asked for and before each push after the
+    update (it does nothing without ZeRO-3: recorded here on CPU)."""
+    import zerotir.module
+
+    module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path)
+    events = []
+    monkeypatch.setattr(zerotir.module, "release_for_push", lambda trainer: events.append("release"))
+    for name in ("batch", "after_update"):
+        real = getattr(source, name)
+        monkeypatch.setattr(source, name, lambda *a, _real=real, _name=name: (events.append(_name), _real(*a))[1])
+    trainer.fit(module, datamodule=data)
+    assert events == ["release", "batch", "release", "after_update"] * 2

@@ -25,6 +25,9 @@ from transformers import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# ``attn_implementation`` values and what each needs installed (transformers' own checks, ``transformers.utils``).
+ATTENTION = {"sdpa": None, "eager": None, "flash_attention_2": "is_flash_attn_2_available",
+             "flash_attention_3": "is_flash_attn_3_available", "flash_attention_4": "is_flash_attn_4_available"}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -132,8 +135,34 @@ def _dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def check_attention(name: str | None) -> None:
+    """``model.attn_implementation`` must be one of ``ATTENTION`` and usable here: a flash-attention kernel needs
+    its package installed (``flash_attn`` for flash_attention_2) and a CUDA device. None is transformers' default
+    (sdpa where torch has it): packed rows (``model.rl.pack_rows``) then take the block-diagonal N x N mask, and only
+    a flash kernel reaches the variable-length path (``zerotir.rl.packing``, docs/scale.md).
+
+    Raises:
+        ValueError: an unknown name, or a kernel this machine cannot run, naming the setting and the fix.
+    """
+    if name is None or ATTENTION.get(name, "") is None:
+        return
+    if name not in ATTENTION:
+        raise ValueError(f"model.attn_implementation={name!r}: choose one of {list(ATTENTION)}, or null "
+                         "(transformers' default, sdpa)")
+    import transformers.utils
+
+    installed = getattr(transformers.utils, ATTENTION[name])()
+    if not installed or not torch.cuda.is_available():
+        why = ("no CUDA device here" if installed else
+               "its package is not installed (flash_attention_2: pip install flash-attn --no-build-isolation)")
+        raise ValueError(f"model.attn_implementation={name!r}: {why}, so the model cannot load with it; install "
+                         "it on a CUDA machine, or set model.attn_implementation: sdpa (packed rows then build an "
+                         "N x N mask per micro-batch)")
+
+
 def load_causal_lm(
-    name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False
+    name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """A trainable causal LM (the actor).
 
@@ -141,8 +170,11 @@ def load_causal_lm(
         name_or_path: local folder or hub id (see ``resolve_model_path``).
         dtype: parameter dtype, one of ``DTYPES``.
         gradient_checkpointing: recompute activations in the backward pass (non-reentrant; active in train mode).
+        attn_implementation: the attention kernel (``check_attention``); None: transformers' default.
     """
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_dtype(dtype))
+    check_attention(attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_dtype(dtype),
+                                                 attn_implementation=attn_implementation)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Generation caches keys/values; training never needs them (and they clash with checkpointing).
@@ -157,9 +189,10 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
-def load_reference(name_or_path: str | Path, dtype: str = "float32") -> PreTrainedModel:
+def load_reference(name_or_path: str | Path, dtype: str = "float32",
+                   attn_implementation: str | None = None) -> PreTrainedModel:
     """The frozen reference policy for the KL term: the initial actor weights, eval mode, no gradients."""
-    return freeze(load_causal_lm(name_or_path, dtype=dtype))
+    return freeze(load_causal_lm(name_or_path, dtype=dtype, attn_implementation=attn_implementation))
 
 
 class ValueModel(nn.Module):
@@ -210,9 +243,10 @@ def init_value_head(head: nn.Linear, hidden_size: int) -> None:
         nn.init.zeros_(head.bias)
 
 
-def load_critic(name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False) -> ValueModel:
+def load_critic(name_or_path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False,
+                attn_implementation: str | None = None) -> ValueModel:
     """A critic initialised from the actor's pretrained backbone (the LM head is dropped)."""
-    lm = load_causal_lm(name_or_path, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+    lm = load_causal_lm(name_or_path, dtype, gradient_checkpointing, attn_implementation)
     critic = ValueModel(lm.base_model, lm.config.hidden_size)
     return critic.to(_dtype(dtype))
 

@@ -48,8 +48,8 @@ from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
-    begin_micro_batch, check_deepspeed_config, count_skipped_step, hf_zero3_config, release_gathered_params,
-    is_deepspeed, is_zero3,
+    begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed,
+    is_zero3,
 )
 from zerotir.scale.distributed import shard_prompts
 from zerotir.scale.peer_watch import WatchPeers
@@ -65,6 +65,7 @@ class ZeroTIRModule(LightningModule):
         model_path: HF model folder or hub id of the base model (actor, reference and critic start from it).
         dtype: parameter dtype of the models: float32, bfloat16 or float16.
         gradient_checkpointing: recompute activations in the backward pass (actor and critic).
+        attn_implementation: the attention kernel (``models.check_attention``, docs/scale.md); null: sdpa.
         rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
         optim: the optimizer and its schedule.
         tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
@@ -91,6 +92,7 @@ class ZeroTIRModule(LightningModule):
         model_path: str,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         gradient_checkpointing: bool = False,
+        attn_implementation: str | None = None,
         rl: RLConfig = RLConfig(),
         optim: OptimConfig = OptimConfig(),
         tool: ToolConfig = ToolConfig(),
@@ -110,10 +112,10 @@ class ZeroTIRModule(LightningModule):
         self._plain_hparams()
         self.automatic_optimization = False
         self.model_path = models.resolve_model_path(model_path)
-        self.dtype_name, self.gradient_checkpointing = dtype, gradient_checkpointing
+        self.dtype_name, self.gradient_checkpointing, self.attn = dtype, gradient_checkpointing, attn_implementation
+        rl = rl.for_run(pipeline.max_staleness, sampling)  # checked, its off-policy correction's default for S
         self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
         self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
-        rl.check_training_sampling(sampling)
         filters.check_run(rl, sampling, tool)
         self.filters = filters
         if sandbox.urls is not None and not tool.enabled:
@@ -154,8 +156,8 @@ class ZeroTIRModule(LightningModule):
         """Before any model loads: a DeepSpeed config, rollout backend or rollout source that cannot work with this
         trainer fails here, naming the fix."""
         self.source.check_trainer(self.trainer.world_size, is_deepspeed(self.trainer) and is_zero3(self.trainer))
-        if is_deepspeed(self.trainer) and stage == "fit":
-            check_deepspeed_config(self.trainer.strategy.config, self.optim.max_grad_norm, self.optim.optimizer)
+        if stage == "fit":  # half-precision weights need DeepSpeed's fp32 masters; its JSON must agree with ours
+            check_fit_setup(self.trainer, self.dtype_name, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
@@ -169,11 +171,11 @@ class ZeroTIRModule(LightningModule):
         fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         if self._trainer is not None and self._hf_zero3 is None:
             self._hf_zero3 = hf_zero3_config(self.trainer)
-        self.actor = models.load_causal_lm(self.model_path, self.dtype_name, self.gradient_checkpointing)
+        self.actor = models.load_causal_lm(self.model_path, self.dtype_name, self.gradient_checkpointing, self.attn)
         if fitting and self.rl.kl_coef > 0:
-            self.ref_model = models.load_reference(self.model_path, self.dtype_name)
+            self.ref_model = models.load_reference(self.model_path, self.dtype_name, self.attn)
         if fitting and self.rl.algorithm == "ppo":
-            self.critic = models.load_critic(self.model_path, self.dtype_name, self.gradient_checkpointing)
+            self.critic = models.load_critic(self.model_path, self.dtype_name, self.gradient_checkpointing, self.attn)
 
     def train(self, mode: bool = True) -> ZeroTIRModule:
         """Lightning switches the whole module to train mode; the reference model stays frozen in eval mode."""
@@ -245,8 +247,7 @@ class ZeroTIRModule(LightningModule):
     def on_validation_start(self) -> None:
         self._start_source()
 
-    def on_test_start(self) -> None:
-        self._start_source()
+    on_test_start = on_validation_start
 
     # ----- one RL step -----
     def training_step(self, dataloader_iter: Iterator[tuple[list[PromptRow], int, int]]) -> dict[str, StepResult]:
@@ -264,8 +265,7 @@ class ZeroTIRModule(LightningModule):
                          max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
                          top_p=self.sampling.top_p)
         timings["update"] = time.perf_counter() - update_start
-        if is_zero3(self.trainer):
-            release_gathered_params(self.trainer.model)  # the push gathers outside a forward
+        release_for_push(self.trainer)  # the push gathers outside a forward
         timings["weight_sync"] = self.source.after_update(self.actor, step)  # the weights of `step` updates
         timings["step"] = time.perf_counter() - start
         staleness = staleness_stats(traj.versions, traj.action_mask, step)
@@ -294,6 +294,7 @@ class ZeroTIRModule(LightningModule):
         while True:
             batch = next(batches)[0]
             fill = fill or BatchFill(len(batch), self.refill.max_rounds)
+            release_for_push(self.trainer)  # the source may push (its first batch, an engine recovered)
             rolled = self.source.batch(step, self._my_prompts(batch), self._first_row(len(batch)))
             traj = rolled.trajectories
             taken = taken if rolled.taken is None else [*(taken or []), *rolled.taken]
@@ -327,6 +328,7 @@ class ZeroTIRModule(LightningModule):
     def _eval_step(self, batch: list[PromptRow], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:
         """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
         as ``outputs["step"]``, at the RL step of the weights."""
+        release_for_push(self.trainer)  # the source may push (a batch before any training batch)
         rolled = self.source.evaluate(batch, sampling_params(self.eval_sampling, self.seed + batch_idx))
         traj, rows = rolled.trajectories, rolled.rows  # a tensor-parallel group's merged rows: group ids index them
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
@@ -334,8 +336,7 @@ class ZeroTIRModule(LightningModule):
         kept = torch.ones(len(traj), dtype=torch.bool)
         return {"step": StepResult(self.rl_steps_done, traj, kept, None, {}, rolled.timings, info)}
 
-    def validation_step(self, batch: list[PromptRow], batch_idx: int,
-                        dataloader_idx: int = 0) -> dict[str, StepResult]:
+    def validation_step(self, batch: list[PromptRow], batch_idx: int, dataloader_idx: int = 0) -> dict[str, StepResult]:
         return self._eval_step(batch, batch_idx, dataloader_idx)
 
     test_step = validation_step
@@ -343,8 +344,7 @@ class ZeroTIRModule(LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset()
 
-    def on_test_epoch_start(self) -> None:
-        self.evaluator.reset()
+    on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_epoch_end(self) -> None:
         self._finish_eval("val", self.trainer.datamodule.val_names)

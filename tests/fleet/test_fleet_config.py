@@ -65,3 +65,45 @@ def test_the_fleet_source_is_chosen_by_its_engines_and_serves_any_trainer():
     plain = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
                                 None, "x", 0)
     assert isinstance(plain, PipelineSource)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"gpus_per_engine": 0.5}, r"model.fleet.gpus_per_engine=0.5: .*NCCL, which refuses two ranks on one GPU.*give "
+                               r"whole GPUs"),
+    ({"trainer_threads": 0}, r"model.fleet.trainer_threads=0: must be >= 1"),
+])
+def test_settings_the_fleet_cannot_apply_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FleetConfig(engines=1, **kwargs)
+
+
+def test_a_local_cluster_beside_a_cuda_trainer_is_refused_naming_ray_start_head():
+    fleet = FleetConfig(engines=2, gpus_per_engine=1)
+    with pytest.raises(ValueError, match=r"model.fleet.address: null with model.fleet.gpus_per_engine=1 and the "
+                                         r"trainer on CUDA.*`CUDA_VISIBLE_DEVICES=.*ray start --head"):
+        fleet.check_trainer_device("cuda")
+    fleet.check_trainer_device("cpu")  # a CPU trainer holds no GPU the engines could be given
+    FleetConfig(engines=2, gpus_per_engine=1, address="10.0.0.1:6379").check_trainer_device("cuda")
+    FleetConfig(engines=2).check_trainer_device("cuda")  # CPU engines take no GPU
+    source = make_rollout_source(PipelineConfig(max_staleness=0), fleet, HFRollout(), SandboxConfig(), NO_TOOLS,
+                                 SamplingConfig(), None, "x", 0)
+    with pytest.raises(ValueError, match="ray start --head"):  # before a sandbox or a cluster is started
+        source.start(None, None, "cuda:0", None)
+    assert not source.hosts and source.sandbox.urls == []
+
+
+@pytest.mark.parametrize(("urls", "tool", "nodes", "refused"), [
+    (None, ToolConfig(), ["10.0.0.2"], True),  # engines on another node, the sandbox on 127.0.0.1 of this one
+    (["http://10.0.0.9:8080"], ToolConfig(), ["10.0.0.2"], False),  # servers the engines reach
+    (None, NO_TOOLS, ["10.0.0.2"], False),  # no code runs
+    (None, ToolConfig(), [], False),  # one node: `ray start --head` on the trainer's (address: auto)
+])
+def test_an_embedded_sandbox_is_refused_once_the_cluster_has_other_nodes(urls, tool, nodes, refused):
+    fleet = FleetConfig(engines=4, address="auto")
+    if refused:
+        with pytest.raises(ValueError, match=r"model.fleet.address='auto' with model.sandbox.urls: null: the cluster "
+                                             r"has nodes other than the trainer's \(10.0.0.2\).*127.0.0.1.*python -m "
+                                             r"sandbox serve --host .* set model.sandbox.urls"):
+            fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)
+    else:
+        fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)

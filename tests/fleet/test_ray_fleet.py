@@ -23,7 +23,7 @@ from zerotir.scale.weight_sync import sync_weights
 
 ray = pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
 
-from zerotir.fleet.cluster import spawn_hosts, start_cluster, stop_cluster  # noqa: E402
+from zerotir.fleet.cluster import other_nodes, spawn_hosts, start_cluster, stop_cluster  # noqa: E402
 
 STARTUP_TIMEOUT_S = 300.0  # a hang guard: the actor's process imports torch and transformers and builds its engine
 GROUP_TIMEOUT_S = 60.0  # the actor is up when the group forms
@@ -56,6 +56,11 @@ def test_an_actor_decodes_as_the_sender_after_a_push(cluster: None, tiny_dir: Pa
     ray.get(joined, timeout=CALL_TIMEOUT_S)
     model = sender_model(tiny_dir, seed=5)
     received = host.receive_weights.remote()
+    # The host's default group is busy until the push below (as with a rollout in flight): its questions are answered
+    # meanwhile, so the trainer never waits for one queued behind a rollout (issue 46, A3).
+    assert set(ray.get(host.occupancy.remote(), timeout=CALL_TIMEOUT_S)) == {"busy"}
+    assert ray.get(host.describe.remote(), timeout=CALL_TIMEOUT_S)["pid"] == built["pid"]
+    assert ray.wait([received], timeout=0)[1] == [received]  # still waiting for the push
     with sender.push(VERSION):
         sync_weights(model, sender, bucket_bytes=1)  # a bucket per layer, while the actor receives
     assert ray.get(received, timeout=CALL_TIMEOUT_S) == VERSION
@@ -72,6 +77,7 @@ def test_an_actor_decodes_as_the_sender_after_a_push(cluster: None, tiny_dir: Pa
 
 
 def test_the_cluster_refuses_bad_calls_naming_the_fix(cluster: None, tiny_dir: Path) -> None:
+    assert other_nodes() == []  # a local cluster: the embedded sandbox serves every engine
     with pytest.raises(RuntimeError, match="already started in this process; stop_cluster"):
         start_cluster(num_cpus=1)
     with pytest.raises(ValueError, match="spawn_hosts\\(count=0\\)"):

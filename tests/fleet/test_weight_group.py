@@ -10,6 +10,7 @@ the address (in this process: nothing to spawn).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -232,3 +233,29 @@ def test_bad_settings_are_refused_naming_them(kwargs: dict, error: str) -> None:
         form_weight_group(GroupAddress("127.0.0.1", free_port()), **kwargs)
     with pytest.raises(ValueError, match="port=0"):
         GroupAddress("127.0.0.1", 0)
+
+
+def test_an_nccl_weight_group_is_built_to_raise_and_abandoned_by_abort(monkeypatch):
+    """Issue 46, A2 (the NCCL half runs only on GPUs): the backend is built with TORCH_NCCL_ASYNC_ERROR_HANDLING at
+    CleanUpOnly (a failed broadcast raises instead of the watchdog tearing the trainer down), a value the user set is
+    kept, gloo is left alone; abandoning an NCCL group aborts its communicator instead of waiting on a dead peer."""
+    from zerotir.fleet import weight_group as wg
+
+    monkeypatch.delenv(wg.ASYNC_ERRORS, raising=False)
+    with wg._errors_raise(torch.device("cuda", 0)):
+        assert os.environ[wg.ASYNC_ERRORS] == wg.CLEAN_UP_ONLY
+    assert wg.ASYNC_ERRORS not in os.environ
+    with wg._errors_raise(torch.device("cpu")):
+        assert wg.ASYNC_ERRORS not in os.environ
+    monkeypatch.setenv(wg.ASYNC_ERRORS, "1")
+    with wg._errors_raise(torch.device("cuda", 0)):
+        assert os.environ[wg.ASYNC_ERRORS] == "1"
+
+    calls = []
+    backend = type("Backend", (), {"abort": lambda self: calls.append("abort"),
+                                   "shutdown": lambda self: calls.append("shutdown")})()
+    for device in ("cuda", "cpu"):
+        group = wg.WeightGroup(None, backend, wg.GroupAddress("127.0.0.1", 1), 0, 2, torch.device(device), 1.0)
+        group.abandon()
+        group.abandon()  # idempotent
+    assert calls == ["abort", "shutdown"]

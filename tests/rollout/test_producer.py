@@ -223,3 +223,22 @@ def test_a_push_waits_for_the_devices_before_and_after_the_copy():
     engine.push(lambda e: calls.append(("load", engine.version)), 1, producer_timeout=5.0)
     assert calls == [("sync", True), ("load", 0), ("sync", True)]
     assert engine.version == 1
+
+
+def test_a_push_synchronizes_only_the_devices_in_use(monkeypatch):
+    """Synchronizing a CUDA device opens a context on it: only the trainer's and the engine's (issue 46, A9)."""
+    import torch
+
+    from zerotir.rollout.producer import synchronize_devices
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: seen.append(str(device)))
+    synchronize_devices(["cpu", "cuda:1", torch.device("cuda:1"), "cuda:0"])
+    assert sorted(seen) == ["cuda:0", "cuda:1"]
+    seen.clear()
+    synchronize_devices(["cpu"])
+    assert seen == []
+    producer = RolloutProducer(make_engine(), TOK, NO_TOOLS, Schedule("trajectory"), None, None, batches,
+                               lambda b: SamplingParams(n=1), 1, 30.0, 1, 0, 0, devices=("cuda:3", "cpu"))
+    producer.engine._synchronize()  # what a push runs around its copy
+    assert seen == ["cuda:3"]

@@ -7,6 +7,7 @@ import gc
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ from zerotir.config import HFRollout, VLLMRollout
 from zerotir.scale.deepspeed_setup import (
     DeepSpeedConfigError,
     check_deepspeed_config,
+    check_fit_setup,
     check_rollout_backend,
     count_skipped_step,
     hf_zero3_config,
@@ -274,3 +276,16 @@ def _critic_head_worker(hidden_size: int = 256) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(_critic_head_worker() if sys.argv[1:] == ["critic"] else _accumulation_worker()))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_weights_train_only_with_deepspeeds_fp32_masters(dtype):
+    # Plain AdamW on bf16 weights rounds RL-sized updates away (issue 46, A6): refused with both fixes named.
+    plain = SimpleNamespace(strategy=object())
+    with pytest.raises(ValueError, match=rf"model.dtype={dtype} without DeepSpeed.*model.dtype: float32 \(with "
+                                         r"trainer.precision: bf16-mixed.*or train with a DeepSpeed strategy"):
+        check_fit_setup(plain, dtype, 1.0, "adamw")
+    check_fit_setup(plain, "float32", 1.0, "adamw")
+    DeepSpeedStrategy = type("DeepSpeedStrategy", (), {"config": json.loads(Path("configs/deepspeed/zero2.json")
+                                                                              .read_text())})
+    check_fit_setup(SimpleNamespace(strategy=DeepSpeedStrategy()), dtype, 1.0, "adamw")  # fp32 masters

@@ -165,6 +165,29 @@ def test_zero3_params_stay_partitioned_and_buckets_gather_one_at_a_time(zero3):
     assert sorted(seen) == sorted(full) and _partitioned(zero3)
 
 
+def test_parameters_the_prefetch_left_in_flight_are_released_before_a_push(zero3):
+    """Issue 46, A1: inside ``DeepSpeedEngine.forward`` (a fleet's first push, its recovery push) ZeRO-3's prefetch
+    leaves parameters in flight, which a push's ``GatheredParameters`` cannot partition again ("Cannot partition a
+    param in flight"); ``release_for_push`` waits for them first. The state is the prefetch's: an async gather
+    registered with the engine's coordinator."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    from zerotir.scale.deepspeed_setup import release_for_push
+
+    full = _full_state(zero3)
+    engine = zero3.engine
+    name, w = next(iter(engine.module.named_parameters()))
+    registry = engine.module.ds_inflight_param_registry
+    registry[w] = w.all_gather_coalesced([w])  # what the coordinator's prefetch does
+    assert w.ds_status == ZeroParamStatus.INFLIGHT
+    strategy = type("DeepSpeedStrategy", (), {"zero_stage_3": True})()
+    release_for_push(SimpleNamespace(strategy=strategy, model=engine))
+    assert w.ds_status == ZeroParamStatus.NOT_AVAILABLE and w not in registry
+    pushed = {n: t.clone() for bucket in iter_bucketed_params(engine, bucket_bytes=1) for n, t in bucket}
+    assert pushed.keys() == full.keys() and all(torch.equal(pushed[n], full[n]) for n in full), name
+    assert _partitioned(zero3)
+
+
 @torch.no_grad()
 def reference_greedy(model, prompt, steps):
     ids = torch.tensor([prompt])

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from zerotir.config.backends import RolloutBackend, VLLMRollout
 from zerotir.config.checks import check_min
 from zerotir.config.pipeline import PipelineConfig
+from zerotir.config.rollout import SandboxConfig, ToolConfig
+
+HEAD_RECIPE = ("start a Ray cluster whose nodes hold only the engines' GPUs (on the trainer's node: "
+               "`CUDA_VISIBLE_DEVICES=<the engines' GPUs> ray start --head --num-gpus <their count>`) and set "
+               "model.fleet.address to it (docs/fleet.md, \"Running it\")")
 
 
 @dataclass(frozen=True)
@@ -24,11 +29,21 @@ class FleetConfig:
     cpus_per_engine: float = 1.0
     """CPUs Ray reserves for each engine process."""
     gpus_per_engine: float = 0.0
-    """GPUs Ray gives each engine process (> 0: the engine runs on "cuda" and the weights go over NCCL); a local
-    cluster's GPUs are the machine's, so on a GPU node leave the trainer's devices out of CUDA_VISIBLE_DEVICES' share
-    Ray counts, or join a cluster whose nodes hold the fleet's GPUs (address)."""
+    """Whole GPUs Ray gives each engine process (> 0: the engine runs on "cuda" and the weights go over NCCL, which
+    refuses two ranks on one GPU, so no fraction). A local cluster hands out GPUs 0..K-1, the trainer's too: with a
+    trainer on CUDA, join a cluster started with `ray start --head` whose nodes hold only the engines' GPUs
+    (address)."""
     threads: int | None = None
     """Torch intra-op threads in each engine process; None: cpus_per_engine rounded down (at least 1)."""
+    trainer_threads: int | None = None
+    """Torch intra-op threads of the trainer while the fleet runs (one training process). None: on a local
+    cluster, the cores this process may use minus the engines' threads (at least 1), so that trainer and engines
+    add up to the cores they have; with address set, every core this process may use. Logged when the fleet
+    starts (zerotir.fleet.cores)."""
+    pin_cores: bool | None = None
+    """Pin the trainer and each engine process to cores of their own (os.sched_setaffinity, local cluster, one
+    training process): the trainer the first trainer_threads cores, each engine the next threads ones. None (the
+    default): where the budget fits the cores and the OS can pin; true: an error where it cannot; false: never."""
     address: str | None = None
     """A running Ray cluster to join ("10.0.0.1:6379", started with `ray start --head`); None: the trainer starts a
     local cluster of engines x cpus_per_engine CPUs and engines x gpus_per_engine GPUs."""
@@ -60,7 +75,11 @@ class FleetConfig:
     def __post_init__(self) -> None:
         check_min("fleet", self, ("engines",), 0, " (0: no fleet)")
         check_min("fleet", self, ("cpus_per_engine", "gpus_per_engine"), 0)
-        check_min("fleet", self, ("threads",), 1)
+        check_min("fleet", self, ("threads", "trainer_threads"), 1)
+        if self.gpus_per_engine != int(self.gpus_per_engine):
+            raise ValueError(f"model.fleet.gpus_per_engine={self.gpus_per_engine}: the weights reach a GPU engine "
+                             "over NCCL, which refuses two ranks on one GPU, so a fraction would put two engines on "
+                             "one; give whole GPUs (1), or 0 for CPU engines")
         check_min("fleet", self, ("max_restarts", "max_in_flight"), 0)
         if not 0 <= self.weight_port < 65536:
             raise ValueError(f"model.fleet.weight_port={self.weight_port}: a TCP port 1..65535, or 0 for a free one")
@@ -81,6 +100,26 @@ class FleetConfig:
     def engine_threads(self) -> int:
         """Torch threads of each engine process."""
         return self.threads or max(1, int(self.cpus_per_engine))
+
+    def check_trainer_device(self, device_type: str) -> None:
+        """Before a local cluster starts: one on a GPU node would hand the engines GPUs 0..K-1, the trainer's
+        among them (vLLM's free-memory check fails, NCCL refuses two ranks on one GPU)."""
+        if self.address is None and self.gpus_per_engine > 0 and device_type == "cuda":
+            raise ValueError(f"model.fleet.address: null with model.fleet.gpus_per_engine={self.gpus_per_engine:g} "
+                             "and the trainer on CUDA: a local Ray cluster gives the engines GPUs 0.., the "
+                             f"trainer's too; {HEAD_RECIPE}")
+
+    def check_sandbox_reach(self, sandbox: SandboxConfig, tool: ToolConfig, other_nodes: list[str]) -> None:
+        """Once the cluster is joined, before any engine starts: the embedded sandbox listens on 127.0.0.1 of the
+        trainer's node, so it serves only engines on that node. ``other_nodes``: the addresses of the cluster's
+        nodes other than the trainer's (``zerotir.fleet.cluster.other_nodes``)."""
+        if tool.enabled and sandbox.urls is None and other_nodes:
+            raise ValueError(f"model.fleet.address={self.address!r} with model.sandbox.urls: null: the cluster has "
+                             f"nodes other than the trainer's ({', '.join(other_nodes)}), and the embedded sandbox "
+                             "listens on 127.0.0.1 of the trainer's node, which their engines cannot reach; start "
+                             "sandbox servers the engines reach (`python -m sandbox serve --host <an address the "
+                             "engine nodes reach> --port 8080` on each) and set model.sandbox.urls to them, or run "
+                             "the engines on the trainer's node only (docs/fleet.md, \"Several nodes\")")
 
     def check_groups(self, pipeline: PipelineConfig, backend: RolloutBackend) -> None:
         """The cross-group checks with ``model.pipeline`` and ``model.rollout``, naming both sides."""

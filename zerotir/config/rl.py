@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from zerotir.config.checks import check_choice, check_min
@@ -14,6 +14,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 GAEInjected = Literal["skip", "restart"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 OffPolicyCorrection = Literal["none", "tis", "decoupled", "seq_tis", "seq_mask", "geo_mask", "token_mask"]
+ASYNC_CORRECTION = "tis"  # model.rl.off_policy_correction when unset and model.pipeline.max_staleness >= 1
 MASKING_CORRECTIONS = ("seq_mask", "geo_mask", "token_mask")  # the corrections that keep a band and drop the rest
 Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
 MICRO_BATCH_SIZE_DEFAULT = 8  # model.rl.micro_batch_size; it must stay so when max_tokens_per_micro_batch is set
@@ -67,14 +68,16 @@ class RLConfig:
     """How per-token losses become one number (verl's loss_agg_mode): "token-mean" (every action token weighs the
     same), "seq-mean-token-mean" (every response weighs the same), "seq-mean-token-sum", or
     "seq-mean-token-sum-norm" (each row's token sum / model.sampling.max_response_tokens, Dr. GRPO)."""
-    off_policy_correction: OffPolicyCorrection = "none"
+    off_policy_correction: OffPolicyCorrection | None = None
     """Weights of the policy loss for tokens the engine sampled (its log-probs) while the ratio is clipped against
     the trainer's recomputed ones (``zerotir.rl.off_policy``), with rho = exp(trainer - engine) per action token:
     "none"; "tis" (truncated importance sampling, min(rho, is_cap)); "decoupled" (decoupled PPO: rho, tokens above
     is_cap dropped); "seq_tis" (min(product of the row's rho, is_cap) on all its tokens); "seq_mask" (a row whose
     product of rho leaves [is_band_low, is_band_high] weighs 0, the others 1); "geo_mask" (the same on the geometric
     mean of rho); "token_mask" (IcePop: a token whose rho leaves the band weighs 0, the others 1). Corrects the
-    engine / trainer mismatch (e.g. vLLM in bfloat16), and a behaviour policy some weight versions old."""
+    engine / trainer mismatch (e.g. vLLM in bfloat16), and a behaviour policy some weight versions old. null (the
+    default): "tis" when model.pipeline.max_staleness >= 1 (tokens up to S versions old), "none" otherwise; an
+    asynchronous run trains uncorrected only when the config says "none" (docs/pipeline.md)."""
     is_cap: float = 2.0
     """The cap of off_policy_correction tis, seq_tis and decoupled (> 1)."""
     is_band_low: float | None = None
@@ -138,7 +141,8 @@ class RLConfig:
         if self.kl_clamp is not None and not self.kl_clamp > 0:
             raise ValueError(f"model.rl.kl_clamp={self.kl_clamp}: must be > 0 (10 as verl and OpenRLHF), or null: no "
                              f"clamp")
-        check_choice("rl", "off_policy_correction", self.off_policy_correction, OffPolicyCorrection)
+        if self.off_policy_correction is not None:
+            check_choice("rl", "off_policy_correction", self.off_policy_correction, OffPolicyCorrection)
         if not self.is_cap > 1:
             raise ValueError(f"model.rl.is_cap={self.is_cap}: must be > 1 (e.g. 2.0)")
         self._check_band()
@@ -146,7 +150,8 @@ class RLConfig:
 
     def _check_band(self) -> None:
         """The band of the masking corrections: both ends set for those, neither for the others, low < 1 < high."""
-        low, high, mode = self.is_band_low, self.is_band_high, self.off_policy_correction
+        low, high = self.is_band_low, self.is_band_high
+        mode = self.off_policy_correction or "none"  # unset: "tis" or "none" by the schedule, neither keeps a band
         if mode in MASKING_CORRECTIONS:
             if low is None or high is None:
                 raise ValueError(f"model.rl.off_policy_correction={mode!r} with is_band_low={low}, is_band_high="
@@ -193,11 +198,34 @@ class RLConfig:
             raise ValueError(f"model.sampling.temperature={sampling.temperature}: greedy decoding is for evaluation "
                              f"only (model.eval_sampling); training samples and scores its tokens at a temperature "
                              f"> 0 (e.g. 1.0)")
-        if sampling.top_p < 1 and self.off_policy_correction != "none":
+        if sampling.top_p < 1 and self.off_policy_correction not in (None, "none"):
             raise ValueError(f"model.rl.off_policy_correction={self.off_policy_correction!r} with "
                              f"model.sampling.top_p={sampling.top_p}: the engine's log-probs are then those of the "
                              f"truncated nucleus, not of the policy the trainer scores, so the weights would correct "
                              f"the truncation; set model.sampling.top_p: 1.0 or off_policy_correction: none")
+
+    def for_run(self, max_staleness: int | None, sampling: SamplingConfig) -> RLConfig:
+        """This group checked against ``model.sampling`` (``check_training_sampling``), with ``off_policy_correction``
+        set for the schedule of ``model.pipeline.max_staleness`` when the config left it unset:
+        ``ASYNC_CORRECTION`` at S >= 1 (the tokens are up to S weight versions old, which a demanding user expects
+        corrected, as TRL, prime-rl and NeMo-RL do by default), "none" otherwise (in line, or S = 0: the same
+        rollouts and parameters as the in-line run).
+
+        Raises:
+            ValueError: S >= 1 with ``model.sampling.top_p`` < 1 and the correction unset: the correction needs the
+                engine's log-probs of the full distribution, so the config must choose (top_p: 1.0, or "none").
+        """
+        self.check_training_sampling(sampling)
+        if self.off_policy_correction is not None:
+            return self
+        if max_staleness is None or max_staleness < 1:
+            return replace(self, off_policy_correction="none")
+        if sampling.top_p < 1:
+            raise ValueError(f"model.pipeline.max_staleness={max_staleness} turns model.rl.off_policy_correction on "
+                             f"({ASYNC_CORRECTION!r}, its default at S >= 1), which needs the engine's log-probs of "
+                             f"the full distribution, and model.sampling.top_p={sampling.top_p} truncates it; set "
+                             f"top_p: 1.0, or model.rl.off_policy_correction: none to train uncorrected")
+        return replace(self, off_policy_correction=ASYNC_CORRECTION)
 
     @property
     def optimizer_steps_per_rl_step(self) -> int:

@@ -7,23 +7,27 @@
     stop_cluster()
 
 Each actor is one process running one ``EngineHost`` (``zerotir.fleet.engine_host``), built from the same picklable
-``HostSettings``; Ray gives it the CPUs and GPUs asked for (a GPU actor sees its GPU as ``cuda``). Its methods run one
-at a time, in the order they were called. Ray is an optional extra (``pip install -e ".[fleet]"``) and is imported
-only inside these functions.
+``HostSettings``; Ray gives it the CPUs and GPUs asked for (a GPU actor sees its GPU as ``cuda``). Its rollout and
+weight calls run one at a time, in the order they were called; its questions (``describe``, ``occupancy``) are
+answered at once, in a concurrency group of their own, so the trainer never waits for one queued behind a rollout.
+Ray is an optional extra (``pip install -e ".[fleet]"``) and is imported only inside these functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
+from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
 
 NICENESS = "RAY_worker_niceness"  # Ray's setting of its workers' niceness, read by the raylet at its start
@@ -111,16 +115,19 @@ def _worker_niceness(value: str) -> Iterator[None]:
 
 
 def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0,
-                max_restarts: int = 0) -> list[Any]:
-    """``count`` Ray actors, each an ``EngineHost(settings)`` with ``num_cpus`` CPUs and ``num_gpus`` GPUs; their
-    handles. An actor starts in the background: its first method call waits for it (and raises its start error).
+                max_restarts: int = 0, cores: tuple[tuple[int, ...], ...] | None = None) -> list[Any]:
+    """``count`` Ray actors, each an ``EngineHost(settings)`` with ``num_cpus`` CPUs and ``num_gpus`` GPUs (and,
+    given ``cores``, pinned to ``cores[k]``: ``zerotir.fleet.cores``); their handles. An actor starts in the
+    background: its first method call waits for it (and raises its start error).
     Ray restarts an actor whose process dies up to ``max_restarts`` times (building a new ``EngineHost``); the calls
     it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
 
     A streaming host (``settings.max_in_flight`` > 0) takes calls side by side: the ``roll_out`` calls of several
     batches feed its stream together, and a push (``receive_weights``) runs while they wait. Its weight-group calls
-    (join, leave, receive) stay one at a time, in the order they were made (a concurrency group of one); the others
-    run one at a time in order, as in a host that does not stream.
+    (join, leave, receive) stay one at a time, in the order they were made (a concurrency group of one). Every
+    host answers ``describe`` and ``occupancy`` in a group of their own (``QUESTIONS``): on a plain actor the
+    trainer's question after taking batch k would queue behind the rollout of batch k + 1 (S >= 1), and step k
+    would train only once batch k + 1 was generated (issue 46, A3).
 
     Raises:
         RuntimeError: no cluster (``start_cluster`` first).
@@ -131,25 +138,44 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
         raise RuntimeError("spawn_hosts: no Ray cluster in this process; call start_cluster() first")
     if count < 1:
         raise ValueError(f"spawn_hosts(count={count}): the fleet needs at least one engine host")
+    if cores is not None and len(cores) != count:
+        raise ValueError(f"spawn_hosts(count={count}): {len(cores)} core sets given; one per host")
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
     if settings.max_in_flight:
-        actor = ray.remote(**options, concurrency_groups=STREAMING_GROUPS)(_streaming_host(ray))
+        actor = ray.remote(**options, concurrency_groups={**STREAMING_GROUPS, QUESTIONS: 1})(_streaming_host(ray))
     else:
-        actor = ray.remote(**options)(EngineHost)
-    return [actor.remote(settings) for _ in range(count)]
+        actor = ray.remote(**options, concurrency_groups={QUESTIONS: 1})(_answering_host(ray))
+    return [actor.remote(replace(settings, cores=cores[k] if cores else None)) for k in range(count)]
 
 
 # A streaming host's concurrency groups: its weight-group calls one at a time, its rollout calls side by side (more
 # than the batches the capacity rule ever lets run at once).
 STREAMING_GROUPS = {"weights": 1, "rollouts": 64}
+QUESTIONS = "questions"  # every host's group of the calls answered at once: describe, occupancy
+
+
+def _answering_host(ray: Any) -> type:
+    """``EngineHost`` whose questions (``describe``, ``occupancy``) run in the ``QUESTIONS`` group, beside the calls
+    of the default group (rollouts and the weight group, one at a time in order); they only read counters."""
+
+    class AnsweringEngineHost(EngineHost):
+        @ray.method(concurrency_group=QUESTIONS)
+        def describe(self) -> dict[str, Any]:
+            return super().describe()
+
+        @ray.method(concurrency_group=QUESTIONS)
+        def occupancy(self) -> dict[str, float]:
+            return super().occupancy()
+
+    return AnsweringEngineHost
 
 
 def _streaming_host(ray: Any) -> type:
     """``EngineHost`` with its methods in the streaming host's concurrency groups (Ray's ``ray.method``)."""
 
-    class StreamingEngineHost(EngineHost):
+    class StreamingEngineHost(_answering_host(ray)):
         @ray.method(concurrency_group="weights")
         def join_weights(self, *args: Any, **kwargs: Any) -> None:
             return super().join_weights(*args, **kwargs)
@@ -167,6 +193,29 @@ def _streaming_host(ray: Any) -> type:
             return super().roll_out(*args, **kwargs)
 
     return StreamingEngineHost
+
+
+def fleet_cluster(fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
+    """The cluster of ``model.fleet``: a local one of engines x cpus_per_engine CPUs and engines x gpus_per_engine
+    GPUs, or the one at ``fleet.address``, joined and checked (``FleetConfig.check_sandbox_reach``: an embedded
+    sandbox serves the trainer's node only), and left again when the check fails."""
+    if fleet.address is None:
+        start_cluster(num_cpus=math.ceil(fleet.engines * fleet.cpus_per_engine),
+                      num_gpus=math.ceil(fleet.engines * fleet.gpus_per_engine))
+        return
+    start_cluster(address=fleet.address)
+    try:
+        fleet.check_sandbox_reach(sandbox, tool, other_nodes())
+    except ValueError:
+        stop_cluster()
+        raise
+
+
+def other_nodes() -> list[str]:
+    """The addresses of the alive nodes of this process's cluster other than its own (a local cluster: none)."""
+    ray = _ray()
+    mine = ray.get_runtime_context().get_node_id()
+    return [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != mine]
 
 
 def stop_cluster() -> None:
@@ -229,13 +278,17 @@ def ray_ready(refs: list[Any], timeout_s: float) -> list[int]:
     return [k for k, ref in enumerate(refs) if ref in done]
 
 
-def mean_occupancy(hosts: list[Any], timeout_s: float) -> dict[str, float]:
-    """``EngineHost.occupancy`` of every host as ``fleet_<key>``, the mean over them.
+def mean_occupancy(hosts: list[Any], timeout_s: float, before: dict[str, float]) -> dict[str, float]:
+    """``EngineHost.occupancy`` of every host as ``fleet_<key>``, the mean over them; ``before`` (the figures of
+    the last call) when a host died: it is recovered where its batches are collected.
 
     Raises:
-        EngineDied, TimeoutError, RuntimeError: as ``ray_get``.
+        TimeoutError, RuntimeError: as ``ray_get``.
     """
-    each = ray_get([h.occupancy.remote() for h in hosts], timeout_s, "reporting its occupancy")
+    try:
+        each = ray_get([h.occupancy.remote() for h in hosts], timeout_s, "reporting its occupancy")
+    except EngineDied:
+        return before
     return {f"fleet_{key}": sum(e[key] for e in each) / len(each) for key in each[0]}
 
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from zerotir.config import RolloutBackend, ToolConfig, VLLMRollout
+from zerotir.fleet.cores import pin_process
 from zerotir.fleet.weight_group import DEFAULT_TIMEOUT_S, SENDER, GroupAddress, WeightGroup, form_weight_group
 from zerotir.fleet.stream import GroupStream, Job
 from zerotir.fleet.weight_push import receive_push
@@ -63,6 +64,7 @@ class HostSettings:
             between engine steps (its Ray actor then takes calls side by side: ``cluster.spawn_hosts``); 0: each
             ``roll_out`` is one tool loop over its prompts, one call at a time.
         stream_timeout_s: streaming, the bound on a ``roll_out`` call's wait for its groups (``model.fleet.timeout_s``).
+        cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
     """
 
     model_path: str
@@ -75,6 +77,7 @@ class HostSettings:
     device: str = "cpu"
     max_in_flight: int = 0
     stream_timeout_s: float = DEFAULT_TIMEOUT_S
+    cores: tuple[int, ...] | None = None
 
     def check(self) -> None:
         """Refuse settings the host cannot run, naming the setting and the fix."""
@@ -108,6 +111,8 @@ class EngineHost:
     def __init__(self, settings: HostSettings):
         settings.check()
         self.settings = settings
+        if settings.cores is not None:
+            pin_process(settings.cores)  # before torch starts its pools, which inherit it
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)  # the process is the host's own
         self.tokenizer = load_tokenizer(settings.model_path)
@@ -123,7 +128,8 @@ class EngineHost:
         self._started, self._busy_s = time.monotonic(), 0.0  # batch shares: seconds inside roll_out
         self.stream = None if not settings.max_in_flight else GroupStream(
             self.engine, self.tokenizer, settings.tool, self.schedule,
-            (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight)
+            (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight,
+            settings.device)
 
     def describe(self) -> dict[str, Any]:
         """What the host runs: its engine's type, context length, the version of its weights and where it runs

@@ -20,7 +20,6 @@ Every wait is bounded by ``model.fleet.timeout_s``; an error names the engine, w
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
@@ -29,6 +28,8 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.fleet.cluster import mean_occupancy
+from zerotir.fleet.cores import available_cores, plan_cores
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.ranks import Discard, TrainerRanks, same_rows, split_batch
 from zerotir.fleet.shares import Ended, EndedGroups, Submitted, collect_ended, cut_shares, merge
@@ -85,6 +86,7 @@ class FleetSource:
         self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
         self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
         self._occupancy: dict[str, float] = {}  # the engines', as of the last training batch
+        self._restore = lambda: None  # puts the trainer's threads and cores back (zerotir.fleet.cores)
 
     # ------------------------------------------------------------------------------------------- start and stop
     def check_trainer(self, world_size: int, zero3: bool) -> None:
@@ -96,29 +98,29 @@ class FleetSource:
         with the first batch (its step gives the version) or evaluation batch."""
         if self.hosts or self._actor is not None:
             return
-        from zerotir.fleet.cluster import describe_hosts, spawn_hosts, start_cluster
+        from zerotir.fleet.cluster import describe_hosts, fleet_cluster, spawn_hosts
 
         self.ranks = TrainerRanks()
         self._actor, self._tokenizer, self._stream = actor, tokenizer, stream
         if not self.ranks.lead:
             return  # rank 0 drives the fleet; this rank follows it (``batch``, ``evaluate``, ``after_update``)
-        self.sandbox.start()
         fleet = self.fleet
-        if fleet.address is None:
-            start_cluster(num_cpus=math.ceil(fleet.engines * fleet.cpus_per_engine),
-                          num_gpus=math.ceil(fleet.engines * fleet.gpus_per_engine))
-        else:
-            start_cluster(address=fleet.address)
+        fleet.check_trainer_device(torch.device(device).type)
+        budget = plan_cores(fleet, available_cores(), fleet.address is None and self.ranks.world == 1)
+        self.sandbox.start()
+        fleet_cluster(fleet, self.sandbox.config, self.tool)
         settings = HostSettings(self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
                                 self.sandbox.config.client_options, fleet.engine_threads, fleet.device,
                                 fleet.max_in_flight, fleet.timeout_s)
         self.hosts = spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine,
-                                 fleet.max_restarts)
+                                 fleet.max_restarts, budget.engine_cores)
+        if self.ranks.world == 1:  # several training ranks share the node's cores as their launcher placed them
+            self._restore = budget.apply_to_trainer()
         started = time.perf_counter()
         self._where = describe_hosts(self.hosts, fleet.timeout_s, "starting (loading the model)")
         address = self._form_group(fleet.weight_port)
-        log.info("rollout fleet: %d engine processes up in %.1f s, weight group at %s", len(self.hosts),
-                 time.perf_counter() - started, address)
+        log.info("rollout fleet: %d engine processes up in %.1f s, weight group at %s; %s", len(self.hosts),
+                 time.perf_counter() - started, address, budget.describe())
 
     def _form_group(self, port: int) -> GroupAddress:
         """A weight group of this process (the sender) and every engine, at ``port`` (0: a free one)."""
@@ -151,6 +153,8 @@ class FleetSource:
             if hosts:
                 stop_cluster()
             self.sandbox.close()
+            self._restore()
+            self._restore = lambda: None
 
     # ----------------------------------------------------------------------------------------------- the step
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
@@ -188,7 +192,7 @@ class FleetSource:
             rows, taken = submitted.rows, None
             traj, timings = self._collect(submitted, f"the batch of step {step} (stream batch {index})")
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
-        self._occupancy = self._engines_occupancy()
+        self._occupancy = mean_occupancy(self.hosts, self.fleet.timeout_s, self._occupancy)
         self._cursor.handed(step)
         self._top_up()  # the next batches generate while this one trains (S >= 1)
         return RolloutBatch(rows, traj, timings, self.sandbox.names, taken)
@@ -258,15 +262,6 @@ class FleetSource:
         last = self.sender.pushes[-1].bytes if self.sender is not None and self.sender.pushes else 0
         more = {"fleet_regenerated": self.regenerated, "fleet_spread": self._spread} if self.fleet.max_in_flight else {}
         return {"fleet_restarts": float(self.restarts), "push_mb": last / 2**20, **self._occupancy, **more}
-
-    def _engines_occupancy(self) -> dict[str, float]:
-        """``EngineHost.occupancy`` as ``fleet_<key>``, the mean over the engines."""
-        from zerotir.fleet.cluster import EngineDied, mean_occupancy
-
-        try:
-            return mean_occupancy(self.hosts, self.fleet.timeout_s)
-        except EngineDied:  # recovered where its batches are collected; the figures of before stand until then
-            return self._occupancy
 
     def _parts(self, whole: RolloutBatch, counts: list[int], n: int) -> list[tuple[RolloutBatch, dict[str, float]]]:
         """Each rank's part of ``whole`` with rank 0's counters (``stats``), what ``scatter`` hands out."""

@@ -24,6 +24,7 @@ trainer's calls come from other threads (a Ray actor with concurrent calls) and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -34,7 +35,7 @@ from typing import Any
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout
 from zerotir.rollout.engine import Sample, SamplingParams
-from zerotir.rollout.producer import ProducerStopped, VersionedEngine
+from zerotir.rollout.producer import ProducerStopped, VersionedEngine, synchronize_devices
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -140,10 +141,11 @@ class GroupStream:
         sandbox: builds the stream's sandbox client, in its thread (a client belongs to one event loop); None
             without tools.
         max_in_flight: trajectories in flight at most (a group larger than that runs alone).
+        device: the engine's device, synchronized around each push's copy (``producer.synchronize_devices``).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
-                 sandbox: Callable[[], Any] | None, max_in_flight: int):
+                 sandbox: Callable[[], Any] | None, max_in_flight: int, device: str = "cpu"):
         if max_in_flight < 1:
             raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): must be >= 1 (model.fleet.max_in_flight)")
         self.tokenizer, self.tool, self.schedule, self.max_in_flight = tokenizer, tool, schedule, max_in_flight
@@ -156,7 +158,8 @@ class GroupStream:
         self._stop = False
         self._error: BaseException | None = None
         self._stats, self._since = StreamStats(), time.monotonic()
-        self.engine = VersionedEngine(engine, None, lambda: None, lambda: self._stop)
+        self.engine = VersionedEngine(engine, None, lambda: None, lambda: self._stop,
+                                      functools.partial(synchronize_devices, (device,)))
         self._thread = threading.Thread(target=self._run, name="zerotir-fleet-stream", daemon=True)
         self._thread.start()
 

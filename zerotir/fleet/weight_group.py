@@ -26,9 +26,12 @@ which hosts the store, waits for them and goes last.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -134,16 +137,18 @@ class WeightGroup:
             self._backend.shutdown()
 
     def abandon(self) -> None:
-        """Shut this process's backend down without the ordered leave of ``close``: the other ranks are gone (their
-        processes were killed), so none would ever mark itself gone; idempotent."""
+        """Drop this process's backend without the ordered leave of ``close``: the other ranks are gone (their
+        processes were killed), so none would ever mark itself gone; idempotent. An NCCL communicator whose peer is
+        dead is aborted (``abort``: ``shutdown`` would wait for that peer), a gloo one shut down."""
         if not self.closed:
             self.closed = True
-            self._backend.shutdown()
+            abort = getattr(self._backend, "abort", None) if self.device.type == "cuda" else None
+            (abort or self._backend.shutdown)()
             self._backend = self._store = None  # the sender's store stops listening: a new group may take its port
 
 
 def form_weight_group(address: GroupAddress, rank: int, world_size: int, device: str | torch.device = "cpu",
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> WeightGroup:
+                      timeout_s: float = DEFAULT_TIMEOUT_S, gloo: bool = False) -> WeightGroup:
     """Form the weight group: every process calls this with the same address and world size, each with its rank.
 
     Rank 0 hosts the ``TCPStore`` at ``address``; each rank checks in there, and once all ``world_size`` ranks have
@@ -155,6 +160,8 @@ def form_weight_group(address: GroupAddress, rank: int, world_size: int, device:
         world_size: K + 1.
         device: where this process's tensors live: "cpu" forms a gloo group, "cuda" / "cuda:i" an NCCL one.
         timeout_s: the bound on joining and on each collective of the group afterwards.
+        gloo: gloo whatever the device: CUDA tensors over gloo (host-staged), as the GPU check runs the fleet's push
+            on one GPU, where NCCL refuses two ranks (``scripts/gpu_check_fleet.py``).
 
     Raises:
         ValueError: a bad rank, world size, timeout or device.
@@ -167,17 +174,39 @@ def form_weight_group(address: GroupAddress, rank: int, world_size: int, device:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s={timeout_s}: must be > 0 seconds")
     device, backend_class = _device_and_backend(device)
+    backend_class = dist.ProcessGroupGloo if gloo else backend_class
     label = f"weight group at {address}, rank {rank} of {world_size}"
     deadline = time.monotonic() + timeout_s
     store = _open_store(address, rank, timeout_s, label)
     _join(store, rank, world_size, deadline, label)
     try:
-        backend = backend_class(dist.PrefixStore("backend", store), rank, world_size, timedelta(seconds=timeout_s))
+        with _errors_raise(device):
+            backend = backend_class(dist.PrefixStore("backend", store), rank, world_size, timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise WeightGroupError(f"{label}: the {backend_class.__name__} backend did not connect ({exc})") from exc
     group = WeightGroup(store, backend, address, rank, world_size, device, timeout_s)
     group.share({"kind": "hello"} if rank == SENDER else None)  # the group works end to end (NCCL connects here)
     return group
+
+
+ASYNC_ERRORS = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+CLEAN_UP_ONLY = "2"  # torch's ErrorHandlingMode::CleanUpOnly: abort the communicator, raise in wait(), keep the process
+
+
+@contextlib.contextmanager
+def _errors_raise(device: torch.device) -> Iterator[None]:
+    """While an NCCL backend is built (it reads the setting then): a failed or timed-out collective aborts the
+    communicator and raises in ``Work.wait`` instead of torch's default, the watchdog tearing the whole process
+    down, so the fleet's restart logic runs (issue 46, A2). The trainer's own groups keep the default; a value the
+    user set is kept. Nothing for gloo."""
+    if device.type != "cuda" or ASYNC_ERRORS in os.environ:
+        yield
+        return
+    os.environ[ASYNC_ERRORS] = CLEAN_UP_ONLY
+    try:
+        yield
+    finally:
+        os.environ.pop(ASYNC_ERRORS, None)
 
 
 def _device_and_backend(device: str | torch.device) -> tuple[torch.device, Any]:

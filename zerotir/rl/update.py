@@ -282,16 +282,17 @@ def _behaviour_weights(cfg: RLConfig, old_logp: Tensor, engine_logp: Tensor | No
                        mask: Tensor) -> tuple[Tensor | None, dict[str, Tensor]]:
     """The off-policy weights of the policy loss (None: weight 1) and their statistics. The proximal policy is the
     old one (in a single pass the current parameters before the step: the same policy)."""
+    mode = cfg.off_policy_correction or "none"  # unset and never given a schedule (RLConfig.for_run): none
     if engine_logp is None:
-        if cfg.off_policy_correction != "none":
-            raise ValueError(f"model.rl.off_policy_correction={cfg.off_policy_correction!r} needs the engine's "
+        if mode != "none":
+            raise ValueError(f"model.rl.off_policy_correction={mode!r} needs the engine's "
                              "log-probs of the sampled tokens under the trainer's distribution, and this batch has "
                              "none (model.sampling.top_p < 1 samples from a truncated one); set top_p: 1 or "
                              "off_policy_correction: none")
         return None, {}
-    weights, stats = behaviour_weights(old_logp, engine_logp, mask, cfg.off_policy_correction, cfg.is_cap,
+    weights, stats = behaviour_weights(old_logp, engine_logp, mask, mode, cfg.is_cap,
                                        cfg.is_band_low, cfg.is_band_high)
-    return (None if cfg.off_policy_correction == "none" else weights), stats
+    return (None if mode == "none" else weights), stats
 
 
 @torch.no_grad()

@@ -47,6 +47,7 @@ class PipelineSource(EngineSource):
         self.pipeline = pipeline
         self.producer: RolloutProducer | None = None
         self._stream: Stream | None = None
+        self._devices: tuple[Any, ...] = ()  # the trainer's and the engine's, synchronized around a push
         self._threads_before: int | None = None  # torch's thread count before the producer set its own
 
     def check_trainer(self, world_size: int, zero3: bool) -> None:
@@ -63,7 +64,7 @@ class PipelineSource(EngineSource):
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
         super().start(actor, tokenizer, device, stream)
-        self._stream = stream
+        self._stream, self._devices = stream, (device, self.engine_device or device)
 
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
         """The producer's next batch, for ``step`` (starting the producer at the first one; ``step`` again: a refill
@@ -106,7 +107,7 @@ class PipelineSource(EngineSource):
         self.producer = RolloutProducer(
             self.engine, self._tokenizer, self.tool, self.schedule, self.reward, self.sandbox.client_factory(),
             self._stream, lambda b: sampling_params(self.sampling, batch_seed(self.seed, b, first_row, n)),
-            pipeline.max_staleness, pipeline.producer_timeout, step, batch_index, step - 1)
+            pipeline.max_staleness, pipeline.producer_timeout, step, batch_index, step - 1, self._devices)
         self.producer.start()
         log.info("rollout producer started at step %d (batch %d, weights version %d, max_staleness %d, %d torch "
                  "threads)", step, batch_index, step - 1, pipeline.max_staleness, threads)

@@ -33,10 +33,11 @@ ends the run with a ``TimeoutError``. Nothing here imports Lightning.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field, replace
@@ -68,20 +69,23 @@ class Produced:
     timings: dict[str, float] = field(default_factory=dict)  # generation, sandbox, reward, wait_for_trainer
 
 
-def synchronize_devices() -> None:
-    """Wait until every CUDA device has run all its queued work, on every stream (nothing to wait for on CPU)."""
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(index)
+def synchronize_devices(devices: Iterable[Any] = ()) -> None:
+    """Wait until the CUDA devices among ``devices`` (the trainer's and the engine's) have run all their queued work,
+    on every stream; nothing to wait for on CPU. Only those: synchronizing a device opens a CUDA context on it, which
+    on every visible GPU would take memory from other processes' GPUs (issue 46, A9)."""
+    for device in {torch.device(d) for d in devices}:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 class VersionedEngine:
     """The producer's engine behind one lock: every call and every weight push is serialised, and each finished
     sample is stamped with the weight version of its submission. Implements the ``RolloutEngine`` protocol.
-    ``synchronize`` waits for the devices' queued work around each push's copy (``synchronize_devices``)."""
+    ``synchronize`` waits for the devices' queued work around each push's copy (``synchronize_devices`` of the
+    devices in use)."""
 
     def __init__(self, engine: Any, version: int | None, beat: Callable[[], None], stopped: Callable[[], bool],
-                 synchronize: Callable[[], None] = synchronize_devices):
+                 synchronize: Callable[[], None]):
         self.engine, self.version = engine, version
         self._synchronize = synchronize
         self.lock = threading.Lock()
@@ -177,12 +181,13 @@ class RolloutProducer:
         first_step: the first RL step to generate for (``rl_steps_done + 1`` on a resume).
         first_batch: its batch index (the first unconsumed batch).
         version: the version of ``engine``'s weights (updates done).
+        devices: the devices in use (the trainer's, the engine's), synchronized around each push's copy.
     """
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule, reward: Reward | None,
                  sandbox: Callable[[], Any] | None, batches: Callable[[int], list[PromptRow]],
                  params: Callable[[int], SamplingParams], max_staleness: int, producer_timeout: float, first_step: int,
-                 first_batch: int, version: int):
+                 first_batch: int, version: int, devices: tuple[Any, ...] = ()):
         self.tokenizer, self.tool, self.schedule, self.reward = tokenizer, tool, schedule, reward
         self.batches, self.params, self.max_staleness = batches, params, max_staleness
         self.producer_timeout = producer_timeout
@@ -195,7 +200,8 @@ class RolloutProducer:
         self.cursor = StreamCursor(first_step, first_batch)  # read and moved with the condition held
         self._state = "starting"
         self._beat_at = time.monotonic()
-        self.engine = VersionedEngine(engine, version, self._beat, lambda: self._stop)
+        self.engine = VersionedEngine(engine, version, self._beat, lambda: self._stop,
+                                      functools.partial(synchronize_devices, devices))
         self._thread = threading.Thread(target=self._run, name="zerotir-rollout-producer", daemon=True)
 
     def start(self) -> None:
