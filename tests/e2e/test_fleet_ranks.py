@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.conftest import REPO, cli_args, read_scalars, run_subprocess
+from tests.e2e.conftest import REPO, cli_args, read_scalars, run_cli, run_subprocess
 from tests.e2e.test_rehearsal_equivalence import TOLERANCE, strategy_args
 from zerotir import metric_names as mn
 from zerotir.rollout_log.records import read_step
@@ -46,11 +46,13 @@ FLEET = ["--model.pipeline.max_staleness", "0", "--model.fleet.engines", "1", "-
 
 
 class _Fit:
-    """``STEPS`` RL steps of ``mode`` (single: in line on one rank; zero3: 2 ranks and the fleet) in a process of its
-    own, started at once (the two runs of a test share nothing, so they start side by side); ``params`` waits for
-    it and gives rank 0's parameters (HF names) after step 1 and at the end."""
+    """``STEPS`` RL steps of ``mode`` (single: in line on one rank; zero3: 2 ranks and the fleet): started in a
+    process of its own (``params`` waits for it), or run in this one (``in_process``: no interpreter to start, while
+    a run started before it goes on beside it). ``params`` gives rank 0's parameters (HF names) after step 1 and at
+    the end."""
 
-    def __init__(self, mode: str, root: Path, base: Path, data: dict[str, Path], *extra: str) -> None:
+    def __init__(self, mode: str, root: Path, base: Path, data: dict[str, Path], *extra: str,
+                 in_process: bool = False) -> None:
         root.mkdir(parents=True)
         self.first, self.final, self.log = root / "step1.pt", root / "final.pt", root / "fit.log"
         args = cli_args("fit", "tiny_cpu_reinforce", base, data, root, *strategy_args(mode, root), *COMMON, *extra,
@@ -58,17 +60,22 @@ class _Fit:
                         str(self.first), "--trainer.callbacks.step", "1",
                         "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path",
                         str(self.final))
+        self.process: subprocess.Popen | None = None
+        if in_process:
+            run_cli(args)
+            return
         with self.log.open("w") as out:
             self.process = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def params(self) -> dict[str, dict[str, torch.Tensor]]:
-        assert self.process.wait(timeout=800) == 0, self.log.read_text()[-4000:]
+        if self.process is not None:
+            assert self.process.wait(timeout=800) == 0, self.log.read_text()[-4000:]
         return {key: {name.removeprefix("actor."): t for name, t in torch.load(path).items()}
                 for key, path in (("step1", self.first), ("final", self.final))}
 
     def stop(self) -> None:
-        """Kill the run's whole session if it still runs (the other run failed: nothing waits for this one)."""
-        if self.process.poll() is None:
+        """Kill the run's whole session if it still runs (this test failed before waiting for it)."""
+        if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=60)
 
@@ -80,15 +87,14 @@ def _rewards(root: Path) -> list[float]:
 @pytest.mark.timeout(1500)
 def test_two_zero3_ranks_on_one_fleet_engine_train_the_parameters_of_one_rank(e2e_base, e2e_data, tmp_path):
     initial, engine_file = tmp_path / "initial.pt", tmp_path / "engine.pt"
-    single = _Fit("single", tmp_path / "single", e2e_base, e2e_data, "--trainer.callbacks+=tests.e2e.helpers."
-                  "SnapshotParams", "--trainer.callbacks.path", str(initial))
     fleet = _Fit("zero3", tmp_path / "fleet", e2e_base, e2e_data, *FLEET,
                  "--trainer.callbacks+=tests.e2e.helpers.SaveEngineWeights", "--trainer.callbacks.path",
                  str(engine_file))
-    try:
-        reference, two = single.params(), fleet.params()
+    try:  # the one-rank reference in this process while the fleet run starts
+        reference = _Fit("single", tmp_path / "single", e2e_base, e2e_data, "--trainer.callbacks+=tests.e2e."
+                         "helpers.SnapshotParams", "--trainer.callbacks.path", str(initial), in_process=True).params()
+        two = fleet.params()
     finally:
-        single.stop()
         fleet.stop()
 
     assert _rewards(tmp_path / "fleet")[0] == _rewards(tmp_path / "single")[0]
