@@ -7,7 +7,9 @@ import threading
 
 import pytest
 
-from zerotir.reward import RewardScorer, count_boxed, extract_boxed, is_equivalent, score, score_batch
+from zerotir.reward import (
+    RewardScorer, count_boxed, extract_boxed, is_equivalent, score, score_batch, score_batch_sync,
+)
 
 # (response, truth, expected reward) for untruncated responses.
 SCORE_TABLE = [
@@ -176,3 +178,16 @@ def test_hard_timeout_kills_the_worker() -> None:
 def test_module_level_score_batch() -> None:
     got = asyncio.run(score_batch([r"\boxed{\dfrac{3}{4}}", "none"], ["0.75", "1"], [False, False], max_workers=1))
     assert got == [1.0, 0.0]
+
+
+def test_require_single_boxed_holds_on_the_batch_paths(scorer: RewardScorer) -> None:
+    # Two boxes holding the right answer: 1.0 by default, 0 with the option, on the module-level batch functions and
+    # on a scorer object built with it (the quick exact match must not bypass the rule).
+    twice, once = r"\boxed{3} and again \boxed{3}", r"\boxed{\frac{6}{2}}"
+    truths, cut = ["3", "3"], [False, False]
+    assert scorer.score_batch_sync([twice, once], truths, cut) == [1.0, 1.0]  # off by default
+    assert score_batch_sync([twice, once], truths, cut, max_workers=1, require_single_boxed=True) == [0.0, 1.0]
+    got = asyncio.run(score_batch([twice, once], truths, cut, max_workers=1, require_single_boxed=True))
+    assert got == [0.0, 1.0]
+    with RewardScorer(max_workers=1, timeout_s=2, require_single_boxed=True) as single:
+        assert single.score_batch_sync([twice, once], truths, cut) == [0.0, 1.0]

@@ -126,3 +126,29 @@ def test_state_dict_round_trip():
     assert restored.steps_seen == 2 and restored.groups_seen == 6 and restored.groups_kept == 2
     with pytest.raises(KeyError, match="groups_kept"):
         restored.load_state_dict({"steps_seen": 1})
+
+
+def test_kept_fraction_is_the_share_of_groups_kept_whatever_the_rules_remove_row_by_row():
+    # Groups 10 and 11 pass the pass rate (1 of 2 right each), group 12 does not (both right): 2 of 3 groups kept.
+    # model.filters then removes rows: overlong "mask" takes group 11's two truncated rows and void_turn group 10's
+    # row 1. The step trains 1 row, but the logged and checkpointed kept fraction stays 2/3.
+    from zerotir.config import FilterConfig, ToolConfig
+    from zerotir.filters.decide import decide
+    from zerotir.filters.trajectory import FilterContext
+
+    void = "```output\n2\n```\nno answer"
+    batch = make_batch([1, 0, 1, 0, 1, 1], [10, 10, 11, 11, 12, 12], truncated=[False, False, True, True, False, False],
+                       texts=["\\boxed{2}", void, "\\boxed{2}", "\\boxed{", "\\boxed{2}", "\\boxed{2}"])
+    trainer, module, callback = FakeTrainer(), FakeModule(), PassRateFilter()
+    callback.setup(trainer, module, "fit")
+    decision = decide(FilterConfig(void_turn=True, overlong="mask"), batch, module.rollout_filter(batch),
+                      FilterContext.of(ToolConfig(), max_response_tokens=16), step=1, seed=0)
+    assert decision.keep.tolist() == [True, False, False, False, False, False]
+    callback.on_train_batch_end(trainer, module, step_outputs(batch, 1, decision), None, 0)
+    assert module.logged[metric_names.KEPT_FRACTION][0] == pytest.approx(2 / 3)
+    saved = callback.state_dict()
+    assert saved["last_kept_fraction"] == pytest.approx(2 / 3)
+    assert (saved["groups_kept"], saved["groups_seen"], saved["trajectories_kept"]) == (2, 3, 1)
+    restored = PassRateFilter()
+    restored.load_state_dict(saved)
+    assert restored.last_kept_fraction == pytest.approx(2 / 3)

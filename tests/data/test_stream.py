@@ -77,3 +77,25 @@ def test_the_datamodule_generates_only_unconsumed_rows_and_a_resumed_one_too(tmp
     assert next(iter(resumed.train_dataloader())) == whole[0]  # the loader starts at the first batch not whole
     with pytest.raises(ValueError, match="already consumed"):
         resumed.mark_rows([(1, 1)])
+
+
+def test_marking_a_batch_keeps_the_rows_recorded_of_the_next_one(tmp_path: Path, tok):
+    """A streaming run's record (batch 0 whole, rows of batches 1 and 2), resumed with streaming off: each step
+    trains the rows ``train_batch`` leaves and marks its batch whole. Marking batch 1 must keep batch 2's recorded
+    row, so no prompt trains twice and none is lost."""
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(12))
+    streaming = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    streaming.setup("fit")
+    streaming.mark_rows([(0, 0), (1, 2), (0, 1), (2, 1), (0, 2), (1, 0)])
+    before = [streaming.train_batch(b) for b in range(3)]
+    trained = [(0, p) for p in range(3)] + [(1, 0), (1, 2), (2, 1)]
+
+    resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    resumed.load_state_dict(streaming.state_dict())
+    resumed.setup("fit")
+    assert resumed.consumed == 1 and resumed.train_batch(1) == before[1]
+    for index in (1, 2):  # the loader's batches 1 and 2, one step each
+        trained += [(index, row["position"]) for row in resumed.train_batch(index)]
+        resumed.mark_consumed(index)
+        assert resumed.state_dict()["rows"] == ({"2": [1]} if index == 1 else {})
+    assert sorted(trained) == [(b, p) for b in range(3) for p in range(3)]  # each row once

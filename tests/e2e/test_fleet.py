@@ -10,13 +10,14 @@ engine process's is ``model.fleet.threads``' default, cpus_per_engine = 1)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
+from tests.e2e.conftest import REPO, cli_args, fit_killed_at, read_scalars, run_cli
 from tests.gloo import free_port
 from zerotir import metric_names as mn
 from zerotir.data.stream import PromptStream
@@ -148,13 +149,19 @@ def _records(path):
 
 
 def _ray_processes() -> list[str]:
-    """Command lines of the Ray processes (raylet, GCS, workers) running now."""
+    """Command lines of the Ray processes (raylet, GCS, workers) running now from this checkout: a local cluster's
+    processes work in the folder of the run that started it (this repository, or the tests' folder for a run in this
+    process), so the clusters of other checkouts on a shared machine are not counted."""
+    here = {str(REPO), os.getcwd()}
     out = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(proc / "cwd")
             except OSError:
+                continue
+            if cwd not in here:
                 continue
             if "raylet" in cmd or "gcs_server" in cmd or "ray::" in cmd or "default_worker.py" in cmd:
                 out.append(f"{proc.name}: {cmd[:120]}")

@@ -21,6 +21,8 @@ parameter): ``test_rehearsal_resume.py`` runs those on 2 ranks.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -71,47 +73,72 @@ def sandbox_url():
         yield urls[0]
 
 
-def train(mode: str, algorithm: str, base: Path, data: dict[str, Path], root: Path,
-          sandbox: str) -> dict[str, torch.Tensor]:
-    """Three RL steps of ``mode`` (single, ddp, zero2, zero3) with ``algorithm``; rank 0's final parameters, and for
-    ``single`` the initial ones too (under the key ``"initial"``)."""
-    root.mkdir(parents=True)
-    params, initial = root / "params.pt", root / "initial.pt"
-    snapshot = ["--trainer.callbacks+=tests.e2e.helpers.SnapshotParams", "--trainer.callbacks.path", str(initial)]
-    args = cli_args(
-        "fit", "rehearsal/zero3_reinforce", base, data, root, *strategy_args(mode, root),
-        "--model.rl.algorithm", algorithm, "--model.rl.micro_batch_size", "2", "--model.optim.max_grad_norm", "0",
-        "--model.optim.lr", "1e-4", "--model.sampling.n", "2", "--model.rollout.init_args.schedule", "rounds",
-        "--model.sandbox.urls", json.dumps([sandbox]), "--model.sandbox.workers", "null",
-        "--data.prompts_per_step", "4", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
-        "--trainer.enable_checkpointing", "false", "--trainer.callbacks", json.dumps(CALLBACKS),
-        "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(params),
-        *(snapshot if mode == "single" else []),
-    )
-    log = root / "fit.log"
-    with log.open("w") as out:
-        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT)
-        assert fit.wait(timeout=600) == 0, log.read_text()[-4000:]
-    final = torch.load(params)
-    if mode == "single":
-        final["initial"] = {n: t for n, (t, grad) in torch.load(initial).items() if grad}
-    return final
+class Train:
+    """Three RL steps of ``mode`` (single, ddp, zero2, zero3) with ``algorithm``, started at once in a process of
+    its own (runs share nothing but the sandbox server, so several go side by side); ``params`` waits for it and
+    gives rank 0's final parameters, and for ``single`` the initial ones too (under the key ``"initial"``)."""
+
+    def __init__(self, mode: str, algorithm: str, base: Path, data: dict[str, Path], root: Path, sandbox: str) -> None:
+        root.mkdir(parents=True)
+        self.mode, self.log = mode, root / "fit.log"
+        self.final, self.initial = root / "params.pt", root / "initial.pt"
+        snapshot = ["--trainer.callbacks+=tests.e2e.helpers.SnapshotParams", "--trainer.callbacks.path",
+                    str(self.initial)]
+        args = cli_args(
+            "fit", "rehearsal/zero3_reinforce", base, data, root, *strategy_args(mode, root),
+            "--model.rl.algorithm", algorithm, "--model.rl.micro_batch_size", "2", "--model.optim.max_grad_norm", "0",
+            "--model.optim.lr", "1e-4", "--model.sampling.n", "2", "--model.rollout.init_args.schedule", "rounds",
+            "--model.sandbox.urls", json.dumps([sandbox]), "--model.sandbox.workers", "null",
+            "--data.prompts_per_step", "4", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+            "--trainer.enable_checkpointing", "false", "--trainer.callbacks", json.dumps(CALLBACKS),
+            "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(self.final),
+            *(snapshot if mode == "single" else []),
+        )
+        with self.log.open("w") as out:
+            self.process = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._params: dict[str, torch.Tensor] | None = None
+
+    def params(self) -> dict[str, torch.Tensor]:
+        if self._params is None:
+            try:
+                assert self.process.wait(timeout=600) == 0, self.log.read_text()[-4000:]
+            finally:
+                self.stop()
+            final = torch.load(self.final)
+            if self.mode == "single":
+                final["initial"] = {n: t for n, (t, grad) in torch.load(self.initial).items() if grad}
+            self._params = final
+        return self._params
+
+    def stop(self) -> None:
+        """Kill the run's whole session if it still runs (a timeout, or a test that failed before waiting)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
-def references(e2e_base, e2e_data, tmp_path_factory, sandbox_url) -> dict[str, dict[str, torch.Tensor]]:
-    """The 1-rank run of each estimator, shared by the modes."""
+def references(e2e_base, e2e_data, tmp_path_factory, sandbox_url):
+    """The 1-rank run of each estimator, shared by the modes: both started at once, beside the first arm's run;
+    each arm waits for its own when it compares."""
     folder = tmp_path_factory.mktemp("reference")
-    return {algorithm: train("single", algorithm, e2e_base, e2e_data, folder / algorithm, sandbox_url)
+    runs = {algorithm: Train("single", algorithm, e2e_base, e2e_data, folder / algorithm, sandbox_url)
             for algorithm in ESTIMATORS}
+    yield runs
+    for run in runs.values():
+        run.stop()
 
 
 @pytest.mark.parametrize("mode,algorithm", ARMS, ids=[f"{m}-{a}" for m, a in ARMS])
 def test_two_ranks_train_the_parameters_of_one(mode, algorithm, references, e2e_base, e2e_data, sandbox_url,
                                                tmp_path):
-    reference = dict(references[algorithm])
+    run = Train(mode, algorithm, e2e_base, e2e_data, tmp_path / mode, sandbox_url)
+    try:
+        reference = dict(references[algorithm].params())
+        two = run.params()
+    finally:
+        run.stop()
     initial = reference.pop("initial")
-    two = train(mode, algorithm, e2e_base, e2e_data, tmp_path / mode, sandbox_url)
     assert two.keys() == reference.keys() == initial.keys()
     moved = max(float((reference[n] - initial[n]).abs().max()) for n in reference)
     assert moved > 10 * TOLERANCE  # the steps changed the parameters well beyond the tolerance

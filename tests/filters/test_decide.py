@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.callbacks.helpers import make_batch
+from callbacks.scaling_metrics import filter_fractions
+from tests.callbacks.helpers import make_batch, step_outputs
 from zerotir import metric_names
 from zerotir.config import FilterConfig, ToolConfig
 from zerotir.filters.decide import REMOVAL_NAMES, decide
@@ -77,3 +78,18 @@ def test_roc_downsamples_among_the_rows_still_kept():
 def test_every_removal_has_its_metric():
     assert REMOVAL_NAMES == metric_names.FILTER_NAMES
     assert metric_names.FILTER_FRACTIONS["void_turn"] == "filter/void_turn_fraction"
+
+
+def test_roc_ranks_and_counts_only_the_rows_the_other_rules_kept():
+    # One group of four correct rows without a call (penalty 0.5 each: none clean). Rows 0 and 1 open with a void
+    # turn (an output block before any text), so void_turn removes them; RoC ranks rows 2 and 3 only and keeps
+    # ceil(0.5 x 2) = 1 of them. Ranking all four would keep 2 and drop 2. filter/roc_fraction: 1 row of 4.
+    void = "```output\n2\n```\n\\boxed{2}"
+    texts = [void, void, "\\boxed{2}", "\\boxed{2}"]
+    traj = make_batch([1.0] * 4, [0] * 4, texts=texts)
+    out = decide(FilterConfig(void_turn=True, roc=True), traj, None, CTX, step=1, seed=0)
+    assert out.removed["void_turn"].tolist() == [True, True, False, False]
+    assert out.removed["roc"][:2].tolist() == [False, False] and int(out.removed["roc"].sum()) == 1
+    assert int(out.keep.sum()) == 1 and not (out.keep & out.removed["roc"]).any()
+    result = step_outputs(traj, 1, out)["step"]
+    assert filter_fractions(result)[metric_names.FILTER_FRACTIONS["roc"]] == 0.25

@@ -50,6 +50,16 @@ def test_code_mismatch_needs_a_valid_answer_and_a_successful_execution():
     assert matched("code_mismatch", batch) == [True, False, False, False]
 
 
+def test_code_mismatch_counts_a_call_the_sandbox_could_not_run_as_failed():
+    # Blocks (2, 2, 1) and a valid answer in every row. Row 0: its one call never ran (sandbox error), so no
+    # execution succeeded -> kept. Row 1: a timeout and a sandbox error, nothing ran -> kept. Row 2: two calls, one
+    # could not run and one succeeded -> matched (one success is enough).
+    texts = [RAN + UNRUN + "\\boxed{2}"] * 3
+    batch = make_batch([0.0] * 3, [0] * 3, num_calls=[1, 2, 2], timeouts=[0, 1, 0], sandbox_errors=[1, 1, 1],
+                       texts=texts)
+    assert matched("code_mismatch", batch) == [False, False, True]
+
+
 def test_void_repetition_removes_a_repetition_loop_without_an_answer():
     # "ab" x 10 has 20 characters: 210 substring occurrences, 39 distinct (2 per length 1..19, 1 of length 20),
     # so its repeat score is 1 - 39/210 = 0.814 > 0.2. "abcdefghij": every substring distinct, score 0.

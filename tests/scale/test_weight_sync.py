@@ -154,7 +154,7 @@ def test_zero3_params_stay_partitioned_and_buckets_gather_one_at_a_time(zero3):
     full = _full_state(zero3)
     assert _partitioned(zero3)
     params = dict(zero3.engine.module.named_parameters())
-    seen = []
+    seen, sizes = [], []
     for bucket in iter_bucketed_params(zero3.engine, bucket_bytes=1):  # names come out without "module."
         names = {n for n, _ in bucket}
         for name, tensor in bucket:
@@ -162,7 +162,14 @@ def test_zero3_params_stay_partitioned_and_buckets_gather_one_at_a_time(zero3):
         # Only this bucket is materialized; every other parameter is still a shard.
         assert all(p.numel() == 0 for n, p in params.items() if n not in names)
         seen += names
+        sizes.append(len(bucket))
     assert sorted(seen) == sorted(full) and _partitioned(zero3)
+    # Planned by the full (gathered) sizes, as the plain module is: one bucket per layer at 1 byte, and at 300_000
+    # bytes EMBED | LAYER | LAYER + NORM | EMBED (the lm_head), the count the vLLM sync below asserts too.
+    assert sizes == [1, 9, 9, 1, 1]
+    planned = plan_buckets(zero3.engine, 300_000)
+    assert [len(b) for b in planned] == [1, 9, 10, 1] and _partitioned(zero3)
+    assert [len(b) for b in iter_bucketed_params(zero3.engine, bucket_bytes=300_000)] == [1, 9, 10, 1]
 
 
 def test_parameters_the_prefetch_left_in_flight_are_released_before_a_push(zero3):
