@@ -10,7 +10,6 @@ import ast
 import contextlib
 import os
 import select
-import shutil
 import signal
 import time
 import traceback
@@ -23,6 +22,7 @@ from sandbox.config import ExecConfig
 from sandbox.isolation import PidNamespaces
 from sandbox.policy import SNIPPET_FILENAME, Policy
 from sandbox.rootfs import FreshProc
+from sandbox.rundir import RunDir
 
 #: Time allowed after the child's exit for its output pipes to reach end-of-file. Only a surviving grandchild that
 #: holds a pipe open makes this wait; the worker then closes the pipe and moves on.
@@ -83,13 +83,13 @@ class Executor:
 
     Args:
         config: Limits and policy.
-        run_dir: The private temp dir given to each child as cwd, HOME and TMPDIR (emptied between jobs).
+        run_dir: The private temp dir given to each child as cwd, HOME and TMPDIR (new for every job).
         uid: The uid children drop to, or None when the worker cannot drop privileges.
         pid_namespaces: Per-child PID namespaces (possibly disabled).
         fresh_proc: Each child's own /proc in the minimal root, or None (the host view: no /proc is mounted).
     """
 
-    def __init__(self, config: ExecConfig, run_dir: str, uid: int | None, pid_namespaces: PidNamespaces,
+    def __init__(self, config: ExecConfig, run_dir: RunDir, uid: int | None, pid_namespaces: PidNamespaces,
                  fresh_proc: FreshProc | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -98,40 +98,41 @@ class Executor:
         self.fresh_proc = fresh_proc
         self.policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
         self.namespace = build_namespace(config.preamble)  # raises here, at start-up, if the preamble is broken
-        self._fresh_run_dir()
 
     def run(self, job: Job) -> dict[str, Any]:
         """Run ``job`` and return the result message (``reason``, ``return_code``, ``stdout``, ``stderr``, ...)."""
         code, message, reason = self._compile(job.code)
         if code is None:
             return _result(job, reason, 1, "", message, 0.0)
+        self.run_dir.prepare()
         try:
             return self._run_compiled(job, code)
         finally:
-            self._fresh_run_dir()
+            self.run_dir.clear()
             reseed()
 
     def _compile(self, source: str) -> tuple[CodeType | None, str, str]:
-        """(code object or None, error message, reason): reason is "error" for invalid syntax, "refused" when
-        the static check refuses the snippet."""
+        """(code object or None, error message, reason): reason is "error" for code Python cannot compile, "refused"
+        when the static check refuses the snippet.
+
+        Any exception here is the snippet's, never the worker's: a 1500-term sum makes the compiler raise
+        RecursionError, which the model reads as it would from ``python``.
+        """
         try:
             tree = ast.parse(source, filename=SNIPPET_FILENAME)
-        except (SyntaxError, ValueError) as e:  # ValueError: source with NUL bytes
-            return None, "".join(traceback.format_exception_only(type(e), e)), "error"
-        if self.policy is not None:
-            refusals = self.policy.check(tree)
-            if refusals:
-                return None, "\n".join(r.format() for r in refusals) + "\n", "refused"
-        try:
+            if self.policy is not None:
+                refusals = self.policy.check(tree)
+                if refusals:
+                    return None, self.policy.report(refusals), "refused"
             return compile(tree, SNIPPET_FILENAME, "exec"), "", "ok"
-        except (SyntaxError, ValueError) as e:  # e.g. 'return' outside function is found only by compile
+        except Exception as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError, ...
             return None, "".join(traceback.format_exception_only(type(e), e)), "error"
 
     def _run_compiled(self, job: Job, code: CodeType) -> dict[str, Any]:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
-        plan = ChildPlan(code=code, namespace=self.namespace, run_dir=self.run_dir, uid=self.uid,
+        plan = ChildPlan(code=code, namespace=self.namespace, run_dir=self.run_dir.path, uid=self.uid,
                          run_timeout=job.run_timeout, memory_limit_mb=job.memory_limit_mb,
                          max_processes=self.config.max_processes, max_open_files=self.config.max_open_files,
                          max_file_size_mb=self.config.max_file_size_mb, stdout_fd=out_w, stderr_fd=err_w,
@@ -219,16 +220,6 @@ class Executor:
         if not self.pidns.enabled:
             _kill_adopted_orphans()
         return status
-
-    def _fresh_run_dir(self) -> None:
-        """Give the next child an empty private temp dir owned by its uid."""
-        if os.path.isdir(self.run_dir) and not os.listdir(self.run_dir):
-            return
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        os.mkdir(self.run_dir, 0o700)
-        if self.uid is not None:
-            os.chown(self.run_dir, self.uid, self.uid)
-
 
 def _read_status(fd: int) -> bytes:
     os.set_blocking(fd, False)

@@ -245,12 +245,13 @@ class WorkerPool:
                 self._busy += 1
                 try:
                     result = await worker.execute(job)
-                except WorkerFailure as e:
+                except Exception as e:  # any failure on the protocol (a line over the limit, ...) loses no worker
                     self.kills["worker_failure"] += 1
                     self._retire(worker, str(e))
                     await worker.kill()
-                    if e.delivered:
-                        return {"reason": "sandbox_error", "error": str(e)}
+                    if not isinstance(e, WorkerFailure) or e.delivered:
+                        return {"reason": "sandbox_error", "error": f"{type(e).__name__}: {e}"
+                                if not isinstance(e, WorkerFailure) else str(e)}
                     continue
                 finally:
                     self._busy -= 1

@@ -26,6 +26,7 @@ from sandbox.executor import Executor, Job
 from sandbox.isolation import (MNT_DETACH, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces,
                                host_layers, interpreter_paths, prctl, probe_readable, umount)
 from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
+from sandbox.rundir import RunDir
 
 #: Run once at start-up so the lazy imports and caches behind common calls are already in the forked children.
 WARMUP = """
@@ -102,7 +103,10 @@ def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
             raise RuntimeError(f"--extra-ro: {unreadable}; make it readable by others (chmod -R o+rX) or drop it")
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # without PID namespaces, orphans of a snippet come back to us to be killed
     fresh_proc = FreshProc(view.proc_options) if view.proc_options is not None else None
-    executor = Executor(config, view.run_dir, uid, pidns, fresh_proc)
+    no_mount = "disabled by --isolate false" if not config.isolate else layers.get("mount_namespace")
+    run_dir = RunDir(view.run_dir, uid, config.tmpfs_size_mb, no_mount)
+    layers["fresh_run_dir_tmpfs"] = run_dir.layer
+    executor = Executor(config, run_dir, uid, pidns, fresh_proc)
     prepare_worker_process(view.run_dir)
     reseed()
     gc.collect()

@@ -194,3 +194,28 @@ def test_after_the_adversarial_suite_the_server_answers_and_no_child_is_left(san
     metrics = sandbox_server.metrics()
     assert metrics["busy_workers"] == 0 and metrics["in_flight"] == 0
     assert sandbox_server.health_now()["workers_alive"] == WORKERS
+
+
+def test_a_600_term_sum_answers_600_with_no_worker_lost(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    result = sandbox_server.run("print(" + "+".join(["1"] * 600) + ")")
+    assert (result.status, result.stdout) == (ExecStatus.OK, "600\n"), result
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+def test_a_sum_too_deep_to_compile_is_the_snippets_error_not_the_sandboxes(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    result = sandbox_server.run("print(" + "+".join(["1"] * 2000) + ")")
+    assert result.status is ExecStatus.ERROR and "RecursionError" in result.stderr, result
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+def test_a_1mb_refusal_flood_answers_briefly_and_the_service_goes_on(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    for _ in range(2):  # two such requests used to leave every later one hanging
+        result = sandbox_server.run("import " + ",".join(["a"] * 499_000))  # just under the 1 MB code limit
+        assert result.status is ExecStatus.ERROR, result
+        assert result.stderr.count("Allowed modules:") == 1 and len(result.stderr) < 4096, result.stderr[:300]
+        assert result.stderr.endswith("(499000 in all)\n"), result.stderr[-300:]
+    assert sandbox_server.run("print(7)").stdout == "7\n"
+    assert sandbox_server.metrics()["worker_restarts"] == restarts

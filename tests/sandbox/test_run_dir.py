@@ -74,3 +74,16 @@ def test_a_snippet_never_sees_a_file_an_earlier_one_wrote_on_the_same_worker(one
         made = [p for p in made if p.startswith(first["run_dir"] + "/")]
     seen = json.loads(_run(url, SEE.format(made=json.dumps(made))))
     assert seen == {"seen": [], "cwd": [], "cwd_writable": True}, (made, seen)
+
+
+def test_a_locked_empty_run_dir_and_1200_nested_folders_do_not_reach_the_next_snippet(
+        one_worker: tuple[str, dict]) -> None:
+    url, _ = one_worker
+    lock = BYPASS + "o.chmod(o.getcwd(), 0o500)\nprint(oct(o.stat('.').st_mode & 0o777))"
+    assert _run(url, lock) == "0o500\n"  # left empty: only its mode carries the change
+    check = BYPASS + "print(oct(o.stat('.').st_mode & 0o777), o.listdir('.'), o.access('.', o.W_OK))"
+    assert _run(url, check) == "0o700 [] True\n"
+    nest = BYPASS + "for _ in range(1200):\n    o.mkdir('d')\n    o.chdir('d')\nprint('made')"
+    assert _run(url, nest) == "made\n"
+    assert _run(url, check) == "0o700 [] True\n"
+    assert _run(url, "print(1)") == "1\n"
