@@ -20,10 +20,10 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
-from sandbox.child import prepare_worker_process, reseed
+from sandbox.child import prepare_worker_process
 from sandbox.config import WorkerSpec
 from sandbox.executor import Executor, Job
-from sandbox.isolation import (MNT_DETACH, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces,
+from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces,
                                host_layers, interpreter_paths, prctl, probe_readable, umount)
 from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
 from sandbox.rundir import RunDir
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the server's terminal: the server stops us itself
     try:
-        executor, handshake = _start(spec)
+        executor, handshake = _start(spec, (proto_in.fileno(), proto_out.fileno()))
     except Exception as e:  # reported to the server, which fails its start-up with this message
         _send(proto_out, {"ready": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return 1
@@ -76,7 +76,7 @@ def _take_protocol_fds() -> tuple[BinaryIO, BinaryIO]:
     return proto_in, proto_out
 
 
-def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
+def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, dict[str, Any]]:
     config = spec.exec_config
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -101,16 +101,15 @@ def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
         unreadable = probe_readable(uid, config.extra_ro) if config.extra_ro else None
         if unreadable is not None:
             raise RuntimeError(f"--extra-ro: {unreadable}; make it readable by others (chmod -R o+rX) or drop it")
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # without PID namespaces, orphans of a snippet come back to us to be killed
     fresh_proc = FreshProc(view.proc_options) if view.proc_options is not None else None
     no_mount = "disabled by --isolate false" if not config.isolate else layers.get("mount_namespace")
     run_dir = RunDir(view.run_dir, uid, config.tmpfs_size_mb, no_mount)
     layers["fresh_run_dir_tmpfs"] = run_dir.layer
     executor = Executor(config, run_dir, uid, pidns, fresh_proc)
     prepare_worker_process(view.run_dir)
-    reseed()
     gc.collect()
-    gc.freeze()  # keeps the collector from touching (and so copying) the worker's objects in every child
+    gc.freeze()  # keeps the collector from touching (and so copying) the zygote's objects in every child
+    executor.start_zygote(protocol_fds)  # forked now, before any job: the children it forks hold no job's data
     return executor, {"ready": True, "pid": os.getpid(), "uid": uid, "layers": layers,
                       "filesystem": view.to_dict(), "missing_preload": missing}
 
