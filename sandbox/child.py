@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from types import CodeType, TracebackType
 from typing import Any
 
-from sandbox.isolation import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl
+from sandbox.isolation import CLONE_NEWIPC, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl, unshare
 from sandbox.policy import SNIPPET_FILENAME
 from sandbox.rootfs import mount_fresh_proc
+from sandbox.seccomp import Filter
 
 #: Bytes the child writes on its status pipe when the snippet died of a MemoryError.
 STATUS_MEMORY = b"memory"
@@ -50,6 +51,8 @@ class ChildPlan:
     max_open_files: int
     max_file_size_mb: int
     proc_options: str | None = None  # mount a fresh /proc (the minimal root) with these options; None: mount none
+    ipc_namespace: bool = False  # enter a new IPC namespace (SysV and POSIX IPC of its own, gone when it ends)
+    seccomp: Filter | None = None  # loaded last: refuses namespaces, mounts, keyrings, IPC, memfd, ptrace, ...
 
 
 @dataclass
@@ -97,6 +100,8 @@ def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, stat
 
 def _enter_sandbox(plan: ChildPlan, job: ChildJob, stdout_fd: int, stderr_fd: int, status_fd: int) -> None:
     os.setsid()  # own session and process group: the worker kills the group at the time limit
+    if plan.ipc_namespace:
+        unshare(CLONE_NEWIPC)
     reseed()  # forked from the zygote, every child would draw what the first one drew
     if plan.proc_options is not None:
         mount_fresh_proc(plan.proc_options)  # as root, before the limits read /proc/self/statm
@@ -114,6 +119,8 @@ def _enter_sandbox(plan: ChildPlan, job: ChildJob, stdout_fd: int, stderr_fd: in
         os.setresuid(plan.uid, plan.uid, plan.uid)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if plan.seccomp is not None:
+        plan.seccomp.install()
 
 
 def prepare_worker_process(run_dir: str) -> None:

@@ -23,10 +23,11 @@ from typing import Any, BinaryIO
 from sandbox.child import prepare_worker_process
 from sandbox.config import WorkerSpec
 from sandbox.executor import Executor, Job
-from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces,
+from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, cgroup_budget_layer, enter_namespaces,
                                host_layers, interpreter_paths, prctl, probe_readable, umount)
 from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
 from sandbox.rundir import RunDir
+from sandbox.seccomp import Filter, build_filter, probe_child_layers
 
 #: Run once at start-up so the lazy imports and caches behind common calls are already in the forked children.
 WARMUP = """
@@ -106,6 +107,8 @@ def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, d
     run_dir = RunDir(view.run_dir, uid, config.tmpfs_size_mb, no_mount)
     layers["fresh_run_dir_tmpfs"] = run_dir.layer
     executor = Executor(config, run_dir, uid, pidns, fresh_proc)
+    layers.update(_child_layers(executor, config.isolate))
+    layers["cgroup_budget"] = cgroup_budget_layer(config.max_processes)
     prepare_worker_process(view.run_dir)
     gc.collect()
     gc.freeze()  # keeps the collector from touching (and so copying) the zygote's objects in every child
@@ -143,6 +146,20 @@ def _isolate(spec: WorkerSpec, uid: int | None, pidns: PidNamespaces, layers: di
     layers["minimal_root"] = why
     layers.update(host_layers(spec.work_dir, config.tmpfs_size_mb))
     return host_view(why, host_run_dir)
+
+
+def _child_layers(executor: Executor, isolate: bool) -> dict[str, str | None]:
+    """Probe each child's IPC namespace and seccomp filter once; a child enters only the ones that work."""
+    if not isolate:
+        return dict.fromkeys(("ipc_namespace", "seccomp"), "disabled by --isolate false")
+    try:
+        seccomp: Filter | None = Filter(build_filter())
+    except OSError as e:
+        seccomp, why = None, str(e)
+    ipc, filt = probe_child_layers(seccomp)
+    executor.plan.ipc_namespace = ipc is None
+    executor.plan.seccomp = seccomp if filt is None else None
+    return {"ipc_namespace": ipc, "seccomp": why if seccomp is None else filt}
 
 
 def _preload(modules: list[str]) -> list[str]:

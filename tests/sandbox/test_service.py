@@ -149,12 +149,13 @@ def test_a_killed_worker_is_replaced_and_the_service_goes_on(sandbox_server: Ser
 
 
 def test_without_isolation_the_service_starts_and_health_names_what_is_off() -> None:
-    with local_sandbox(workers=1, isolate=False, preload=["math"], preamble=None, startup_timeout=60, allow_imports=["*"],
-                       log_level="warning") as urls:
+    with local_sandbox(workers=1, isolate=False, preload=["math"], preamble=None, startup_timeout=60,
+                       allow_imports=["*"], log_level="warning") as urls:
         health = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()
         server = Server(urls[0], health)
         answer = post(server, "/run_code", {"code": "print(6 * 7)"}).json()
-        nest = "import os\nos.chmod('.', 0o500)\nos.chmod('.', 0o700)\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')"
+        nest = ("import os\nos.chmod('.', 0o500)\nos.chmod('.', 0o700)\n"
+                "for _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')")
         check = "import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'))"
         answers = [post(server, "/run_code", {"code": code}).json()["run_result"] for code in (nest, check)]
     assert [a["stdout"] for a in answers] == ["", "0o700 []\n"], answers  # rm -rf, not a recursive walk
