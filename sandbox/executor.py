@@ -152,7 +152,7 @@ class Executor:
             _write_all(job_w, ChildJob(code, job.run_timeout, job.memory_limit_mb).encode())
             status, timed_out, out, err = self._supervise(pid, out_r, err_r, start + job.run_timeout)
             elapsed = time.monotonic() - start
-            memory = _read_status(st_r) == STATUS_MEMORY
+            claims_memory = _read_status(st_r) == STATUS_MEMORY
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -161,7 +161,7 @@ class Executor:
         return_code = os.waitstatus_to_exitcode(status)
         if timed_out:
             reason = "timeout"
-        elif memory:
+        elif claims_memory and return_code == 1 and _ends_in_memory_error(err):
             reason = "memory"
         elif return_code < 0:
             reason = "signal"
@@ -229,6 +229,16 @@ def _read_status(fd: int) -> bytes:
         return os.read(fd, 64)
     except BlockingIOError:
         return b""
+
+
+def _ends_in_memory_error(err: CappedBuffer) -> bool:
+    """Whether the stderr the worker captured ends in a MemoryError traceback.
+
+    The status pipe is advisory: the snippet can write on it too (``os.write(3, b"memory")``), so a memory claim
+    counts only when what the worker observed agrees: the child exited 1 with a MemoryError as its last line.
+    """
+    tail = bytes(err.tail or err.head).rstrip().rsplit(b"\n", 1)[-1]
+    return tail.startswith(b"MemoryError")
 
 
 def _write_all(fd: int, data: bytes) -> None:

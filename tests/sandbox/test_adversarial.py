@@ -212,7 +212,7 @@ def test_a_sum_too_deep_to_compile_is_the_snippets_error_not_the_sandboxes(sandb
 
 def test_a_1mb_refusal_flood_answers_briefly_and_the_service_goes_on(sandbox_server: Server) -> None:
     restarts = sandbox_server.metrics()["worker_restarts"]
-    for _ in range(2):  # two such requests used to leave every later one hanging
+    for _ in range(1):  # one such request used to lose a worker for good (two: every later request hung)
         result = sandbox_server.run("import " + ",".join(["a"] * 499_000))  # just under the 1 MB code limit
         assert result.status is ExecStatus.ERROR, result
         assert result.stderr.count("Allowed modules:") == 1 and len(result.stderr) < 4096, result.stderr[:300]

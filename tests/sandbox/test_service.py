@@ -8,9 +8,10 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from sandbox import ExecStatus, local_sandbox
-from tests.sandbox.conftest import QUEUE_SIZE, WORKERS, Server
+from tests.sandbox.conftest import BYPASS, QUEUE_SIZE, WORKERS, Server
 
 RUN_RESULT_KEYS = {"status", "execution_time", "return_code", "stdout", "stderr"}
 RESPONSE_KEYS = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files", "request_id",
@@ -164,3 +165,13 @@ def test_without_isolation_the_service_starts_and_health_names_what_is_off() -> 
     assert health["protections"]["uid_drop"] == "off: disabled by --isolate false"
     assert (health["filesystem_view"], health["filesystem_view_reason"]) == ("host", "disabled by --isolate false")
     assert answer["run_result"]["stdout"] == "42\n"
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (BYPASS + "o.write(3, b'memory')\nprint('fine')", ExecStatus.OK),
+    (BYPASS + "o.write(3, b'memory')\nraise ValueError('not memory')", ExecStatus.ERROR),
+])
+def test_a_forged_memory_status_is_ignored(sandbox_server: Server, code: str, status: ExecStatus) -> None:
+    kills = sandbox_server.metrics()["kills"].get("memory", 0)
+    assert sandbox_server.run(code).status is status
+    assert sandbox_server.metrics()["kills"].get("memory", 0) == kills
