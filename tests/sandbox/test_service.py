@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import signal
 import time
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from sandbox import ExecStatus, local_sandbox
+from sandbox.bounds import MAX_BODY_BYTES
 from tests.sandbox.conftest import BYPASS, QUEUE_SIZE, WORKERS, Server
 
 RUN_RESULT_KEYS = {"status", "execution_time", "return_code", "stdout", "stderr"}
@@ -175,3 +177,46 @@ def test_a_forged_memory_status_is_ignored(sandbox_server: Server, code: str, st
     kills = sandbox_server.metrics()["kills"].get("memory", 0)
     assert sandbox_server.run(code).status is status
     assert sandbox_server.metrics()["kills"].get("memory", 0) == kills
+
+
+def _raw_exchange(server: Server, request: bytes) -> bytes:
+    """Send ``request`` on a fresh connection and return the status line of the answer."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        return conn.makefile("rb").readline()
+
+
+def test_a_body_declared_over_the_limit_gets_413_before_a_byte_of_it_is_sent(sandbox_server: Server) -> None:
+    head = (b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode())
+    assert _raw_exchange(sandbox_server, head).split()[1] == b"413"  # answered with none of the body sent
+
+
+def test_a_batch_counts_every_entry_the_unsupported_ones_too(sandbox_server: Server) -> None:
+    entries = [{"code": "pass", "language": "cpp"}] * (QUEUE_SIZE + 1)
+    assert post(sandbox_server, "/run_batch", {"requests": entries}).status_code == 413
+
+
+def test_a_lone_surrogate_request_id_is_a_clean_422_and_runs_nothing(sandbox_server: Server) -> None:
+    before = sandbox_server.metrics()["results"]
+    body = b'{"code": "print(1)", "request_id": "\\ud800"}'
+    answer = httpx.post(sandbox_server.url + "/run_code", content=body, timeout=30, trust_env=False,
+                        headers={"content-type": "application/json"})
+    assert answer.status_code == 422 and "request_id must be valid UTF-8" in answer.text, answer.text
+    assert sandbox_server.metrics()["results"] == before
+
+
+def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> None:
+    async def busy_while_a_batch_runs() -> set[int]:
+        busy: set[int] = set()
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            sleepy = [{"code": "import time\ntime.sleep(0.2)"}] * (QUEUE_SIZE - 2)
+            task = asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
+            while not task.done():  # sampled until the batch is answered: it holds at most all workers but one
+                busy.add((await http.get(sandbox_server.url + "/metrics")).json()["busy_workers"])
+                await asyncio.sleep(0.02)
+            assert task.result().is_success
+        return busy
+
+    assert max(asyncio.run(busy_while_a_batch_runs())) == WORKERS - 1
