@@ -115,11 +115,12 @@ class Filter:
     def __init__(self, program: bytes) -> None:
         self._buffer = ctypes.create_string_buffer(program, len(program))
         self._prog = _SockFprog(len(program) // 8, ctypes.cast(self._buffer, ctypes.c_void_p))
-        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in every child
+        self._args = (_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.c_void_p(ctypes.addressof(self._prog)), 0, 0)
 
     def install(self) -> None:
         """Load the filter into this process (after ``no_new_privs``); raises OSError if the kernel refuses it."""
-        if self._libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self._prog), 0, 0) != 0:
+        if self._prctl(*self._args) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"loading the seccomp filter: {os.strerror(err)}")
 
