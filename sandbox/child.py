@@ -8,7 +8,8 @@ own copy-on-write copy of that dict.
 
 Order matters: resource limits are set while still root (an unprivileged process cannot raise them back), then the
 uid is dropped (which also makes the process non-dumpable: its /proc entries become unreadable to itself), then
-``no_new_privs`` and the parent-death signal (the uid change clears a parent-death signal set earlier).
+``no_new_privs`` and the parent-death signal (the uid change clears a parent-death signal set earlier), and the
+seccomp filter last (it refuses ``unshare`` and ``mount``, which the set-up uses: its own IPC namespace and /proc).
 """
 
 from __future__ import annotations

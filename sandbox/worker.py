@@ -2,7 +2,8 @@
 
 The server starts each worker with ``exec`` and a scrubbed environment, so no secret of the server's environment is
 anywhere in the worker's memory (a snippet that reads its own memory finds nothing). The worker imports the heavy
-modules once, warms them up, enters its isolation layers, and then serves jobs one at a time over its stdin/stdout:
+modules once, warms them up, enters its isolation layers, forks its zygote (:mod:`sandbox.zygote`, which forks
+every snippet child and never holds a job), and then serves jobs one at a time over its stdin/stdout:
 one JSON line in (a job), one JSON line out (the result). The first line in is the worker's :class:`WorkerSpec`;
 the first line out is a handshake that lists which
 protections are on and, for those that are off, why.
