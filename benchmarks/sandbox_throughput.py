@@ -3,6 +3,10 @@
     python -m benchmarks.sandbox_throughput --workers 2
     python -m benchmarks.sandbox_throughput --workers 2 --compare 4f6f0c1
 
+``--layers`` prints instead what each per-snippet layer of issue 45 costs on its own (root only): entering an IPC
+namespace and loading the seccomp filter, timed inside children forked from this process (numpy and sympy loaded,
+like a worker), and mounting + detaching the run dir's tmpfs (in a private mount namespace); medians of 200.
+
 ``--compare REV`` also measures the sandbox of git revision ``REV`` in the same run (its ``sandbox/`` extracted to a
 temp dir, served and measured by a child run of this script that imports it), and prints its rows beside today's.
 
@@ -154,6 +158,56 @@ async def run_all(url: str, args: argparse.Namespace) -> list[Measure]:
     return [trivial, sympy, base_trivial, base_sympy]
 
 
+def _timed_in_child(step: Callable[[], None]) -> float:
+    """Seconds ``step`` takes inside a freshly forked child."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        start = time.perf_counter()
+        step()
+        os.write(write_fd, repr(time.perf_counter() - start).encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        seconds = float(f.read())
+    os.waitpid(pid, 0)
+    return seconds
+
+
+def layer_costs(rounds: int = 200) -> None:
+    """Print the median cost of each per-snippet layer (see the module docstring)."""
+    import statistics
+
+    import sympy  # noqa: F401  a warm process, like a worker
+
+    from sandbox.isolation import (CLONE_NEWIPC, CLONE_NEWNS, MNT_DETACH, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC,
+                                   PR_SET_NO_NEW_PRIVS, mount, prctl, umount, unshare)
+    from sandbox.seccomp import Filter, build_filter
+
+    seccomp = Filter(build_filter())
+
+    def filtered() -> None:
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        seccomp.install()
+
+    def tmpfs() -> None:
+        unshare(CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        with tempfile.TemporaryDirectory() as run_dir:
+            times = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                mount("tmpfs", run_dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=64m,nr_inodes=16384")
+                umount(run_dir, MNT_DETACH)
+                times.append(time.perf_counter() - start)
+        print(f"run dir tmpfs, mount + detach (in the worker): {statistics.median(times) * 1e6:.0f} us")
+
+    for name, step in (("IPC namespace, unshare (in the child)", lambda: unshare(CLONE_NEWIPC)),
+                       ("seccomp, no_new_privs + load (in the child)", filtered)):
+        print(f"{name}: {statistics.median(_timed_in_child(step) for _ in range(rounds)) * 1e6:.0f} us")
+    _timed_in_child(tmpfs)  # in a child: the private mount namespace stays there
+
+
 def compare_rows(revision: str, args: argparse.Namespace) -> list[str]:
     """Measure the sandbox of git ``revision`` in a child run of this script; its two table rows, labelled."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,8 +234,13 @@ def main() -> None:
     parser.add_argument("--sympy_calls", type=int, default=400, help="sympy calls through the sandbox")
     parser.add_argument("--baseline_calls", type=int, default=20, help="calls of each kind for the baseline")
     parser.add_argument("--compare", metavar="REV", help="also measure the sandbox of this git revision")
+    parser.add_argument("--layers", action="store_true", help="print each per-snippet layer's cost instead (root)")
     parser.add_argument("--rows_only", action="store_true", help=argparse.SUPPRESS)  # the --compare child run
     args = parser.parse_args()
+    if args.layers:
+        print(f"1-min load average {os.getloadavg()[0]:.1f}")
+        layer_costs()
+        return
     load_before = os.getloadavg()[0]
     with local_sandbox(workers=args.workers, log_level="warning") as urls:
         measures = asyncio.run(run_all(urls[0], args))
