@@ -111,7 +111,8 @@ class WorkerProcess:
         if result.get("id") != job["id"]:
             raise WorkerFailure(f"worker {self.spec.index} answered job {result.get('id')}, expected {job['id']}")
         if result.get("reason") == "sandbox_error":
-            raise WorkerFailure(f"worker {self.spec.index}: {result.get('error')}")
+            raise WorkerFailure(f"worker {self.spec.index}: {result.get('error')}",
+                                delivered=result.get("started", True))
         return result
 
     async def kill(self) -> None:

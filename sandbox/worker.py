@@ -29,6 +29,7 @@ from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, cgro
 from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
 from sandbox.rundir import RunDir
 from sandbox.seccomp import Filter, build_filter, probe_child_layers
+from sandbox.zygote import ZygoteGone
 
 #: Run once at start-up so the lazy imports and caches behind common calls are already in the forked children.
 WARMUP = """
@@ -183,6 +184,8 @@ def _serve_one(executor: Executor, line: bytes) -> dict[str, Any]:
         return {"id": -1, "reason": "sandbox_error", "error": f"malformed job message: {e}"}
     try:
         return executor.run(job)
+    except ZygoteGone as e:  # the snippet never started: the server runs it on another worker and replaces us
+        return {"id": job.id, "reason": "sandbox_error", "error": str(e), "started": False}
     except Exception as e:  # e.g. fork() failing under memory pressure: the server reports it
         print(f"sandbox worker: job {job.id} failed: {traceback.format_exc()}", file=sys.stderr)
         return {"id": job.id, "reason": "sandbox_error", "error": f"{type(e).__name__}: {e}"}

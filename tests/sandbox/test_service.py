@@ -220,3 +220,17 @@ def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> N
         return busy
 
     assert max(asyncio.run(busy_while_a_batch_runs())) == WORKERS - 1
+
+
+def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    with open(f"/proc/{sandbox_server.pid}/task/{sandbox_server.pid}/children") as f:
+        worker = int(f.read().split()[0])
+    with open(f"/proc/{worker}/task/{worker}/children") as f:
+        os.kill(int(f.read().split()[0]), signal.SIGKILL)  # the worker's only child: its zygote
+    runs = range(2 * WORKERS)  # one of them reaches the worker without a zygote, and runs on another
+    assert [sandbox_server.run(f"print({i})").stdout for i in runs] == [f"{i}\n" for i in runs]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sandbox_server.health_now()["workers_alive"] < WORKERS:
+        time.sleep(0.2)
+    assert sandbox_server.metrics()["worker_restarts"] == restarts + 1
