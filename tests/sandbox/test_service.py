@@ -7,6 +7,7 @@ import os
 import socket
 import signal
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -191,6 +192,18 @@ def test_a_body_declared_over_the_limit_gets_413_before_a_byte_of_it_is_sent(san
     head = (b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode())
     assert _raw_exchange(sandbox_server, head).split()[1] == b"413"  # answered with none of the body sent
+
+
+def test_a_chunked_body_over_the_limit_gets_413(sandbox_server: Server) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: httpx sends it chunked
+        yield b'{"code": "'
+        for _ in range(MAX_BODY_BYTES // 2**20 + 1):
+            yield b"#" * 2**20
+        yield b'"}'
+
+    answer = httpx.post(sandbox_server.url + "/run_code", content=chunks(), timeout=60, trust_env=False,
+                        headers={"content-type": "application/json"})
+    assert answer.status_code == 413 and "request body over" in answer.json()["detail"], answer.text
 
 
 def test_a_batch_counts_every_entry_the_unsupported_ones_too(sandbox_server: Server) -> None:
