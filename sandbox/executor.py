@@ -145,6 +145,10 @@ class Executor:
         start = time.monotonic()
         try:
             pid = self.zygote.fork_child([job_r, out_w, err_w, st_w])
+        except BaseException:
+            for fd in (job_w, out_r, err_r, st_r):
+                os.close(fd)
+            raise
         finally:
             for fd in (job_r, out_w, err_w, st_w):
                 os.close(fd)
