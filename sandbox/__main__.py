@@ -66,6 +66,7 @@ def serve(cfg: Namespace) -> None:
     """Start the service described by the parsed ``serve`` options and block until it is stopped."""
     import uvicorn  # the client side of the package never needs the web stack
 
+    from sandbox.bounds import uvicorn_limits
     from sandbox.server import create_app
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s",
@@ -74,7 +75,7 @@ def serve(cfg: Namespace) -> None:
     workers = cfg.workers if cfg.workers is not None else default_workers()
     app = create_app(limits, workers=workers, queue_size=cfg.queue_size, startup_timeout=cfg.startup_timeout)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="on")
+                            timeout_graceful_shutdown=5, lifespan="on", **uvicorn_limits(cfg.queue_size))
     server = uvicorn.Server(config)
     if cfg.exit_with_parent is not None:
         threading.Thread(target=_exit_with_parent, args=(cfg.exit_with_parent, server), daemon=True).start()

@@ -1,12 +1,15 @@
 """What happens inside the forked child that runs one snippet. Never returns: it always ends in ``os._exit``.
 
-Every page a child writes costs a copy-on-write fault (~5 us in a VM), so whatever can be prepared once is prepared
-in the worker by :func:`prepare_worker_process` (environment, standard streams) and :func:`reseed` (run between
-jobs), and the preamble's namespace is built once: each child runs in its own copy-on-write copy of that dict.
+Children are forked by the zygote (:mod:`sandbox.zygote`), a copy of the warm worker that never holds a job; a
+child reads its job (code and limits) from its own pipe. Every page a child writes costs a copy-on-write fault (~5 us
+in a VM), so whatever can be prepared once is prepared in the worker by :func:`prepare_worker_process` (environment,
+standard streams) before the zygote is forked, and the preamble's namespace is built once: each child runs in its
+own copy-on-write copy of that dict.
 
 Order matters: resource limits are set while still root (an unprivileged process cannot raise them back), then the
 uid is dropped (which also makes the process non-dumpable: its /proc entries become unreadable to itself), then
-``no_new_privs`` and the parent-death signal (the uid change clears a parent-death signal set earlier).
+``no_new_privs`` and the parent-death signal (the uid change clears a parent-death signal set earlier), and the
+seccomp filter last (it refuses ``unshare`` and ``mount``, which the set-up uses: its own IPC namespace and /proc).
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
+import marshal
 import os
+import random
 import resource
 import signal
+import struct
 import sys
 import tempfile
 import traceback
@@ -24,41 +30,64 @@ from dataclasses import dataclass
 from types import CodeType, TracebackType
 from typing import Any
 
-from sandbox.isolation import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl
+from sandbox.isolation import CLONE_NEWIPC, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl, unshare
 from sandbox.policy import SNIPPET_FILENAME
 from sandbox.rootfs import mount_fresh_proc
+from sandbox.seccomp import Filter
 
 #: Bytes the child writes on its status pipe when the snippet died of a MemoryError.
 STATUS_MEMORY = b"memory"
 _STATUS_FD = 3
+_JOB_HEADER = struct.Struct("<dI")  # run_timeout (s), memory_limit_mb
 
 
 @dataclass
 class ChildPlan:
-    """Everything the child needs; built by the worker before forking (so the child allocates little)."""
+    """What every child starts from; built once by the worker, before the zygote is forked (so it holds no job)."""
 
-    code: CodeType
     namespace: dict[str, Any]
     run_dir: str
     uid: int | None
-    run_timeout: float
-    memory_limit_mb: int
     max_processes: int
     max_open_files: int
     max_file_size_mb: int
-    stdout_fd: int
-    stderr_fd: int
-    status_fd: int
     proc_options: str | None = None  # mount a fresh /proc (the minimal root) with these options; None: mount none
+    ipc_namespace: bool = False  # enter a new IPC namespace (SysV and POSIX IPC of its own, gone when it ends)
+    seccomp: Filter | None = None  # loaded last: refuses namespaces, mounts, keyrings, IPC, memfd, ptrace, ...
 
 
-def run_child(plan: ChildPlan) -> None:
+@dataclass
+class ChildJob:
+    """One job as its child reads it from its own pipe: the compiled code and the job's limits."""
+
+    code: CodeType
+    run_timeout: float
+    memory_limit_mb: int
+
+    def encode(self) -> bytes:
+        """The bytes the worker writes on the child's job pipe."""
+        return _JOB_HEADER.pack(self.run_timeout, self.memory_limit_mb) + marshal.dumps(self.code)
+
+
+def read_job(fd: int) -> ChildJob:
+    """In the child: read the job its worker wrote on ``fd`` (to end of file)."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    os.close(fd)
+    data = b"".join(chunks)
+    run_timeout, memory_limit_mb = _JOB_HEADER.unpack_from(data)
+    return ChildJob(marshal.loads(data[_JOB_HEADER.size:]), run_timeout, memory_limit_mb)
+
+
+def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, status_fd: int) -> None:
     """Set up the child and run the snippet; exits the process with the snippet's exit code."""
     exit_code = 1
     try:
-        _enter_sandbox(plan)
-        exit_code = _run_snippet(plan)
-    except BaseException:  # a failure of the set-up itself: report it, never return to the worker
+        job = read_job(job_fd)
+        _enter_sandbox(plan, job, stdout_fd, stderr_fd, status_fd)
+        exit_code = _run_snippet(plan, job)
+    except BaseException:  # a failure of the set-up itself: report it, never return to the zygote
         with contextlib.suppress(OSError):
             os.write(2, f"sandbox child set-up failed:\n{traceback.format_exc()}".encode(errors="replace"))
     finally:
@@ -70,24 +99,29 @@ def run_child(plan: ChildPlan) -> None:
         os._exit(exit_code)
 
 
-def _enter_sandbox(plan: ChildPlan) -> None:
+def _enter_sandbox(plan: ChildPlan, job: ChildJob, stdout_fd: int, stderr_fd: int, status_fd: int) -> None:
     os.setsid()  # own session and process group: the worker kills the group at the time limit
+    if plan.ipc_namespace:
+        unshare(CLONE_NEWIPC)
+    reseed()  # forked from the zygote, every child would draw what the first one drew
     if plan.proc_options is not None:
         mount_fresh_proc(plan.proc_options)  # as root, before the limits read /proc/self/statm
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(plan.stdout_fd, 1)
-    os.dup2(plan.stderr_fd, 2)
-    os.dup2(plan.status_fd, _STATUS_FD)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.dup2(status_fd, _STATUS_FD)
     os.closerange(_STATUS_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     os.chdir(plan.run_dir)
-    _set_limits(plan)
+    _set_limits(plan, job)
     if plan.uid is not None:
         os.setgroups([])
         os.setresgid(plan.uid, plan.uid, plan.uid)
         os.setresuid(plan.uid, plan.uid, plan.uid)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if plan.seccomp is not None:
+        plan.seccomp.install()
 
 
 def prepare_worker_process(run_dir: str) -> None:
@@ -119,21 +153,24 @@ def build_namespace(preamble: str | None) -> dict[str, Any]:
 
 
 def reseed() -> None:
-    """Between jobs, in the worker: new random state for the next child, as a fresh interpreter would have.
+    """In each child: new random state, as a fresh interpreter would have.
 
-    (``random`` reseeds itself in every forked child; numpy's global generator does not.) A 32-bit seed from
-    os.urandom: ``numpy.random.seed()`` without one costs three times as much, every call.
+    Every child is forked from the same zygote, so without this they would all draw what the first one drew.
+    (``random`` reseeds itself in a forked child; this does it again explicitly, and numpy's global generator does
+    not reseed itself at all.) A 32-bit seed from os.urandom: ``numpy.random.seed()`` without one costs three times
+    as much.
     """
+    random.seed(os.urandom(16))
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def _set_limits(plan: ChildPlan) -> None:
+def _set_limits(plan: ChildPlan, job: ChildJob) -> None:
     page = os.sysconf("SC_PAGE_SIZE")
     with open("/proc/self/statm") as f:
         current = int(f.read().split()[0]) * page
-    address_space = current + plan.memory_limit_mb * 2**20  # a budget on top of the worker's own size
-    cpu = int(plan.run_timeout) + 2  # a backstop only: the worker's wall-time kill comes first
+    address_space = current + job.memory_limit_mb * 2**20  # a budget on top of the worker's own size
+    cpu = int(job.run_timeout) + 2  # a backstop only: the worker's wall-time kill comes first
     limits = {
         resource.RLIMIT_AS: (address_space, address_space),
         resource.RLIMIT_CPU: (cpu, cpu + 1),
@@ -147,9 +184,9 @@ def _set_limits(plan: ChildPlan) -> None:
         resource.setrlimit(which, value)
 
 
-def _run_snippet(plan: ChildPlan) -> int:
+def _run_snippet(plan: ChildPlan, job: ChildJob) -> int:
     try:
-        exec(plan.code, plan.namespace)  # this is the sandbox (the dict is this child's own copy)
+        exec(job.code, plan.namespace)  # this is the sandbox (the dict is this child's own copy)
         return 0
     except SystemExit as e:
         return _exit_code_of(e)

@@ -10,7 +10,6 @@ import ast
 import contextlib
 import os
 import select
-import shutil
 import signal
 import time
 import traceback
@@ -18,11 +17,13 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from sandbox.child import STATUS_MEMORY, ChildPlan, build_namespace, reseed, run_child
+from sandbox.child import STATUS_MEMORY, ChildJob, ChildPlan, build_namespace
 from sandbox.config import ExecConfig
 from sandbox.isolation import PidNamespaces
 from sandbox.policy import SNIPPET_FILENAME, Policy
 from sandbox.rootfs import FreshProc
+from sandbox.rundir import RunDir
+from sandbox.zygote import Zygote
 
 #: Time allowed after the child's exit for its output pipes to reach end-of-file. Only a surviving grandchild that
 #: holds a pipe open makes this wait; the worker then closes the pipe and moves on.
@@ -83,13 +84,13 @@ class Executor:
 
     Args:
         config: Limits and policy.
-        run_dir: The private temp dir given to each child as cwd, HOME and TMPDIR (emptied between jobs).
+        run_dir: The private temp dir given to each child as cwd, HOME and TMPDIR (new for every job).
         uid: The uid children drop to, or None when the worker cannot drop privileges.
         pid_namespaces: Per-child PID namespaces (possibly disabled).
         fresh_proc: Each child's own /proc in the minimal root, or None (the host view: no /proc is mounted).
     """
 
-    def __init__(self, config: ExecConfig, run_dir: str, uid: int | None, pid_namespaces: PidNamespaces,
+    def __init__(self, config: ExecConfig, run_dir: RunDir, uid: int | None, pid_namespaces: PidNamespaces,
                  fresh_proc: FreshProc | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -97,57 +98,65 @@ class Executor:
         self.pidns = pid_namespaces
         self.fresh_proc = fresh_proc
         self.policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
-        self.namespace = build_namespace(config.preamble)  # raises here, at start-up, if the preamble is broken
-        self._fresh_run_dir()
+        self.plan = ChildPlan(namespace=build_namespace(config.preamble),  # raises here if the preamble is broken
+                              run_dir=run_dir.path, uid=uid, max_processes=config.max_processes,
+                              max_open_files=config.max_open_files, max_file_size_mb=config.max_file_size_mb,
+                              proc_options=fresh_proc.options if fresh_proc else None)
+        self.zygote: Zygote | None = None
+
+    def start_zygote(self, close_in_zygote: tuple[int, ...]) -> None:
+        """Fork the zygote (once, after warm-up and before the first job); it does not keep ``close_in_zygote``."""
+        self.zygote = Zygote(self.plan, self.pidns, close_in_zygote)
 
     def run(self, job: Job) -> dict[str, Any]:
         """Run ``job`` and return the result message (``reason``, ``return_code``, ``stdout``, ``stderr``, ...)."""
         code, message, reason = self._compile(job.code)
         if code is None:
             return _result(job, reason, 1, "", message, 0.0)
+        self.run_dir.prepare()
         try:
             return self._run_compiled(job, code)
         finally:
-            self._fresh_run_dir()
-            reseed()
+            self.run_dir.clear()
 
     def _compile(self, source: str) -> tuple[CodeType | None, str, str]:
-        """(code object or None, error message, reason): reason is "error" for invalid syntax, "refused" when
-        the static check refuses the snippet."""
+        """(code object or None, error message, reason): reason is "error" for code Python cannot compile, "refused"
+        when the static check refuses the snippet.
+
+        Any exception here is the snippet's, never the worker's: a 1500-term sum makes the compiler raise
+        RecursionError, which the model reads as it would from ``python``.
+        """
         try:
             tree = ast.parse(source, filename=SNIPPET_FILENAME)
-        except (SyntaxError, ValueError) as e:  # ValueError: source with NUL bytes
-            return None, "".join(traceback.format_exception_only(type(e), e)), "error"
-        if self.policy is not None:
-            refusals = self.policy.check(tree)
-            if refusals:
-                return None, "\n".join(r.format() for r in refusals) + "\n", "refused"
-        try:
+            if self.policy is not None:
+                refusals = self.policy.check(tree)
+                if refusals:
+                    return None, self.policy.report(refusals), "refused"
             return compile(tree, SNIPPET_FILENAME, "exec"), "", "ok"
-        except (SyntaxError, ValueError) as e:  # e.g. 'return' outside function is found only by compile
+        except Exception as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError, ...
             return None, "".join(traceback.format_exception_only(type(e), e)), "error"
 
     def _run_compiled(self, job: Job, code: CodeType) -> dict[str, Any]:
+        assert self.zygote is not None, "start_zygote() before the first job"
+        job_r, job_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
-        plan = ChildPlan(code=code, namespace=self.namespace, run_dir=self.run_dir, uid=self.uid,
-                         run_timeout=job.run_timeout, memory_limit_mb=job.memory_limit_mb,
-                         max_processes=self.config.max_processes, max_open_files=self.config.max_open_files,
-                         max_file_size_mb=self.config.max_file_size_mb, stdout_fd=out_w, stderr_fd=err_w,
-                         status_fd=st_w, proc_options=self.fresh_proc.options if self.fresh_proc else None)
-        self.pidns.before_fork()
         start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns from run_child
-            run_child(plan)
-        self.pidns.after_fork()
-        for fd in (out_w, err_w, st_w):
-            os.close(fd)
         try:
+            pid = self.zygote.fork_child([job_r, out_w, err_w, st_w])
+        except BaseException:
+            for fd in (job_w, out_r, err_r, st_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (job_r, out_w, err_w, st_w):
+                os.close(fd)
+        try:
+            _write_all(job_w, ChildJob(code, job.run_timeout, job.memory_limit_mb).encode())
             status, timed_out, out, err = self._supervise(pid, out_r, err_r, start + job.run_timeout)
             elapsed = time.monotonic() - start
-            memory = _read_status(st_r) == STATUS_MEMORY
+            claims_memory = _read_status(st_r) == STATUS_MEMORY
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -156,7 +165,7 @@ class Executor:
         return_code = os.waitstatus_to_exitcode(status)
         if timed_out:
             reason = "timeout"
-        elif memory:
+        elif claims_memory and return_code == 1 and _ends_in_memory_error(err):
             reason = "memory"
         elif return_code < 0:
             reason = "signal"
@@ -215,20 +224,8 @@ class Executor:
             os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        if not self.pidns.enabled:
-            _kill_adopted_orphans()
-        return status
-
-    def _fresh_run_dir(self) -> None:
-        """Give the next child an empty private temp dir owned by its uid."""
-        if os.path.isdir(self.run_dir) and not os.listdir(self.run_dir):
-            return
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        os.mkdir(self.run_dir, 0o700)
-        if self.uid is not None:
-            os.chown(self.run_dir, self.uid, self.uid)
-
+        assert self.zygote is not None
+        return self.zygote.reap(pid)  # the zygote is the parent (and, without PID namespaces, kills the orphans)
 
 def _read_status(fd: int) -> bytes:
     os.set_blocking(fd, False)
@@ -238,24 +235,27 @@ def _read_status(fd: int) -> bytes:
         return b""
 
 
-def _kill_adopted_orphans() -> None:
-    """Without PID namespaces the worker is a child subreaper: orphans of the snippet become its children."""
-    pids: set[int] = set()
-    task_dir = f"/proc/{os.getpid()}/task"
-    for tid in os.listdir(task_dir):
-        try:
-            with open(f"{task_dir}/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except OSError:
-            continue
-    for orphan in pids:
-        with contextlib.suppress(OSError):
-            os.killpg(orphan, signal.SIGKILL)
-        try:
-            os.kill(orphan, signal.SIGKILL)
-            os.waitpid(orphan, 0)
-        except OSError:
-            pass
+def _ends_in_memory_error(err: CappedBuffer) -> bool:
+    """Whether the stderr the worker captured ends in a MemoryError traceback.
+
+    The status pipe is advisory: the snippet can write on it too (``os.write(3, b"memory")``), so a memory claim
+    counts only when what the worker observed agrees: the child exited 1 with a MemoryError as its last line.
+    """
+    tail = bytes(err.tail or err.head).rstrip().rsplit(b"\n", 1)[-1]
+    return tail.startswith(b"MemoryError")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write the child's job and close the pipe; a child that died first (its set-up failed) is reported by its
+    exit, not here."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _result(job: Job, reason: str, return_code: int, stdout: str, stderr: str, elapsed: float,

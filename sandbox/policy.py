@@ -13,6 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SNIPPET_FILENAME = "<snippet>"
+#: Refusals shown to the model (the rest are counted): a 1 MB ``import a,a,a,...`` must not answer with 176 MiB.
+SHOWN_REFUSALS = 5
+#: Refusals a check keeps in memory; beyond it they are only counted.
+_KEPT_REFUSALS = 100
 
 
 @dataclass(frozen=True)
@@ -47,33 +51,76 @@ class Policy:
         self.allowed = frozenset(name for name in allow_imports if name != "*")
         self.refused = frozenset(refused_calls)
 
-    def check(self, tree: ast.AST) -> list[Refusal]:
-        """Return every refusal in ``tree`` (empty when the snippet may run), in source order."""
-        visitor = _Visitor(self)
-        visitor.visit(tree)
-        return sorted(visitor.refusals, key=lambda r: r.line)
+    def check(self, tree: ast.AST) -> Refusals:
+        """Return the refusals in ``tree`` (empty when the snippet may run), in source order.
 
-    def check_source(self, code: str) -> list[Refusal]:
+        The walk is iterative (an explicit stack, children in source order): a recursive visitor raises
+        RecursionError on a 600-term sum that Python itself compiles and runs.
+        """
+        scan = _Scan(self)
+        stack: list[ast.AST] = [tree]
+        while stack:
+            node = stack.pop()
+            if scan.see(node):
+                stack.extend(reversed(list(ast.iter_child_nodes(node))))
+        return Refusals(sorted(scan.kept, key=lambda r: r.line), scan.count)
+
+    def check_source(self, code: str) -> Refusals:
         """Parse ``code`` and check it; a SyntaxError propagates (the caller reports it as Python would)."""
         return self.check(ast.parse(code, filename=SNIPPET_FILENAME))
+
+    def report(self, refusals: Refusals) -> str:
+        """What the model reads: the first :data:`SHOWN_REFUSALS` refusals, a count of the rest, and the list of
+        allowed modules once (after the first refused import)."""
+        parts = []
+        listed = self.allow_all
+        for refusal in refusals[:SHOWN_REFUSALS]:
+            text = refusal.format()
+            if refusal.kind == "ImportError" and not listed:
+                text += f" Allowed modules: {', '.join(sorted(self.allowed))}"
+                listed = True
+            parts.append(text)
+        hidden = refusals.total - min(SHOWN_REFUSALS, len(refusals))
+        if hidden:
+            parts.append(f"... and {hidden} more refusals ({refusals.total} in all)")
+        return "\n".join(parts) + "\n"
 
     def import_refusal(self, module: str, line: int) -> Refusal | None:
         """The refusal for importing ``module`` (dotted), or None when it is allowed."""
         top = module.split(".")[0]
         if self.allow_all or top in self.allowed:
             return None
-        allowed = ", ".join(sorted(self.allowed))
-        return Refusal(line, "ImportError",
-                       f"import of module '{top}' is not allowed in this sandbox. Allowed modules: {allowed}")
+        return Refusal(line, "ImportError", f"import of module '{top}' is not allowed in this sandbox.")
 
 
-class _Visitor(ast.NodeVisitor):
-    """Collects refusals; tracks import aliases so ``import os as o; o.system()`` resolves to ``os.system``."""
+class Refusals(list):
+    """The refusals of one check, in source order: the first ones found (at most ``_KEPT_REFUSALS``), with
+    ``total`` counting them all."""
+
+    def __init__(self, kept: Iterable[Refusal], total: int) -> None:
+        super().__init__(kept)
+        self.total = total
+
+
+class _Scan:
+    """Collects refusals node by node; tracks import aliases so ``import os as o; o.system()`` resolves to
+    ``os.system``."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.aliases: dict[str, str] = {}
-        self.refusals: list[Refusal] = []
+        self.kept: list[Refusal] = []
+        self.count = 0
+
+    def see(self, node: ast.AST) -> bool:
+        """Check one node; True when its children still need a look."""
+        if isinstance(node, ast.Import):
+            self.visit_Import(node)
+        elif isinstance(node, ast.ImportFrom):
+            self.visit_ImportFrom(node)
+        elif isinstance(node, ast.Call):
+            self.visit_Call(node)
+        return not isinstance(node, (ast.Import, ast.ImportFrom))
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -84,8 +131,8 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
-            self.refusals.append(Refusal(node.lineno, "ImportError",
-                                         "relative imports are not available: a snippet is not part of a package"))
+            self._refuse(Refusal(node.lineno, "ImportError",
+                                 "relative imports are not available: a snippet is not part of a package"))
             return
         module = node.module or ""
         self._refuse(self.policy.import_refusal(module, node.lineno))
@@ -99,14 +146,14 @@ class _Visitor(ast.NodeVisitor):
             resolved = self._resolve(name)
             if resolved in self.policy.refused or name in self.policy.refused:
                 shown = resolved if resolved in self.policy.refused else name
-                self.refusals.append(Refusal(node.lineno, "PermissionError",
-                                             f"calling {shown}() is not allowed in this sandbox"
-                                             + _CALL_HINTS.get(shown, "")))
-        self.generic_visit(node)
+                self._refuse(Refusal(node.lineno, "PermissionError",
+                                     f"calling {shown}() is not allowed in this sandbox" + _CALL_HINTS.get(shown, "")))
 
     def _refuse(self, refusal: Refusal | None) -> None:
         if refusal is not None:
-            self.refusals.append(refusal)
+            self.count += 1
+            if len(self.kept) < _KEPT_REFUSALS:
+                self.kept.append(refusal)
 
     def _resolve(self, dotted: str) -> str:
         head, _, rest = dotted.partition(".")

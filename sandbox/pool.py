@@ -111,7 +111,8 @@ class WorkerProcess:
         if result.get("id") != job["id"]:
             raise WorkerFailure(f"worker {self.spec.index} answered job {result.get('id')}, expected {job['id']}")
         if result.get("reason") == "sandbox_error":
-            raise WorkerFailure(f"worker {self.spec.index}: {result.get('error')}")
+            raise WorkerFailure(f"worker {self.spec.index}: {result.get('error')}",
+                                delivered=result.get("started", True))
         return result
 
     async def kill(self) -> None:
@@ -245,12 +246,13 @@ class WorkerPool:
                 self._busy += 1
                 try:
                     result = await worker.execute(job)
-                except WorkerFailure as e:
+                except Exception as e:  # any failure on the protocol (a line over the limit, ...) loses no worker
                     self.kills["worker_failure"] += 1
                     self._retire(worker, str(e))
                     await worker.kill()
-                    if e.delivered:
-                        return {"reason": "sandbox_error", "error": str(e)}
+                    if not isinstance(e, WorkerFailure) or e.delivered:
+                        return {"reason": "sandbox_error", "error": f"{type(e).__name__}: {e}"
+                                if not isinstance(e, WorkerFailure) else str(e)}
                     continue
                 finally:
                     self._busy -= 1

@@ -13,8 +13,9 @@ the view can be computed from what the running interpreter really uses, never fr
   ``TMPDIR``); only that folder is writable, and only by the snippet's uid.
 
 The worker then ``pivot_root``s into it and detaches the host's tree, so neither it nor its children can name a
-host path again. Per snippet only ``/proc`` is left to do: the child, the init of a fresh PID namespace, mounts a
-``proc`` of that namespace on ``/proc`` (:class:`FreshProc`), so it sees its own processes and nothing else. The
+host path again. Per snippet two mounts are left to do: the worker mounts a fresh tmpfs on ``/tmp/run``
+(:mod:`sandbox.rundir`), and the child, the init of a fresh PID namespace, mounts a ``proc`` of that namespace on
+``/proc`` (:class:`FreshProc`), so it sees its own processes and nothing else. The
 child shares the worker's mount namespace (a mount namespace per child costs more than the whole snippet's fork);
 the worker detaches the stale proc mounts of finished children in batches.
 """

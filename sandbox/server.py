@@ -17,9 +17,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandbox.bounds import BodyLimit, batch_share, validation_error
 from sandbox.config import ExecConfig
 from sandbox.metrics import Metrics
 from sandbox.pool import WorkerPool
@@ -27,6 +29,8 @@ from sandbox.pool import WorkerPool
 log = logging.getLogger("sandbox")
 MAX_CODE_CHARS = 1_000_000
 _PYTHON = {"python", "python3"}
+#: Layers /health reports that this version never builds (so ``--require_isolation`` cannot ask for them).
+NOT_BUILT = frozenset({"cgroup_budget"})
 
 
 class RunCodeRequest(BaseModel):
@@ -43,6 +47,17 @@ class RunCodeRequest(BaseModel):
     files: dict[str, str | None] = Field(default_factory=dict, description="Not supported: must be empty.")
     fetch_files: list[str] = Field(default_factory=list, description="Not supported: must be empty.")
     request_id: str | int | None = Field(None, description="Echoed in the response.")
+
+    @field_validator("request_id")
+    @classmethod
+    def _encodable(cls, value: str | int | None) -> str | int | None:
+        """A request_id the response cannot carry (a lone surrogate) is refused before the snippet runs."""
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"request_id must be valid UTF-8 text: {e.reason} at index {e.start}") from None
+        return value
 
 
 class RunBatchRequest(BaseModel):
@@ -123,16 +138,22 @@ class SandboxService:
     async def run_batch(self, batch: RunBatchRequest) -> JSONResponse:
         """``POST /run_batch``: several snippets admitted together, answered in the same order."""
         self.metrics.record_request("run_batch")
-        resolved = [_resolve(req, self.config) for req in batch.requests]
-        runnable = sum(job is not None for job, _ in resolved)
-        if runnable > self.pool.queue_size:
-            return JSONResponse({"detail": f"batch of {runnable} snippets exceeds the server queue "
+        if len(batch.requests) > self.pool.queue_size:  # every entry counts, the refused ones too
+            return JSONResponse({"detail": f"batch of {len(batch.requests)} entries exceeds the server queue "
                                            f"(queue_size={self.pool.queue_size}); split it or raise --queue_size"},
                                 status_code=413)
+        resolved = [_resolve(req, self.config) for req in batch.requests]
+        runnable = sum(job is not None for job, _ in resolved)
         if runnable and not self.pool.try_admit(runnable):
             return self._busy()
+        share = asyncio.Semaphore(batch_share(self.pool.size))  # a batch never holds every worker
+
+        async def one(req: RunCodeRequest, job: dict[str, Any] | None, message: str) -> dict[str, Any]:
+            async with share:
+                return await self._execute(req, job, message)
+
         pairs = zip(batch.requests, resolved, strict=True)
-        results = await asyncio.gather(*(self._execute(req, job, msg) for req, (job, msg) in pairs))
+        results = await asyncio.gather(*(one(req, job, msg) for req, (job, msg) in pairs))
         return JSONResponse({"results": results})
 
     async def health(self) -> dict[str, Any]:
@@ -185,6 +206,8 @@ def create_app(config: ExecConfig, workers: int, queue_size: int, startup_timeou
             await pool.stop()
 
     app = FastAPI(title="zerotir sandbox", lifespan=lifespan)
+    app.add_middleware(BodyLimit)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.state.service = service
     app.add_api_route("/run_code", service.run_code, methods=["POST"])
     app.add_api_route("/run_batch", service.run_batch, methods=["POST"])
@@ -207,5 +230,6 @@ def _report_layers(pool: WorkerPool, config: ExecConfig) -> None:
     else:
         log.warning("sandbox: filesystem view: host (%s): snippets can read every world-readable host file",
                     view["reason"])
-    if off and config.require_isolation:
-        raise RuntimeError(f"--require_isolation is set but these protections are off: {sorted(off)}")
+    required = sorted(set(off) - NOT_BUILT)
+    if required and config.require_isolation:
+        raise RuntimeError(f"--require_isolation is set but these protections are off: {required}")

@@ -2,7 +2,8 @@
 
 The server starts each worker with ``exec`` and a scrubbed environment, so no secret of the server's environment is
 anywhere in the worker's memory (a snippet that reads its own memory finds nothing). The worker imports the heavy
-modules once, warms them up, enters its isolation layers, and then serves jobs one at a time over its stdin/stdout:
+modules once, warms them up, enters its isolation layers, forks its zygote (:mod:`sandbox.zygote`, which forks
+every snippet child and never holds a job), and then serves jobs one at a time over its stdin/stdout:
 one JSON line in (a job), one JSON line out (the result). The first line in is the worker's :class:`WorkerSpec`;
 the first line out is a handshake that lists which
 protections are on and, for those that are off, why.
@@ -20,12 +21,15 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
-from sandbox.child import prepare_worker_process, reseed
+from sandbox.child import prepare_worker_process
 from sandbox.config import WorkerSpec
 from sandbox.executor import Executor, Job
-from sandbox.isolation import (MNT_DETACH, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces,
+from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, cgroup_budget_layer, enter_namespaces,
                                host_layers, interpreter_paths, prctl, probe_readable, umount)
 from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
+from sandbox.rundir import RunDir
+from sandbox.seccomp import Filter, build_filter, probe_child_layers
+from sandbox.zygote import ZygoteGone
 
 #: Run once at start-up so the lazy imports and caches behind common calls are already in the forked children.
 WARMUP = """
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the server's terminal: the server stops us itself
     try:
-        executor, handshake = _start(spec)
+        executor, handshake = _start(spec, (proto_in.fileno(), proto_out.fileno()))
     except Exception as e:  # reported to the server, which fails its start-up with this message
         _send(proto_out, {"ready": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return 1
@@ -75,7 +79,7 @@ def _take_protocol_fds() -> tuple[BinaryIO, BinaryIO]:
     return proto_in, proto_out
 
 
-def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
+def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, dict[str, Any]]:
     config = spec.exec_config
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -100,13 +104,17 @@ def _start(spec: WorkerSpec) -> tuple[Executor, dict[str, Any]]:
         unreadable = probe_readable(uid, config.extra_ro) if config.extra_ro else None
         if unreadable is not None:
             raise RuntimeError(f"--extra-ro: {unreadable}; make it readable by others (chmod -R o+rX) or drop it")
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # without PID namespaces, orphans of a snippet come back to us to be killed
     fresh_proc = FreshProc(view.proc_options) if view.proc_options is not None else None
-    executor = Executor(config, view.run_dir, uid, pidns, fresh_proc)
+    no_mount = "disabled by --isolate false" if not config.isolate else layers.get("mount_namespace")
+    run_dir = RunDir(view.run_dir, uid, config.tmpfs_size_mb, no_mount)
+    layers["fresh_run_dir_tmpfs"] = run_dir.layer
+    executor = Executor(config, run_dir, uid, pidns, fresh_proc)
+    layers.update(_child_layers(executor, config.isolate))
+    layers["cgroup_budget"] = cgroup_budget_layer(config.max_processes)
     prepare_worker_process(view.run_dir)
-    reseed()
     gc.collect()
-    gc.freeze()  # keeps the collector from touching (and so copying) the worker's objects in every child
+    gc.freeze()  # keeps the collector from touching (and so copying) the zygote's objects in every child
+    executor.start_zygote(protocol_fds)  # forked now, before any job: the children it forks hold no job's data
     return executor, {"ready": True, "pid": os.getpid(), "uid": uid, "layers": layers,
                       "filesystem": view.to_dict(), "missing_preload": missing}
 
@@ -142,6 +150,20 @@ def _isolate(spec: WorkerSpec, uid: int | None, pidns: PidNamespaces, layers: di
     return host_view(why, host_run_dir)
 
 
+def _child_layers(executor: Executor, isolate: bool) -> dict[str, str | None]:
+    """Probe each child's IPC namespace and seccomp filter once; a child enters only the ones that work."""
+    if not isolate:
+        return dict.fromkeys(("ipc_namespace", "seccomp"), "disabled by --isolate false")
+    try:
+        seccomp: Filter | None = Filter(build_filter())
+    except OSError as e:
+        seccomp, why = None, str(e)
+    ipc, filt = probe_child_layers(seccomp)
+    executor.plan.ipc_namespace = ipc is None
+    executor.plan.seccomp = seccomp if filt is None else None
+    return {"ipc_namespace": ipc, "seccomp": why if seccomp is None else filt}
+
+
 def _preload(modules: list[str]) -> list[str]:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: one BLAS thread per worker
     missing = []
@@ -162,6 +184,8 @@ def _serve_one(executor: Executor, line: bytes) -> dict[str, Any]:
         return {"id": -1, "reason": "sandbox_error", "error": f"malformed job message: {e}"}
     try:
         return executor.run(job)
+    except ZygoteGone as e:  # the snippet never started: the server runs it on another worker and replaces us
+        return {"id": job.id, "reason": "sandbox_error", "error": str(e), "started": False}
     except Exception as e:  # e.g. fork() failing under memory pressure: the server reports it
         print(f"sandbox worker: job {job.id} failed: {traceback.format_exc()}", file=sys.stderr)
         return {"id": job.id, "reason": "sandbox_error", "error": f"{type(e).__name__}: {e}"}

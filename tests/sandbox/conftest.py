@@ -162,14 +162,18 @@ def _process_table() -> dict[int, tuple[int, int]]:
 
 
 def leftover_processes(server: Server) -> list[int]:
-    """Processes a snippet left: below the server's workers, or running as a sandbox uid anywhere."""
+    """Processes a snippet left: below the server's workers and their zygotes (a worker's only child), or running as
+    a sandbox uid anywhere."""
     table = _process_table()
     workers = {pid for pid, (ppid, _) in table.items() if ppid == server.pid}
+    workers |= {pid for pid, (ppid, _) in table.items() if ppid in workers}  # the zygotes
     uids = set(server.health["sandbox_uids"])
     left = []
     for pid, (ppid, uid) in table.items():
         if uid in uids:
             left.append(pid)
+            continue
+        if pid in workers:
             continue
         while ppid > 1 and ppid not in workers and ppid in table:  # walk up to see if a worker is an ancestor
             ppid = table[ppid][0]

@@ -12,7 +12,7 @@ import tempfile
 import time
 
 from sandbox import ExecStatus, format_for_model
-from tests.sandbox.conftest import MAX_OUTPUT_BYTES, SECRET_VALUE, WORKERS, Server, wait_for_no_leftovers
+from tests.sandbox.conftest import BYPASS, MAX_OUTPUT_BYTES, SECRET_VALUE, WORKERS, Server, wait_for_no_leftovers
 
 LIMIT_SLACK_S = 0.5
 
@@ -194,3 +194,59 @@ def test_after_the_adversarial_suite_the_server_answers_and_no_child_is_left(san
     metrics = sandbox_server.metrics()
     assert metrics["busy_workers"] == 0 and metrics["in_flight"] == 0
     assert sandbox_server.health_now()["workers_alive"] == WORKERS
+
+
+def test_a_600_term_sum_answers_600_with_no_worker_lost(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    result = sandbox_server.run("print(" + "+".join(["1"] * 600) + ")")
+    assert (result.status, result.stdout) == (ExecStatus.OK, "600\n"), result
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+def test_a_sum_too_deep_to_compile_is_the_snippets_error_not_the_sandboxes(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    result = sandbox_server.run("print(" + "+".join(["1"] * 2000) + ")")
+    assert result.status is ExecStatus.ERROR and "RecursionError" in result.stderr, result
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+def test_a_1mb_refusal_flood_answers_briefly_and_the_service_goes_on(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    for _ in range(1):  # one such request used to lose a worker for good (two: every later request hung)
+        result = sandbox_server.run("import " + ",".join(["a"] * 499_000))  # just under the 1 MB code limit
+        assert result.status is ExecStatus.ERROR, result
+        assert result.stderr.count("Allowed modules:") == 1 and len(result.stderr) < 4096, result.stderr[:300]
+        assert result.stderr.endswith("(499000 in all)\n"), result.stderr[-300:]
+    assert sandbox_server.run("print(7)").stdout == "7\n"
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+#: SysV IPC, a user key, a memfd, a new namespace, ptrace: each call's return value and errno (1 is EPERM).
+KERNEL_CALLS = BYPASS + """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(rc):
+    return (rc, ctypes.get_errno()) if rc == -1 else (rc, 0)
+calls = {
+    "shmget": lambda: libc.shmget(0x4A45, 4096, 0o1666),
+    "msgget": lambda: libc.msgget(0x4A45, 0o1666),
+    "semget": lambda: libc.semget(0x4A45, 1, 0o1666),
+    "add_key": lambda: libc.syscall(248, b"user", b"zerotir", b"left", 4, ctypes.c_long(-4)),
+    "keyctl": lambda: libc.syscall(250, 0, ctypes.c_long(-4), 0),
+    "memfd_create": lambda: libc.syscall(319, b"x", 0),
+    "unshare": lambda: libc.unshare(0x10000000),
+    "ptrace": lambda: libc.ptrace(0, 0, 0, 0),
+}
+print({name: errno_of(call())[1] for name, call in calls.items()})
+"""
+
+
+def test_ipc_keyrings_memfd_namespaces_and_ptrace_are_refused_and_nothing_reaches_the_host(
+        sandbox_server: Server) -> None:
+    sandbox_server.require("seccomp", "ipc_namespace")
+    result = sandbox_server.run(KERNEL_CALLS)
+    with open("/proc/sysvipc/shm") as f:  # the host's IPC namespace: the child's own one is gone with it
+        assert f"{0x4A45}" not in [line.split()[0] for line in f.read().splitlines()[1:]]
+    assert result.ok and ast.literal_eval(result.stdout) == {
+        name: 1 for name in ("shmget", "msgget", "semget", "add_key", "keyctl", "memfd_create", "unshare", "ptrace")
+    }, result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox.config import DEFAULT_ALLOWED_IMPORTS, DEFAULT_REFUSED_CALLS
-from sandbox.policy import Policy
+from sandbox.policy import SHOWN_REFUSALS, Policy
 
 DEFAULT = Policy(DEFAULT_ALLOWED_IMPORTS, DEFAULT_REFUSED_CALLS)
 
@@ -24,9 +24,26 @@ def test_default_policy_allows_math_snippets(code: str) -> None:
 def test_disallowed_import_is_refused_with_its_line_and_the_allowed_list() -> None:
     (refusal,) = DEFAULT.check_source("x = 1\nimport os.path")
     assert (refusal.line, refusal.kind) == (2, "ImportError")
-    assert refusal.message.startswith("import of module 'os' is not allowed in this sandbox. Allowed modules: ")
-    assert "sympy" in refusal.message
+    assert refusal.message == "import of module 'os' is not allowed in this sandbox."
     assert refusal.format() == f'  File "<snippet>", line 2\nImportError: {refusal.message}'
+    report = DEFAULT.report(DEFAULT.check_source("x = 1\nimport os.path"))
+    assert report.startswith(f"{refusal.format()} Allowed modules: ") and "sympy" in report
+
+
+def test_a_refusal_flood_shows_the_first_few_a_count_and_the_allowed_list_once() -> None:
+    refusals = DEFAULT.check_source("import " + ",".join(["a"] * 50_000) + "\nimport os")
+    assert refusals.total == 50_001 and len(refusals) < 1000  # counted, not all kept
+    report = DEFAULT.report(refusals)
+    assert report.count("ImportError: import of module 'a'") == SHOWN_REFUSALS
+    assert report.count("Allowed modules:") == 1
+    assert report.endswith(f"... and {50_001 - SHOWN_REFUSALS} more refusals (50001 in all)\n")
+    assert len(report) < 2000
+
+
+def test_a_2000_term_sum_is_checked_without_recursion_error() -> None:
+    assert DEFAULT.check_source("print(" + "+".join(["1"] * 2000) + ")") == []  # parses; compile then fails
+    deep = "x = " + "+".join(["1"] * 2000) + "\nimport os"
+    assert [r.line for r in DEFAULT.check_source(deep)] == [2]
 
 
 def test_from_import_of_a_disallowed_module_is_refused() -> None:

@@ -74,3 +74,57 @@ def test_a_snippet_never_sees_a_file_an_earlier_one_wrote_on_the_same_worker(one
         made = [p for p in made if p.startswith(first["run_dir"] + "/")]
     seen = json.loads(_run(url, SEE.format(made=json.dumps(made))))
     assert seen == {"seen": [], "cwd": [], "cwd_writable": True}, (made, seen)
+
+
+def test_a_locked_empty_run_dir_and_1200_nested_folders_do_not_reach_the_next_snippet(
+        one_worker: tuple[str, dict]) -> None:
+    url, _ = one_worker
+    lock = BYPASS + "o.chmod(o.getcwd(), 0o500)\nprint(oct(o.stat('.').st_mode & 0o777))"
+    assert _run(url, lock) == "0o500\n"  # left empty: only its mode carries the change
+    check = BYPASS + "print(oct(o.stat('.').st_mode & 0o777), o.listdir('.'), o.access('.', o.W_OK))"
+    assert _run(url, check) == "0o700 [] True\n"
+    nest = BYPASS + "for _ in range(1200):\n    o.mkdir('d')\n    o.chdir('d')\nprint('made')"
+    assert _run(url, nest) == "made\n"
+    assert _run(url, check) == "0o700 [] True\n"
+    assert _run(url, "print(1)") == "1\n"
+
+
+#: Scans the snippet's own writable memory for ``p`` followed by ``s`` (never written side by side by this snippet).
+SCAN = BYPASS + """
+import ctypes
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the uid drop made /proc/self/mem unreadable to itself
+p, s = {p!r}, {s!r}
+found = 0
+with open('/proc/self/maps') as maps:
+    regions = [line.split()[:2] for line in maps.read().splitlines()]
+with open('/proc/self/mem', 'rb', 0) as mem:
+    for span, perms in regions:
+        if not perms.startswith('rw'):
+            continue
+        lo, hi = (int(x, 16) for x in span.split('-'))
+        try:
+            mem.seek(lo)
+            data = mem.read(hi - lo)
+        except (OSError, OverflowError, ValueError):
+            continue
+        at = data.find(p)
+        while at >= 0:
+            found += data[at + len(p):at + len(p) + len(s)] == s
+            at = data.find(p, at + 1)
+print(found)
+"""
+
+
+def test_a_snippets_memory_holds_nothing_an_earlier_one_printed(one_worker: tuple[str, dict]) -> None:
+    url, _ = one_worker
+    printed = _run(url, "import random\nprint(''.join(random.choice('123456789') for _ in range(40)))").strip()
+    assert len(printed) == 40
+    for _ in range(2):  # the next snippet, and the one after
+        assert _run(url, SCAN.format(p=printed[:20].encode(), s=printed[20:].encode())) == "0\n"
+
+
+def test_unseeded_random_draws_differ_between_snippets_on_one_worker(one_worker: tuple[str, dict]) -> None:
+    url, _ = one_worker
+    draw = "import random, numpy\nprint(random.random(), numpy.random.random(), numpy.random.randint(1 << 30))"
+    first, second = (_run(url, draw).split() for _ in range(2))
+    assert all(a != b for a, b in zip(first, second)), (first, second)

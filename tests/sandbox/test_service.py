@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import signal
 import time
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from sandbox import ExecStatus, local_sandbox
-from tests.sandbox.conftest import QUEUE_SIZE, WORKERS, Server
+from sandbox.bounds import MAX_BODY_BYTES
+from tests.sandbox.conftest import BYPASS, QUEUE_SIZE, WORKERS, Server
 
 RUN_RESULT_KEYS = {"status", "execution_time", "return_code", "stdout", "stderr"}
 RESPONSE_KEYS = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files", "request_id",
@@ -150,10 +154,96 @@ def test_a_killed_worker_is_replaced_and_the_service_goes_on(sandbox_server: Ser
 
 def test_without_isolation_the_service_starts_and_health_names_what_is_off() -> None:
     with local_sandbox(workers=1, isolate=False, preload=["math"], preamble=None, startup_timeout=60,
-                       log_level="warning") as urls:
+                       allow_imports=["*"], log_level="warning") as urls:
         health = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()
-        answer = post(Server(urls[0], health), "/run_code", {"code": "print(6 * 7)"}).json()
+        server = Server(urls[0], health)
+        answer = post(server, "/run_code", {"code": "print(6 * 7)"}).json()
+        nest = ("import os\nos.chmod('.', 0o500)\nos.chmod('.', 0o700)\n"
+                "for _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')")
+        check = "import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'))"
+        answers = [post(server, "/run_code", {"code": code}).json()["run_result"] for code in (nest, check)]
+    assert [a["stdout"] for a in answers] == ["", "0o700 []\n"], answers  # rm -rf, not a recursive walk
+    assert health["protections"]["fresh_run_dir_tmpfs"] == "off: disabled by --isolate false"
     assert {"network_namespace", "pid_namespace", "readonly_root", "uid_drop"} <= set(health["protections_off"])
     assert health["protections"]["uid_drop"] == "off: disabled by --isolate false"
     assert (health["filesystem_view"], health["filesystem_view_reason"]) == ("host", "disabled by --isolate false")
     assert answer["run_result"]["stdout"] == "42\n"
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (BYPASS + "o.write(3, b'memory')\nprint('fine')", ExecStatus.OK),
+    (BYPASS + "o.write(3, b'memory')\nraise ValueError('not memory')", ExecStatus.ERROR),
+])
+def test_a_forged_memory_status_is_ignored(sandbox_server: Server, code: str, status: ExecStatus) -> None:
+    kills = sandbox_server.metrics()["kills"].get("memory", 0)
+    assert sandbox_server.run(code).status is status
+    assert sandbox_server.metrics()["kills"].get("memory", 0) == kills
+
+
+def _raw_exchange(server: Server, request: bytes) -> bytes:
+    """Send ``request`` on a fresh connection and return the status line of the answer."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        return conn.makefile("rb").readline()
+
+
+def test_a_body_declared_over_the_limit_gets_413_before_a_byte_of_it_is_sent(sandbox_server: Server) -> None:
+    head = (b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode())
+    assert _raw_exchange(sandbox_server, head).split()[1] == b"413"  # answered with none of the body sent
+
+
+def test_a_chunked_body_over_the_limit_gets_413(sandbox_server: Server) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: httpx sends it chunked
+        yield b'{"code": "'
+        for _ in range(MAX_BODY_BYTES // 2**20 + 1):
+            yield b"#" * 2**20
+        yield b'"}'
+
+    answer = httpx.post(sandbox_server.url + "/run_code", content=chunks(), timeout=60, trust_env=False,
+                        headers={"content-type": "application/json"})
+    assert answer.status_code == 413 and "request body over" in answer.json()["detail"], answer.text
+
+
+def test_a_batch_counts_every_entry_the_unsupported_ones_too(sandbox_server: Server) -> None:
+    entries = [{"code": "pass", "language": "cpp"}] * (QUEUE_SIZE + 1)
+    assert post(sandbox_server, "/run_batch", {"requests": entries}).status_code == 413
+
+
+def test_a_lone_surrogate_request_id_is_a_clean_422_and_runs_nothing(sandbox_server: Server) -> None:
+    before = sandbox_server.metrics()["results"]
+    body = b'{"code": "print(1)", "request_id": "\\ud800"}'
+    answer = httpx.post(sandbox_server.url + "/run_code", content=body, timeout=30, trust_env=False,
+                        headers={"content-type": "application/json"})
+    assert answer.status_code == 422 and "request_id must be valid UTF-8" in answer.text, answer.text
+    assert sandbox_server.metrics()["results"] == before
+
+
+def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> None:
+    async def busy_while_a_batch_runs() -> set[int]:
+        busy: set[int] = set()
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            sleepy = [{"code": "import time\ntime.sleep(0.2)"}] * (QUEUE_SIZE - 2)
+            task = asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
+            while not task.done():  # sampled until the batch is answered: it holds at most all workers but one
+                busy.add((await http.get(sandbox_server.url + "/metrics")).json()["busy_workers"])
+                await asyncio.sleep(0.02)
+            assert task.result().is_success
+        return busy
+
+    assert max(asyncio.run(busy_while_a_batch_runs())) == WORKERS - 1
+
+
+def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server: Server) -> None:
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    with open(f"/proc/{sandbox_server.pid}/task/{sandbox_server.pid}/children") as f:
+        worker = int(f.read().split()[0])
+    with open(f"/proc/{worker}/task/{worker}/children") as f:
+        os.kill(int(f.read().split()[0]), signal.SIGKILL)  # the worker's only child: its zygote
+    runs = range(2 * WORKERS)  # one of them reaches the worker without a zygote, and runs on another
+    assert [sandbox_server.run(f"print({i})").stdout for i in runs] == [f"{i}\n" for i in runs]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sandbox_server.health_now()["workers_alive"] < WORKERS:
+        time.sleep(0.2)
+    assert sandbox_server.metrics()["worker_restarts"] == restarts + 1
