@@ -163,6 +163,30 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
     assert cli.model.model_path == str((tmp_path / "toy").resolve())
 
 
+def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monkeypatch):
+    """Any number and order of --config files: the last that sets model.model_path names the toy base's own folder;
+    an overlay (a shipped one, or a user's ``model:`` without ``model_path``) is not parsed as a whole config."""
+    import zerotir.cli
+
+    calls = []
+
+    def fake_build(path, **settings):  # stands in for the toy pretraining
+        calls.append(path)
+        build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
+
+    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
+    monkeypatch.chdir(REPO)
+    own = tmp_path / "own.yaml"
+    own.write_text(f"model:\n  model_path: {tmp_path / 'toy'}\n")
+    mine = tmp_path / "mine.yaml"  # a user's overlay: sets model: without model_path
+    mine.write_text("model:\n  optim:\n    lr: 3.0e-05\n")
+    cli = ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu.yaml"), "--config", str(own), "--config",
+                           str(REPO / "configs" / "toy_cpu_ppo.yaml"), "--config", str(mine),
+                           "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert calls == [str(tmp_path / "toy")]  # built at the folder the merged files name
+    assert cli.model.rl.algorithm == "ppo" and cli.model.optim.lr == 3.0e-05  # every file's settings merged
+
+
 def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path, monkeypatch):
     import zerotir.cli
 

@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import docstring_parser
 import torch
+import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
@@ -155,13 +156,15 @@ class ZeroTIRCLI(LightningCLI):
             ensure_toy_base(config.model.model_path, **settings)
 
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
-        """``model.model_path`` as the ``--config`` files give it (the last one that sets it), before command-line
-        overrides: the toy base's own folder (``zerotir.toy.base_path``)."""
-        parser = self._parser(self.subcommand)
+        """``model.model_path`` as the ``--config`` files give it, merged in order (the last file that sets it wins),
+        before command-line overrides: the toy base's own folder (``zerotir.toy.base_path``).
+
+        Read from the files' YAML, not by parsing each file as a config: an overlay (``configs/toy_cpu_ppo.yaml``) or
+        a user's file that sets ``model:`` without ``model_path`` is not a whole config on its own."""
         found = None
         for path in config.get("config") or []:
             if path is not None:
-                found = parser.parse_path(path, defaults=False).get("model.model_path") or found
+                found = _file_model_path(Path(str(path))) or found
         return found
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -171,6 +174,14 @@ class ZeroTIRCLI(LightningCLI):
         if trainer_config.get("enable_checkpointing") is False:
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         return self._instantiate_trainer(trainer_config, callbacks)
+
+
+def _file_model_path(path: Path) -> str | None:
+    """``model.model_path`` in one config file (``model: {model_path: ...}`` or under ``init_args``), or None."""
+    model = (yaml.safe_load(path.read_text()) or {}).get("model")
+    if not isinstance(model, dict):
+        return None
+    return model.get("model_path") or (model.get("init_args") or {}).get("model_path")
 
 
 def _group(value: Any, group: type[Any]) -> Any:
