@@ -336,3 +336,51 @@ def test_validate_and_test_write_runs_of_their_own(tiny_dir, tmp_path, monkeypat
         names = {p.name for p in (run / "eval").iterdir()}
         assert any(n.startswith(split) and n.endswith("_summary.json") for n in names), names
         assert (run / "tensorboard" / "config.yaml").is_file()
+
+
+def test_a_negative_number_on_the_command_line_is_a_value(capsys, monkeypatch):
+    from zerotir.cli import cli_main
+    from zerotir.cli_checks import join_negative_values
+
+    assert join_negative_values(["--a", "-1e-4", "--b", "-3", "--c=-2", "-h", "--d", "-.5"]) == \
+        ["--a=-1e-4", "--b=-3", "--c=-2", "-h", "--d=-.5"]
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["fit", "--config", CONFIG, "--model.optim.lr", "-1e-4", "--print_config"])
+    out = capsys.readouterr()
+    assert exc.value.code in (None, 0), out.err
+    assert yaml.safe_load(out.out)["model"]["optim"]["lr"] == -1e-4
+
+
+def test_a_gpu_config_without_cuda_names_the_accelerator_and_the_rehearsals(tmp_path, monkeypatch):
+    import zerotir.cli_checks
+
+    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ValueError, match=r"trainer.accelerator='gpu'.*--trainer.accelerator cpu.*configs/rehearsal/"):
+        ZeroTIRCLI(args=["--config", "configs/qwen2.5-7b_reinforce.yaml", "--trainer.default_root_dir",
+                         str(tmp_path)], run=False)
+
+
+def test_zero_max_steps_is_an_error_before_anything_starts(no_toy_build, tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.max_steps=0.*--trainer.max_steps N"):
+        toy_cli("--model.model_path", str(tiny_dir), "--toy_base", "null", "--trainer.max_steps", "0", root=tmp_path)
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_resuming_a_finished_run_says_to_raise_max_steps(tiny_dir, tmp_path, monkeypatch):
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"global_step": 20, "state_dict": {}}, tmp_path / "checkpoints" / "last.ckpt")
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ValueError, match=r"the run is finished.*RL step 20.*trainer.max_steps=20.*--trainer.max_steps 40"):
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                         "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
+
+
+def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("model:\n  rl:\n    kl_coeff: 0.1\n")
+    err = parse_error(["fit", "--config", CONFIG, "--config", str(typo), "--print_config"], capsys)
+    assert f"in the config file {typo}" in err and "did you mean: --model.rl.kl_coef" in err
+    assert "(every option with its meaning: python -m zerotir fit --help)" in err

@@ -45,6 +45,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
+from zerotir.cli_checks import check_not_finished, check_run_settings, join_negative_values
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
@@ -90,8 +91,16 @@ class ZeroTIRArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debug_requested() or os.environ.get("JSONARGPARSE_DEBUG", "false") != "false":
             super().error(message, ex)  # raises: a nested parser's error is its caller's; debug shows the traceback
         self._logger.error(message)
-        sys.stderr.write(parse_error_text(self, message))
+        sys.stderr.write(parse_error_text(self, message, ZeroTIRArgumentParser.last_args))
         sys.exit(2)
+
+    # The command line being parsed: a parse error names the --config file it comes from and the subcommand's --help.
+    last_args: list[str] = []
+
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
+        if not isinstance(args, Namespace) and self._subcommands_action is not None:  # the whole command line
+            ZeroTIRArgumentParser.last_args = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_args(args, *rest, **kwargs)
 
 
 class ZeroTIRCLI(LightningCLI):
@@ -144,6 +153,7 @@ class ZeroTIRCLI(LightningCLI):
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
         # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
         # checks itself when it is built, the cross-group checks follow.
+        check_run_settings(config, self.subcommand)
         rl, sampling = _group(config.model.rl, RLConfig), _group(config.model.sampling, SamplingConfig)
         rl.check_training_sampling(sampling)
         _group(config.model.filters, FilterConfig).check_run(rl, sampling, _group(config.model.tool, ToolConfig))
@@ -166,6 +176,12 @@ class ZeroTIRCLI(LightningCLI):
             if path is not None:
                 found = _file_model_path(Path(str(path))) or found
         return found
+
+    def before_fit(self) -> None:
+        """A resume of a finished run is an error naming the fix, before the sandbox and the engine start."""
+        config = self.config["fit"]
+        check_not_finished(config.ckpt_path, config.get("checkpoint") and config.checkpoint.dirpath,
+                           self.trainer.max_steps)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Lightning's, with the ``checkpoint`` group following ``trainer.enable_checkpointing``."""
@@ -205,4 +221,6 @@ def cli_main(args: list[str] | None = None) -> ZeroTIRCLI:
     """Run ``fit`` / ``validate`` / ``test`` / ``predict`` with ``args`` (default: ``sys.argv[1:]``); a bad config
     or a failed check ends in its message and exit status 1 (``zerotir.cli_errors``)."""
     with reported_errors():
-        return ZeroTIRCLI(args=args)
+        if args is None:
+            sys.argv[1:] = join_negative_values(sys.argv[1:])
+        return ZeroTIRCLI(args=None if args is None else join_negative_values(args))
