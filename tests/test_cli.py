@@ -384,3 +384,12 @@ def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(c
     err = parse_error(["fit", "--config", CONFIG, "--config", str(typo), "--print_config"], capsys)
     assert f"in the config file {typo}" in err and "did you mean: --model.rl.kl_coef" in err
     assert "(every option with its meaning: python -m zerotir fit --help)" in err
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(FileNotFoundError):
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                         "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
+                         "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run" / "tensorboard").exists()

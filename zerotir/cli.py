@@ -30,6 +30,7 @@ import functools
 import importlib
 import logging
 import os
+import shutil
 import sys
 import warnings
 from dataclasses import asdict
@@ -176,6 +177,18 @@ class ZeroTIRCLI(LightningCLI):
             if path is not None:
                 found = _file_model_path(Path(str(path))) or found
         return found
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
+        event file and config.yaml) is removed if this run created it."""
+        log_dir = getattr(self.trainer.logger, "log_dir", None)
+        created = log_dir is not None and not Path(log_dir).exists()
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if created and self.trainer.global_step == 0 and Path(log_dir).is_dir():
+                shutil.rmtree(log_dir)
+            raise
 
     def before_fit(self) -> None:
         """A resume of a finished run is an error naming the fix, before the sandbox and the engine start."""
