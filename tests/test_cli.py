@@ -130,12 +130,15 @@ def test_dispatch_of_extra_commands(monkeypatch, capsys):
     assert "export" in capsys.readouterr().out
 
 
-def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys):
+def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys, monkeypatch):
     actor = models.load_causal_lm(tiny_dir)
     state = {f"actor.{k}": v * 2 for k, v in actor.state_dict().items()}
     ckpt = tmp_path / "last.ckpt"
     torch.save({"hyper_parameters": {"model_path": str(tiny_dir), "dtype": "float32"}, "state_dict": state}, ckpt)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     entry.main(["export", "--ckpt_path", str(ckpt), "--out_dir", str(tmp_path / "policy")])
+    assert os.environ["DS_ACCELERATOR"] == "cpu"  # DeepSpeed's accelerator warning stays off the output
     assert "exported policy" in capsys.readouterr().out
     exported = models.load_causal_lm(tmp_path / "policy")
     name = "model.embed_tokens.weight"
@@ -222,17 +225,17 @@ def test_help_describes_every_estimator_and_option(capsys):
 
 
 def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
-    import zerotir.cli
+    import zerotir.cli_checks
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    monkeypatch.setattr(zerotir.cli.torch.cuda, "is_available", lambda: True)
-    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: True)
+    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
     assert "DS_ACCELERATOR" not in os.environ  # a GPU machine keeps DeepSpeed's own detection
-    monkeypatch.setattr(zerotir.cli.torch.cuda, "is_available", lambda: False)
-    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: False)
+    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # an explicit choice wins
-    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "xpu"
 
 

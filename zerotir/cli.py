@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import docstring_parser
-import torch
 import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
@@ -46,7 +45,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
-from zerotir.cli_checks import check_not_finished, check_run_settings, join_negative_values
+from zerotir.cli_checks import (check_not_finished, check_run_settings, join_negative_values,
+                                use_cpu_deepspeed_without_cuda)
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
@@ -62,17 +62,6 @@ log = logging.getLogger(__name__)
 # and checkpoints are meant to hold the state after each RL step's update (manual optimization).
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
-
-
-def use_cpu_deepspeed_without_cuda() -> None:
-    """Without CUDA, let DeepSpeed use its CPU accelerator (``DS_ACCELERATOR=cpu``) unless the variable is set.
-
-    Parsing a config with a DeepSpeed strategy imports DeepSpeed, whose accelerator detection otherwise prints a
-    warning to stdout; that line would end up in ``--print_config > full.yaml``. Must run before DeepSpeed is
-    imported (it reads the variable once).
-    """
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 # Field docstrings of the configuration dataclasses are their --help text.

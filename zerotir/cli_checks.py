@@ -5,12 +5,15 @@ fix (used by ``zerotir.cli``):
   its negative-number rule knows no exponent);
 * ``check_run_settings``: a GPU asked for on a machine without CUDA (Lightning says only "No supported gpu backend
   found!") and ``trainer.max_steps 0`` for ``fit`` (it would start the sandbox and write a run that trains nothing);
+* ``use_cpu_deepspeed_without_cuda``: DeepSpeed's accelerator warning kept off stdout (``--print_config``,
+  ``export``);
 * ``check_not_finished``: ``--ckpt_path`` of a run that already reached ``trainer.max_steps`` (Lightning sets up
   everything, then exits having done nothing).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -67,3 +70,14 @@ def check_not_finished(ckpt_path: str | None, dirpath: str | None, max_steps: in
             f"--ckpt_path {ckpt_path} ({path}): the run is finished, its checkpoint is at RL step {step} and "
             f"trainer.max_steps={max_steps}. To train on, raise trainer.max_steps "
             f"(e.g. --trainer.max_steps {step + max(max_steps, 1)})")
+
+
+def use_cpu_deepspeed_without_cuda() -> None:
+    """Without CUDA, let DeepSpeed use its CPU accelerator (``DS_ACCELERATOR=cpu``) unless the variable is set.
+
+    Parsing a config with a DeepSpeed strategy imports DeepSpeed, whose accelerator detection otherwise prints a
+    warning to stdout; that line would end up in ``--print_config > full.yaml``. Must run before DeepSpeed is
+    imported (it reads the variable once).
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
