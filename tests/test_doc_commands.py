@@ -33,7 +33,7 @@ from zerotir.cli import ZeroTIRCLI
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "configs").rglob("*.yaml"))]
 PREFIXES = ("python -m zerotir ", "bash ", "python -m benchmarks")
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)  # a list item's block is indented
 SPAN = re.compile(r"`([^`]+)`")
 PLACEHOLDER = re.compile(r"(\.\.\.|\s\|\s|\[[A-Z_]+\]|\[--|<\w+>|\s[A-Z]\b)")
 CLI_COMMANDS = ("fit", "validate", "test")
@@ -43,6 +43,7 @@ VENV_PYTHON = ".venv/bin/python "
 def _cut_comment(line: str) -> str:
     """The command without its comment, ``.venv/bin/python`` (the quickstart's) read as ``python``."""
     line = " ".join(re.split(r"\s+#\s", line, maxsplit=1)[0].split())
+    line = re.sub(r"^([A-Z_]+=\S+ )+", "", line)  # CUDA_VISIBLE_DEVICES=0,1 python ...: the command after it
     return "python " + line[len(VENV_PYTHON):] if line.startswith(VENV_PYTHON) else line
 
 
@@ -53,7 +54,7 @@ def commands_of(text: str, yaml_file: bool = False) -> list[str]:
         return [first] if first.startswith(PREFIXES) else []
     found = []
     for block in FENCE.findall(text):
-        lines = iter(block.splitlines())
+        lines = iter(line.strip() for line in block.splitlines())
         for line in lines:
             while line.rstrip().endswith("\\"):
                 line = line.rstrip()[:-1] + " " + next(lines, "").strip()
