@@ -21,7 +21,11 @@ What the subclass adds to Lightning's CLI:
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
       ``model.model_path`` before anything loads it, unless one with the same settings is there; it builds only at
       the folder the config file names (``zerotir.toy.base_path``), so a mistyped path fails instead;
-    * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``).
+    * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``); a mistyped key read
+      from a ``--config`` file names the file;
+    * the checks Lightning answers late or vaguely (``zerotir.cli_checks``): ``--key -1e-4`` is a value, a GPU
+      without CUDA and ``trainer.max_steps 0`` fail before anything is built, a resume of a finished run says to
+      raise ``trainer.max_steps``; a run that fails before its first RL step removes the log folder it created.
 """
 
 from __future__ import annotations
