@@ -396,3 +396,23 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, t
                          "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
                          "--trainer.default_root_dir", str(tmp_path / "run")])
     assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monkeypatch):
+    """No sandbox answering: its error is the first thing printed, not the line under a table of the model."""
+    from zerotir.cli import LateModelSummary
+    from zerotir.module import ZeroTIRModule
+
+    def no_sandbox(self):
+        raise ConnectionError("no sandbox")
+
+    tables = []
+    monkeypatch.setattr(LateModelSummary, "summarize", staticmethod(lambda *args, **kwargs: tables.append(args)))
+    monkeypatch.setattr(ZeroTIRModule, "_start_source", no_sandbox)
+    monkeypatch.chdir(REPO)
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                           "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert sum(isinstance(cb, LateModelSummary) for cb in cli.trainer.callbacks) == 1
+    with pytest.raises(ConnectionError):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert tables == []  # the table would have been printed before the sandbox start

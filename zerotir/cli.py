@@ -25,7 +25,8 @@ What the subclass adds to Lightning's CLI:
       from a ``--config`` file names the file;
     * the checks Lightning answers late or vaguely (``zerotir.cli_checks``): ``--key -1e-4`` is a value, a GPU
       without CUDA and ``trainer.max_steps 0`` fail before anything is built, a resume of a finished run says to
-      raise ``trainer.max_steps``; a run that fails before its first RL step removes the log folder it created.
+      raise ``trainer.max_steps``; a run that fails before its first RL step removes the log folder it created;
+    * the model table printed when training starts (``LateModelSummary``), after the sandbox and the engine started.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import docstring_parser
 import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
@@ -141,8 +142,12 @@ class ZeroTIRCLI(LightningCLI):
                 # No hp_metric placeholder (a -1 at step 0, written again by every resumed run).
                 init_args=Namespace(save_dir=str(root), name="tensorboard", version="", default_hp_metric=False),
             )
+        if config.trainer.enable_model_summary is not False and not any(
+                _is_callback(cb, ModelSummary) for cb in _as_list(config.trainer.callbacks)):
+            config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
+                Namespace(class_path="zerotir.cli.LateModelSummary", init_args=Namespace())]
         if config.trainer.enable_progress_bar is not False and not any(
-                _is_progress_bar(cb) for cb in _as_list(config.trainer.callbacks)):
+                _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
         # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
@@ -215,12 +220,24 @@ def _as_list(callbacks: Any) -> list[Any]:
     return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
 
 
-def _is_progress_bar(callback: Any) -> bool:
-    """A configured callback (a class_path Namespace or an instance) that is a progress bar."""
-    if isinstance(callback, ProgressBar):
+def _is_callback(callback: Any, kind: type) -> bool:
+    """A configured callback (a class_path Namespace or an instance) that is a ``kind``."""
+    if isinstance(callback, kind):
         return True
     module, _, name = str(callback["class_path"]).rpartition(".")  # resolved to a full path by the parser
-    return issubclass(getattr(importlib.import_module(module), name), ProgressBar)
+    return issubclass(getattr(importlib.import_module(module), name), kind)
+
+
+class LateModelSummary(ModelSummary):
+    """Lightning's model table, printed when training starts instead of at ``on_fit_start``: after the module's
+    ``on_fit_start`` has started the sandbox and the engine, so an error there (no sandbox answering) is not printed
+    under a table of the model."""
+
+    def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        return None
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        super().on_fit_start(trainer, pl_module)
 
 
 def cli_main(args: list[str] | None = None) -> ZeroTIRCLI:
