@@ -2,7 +2,7 @@
 command that breaks fails here and not for a reader.
 
 The commands are collected from the files (``documented_commands``): the lines of code blocks and the code spans
-that start with ``python -m zerotir``, ``bash `` or ``python -m benchmarks``, a ``\\`` continuation joined, a
+that start with ``python -m zerotir``, ``bash ``, ``python -m benchmarks`` or ``tensorboard``, a ``\\`` continuation joined, a
 ``#`` comment cut. A config's first line is parsed and started by tests/test_configs.py, not again here. Each
 other command is classified with a reason the test checks (``plan``):
 
@@ -13,7 +13,7 @@ other command is classified with a reason the test checks (``plan``):
   built yet (minutes of pretraining), a previous run's checkpoint or exported model: ``--print_config`` as written;
 * ``--help``, ``--print_config`` as written; the other subcommands (``toy-base``, ``scaling``, ``rollouts``, ``export``): their ``--help``, and
   each option the command names is one of theirs;
-* ``bash scripts/...`` and ``python -m benchmarks.<name>``: the script or module is there;
+* ``bash scripts/...``, ``python -m benchmarks.<name>`` and ``tensorboard``: the script, module or program is there;
 * a placeholder (``...``, ``X``, ``a | b``, ``[OPTIONAL]``): not a command; the placeholder is checked to be there.
 """
 
@@ -32,19 +32,19 @@ from zerotir.cli import ZeroTIRCLI
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "configs").rglob("*.yaml"))]
-PREFIXES = ("python -m zerotir ", "bash ", "python -m benchmarks")
+PREFIXES = ("python -m zerotir ", "bash ", "python -m benchmarks", "tensorboard ")
 FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)  # a list item's block is indented
 SPAN = re.compile(r"`([^`]+)`")
 PLACEHOLDER = re.compile(r"(\.\.\.|\s\|\s|\[[A-Z_]+\]|\[--|<\w+>|\s[A-Z]\b)")
 CLI_COMMANDS = ("fit", "validate", "test")
-VENV_PYTHON = ".venv/bin/python "
+VENV_BIN = ".venv/bin/"  # the quickstart's ``.venv/bin/python`` / ``.venv/bin/tensorboard``
 
 
 def _cut_comment(line: str) -> str:
-    """The command without its comment, ``.venv/bin/python`` (the quickstart's) read as ``python``."""
+    """The command without its comment, ``.venv/bin/<tool>`` (the quickstart's) read as ``<tool>``."""
     line = " ".join(re.split(r"\s+#\s", line, maxsplit=1)[0].split())
     line = re.sub(r"^([A-Z_]+=\S+ )+", "", line)  # CUDA_VISIBLE_DEVICES=0,1 python ...: the command after it
-    return "python " + line[len(VENV_PYTHON):] if line.startswith(VENV_PYTHON) else line
+    return line[len(VENV_BIN):] if line.startswith(VENV_BIN) else line
 
 
 def commands_of(text: str, yaml_file: bool = False) -> list[str]:
@@ -137,6 +137,8 @@ def test_the_documented_command_runs(command, tmp_path, monkeypatch, capsys):
     elif kind == "exists":
         if words[0] == "bash":
             assert (REPO / words[1]).is_file(), f"{where}: {words[1]} is not there"
+        elif words[0] == "tensorboard":  # the logs it names are a run's; the program comes with the install
+            assert importlib.util.find_spec("tensorboard") is not None, f"{where}: tensorboard is not installed"
         else:
             module = words[2]
             assert importlib.util.find_spec(module) is not None, f"{where}: no module {module}"
