@@ -375,7 +375,8 @@ def test_resuming_a_finished_run_says_to_raise_max_steps(tiny_dir, tmp_path, mon
     (tmp_path / "checkpoints").mkdir()
     torch.save({"global_step": 20, "state_dict": {}}, tmp_path / "checkpoints" / "last.ckpt")
     monkeypatch.chdir(REPO)
-    with pytest.raises(ValueError, match=r"the run is finished.*RL step 20.*trainer.max_steps=20.*--trainer.max_steps 40"):
+    finished = r"the run is finished.*RL step 20.*trainer.max_steps=20.*--trainer.max_steps 40"
+    with pytest.raises(ValueError, match=finished):
         ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
                          "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
 

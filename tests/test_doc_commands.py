@@ -2,17 +2,17 @@
 command that breaks fails here and not for a reader.
 
 The commands are collected from the files (``documented_commands``): the lines of code blocks and the code spans
-that start with ``python -m zerotir``, ``bash ``, ``python -m benchmarks`` or ``tensorboard``, a ``\\`` continuation joined, a
-``#`` comment cut. A config's first line is parsed and started by tests/test_configs.py, not again here. Each
-other command is classified with a reason the test checks (``plan``):
+that start with ``python -m zerotir``, ``bash ``, ``python -m benchmarks`` or ``tensorboard``, a ``\\`` continuation
+joined, a ``#`` comment cut. A config's first line is parsed and started by tests/test_configs.py, not again here.
+Each other command is classified with a reason the test checks (``plan``):
 
 * ``fit`` / ``validate`` / ``test`` of one CPU process on a model that is there: built in-process as written (every
   check, the toy base's path decision, the model's loading: ``ZeroTIRCLI(run=False)``); the README's main job runs
   its RL steps in tests/e2e/test_emergence.py, the overlays' starts in tests/test_configs.py;
 * one that needs a GPU (``trainer.accelerator: gpu``), several processes (``trainer.devices`` > 1), a toy base not
   built yet (minutes of pretraining), a previous run's checkpoint or exported model: ``--print_config`` as written;
-* ``--help``, ``--print_config`` as written; the other subcommands (``toy-base``, ``scaling``, ``rollouts``, ``export``): their ``--help``, and
-  each option the command names is one of theirs;
+* ``--help``, ``--print_config``: as written; the other subcommands (``toy-base``, ``scaling``, ``rollouts``,
+  ``export``) and a bare ``fit``: their ``--help``, and each option the command names is one of theirs;
 * ``bash scripts/...``, ``python -m benchmarks.<name>`` and ``tensorboard``: the script, module or program is there;
 * a placeholder (``...``, ``X``, ``a | b``, ``[OPTIONAL]``): not a command; the placeholder is checked to be there.
 """
