@@ -130,12 +130,15 @@ def test_dispatch_of_extra_commands(monkeypatch, capsys):
     assert "export" in capsys.readouterr().out
 
 
-def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys):
+def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys, monkeypatch):
     actor = models.load_causal_lm(tiny_dir)
     state = {f"actor.{k}": v * 2 for k, v in actor.state_dict().items()}
     ckpt = tmp_path / "last.ckpt"
     torch.save({"hyper_parameters": {"model_path": str(tiny_dir), "dtype": "float32"}, "state_dict": state}, ckpt)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     entry.main(["export", "--ckpt_path", str(ckpt), "--out_dir", str(tmp_path / "policy")])
+    assert os.environ["DS_ACCELERATOR"] == "cpu"  # DeepSpeed's accelerator warning stays off the output
     assert "exported policy" in capsys.readouterr().out
     exported = models.load_causal_lm(tmp_path / "policy")
     name = "model.embed_tokens.weight"
@@ -161,6 +164,30 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
                      run=False)
     assert calls == [(str(tmp_path / "toy"), asdict(PretrainSettings()))]  # toy_base: {} = the toy world's defaults
     assert cli.model.model_path == str((tmp_path / "toy").resolve())
+
+
+def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monkeypatch):
+    """Any number and order of --config files: the last that sets model.model_path names the toy base's own folder;
+    an overlay (a shipped one, or a user's ``model:`` without ``model_path``) is not parsed as a whole config."""
+    import zerotir.cli
+
+    calls = []
+
+    def fake_build(path, **settings):  # stands in for the toy pretraining
+        calls.append(path)
+        build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
+
+    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
+    monkeypatch.chdir(REPO)
+    own = tmp_path / "own.yaml"
+    own.write_text(f"model:\n  model_path: {tmp_path / 'toy'}\n")
+    mine = tmp_path / "mine.yaml"  # a user's overlay: sets model: without model_path
+    mine.write_text("model:\n  optim:\n    lr: 3.0e-05\n")
+    cli = ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu.yaml"), "--config", str(own), "--config",
+                           str(REPO / "configs" / "toy_cpu_ppo.yaml"), "--config", str(mine),
+                           "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert calls == [str(tmp_path / "toy")]  # built at the folder the merged files name
+    assert cli.model.rl.algorithm == "ppo" and cli.model.optim.lr == 3.0e-05  # every file's settings merged
 
 
 def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path, monkeypatch):
@@ -198,17 +225,17 @@ def test_help_describes_every_estimator_and_option(capsys):
 
 
 def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
-    import zerotir.cli
+    import zerotir.cli_checks
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    monkeypatch.setattr(zerotir.cli.torch.cuda, "is_available", lambda: True)
-    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: True)
+    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
     assert "DS_ACCELERATOR" not in os.environ  # a GPU machine keeps DeepSpeed's own detection
-    monkeypatch.setattr(zerotir.cli.torch.cuda, "is_available", lambda: False)
-    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: False)
+    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # an explicit choice wins
-    zerotir.cli.use_cpu_deepspeed_without_cuda()
+    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "xpu"
 
 
@@ -312,3 +339,81 @@ def test_validate_and_test_write_runs_of_their_own(tiny_dir, tmp_path, monkeypat
         names = {p.name for p in (run / "eval").iterdir()}
         assert any(n.startswith(split) and n.endswith("_summary.json") for n in names), names
         assert (run / "tensorboard" / "config.yaml").is_file()
+
+
+def test_a_negative_number_on_the_command_line_is_a_value(capsys, monkeypatch):
+    from zerotir.cli import cli_main
+    from zerotir.cli_checks import join_negative_values
+
+    assert join_negative_values(["--a", "-1e-4", "--b", "-3", "--c=-2", "-h", "--d", "-.5"]) == \
+        ["--a=-1e-4", "--b=-3", "--c=-2", "-h", "--d=-.5"]
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["fit", "--config", CONFIG, "--model.optim.lr", "-1e-4", "--print_config"])
+    out = capsys.readouterr()
+    assert exc.value.code in (None, 0), out.err
+    assert yaml.safe_load(out.out)["model"]["optim"]["lr"] == -1e-4
+
+
+def test_a_gpu_config_without_cuda_names_the_accelerator_and_the_rehearsals(tmp_path, monkeypatch):
+    import zerotir.cli_checks
+
+    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ValueError, match=r"trainer.accelerator='gpu'.*--trainer.accelerator cpu.*configs/rehearsal/"):
+        ZeroTIRCLI(args=["--config", "configs/qwen2.5-7b_reinforce.yaml", "--trainer.default_root_dir",
+                         str(tmp_path)], run=False)
+
+
+def test_zero_max_steps_is_an_error_before_anything_starts(no_toy_build, tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.max_steps=0.*--trainer.max_steps N"):
+        toy_cli("--model.model_path", str(tiny_dir), "--toy_base", "null", "--trainer.max_steps", "0", root=tmp_path)
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_resuming_a_finished_run_says_to_raise_max_steps(tiny_dir, tmp_path, monkeypatch):
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"global_step": 20, "state_dict": {}}, tmp_path / "checkpoints" / "last.ckpt")
+    monkeypatch.chdir(REPO)
+    finished = r"the run is finished.*RL step 20.*trainer.max_steps=20.*--trainer.max_steps 40"
+    with pytest.raises(ValueError, match=finished):
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                         "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
+
+
+def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("model:\n  rl:\n    kl_coeff: 0.1\n")
+    err = parse_error(["fit", "--config", CONFIG, "--config", str(typo), "--print_config"], capsys)
+    assert f"in the config file {typo}" in err and "did you mean: --model.rl.kl_coef" in err
+    assert "(every option with its meaning: python -m zerotir fit --help)" in err
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(FileNotFoundError):
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                         "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
+                         "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monkeypatch):
+    """No sandbox answering: its error is the first thing printed, not the line under a table of the model."""
+    from zerotir.cli import LateModelSummary
+    from zerotir.module import ZeroTIRModule
+
+    def no_sandbox(self):
+        raise ConnectionError("no sandbox")
+
+    tables = []
+    monkeypatch.setattr(LateModelSummary, "summarize", staticmethod(lambda *args, **kwargs: tables.append(args)))
+    monkeypatch.setattr(ZeroTIRModule, "_start_source", no_sandbox)
+    monkeypatch.chdir(REPO)
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+                           "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert sum(isinstance(cb, LateModelSummary) for cb in cli.trainer.callbacks) == 1
+    with pytest.raises(ConnectionError):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert tables == []  # the table would have been printed before the sandbox start

@@ -137,12 +137,22 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
+def shipped_toy_base(files: list[str]) -> bool:
+    """The merged ``files`` build their model with ``toy_base`` at a folder that already holds a toy base (the one
+    shipped in data/toy_base): such a config starts on its own model and its own path decision, as a user runs it
+    (an overlay that broke that decision failed for every user while the tiny stand-in hid it)."""
+    path = file_setting(files, "model", "model_path")
+    return file_setting(files, "toy_base") not in (UNSET, None) and path is not UNSET and \
+        (REPO / path / "toy_base.json").is_file()
+
+
 def start(args: list[str], tiny_dir: Path, root: Path) -> None:
     """Build the module, data module and trainer of ``args`` (a command and its options) on a tiny model and run
     the command up to where its loop begins.
 
-    The tiny model folder stands in for the config's model (``--toy_base null``: a toy base's path decision has
-    its own tests in tests/test_cli.py). A config of one CPU process runs its command (``fit``: the data module's,
+    A config on the shipped toy base starts on it (``shipped_toy_base``); for any other the tiny model folder
+    stands in for the config's model (``--toy_base null``: a toy base's path decision has its own tests in
+    tests/test_cli.py). A config of one CPU process runs its command (``fit``: the data module's,
     the callbacks' and the module's setup, the models' loading and the optimizer) until ``on_fit_start`` /
     ``on_test_start``, where the rollout source would start the sandbox and the engine. A GPU config is built with
     ``trainer.accelerator cpu`` (its devices, nodes and DeepSpeed config kept) and, like any config of several
@@ -154,9 +164,9 @@ def start(args: list[str], tiny_dir: Path, root: Path) -> None:
         at = rest.index("--ckpt_path")
         rest = rest[:at] + rest[at + 2:]
     gpu = file_setting(config_files(rest), "trainer", "accelerator") == "gpu"
-    cli = ZeroTIRCLI(args=rest + ["--model.model_path", str(tiny_dir), "--toy_base", "null",
-                                  "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false"]
-                     + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
+    model = [] if shipped_toy_base(config_files(rest)) else ["--model.model_path", str(tiny_dir), "--toy_base", "null"]
+    cli = ZeroTIRCLI(args=rest + model + ["--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar",
+                                          "false"] + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
     trainer, module, data = cli.trainer, cli.model, cli.datamodule
     if gpu or trainer.world_size > 1:
         stage = "fit" if command == "fit" else command

@@ -81,3 +81,17 @@ def test_noise_is_filtered_by_message_and_kept_with_debug(monkeypatch):
         warnings.warn("something else", UserWarning)
     assert [str(w.message) for w in caught] == ["It is recommended to use `self.log('my_metric', ..., sync_dist=True)`",
                                                 "something else"]
+
+
+def test_rays_token_note_is_filtered_and_its_security_warning_kept(monkeypatch):
+    ray_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    monkeypatch.setattr(ray_log, "filters", [])
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))
+    monkeypatch.delenv("ZEROTIR_DEBUG", raising=False)
+    console.quiet_library_output()
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord(ray_log.name, logging.WARNING, "", 0, message, None, None)
+
+    assert not ray_log.filter(record("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=..."))
+    assert ray_log.filter(record("Token authentication is disabled for this Ray cluster. Anyone with network ..."))

@@ -22,7 +22,10 @@ def export_main(args: list[str]) -> None:
     """``export --ckpt_path CKPT --out_dir DIR [--model_path BASE]``: the policy of a checkpoint as a HF folder."""
     from jsonargparse import CLI
 
+    from zerotir.cli_checks import use_cpu_deepspeed_without_cuda
     from zerotir.models import export_policy
+
+    use_cpu_deepspeed_without_cuda()  # before DeepSpeed loads: no "Setting accelerator to CPU" warning
 
     out = CLI(export_policy, args=args, as_positional=False)
     print(f"exported policy to {out}")

@@ -21,7 +21,12 @@ What the subclass adds to Lightning's CLI:
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
       ``model.model_path`` before anything loads it, unless one with the same settings is there; it builds only at
       the folder the config file names (``zerotir.toy.base_path``), so a mistyped path fails instead;
-    * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``).
+    * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``); a mistyped key read
+      from a ``--config`` file names the file;
+    * the checks Lightning answers late or vaguely (``zerotir.cli_checks``): ``--key -1e-4`` is a value, a GPU
+      without CUDA and ``trainer.max_steps 0`` fail before anything is built, a resume of a finished run says to
+      raise ``trainer.max_steps``; a run that fails before its first RL step removes the log folder it created;
+    * the model table printed when training starts (``LateModelSummary``), after the sandbox and the engine started.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import functools
 import importlib
 import logging
 import os
+import shutil
 import sys
 import warnings
 from dataclasses import asdict
@@ -37,13 +43,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import docstring_parser
-import torch
+import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
+from zerotir.cli_checks import (check_not_finished, check_run_settings, join_negative_values,
+                                use_cpu_deepspeed_without_cuda)
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
@@ -59,17 +67,6 @@ log = logging.getLogger(__name__)
 # and checkpoints are meant to hold the state after each RL step's update (manual optimization).
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
-
-
-def use_cpu_deepspeed_without_cuda() -> None:
-    """Without CUDA, let DeepSpeed use its CPU accelerator (``DS_ACCELERATOR=cpu``) unless the variable is set.
-
-    Parsing a config with a DeepSpeed strategy imports DeepSpeed, whose accelerator detection otherwise prints a
-    warning to stdout; that line would end up in ``--print_config > full.yaml``. Must run before DeepSpeed is
-    imported (it reads the variable once).
-    """
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 # Field docstrings of the configuration dataclasses are their --help text.
@@ -89,8 +86,16 @@ class ZeroTIRArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debug_requested() or os.environ.get("JSONARGPARSE_DEBUG", "false") != "false":
             super().error(message, ex)  # raises: a nested parser's error is its caller's; debug shows the traceback
         self._logger.error(message)
-        sys.stderr.write(parse_error_text(self, message))
+        sys.stderr.write(parse_error_text(self, message, ZeroTIRArgumentParser.last_args))
         sys.exit(2)
+
+    # The command line being parsed: a parse error names the --config file it comes from and the subcommand's --help.
+    last_args: list[str] = []
+
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
+        if not isinstance(args, Namespace) and self._subcommands_action is not None:  # the whole command line
+            ZeroTIRArgumentParser.last_args = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_args(args, *rest, **kwargs)
 
 
 class ZeroTIRCLI(LightningCLI):
@@ -137,12 +142,17 @@ class ZeroTIRCLI(LightningCLI):
                 # No hp_metric placeholder (a -1 at step 0, written again by every resumed run).
                 init_args=Namespace(save_dir=str(root), name="tensorboard", version="", default_hp_metric=False),
             )
+        if config.trainer.enable_model_summary is not False and not any(
+                _is_callback(cb, ModelSummary) for cb in _as_list(config.trainer.callbacks)):
+            config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
+                Namespace(class_path="zerotir.cli.LateModelSummary", init_args=Namespace())]
         if config.trainer.enable_progress_bar is not False and not any(
-                _is_progress_bar(cb) for cb in _as_list(config.trainer.callbacks)):
+                _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
         # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
         # checks itself when it is built, the cross-group checks follow.
+        check_run_settings(config, self.subcommand)
         rl, sampling = _group(config.model.rl, RLConfig), _group(config.model.sampling, SamplingConfig)
         rl.check_training_sampling(sampling)
         _group(config.model.filters, FilterConfig).check_run(rl, sampling, _group(config.model.tool, ToolConfig))
@@ -155,14 +165,34 @@ class ZeroTIRCLI(LightningCLI):
             ensure_toy_base(config.model.model_path, **settings)
 
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
-        """``model.model_path`` as the ``--config`` files give it (the last one that sets it), before command-line
-        overrides: the toy base's own folder (``zerotir.toy.base_path``)."""
-        parser = self._parser(self.subcommand)
+        """``model.model_path`` as the ``--config`` files give it, merged in order (the last file that sets it wins),
+        before command-line overrides: the toy base's own folder (``zerotir.toy.base_path``).
+
+        Read from the files' YAML, not by parsing each file as a config: an overlay (``configs/toy_cpu_ppo.yaml``) or
+        a user's file that sets ``model:`` without ``model_path`` is not a whole config on its own."""
         found = None
         for path in config.get("config") or []:
             if path is not None:
-                found = parser.parse_path(path, defaults=False).get("model.model_path") or found
+                found = _file_model_path(Path(str(path))) or found
         return found
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
+        event file and config.yaml) is removed if this run created it."""
+        log_dir = getattr(self.trainer.logger, "log_dir", None)
+        created = log_dir is not None and not Path(log_dir).exists()
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if created and self.trainer.global_step == 0 and Path(log_dir).is_dir():
+                shutil.rmtree(log_dir)
+            raise
+
+    def before_fit(self) -> None:
+        """A resume of a finished run is an error naming the fix, before the sandbox and the engine start."""
+        config = self.config["fit"]
+        check_not_finished(config.ckpt_path, config.get("checkpoint") and config.checkpoint.dirpath,
+                           self.trainer.max_steps)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Lightning's, with the ``checkpoint`` group following ``trainer.enable_checkpointing``."""
@@ -171,6 +201,14 @@ class ZeroTIRCLI(LightningCLI):
         if trainer_config.get("enable_checkpointing") is False:
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         return self._instantiate_trainer(trainer_config, callbacks)
+
+
+def _file_model_path(path: Path) -> str | None:
+    """``model.model_path`` in one config file (``model: {model_path: ...}`` or under ``init_args``), or None."""
+    model = (yaml.safe_load(path.read_text()) or {}).get("model")
+    if not isinstance(model, dict):
+        return None
+    return model.get("model_path") or (model.get("init_args") or {}).get("model_path")
 
 
 def _group(value: Any, group: type[Any]) -> Any:
@@ -182,16 +220,30 @@ def _as_list(callbacks: Any) -> list[Any]:
     return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
 
 
-def _is_progress_bar(callback: Any) -> bool:
-    """A configured callback (a class_path Namespace or an instance) that is a progress bar."""
-    if isinstance(callback, ProgressBar):
+def _is_callback(callback: Any, kind: type) -> bool:
+    """A configured callback (a class_path Namespace or an instance) that is a ``kind``."""
+    if isinstance(callback, kind):
         return True
     module, _, name = str(callback["class_path"]).rpartition(".")  # resolved to a full path by the parser
-    return issubclass(getattr(importlib.import_module(module), name), ProgressBar)
+    return issubclass(getattr(importlib.import_module(module), name), kind)
+
+
+class LateModelSummary(ModelSummary):
+    """Lightning's model table, printed when training starts instead of at ``on_fit_start``: after the module's
+    ``on_fit_start`` has started the sandbox and the engine, so an error there (no sandbox answering) is not printed
+    under a table of the model."""
+
+    def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        return None
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        super().on_fit_start(trainer, pl_module)
 
 
 def cli_main(args: list[str] | None = None) -> ZeroTIRCLI:
     """Run ``fit`` / ``validate`` / ``test`` / ``predict`` with ``args`` (default: ``sys.argv[1:]``); a bad config
     or a failed check ends in its message and exit status 1 (``zerotir.cli_errors``)."""
     with reported_errors():
-        return ZeroTIRCLI(args=args)
+        if args is None:
+            sys.argv[1:] = join_negative_values(sys.argv[1:])
+        return ZeroTIRCLI(args=None if args is None else join_negative_values(args))

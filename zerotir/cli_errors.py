@@ -64,16 +64,38 @@ def key_hint(key: str, known: list[str]) -> str:
     return "\n".join(lines)
 
 
-def parse_error_text(parser: argparse.ArgumentParser, message: str) -> str:
-    """What a parse error prints: the message, a hint when it is about a mistyped key, and where ``--help`` is."""
-    hint = ""
+def parse_error_text(parser: argparse.ArgumentParser, message: str, args: list[str] | None = None) -> str:
+    """What a parse error prints: the message, a hint when it is about a mistyped key, the ``--config`` file the
+    key is in (``args``: the command line parsed), and where ``--help`` is (the subcommand's, when one is named)."""
+    hint, key = "", None
     for pattern in _KEY_PATTERNS:
         found = pattern.search(message)
         if found:
-            hint = key_hint(found.group(1), _option_keys(parser))
+            key = found.group(1)
+            hint = key_hint(key, _option_keys(parser))
             break
+    args = args or []
     prog = parser.prog.replace(" [options]", "")
+    subcommands = _subcommand_names(parser)
+    if args and args[0] in subcommands and not prog.endswith(f" {args[0]}"):
+        prog = f"{prog} {args[0]}"
+    where = _files_with_key(args, key.split("=", 1)[0].rpartition(".")[2]) if key else []
+    if where:
+        hint += ("\n" if hint else "") + f"in the config file {', '.join(where)}"
     return f"error: {message}\n" + (f"{hint}\n" if hint else "") + f"(every option with its meaning: {prog} --help)\n"
+
+
+def _subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
+    return [name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices]
+
+
+def _files_with_key(args: list[str], name: str) -> list[str]:
+    """The ``--config`` files of ``args`` that hold ``name:`` (a mistyped key read from a file, not typed)."""
+    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    files += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    pattern = re.compile(rf"^\s*{re.escape(name)}\s*:", re.MULTILINE)
+    return [f for f in files if Path(f).is_file() and pattern.search(Path(f).read_text())]
 
 
 def _reported_types() -> tuple[type[BaseException], ...]:

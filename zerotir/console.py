@@ -12,7 +12,8 @@ warnings: Lightning's advertising tips and its TPU / HPU availability lines, the
 warning (a resumed run writes into its own folder on purpose), Lightning's ``sync_dist`` advice for the evaluation
 tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
 helper, its "experimental" notes on the ``dataloader_iter`` training step (the RL step draws its own batches),
-transformers' "Loading weights" progress bars and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set).
+transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
+local cluster, and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set).
 ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build)
 go to stderr.
 """
@@ -38,6 +39,13 @@ def debug_requested() -> bool:
 
 # Lightning's rank-zero messages that say nothing to a zerotir user (matched at the start of the message).
 LIGHTNING_INFO_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
+# Ray's note, at every start of a local cluster (the fleet's), that it turned token authentication on by default. Its
+# warning that authentication is *disabled* (a cluster anyone on the network may use) is kept.
+RAY_NOISE = ("Token authentication is enabled for this Ray cluster",)
+# The loggers whose records are filtered by those prefixes.
+LOG_NOISE = {"lightning.pytorch.utilities.rank_zero": LIGHTNING_INFO_NOISE,
+             "lightning.fabric.utilities.rank_zero": LIGHTNING_INFO_NOISE,
+             "ray._private.authentication.authentication_token_setup": RAY_NOISE}
 # (message regex, category) of warnings that are expected in a zerotir run.
 WARNING_NOISE: tuple[tuple[str, type[Warning]], ...] = (
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
@@ -85,11 +93,10 @@ def quiet_library_output() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # a "Loading weights" bar per model: the run's lines say more
-    drop = _DropMessages(LIGHTNING_INFO_NOISE)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name, prefixes in LOG_NOISE.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
-            logger.addFilter(drop)
+            logger.addFilter(_DropMessages(prefixes))
     for message, category in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
 

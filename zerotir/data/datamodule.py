@@ -198,7 +198,9 @@ class PromptDataModule(LightningDataModule):
         problem_field: field holding the problem in user files.
         answer_field: field holding the reference answer in user files.
         id_field: field holding a row id in user files (optional in the rows).
-        template: prompt template name (see ``zerotir.data.prompts.template_names()``).
+        template: prompt template: "orz_tool" (ZeroTIR's prompt for a base model), "plain" (without the tool
+            sentence), "chat" (the tokenizer's chat template, for an instruct model), "toy" (the toy world's), or
+            "package.module:function" of your own (docs/data.md).
         tokenizer: path of a tokenizer (an HF model folder); or call ``set_tokenizer`` before ``setup``.
         prompts_per_step: prompts per training batch.
         eval_prompts_per_batch: prompts per validation / test batch.

@@ -1,0 +1,174 @@
+"""Every command that README.md, docs/*.md and the config files' first lines print runs as written, so a documented
+command that breaks fails here and not for a reader.
+
+The commands are collected from the files (``documented_commands``): the lines of code blocks and the code spans
+that start with ``python -m zerotir``, ``bash ``, ``python -m benchmarks`` or ``tensorboard``, a ``\\`` continuation
+joined, a ``#`` comment cut. A config's first line is parsed and started by tests/test_configs.py, not again here.
+Each other command is classified with a reason the test checks (``plan``):
+
+* ``fit`` / ``validate`` / ``test`` of one CPU process on a model that is there: built in-process as written (every
+  check, the toy base's path decision, the model's loading: ``ZeroTIRCLI(run=False)``); the README's main job runs
+  its RL steps in tests/e2e/test_emergence.py, the overlays' starts in tests/test_configs.py;
+* one that needs a GPU (``trainer.accelerator: gpu``), several processes (``trainer.devices`` > 1), a toy base not
+  built yet (minutes of pretraining), a previous run's checkpoint or exported model: ``--print_config`` as written;
+* ``--help``, ``--print_config``: as written; the other subcommands (``toy-base``, ``scaling``, ``rollouts``,
+  ``export``) and a bare ``fit``: their ``--help``, and each option the command names is one of theirs;
+* ``bash scripts/...``, ``python -m benchmarks.<name>`` and ``tensorboard``: the script, module or program is there;
+* a placeholder (``...``, ``X``, ``a | b``, ``[OPTIONAL]``): not a command; the placeholder is checked to be there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import zerotir.__main__ as entry
+from tests.test_configs import UNSET, config_files, file_setting
+from zerotir.cli import ZeroTIRCLI
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "configs").rglob("*.yaml"))]
+PREFIXES = ("python -m zerotir ", "bash ", "python -m benchmarks", "tensorboard ")
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)  # a list item's block is indented
+SPAN = re.compile(r"`([^`]+)`")
+PLACEHOLDER = re.compile(r"(\.\.\.|\s\|\s|\[[A-Z_]+\]|\[--|<\w+>|\s[A-Z]\b)")
+CLI_COMMANDS = ("fit", "validate", "test")
+VENV_BIN = ".venv/bin/"  # the quickstart's ``.venv/bin/python`` / ``.venv/bin/tensorboard``
+
+
+def _cut_comment(line: str) -> str:
+    """The command without its comment, ``.venv/bin/<tool>`` (the quickstart's) read as ``<tool>``."""
+    line = " ".join(re.split(r"\s+#\s", line, maxsplit=1)[0].split())
+    line = re.sub(r"^([A-Z_]+=\S+ )+", "", line)  # CUDA_VISIBLE_DEVICES=0,1 python ...: the command after it
+    return line[len(VENV_BIN):] if line.startswith(VENV_BIN) else line
+
+
+def commands_of(text: str, yaml_file: bool = False) -> list[str]:
+    """The commands ``text`` prints: a config's first line, or a page's code-block lines and code spans."""
+    if yaml_file:
+        first = text.splitlines()[0].lstrip("# ") if text else ""
+        return [first] if first.startswith(PREFIXES) else []
+    found = []
+    for block in FENCE.findall(text):
+        lines = iter(line.strip() for line in block.splitlines())
+        for line in lines:
+            while line.rstrip().endswith("\\"):
+                line = line.rstrip()[:-1] + " " + next(lines, "").strip()
+            line = _cut_comment(line)
+            if line.startswith(PREFIXES):
+                found.append(line)
+    for span in SPAN.findall(FENCE.sub("", text)):
+        span = _cut_comment(span)  # a span wrapped over two lines is one command
+        if span.startswith(PREFIXES):
+            found.append(span)
+    return found
+
+
+def documented_commands() -> dict[str, list[str]]:
+    """Every documented command (whitespace normalized) and the files that print it."""
+    found: dict[str, list[str]] = {}
+    for path in SOURCES:
+        for command in commands_of(path.read_text(), yaml_file=path.suffix == ".yaml"):
+            found.setdefault(" ".join(command.split()), []).append(str(path.relative_to(REPO)))
+    return found
+
+
+COMMANDS = documented_commands()
+HEADERS = {command for command, files in COMMANDS.items() if any(f.startswith("configs/") for f in files)}
+
+
+def plan(command: str) -> tuple[str, str]:
+    """How ``command`` is checked here, and why (each reason is a fact about the command the test asserts)."""
+    if command in HEADERS:
+        return "header", "a config's first line: tests/test_configs.py parses it and starts it"
+    if PLACEHOLDER.search(command):
+        return "placeholder", f"{PLACEHOLDER.search(command).group(0).strip()!r} stands for the reader's value"
+    if not command.startswith("python -m zerotir "):
+        return "exists", "not a zerotir run: what it names must be there"
+    args = shlex.split(command)[3:]
+    if args[0] not in CLI_COMMANDS or args == [args[0]]:
+        return "options", "a subcommand named (with its options): its --help lists them"
+    if "--help" in args or "--print_config" in args:
+        return "in_process", "parses its arguments and answers"
+    files = config_files(args)
+    if file_setting(files, "trainer", "accelerator") == "gpu":
+        return "print_config", "trainer.accelerator is gpu"
+    devices = file_setting(files, "trainer", "devices")
+    if isinstance(devices, int) and devices > 1:
+        return "print_config", f"trainer.devices is {devices}: one process per device"
+    model = file_setting(files, "model", "model_path")
+    if file_setting(files, "toy_base") not in (UNSET, None) and not (REPO / str(model) / "toy_base.json").is_file():
+        return "print_config", f"the toy base at {model} is not built yet: minutes of pretraining"
+    if "--ckpt_path" in args:
+        return "print_config", "resumes a previous run's checkpoint"
+    if "--model.model_path" in args and not (REPO / args[args.index("--model.model_path") + 1]).exists():
+        return "print_config", "names the model a previous command writes (export)"
+    return "build", "one CPU process on a model that is there"
+
+
+def run_main(args: list[str]) -> int:
+    """``python -m zerotir <args>`` in this process: its exit status (0 when it returns)."""
+    try:
+        entry.main(args)
+    except SystemExit as exc:
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
+def _subcommand_options(command: str, capsys) -> str:
+    assert run_main([command, "--help"]) == 0, f"{command} --help fails"
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS), ids=lambda c: c[:90])
+def test_the_documented_command_runs(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)  # the commands are written for the repository root
+    kind, reason = plan(command)
+    where = ", ".join(COMMANDS[command])
+    words = shlex.split(command)
+    if kind == "header":
+        assert any(f.startswith("configs/") for f in COMMANDS[command]), reason
+    elif kind == "placeholder":
+        assert PLACEHOLDER.search(command), reason
+    elif kind == "exists":
+        if words[0] == "bash":
+            assert (REPO / words[1]).is_file(), f"{where}: {words[1]} is not there"
+        elif words[0] == "tensorboard":  # the logs it names are a run's; the program comes with the install
+            assert importlib.util.find_spec("tensorboard") is not None, f"{where}: tensorboard is not installed"
+        else:
+            module = words[2]
+            assert importlib.util.find_spec(module) is not None, f"{where}: no module {module}"
+    elif kind == "options":  # toy-base, scaling, rollouts, export; a bare `fit`
+        options = _subcommand_options(words[3], capsys)
+        for option in (w.split("=")[0] for w in words[4:] if w.startswith("--")):
+            assert option in options, f"{where}: {words[3]} has no option {option}"
+    elif kind in ("in_process", "print_config"):
+        args = words[3:] + ([] if kind == "in_process" or "--print_config" in words else ["--print_config"])
+        status = run_main(args)
+        out = capsys.readouterr()
+        assert status == 0, f"{where}: `{command}` ({reason}) fails:\n{out.err[-2000:]}"
+    else:
+        args = [w for w in words[4:]] + ["--trainer.default_root_dir", str(tmp_path)]
+        cli = ZeroTIRCLI(args=args, run=False)  # every check, the toy base's decision, the model's loading
+        assert cli.trainer.max_steps > 0, f"{where}: {reason}"
+
+
+def test_the_commands_are_collected_from_code_blocks_spans_and_headers():
+    page = ("Run `python -m zerotir fit --config a.yaml\n--config b.yaml` or:\n\n```bash\n"
+            "python -m zerotir fit --config c.yaml \\\n  --trainer.max_steps 2   # short\nls\nbash scripts/x.sh\n```\n")
+    assert commands_of(page) == ["python -m zerotir fit --config c.yaml --trainer.max_steps 2", "bash scripts/x.sh",
+                                 "python -m zerotir fit --config a.yaml --config b.yaml"]
+    assert commands_of("# python -m zerotir fit --config configs/x.yaml\nmodel: {}\n", yaml_file=True) == \
+        ["python -m zerotir fit --config configs/x.yaml"]
+    assert plan("python -m zerotir toy-base --out X")[0] == "placeholder"
+    assert plan("python -m zerotir fit --config configs/qwen2.5-7b_reinforce.yaml --model.rl.kl_coef 0") == \
+        ("print_config", "trainer.accelerator is gpu")
+    assert plan("python -m zerotir fit --config configs/toy_cpu.yaml --model.rl.kl_coef 0")[0] == "build"
+    assert plan("python -m zerotir fit --config configs/toy_cpu.yaml")[0] == "header"
+    every_config = {str(p.relative_to(REPO)) for p in REPO.joinpath("configs").rglob("*.yaml")}
+    headers = {f for c, files in COMMANDS.items() for f in files if f.endswith(".yaml")}
+    assert headers == every_config  # every config's first line is collected

@@ -1,0 +1,83 @@
+"""Checks of a command line that Lightning would answer late, vaguely or not at all, each naming the setting and the
+fix (used by ``zerotir.cli``):
+
+* ``join_negative_values``: ``--model.optim.lr -1e-4`` is read as a value (argparse takes ``-1e-4`` for an option:
+  its negative-number rule knows no exponent);
+* ``check_run_settings``: a GPU asked for on a machine without CUDA (Lightning says only "No supported gpu backend
+  found!") and ``trainer.max_steps 0`` for ``fit`` (it would start the sandbox and write a run that trains nothing);
+* ``use_cpu_deepspeed_without_cuda``: DeepSpeed's accelerator warning kept off stdout (``--print_config``,
+  ``export``);
+* ``check_not_finished``: ``--ckpt_path`` of a run that already reached ``trainer.max_steps`` (Lightning sets up
+  everything, then exits having done nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# The CPU rehearsals of the GPU configs (docs/scale.md): the same strategies on 2 CPU processes.
+REHEARSALS = "configs/rehearsal/ (ddp_ppo.yaml, zero2_ppo.yaml, zero3_reinforce.yaml)"
+_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``argv`` with each negative number that follows a ``--key`` joined to it (``--key=-1e-4``)."""
+    out: list[str] = []
+    for arg in argv:
+        if _NUMBER.match(arg) and out and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def check_run_settings(config: Any, subcommand: str | None) -> None:
+    """Raise ``ValueError`` for a GPU accelerator without CUDA, or ``fit`` with ``trainer.max_steps 0``."""
+    accelerator = config.trainer.accelerator
+    if isinstance(accelerator, str) and accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.accelerator={accelerator!r} but this machine has no CUDA GPU. Run on a GPU machine, or set "
+            f"--trainer.accelerator cpu; for a GPU config's CPU rehearsal see {REHEARSALS}")
+    if subcommand in ("fit", None) and config.trainer.max_steps == 0:
+        raise ValueError("trainer.max_steps=0 trains no RL step: give the number of RL steps "
+                         "(--trainer.max_steps N, N >= 1)")
+
+
+def _checkpoint_file(ckpt_path: str | None, dirpath: str | None) -> Path | None:
+    """The checkpoint file ``ckpt_path`` names (``last``: ``<dirpath>/last.ckpt``), or None (none, or a folder)."""
+    if ckpt_path in (None, "best", "hpc", "registry"):
+        return None
+    path = Path(dirpath) / "last.ckpt" if ckpt_path == "last" and dirpath else Path(str(ckpt_path))
+    return path if path.is_file() else None
+
+
+def check_not_finished(ckpt_path: str | None, dirpath: str | None, max_steps: int) -> None:
+    """Raise ``ValueError`` when the checkpoint to resume already holds ``max_steps`` RL steps.
+
+    Reads only the checkpoint's step (memory-mapped, no tensor is copied). A sharded checkpoint (a DeepSpeed
+    folder) is not read here: Lightning resumes it as it is."""
+    path = _checkpoint_file(ckpt_path, dirpath)
+    if path is None or max_steps < 0:
+        return
+    step = torch.load(path, map_location="cpu", mmap=True, weights_only=False).get("global_step")
+    if isinstance(step, int) and step >= max_steps:
+        raise ValueError(
+            f"--ckpt_path {ckpt_path} ({path}): the run is finished, its checkpoint is at RL step {step} and "
+            f"trainer.max_steps={max_steps}. To train on, raise trainer.max_steps "
+            f"(e.g. --trainer.max_steps {step + max(max_steps, 1)})")
+
+
+def use_cpu_deepspeed_without_cuda() -> None:
+    """Without CUDA, let DeepSpeed use its CPU accelerator (``DS_ACCELERATOR=cpu``) unless the variable is set.
+
+    Parsing a config with a DeepSpeed strategy imports DeepSpeed, whose accelerator detection otherwise prints a
+    warning to stdout; that line would end up in ``--print_config > full.yaml``. Must run before DeepSpeed is
+    imported (it reads the variable once).
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
