@@ -99,3 +99,15 @@ def test_marking_a_batch_keeps_the_rows_recorded_of_the_next_one(tmp_path: Path,
         resumed.mark_consumed(index)
         assert resumed.state_dict()["rows"] == ({"2": [1]} if index == 1 else {})
     assert sorted(trained) == [(b, p) for b in range(3) for p in range(3)]  # each row once
+
+
+def test_marking_a_batch_folds_in_the_later_batches_whose_rows_were_all_consumed():
+    """A streaming run's record: one row of batch 1 and all of batch 2. The step that takes batch 1 makes batch 2
+    consumed too, or a resume would hand out batch 2 with nothing left in it; a record saved unfolded is folded."""
+    record = Consumption(prompts_per_step=3)
+    record.mark_rows([(1, 0), (2, 0), (2, 1), (2, 2)])
+    record.mark_batch(1)
+    assert record.whole == 3 and record.state() == {"consumed": 3, "rows": {}}
+    loaded = Consumption(prompts_per_step=3)
+    loaded.load({"consumed": 2, "rows": {"2": [0, 1, 2], "4": [1]}})
+    assert loaded.whole == 3 and loaded.consumed(4) == {1}

@@ -76,7 +76,8 @@ class Consumption:
         self.rows: dict[int, set[int]] = {}  # batch index (>= whole) -> positions consumed in it
 
     def mark_batch(self, batch_index: int) -> None:
-        """Batch ``batch_index`` was consumed whole (a step took the loader's batch).
+        """Batch ``batch_index`` was consumed whole (a step took the loader's batch); with it every later batch
+        whose rows were all consumed one by one before.
 
         Raises:
             ValueError: it was consumed already (the position only moves forward).
@@ -85,6 +86,7 @@ class Consumption:
             raise ValueError(f"mark_consumed({batch_index}): batches up to {self.whole - 1} are already consumed")
         self.whole = batch_index + 1
         self.rows = {b: rows for b, rows in self.rows.items() if b >= self.whole}
+        self._fold()
 
     def mark_rows(self, positions: Iterable[tuple[int, int]]) -> None:
         """The rows ``(batch index, position)`` were consumed, one by one; a batch all of whose rows are consumed
@@ -101,6 +103,11 @@ class Consumption:
                 raise ValueError(f"mark_rows: row {position} of batch {batch_index} was already consumed; a prompt "
                                  "would train twice")
             self.rows.setdefault(batch_index, set()).add(position)
+        self._fold()
+
+    def _fold(self) -> None:
+        """Batches at ``whole`` all of whose rows are consumed become part of it: a batch the loader would yield
+        empty, or train again where the steps take the loader's batch."""
         while len(self.rows.get(self.whole, ())) == self.prompts_per_step:
             del self.rows[self.whole]
             self.whole += 1
@@ -119,3 +126,4 @@ class Consumption:
         """What ``state`` returned (a checkpoint without ``rows``: whole batches only)."""
         self.whole = int(state["consumed"])
         self.rows = {int(b): set(rows) for b, rows in state.get("rows", {}).items()}
+        self._fold()  # a record saved before ``mark_batch`` folded may hold a whole batch at ``whole``
