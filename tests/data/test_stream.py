@@ -74,6 +74,7 @@ def test_the_datamodule_generates_only_unconsumed_rows_and_a_resumed_one_too(tmp
     resumed.load_state_dict(dm.state_dict())
     resumed.setup("fit")
     assert resumed.train_batch(0) == dm.train_batch(0) and resumed.train_batch(1) == dm.train_batch(1)
+    resumed.steps_take_rows(True)  # streaming: the loader's batch marks the step's place, whole
     assert next(iter(resumed.train_dataloader())) == whole[0]  # the loader starts at the first batch not whole
     with pytest.raises(ValueError, match="already consumed"):
         resumed.mark_rows([(1, 1)])
@@ -111,3 +112,34 @@ def test_marking_a_batch_folds_in_the_later_batches_whose_rows_were_all_consumed
     loaded = Consumption(prompts_per_step=3)
     loaded.load({"consumed": 2, "rows": {"2": [0, 1, 2], "4": [1]}})
     assert loaded.whole == 3 and loaded.consumed(4) == {1}
+
+
+def test_a_loader_whose_steps_train_its_batch_yields_only_the_rows_left_and_skips_a_batch_with_none(tmp_path, tok):
+    """A streaming run's record (batch 0 whole, row 0 of batch 1, all of batch 2), resumed with streaming off: the
+    steps train the loader's batches (the in-line source), so the loader yields the rest of batch 1, then batch 3;
+    each row of batches 0-3 trains once. Streaming again, the loader yields batches 1, 2, 3 whole (step markers)."""
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(12))
+    streaming = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    streaming.setup("fit")
+    streaming.mark_rows([(0, 0), (1, 0), (0, 1), (2, 0), (2, 1), (2, 2), (0, 2)])
+    assert streaming.state_dict()["rows"] == {"1": [0], "2": [0, 1, 2]}
+    trained = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2)]
+
+    resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    resumed.load_state_dict(streaming.state_dict())
+    resumed.setup("fit")
+    loader = iter(resumed.train_dataloader())
+    for _ in range(2):  # one step each, as the module: train the loader's batch, then mark it consumed
+        batch = next(loader)
+        trained += [(row["batch_index"], row["position"]) for row in batch]
+        resumed.mark_consumed(batch[0]["batch_index"])
+    assert sorted(trained) == [(b, p) for b in range(4) for p in range(3)]  # each row once
+    assert resumed.consumed == 4 and resumed.state_dict()["rows"] == {}
+
+    again = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    again.load_state_dict(streaming.state_dict())
+    again.setup("fit")
+    again.steps_take_rows(True)
+    loader = iter(again.train_dataloader())
+    assert [[(r["batch_index"], r["position"]) for r in next(loader)] for _ in range(3)] == [
+        [(b, p) for p in range(3)] for b in (1, 2, 3)]

@@ -30,12 +30,16 @@ class PromptStream(IterableDataset):
         prompts_per_step: P, prompts per batch.
         seed: shuffling seed.
         start: called at the start of each iteration; returns the first batch index to yield (default 0).
+        consumed: called as each batch is yielded; returns the positions of that batch to leave out, or None to
+            yield it whole. A batch with no row left is skipped. Default: every batch whole.
     """
 
     def __init__(self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int,
-                 start: Callable[[], int] | None = None) -> None:
+                 start: Callable[[], int] | None = None,
+                 consumed: Callable[[int], set[int] | None] | None = None) -> None:
         self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
         self.start = start or (lambda: 0)
+        self.consumed = consumed or (lambda batch_index: None)
         self._perms: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -59,7 +63,10 @@ class PromptStream(IterableDataset):
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         batch_index = int(self.start())
         while True:
-            yield self.batch(batch_index)
+            leave_out = self.consumed(batch_index)  # asked now, not at the start: the steps consume as they go
+            left = [row for row in self.batch(batch_index) if row["position"] not in (leave_out or ())]
+            if left:
+                yield left
             batch_index += 1
 
 
