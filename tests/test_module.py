@@ -385,7 +385,8 @@ def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, 
 @pytest.mark.parametrize("in_flight", [0, 8])
 def test_the_loader_yields_whole_batches_only_when_the_fleet_streams(tiny_dir, tmp_path, in_flight, monkeypatch):
     """A step trains the loader's batch unless the fleet streams (``max_in_flight`` > 0): the module says which, so a
-    record of single prompts leaves them out of the loader's batch, or keeps it whole as the step's marker."""
+    record of single prompts leaves them out of the loader's batch, or keeps it whole as the step's marker; in batch
+    shares the fleet generates the batches ahead (a batch all consumed later in the record is refused)."""
     from types import SimpleNamespace
 
     from zerotir.config import FleetConfig, PipelineConfig
@@ -401,3 +402,9 @@ def test_the_loader_yields_whole_batches_only_when_the_fleet_streams(tiny_dir, t
     monkeypatch.setattr(module.source, "start", lambda *args: None)
     module._start_source()
     assert [row["position"] for row in next(iter(data.train_dataloader()))] == ([0, 2] if not in_flight else [0, 1, 2])
+    data.mark_rows([(1, p) for p in range(3)])
+    if in_flight:
+        assert len(next(iter(data.train_dataloader()))) == 3
+    else:
+        with pytest.raises(ValueError, match="cannot leave one out"):
+            next(iter(data.train_dataloader()))

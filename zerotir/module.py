@@ -126,7 +126,7 @@ class ZeroTIRModule(LightningModule):
         self.critic: torch.nn.Module | None = None
         self.source = make_rollout_source(pipeline, fleet, rollout, sandbox, tool, sampling, score_batch,
                                           self.model_path, seed)
-        self._streaming = fleet.enabled and fleet.max_in_flight > 0  # steps take prompt groups as they end
+        self._steps_take = "rows" if fleet.enabled and fleet.max_in_flight else "ahead" if pipeline.enabled else "batch"
         self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
         self.refill, self.fill_watch = refill, FillWatch(refill)
         self.evaluator = EvalAccumulator()
@@ -233,7 +233,7 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule
         stream = datamodule.train_batch if isinstance(datamodule, PromptDataModule) else None
         if stream is not None:  # streaming steps take single prompts; the others the loader's batch (its rows left)
-            datamodule.steps_take_rows(self._streaming)
+            datamodule.steps_take(self._steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:

@@ -74,7 +74,7 @@ def test_the_datamodule_generates_only_unconsumed_rows_and_a_resumed_one_too(tmp
     resumed.load_state_dict(dm.state_dict())
     resumed.setup("fit")
     assert resumed.train_batch(0) == dm.train_batch(0) and resumed.train_batch(1) == dm.train_batch(1)
-    resumed.steps_take_rows(True)  # streaming: the loader's batch marks the step's place, whole
+    resumed.steps_take("rows")  # streaming: the loader's batch marks the step's place, whole
     assert next(iter(resumed.train_dataloader())) == whole[0]  # the loader starts at the first batch not whole
     with pytest.raises(ValueError, match="already consumed"):
         resumed.mark_rows([(1, 1)])
@@ -139,7 +139,29 @@ def test_a_loader_whose_steps_train_its_batch_yields_only_the_rows_left_and_skip
     again = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     again.load_state_dict(streaming.state_dict())
     again.setup("fit")
-    again.steps_take_rows(True)
+    again.steps_take("rows")
     loader = iter(again.train_dataloader())
     assert [[(r["batch_index"], r["position"]) for r in next(loader)] for _ in range(3)] == [
         [(b, p) for p in range(3)] for b in (1, 2, 3)]
+
+
+def test_steps_that_take_batches_generated_ahead_refuse_a_record_with_a_batch_to_skip(tmp_path, tok):
+    """A producer / the fleet in batch shares generates the batches in order and cannot skip one all of whose rows a
+    streaming run consumed: the loader refuses such a record when it starts, naming the settings that resume it; a
+    record without one resumes, the loader's first batch holding the rows left (what the producer generates)."""
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(12))
+    streaming = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    streaming.setup("fit")
+    streaming.mark_rows([(1, 0), (2, 0), (2, 1), (2, 2)])
+    resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    resumed.load_state_dict(streaming.state_dict())
+    resumed.setup("fit")
+    resumed.steps_take("ahead")
+    refused = r"batch\(es\) \[2\] consumed after batch 0.*max_in_flight > 0.*max_staleness: null"
+    with pytest.raises(ValueError, match=refused):
+        next(iter(resumed.train_dataloader()))
+    with pytest.raises(ValueError, match="steps_take\\('streaming'\\): one of 'batch', 'ahead', 'rows'"):
+        resumed.steps_take("streaming")
+    resumed.load_state_dict({"consumed": 1, "rows": {"1": [0]}})
+    first = next(iter(resumed.train_dataloader()))
+    assert first == resumed.train_batch(1) and [row["position"] for row in first] == [1, 2]

@@ -77,6 +77,11 @@ class Consumption:
         prompts_per_step: P, the rows of a batch (a batch whose P rows were all consumed one by one is whole).
     """
 
+    # How the steps take the stream: "batch", the loader's batch (in line); "ahead", the same, generated ahead of
+    # the loader by a producer or the fleet, by index and in order (``train_batch``); "rows", single prompt groups
+    # of several batches (the fleet's streaming), the loader's batch marking only the step's place in the stream.
+    STEPS = ("batch", "ahead", "rows")
+
     def __init__(self, prompts_per_step: int):
         self.prompts_per_step = prompts_per_step
         self.whole = 0  # every batch below it is consumed: the first batch a fresh loader yields
@@ -124,6 +129,28 @@ class Consumption:
         if batch_index < self.whole:
             return set(range(self.prompts_per_step))
         return set(self.rows.get(batch_index, ()))
+
+    def loader_leaves_out(self, steps: str, batch_index: int) -> set[int] | None:
+        """The rows of batch ``batch_index`` a loader whose steps take the stream as ``steps`` (``STEPS``) leaves
+        out: none where steps take single rows (it yields every batch whole), else those consumed, so a run resumed
+        with streaming off from a streaming run's record trains nothing twice (a batch with none left is skipped)."""
+        return None if steps == "rows" else self.consumed(batch_index)
+
+    def loader_start(self, steps: str) -> int:
+        """The loader's first batch, ``whole``, once the record suits how the steps take the stream (``STEPS``).
+
+        Raises:
+            ValueError: steps take batches generated ahead (``"ahead"``), which cannot skip a batch, and a batch
+                after ``whole`` has all its rows consumed (a streaming run's straggler kept ``whole`` back).
+        """
+        done = [b for b in sorted(self.rows) if len(self.rows[b]) == self.prompts_per_step]
+        if steps == "ahead" and done:
+            raise ValueError(f"data: the checkpoint's record (of a streaming run, model.fleet.max_in_flight > 0) has "
+                             f"every prompt of batch(es) {done} consumed after batch {self.whole}, the first not "
+                             "consumed whole, and this run trains the batches its producer / fleet generates in "
+                             "order, which cannot leave one out; resume with model.fleet.max_in_flight > 0 as the "
+                             "run that wrote it, or in line (model.pipeline.max_staleness: null)")
+        return self.whole
 
     def state(self) -> dict[str, Any]:
         """For a checkpoint: ``consumed`` (``whole``) and ``rows`` (batch index as text -> sorted positions)."""
