@@ -380,3 +380,31 @@ def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, 
         monkeypatch.setattr(source, name, lambda *a, _real=real, _name=name: (events.append(_name), _real(*a))[1])
     trainer.fit(module, datamodule=data)
     assert events == ["release", "batch", "release", "after_update"] * 2
+
+
+@pytest.mark.parametrize("in_flight", [0, 8])
+def test_the_loader_yields_whole_batches_only_when_the_fleet_streams(tiny_dir, tmp_path, in_flight, monkeypatch):
+    """A step trains the loader's batch unless the fleet streams (``max_in_flight`` > 0): the module says which, so a
+    record of single prompts leaves them out of the loader's batch, or keeps it whole as the step's marker; in batch
+    shares the fleet generates the batches ahead (a batch all consumed later in the record is refused)."""
+    from types import SimpleNamespace
+
+    from zerotir.config import FleetConfig, PipelineConfig
+
+    module = ZeroTIRModule(str(tiny_dir), pipeline=PipelineConfig(max_staleness=1),
+                           fleet=FleetConfig(engines=1, max_in_flight=in_flight))
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"{k} + 1?", "answer": str(k + 1)}) + "\n" for k in range(6)))
+    data = PromptDataModule(train_files=[str(path)], test_files=[], prompts_per_step=3)
+    data.set_tokenizer(build_byte_tokenizer())
+    data.mark_rows([(0, 1)])
+    monkeypatch.setattr(module, "_trainer", SimpleNamespace(datamodule=data), raising=False)
+    monkeypatch.setattr(module.source, "start", lambda *args: None)
+    module._start_source()
+    assert [row["position"] for row in next(iter(data.train_dataloader()))] == ([0, 2] if not in_flight else [0, 1, 2])
+    data.mark_rows([(1, p) for p in range(3)])
+    if in_flight:
+        assert len(next(iter(data.train_dataloader()))) == 3
+    else:
+        with pytest.raises(ValueError, match="cannot leave one out"):
+            next(iter(data.train_dataloader()))

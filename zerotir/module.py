@@ -34,8 +34,7 @@ from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
     EVAL_SAMPLING, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig,
-    RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain,
-)
+    RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain)
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.filters.decide import decide
@@ -48,9 +47,7 @@ from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
-    begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed,
-    is_zero3,
-)
+    begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
 from zerotir.scale.distributed import shard_prompts
 from zerotir.scale.peer_watch import WatchPeers
 from zerotir.types import PromptRow, Trajectories
@@ -129,6 +126,7 @@ class ZeroTIRModule(LightningModule):
         self.critic: torch.nn.Module | None = None
         self.source = make_rollout_source(pipeline, fleet, rollout, sandbox, tool, sampling, score_batch,
                                           self.model_path, seed)
+        self._steps_take = "rows" if fleet.enabled and fleet.max_in_flight else "ahead" if pipeline.enabled else "batch"
         self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
         self.refill, self.fill_watch = refill, FillWatch(refill)
         self.evaluator = EvalAccumulator()
@@ -234,6 +232,8 @@ class ZeroTIRModule(LightningModule):
     def _start_source(self) -> None:
         datamodule = self.trainer.datamodule
         stream = datamodule.train_batch if isinstance(datamodule, PromptDataModule) else None
+        if stream is not None:  # streaming steps take single prompts; the others the loader's batch (its rows left)
+            datamodule.steps_take(self._steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:

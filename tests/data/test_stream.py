@@ -74,6 +74,7 @@ def test_the_datamodule_generates_only_unconsumed_rows_and_a_resumed_one_too(tmp
     resumed.load_state_dict(dm.state_dict())
     resumed.setup("fit")
     assert resumed.train_batch(0) == dm.train_batch(0) and resumed.train_batch(1) == dm.train_batch(1)
+    resumed.steps_take("rows")  # streaming: the loader's batch marks the step's place, whole
     assert next(iter(resumed.train_dataloader())) == whole[0]  # the loader starts at the first batch not whole
     with pytest.raises(ValueError, match="already consumed"):
         resumed.mark_rows([(1, 1)])
@@ -99,3 +100,68 @@ def test_marking_a_batch_keeps_the_rows_recorded_of_the_next_one(tmp_path: Path,
         resumed.mark_consumed(index)
         assert resumed.state_dict()["rows"] == ({"2": [1]} if index == 1 else {})
     assert sorted(trained) == [(b, p) for b in range(3) for p in range(3)]  # each row once
+
+
+def test_marking_a_batch_folds_in_the_later_batches_whose_rows_were_all_consumed():
+    """A streaming run's record: one row of batch 1 and all of batch 2. The step that takes batch 1 makes batch 2
+    consumed too, or a resume would hand out batch 2 with nothing left in it; a record saved unfolded is folded."""
+    record = Consumption(prompts_per_step=3)
+    record.mark_rows([(1, 0), (2, 0), (2, 1), (2, 2)])
+    record.mark_batch(1)
+    assert record.whole == 3 and record.state() == {"consumed": 3, "rows": {}}
+    loaded = Consumption(prompts_per_step=3)
+    loaded.load({"consumed": 2, "rows": {"2": [0, 1, 2], "4": [1]}})
+    assert loaded.whole == 3 and loaded.consumed(4) == {1}
+
+
+def test_a_loader_whose_steps_train_its_batch_yields_only_the_rows_left_and_skips_a_batch_with_none(tmp_path, tok):
+    """A streaming run's record (batch 0 whole, row 0 of batch 1, all of batch 2), resumed with streaming off: the
+    steps train the loader's batches (the in-line source), so the loader yields the rest of batch 1, then batch 3;
+    each row of batches 0-3 trains once. Streaming again, the loader yields batches 1, 2, 3 whole (step markers)."""
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(12))
+    streaming = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    streaming.setup("fit")
+    streaming.mark_rows([(0, 0), (1, 0), (0, 1), (2, 0), (2, 1), (2, 2), (0, 2)])
+    assert streaming.state_dict()["rows"] == {"1": [0], "2": [0, 1, 2]}
+    trained = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2)]
+
+    resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    resumed.load_state_dict(streaming.state_dict())
+    resumed.setup("fit")
+    loader = iter(resumed.train_dataloader())
+    for _ in range(2):  # one step each, as the module: train the loader's batch, then mark it consumed
+        batch = next(loader)
+        trained += [(row["batch_index"], row["position"]) for row in batch]
+        resumed.mark_consumed(batch[0]["batch_index"])
+    assert sorted(trained) == [(b, p) for b in range(4) for p in range(3)]  # each row once
+    assert resumed.consumed == 4 and resumed.state_dict()["rows"] == {}
+
+    again = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    again.load_state_dict(streaming.state_dict())
+    again.setup("fit")
+    again.steps_take("rows")
+    loader = iter(again.train_dataloader())
+    assert [[(r["batch_index"], r["position"]) for r in next(loader)] for _ in range(3)] == [
+        [(b, p) for p in range(3)] for b in (1, 2, 3)]
+
+
+def test_steps_that_take_batches_generated_ahead_refuse_a_record_with_a_batch_to_skip(tmp_path, tok):
+    """A producer / the fleet in batch shares generates the batches in order and cannot skip one all of whose rows a
+    streaming run consumed: the loader refuses such a record when it starts, naming the settings that resume it; a
+    record without one resumes, the loader's first batch holding the rows left (what the producer generates)."""
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(12))
+    streaming = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    streaming.setup("fit")
+    streaming.mark_rows([(1, 0), (2, 0), (2, 1), (2, 2)])
+    resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    resumed.load_state_dict(streaming.state_dict())
+    resumed.setup("fit")
+    resumed.steps_take("ahead")
+    refused = r"batch\(es\) \[2\] consumed after batch 0.*max_in_flight > 0.*max_staleness: null"
+    with pytest.raises(ValueError, match=refused):
+        next(iter(resumed.train_dataloader()))
+    with pytest.raises(ValueError, match="steps_take\\('streaming'\\): one of 'batch', 'ahead', 'rows'"):
+        resumed.steps_take("streaming")
+    resumed.load_state_dict({"consumed": 1, "rows": {"1": [0]}})
+    first = next(iter(resumed.train_dataloader()))
+    assert first == resumed.train_batch(1) and [row["position"] for row in first] == [1, 2]

@@ -237,6 +237,7 @@ class PromptDataModule(LightningDataModule):
         self.train_rows: list[dict[str, Any]] | None = None
         self.eval_rows: dict[str, dict[str, list[dict[str, Any]]]] = {}  # "val" / "test" -> name -> rows
         self._consumed = Consumption(prompts_per_step)
+        self._steps_take = "batch"  # see steps_take
         self._pending_state: dict[str, Any] | None = None
         self._stream: PromptStream | None = None
         self._lookahead: PromptStream | None = None  # the producer's own copy of the stream (train_batch)
@@ -293,10 +294,20 @@ class PromptDataModule(LightningDataModule):
             raise ValueError("no training data: set data.train_files")
         if self.train_rows is None:
             self.setup("fit")
-        # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts.
+        # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts, and
+        # for the rows to leave out as it yields each batch (Lightning fetches nothing ahead of the step).
         self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed,
-                                    start=lambda: self._consumed.whole)
+                                    start=lambda: self._consumed.loader_start(self._steps_take),
+                                    consumed=lambda b: self._consumed.loader_leaves_out(self._steps_take, b))
         return DataLoader(self._stream, batch_size=None, collate_fn=list, num_workers=0)
+
+    def steps_take(self, kind: str) -> None:
+        """How the steps consume the stream (``Consumption.STEPS``; the module says, from its rollout source):
+        ``"batch"`` (the default) and ``"ahead"``: the loader yields only the rows no step consumed, ``"rows"``
+        (streaming): every batch whole, as the step's place in the stream."""
+        if kind not in Consumption.STEPS:
+            raise ValueError(f"steps_take({kind!r}): one of {', '.join(map(repr, Consumption.STEPS))}")
+        self._steps_take = kind
 
     def train_batch(self, batch_index: int) -> list[dict[str, Any]]:
         """The rows of training batch ``batch_index`` of the stream that no step consumed yet: the loader's batch

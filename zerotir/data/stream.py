@@ -30,12 +30,16 @@ class PromptStream(IterableDataset):
         prompts_per_step: P, prompts per batch.
         seed: shuffling seed.
         start: called at the start of each iteration; returns the first batch index to yield (default 0).
+        consumed: called as each batch is yielded; returns the positions of that batch to leave out, or None to
+            yield it whole. A batch with no row left is skipped. Default: every batch whole.
     """
 
     def __init__(self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int,
-                 start: Callable[[], int] | None = None) -> None:
+                 start: Callable[[], int] | None = None,
+                 consumed: Callable[[int], set[int] | None] | None = None) -> None:
         self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
         self.start = start or (lambda: 0)
+        self.consumed = consumed or (lambda batch_index: None)
         self._perms: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -59,7 +63,10 @@ class PromptStream(IterableDataset):
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         batch_index = int(self.start())
         while True:
-            yield self.batch(batch_index)
+            leave_out = self.consumed(batch_index)  # asked now, not at the start: the steps consume as they go
+            left = [row for row in self.batch(batch_index) if row["position"] not in (leave_out or ())]
+            if left:
+                yield left
             batch_index += 1
 
 
@@ -70,13 +77,19 @@ class Consumption:
         prompts_per_step: P, the rows of a batch (a batch whose P rows were all consumed one by one is whole).
     """
 
+    # How the steps take the stream: "batch", the loader's batch (in line); "ahead", the same, generated ahead of
+    # the loader by a producer or the fleet, by index and in order (``train_batch``); "rows", single prompt groups
+    # of several batches (the fleet's streaming), the loader's batch marking only the step's place in the stream.
+    STEPS = ("batch", "ahead", "rows")
+
     def __init__(self, prompts_per_step: int):
         self.prompts_per_step = prompts_per_step
         self.whole = 0  # every batch below it is consumed: the first batch a fresh loader yields
         self.rows: dict[int, set[int]] = {}  # batch index (>= whole) -> positions consumed in it
 
     def mark_batch(self, batch_index: int) -> None:
-        """Batch ``batch_index`` was consumed whole (a step took the loader's batch).
+        """Batch ``batch_index`` was consumed whole (a step took the loader's batch); with it every later batch
+        whose rows were all consumed one by one before.
 
         Raises:
             ValueError: it was consumed already (the position only moves forward).
@@ -85,6 +98,7 @@ class Consumption:
             raise ValueError(f"mark_consumed({batch_index}): batches up to {self.whole - 1} are already consumed")
         self.whole = batch_index + 1
         self.rows = {b: rows for b, rows in self.rows.items() if b >= self.whole}
+        self._fold()
 
     def mark_rows(self, positions: Iterable[tuple[int, int]]) -> None:
         """The rows ``(batch index, position)`` were consumed, one by one; a batch all of whose rows are consumed
@@ -101,6 +115,11 @@ class Consumption:
                 raise ValueError(f"mark_rows: row {position} of batch {batch_index} was already consumed; a prompt "
                                  "would train twice")
             self.rows.setdefault(batch_index, set()).add(position)
+        self._fold()
+
+    def _fold(self) -> None:
+        """Batches at ``whole`` all of whose rows are consumed become part of it: a batch the loader would yield
+        empty, or train again where the steps take the loader's batch."""
         while len(self.rows.get(self.whole, ())) == self.prompts_per_step:
             del self.rows[self.whole]
             self.whole += 1
@@ -111,6 +130,28 @@ class Consumption:
             return set(range(self.prompts_per_step))
         return set(self.rows.get(batch_index, ()))
 
+    def loader_leaves_out(self, steps: str, batch_index: int) -> set[int] | None:
+        """The rows of batch ``batch_index`` a loader whose steps take the stream as ``steps`` (``STEPS``) leaves
+        out: none where steps take single rows (it yields every batch whole), else those consumed, so a run resumed
+        with streaming off from a streaming run's record trains nothing twice (a batch with none left is skipped)."""
+        return None if steps == "rows" else self.consumed(batch_index)
+
+    def loader_start(self, steps: str) -> int:
+        """The loader's first batch, ``whole``, once the record suits how the steps take the stream (``STEPS``).
+
+        Raises:
+            ValueError: steps take batches generated ahead (``"ahead"``), which cannot skip a batch, and a batch
+                after ``whole`` has all its rows consumed (a streaming run's straggler kept ``whole`` back).
+        """
+        done = [b for b in sorted(self.rows) if len(self.rows[b]) == self.prompts_per_step]
+        if steps == "ahead" and done:
+            raise ValueError(f"data: the checkpoint's record (of a streaming run, model.fleet.max_in_flight > 0) has "
+                             f"every prompt of batch(es) {done} consumed after batch {self.whole}, the first not "
+                             "consumed whole, and this run trains the batches its producer / fleet generates in "
+                             "order, which cannot leave one out; resume with model.fleet.max_in_flight > 0 as the "
+                             "run that wrote it, or in line (model.pipeline.max_staleness: null)")
+        return self.whole
+
     def state(self) -> dict[str, Any]:
         """For a checkpoint: ``consumed`` (``whole``) and ``rows`` (batch index as text -> sorted positions)."""
         return {"consumed": self.whole, "rows": {str(b): sorted(rows) for b, rows in sorted(self.rows.items())}}
@@ -119,3 +160,4 @@ class Consumption:
         """What ``state`` returned (a checkpoint without ``rows``: whole batches only)."""
         self.whole = int(state["consumed"])
         self.rows = {int(b): set(rows) for b, rows in state.get("rows", {}).items()}
+        self._fold()  # a record saved before ``mark_batch`` folded may hold a whole batch at ``whole``
