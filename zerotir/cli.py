@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import docstring_parser
 import torch
+import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
@@ -157,11 +158,11 @@ class ZeroTIRCLI(LightningCLI):
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
         """``model.model_path`` as the ``--config`` files give it (the last one that sets it), before command-line
         overrides: the toy base's own folder (``zerotir.toy.base_path``)."""
-        parser = self._parser(self.subcommand)
         found = None
         for path in config.get("config") or []:
-            if path is not None:
-                found = parser.parse_path(path, defaults=False).get("model.model_path") or found
+            if path is not None:  # each file's own text: an overlay alone is no whole config, the parser refuses it
+                model = (yaml.safe_load(path.get_content()) or {}).get("model") or {}
+                found = model.get("model_path") or found
         return found
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
