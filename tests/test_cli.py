@@ -283,6 +283,21 @@ def test_a_toy_base_elsewhere_is_reused_only_with_the_same_settings(tmp_path, mo
     assert calls == [str(base)]  # the same settings: ensure_toy_base reuses it
 
 
+def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path, monkeypatch):
+    """An overlay that does not name model.model_path (configs/toy_cpu_fleet.yaml, configs/rehearsal/zero3_fleet.yaml)
+    on a toy config: the base is built at the folder the first file names. Looking for that folder once parsed each
+    file alone, and the overlay alone failed the whole command line (its links need model.model_path)."""
+    import zerotir.cli
+
+    calls = []
+    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", lambda path, **settings: calls.append(path))
+    monkeypatch.chdir(REPO)
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  seed: 3\n")
+    toy_cli("--config", str(overlay), root=tmp_path)
+    assert calls == [yaml.safe_load(Path(CONFIG).read_text())["model"]["model_path"]]
+
+
 def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
     """docs/usage.md's override of model.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
     line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.sandbox.urls"))

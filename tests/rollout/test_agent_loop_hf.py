@@ -122,6 +122,29 @@ def test_per_trajectory_gives_the_trajectories_of_the_synchronous_schedules(rand
     assert torch.allclose(base.logprobs, own.logprobs, atol=1e-4)
 
 
+@pytest.mark.timeout(60)  # the failure this guards against is a hang
+@pytest.mark.parametrize("schedule", [Schedule(), Schedule("rounds", 5), Schedule("lockstep")],
+                         ids=["trajectory", "rounds5", "lockstep"])
+def test_more_trajectories_than_the_engines_batch_give_the_trajectories_of_one_batch(random_model, schedule):
+    """6 trajectories on 2 rows of the engine: the rounds keep a stopped trajectory until the round ends, so the
+    queued ones start only in the slots of stopped ones (they once waited for a slot for ever); greedy decoding gives
+    what one batch of all 6 gives."""
+    prompts = [TOK.encode("Hello"), TOK.encode("What is 2+3?"), TOK.encode("x")]
+    tool = greedy_tool_config(random_model, prompts[0])
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=120)
+
+    def once(rows: int):
+        traj, _ = rollout_sync(HFEngine(random_model, TOK, max_batch_size=rows), TOK,
+                               ScriptedSandbox(default=ok("7")), prompts, params, tool, schedule=schedule)
+        return traj
+
+    small, whole = once(2), once(6)
+    assert whole.num_calls.sum() >= 1
+    for name in ("input_ids", "action_mask", "num_calls", "response_lens"):
+        assert torch.equal(getattr(small, name), getattr(whole, name)), name
+    assert torch.allclose(small.logprobs, whole.logprobs, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def trained_model():
     """A tiny Llama that has memorised ``DOCS`` (about 100 full-batch steps, a few seconds)."""

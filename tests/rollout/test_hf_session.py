@@ -212,3 +212,34 @@ def test_a_row_longer_than_the_cache_joins_a_running_batch(model):
         got.update(drain(session, max_steps=1))
     for i in range(2):
         assert_same(want[i][0], got[i])
+
+
+@pytest.mark.timeout(60)  # the failure this guards against is a hang
+def test_parked_evictable_rows_give_their_slots_to_queued_rows_when_nothing_runs(model):
+    """More rows than slots and none released (the tool loop's rounds keep a stopped row until the round ends): once
+    no row runs, queued rows take the slots of parked evictable ones, and an evicted row added again with its sampled
+    ids starts afresh and goes on as it would have. Rows not evictable keep their slots."""
+    engine = HFEngine(model, TOK, max_batch_size=2)
+    first = SamplingParams(temperature=0.0, max_new_tokens=4)
+    with open_session(engine, GREEDY) as session:
+        for i, p in enumerate(PROMPTS):
+            session.add(i, p, first)
+        kept = {}
+        while len(kept) < 2:
+            kept.update(session.step(3))
+        assert session.step(3) == [] and sorted(session.index) == [0, 1] and len(session.queue) == 2
+    first.evictable = True
+    want = alone(engine, PROMPTS, GREEDY)
+    with open_session(engine, GREEDY) as session:
+        for i, p in enumerate(PROMPTS):
+            session.add(i, p, first)
+        got = drain(session, max_slots=2)
+        assert sorted(got) == [0, 1, 2, 3] and sorted(session.index) == [2, 3]  # rows 0 and 1 gave up their slots
+        for i, p in enumerate(PROMPTS):
+            session.add(i, p + got[i].token_ids, SamplingParams(temperature=0.0, max_new_tokens=26, evictable=True))
+        assert [s.key for s in session.queue] == [0, 1]
+        rest = drain(session, max_slots=2)
+    for i in range(len(PROMPTS)):
+        assert got[i].finish_reason == "length" and got[i].token_ids + rest[i].token_ids == want[i][0].token_ids
+        assert torch.allclose(torch.tensor(got[i].logprobs + rest[i].logprobs), torch.tensor(want[i][0].logprobs),
+                              atol=1e-4)

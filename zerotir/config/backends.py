@@ -65,7 +65,8 @@ class HFRollout(RolloutBackend):
     tokens_per_call: int | None = None
     """Tokens per trajectory and round of the "rounds" schedule; None = 32."""
     max_batch_size: int = 64
-    """Rows of the decode batch; more requests wait for a free row."""
+    """Rows of the decode batch; more requests wait for a free row (under "rounds" and "lockstep", once no row runs,
+    for the row of a stopped trajectory, which recomputes its keys / values when resubmitted)."""
     tokens_per_step: int = 4
     """Tokens decoded per running request between two looks at the sandbox's results."""
     num_threads: int | None = None

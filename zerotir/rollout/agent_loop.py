@@ -87,6 +87,9 @@ class _Run:
     truths: list[str]
     reward: Reward | None
     timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0, "reward": 0.0})
+    # The rounds resubmit a stopped trajectory only once the round is over: the engine may drop its cache for room
+    # (``SamplingParams.evictable``); on its own a trajectory goes on the moment it can and keeps it.
+    evictable: bool = False
 
     def budget(self, row: Row) -> int:
         """The longest response ``row`` may have: the token budget, or what the context leaves after its prompt."""
@@ -129,7 +132,7 @@ async def rollout(
     _check_inputs(prompts, params, ground_truths)
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
     run = _Run(engine, tokenizer, sandbox, _initial_rows(tokenizer, prompts, params.n, tool), params, tool, truths,
-               reward)
+               reward, evictable=schedule.kind != "trajectory")
     try:
         if schedule.kind == "trajectory":
             await _run_trajectories(run)
@@ -224,7 +227,8 @@ def _submit(run: _Run, key: int, per_call: int | None) -> None:
         return
     row.limit = room if per_call is None else min(per_call, room)
     seed = None if params.seed is None else params.seed + _SEGMENT_SEED * row.segments + key
-    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=stops(row.mode, run.tool, params.stop))
+    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=stops(row.mode, run.tool, params.stop),
+                      evictable=run.evictable)
     try:
         run.engine.submit(key, ids, request)
     except Exception as exc:

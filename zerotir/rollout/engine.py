@@ -40,6 +40,10 @@ class SamplingParams:
         stop: stop strings; generation of a sample ends right after the token that completes one of them.
             The sampled tokens are kept as they are (the stop string is part of the returned ids).
         seed: optional seed for reproducible sampling.
+        evictable: once this request has finished, an engine short of room may drop what it cached for it (a later
+            submit of its key computes it again) instead of keeping it until the key is submitted again or released.
+            The tool loop's synchronous schedules set it: they submit their stopped requests again only once every
+            request of the round has stopped, so a request waiting for room would wait for ever.
     """
 
     n: int = 1
@@ -48,6 +52,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    evictable: bool = False
 
     def validate(self, name: str = "SamplingParams") -> None:
         """Reject bad settings with a ValueError naming the field as ``name.field`` (e.g. ``params[2].top_p``)."""

@@ -50,7 +50,8 @@ class HFEngine:
             folder when ``model`` is a path.
         device: where the model runs.
         dtype: optional dtype to cast the model to (float32 keeps greedy decoding comparable with vLLM on CPU).
-        max_batch_size: rows decoded together; more requests wait for a free row.
+        max_batch_size: rows decoded together; more requests wait for a free row (or, when nothing runs, take the
+            slot of a finished ``SamplingParams.evictable`` request, whose cached keys / values are then dropped).
         num_threads: torch intra-op threads while a session is open (restored afterwards). None = 1 for a model under
             ``_SMALL_MODEL_PARAMS`` parameters on CPU, else torch's setting: decoding a tiny model is a stream of
             very small matmuls where thread synchronisation costs more than it saves, and on a loaded machine a

@@ -9,7 +9,9 @@ rows that stopped early idle until the round ends, and a row paused at a round's
   next token at its own column, so a row that rejoins after its tool call, or a new row in a freed slot, never
   shifts the others;
 * a row that stops (a stop string, EOS, its limit) is returned at once and *parked*: its keys / values stay where
-  they are; ``add`` with its ids + new tokens (the injected output) feeds only the new tokens, into its own columns;
+  they are; ``add`` with its ids + new tokens (the injected output) feeds only the new tokens, into its own columns.
+  Only when no row runs and queued rows find no free slot do they take the slots of parked rows whose request was
+  ``evictable`` (their keys / values are dropped: such a row starts afresh when it is added again);
 * rows with several new tokens are fed in one forward over just those rows; every other step is one decode forward
   over the whole batch (parked and free slots compute a throw-away token: cheaper than moving the cache around).
   Free slots are dropped from the batch once they are an eighth of it (the last rows move into the free slots).
@@ -52,6 +54,7 @@ class _Slot:
     limit: int = 0
     matcher: StopMatcher | None = None
     running: bool = False
+    evictable: bool = False  # its request's ``SamplingParams.evictable``
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
 
@@ -143,6 +146,7 @@ class DecodeSession:
             slot = _Slot(key, [], list(ids))
             self.queue.append(slot)
         slot.limit, slot.matcher, slot.running, slot.ids, slot.lps = limit, matcher, True, [], []
+        slot.evictable = params.evictable
 
     def release(self, key: Hashable) -> None:
         """Forget row ``key`` (it has finished): its slot is free for another row."""
@@ -171,7 +175,8 @@ class DecodeSession:
 
     # ------------------------------------------------------------------------------------------------ internals
     def _admit(self) -> None:
-        """Move queued rows into free slots (growing the batch up to the engine's ``max_batch_size``)."""
+        """Move queued rows into free slots (growing the batch up to the engine's ``max_batch_size``); when no row
+        runs and no slot is free, into the slots of parked evictable rows (see ``_evict_parked``)."""
         if not self.queue:
             return
         free = [i for i, s in enumerate(self.slots) if s is None]
@@ -180,11 +185,32 @@ class DecodeSession:
             longest = max(len(slot.pending) + slot.limit for slot in self.queue)
             self._grow_rows(grow, min(longest, _INITIAL_COLUMNS))
             free += list(range(len(self.slots) - grow, len(self.slots)))
+        if not free:
+            free = self._evict_parked(len(self.queue))
         for i in free:
             if not self.queue:
                 break
             slot = self.queue.popleft()
             self.slots[i], self.index[slot.key] = slot, i
+
+    def _evict_parked(self, wanted: int) -> list[int]:
+        """Free up to ``wanted`` slots of parked rows whose request was ``evictable`` (the first ones) when no row
+        runs: the slots that queued rows take. Else nothing: a running row will finish and park first.
+
+        Without it a driver that resubmits its rows only once they have all stopped (the tool loop's "rounds" and
+        "lockstep" schedules, which mark their requests evictable) waits for ever when it has more rows than
+        ``max_batch_size``: the parked rows hold every slot, so the queued ones never start. Other rows keep their
+        slots (the "trajectory" schedule resubmits a row the moment its tool result is back). An evicted row's keys /
+        values are dropped; when it is submitted again it starts afresh from all its ids (a prefill, as after
+        ``reset_cache``).
+        """
+        if any(s is not None and s.running for s in self.slots):
+            return []
+        evicted = [i for i, s in enumerate(self.slots) if s is not None and s.evictable][:wanted]
+        for i in evicted:
+            del self.index[self.slots[i].key]
+            self.slots[i] = None
+        return evicted
 
     def _feed(self, running: list[int]) -> None:
         """Run the pending ids of ``running`` rows: several-token rows in one forward over just them, then one

@@ -123,7 +123,8 @@ def measure_questions(
     if not questions or samples < 1:
         raise ValueError(f"{len(questions)} questions, samples={samples}: need at least one of each")
     # Every answer in one batch: the lockstep schedule keeps a row that stopped at its code block in its batch slot
-    # until all rows have stopped, so with fewer slots than answers the rest would wait for a slot for ever.
+    # until all rows have stopped; with fewer slots than answers the rest start only in the slots of stopped rows,
+    # whose keys / values are then computed again (``hf_session.DecodeSession._evict_parked``).
     engine: Any = HFEngine(str(model_dir), max_batch_size=len(questions) * samples)
     tok = engine.tokenizer
     if progress:
