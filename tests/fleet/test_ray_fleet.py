@@ -3,22 +3,30 @@
 
 The sender moves every parameter, pushes while the actor's ``receive_weights`` runs, and the actor's greedy rollout
 (no tools, so no sandbox) must then be exactly the sender model's greedy tokens, stamped with the version pushed.
+A ``FleetSource`` at S = 1 on the same cluster, its engine's rollout of the next batch held at a gate
+(``tests.fleet.gated_engine``), hands the trainer its batch and takes its update while that rollout is held.
 Every wait on the actor is bounded (``ray.get(..., timeout=...)``); the cluster is shut down at the end.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from tests.fleet.test_engine_host import GREEDY, host_settings, local_greedy, prompt_ids, sampled_ids, sender_model
+from tests.fleet.gated_engine import HOLD, GatedRollout
+from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_greedy, prompt_ids, sampled_ids,
+                                          sender_model)
 from tests.gloo import free_port
 
+from zerotir.config import FleetConfig, PipelineConfig, SamplingConfig, SandboxConfig
+from zerotir.fleet.source import FleetSource
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
+from zerotir.models import load_tokenizer
 from zerotir.scale.weight_sync import sync_weights
 
 ray = pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
@@ -94,3 +102,46 @@ def test_the_local_clusters_workers_run_at_normal_priority(cluster: None) -> Non
     assert niceness == os.nice(0)
     assert "RAY_worker_niceness" not in os.environ  # set only while the raylet started
 
+
+
+def _rows(index: int) -> list[dict]:
+    """Batch ``index`` of the stream: two prompts; batch 1's start with ``HOLD`` (held at the engine's gate)."""
+    return [{"id": f"{index}-{p}", "prompt_ids": (HOLD if index == 1 else []) + [40 + p], "answer": "0",
+             "batch_index": index, "position": p} for p in range(2)]
+
+
+def _wait_for(path: Path) -> None:
+    while not path.exists():  # bounded by the test's timeout
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, A3, by observed order: stream batch 1 (step 2's) is held in the engine process until the test
+    releases it, after step 1 has taken its batch and applied its update; a question queued behind that rollout
+    (the engines' occupancy, asked after each batch) would hang here instead."""
+    from zerotir.fleet import cluster as fleet
+
+    monkeypatch.setattr(fleet, "fleet_cluster", lambda *args: None)  # the module's cluster serves the source
+    monkeypatch.setattr(fleet, "stop_cluster", lambda: None)  # and outlives it
+    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=600.0), PipelineConfig(max_staleness=1),
+                         GatedRollout(gate=str(tmp_path)), SandboxConfig(), NO_TOOL,
+                         SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
+    actor = sender_model(tiny_dir, seed=1)
+    source.start(actor, load_tokenizer(tiny_dir), "cpu", _rows)
+    try:
+        first = source.batch(1, _rows(0), 0)  # stream batch 0; batch 1 went to the engine with it (S = 1)
+        _wait_for(tmp_path / "held")  # the engine is in batch 1's rollout, which cannot end before "released"
+        assert [r["id"] for r in first.rows] == ["0-0", "0-1"] and first.trajectories.versions.max() == 0
+        with torch.no_grad():
+            actor.lm_head.weight.add_(1.0)  # step 1's update, while batch 1 is still being generated
+        (tmp_path / "released").touch()
+        source.after_update(actor, 1)  # the push lands after batch 1's rollout (batch shares: one call at a time)
+        second = source.batch(2, _rows(1), 2)
+        mask = second.trajectories.action_mask
+        assert mask.any() and set(second.trajectories.versions[mask].tolist()) == {0}  # sampled before push 1
+        assert source.version == 1
+    finally:
+        (tmp_path / "released").touch()
+        source.close()
