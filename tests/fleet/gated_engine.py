@@ -23,7 +23,7 @@ GATE_BOUND_S = 150.0  # a held request gives up (raises) after this: longer than
 @dataclass(frozen=True)
 class GatedRollout(HFRollout):
     """The transformers engine whose held requests (prompt ids starting with ``HOLD``) first write
-    ``<gate>/held`` and then wait for ``<gate>/released``."""
+    ``<gate>/held`` and then wait for ``<gate>/released``; its pushes likewise while ``<gate>/hold-push`` exists."""
 
     gate: str = ""
 
@@ -37,13 +37,22 @@ class GatedEngine:
 
     def submit(self, key: Any, ids: list[int], params: Any) -> None:
         if list(ids[:len(HOLD)]) == HOLD:
-            (self._gate / "held").touch()
-            deadline = time.monotonic() + GATE_BOUND_S
-            while not (self._gate / "released").exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"GatedEngine: {self._gate / 'released'} did not appear")
-                time.sleep(0.05)
+            self._hold("held", "released")
         self._engine.submit(key, ids, params)
+
+    def update_weights(self, named_tensors: Any) -> None:
+        """A bucket of a push; while ``<gate>/hold-push`` exists, held (``push-held``, then ``released-push``)."""
+        if (self._gate / "hold-push").exists():
+            self._hold("push-held", "released-push")
+        self._engine.update_weights(named_tensors)
+
+    def _hold(self, held: str, released: str) -> None:
+        (self._gate / held).touch()
+        deadline = time.monotonic() + GATE_BOUND_S
+        while not (self._gate / released).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"GatedEngine: {self._gate / released} did not appear")
+            time.sleep(0.05)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

@@ -115,21 +115,28 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.05)
 
 
+def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, fleet: FleetConfig,
+                  max_staleness: int) -> FleetSource:
+    """A started ``FleetSource`` on the module's cluster, its engines gated at ``gate`` (``GatedRollout``)."""
+    from zerotir.fleet import cluster
+
+    monkeypatch.setattr(cluster, "fleet_cluster", lambda *args: None)  # the module's cluster serves the source
+    monkeypatch.setattr(cluster, "stop_cluster", lambda: None)  # and outlives it
+    source = FleetSource(fleet, PipelineConfig(max_staleness=max_staleness), GatedRollout(gate=str(gate)),
+                         SandboxConfig(), NO_TOOL, SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", _rows)
+    return source
+
+
 @pytest.mark.timeout(120)
 def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_dir: Path, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 46, A3, by observed order: stream batch 1 (step 2's) is held in the engine process until the test
     releases it, after step 1 has taken its batch and applied its update; a question queued behind that rollout
     (the engines' occupancy, asked after each batch) would hang here instead."""
-    from zerotir.fleet import cluster as fleet
-
-    monkeypatch.setattr(fleet, "fleet_cluster", lambda *args: None)  # the module's cluster serves the source
-    monkeypatch.setattr(fleet, "stop_cluster", lambda: None)  # and outlives it
-    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=600.0), PipelineConfig(max_staleness=1),
-                         GatedRollout(gate=str(tmp_path)), SandboxConfig(), NO_TOOL,
-                         SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
-    actor = sender_model(tiny_dir, seed=1)
-    source.start(actor, load_tokenizer(tiny_dir), "cpu", _rows)
+    source = _gated_source(tiny_dir, tmp_path, monkeypatch, FleetConfig(engines=1, pin_cores=False, timeout_s=600.0),
+                           max_staleness=1)
+    actor = source._actor
     try:
         first = source.batch(1, _rows(0), 0)  # stream batch 0; batch 1 went to the engine with it (S = 1)
         _wait_for(tmp_path / "held")  # the engine is in batch 1's rollout, which cannot end before "released"
@@ -145,3 +152,71 @@ def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_
     finally:
         (tmp_path / "released").touch()
         source.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_timeout(
+        cluster: None, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, A2, on gloo: the engine process is killed while it receives step 1's push (held in its first
+    bucket); with model.fleet.timeout_s at 600 the push fails at once, Ray restarts the engine and the recovery
+    pushes version 1 to the new process, well within the test's timeout."""
+    import os
+    import signal
+    import threading
+
+    source = _gated_source(tiny_dir, tmp_path, monkeypatch,
+                           FleetConfig(engines=1, pin_cores=False, timeout_s=600.0, max_restarts=1), max_staleness=0)
+    (tmp_path / "released").touch()  # no rollout is held here
+    try:
+        source.batch(1, _rows(0), 0)
+        pid = ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"]
+
+        def kill_when_held() -> None:
+            _wait_for(tmp_path / "push-held")
+            (tmp_path / "hold-push").unlink()  # the restarted engine receives its push
+            os.kill(pid, signal.SIGKILL)
+
+        (tmp_path / "hold-push").touch()
+        killer = threading.Thread(target=kill_when_held, daemon=True)
+        killer.start()
+        source.after_update(source._actor, 1)
+        killer.join()
+        assert source.restarts == 1 and source.version == 1
+        assert ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"] != pid
+        second = source.batch(2, _rows(1), 2)
+        assert set(second.trajectories.versions[second.trajectories.action_mask].tolist()) == {1}
+    finally:
+        source.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_push_is_interrupted_when_an_engines_receive_dies(cluster: None) -> None:
+    """``watch_push``: the receive call of a killed actor interrupts the weight group while the push runs."""
+    import threading
+
+    from zerotir.fleet.cluster import watch_push
+
+    class Group:  # the one call watch_push makes of a WeightGroup
+        def __init__(self) -> None:
+            self.interrupted = threading.Event()
+
+        def interrupt(self) -> bool:
+            self.interrupted.set()
+            return True
+
+    receiver = ray.remote(num_cpus=0, max_restarts=0)(_Receiver).remote()
+    alive = ray.remote(num_cpus=0)(_Receiver).remote()
+    group = Group()
+    refs = [alive.receive.remote(), receiver.receive.remote()]  # the live one first: it must not hide the dead one
+    with watch_push(refs, group):
+        ray.kill(receiver)
+        group.interrupted.wait()  # bounded by the test's timeout
+    assert group.interrupted.is_set()
+    ray.kill(alive)
+
+
+class _Receiver:
+    """An engine's ``receive_weights`` that never ends (its push never comes)."""
+
+    def receive(self) -> None:
+        time.sleep(3600)
