@@ -191,10 +191,11 @@ def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_tim
 
 @pytest.mark.timeout(120)
 def test_a_push_is_interrupted_when_an_engines_receive_dies(cluster: None) -> None:
-    """``watch_push``: the receive call of a killed actor interrupts the weight group while the push runs."""
+    """``watch_push``: the receive call of a killed actor interrupts the weight group while the push runs; and
+    ``ray_get`` raises its death at once, though the call before it in the list never ends."""
     import threading
 
-    from zerotir.fleet.cluster import watch_push
+    from zerotir.fleet.cluster import EngineDied, ray_get, watch_push
 
     class Group:  # the one call watch_push makes of a WeightGroup
         def __init__(self) -> None:
@@ -212,6 +213,8 @@ def test_a_push_is_interrupted_when_an_engines_receive_dies(cluster: None) -> No
         ray.kill(receiver)
         group.interrupted.wait()  # bounded by the test's timeout
     assert group.interrupted.is_set()
+    with pytest.raises(EngineDied, match="engine process 1 of the fleet died while receiving"):  # not after 600 s
+        ray_get(refs, 600.0, "receiving")
     ray.kill(alive)
 
 
