@@ -3,22 +3,30 @@
 
 The sender moves every parameter, pushes while the actor's ``receive_weights`` runs, and the actor's greedy rollout
 (no tools, so no sandbox) must then be exactly the sender model's greedy tokens, stamped with the version pushed.
+A ``FleetSource`` at S = 1 on the same cluster, its engine's rollout of the next batch held at a gate
+(``tests.fleet.gated_engine``), hands the trainer its batch and takes its update while that rollout is held.
 Every wait on the actor is bounded (``ray.get(..., timeout=...)``); the cluster is shut down at the end.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from tests.fleet.test_engine_host import GREEDY, host_settings, local_greedy, prompt_ids, sampled_ids, sender_model
+from tests.fleet.gated_engine import HOLD, GatedRollout
+from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_greedy, prompt_ids, sampled_ids,
+                                          sender_model)
 from tests.gloo import free_port
 
+from zerotir.config import FleetConfig, PipelineConfig, SamplingConfig, SandboxConfig
+from zerotir.fleet.source import FleetSource
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
+from zerotir.models import load_tokenizer
 from zerotir.scale.weight_sync import sync_weights
 
 ray = pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
@@ -94,3 +102,124 @@ def test_the_local_clusters_workers_run_at_normal_priority(cluster: None) -> Non
     assert niceness == os.nice(0)
     assert "RAY_worker_niceness" not in os.environ  # set only while the raylet started
 
+
+
+def _rows(index: int) -> list[dict]:
+    """Batch ``index`` of the stream: two prompts; batch 1's start with ``HOLD`` (held at the engine's gate)."""
+    return [{"id": f"{index}-{p}", "prompt_ids": (HOLD if index == 1 else []) + [40 + p], "answer": "0",
+             "batch_index": index, "position": p} for p in range(2)]
+
+
+def _wait_for(path: Path) -> None:
+    while not path.exists():  # bounded by the test's timeout
+        time.sleep(0.05)
+
+
+def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, fleet: FleetConfig,
+                  max_staleness: int) -> FleetSource:
+    """A started ``FleetSource`` on the module's cluster, its engines gated at ``gate`` (``GatedRollout``)."""
+    from zerotir.fleet import cluster
+
+    monkeypatch.setattr(cluster, "fleet_cluster", lambda *args: None)  # the module's cluster serves the source
+    monkeypatch.setattr(cluster, "stop_cluster", lambda: None)  # and outlives it
+    source = FleetSource(fleet, PipelineConfig(max_staleness=max_staleness), GatedRollout(gate=str(gate)),
+                         SandboxConfig(), NO_TOOL, SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", _rows)
+    return source
+
+
+@pytest.mark.timeout(120)
+def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, A3, by observed order: stream batch 1 (step 2's) is held in the engine process until the test
+    releases it, after step 1 has taken its batch and applied its update; a question queued behind that rollout
+    (the engines' occupancy, asked after each batch) would hang here instead."""
+    source = _gated_source(tiny_dir, tmp_path, monkeypatch, FleetConfig(engines=1, pin_cores=False, timeout_s=600.0),
+                           max_staleness=1)
+    actor = source._actor
+    try:
+        first = source.batch(1, _rows(0), 0)  # stream batch 0; batch 1 went to the engine with it (S = 1)
+        _wait_for(tmp_path / "held")  # the engine is in batch 1's rollout, which cannot end before "released"
+        assert [r["id"] for r in first.rows] == ["0-0", "0-1"] and first.trajectories.versions.max() == 0
+        with torch.no_grad():
+            actor.lm_head.weight.add_(1.0)  # step 1's update, while batch 1 is still being generated
+        (tmp_path / "released").touch()
+        source.after_update(actor, 1)  # the push lands after batch 1's rollout (batch shares: one call at a time)
+        second = source.batch(2, _rows(1), 2)
+        mask = second.trajectories.action_mask
+        assert mask.any() and set(second.trajectories.versions[mask].tolist()) == {0}  # sampled before push 1
+        assert source.version == 1
+    finally:
+        (tmp_path / "released").touch()
+        source.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_timeout(
+        cluster: None, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, A2, on gloo: the engine process is killed while it receives step 1's push (held in its first
+    bucket); with model.fleet.timeout_s at 600 the push fails at once, Ray restarts the engine and the recovery
+    pushes version 1 to the new process, well within the test's timeout."""
+    import os
+    import signal
+    import threading
+
+    source = _gated_source(tiny_dir, tmp_path, monkeypatch,
+                           FleetConfig(engines=1, pin_cores=False, timeout_s=600.0, max_restarts=1), max_staleness=0)
+    (tmp_path / "released").touch()  # no rollout is held here
+    try:
+        source.batch(1, _rows(0), 0)
+        pid = ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"]
+
+        def kill_when_held() -> None:
+            _wait_for(tmp_path / "push-held")
+            (tmp_path / "hold-push").unlink()  # the restarted engine receives its push
+            os.kill(pid, signal.SIGKILL)
+
+        (tmp_path / "hold-push").touch()
+        killer = threading.Thread(target=kill_when_held, daemon=True)
+        killer.start()
+        source.after_update(source._actor, 1)
+        killer.join()
+        assert source.restarts == 1 and source.version == 1
+        assert ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"] != pid
+        second = source.batch(2, _rows(1), 2)
+        assert set(second.trajectories.versions[second.trajectories.action_mask].tolist()) == {1}
+    finally:
+        source.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_push_is_interrupted_when_an_engines_receive_dies(cluster: None) -> None:
+    """``watch_push``: the receive call of a killed actor interrupts the weight group while the push runs; and
+    ``ray_get`` raises its death at once, though the call before it in the list never ends."""
+    import threading
+
+    from zerotir.fleet.cluster import EngineDied, ray_get, watch_push
+
+    class Group:  # the one call watch_push makes of a WeightGroup
+        def __init__(self) -> None:
+            self.interrupted = threading.Event()
+
+        def interrupt(self) -> bool:
+            self.interrupted.set()
+            return True
+
+    receiver = ray.remote(num_cpus=0, max_restarts=0)(_Receiver).remote()
+    alive = ray.remote(num_cpus=0)(_Receiver).remote()
+    group = Group()
+    refs = [alive.receive.remote(), receiver.receive.remote()]  # the live one first: it must not hide the dead one
+    with watch_push(refs, group):
+        ray.kill(receiver)
+        group.interrupted.wait()  # bounded by the test's timeout
+    assert group.interrupted.is_set()
+    with pytest.raises(EngineDied, match="engine process 1 of the fleet died while receiving"):  # not after 600 s
+        ray_get(refs, 600.0, "receiving")
+    ray.kill(alive)
+
+
+class _Receiver:
+    """An engine's ``receive_weights`` that never ends (its push never comes)."""
+
+    def receive(self) -> None:
+        time.sleep(3600)

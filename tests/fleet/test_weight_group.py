@@ -259,3 +259,25 @@ def test_an_nccl_weight_group_is_built_to_raise_and_abandoned_by_abort(monkeypat
         group.abandon()
         group.abandon()  # idempotent
     assert calls == ["abort", "shutdown"]
+
+
+def test_an_interrupted_group_aborts_nccl_once_and_refuses_every_later_collective():
+    """Issue 46, A2: ``interrupt`` (the push watcher's call, from another thread) aborts an NCCL communicator so its
+    pending collective raises, and is a no-op on gloo, whose waits cannot be cut from Python; either way the group's
+    next collective raises at once, and ``abandon`` does not abort a second time."""
+    from zerotir.fleet import weight_group as wg
+
+    calls = []
+    backend = type("Backend", (), {"abort": lambda self: calls.append("abort"),
+                                   "shutdown": lambda self: calls.append("shutdown")})()
+    cuda = wg.WeightGroup(None, backend, wg.GroupAddress("127.0.0.1", 1), 0, 2, torch.device("cuda"), 1.0)
+    assert cuda.interrupt() is True and cuda.interrupt() is False
+    with pytest.raises(wg.WeightGroupError, match="interrupted .a member's process died.; form a new group"):
+        cuda.broadcast(torch.zeros(1), "a bucket")
+    cuda.abandon()
+    cpu = wg.WeightGroup(None, backend, wg.GroupAddress("127.0.0.1", 1), 0, 2, torch.device("cpu"), 1.0)
+    assert cpu.interrupt() is False
+    with pytest.raises(wg.WeightGroupError, match="interrupted"):
+        cpu.share({"kind": "begin"})
+    cpu.abandon()
+    assert calls == ["abort", "shutdown"]

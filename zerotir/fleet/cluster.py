@@ -29,6 +29,9 @@ from typing import Any
 
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
+from zerotir.fleet.weight_group import WeightGroup
+
+log = logging.getLogger(__name__)
 
 NICENESS = "RAY_worker_niceness"  # Ray's setting of its workers' niceness, read by the raylet at its start
 # The SIGTERM handler before ray.init replaced it with its own (sys.exit), put back by stop_cluster.
@@ -239,7 +242,8 @@ class EngineDied(RuntimeError):
 
 def ray_get(refs: list[Any], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
     """The results of ``refs`` (one per engine process, in order; ``engines``: their indices, default 0, 1, ...),
-    all within ``timeout_s`` seconds; a failure names the engine and what it was ``doing``.
+    all within ``timeout_s`` seconds; a failure names the engine and what it was ``doing``. Taken as they end, so
+    the first failure raises at once, whichever engine it is (a live one still waiting does not hide a dead one).
 
     Raises:
         TimeoutError: an engine had not finished within ``timeout_s`` (``model.fleet.timeout_s``).
@@ -247,23 +251,65 @@ def ray_get(refs: list[Any], timeout_s: float, doing: str, engines: list[int] | 
         RuntimeError: an engine's call raised (its error in the message).
     """
     ray = _ray()
-    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
-
-    deadline, out = time.monotonic() + timeout_s, []
-    for k, ref in zip(engines if engines is not None else range(len(refs)), refs):
-        try:
-            out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-        except GetTimeoutError as exc:
-            raise TimeoutError(f"engine process {k} of the fleet did not finish {doing} within {timeout_s:g} s "
-                               "(model.fleet.timeout_s)") from exc
-        except RayActorError as exc:
-            raise EngineDied(k, f"engine process {k} of the fleet died while {doing}: {exc}",
-                             isinstance(exc, ActorUnavailableError)) from exc
-        except RayTaskError as exc:
-            cause = exc.cause if exc.cause is not None else exc
-            raise RuntimeError(f"engine process {k} of the fleet failed while {doing}: {type(cause).__name__}: "
-                               f"{cause}") from exc
+    names = engines if engines is not None else list(range(len(refs)))
+    deadline, out, left = time.monotonic() + timeout_s, [None] * len(refs), list(range(len(refs)))
+    while left:
+        ready, _ = ray.wait([refs[i] for i in left], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError(f"engine process {names[left[0]]} of the fleet did not finish {doing} within "
+                               f"{timeout_s:g} s (model.fleet.timeout_s)")
+        done = set(ready)  # ObjectRefs hash and compare by the object's id
+        for i in [i for i in left if refs[i] in done]:
+            out[i] = _result(refs[i], names[i], doing)
+        left = [i for i in left if refs[i] not in done]
     return out
+
+
+def _result(ref: Any, k: int, doing: str) -> Any:
+    """The result of engine ``k``'s call ``ref``, which has ended; its failure as ``ray_get`` raises it."""
+    from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+
+    try:
+        return _ray().get(ref, timeout=0)
+    except RayActorError as exc:
+        raise EngineDied(k, f"engine process {k} of the fleet died while {doing}: {exc}",
+                         isinstance(exc, ActorUnavailableError)) from exc
+    except RayTaskError as exc:
+        cause = exc.cause if exc.cause is not None else exc
+        raise RuntimeError(f"engine process {k} of the fleet failed while {doing}: {type(cause).__name__}: "
+                           f"{cause}") from exc
+
+
+@contextlib.contextmanager
+def watch_push(received: list[Any], group: WeightGroup) -> Iterator[None]:
+    """While this thread pushes over ``group``: a thread waits on the engines' ``receive_weights`` calls
+    (``received``), and the first that ends in an error (its engine died, or its receive failed) interrupts the
+    group (``WeightGroup.interrupt``), so that the push raises now instead of waiting out ``model.fleet.timeout_s``
+    for a peer that is gone (an NCCL collective waits that long; issue 46, A2). The push's caller recovers."""
+    ray, stop = _ray(), threading.Event()
+
+    def watch() -> None:
+        left = list(received)
+        while left and not stop.is_set():
+            ready, left = ray.wait(left, num_returns=1, timeout=WATCH_POLL_S)
+            for ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:  # noqa: BLE001 - any failed receive leaves the sender's collective hanging
+                    if group.interrupt():
+                        log.warning("weight push: an engine's receive failed; the %s is interrupted", group)
+                    return
+
+    watcher = threading.Thread(target=watch, name="zerotir-fleet-push-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+
+
+WATCH_POLL_S = 0.5  # how often the push's watcher looks whether the push has ended (it stops then)
 
 
 def ray_ready(refs: list[Any], timeout_s: float) -> list[int]:

@@ -338,14 +338,16 @@ class FleetSource:
 
     def _push(self, actor: nn.Module, version: int) -> PushStats:
         """``actor``'s weights to every engine as ``version``, bucket by bucket; waits until each has them. An engine
-        that dies meanwhile is recovered (``_recover``), which pushes again."""
-        from zerotir.fleet.cluster import EngineDied, ray_get
+        that dies meanwhile interrupts the push (``cluster.watch_push``) and is recovered (``_recover``), which
+        pushes again."""
+        from zerotir.fleet.cluster import EngineDied, ray_get, watch_push
 
         received = [h.receive_weights.remote() for h in self.hosts]
         self.ranks.announce_push(version)  # every rank joins the gathers, which run to the end whatever fails
         try:
-            push_weights(self.sender, actor, version)
-            got = ray_get(received, self.fleet.timeout_s, f"receiving the weights of version {version}")
+            with watch_push(received, self.sender.group):  # a dead engine interrupts the push at once
+                push_weights(self.sender, actor, version)
+                got = ray_get(received, self.fleet.timeout_s, f"receiving the weights of version {version}")
         except (EngineDied, WeightGroupError) as exc:
             self._recover(exc, version, list(self._submitted.values()))
             return self.sender.pushes[-1]

@@ -76,6 +76,7 @@ class WeightGroup:
         self.address, self.rank, self.world_size = address, rank, world_size
         self.device, self.timeout_s = device, timeout_s
         self.closed = False
+        self.interrupted = False  # ``interrupt`` ran: every collective from then on raises
 
     def __str__(self) -> str:
         return f"weight group at {self.address}, rank {self.rank} of {self.world_size}"
@@ -93,6 +94,8 @@ class WeightGroup:
         """
         if self.closed:
             raise WeightGroupError(f"{self}: the group is closed (stop / close ended it); form a new one")
+        if self.interrupted:
+            raise WeightGroupError(f"{self}: interrupted (a member's process died); form a new group")
         timeout = timedelta(seconds=self.timeout_s)
         try:
             self._backend.broadcast(tensor, SENDER, timeout).wait(timeout)
@@ -136,6 +139,21 @@ class WeightGroup:
         finally:
             self._backend.shutdown()
 
+    def interrupt(self) -> bool:
+        """From another thread, while this process may wait in a collective whose peer died: make that wait raise
+        now instead of after ``timeout_s``, and every later collective at once; whether the wait could be cut. An
+        NCCL communicator is aborted (``abort``: its pending work raises). Gloo cannot be cut from Python (in torch
+        2.13 ``ProcessGroupGloo.abort`` leaves a waiting collective waiting), but a gloo collective raises by
+        itself once a peer's process is gone (its TCP connection closes): only a peer that hangs alive waits out
+        ``timeout_s`` there. ``abandon`` still drops the group afterwards."""
+        if self.closed or self.interrupted:
+            return False
+        self.interrupted = True
+        abort = getattr(self._backend, "abort", None) if self.device.type == "cuda" else None
+        if abort is not None:
+            abort()
+        return abort is not None
+
     def abandon(self) -> None:
         """Drop this process's backend without the ordered leave of ``close``: the other ranks are gone (their
         processes were killed), so none would ever mark itself gone; idempotent. An NCCL communicator whose peer is
@@ -143,7 +161,8 @@ class WeightGroup:
         if not self.closed:
             self.closed = True
             abort = getattr(self._backend, "abort", None) if self.device.type == "cuda" else None
-            (abort or self._backend.shutdown)()
+            if not (abort and self.interrupted):  # an interrupted NCCL communicator is aborted already
+                (abort or self._backend.shutdown)()
             self._backend = self._store = None  # the sender's store stops listening: a new group may take its port
 
 
