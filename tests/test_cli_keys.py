@@ -54,6 +54,19 @@ def test_a_mistyped_key_in_a_yaml_file_names_the_file(capsys, monkeypatch, tmp_p
     assert "did you mean: --trainer.max_steps" in err
 
 
+def test_a_mistyped_init_arg_of_a_rollout_class_named_in_a_file_is_named(capsys, tmp_path):
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("model:\n  rollout:\n    class_path: zerotir.config.VLLMRollout\n"
+                    "    init_args:\n      gpu_memory_utilisation: 0.5\n      llm_kwargs: {anything: 1}\n")
+    err = key_error(["fit", "--config", str(typo)], capsys)
+    assert f'unknown key "model.rollout.gpu_memory_utilisation" in the config file {typo}' in err
+    assert "did you mean: --model.rollout.gpu_memory_utilization" in err
+    typo.write_text(typo.read_text().replace("gpu_memory_utilisation", "gpu_memory_utilization"))
+    check_keys(["fit", "--config", str(typo)])
+    typo.write_text(typo.read_text().replace("zerotir.config.VLLMRollout", "my.own.Rollout"))
+    check_keys(["fit", "--config", str(typo)])  # a class of the user's own: its parser judges its init_args
+
+
 def test_a_mistyped_group_or_top_level_key_is_named(capsys):
     assert 'unknown key "modle.rl.kl_coef"' in key_error(["fit", "--modle.rl.kl_coef", "0.1"], capsys)
     assert 'unknown key "ckpt"' in key_error(["test", "--ckpt", "last"], capsys)

@@ -9,7 +9,9 @@ The index is generated from the real parser (``python -m zerotir.cli_keys`` rewr
 compares, so a field added without regenerating fails CI). It holds, per subcommand, every ``--key`` the parser knows
 (groups, ``.help`` keys, ``--config``, ``--ckpt_path``, ``trainer.*``, link targets) and the "open" keys whose inner
 keys only the real parser can judge: a ``class_path`` setting (``model.rollout``, ``trainer.callbacks``), a dict
-(``model.sandbox.server_options``), a dataclass-or-None (``toy_base``). A key under an open one, and everything this
+(``model.sandbox.server_options``), a dataclass-or-None (``toy_base``); for a ``class_path`` setting of zerotir's own
+(``model.rollout``) it also holds each subclass's ``init_args`` keys, checked in a file whose mapping names that class.
+Any other key under an open one, and everything this
 check cannot judge (an unreadable or non-mapping YAML file, a value after ``--``, another command), is left to the
 real parser: the check never rejects a command the parser accepts, and never changes what it parses.
 """
@@ -60,6 +62,7 @@ class _Known:
     def __init__(self, entry: dict[str, list[str]]) -> None:
         self.keys = set(entry["keys"])
         self.open = set(entry["open"])
+        self.classes: dict[str, dict[str, dict[str, list[str]]]] = entry.get("classes", {})
         self.groups = {key.rsplit(".", i)[0] for key in self.keys for i in range(1, key.count(".") + 1)}
 
     def is_open(self, key: str) -> bool:
@@ -76,7 +79,9 @@ class _Known:
         return not plain or plain in self.keys or plain in self.groups or self.is_open(plain)
 
     def hint_keys(self) -> list[str]:
-        return sorted(k for k in self.keys if not k.endswith("help") and k not in ("config", "print_config"))
+        """The keys a "did you mean" may offer: the settings, and those of the indexed classes' ``init_args``."""
+        inner = {f"{key}.{k}" for key, names in self.classes.items() for entry in names.values() for k in entry["keys"]}
+        return sorted(k for k in self.keys | inner if not k.endswith("help") and k not in ("config", "print_config"))
 
 
 def _token_key(token: str) -> str:
@@ -109,6 +114,10 @@ def _unknown_keys(data: dict[Any, Any], prefix: str, known: _Known) -> list[str]
         if name == "class_path":
             continue
         key = prefix if name == "init_args" else f"{prefix}.{name}" if prefix else str(name)
+        if key in known.classes and isinstance(value, dict) and str(value.get("class_path")) in known.classes[key]:
+            inner = _Known(known.classes[key][str(value["class_path"])])
+            unknown += [f"{key}.{k}" for k in _unknown_keys(value.get("init_args") or {}, "", inner)]
+            continue
         if known.is_open(key):
             continue
         if not known.accepts(key):
@@ -150,7 +159,7 @@ def generate_index() -> dict[str, Any]:
 
 
 def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
-    keys, open_keys = set(), set()
+    keys, open_keys, hints = set(), set(), {}
     for action in parser._actions:
         target = getattr(action, "target", None)
         if isinstance(target, tuple) and isinstance(target[0], str):  # a link's target (data.tokenizer)
@@ -160,7 +169,34 @@ def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
         hint = getattr(action, "_typehint", None)
         if hint is not None and not names[0].endswith(".help") and not _is_leaf(hint):
             open_keys.add(names[0])
-    return {"keys": sorted(keys), "open": sorted(open_keys)}
+            hints[names[0]] = hint
+    classes = {key: _subclass_keys(hint) for key, hint in hints.items() if _own_base_class(hint)}
+    return {"keys": sorted(keys), "open": sorted(open_keys), "classes": classes}
+
+
+def _own_base_class(hint: Any) -> bool:
+    """``hint`` is a zerotir base class whose subclasses a ``class_path`` names (``model.rollout``)."""
+    return isinstance(hint, type) and hint.__module__.startswith("zerotir.") and bool(hint.__subclasses__())
+
+
+def _subclass_keys(base: type) -> dict[str, dict[str, list[str]]]:
+    """The keys of each subclass of ``base`` (its ``init_args``), under every name a ``class_path`` may give it:
+    the short name, the defining module's path and the path of a package that exports it."""
+    from jsonargparse import ArgumentParser
+
+    found: dict[str, dict[str, list[str]]] = {}
+    for cls in base.__subclasses__():
+        parser = ArgumentParser()
+        parser.add_class_arguments(cls)
+        entry = _parser_keys(parser)
+        entry.pop("classes")
+        module, names = cls.__module__, {cls.__name__, f"{cls.__module__}.{cls.__name__}"}
+        while "." in module:
+            module = module.rpartition(".")[0]
+            if getattr(sys.modules[module], cls.__name__, None) is cls:
+                names.add(f"{module}.{cls.__name__}")
+        found.update({name: entry for name in sorted(names)})
+    return found
 
 
 def _is_leaf(hint: Any) -> bool:
