@@ -11,9 +11,9 @@ compares, so a field added without regenerating fails CI). It holds, per subcomm
 keys only the real parser can judge: a ``class_path`` setting (``model.rollout``, ``trainer.callbacks``), a dict
 (``model.sandbox.server_options``), a dataclass-or-None (``toy_base``); for a ``class_path`` setting of zerotir's own
 (``model.rollout``) it also holds each subclass's ``init_args`` keys, checked in a file whose mapping names that class.
-Any other key under an open one, and everything this
-check cannot judge (an unreadable or non-mapping YAML file, a value after ``--``, another command), is left to the
-real parser: the check never rejects a command the parser accepts, and never changes what it parses.
+Any other key under an open one, and everything this check cannot judge (an unreadable or non-mapping YAML file, a
+value after ``--``, another command), is left to the real parser: the check never rejects a command the parser
+accepts, and never changes what it parses.
 """
 
 from __future__ import annotations
