@@ -8,7 +8,9 @@ Commands:
     export                            write a checkpoint's policy as a HF folder (``zerotir.models.export_policy``).
 
 A bad config or a failed check prints its message and exits non-zero without a traceback; ``--debug`` anywhere on
-the command line (or ``ZEROTIR_DEBUG=1``) shows the traceback (``zerotir.cli_errors``).
+the command line (or ``ZEROTIR_DEBUG=1``) shows the traceback (``zerotir.cli_errors``). A mistyped key of
+fit / validate / test / predict (typed, or in a ``--config`` file) is answered before torch loads
+(``zerotir.cli_keys``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     if from_command_line:
         sys.argv[1:] = take_debug_flag(sys.argv[1:])  # LightningCLI reads sys.argv itself
     argv = take_debug_flag(list(sys.argv[1:] if argv is None else argv))
+    from zerotir.cli_keys import check_keys
+
+    check_keys(argv)  # a mistyped key of fit/validate/test/predict answers here, before torch loads
     from zerotir.console import quiet_library_output
 
     quiet_library_output()  # library noise filtered unless --debug / ZEROTIR_DEBUG (zerotir.console)

@@ -1,0 +1,132 @@
+"""The key check of ``python -m zerotir`` (``zerotir.cli_keys``): a mistyped key answered before torch loads, naming
+the key, its file and the closest valid key; every valid command (the shipped configs, the documented commands, a
+printed full config, the command-line spellings of values) passes it; the committed index is the parser's."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_configs import CONFIGS, header_args
+from tests.test_doc_commands import COMMANDS
+from zerotir.cli_keys import INDEX_FILE, REGENERATE, check_keys, generate_index
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = "configs/toy_cpu.yaml"
+# ``python -m zerotir`` in a fresh interpreter: its exit status, then whether torch was imported.
+ENTRY = ("import sys\nfrom zerotir.__main__ import main\nsys.argv = ['zerotir'] + sys.argv[1:]\n"
+         "try:\n    main()\nexcept SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)\n")
+
+
+def key_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        check_keys(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("typo", [["--model.rl.kl_coeff", "0.1"], ["--model.rl.kl_coeff=0.1"]])
+def test_a_mistyped_key_errors_before_torch_is_imported(typo):
+    done = subprocess.run([sys.executable, "-c", ENTRY, "fit", "--config", BASE, *typo],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert 'error: unknown key "model.rl.kl_coeff"\n' in done.stderr
+    assert "did you mean: --model.rl.kl_coef" in done.stderr
+    assert "(every option with its meaning: python -m zerotir fit --help)" in done.stderr
+
+
+def test_a_mistyped_key_in_a_yaml_file_names_the_file(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("model:\n  optim:\n    lr: 1.0e-5\n  rl:\n    kl_coeff: 0.1\n")
+    err = key_error(["validate", "-c", BASE, "--config", str(typo)], capsys)
+    assert f'error: unknown key "model.rl.kl_coeff" in the config file {typo}\n' in err
+    assert "did you mean: --model.rl.kl_coef" in err and "python -m zerotir validate --help" in err
+    typo.write_text("trainer:\n  max_step: 3\n")
+    err = key_error(["fit", f"--config={typo}"], capsys)
+    assert f'unknown key "trainer.max_step" in the config file {typo}' in err
+    assert "did you mean: --trainer.max_steps" in err
+
+
+def test_a_mistyped_init_arg_of_a_rollout_class_named_in_a_file_is_named(capsys, tmp_path):
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("model:\n  rollout:\n    class_path: zerotir.config.VLLMRollout\n"
+                    "    init_args:\n      gpu_memory_utilisation: 0.5\n      llm_kwargs: {anything: 1}\n")
+    err = key_error(["fit", "--config", str(typo)], capsys)
+    assert f'unknown key "model.rollout.gpu_memory_utilisation" in the config file {typo}' in err
+    assert "did you mean: --model.rollout.gpu_memory_utilization" in err
+    typo.write_text(typo.read_text().replace("gpu_memory_utilisation", "gpu_memory_utilization"))
+    check_keys(["fit", "--config", str(typo)])
+    typo.write_text(typo.read_text().replace("zerotir.config.VLLMRollout", "my.own.Rollout"))
+    check_keys(["fit", "--config", str(typo)])  # a class of the user's own: its parser judges its init_args
+
+
+def test_a_mistyped_group_or_top_level_key_is_named(capsys):
+    assert 'unknown key "modle.rl.kl_coef"' in key_error(["fit", "--modle.rl.kl_coef", "0.1"], capsys)
+    assert 'unknown key "ckpt"' in key_error(["test", "--ckpt", "last"], capsys)
+
+
+@pytest.mark.parametrize("args", [
+    ["--model.optim.lr", "-1e-4"], ["--model.optim.lr=-1e-4"], ["--help"], ["-h"], ["--print_config"],
+    ["--print_config=skip_null"], ["--ckpt_path", "last"], ["--model.rollout.help", "VLLMRollout"],
+    ["--model.rollout.init_args.max_batch_size", "4"], ["--model.rollout", "HFRollout"],
+    ["--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor"],
+    ["--trainer.callbacks.init_args.logging_interval", "step"], ["--model.sandbox.server_options", '{"a": 1}'],
+    ["--model.rl", '{"kl_coef": 0.1}'], ["--data.tokenizer", "x"], ["--toy_base", "null"],
+    ["--toy_base.steps", "3"], ["--", "--anything"]], ids=lambda a: " ".join(a))
+def test_keys_the_parser_accepts_or_judges_itself_pass(args):
+    check_keys(["fit", "--config", str(REPO / BASE), *args])
+
+
+def test_other_commands_and_unreadable_files_are_left_to_their_parsers(tmp_path):
+    for command in ("toy-base", "scaling", "rollouts", "export", "--help", "fitt"):
+        check_keys([command, "--no.such.key", "1"])
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    check_keys(["fit", "--config", str(broken), "--config", str(tmp_path / "missing.yaml")])
+    check_keys([])
+
+
+def test_a_file_with_class_paths_and_open_settings_passes(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({
+        "model": {"class_path": "zerotir.module.ZeroTIRModule", "init_args": {"rl": {"kl_coef": 0.1}},
+                  "rollout": {"class_path": "zerotir.config.VLLMRollout", "init_args": {"gpu_memory_utilization": 0.5}},
+                  "sandbox": {"server_options": {"anything": {"nested": 1}}}},
+        "trainer": {"callbacks": [{"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "step"}}],
+                    "logger": {"class_path": "TensorBoardLogger", "init_args": {"save_dir": "x"}}},
+        "toy_base": {"steps": 3}}))
+    check_keys(["fit", "--config", str(mine)])
+
+
+def test_every_shipped_config_and_documented_command_passes(monkeypatch):
+    monkeypatch.chdir(REPO)
+    for path in CONFIGS:
+        check_keys(header_args(path))
+    commands = [shlex.split(c) for c in COMMANDS]
+    commands = [w[3:] for w in commands if w[:3] == ["python", "-m", "zerotir"]]
+    assert any(len(w) > 3 and w[0] == "fit" for w in commands)  # the overlay commands are among them
+    for words in commands:
+        check_keys(words)
+
+
+@pytest.mark.parametrize("config", ["configs/toy_cpu_vllm.yaml", "configs/qwen2.5-7b_reinforce_fleet.yaml"])
+def test_a_printed_full_config_passes(config, tmp_path, capsys, monkeypatch):
+    from tests.test_configs import print_config
+
+    monkeypatch.chdir(REPO)
+    args = header_args(REPO / config)
+    full = tmp_path / "full.yaml"
+    full.write_text(yaml.safe_dump(print_config(args, capsys)))
+    check_keys([args[0], "--config", str(full)])
+
+
+def test_the_committed_index_is_the_parsers():
+    committed = json.loads(INDEX_FILE.read_text())
+    assert generate_index() == committed, f"zerotir/cli_keys.json is stale: regenerate it with `{REGENERATE}`"

@@ -1,0 +1,219 @@
+"""A mistyped key of ``fit`` / ``validate`` / ``test`` / ``predict`` answered before torch loads.
+
+LightningCLI builds its parser from the signatures of ``ZeroTIRModule`` and ``Trainer``, so it cannot answer before
+torch, Lightning and transformers are imported (seconds on a quiet machine, tens under load). ``check_keys`` answers
+the commonest mistake, a mistyped key on the command line or inside a ``--config`` file, from an index of every valid
+key (``cli_keys.json`` beside this module) before anything heavy is imported; ``python -m zerotir`` calls it first.
+
+The index is generated from the real parser (``python -m zerotir.cli_keys`` rewrites it; a test regenerates it and
+compares, so a field added without regenerating fails CI). It holds, per subcommand, every ``--key`` the parser knows
+(groups, ``.help`` keys, ``--config``, ``--ckpt_path``, ``trainer.*``, link targets) and the "open" keys whose inner
+keys only the real parser can judge: a ``class_path`` setting (``model.rollout``, ``trainer.callbacks``), a dict
+(``model.sandbox.server_options``), a dataclass-or-None (``toy_base``); for a ``class_path`` setting of zerotir's own
+(``model.rollout``) it also holds each subclass's ``init_args`` keys, checked in a file whose mapping names that class.
+Any other key under an open one, and everything this check cannot judge (an unreadable or non-mapping YAML file, a
+value after ``--``, another command), is left to the real parser: the check never rejects a command the parser
+accepts, and never changes what it parses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+INDEX_FILE = Path(__file__).with_name("cli_keys.json")
+REGENERATE = "python -m zerotir.cli_keys"
+PROG = "python -m zerotir"
+# Leaf types of a setting whose value is one value, not a mapping of keys (any other type makes the key open).
+_LEAF_TYPES = (str, int, float, bool, type(None), Path, timedelta)
+
+
+def load_index() -> dict[str, dict[str, list[str]]]:
+    """The committed index: ``{subcommand: {"keys": [...], "open": [...]}}``."""
+    return json.loads(INDEX_FILE.read_text())["subcommands"]
+
+
+def check_keys(argv: list[str], index: dict[str, dict[str, list[str]]] | None = None) -> None:
+    """Exit with status 2 and a message naming the key (the file it is in, the closest valid key and the
+    subcommand's ``--help``) when ``argv`` (``python -m zerotir``'s arguments) or one of its ``--config`` files holds
+    a key its subcommand does not know; return otherwise, also for anything this check cannot judge."""
+    index = load_index() if index is None else index
+    if not argv or argv[0] not in index:
+        return
+    known = _Known(index[argv[0]])
+    args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    for token in args:
+        if token.startswith("--") and not known.accepts(_token_key(token)):
+            _fail(argv[0], _token_key(token), None, known)
+    for path in _config_files(args):
+        for key in _unknown_file_keys(path, known):
+            _fail(argv[0], key, path, known)
+
+
+class _Known:
+    """The keys of one subcommand: exact ones, and the open ones whose inner keys the real parser judges."""
+
+    def __init__(self, entry: dict[str, list[str]]) -> None:
+        self.keys = set(entry["keys"])
+        self.open = set(entry["open"])
+        self.classes: dict[str, dict[str, dict[str, list[str]]]] = entry.get("classes", {})
+        self.groups = {key.rsplit(".", i)[0] for key in self.keys for i in range(1, key.count(".") + 1)}
+
+    def is_open(self, key: str) -> bool:
+        """``key`` is an open key or under one (``model.rollout.init_args.max_batch_size``)."""
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in self.open for i in range(1, len(parts) + 1))
+
+    def accepts(self, key: str) -> bool:
+        """``key`` (from the command line, ``init_args`` / ``class_path`` spelled or not) may be valid."""
+        parts = [p for p in key.split(".") if p != "init_args"]
+        if parts and parts[-1] == "class_path":
+            parts = parts[:-1]
+        plain = ".".join(parts)
+        return not plain or plain in self.keys or plain in self.groups or self.is_open(plain)
+
+    def hint_keys(self) -> list[str]:
+        """The keys a "did you mean" may offer: the settings, and those of the indexed classes' ``init_args``."""
+        inner = {f"{key}.{k}" for key, names in self.classes.items() for entry in names.values() for k in entry["keys"]}
+        return sorted(k for k in self.keys | inner if not k.endswith("help") and k not in ("config", "print_config"))
+
+
+def _token_key(token: str) -> str:
+    """``--model.rl.kl_coef=0.1`` -> ``model.rl.kl_coef``; ``--trainer.callbacks+=X`` -> ``trainer.callbacks``."""
+    return token[2:].split("=", 1)[0].removesuffix("+")
+
+
+def _config_files(args: list[str]) -> list[str]:
+    """The ``--config`` / ``-c`` values of ``args`` (``--config=FILE`` too)."""
+    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")]
+    return files + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+
+
+def _unknown_file_keys(path: str, known: _Known) -> list[str]:
+    """The dotted keys of the YAML file ``path`` its subcommand does not know ([] when the file cannot be read as a
+    mapping: the real parser says what is wrong with it)."""
+    import yaml
+
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text()) if file.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    return _unknown_keys(data, "", known) if isinstance(data, dict) else []
+
+
+def _unknown_keys(data: dict[Any, Any], prefix: str, known: _Known) -> list[str]:
+    unknown: list[str] = []
+    for name, value in data.items():
+        if name == "class_path":
+            continue
+        key = prefix if name == "init_args" else f"{prefix}.{name}" if prefix else str(name)
+        if key in known.classes and isinstance(value, dict) and str(value.get("class_path")) in known.classes[key]:
+            inner = _Known(known.classes[key][str(value["class_path"])])
+            unknown += [f"{key}.{k}" for k in _unknown_keys(value.get("init_args") or {}, "", inner)]
+            continue
+        if known.is_open(key):
+            continue
+        if not known.accepts(key):
+            unknown.append(key)
+        elif isinstance(value, dict) and key in known.groups:
+            unknown += _unknown_keys(value, key, known)
+    return unknown
+
+
+def _fail(subcommand: str, key: str, path: str | None, known: _Known) -> typing.NoReturn:
+    from zerotir.cli_errors import key_hint
+
+    where = f" in the config file {path}" if path else ""
+    hint = key_hint(key, known.hint_keys())
+    sys.stderr.write(f'error: unknown key "{key}"{where}\n' + (f"{hint}\n" if hint else "")
+                     + f"(every option with its meaning: {PROG} {subcommand} --help)\n")
+    sys.exit(2)
+
+
+def generate_index() -> dict[str, Any]:
+    """The index, read from the real parser of ``zerotir.cli`` (imports torch and Lightning)."""
+    from zerotir.cli import ZeroTIRCLI
+
+    class _Built(Exception):
+        pass
+
+    class _ParserOnly(ZeroTIRCLI):
+        def parse_arguments(self, parser: argparse.ArgumentParser, args: Any) -> None:
+            raise _Built(parser)
+
+    try:
+        _ParserOnly(args=["fit"])
+        raise RuntimeError("the CLI parsed its arguments without calling parse_arguments")
+    except _Built as built:
+        parser = built.args[0]
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {"regenerate": REGENERATE,
+            "subcommands": {name: _parser_keys(sub) for name, sub in subcommands.choices.items()}}
+
+
+def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    keys, open_keys, hints = set(), set(), {}
+    for action in parser._actions:
+        target = getattr(action, "target", None)
+        if isinstance(target, tuple) and isinstance(target[0], str):  # a link's target (data.tokenizer)
+            keys.add(target[0])
+        names = [o[2:].removesuffix("+") for o in action.option_strings if o.startswith("--")]
+        keys.update(names)
+        hint = getattr(action, "_typehint", None)
+        if hint is not None and not names[0].endswith(".help") and not _is_leaf(hint):
+            open_keys.add(names[0])
+            hints[names[0]] = hint
+    classes = {key: _subclass_keys(hint) for key, hint in hints.items() if _own_base_class(hint)}
+    return {"keys": sorted(keys), "open": sorted(open_keys), "classes": classes}
+
+
+def _own_base_class(hint: Any) -> bool:
+    """``hint`` is a zerotir base class whose subclasses a ``class_path`` names (``model.rollout``)."""
+    return isinstance(hint, type) and hint.__module__.startswith("zerotir.") and bool(hint.__subclasses__())
+
+
+def _subclass_keys(base: type) -> dict[str, dict[str, list[str]]]:
+    """The keys of each subclass of ``base`` (its ``init_args``), under every name a ``class_path`` may give it:
+    the short name, the defining module's path and the path of a package that exports it."""
+    from jsonargparse import ArgumentParser
+
+    found: dict[str, dict[str, list[str]]] = {}
+    for cls in base.__subclasses__():
+        parser = ArgumentParser()
+        parser.add_class_arguments(cls)
+        entry = _parser_keys(parser)
+        entry.pop("classes")
+        module, names = cls.__module__, {cls.__name__, f"{cls.__module__}.{cls.__name__}"}
+        while "." in module:
+            module = module.rpartition(".")[0]
+            if getattr(sys.modules[module], cls.__name__, None) is cls:
+                names.add(f"{module}.{cls.__name__}")
+        found.update({name: entry for name in sorted(names)})
+    return found
+
+
+def _is_leaf(hint: Any) -> bool:
+    """``hint`` takes one value (scalars, Literals, lists / tuples / unions of them), not a mapping of keys."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return True
+    if origin in (typing.Union, types.UnionType, list, tuple):
+        return all(arg is Ellipsis or _is_leaf(arg) for arg in typing.get_args(hint))
+    return hint in _LEAF_TYPES
+
+
+def main() -> None:
+    """Rewrite ``cli_keys.json`` from the real parser."""
+    INDEX_FILE.write_text(json.dumps(generate_index(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {INDEX_FILE}")
+
+
+if __name__ == "__main__":
+    main()
