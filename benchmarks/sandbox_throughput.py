@@ -219,7 +219,7 @@ def compare_rows(revision: str, args: argparse.Namespace) -> list[str]:
         argv = [sys.executable, "-m", "benchmarks.sandbox_throughput", "--rows_only", "--workers", str(args.workers),
                 "--concurrency", str(args.concurrency), "--calls", str(args.calls), "--sympy_calls",
                 str(args.sympy_calls)]
-        env = {**os.environ, "PYTHONPATH": root}  # cwd first on sys.path: `import sandbox` finds the old copy
+        env = {**os.environ, "PYTHONPATH": root}  # cwd comes first in the import path: `import sandbox` finds the old copy
         out = subprocess.run(argv, cwd=tmp, env=env, check=True, capture_output=True, text=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("| sandbox")]
     return [row.replace("| sandbox", f"| sandbox at {revision}", 1) for row in rows]
