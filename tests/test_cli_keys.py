@@ -130,3 +130,12 @@ def test_a_printed_full_config_passes(config, tmp_path, capsys, monkeypatch):
 def test_the_committed_index_is_the_parsers():
     committed = json.loads(INDEX_FILE.read_text())
     assert generate_index() == committed, f"zerotir/cli_keys.json is stale: regenerate it with `{REGENERATE}`"
+
+
+def test_an_index_made_with_other_library_versions_leaves_every_key_to_the_parser(monkeypatch):
+    import zerotir.cli_keys as cli_keys
+
+    assert cli_keys.load_index() is not None  # the committed index was made with the installed versions
+    monkeypatch.setattr(cli_keys, "library_versions", lambda: {"lightning": "0.0.1", "jsonargparse": "0.0.1"})
+    assert cli_keys.load_index() is None
+    check_keys(["fit", "--config", BASE, "--trainer.an_argument_of_a_newer_lightning", "1"])  # no exit

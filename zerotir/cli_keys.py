@@ -28,15 +28,27 @@ from pathlib import Path
 from typing import Any
 
 INDEX_FILE = Path(__file__).with_name("cli_keys.json")
+# The libraries whose signatures shape the parser: an index made with other versions of them is not used (a Trainer
+# argument added by a newer Lightning would otherwise be refused), and the real parser judges every key.
+LIBRARIES = ("lightning", "jsonargparse")
 REGENERATE = "python -m zerotir.cli_keys"
 PROG = "python -m zerotir"
 # Leaf types of a setting whose value is one value, not a mapping of keys (any other type makes the key open).
 _LEAF_TYPES = (str, int, float, bool, type(None), Path, timedelta)
 
 
-def load_index() -> dict[str, dict[str, list[str]]]:
-    """The committed index: ``{subcommand: {"keys": [...], "open": [...]}}``."""
-    return json.loads(INDEX_FILE.read_text())["subcommands"]
+def library_versions() -> dict[str, str]:
+    """The installed versions of :data:`LIBRARIES` (package metadata: nothing is imported)."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in LIBRARIES}
+
+
+def load_index() -> dict[str, dict[str, list[str]]] | None:
+    """The committed index, ``{subcommand: {"keys": [...], "open": [...]}}``, or None when it was made with other
+    versions of :data:`LIBRARIES` than the installed ones."""
+    index = json.loads(INDEX_FILE.read_text())
+    return index["subcommands"] if index.get("libraries") == library_versions() else None
 
 
 def check_keys(argv: list[str], index: dict[str, dict[str, list[str]]] | None = None) -> None:
@@ -44,7 +56,7 @@ def check_keys(argv: list[str], index: dict[str, dict[str, list[str]]] | None = 
     subcommand's ``--help``) when ``argv`` (``python -m zerotir``'s arguments) or one of its ``--config`` files holds
     a key its subcommand does not know; return otherwise, also for anything this check cannot judge."""
     index = load_index() if index is None else index
-    if not argv or argv[0] not in index:
+    if index is None or not argv or argv[0] not in index:
         return
     known = _Known(index[argv[0]])
     args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
@@ -154,7 +166,7 @@ def generate_index() -> dict[str, Any]:
     except _Built as built:
         parser = built.args[0]
     (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return {"regenerate": REGENERATE,
+    return {"regenerate": REGENERATE, "libraries": library_versions(),
             "subcommands": {name: _parser_keys(sub) for name, sub in subcommands.choices.items()}}
 
 
