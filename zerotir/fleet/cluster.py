@@ -29,7 +29,7 @@ from typing import Any
 
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
-from zerotir.fleet.weight_group import WeightGroup
+from zerotir.fleet.weight_group import WeightGroup, env_unless_set
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if value is not None and value < 0:
             raise ValueError(f"start_cluster({name}={value}): must be >= 0, or None for what the machine has")
-    with _worker_niceness("0"):
+    with env_unless_set(NICENESS, "0"):
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory, **quiet)
 
 
@@ -102,19 +102,6 @@ def _check_reachable(address: str) -> None:
         raise ConnectionError(f"model.fleet.address={address!r}: nothing answers at {host}:{port} within "
                               f"{REACH_TIMEOUT_S:g} s ({exc}); start the cluster's head there (`ray start --head "
                               f"--port {port}`), or set model.fleet.address: null (a local cluster)") from exc
-
-
-@contextlib.contextmanager
-def _worker_niceness(value: str) -> Iterator[None]:
-    """``RAY_worker_niceness`` set to ``value`` while the local raylet starts (it reads it then), unless set."""
-    if NICENESS in os.environ:
-        yield
-        return
-    os.environ[NICENESS] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(NICENESS, None)
 
 
 def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0,

@@ -213,19 +213,27 @@ CLEAN_UP_ONLY = "2"  # torch's ErrorHandlingMode::CleanUpOnly: abort the communi
 
 
 @contextlib.contextmanager
-def _errors_raise(device: torch.device) -> Iterator[None]:
+def env_unless_set(name: str, value: str) -> Iterator[None]:
+    """The environment variable ``name`` set to ``value`` for the block (a library that reads it while it starts),
+    unless the user set it: their value is kept."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def _errors_raise(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """While an NCCL backend is built (it reads the setting then): a failed or timed-out collective aborts the
     communicator and raises in ``Work.wait`` instead of torch's default, the watchdog tearing the whole process
     down, so the fleet's restart logic runs (issue 46, A2). The trainer's own groups keep the default; a value the
     user set is kept. Nothing for gloo."""
-    if device.type != "cuda" or ASYNC_ERRORS in os.environ:
-        yield
-        return
-    os.environ[ASYNC_ERRORS] = CLEAN_UP_ONLY
-    try:
-        yield
-    finally:
-        os.environ.pop(ASYNC_ERRORS, None)
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return env_unless_set(ASYNC_ERRORS, CLEAN_UP_ONLY)
 
 
 def _device_and_backend(device: str | torch.device) -> tuple[torch.device, Any]:
