@@ -113,7 +113,7 @@ def test_serve_head_dim_must_be_a_multiple_of_the_pretrained_head():
 class _Idle:
     """An engine with one request that runs for ever."""
 
-    num_running = 1
+    num_running, context_length = 1, 64
 
     def step(self):
         return []

@@ -53,9 +53,17 @@ class ReportingEngine:
 
     def __init__(self, engine: Any, display: StepDisplay) -> None:
         self.engine, self.display, self.steps = engine, display, 0
+        self.context_length = engine.context_length
 
-    def __getattr__(self, name: str) -> Any:  # the rest of the RolloutEngine protocol, as the engine has it
-        return getattr(self.engine, name)
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        self.engine.submit(key, ids, params)
+
+    def release(self, key: Hashable) -> None:
+        self.engine.release(key)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
 
     def step(self) -> list[tuple[Hashable, Any]]:
         done = self.engine.step()
