@@ -53,10 +53,12 @@ class ExecConfig:
     Attributes:
         run_timeout: Default wall-time limit of a snippet in seconds (a request's ``run_timeout`` overrides it).
         max_run_timeout: The largest ``run_timeout`` a request may ask for; larger values are clamped (and said so).
-        memory_limit_mb: Default address-space budget in MB *on top of* the worker's size at fork time.
+        memory_limit_mb: Default memory budget in MB: address space *on top of* the worker's size at fork time, per
+            process; with per-snippet cgroups also ``memory.max`` for the snippet and all it forks.
         max_memory_limit_mb: The largest ``memory_limit_MB`` a request may ask for.
         max_output_bytes: Bytes kept per stream (stdout, stderr); beyond it the middle is dropped with a marker.
-        max_processes: RLIMIT_NPROC for the snippet's uid (only holds when the uid drop is on).
+        max_processes: RLIMIT_NPROC for the snippet's uid (only holds when the uid drop is on); ``pids.max`` of its
+            cgroup.
         max_open_files: RLIMIT_NOFILE.
         max_file_size_mb: RLIMIT_FSIZE (largest file a snippet may write).
         tmpfs_size_mb: Size of each worker's private writable temp dir (a tmpfs when the mount layer is on).
