@@ -109,8 +109,12 @@ def server_subtree(root: str, fs: type[CgroupFs] = CgroupFs) -> tuple[str | None
             return None, why
         name = f"zerotir-sandbox-{os.getpid()}"
         parent.mkdir(name)
+        subtree = os.path.join(parent_path, name)
+        if not os.path.exists(os.path.join(subtree, "cgroup.kill")):
+            parent.rmdir(name)
+            return None, "the kernel has no cgroup.kill (Linux >= 5.14) to end a snippet's cgroup as a whole"
         parent.write(f"{name}/cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
-        return os.path.join(parent_path, name), None
+        return subtree, None
     except OSError as e:
         return None, f"could not set up the sandbox's cgroups under {parent_path}: {e}"
     finally:

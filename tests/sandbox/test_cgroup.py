@@ -105,6 +105,14 @@ def test_without_cgroup_v2_or_a_delegated_controller_the_reason_says_which(fake_
     assert subtree is None and "lacks the memory, pids controller(s)" in why
 
 
+def test_a_kernel_without_cgroup_kill_leaves_the_layer_off_and_nothing_behind(fake_root: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(CONTROL_FILES, "cgroup.kill")  # Linux before 5.14
+    subtree, why = server_subtree(fake_root, fs=FakeKernelFs)
+    assert subtree is None and "no cgroup.kill (Linux >= 5.14)" in why
+    assert not [e for e in os.listdir(os.path.join(fake_root, "system.slice", "sandbox.service")) if "zerotir" in e]
+
+
 def test_a_snippet_cgroup_gets_its_limits_and_is_removed(fake_root: str) -> None:
     cgroups = SnippetCgroups(fake_root, worker=1, cpu_cores=0.5, fs=FakeKernelFs)
     name = cgroups.create(job_id=7, memory_limit_mb=256, max_processes=16)
