@@ -309,4 +309,5 @@ def test_a_snippets_spinning_forks_end_with_it_at_its_time_limit(sandbox_server:
     before any would reach its own RLIMIT_CPU (run_timeout + 2 s of CPU each, 12 s for the four of them)."""
     result = sandbox_server.run(SPINNERS, run_timeout=1.0)
     assert result.status is ExecStatus.TIMEOUT and result.stdout.count("spinning") == 4, result
+    assert result.limits_hit[:1] == ("time",)  # and "cpu" after it where a cgroup throttled the four
     assert wait_for_no_leftovers(sandbox_server, timeout=1.0) == []
