@@ -94,7 +94,7 @@ def server_subtree(root: str, fs: type[CgroupFs] = CgroupFs) -> tuple[str | None
     if not os.path.exists(os.path.join(root, "cgroup.controllers")):
         return None, f"no cgroup v2 hierarchy at {root} (cgroup v1 or none; --limits.cgroup_root names another)"
     own = own_cgroup()
-    parent_path = os.path.join(root, own.lstrip("/"))
+    parent_path = os.path.normpath(os.path.join(root, own.lstrip("/")))
     try:
         parent = fs(parent_path)
     except OSError as e:
