@@ -53,10 +53,12 @@ class ExecConfig:
     Attributes:
         run_timeout: Default wall-time limit of a snippet in seconds (a request's ``run_timeout`` overrides it).
         max_run_timeout: The largest ``run_timeout`` a request may ask for; larger values are clamped (and said so).
-        memory_limit_mb: Default address-space budget in MB *on top of* the worker's size at fork time.
+        memory_limit_mb: Default memory budget in MB: address space *on top of* the worker's size at fork time, per
+            process; with per-snippet cgroups also ``memory.max`` for the snippet and all it forks.
         max_memory_limit_mb: The largest ``memory_limit_MB`` a request may ask for.
         max_output_bytes: Bytes kept per stream (stdout, stderr); beyond it the middle is dropped with a marker.
-        max_processes: RLIMIT_NPROC for the snippet's uid (only holds when the uid drop is on).
+        max_processes: RLIMIT_NPROC for the snippet's uid (only holds when the uid drop is on); ``pids.max`` of its
+            cgroup.
         max_open_files: RLIMIT_NOFILE.
         max_file_size_mb: RLIMIT_FSIZE (largest file a snippet may write).
         tmpfs_size_mb: Size of each worker's private writable temp dir (a tmpfs when the mount layer is on).
@@ -69,7 +71,13 @@ class ExecConfig:
         extra_ro: Host paths (folders or files) the minimal root exposes read-only, at the same path, on purpose
             (a data folder the snippets should read); each must exist. ``--extra-ro PATH`` adds one.
         isolate: Try the kernel layers (namespaces, minimal root, uid drop); False runs with rlimits only.
-        require_isolation: Refuse to start when any isolation layer is unavailable.
+        require_isolation: Refuse to start when any isolation layer is unavailable (the cgroup budget aside: see
+            ``require_cgroup``).
+        cgroup_root: Where the cgroup v2 hierarchy is mounted; each snippet gets a cgroup of its own under the
+            server's (``memory.max`` = its memory budget, ``pids.max`` = ``max_processes``, ``cpu.max``).
+        cgroup_cpu_cores: ``cpu.max`` of each snippet's cgroup, in cores (all its processes together).
+        require_cgroup: Refuse to start when per-snippet cgroups are unavailable, instead of using per-process
+            rlimits.
     """
 
     run_timeout: float = 5.0
@@ -90,10 +98,13 @@ class ExecConfig:
     extra_ro: list[str] = field(default_factory=list)
     isolate: bool = True
     require_isolation: bool = False
+    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_cpu_cores: float = 1.0
+    require_cgroup: bool = False
 
     def __post_init__(self) -> None:
         positive = ("run_timeout", "max_run_timeout", "memory_limit_mb", "max_memory_limit_mb", "max_output_bytes",
-                    "max_processes", "max_open_files", "max_file_size_mb", "tmpfs_size_mb")
+                    "max_processes", "max_open_files", "max_file_size_mb", "tmpfs_size_mb", "cgroup_cpu_cores")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ExecConfig.{name} must be > 0, got {getattr(self, name)!r}")
@@ -105,6 +116,9 @@ class ExecConfig:
                              f"({self.max_memory_limit_mb}); raise --max_memory_limit_mb or lower --memory_limit_mb")
         if not 0 < self.uid_base < 2**31 - 1024:
             raise ValueError(f"ExecConfig.uid_base must be a positive unprivileged uid, got {self.uid_base}")
+        if self.require_cgroup and not self.isolate:
+            raise ValueError("ExecConfig.require_cgroup needs isolate: per-snippet cgroups are an isolation layer; "
+                             "set --limits.isolate true or --limits.require_cgroup false")
         self.extra_ro = [os.path.abspath(p) for p in self.extra_ro]
         for path in self.extra_ro:
             if not os.path.exists(path):
@@ -131,15 +145,15 @@ class WorkerSpec:
     exec_config: ExecConfig
     work_dir: str
     server_pid: int
+    cgroup_subtree: str | None = None  # the server's cgroup subtree for per-snippet cgroups, or None ...
+    cgroup_off: str | None = None  # ... and why not
 
     def to_json(self) -> str:
         """Serialise for the worker's command line."""
-        return json.dumps({"index": self.index, "exec_config": dataclasses.asdict(self.exec_config),
-                           "work_dir": self.work_dir, "server_pid": self.server_pid})
+        return json.dumps({**dataclasses.asdict(self), "exec_config": dataclasses.asdict(self.exec_config)})
 
     @classmethod
     def from_json(cls, text: str) -> WorkerSpec:
         """Inverse of :meth:`to_json`."""
         raw = json.loads(text)
-        return cls(index=raw["index"], exec_config=ExecConfig(**raw["exec_config"]), work_dir=raw["work_dir"],
-                   server_pid=raw["server_pid"])
+        return cls(**{**raw, "exec_config": ExecConfig(**raw["exec_config"])})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
+from sandbox.cgroup import SnippetCgroups
 from sandbox.child import STATUS_MEMORY, ChildJob, ChildPlan, build_namespace
 from sandbox.config import ExecConfig
 from sandbox.isolation import PidNamespaces
@@ -88,15 +89,17 @@ class Executor:
         uid: The uid children drop to, or None when the worker cannot drop privileges.
         pid_namespaces: Per-child PID namespaces (possibly disabled).
         fresh_proc: Each child's own /proc in the minimal root, or None (the host view: no /proc is mounted).
+        cgroups: Per-snippet cgroups (a budget for the snippet and all it forks), or None (per-process rlimits).
     """
 
     def __init__(self, config: ExecConfig, run_dir: RunDir, uid: int | None, pid_namespaces: PidNamespaces,
-                 fresh_proc: FreshProc | None = None) -> None:
+                 fresh_proc: FreshProc | None = None, cgroups: SnippetCgroups | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.uid = uid
         self.pidns = pid_namespaces
         self.fresh_proc = fresh_proc
+        self.cgroups = cgroups
         self.policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
         self.plan = ChildPlan(namespace=build_namespace(config.preamble),  # raises here if the preamble is broken
                               run_dir=run_dir.path, uid=uid, max_processes=config.max_processes,
@@ -137,6 +140,17 @@ class Executor:
             return None, "".join(traceback.format_exception_only(type(e), e)), "error"
 
     def _run_compiled(self, job: Job, code: CodeType) -> dict[str, Any]:
+        """Run in a cgroup of its own where there are cgroups: made before the child exists, and removed after
+        (``cgroup.kill`` first: whatever the snippet left, at its end or its time limit, dies with it)."""
+        if self.cgroups is None:
+            return self._run_child(job, code, None)
+        cgroup = self.cgroups.create(job.id, job.memory_limit_mb, self.config.max_processes)
+        try:
+            return self._run_child(job, code, cgroup)
+        finally:
+            self.cgroups.remove(cgroup)
+
+    def _run_child(self, job: Job, code: CodeType, cgroup: str | None) -> dict[str, Any]:
         assert self.zygote is not None, "start_zygote() before the first job"
         job_r, job_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -153,10 +167,13 @@ class Executor:
             for fd in (job_r, out_w, err_w, st_w):
                 os.close(fd)
         try:
+            if cgroup is not None:
+                self._enter_or_kill(cgroup, pid, job_w)
             _write_all(job_w, ChildJob(code, job.run_timeout, job.memory_limit_mb).encode())
             status, timed_out, out, err = self._supervise(pid, out_r, err_r, start + job.run_timeout)
             elapsed = time.monotonic() - start
             claims_memory = _read_status(st_r) == STATUS_MEMORY
+            hit = self.cgroups.limits_hit(cgroup) if self.cgroups is not None and cgroup is not None else []
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -164,15 +181,25 @@ class Executor:
             self.fresh_proc.done()
         return_code = os.waitstatus_to_exitcode(status)
         if timed_out:
-            reason = "timeout"
-        elif claims_memory and return_code == 1 and _ends_in_memory_error(err):
-            reason = "memory"
+            reason, hit = "timeout", ["time", *hit]
+        elif "memory" in hit or (claims_memory and return_code == 1 and _ends_in_memory_error(err)):
+            reason, hit = "memory", sorted({"memory", *hit})
         elif return_code < 0:
             reason = "signal"
         else:
             reason = "ok" if return_code == 0 else "error"
         truncated = bool(out.dropped or err.dropped)
-        return _result(job, reason, return_code, out.text(), err.text(), elapsed, truncated)
+        return _result(job, reason, return_code, out.text(), err.text(), elapsed, truncated, hit)
+
+    def _enter_or_kill(self, cgroup: str, pid: int, job_w: int) -> None:
+        """Move the child into its cgroup before it has its code (so all it forks is counted), or end it."""
+        assert self.cgroups is not None
+        try:
+            self.cgroups.enter(cgroup, pid)
+        except BaseException:
+            os.close(job_w)  # the child reads an empty job and exits; it is reaped here
+            self._kill_and_reap(pid)
+            raise
 
     def _supervise(self, pid: int, out_r: int, err_r: int,
                    deadline: float) -> tuple[int, bool, CappedBuffer, CappedBuffer]:
@@ -218,7 +245,8 @@ class Executor:
         """Kill the child's whole process group and anything it left behind; return its wait status.
 
         With PID namespaces, the child is its namespace's init: killing it (or its normal exit) makes the kernel
-        kill every process in the namespace, including double-forked daemons that left the process group.
+        kill every process in the namespace, including double-forked daemons that left the process group. With
+        cgroups, removing the snippet's cgroup then kills whatever of it is left, namespaces or not.
         """
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
@@ -259,6 +287,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _result(job: Job, reason: str, return_code: int, stdout: str, stderr: str, elapsed: float,
-            truncated: bool = False) -> dict[str, Any]:
+            truncated: bool = False, limits_hit: list[str] | None = None) -> dict[str, Any]:
+    """The worker's answer; ``limits_hit`` names the limits the snippet ran into (time, memory, pids, cpu)."""
     return {"id": job.id, "reason": reason, "return_code": return_code, "stdout": stdout, "stderr": stderr,
-            "execution_time": round(elapsed, 6), "output_truncated": truncated}
+            "execution_time": round(elapsed, 6), "output_truncated": truncated, "limits_hit": limits_hit or []}

@@ -258,21 +258,3 @@ def interpreter_paths() -> list[str]:
     """The paths :func:`probe_readable` should check for the snippet interpreter."""
     return _needed_paths()
 
-
-def cgroup_budget_layer(max_processes: int) -> str:
-    """Why the snippet as a whole has no cgroup budget (``memory.max``, ``pids.max``), and what holds instead.
-
-    The sandbox does not build per-snippet cgroups yet, so this layer is always off; the reason says what the host
-    offers, so an operator knows whether it could be turned on.
-    """
-    instead = (f"each process has its own budget instead (RLIMIT_AS: memory_limit_mb on top of the worker's size, "
-               f"per process; at most max_processes={max_processes} processes of the snippet uid)")
-    try:
-        with open("/sys/fs/cgroup/cgroup.controllers") as f:
-            controllers = set(f.read().split())
-    except OSError:
-        return f"no cgroup v2 hierarchy at /sys/fs/cgroup (cgroup v1 or none); {instead}"
-    missing = sorted({"memory", "pids"} - controllers)
-    if missing:
-        return f"the cgroup v2 hierarchy lacks the {', '.join(missing)} controller; {instead}"
-    return f"per-snippet cgroups are not built by this version; {instead}"

@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from typing import Any
 
+from sandbox.cgroup import remove_subtree, server_subtree
 from sandbox.config import ExecConfig, WorkerSpec
 
 log = logging.getLogger("sandbox")
@@ -165,9 +166,18 @@ class WorkerPool:
         self._busy = 0
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        self.cgroup_subtree: str | None = None
+        self.cgroup_off: str | None = "disabled by --isolate false"
 
     async def start(self) -> None:
-        """Start every worker in parallel; raises RuntimeError (and cleans up) if any fails."""
+        """Set up the per-snippet cgroups (or say why not), then start every worker in parallel; raises RuntimeError
+        (and cleans up) if any fails, or if ``require_cgroup`` is set and there are no cgroups."""
+        if self.config.isolate:
+            self.cgroup_subtree, self.cgroup_off = server_subtree(self.config.cgroup_root)
+        if self.cgroup_off is not None and self.config.require_cgroup:
+            self._remove_base_dir()
+            raise RuntimeError(f"--limits.require_cgroup is set but per-snippet cgroups are unavailable: "
+                               f"{self.cgroup_off}; set --limits.require_cgroup false to use per-process rlimits")
         workers = [self._new_worker(i) for i in range(self.size)]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -208,7 +218,8 @@ class WorkerPool:
     def _new_worker(self, index: int) -> WorkerProcess:
         work_dir = os.path.join(self.base_dir, f"w{index}")
         os.makedirs(work_dir, exist_ok=True)
-        spec = WorkerSpec(index=index, exec_config=self.config, work_dir=work_dir, server_pid=os.getpid())
+        spec = WorkerSpec(index=index, exec_config=self.config, work_dir=work_dir, server_pid=os.getpid(),
+                          cgroup_subtree=self.cgroup_subtree, cgroup_off=self.cgroup_off)
         return WorkerProcess(spec, self.startup_timeout)
 
     @property
@@ -332,3 +343,9 @@ class WorkerPool:
 
     def _remove_base_dir(self) -> None:
         shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self.cgroup_subtree is not None:
+            try:
+                remove_subtree(self.cgroup_subtree)
+            except OSError as e:
+                log.error("sandbox: could not remove the cgroup subtree %s: %s", self.cgroup_subtree, e)
+            self.cgroup_subtree = None

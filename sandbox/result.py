@@ -30,6 +30,8 @@ class ExecResult:
         elapsed: Seconds the snippet ran, as measured by the sandbox (the client's round trip when it gave none).
         return_code: Exit code; negative for a signal; None when the snippet never ran.
         wall_time: Seconds of the whole client call: queueing, retries and HTTP included.
+        limits_hit: The limits the snippet ran into, as this server reports them (``time``, ``memory``, ``pids``,
+            ``cpu``); empty from a SandboxFusion server.
     """
 
     status: ExecStatus
@@ -38,6 +40,7 @@ class ExecResult:
     elapsed: float
     return_code: int | None = None
     wall_time: float = 0.0
+    limits_hit: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -68,7 +71,8 @@ def parse_run_code_response(payload: dict[str, Any], wall_time: float) -> ExecRe
     return_code = run.get("return_code")
     elapsed = run.get("execution_time")
     elapsed = float(elapsed) if elapsed is not None else wall_time
-    reason = (payload.get("details") or {}).get("reason")
+    details = payload.get("details") or {}
+    reason = details.get("reason")
     if run.get("status") == "TimeLimitExceeded" or reason == "timeout":
         kind = ExecStatus.TIMEOUT
     elif status == "Success":  # exit code 0, whatever its stderr says (a snippet may print "MemoryError" itself)
@@ -79,7 +83,7 @@ def parse_run_code_response(payload: dict[str, Any], wall_time: float) -> ExecRe
         kind = ExecStatus.KILLED
     else:
         kind = ExecStatus.ERROR
-    return ExecResult(kind, stdout, stderr, elapsed, return_code, wall_time)
+    return ExecResult(kind, stdout, stderr, elapsed, return_code, wall_time, tuple(details.get("limits_hit") or ()))
 
 
 # --- formatting for the model ---------------------------------------------------------------------------------------

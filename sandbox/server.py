@@ -2,7 +2,8 @@
 
 A SandboxFusion client can point at this server unchanged, and :class:`sandbox.client.SandboxClient` can point at a
 real SandboxFusion. The response adds two keys SandboxFusion does not have and its clients ignore: ``request_id``
-(echoed from the request, as the paper's client requires) and ``details`` (``reason`` and ``output_truncated``).
+(echoed from the request, as the paper's client requires) and ``details`` (``reason``, ``output_truncated`` and
+``limits_hit``: which limits the snippet ran into).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from sandbox.pool import WorkerPool
 log = logging.getLogger("sandbox")
 MAX_CODE_CHARS = 1_000_000
 _PYTHON = {"python", "python3"}
-#: Layers /health reports that this version never builds (so ``--require_isolation`` cannot ask for them).
-NOT_BUILT = frozenset({"cgroup_budget"})
+#: Layers ``--require_isolation`` does not require: the cgroup budget has a setting of its own (``require_cgroup``).
+REQUIRED_SEPARATELY = frozenset({"cgroup_budget"})
 
 
 class RunCodeRequest(BaseModel):
@@ -92,7 +93,7 @@ def to_sandboxfusion(result: dict[str, Any], request_id: str | int | None, messa
     base = {"compile_result": None, "executor_pod_name": None, "files": {}, "request_id": request_id}
     if reason == "sandbox_error":
         return {**base, "status": "SandboxError", "message": result.get("error") or message, "run_result": None,
-                "details": {"reason": "sandbox_error", "output_truncated": False}}
+                "details": {"reason": "sandbox_error", "output_truncated": False, "limits_hit": []}}
     run_result = {
         "status": "TimeLimitExceeded" if reason == "timeout" else "Finished",
         "execution_time": result["execution_time"],
@@ -101,7 +102,8 @@ def to_sandboxfusion(result: dict[str, Any], request_id: str | int | None, messa
         "stderr": result["stderr"],
     }
     return {**base, "status": "Success" if reason == "ok" else "Failed", "message": message,
-            "run_result": run_result, "details": {"reason": reason, "output_truncated": result["output_truncated"]}}
+            "run_result": run_result, "details": {"reason": reason, "output_truncated": result["output_truncated"],
+                                                  "limits_hit": result["limits_hit"]}}
 
 
 class SandboxService:
@@ -230,6 +232,6 @@ def _report_layers(pool: WorkerPool, config: ExecConfig) -> None:
     else:
         log.warning("sandbox: filesystem view: host (%s): snippets can read every world-readable host file",
                     view["reason"])
-    required = sorted(set(off) - NOT_BUILT)
+    required = sorted(set(off) - REQUIRED_SEPARATELY)
     if required and config.require_isolation:
         raise RuntimeError(f"--require_isolation is set but these protections are off: {required}")

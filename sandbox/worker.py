@@ -21,11 +21,12 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
+from sandbox.cgroup import SnippetCgroups, budget_layer
 from sandbox.child import prepare_worker_process
 from sandbox.config import WorkerSpec
 from sandbox.executor import Executor, Job
-from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, cgroup_budget_layer, enter_namespaces,
-                               host_layers, interpreter_paths, prctl, probe_readable, umount)
+from sandbox.isolation import (MNT_DETACH, PR_SET_PDEATHSIG, PidNamespaces, enter_namespaces, host_layers,
+                               interpreter_paths, prctl, probe_readable, umount)
 from sandbox.rootfs import FilesystemView, FreshProc, RootPlan, enter_minimal_root, host_view
 from sandbox.rundir import RunDir
 from sandbox.seccomp import Filter, build_filter, probe_child_layers
@@ -92,6 +93,9 @@ def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, d
     uid = config.uid_base + spec.index if (config.isolate and os.geteuid() == 0) else None
     pidns = PidNamespaces(enabled=config.isolate)
     layers["pid_namespace"] = pidns.error
+    cgroups = (SnippetCgroups(spec.cgroup_subtree, spec.index, config.cgroup_cpu_cores)  # before the pivot hides it
+               if spec.cgroup_subtree is not None else None)
+    layers["cgroup_budget"] = budget_layer(cgroups, spec.cgroup_off, config.max_processes)
     view = _isolate(spec, uid, pidns, layers)
     if uid is None:
         layers["uid_drop"] = ("disabled by --isolate false" if not config.isolate
@@ -108,9 +112,8 @@ def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, d
     no_mount = "disabled by --isolate false" if not config.isolate else layers.get("mount_namespace")
     run_dir = RunDir(view.run_dir, uid, config.tmpfs_size_mb, no_mount)
     layers["fresh_run_dir_tmpfs"] = run_dir.layer
-    executor = Executor(config, run_dir, uid, pidns, fresh_proc)
+    executor = Executor(config, run_dir, uid, pidns, fresh_proc, cgroups)
     layers.update(_child_layers(executor, config.isolate))
-    layers["cgroup_budget"] = cgroup_budget_layer(config.max_processes)
     prepare_worker_process(view.run_dir)
     gc.collect()
     gc.freeze()  # keeps the collector from touching (and so copying) the zygote's objects in every child

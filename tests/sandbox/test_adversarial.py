@@ -250,3 +250,64 @@ def test_ipc_keyrings_memfd_namespaces_and_ptrace_are_refused_and_nothing_reache
     assert result.ok and ast.literal_eval(result.stdout) == {
         name: 1 for name in ("shmget", "msgget", "semget", "add_key", "keyctl", "memfd_create", "unshare", "ptrace")
     }, result
+
+
+#: Four children, each trying to fork eight more that sleep: 36 processes if each process had its own budget.
+FORK_TREE = """
+import os, time
+r, w = os.pipe()
+children = 0
+for _ in range(4):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        n = 0
+        for _ in range(8):
+            try:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                n += 1
+            except OSError:
+                pass
+        os.write(w, bytes([n]))
+        time.sleep(60)
+        os._exit(0)
+    children += 1
+grandchildren = b""
+while len(grandchildren) < children:
+    grandchildren += os.read(r, 4)
+print(children + sum(grandchildren))
+"""
+
+
+def test_a_snippets_forks_share_one_process_budget(sandbox_server: Server) -> None:
+    """max_processes counts the snippet and everything it forks together (the snippet uid's RLIMIT_NPROC)."""
+    sandbox_server.require("uid_drop")
+    result = sandbox_server.run(FORK_TREE)
+    max_processes = sandbox_server.health["limits"]["max_processes"]
+    assert result.status is ExecStatus.OK, result
+    assert 0 < int(result.stdout) <= max_processes - 1  # the snippet itself is one of them
+    assert wait_for_no_leftovers(sandbox_server, timeout=1.0) == []
+
+
+SPINNERS = """
+import os
+for _ in range(3):
+    if os.fork() == 0:
+        break
+print("spinning", flush=True)
+while True:
+    pass
+"""
+
+
+def test_a_snippets_spinning_forks_end_with_it_at_its_time_limit(sandbox_server: Server) -> None:
+    """CPU is spent on one whole-snippet budget, the time limit: at it every process of the snippet is killed, long
+    before any would reach its own RLIMIT_CPU (run_timeout + 2 s of CPU each, 12 s for the four of them)."""
+    result = sandbox_server.run(SPINNERS, run_timeout=1.0)
+    assert result.status is ExecStatus.TIMEOUT and result.stdout.count("spinning") == 4, result
+    assert result.limits_hit[:1] == ("time",)  # and "cpu" after it where a cgroup throttled the four
+    assert wait_for_no_leftovers(sandbox_server, timeout=1.0) == []

@@ -46,6 +46,13 @@ def test_details_reason_of_this_server_wins_over_guessing() -> None:
     assert parse_run_code_response(body, 0.7).status is ExecStatus.ERROR
 
 
+def test_the_limits_a_snippet_hit_come_from_this_servers_details_and_none_from_sandboxfusion() -> None:
+    body = response("Failed", "Finished", -9, reason="memory")
+    body["details"]["limits_hit"] = ["memory", "pids"]
+    assert parse_run_code_response(body, 0.7).limits_hit == ("memory", "pids")
+    assert parse_run_code_response(response("Failed", "TimeLimitExceeded", None), 0.7).limits_hit == ()
+
+
 def test_elapsed_is_the_sandbox_execution_time_and_wall_time_the_round_trip() -> None:
     result = parse_run_code_response(response("Success", "Finished", 0, "ok\n"), wall_time=0.7)
     assert (result.elapsed, result.wall_time, result.return_code, result.ok) == (0.5, 0.7, 0, True)

@@ -247,3 +247,53 @@ def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server:
     while time.monotonic() < deadline and sandbox_server.health_now()["workers_alive"] < WORKERS:
         time.sleep(0.2)
     assert sandbox_server.metrics()["worker_restarts"] == restarts + 1
+
+
+OVERSIZED_BYTES = 96 * 2**20  # 6x the body limit
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _post_declared(server: Server, size: int) -> bytes:
+    """POST a ``size``-byte body with its Content-Length, sending it whole unless the server hangs up first."""
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {size}\r\n\r\n".encode())
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(head)
+        try:
+            block = b"#" * 2**20
+            for _ in range(size // len(block)):
+                conn.sendall(block)
+        except OSError:  # the server answered and closed the connection
+            pass
+        return conn.makefile("rb").readline()
+
+
+def test_oversized_bodies_do_not_grow_the_servers_memory(sandbox_server: Server) -> None:
+    """Two declared and two chunked 96 MiB bodies: refused before they are read whole, so the server's peak RSS
+    stays within the one chunked body it buffers up to the 16 MiB limit (a margin of 40 MiB; reading one body whole
+    would add at least 96 MiB)."""
+    try:
+        with open(f"/proc/{sandbox_server.pid}/clear_refs", "w") as f:
+            f.write("5")  # resets the peak RSS (VmHWM) to the current RSS
+    except OSError as e:
+        pytest.skip(f"cannot reset the server's peak RSS (needs root): {e}")
+    before = _peak_rss_bytes(sandbox_server.pid)
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"code": "'
+        for _ in range(OVERSIZED_BYTES // 2**20):
+            yield b"#" * 2**20
+        yield b'"}'
+
+    statuses = [_post_declared(sandbox_server, OVERSIZED_BYTES).split()[1] for _ in range(2)]
+    statuses += [str(httpx.post(sandbox_server.url + "/run_code", content=chunks(), timeout=60, trust_env=False,
+                                headers={"content-type": "application/json"}).status_code).encode()
+                 for _ in range(2)]
+    growth = _peak_rss_bytes(sandbox_server.pid) - before
+    assert growth < 40 * 2**20, f"the server's peak RSS grew by {growth / 2**20:.1f} MiB"
+    assert statuses == [b"413"] * 4
