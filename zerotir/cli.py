@@ -7,10 +7,10 @@
     python -m zerotir fit --config configs/tiny_cpu_ppo.yaml --print_config             # the full config
 
 What the subclass adds to Lightning's CLI:
-    * the module's settings are typed groups (``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling``,
-      ``model.eval_sampling``, ``model.rollout``, ``model.sandbox``: ``zerotir.config``); ``--help`` shows each
-      field's docstring;
-    * shared arguments are set once: ``model.model_path`` also names the data module's tokenizer;
+    * the module's settings are typed groups (``model.base``, ``model.rl``, ``model.optim``, ``model.tool``,
+      ``model.sampling``, ``model.eval``, ``model.rollout``, ``model.sandbox``...: ``zerotir.config``); ``--help``
+      shows each field's docstring;
+    * shared arguments are set once: ``model.base.path`` also names the data module's tokenizer;
     * a ``checkpoint`` group (a ``ModelCheckpoint``; ``save_last`` on) whose folder defaults to
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
@@ -19,7 +19,7 @@ What the subclass adds to Lightning's CLI:
       ``callbacks.PurgeResumedSteps``);
     * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
-      ``model.model_path`` before anything loads it, unless one with the same settings is there; it builds only at
+      ``model.base.path`` before anything loads it, unless one with the same settings is there; it builds only at
       the folder the config file names (``zerotir.toy.base_path``), so a mistyped path fails instead;
     * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``); a mistyped key read
       from a ``--config`` file names the file;
@@ -119,9 +119,9 @@ class ZeroTIRCLI(LightningCLI):
             "trainer.num_sanity_val_steps": 0,  # a sanity check would run full tool rollouts before step 1
             "trainer.default_root_dir": DEFAULT_ROOT,
         })
-        parser.link_arguments("model.model_path", "data.tokenizer")
+        parser.link_arguments("model.base.path", "data.tokenizer")
         parser.add_argument("--toy_base", type=PretrainSettings | None, default=None,
-                            help="Build the toy base model at model.model_path first (unless one with these settings "
+                            help="Build the toy base model at model.base.path first (unless one with these settings "
                                  "is there, its checksums verified); {} = the toy world's defaults, the base shipped "
                                  "in data/toy_base, which no run rewrites (docs/toy.md).")
 
@@ -160,16 +160,16 @@ class ZeroTIRCLI(LightningCLI):
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             settings = config.toy_base
             settings = asdict(settings) if isinstance(settings, PretrainSettings) else settings.as_dict()
-            check_toy_base_path(config.model.model_path, self._model_path_of_config_files(config),
+            check_toy_base_path(config.model.base.path, self._model_path_of_config_files(config),
                                 PretrainSettings(**settings))
-            ensure_toy_base(config.model.model_path, **settings)
+            ensure_toy_base(config.model.base.path, **settings)
 
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
-        """``model.model_path`` as the ``--config`` files give it, merged in order (the last file that sets it wins),
+        """``model.base.path`` as the ``--config`` files give it, merged in order (the last file that sets it wins),
         before command-line overrides: the toy base's own folder (``zerotir.toy.base_path``).
 
         Read from the files' YAML, not by parsing each file as a config: an overlay (``configs/toy_cpu_ppo.yaml``) or
-        a user's file that sets ``model:`` without ``model_path`` is not a whole config on its own."""
+        a user's file that sets ``model:`` without ``base.path`` is not a whole config on its own."""
         found = None
         for path in config.get("config") or []:
             if path is not None:
@@ -204,11 +204,12 @@ class ZeroTIRCLI(LightningCLI):
 
 
 def _file_model_path(path: Path) -> str | None:
-    """``model.model_path`` in one config file (``model: {model_path: ...}`` or under ``init_args``), or None."""
+    """``model.base.path`` in one config file (``model: {base: {path: ...}}`` or under ``init_args``), or None."""
     model = (yaml.safe_load(path.read_text()) or {}).get("model")
     if not isinstance(model, dict):
         return None
-    return model.get("model_path") or (model.get("init_args") or {}).get("model_path")
+    base = model.get("base") or (model.get("init_args") or {}).get("base")
+    return base.get("path") if isinstance(base, dict) else None
 
 
 def _group(value: Any, group: type[Any]) -> Any:

@@ -29,6 +29,16 @@ DEBUG_FLAG = "--debug"
 # The key a parse error is about: "unrecognized arguments: --model.rl.kl_coeff 0.1", "... does not accept option 'x'".
 _KEY_PATTERNS = (re.compile(r"unrecognized arguments: --([\w.\-]+)"), re.compile(r"accept option '([\w.\-]+)'"))
 
+# Keys that moved (issue 43: the module's parameters grouped), old -> new. An old key, typed or in a config file, is
+# an error that names its new place: before torch loads (``zerotir.cli_keys``) and in the real parser's error.
+MOVED = {
+    "model.model_path": "model.base.path", "model.dtype": "model.base.dtype",
+    "model.gradient_checkpointing": "model.base.gradient_checkpointing",
+    "model.attn_implementation": "model.base.attn_implementation",
+    "model.eval_sampling": "model.eval.sampling", "model.eval_report_dir": "model.eval.report_dir",
+    "model.refill": "model.filters.refill",
+}
+
 
 def take_debug_flag(argv: list[str]) -> list[str]:
     """``argv`` without ``--debug``; when it was there, turn on the tracebacks (ours and jsonargparse's)."""
@@ -50,9 +60,22 @@ def _option_keys(parser: argparse.ArgumentParser) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def moved_key(key: str) -> str | None:
+    """The new place of ``key`` when it, or the group it is under, moved (``MOVED``); None otherwise.
+    Example: ``model.eval_sampling.n`` -> ``model.eval.sampling.n``."""
+    for old, new in MOVED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return None
+
+
 def key_hint(key: str, known: list[str]) -> str:
-    """"did you mean" for a mistyped ``key``, and the keys of the group it (or its best match) belongs to."""
+    """"did you mean" for a mistyped ``key``, and the keys of the group it (or its best match) belongs to; for a key
+    that moved (``MOVED``), its new place instead."""
     key = key.split("=", 1)[0]
+    moved = moved_key(key)
+    if moved is not None:
+        return f"{key} moved: it is now {moved} (write it there)"
     matches = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     lines = [f"did you mean: {', '.join('--' + m for m in matches)}"] if matches else []
     group = key.rpartition(".")[0]

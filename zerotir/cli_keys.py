@@ -143,7 +143,7 @@ def _fail(subcommand: str, key: str, path: str | None, known: _Known) -> typing.
     from zerotir.cli_errors import key_hint
 
     where = f" in the config file {path}" if path else ""
-    hint = key_hint(key, known.hint_keys())
+    hint = key_hint(key, known.hint_keys())  # names the new place of a moved key first
     sys.stderr.write(f'error: unknown key "{key}"{where}\n' + (f"{hint}\n" if hint else "")
                      + f"(every option with its meaning: {PROG} {subcommand} --help)\n")
     sys.exit(2)

@@ -25,8 +25,9 @@ KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pas
 FILTER_NAMES = ("pass_rate", "overlong_wrong", "shortcut", "code_mismatch", "void_repetition", "void_turn",
                 "truncated", "roc", "perplexity")
 FILTER_FRACTIONS = {name: f"filter/{name}_fraction" for name in FILTER_NAMES}
-# How the step's batch was filled (model.refill), per step: generation rounds, prompts drawn from the stream, steps so
-# far whose refill rounds ran out before the batch was full (refill runs only), consecutive steps without an update.
+# How the step's batch was filled (model.filters.refill), per step: generation rounds, prompts drawn from the stream,
+# steps so far whose refill rounds ran out before the batch was full (refill runs only), consecutive steps without an
+# update.
 GENERATION_ROUNDS = "filter/generation_rounds"
 PROMPTS_CONSUMED = "filter/prompts_consumed"
 EXHAUSTED_STEPS = "filter/exhausted_steps"

@@ -93,7 +93,7 @@ def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):
         assert watch.update(2, filled(0), skipped=True)["empty_steps_in_a_row"] == 2.0
     assert len(caplog.records) == 2  # one warning per empty step, with the count and the fix
     assert "RL step 2: the filters kept no trajectory of the 4 prompt groups (1 generation round): no update, 2 " \
-           "consecutive steps without one; the run stops at model.refill.max_empty_steps=3" in caplog.messages[1]
+           "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=3" in caplog.messages[1]
     assert "PassRateFilter low / high" in caplog.messages[1]
     caplog.clear()
     assert watch.update(3, filled(3), skipped=False)["empty_steps_in_a_row"] == 0.0  # an update resets the count
@@ -101,7 +101,7 @@ def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):
     state = watch.state_dict()
     resumed = FillWatch(RefillConfig(max_rounds=1, max_empty_steps=3))
     resumed.load_state_dict({**state, "empty_in_a_row": 2})  # as after two empty steps and a checkpoint
-    with pytest.raises(EmptyStepsError, match=r"RL step 9: 3 consecutive steps without an update \(model.refill."
+    with pytest.raises(EmptyStepsError, match=r"RL step 9: 3 consecutive steps without an update \(model.filters.refill."
                                               r"max_empty_steps=3\).*kept no trajectory of the 4 prompt groups"):
         resumed.update(9, filled(0), skipped=True)
 
@@ -114,7 +114,7 @@ def test_fill_watch_counts_steps_whose_refill_rounds_ran_out(caplog):
     assert full == {"generation_rounds": 2.0, "prompts_consumed": 8.0, "empty_steps_in_a_row": 0.0,
                     "exhausted_steps": 0.0}
     assert short["exhausted_steps"] == 1.0 and short["prompts_consumed"] == 12.0
-    assert caplog.messages == ["RL step 2: 3 generation rounds (model.refill.max_rounds=3) kept 3 of the 4 prompt "
+    assert caplog.messages == ["RL step 2: 3 generation rounds (model.filters.refill.max_rounds=3) kept 3 of the 4 prompt "
                                "groups of a full batch (data.prompts_per_step); the step trains on 3 (1 short steps "
                                "so far)"]
     assert watch.state_dict() == {"empty_in_a_row": 0, "exhausted_steps": 1}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from zerotir.config.checks import check_choice
+from zerotir.config.refill import RefillConfig
 from zerotir.config.rl import RLConfig
 from zerotir.config.rollout import SamplingConfig, ToolConfig
 
@@ -60,6 +61,9 @@ class FilterConfig:
     first, beyond roc_correct_keep of the group's correct trajectories."""
     roc_correct_keep: float = 0.5
     """roc: the share of a group's correct trajectories kept (at least every clean one); in [0, 1]."""
+    refill: RefillConfig = RefillConfig()
+    """Dynamic sampling: a step whose filters drop prompt groups draws more prompts, up to max_rounds rounds; and how
+    many steps in a row may train nothing before the run stops (zerotir.rl.refill)."""
 
     def __post_init__(self) -> None:
         check_choice("filters", "overlong", self.overlong, Overlong)

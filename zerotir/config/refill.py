@@ -1,4 +1,5 @@
-"""How a step's batch is assembled under the rollout filter: ``model.refill`` (dynamic sampling, as DAPO's)."""
+"""How a step's batch is assembled under the rollout filter: ``model.filters.refill`` (dynamic sampling, as
+DAPO's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from zerotir.config.checks import check_min
 
 @dataclass(frozen=True)
 class RefillConfig:
-    """Dynamic sampling with refill (``model.refill``, ``zerotir.rl.refill``): a step whose rollout filter drops
+    """Dynamic sampling with refill (``model.filters.refill``, ``zerotir.rl.refill``): a step whose rollout filter drops
     prompt groups draws the next ``data.prompts_per_step`` prompts of the stream and generates again, until its batch
     holds ``data.prompts_per_step`` kept groups or ``max_rounds`` rounds ran; and a run whose steps keep training
     nothing stops instead of idling."""
@@ -25,8 +26,8 @@ class RefillConfig:
     with an error; every such step logs a warning with the count."""
 
     def __post_init__(self) -> None:
-        check_min("refill", self, ("max_rounds",), 1, " (1: no refill)")
-        check_min("refill", self, ("max_empty_steps",), 1)
+        check_min("filters.refill", self, ("max_rounds",), 1, " (1: no refill)")
+        check_min("filters.refill", self, ("max_empty_steps",), 1)
 
     @property
     def enabled(self) -> bool:

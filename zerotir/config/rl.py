@@ -196,7 +196,7 @@ class RLConfig:
                              f"model.sampling.n >= 2 or algorithm: reinforce_pp")
         if not sampling.temperature > 0:
             raise ValueError(f"model.sampling.temperature={sampling.temperature}: greedy decoding is for evaluation "
-                             f"only (model.eval_sampling); training samples and scores its tokens at a temperature "
+                             f"only (model.eval.sampling); training samples and scores its tokens at a temperature "
                              f"> 0 (e.g. 1.0)")
         if sampling.top_p < 1 and self.off_policy_correction not in (None, "none"):
             raise ValueError(f"model.rl.off_policy_correction={self.off_policy_correction!r} with "

@@ -131,7 +131,7 @@ def check_temperature(temperature: float) -> None:
     if not temperature > 0:
         raise ValueError(f"model.sampling.temperature={temperature}: training needs a sampling temperature > 0 (0 is "
                          "greedy decoding, which has no distribution to score or to train; use it in "
-                         "model.eval_sampling only)")
+                         "model.eval.sampling only)")
 
 
 def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> Tensor:
