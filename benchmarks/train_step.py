@@ -35,7 +35,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks import PassRateFilter
 from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
 from zerotir.rl import algorithms as A
 from zerotir.data.datamodule import PromptDataModule
@@ -72,7 +71,7 @@ def run_steps(args: argparse.Namespace, base: Path, train_file: Path) -> tuple[Z
     recorder = Recorder()
     trainer = pl.Trainer(accelerator="cpu", max_steps=args.steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[PassRateFilter(enabled=False), recorder], default_root_dir=REPO / "runs")
+                         callbacks=[recorder], default_root_dir=REPO / "runs")
     trainer.fit(module, datamodule=data)
     return module, recorder
 

@@ -14,7 +14,7 @@ from callbacks import PassRateFilter, ScalingMetrics
 from tests.scripted_source import IdleEngine, Recorder, ScriptedSource, recorded
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.config import (
-    BaseModelConfig, EvalConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
+    BaseModelConfig, EvalConfig, FilterConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
     VLLMRollout)
 from zerotir.module import ZeroTIRModule
 from zerotir.rollout.tp_group import TensorParallelGroup
@@ -24,7 +24,8 @@ from zerotir.toy.tokenizer import build_byte_tokenizer
 def small_module(tiny_dir, eval_n=1, **rl) -> ZeroTIRModule:
     return ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(**{"micro_batch_size": 2, **rl}),
                          optim=OptimConfig(lr=1e-2), sampling=SamplingConfig(n=2, max_response_tokens=16),
-                         eval=EvalConfig(SamplingConfig(n=eval_n, temperature=0.0, max_response_tokens=16)), seed=3)
+                         eval=EvalConfig(SamplingConfig(n=eval_n, temperature=0.0, max_response_tokens=16)),
+                         filters=FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8), seed=3)
 
 
 def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1, **rl):
@@ -36,7 +37,7 @@ def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1,
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=root,
-                         callbacks=[PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()])
+                         callbacks=[PassRateFilter(), ScalingMetrics(), ckpt, Recorder()])
     return module, data, trainer, source
 
 

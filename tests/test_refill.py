@@ -67,12 +67,13 @@ def make_run(tiny_dir, train_file, root, informative: set[str], refill: RefillCo
     pl.seed_everything(0)
     module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(algorithm="grpo", micro_batch_size=2),
                            optim=OptimConfig(lr=1e-2), sampling=SamplingConfig(n=2, max_response_tokens=16),
-                           filters=FilterConfig(refill=refill), seed=SEED)
+                           filters=FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8, refill=refill),
+                           seed=SEED)
     source = module.source = GradedSource(module, informative)
     data = PromptDataModule(train_files=[str(train_file)], template="plain", tokenizer=str(tiny_dir), prompts_per_step=2,
                             test_files=[])
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
-    callbacks = [PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()]
+    callbacks = [PassRateFilter(), ScalingMetrics(), ckpt, Recorder()]
     run = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
                      enable_model_summary=False, default_root_dir=root, callbacks=callbacks, **trainer)
     return module, data, run, source
@@ -167,12 +168,8 @@ def test_all_filtered_steps_warn_and_the_count_survives_resume(tiny_dir, train_f
     assert rsource.seen == [stream_ids(2)]
 
 
-def test_refill_without_a_rollout_filter_is_an_error_naming_the_fix(tiny_dir, train_file, tmp_path):
-    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, set(), RefillConfig(max_rounds=2), max_steps=1)
-    trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, PassRateFilter)]
-    with pytest.raises(ValueError, match=r"model.filters.refill.max_rounds=2: .* no rollout filter .* set model.filters.refill."
-                                         r"max_rounds: 1 or add the PassRateFilter to trainer.callbacks"):
-        trainer.fit(module, datamodule=data)
+def test_bad_refill_settings_name_the_field():
+    # refill without the pass-rate rule: tests/filters/test_pass_rate.py
     with pytest.raises(ValueError, match=r"model.filters.refill.max_rounds=0: must be >= 1 \(1: no refill\)"):
         RefillConfig(max_rounds=0)
     with pytest.raises(ValueError, match=r"model.filters.refill.max_empty_steps=0: must be >= 1"):

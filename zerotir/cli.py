@@ -37,8 +37,9 @@ import logging
 import os
 import shutil
 import sys
+import typing
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -213,8 +214,16 @@ def _file_model_path(path: Path) -> str | None:
 
 
 def _group(value: Any, group: type[Any]) -> Any:
-    """A configuration group as parsed (an instance, or a Namespace of its fields) as an instance of ``group``."""
-    return value if isinstance(value, group) else group(**value.as_dict())
+    """A configuration group as parsed (an instance, or a Namespace of its fields) as an instance of ``group``, its
+    nested groups (``model.filters.refill``) built too."""
+    if isinstance(value, group):
+        return value
+    fields = value.as_dict() if isinstance(value, Namespace) else dict(value)
+    hints = typing.get_type_hints(group)
+    for name, field_value in fields.items():
+        if is_dataclass(hints.get(name)) and not is_dataclass(field_value):
+            fields[name] = _group(field_value, hints[name])
+    return group(**fields)
 
 
 def _as_list(callbacks: Any) -> list[Any]:

@@ -1,8 +1,8 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
     prompts -> the rollout source's batch (tool-integrated rollouts, n per prompt, scored as they end:
-    ``zerotir.rollout.source``) -> sandbox guard -> the rollout filter's keep decision -> ``zerotir.rl.step.rl_step``
-    (old log-probs / reference / values, advantages, the PPO-epoch update) -> the source's after-update (the new
+    ``zerotir.rollout.source``) -> sandbox guard -> the keep decision of ``model.filters`` ->
+    ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the PPO-epoch update) -> the source's after-update (the new
     weights to the engine that generates next) -> ``StepResult`` returned to the callbacks (``outputs["step"]`` of
     ``on_train_batch_end``).
 
@@ -42,7 +42,7 @@ from zerotir.filters.trajectory import FilterContext
 from zerotir.rl.guards import SandboxErrorGuard
 from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round
 from zerotir.rl.staleness import staleness_stats
-from zerotir.rl.step import BatchInfo, FilterDecision, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rl.step import BatchInfo, FilterDecision, Models, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
@@ -123,7 +123,6 @@ class ZeroTIRModule(LightningModule):
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
-        self.rollout_filter: RolloutFilter | None = None  # set by a filter callback (set_rollout_filter)
         self._hf_zero3: Any = None  # transformers' ZeRO-3 switch, held while the run lasts (see configure_model)
 
     def _plain_hparams(self) -> None:
@@ -134,12 +133,6 @@ class ZeroTIRModule(LightningModule):
                 if isinstance(value, RolloutBackend):
                     plain = {"class_path": f"zerotir.config.{type(value).__qualname__}", "init_args": plain}
                 self.hparams[key] = plain
-
-    def set_rollout_filter(self, decide: RolloutFilter | None) -> None:
-        """The one hook through which a callback (``PassRateFilter``) gives the RL step its keep decision."""
-        if decide is not None and self.rollout_filter is not None and self.rollout_filter != decide:
-            raise ValueError("two rollout filters were registered (e.g. two PassRateFilter callbacks); keep one")
-        self.rollout_filter = decide
 
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
@@ -231,17 +224,9 @@ class ZeroTIRModule(LightningModule):
         self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:
-        if self.refill.enabled and self.rollout_filter is None:
-            raise ValueError(f"model.filters.refill.max_rounds={self.refill.max_rounds}: a step draws more prompts "
-                             "when the rollout filter drops groups, and this run has no rollout filter (callbacks."
-                             "PassRateFilter absent, or enabled: false), so nothing is ever dropped; set "
-                             "model.filters.refill.max_rounds: 1 or add the PassRateFilter to trainer.callbacks")
         self._start_source()
 
-    def on_validation_start(self) -> None:
-        self._start_source()
-
-    on_test_start = on_validation_start
+    on_validation_start = on_test_start = on_fit_start
 
     # ----- one RL step -----
     def training_step(self, dataloader_iter: Iterator[tuple[list[PromptRow], int, int]]) -> dict[str, StepResult]:
@@ -296,11 +281,10 @@ class ZeroTIRModule(LightningModule):
                 return fill.result(pad_id(self.tokenizer)), rolled.sandbox, taken
 
     def _decide(self, traj: Trajectories) -> FilterDecision | None:
-        """The keep decision of one batch: the rollout filter's (None without one: everything trains), then the
-        trajectory filters of ``model.filters`` (``zerotir.filters.decide``)."""
-        group = self.rollout_filter(traj) if self.rollout_filter is not None else None
+        """The keep decision of one batch: the rules of ``model.filters`` (``zerotir.filters.decide``; None with
+        every rule off: everything trains)."""
         context = FilterContext.of(self.tool, self.sampling.max_response_tokens)
-        return decide(self.filters, traj, group, context, step=self.rl_steps_done + 1, seed=self.seed)
+        return decide(self.filters, traj, context, step=self.rl_steps_done + 1, seed=self.seed)
 
     def _my_prompts(self, batch: list[PromptRow]) -> list[PromptRow]:
         """This rank's share of the step's prompts (all of them on a single process)."""

@@ -12,7 +12,8 @@ from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 
 def test_everything_is_off_by_default():
     cfg = FilterConfig()
-    assert not cfg.enabled and cfg.trajectory_rules == () and cfg.overlong == "none"
+    assert not cfg.row_rules and not cfg.pass_rate and cfg.trajectory_rules == () and cfg.overlong == "none"
+    assert not cfg.refill.enabled
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -12,14 +12,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from callbacks import PassRateFilter
 from tests.gloo import free_port, run_ranks
 from tests.rl.update_world import make_traj
-from zerotir.config import RefillConfig
+from zerotir.config import FilterConfig, RefillConfig
+from zerotir.filters.pass_rate import pass_rate
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round, first_kept_groups, rank_share
 
-DECIDE = PassRateFilter(low=0.2, high=0.8).decide  # with n = 2: keeps the groups with one right answer of two
+PASS_RATE = FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8)  # n = 2: keeps 1 right of 2
+
+
+def decide_round(traj):
+    return pass_rate(PASS_RATE, traj)
 
 
 def a_round(rewards: list[float], batch_index: int, n: int = 2) -> Round:
@@ -27,7 +31,7 @@ def a_round(rewards: list[float], batch_index: int, n: int = 2) -> Round:
     groups = [i // n for i in range(len(rewards))]
     traj = make_traj(rewards, groups, seed=batch_index)
     rows = [{"id": f"b{batch_index}-{g}"} for g in range(len(rewards) // n)]
-    return Round(rows, traj, DECIDE(traj), batch_index, {"generation": 1.5})
+    return Round(rows, traj, decide_round(traj), batch_index, {"generation": 1.5})
 
 
 def test_first_kept_groups_and_rank_share_by_hand():
@@ -80,7 +84,7 @@ def test_without_a_filter_one_round_is_the_batch():
 def filled(kept: int, target: int = 4, rounds: int = 1) -> FilledBatch:
     """A merged batch whose decision kept ``kept`` of ``target * rounds`` groups."""
     traj = make_traj([1.0, 0.0], [0, 0])
-    decision = DECIDE(traj)
+    decision = decide_round(traj)
     decision.kept_groups, decision.groups = kept, target * rounds
     return FilledBatch([], traj, decision, kept, rounds, target, 0)
 
@@ -94,7 +98,7 @@ def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):
     assert len(caplog.records) == 2  # one warning per empty step, with the count and the fix
     assert "RL step 2: the filters kept no trajectory of the 4 prompt groups (1 generation round): no update, 2 " \
            "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=3" in caplog.messages[1]
-    assert "PassRateFilter low / high" in caplog.messages[1]
+    assert "model.filters.pass_rate_low / high" in caplog.messages[1]
     caplog.clear()
     assert watch.update(3, filled(3), skipped=False)["empty_steps_in_a_row"] == 0.0  # an update resets the count
     assert caplog.records == []  # without refill a step that kept 3 of 4 is the filter's normal work

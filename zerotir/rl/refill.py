@@ -6,7 +6,7 @@ holds its number of kept prompt groups, and a run whose steps train nothing that
     merged:  every round's trajectories, group ids renumbered (round r's after round r-1's), the kept groups cut to
              exactly P: the round that overfills keeps its first groups (rank by rank, then by group id)
 
-A round's keep decision is the rollout filter's, taken on counts over all ranks (``FilterDecision.kept_groups``), so
+A round's keep decision is that of ``model.filters``, taken on counts over all ranks (``FilterDecision.kept_groups``), so
 every rank runs the same rounds and cuts the same number of groups. When the rounds run out the step trains on the
 groups it kept (a smaller batch): those groups are informative and already paid for, where skipping would waste
 them and stopping would end a run over one hard stretch of data; the step is counted and warned about
@@ -41,7 +41,7 @@ class Round:
 
     rows: list[PromptRow]  # the prompt rows its group ids index
     trajectories: Trajectories  # scored
-    decision: FilterDecision | None  # the rollout filter's (None: no filter)
+    decision: FilterDecision | None  # the filters' (None: every rule off)
     batch_index: int  # its index in the training stream
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -173,14 +173,14 @@ class FillWatch:
             raise EmptyStepsError(
                 f"RL step {step}: {self.empty_in_a_row} consecutive steps without an update (model.filters.refill."
                 f"max_empty_steps={cfg.max_empty_steps}); the filters kept no trajectory of the {seen} prompt groups "
-                f"of the last one ({rounds}). Fix: widen the pass-rate filter's bounds (PassRateFilter low / high), "
+                f"of the last one ({rounds}). Fix: widen the pass-rate bounds (model.filters.pass_rate_low / high), "
                 f"let a step draw more prompts (model.filters.refill.max_rounds={cfg.max_rounds}), or use easier "
                 "data; then resume with `fit --ckpt_path last`")
         if rank_and_world_size()[0] == 0:
             if skipped:
                 log.warning("RL step %d: the filters kept no trajectory of the %d prompt groups (%s): no update, %d "
                             "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=%d. "
-                            "Fix: widen the pass-rate filter's bounds (PassRateFilter low / high) or raise "
+                            "Fix: widen the pass-rate bounds (model.filters.pass_rate_low / high) or raise "
                             "model.filters.refill.max_rounds=%d", step, seen, rounds, self.empty_in_a_row,
                             cfg.max_empty_steps, cfg.max_rounds)
             elif exhausted:
