@@ -2,9 +2,9 @@
 
     prompts -> the rollout source's batch (tool-integrated rollouts, n per prompt, scored as they end:
     ``zerotir.rollout.source``) -> sandbox guard -> the keep decision of ``model.filters`` ->
-    ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the PPO-epoch update) -> the source's after-update (the new
-    weights to the engine that generates next) -> ``StepResult`` returned to the callbacks (``outputs["step"]`` of
-    ``on_train_batch_end``).
+    ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the PPO-epoch update) -> the
+    source's after-update (the new weights to the engine that generates next) -> ``StepResult`` returned to the
+    callbacks (``outputs["step"]`` of ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
 hooks, checkpoints, the data position. Its settings are the typed groups of ``zerotir.config``.
@@ -143,7 +143,8 @@ class ZeroTIRModule(LightningModule):
             check_fit_setup(self.trainer, self.base.dtype, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
-        """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
+        """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (``rl.uses_critic``);
+        idempotent.
 
         ``validate`` / ``test`` need only the actor (the others' weights in a checkpoint are ignored). Under ZeRO-3
         Lightning calls this inside ``deepspeed.zero.Init``; transformers' ``HfDeepSpeedConfig`` is made live first
@@ -158,7 +159,7 @@ class ZeroTIRModule(LightningModule):
         self.actor = models.load_causal_lm(base.path, base.dtype, base.gradient_checkpointing, base.attn_implementation)
         if fitting and self.rl.kl_coef > 0:
             self.ref_model = models.load_reference(base.path, base.dtype, base.attn_implementation)
-        if fitting and self.rl.algorithm == "ppo":
+        if fitting and self.rl.uses_critic:
             self.critic = models.load_critic(base.path, base.dtype, base.gradient_checkpointing,
                                              base.attn_implementation)
 

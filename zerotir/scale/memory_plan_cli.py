@@ -93,7 +93,7 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
         "gpus": devices,
         "nodes": int(trainer.get("num_nodes", 1)),
         **_strategy_settings(trainer.get("strategy"), where),
-        "critic": rl.algorithm == "ppo",
+        "critic": rl.uses_critic,
         "reference": rl.kl_coef > 0,
         "micro_batch_size": rl.micro_batch_size,
         "max_tokens_per_micro_batch": rl.max_tokens_per_micro_batch,
