@@ -67,6 +67,8 @@ def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
     assert cli.model.rl.algorithm == "ppo" and cli.trainer.max_steps == 20
     assert cli.model.hparams.rl["algorithm"] == "ppo"  # plain data in checkpoints
     assert isinstance(cli.trainer.progress_bar_callback, RLStepProgressBar)
+    # the callbacks the module needs and cannot add itself (zerotir/ imports nothing of callbacks/), once each
+    assert [type(cb).__name__ for cb in cli.trainer.callbacks].count("PurgeResumedSteps") == 1
 
 
 def test_checkpoint_group_follows_enable_checkpointing(tiny_dir, tmp_path, monkeypatch):

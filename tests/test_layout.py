@@ -205,9 +205,15 @@ def check_rows(tree: Tree, rows: list[Row]) -> list[str]:
 
 
 def check_imports(tree: Tree, rows: list[Row]) -> list[str]:
-    """Each import of a project module follows the row of the importing file."""
+    """Each import of a project module follows the row of the importing file; and nothing of ``zerotir/`` imports
+    ``callbacks/`` whatever its row (the layers run one way: callbacks observe the package, the CLI names a callback
+    by its ``class_path``)."""
     problems = []
     for module, found in tree.imports.items():
+        if module.split(".")[0] == "zerotir":
+            problems += [f"{tree.rel(module)}:{line}: `{written}` imports `{target}`: nothing of zerotir/ imports "
+                         f"callbacks/ ({DOC}); name a callback by its class_path in the CLI"
+                         for line, written, target in found if target.split(".")[0] == "callbacks"]
         row = row_of(module, rows)
         if row is None or row.everything:
             continue
@@ -337,7 +343,7 @@ MINI_FILES = {
     "zerotir/config.py": "class Config:\n    pass\n",
     "zerotir/rl/__init__.py": "",
     "zerotir/rl/steps.py": "from zerotir.config import Config\n",
-    "zerotir/cli.py": "import zerotir.rl.steps\nfrom callbacks import hooks\n",
+    "zerotir/cli.py": "import zerotir.rl.steps\n",
     "callbacks/__init__.py": "",
     "callbacks/hooks.py": "from zerotir.rl import steps\n",
     "sandbox/__init__.py": "",
@@ -362,11 +368,15 @@ def test_checker_names_file_line_import_and_row_of_a_lazy_forbidden_import(tmp_p
                                                      "    import zerotir.cli\n")
     assert ("zerotir/rl/steps.py:5: `import zerotir.cli` imports `zerotir.cli`, which row `zerotir.rl` "
             f"({DOC}:9) forbids: it may import `zerotir.config`") in problems
-    edges = ("(callbacks/hooks.py:1 imports zerotir.rl.steps; zerotir/rl/steps.py:5 imports zerotir.cli; "
-             "zerotir/cli.py:2 imports callbacks.hooks)")
-    assert f"import cycle between rows: callbacks -> zerotir.rl -> zerotir.cli -> callbacks {edges}" in problems
-    assert ("import cycle between modules: callbacks.hooks -> zerotir.rl.steps -> zerotir.cli -> callbacks.hooks "
-            f"{edges}") in problems
+    edges = "(zerotir/rl/steps.py:5 imports zerotir.cli; zerotir/cli.py:1 imports zerotir.rl.steps)"
+    assert f"import cycle between rows: zerotir.rl -> zerotir.cli -> zerotir.rl {edges}" in problems
+    assert f"import cycle between modules: zerotir.rl.steps -> zerotir.cli -> zerotir.rl.steps {edges}" in problems
+
+
+def test_checker_refuses_any_import_of_callbacks_from_zerotir_even_for_a_row_allowed_everything(tmp_path):
+    problems = _mini(tmp_path, zerotir__cli_py="import zerotir.rl.steps\n\n\ndef f():\n    from callbacks import hooks\n")
+    assert ("zerotir/cli.py:5: `from callbacks import hooks` imports `callbacks.hooks`: nothing of zerotir/ imports "
+            f"callbacks/ ({DOC}); name a callback by its class_path in the CLI") in problems
 
 
 def test_checker_counts_type_checking_and_relative_imports(tmp_path):

@@ -16,7 +16,7 @@ What the subclass adds to Lightning's CLI:
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
     * a TensorBoard logger at ``<trainer.default_root_dir>/tensorboard`` (fixed, not versioned) unless the config
       names a logger, so a resumed run continues the same event folder (purged after its checkpoint's step:
-      ``callbacks.PurgeResumedSteps``);
+      ``callbacks.PurgeResumedSteps``, one of the ``RUN_CALLBACKS`` added to every run);
     * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
       ``model.base.path`` before anything loads it, unless one with the same settings is there; it builds only at
@@ -62,6 +62,9 @@ from zerotir.toy.base_path import check_toy_base_path
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"
+# The callbacks every run needs, added unless the config lists them: named by class_path, since nothing of zerotir/
+# imports callbacks/ (docs/architecture.md). PurgeResumedSteps: one value per step on a resumed run's curves.
+RUN_CALLBACKS = ("callbacks.PurgeResumedSteps",)
 log = logging.getLogger(__name__)
 
 # Two Lightning notices that are expected here, not problems: the frozen reference model is in eval mode on purpose,
@@ -151,6 +154,10 @@ class ZeroTIRCLI(LightningCLI):
                 _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+        named = {_class_name(cb) for cb in _as_list(config.trainer.callbacks)}
+        config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
+            Namespace(class_path=path, init_args=Namespace()) for path in RUN_CALLBACKS
+            if path.rpartition(".")[2] not in named]
         # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
         # checks itself when it is built, the cross-group checks follow.
         check_run_settings(config, self.subcommand)
@@ -228,6 +235,11 @@ def _group(value: Any, group: type[Any]) -> Any:
 
 def _as_list(callbacks: Any) -> list[Any]:
     return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
+
+
+def _class_name(callback: Any) -> str:
+    """The class name of a configured callback (a class_path Namespace or an instance)."""
+    return str(callback["class_path"]).rpartition(".")[2] if isinstance(callback, Namespace) else type(callback).__name__
 
 
 def _is_callback(callback: Any, kind: type) -> bool:

@@ -30,7 +30,6 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
-from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
     BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
@@ -365,7 +364,9 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        return [_CloseSourceOnException(self.source.close), PurgeResumedSteps(), WatchPeers(self.source.close)]
+        """The module's own callbacks, on what it owns (the source); those of ``callbacks/`` are the CLI's
+        (``zerotir.cli.RUN_CALLBACKS``): nothing of ``zerotir/`` imports them."""
+        return [_CloseSourceOnException(self.source.close), WatchPeers(self.source.close)]
 
 
 class _CloseSourceOnException(Callback):
