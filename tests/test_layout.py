@@ -316,6 +316,29 @@ def test_repository_follows_its_layout(repo, rule):
     assert not problems, "\n".join(problems)
 
 
+MAX_MODULE_PARAMETERS = 12  # issue 43: settings belong in a group of zerotir.config, not in the signature
+
+
+def module_parameters(root: Path) -> list[str]:
+    """The parameters of ``ZeroTIRModule.__init__`` (``self`` left out), read with ``ast``."""
+    tree = ast.parse((root / "zerotir" / "module.py").read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ZeroTIRModule")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
+
+
+def doc_module_parameters(doc: str) -> list[str]:
+    """The parameters the doc's flow names: ``ZeroTIRModule(a, b, ...)``, over as many lines as it takes."""
+    listed = re.search(r"ZeroTIRModule\(([^)]*)\)", doc).group(1)
+    return [name.strip() for name in listed.split(",")]
+
+
+def test_the_module_takes_the_parameters_the_doc_names_and_at_most_twelve():
+    names = module_parameters(REPO)
+    assert names == doc_module_parameters((REPO / DOC).read_text(encoding="utf-8")), f"{DOC}: ZeroTIRModule({names})"
+    assert len(names) <= MAX_MODULE_PARAMETERS, f"ZeroTIRModule takes {len(names)} parameters: group them"
+
+
 # The checker on a small synthetic tree: each rule fails when broken.
 
 MINI_DOC = """# Architecture
