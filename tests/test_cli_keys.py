@@ -92,6 +92,20 @@ def test_a_key_that_moved_names_its_new_place(old, new, capsys, tmp_path):
     assert "moved" not in key_hint("model.rl.kl_coeff", ["model.rl.kl_coef"])
 
 
+def test_a_callback_setting_that_moved_names_its_new_place(capsys, tmp_path):
+    """PassRateFilter's bounds are model.filters settings now: said before torch loads and in the parser's error."""
+    old = tmp_path / "old.yaml"
+    old.write_text("trainer:\n  callbacks:\n    - class_path: callbacks.PassRateFilter\n      init_args: {low: 0.2}\n")
+    err = key_error(["fit", "--config", str(old)], capsys)
+    assert f"a callback setting in the config file {old} moved" in err
+    assert "PassRateFilter init_args.low moved: it is now model.filters.pass_rate_low" in err
+    old.write_text("trainer:\n  callbacks:\n    - class_path: callbacks.PassRateFilter\n")
+    check_keys(["fit", "--config", str(old)])  # the counting callback itself stays
+    message = "Given value: [{'class_path': 'callbacks.PassRateFilter', 'init_args': {'high': 0.8}}]"
+    assert "init_args.high moved: it is now model.filters.pass_rate_high" in parse_error_text(
+        argparse.ArgumentParser(prog="python -m zerotir"), message)
+
+
 def _nested(keys: list[str], value: object) -> object:
     return value if not keys else {keys[0]: _nested(keys[1:], value)}
 

@@ -38,6 +38,10 @@ MOVED = {
     "model.eval_sampling": "model.eval.sampling", "model.eval_report_dir": "model.eval.report_dir",
     "model.refill": "model.filters.refill",
 }
+# Callback settings that moved into the module's groups: class name -> {init_args key: its new key}.
+MOVED_INIT_ARGS = {"PassRateFilter": {"low": "model.filters.pass_rate_low", "high": "model.filters.pass_rate_high",
+                                      "min_keep_groups": "model.filters.min_keep_groups",
+                                      "enabled": "model.filters.pass_rate"}}
 
 
 def take_debug_flag(argv: list[str]) -> list[str]:
@@ -67,6 +71,17 @@ def moved_key(key: str) -> str | None:
         if key == old or key.startswith(old + "."):
             return new + key[len(old):]
     return None
+
+
+def moved_init_args(text: str) -> list[str]:
+    """A line for each moved callback setting (``MOVED_INIT_ARGS``) that ``text`` (a parse error, or a config's
+    callbacks as text) gives: its class name with an ``init_args`` key that moved."""
+    lines = []
+    for name, moved in MOVED_INIT_ARGS.items():
+        if name in text:
+            lines += [f"{name} init_args.{key} moved: it is now {new} (the callback only counts and logs)"
+                      for key, new in moved.items() if re.search(rf"['\"]?{key}['\"]?\s*:", text)]
+    return lines
 
 
 def key_hint(key: str, known: list[str]) -> str:
@@ -105,6 +120,8 @@ def parse_error_text(parser: argparse.ArgumentParser, message: str, args: list[s
     where = _files_with_key(args, key.split("=", 1)[0].rpartition(".")[2]) if key else []
     if where:
         hint += ("\n" if hint else "") + f"in the config file {', '.join(where)}"
+    if "init_args" in message:
+        hint = "\n".join([hint, *moved_init_args(message)]).strip("\n")
     return f"error: {message}\n" + (f"{hint}\n" if hint else "") + f"(every option with its meaning: {prog} --help)\n"
 
 
