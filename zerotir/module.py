@@ -226,7 +226,10 @@ class ZeroTIRModule(LightningModule):
     def on_fit_start(self) -> None:
         self._start_source()
 
-    on_validation_start = on_test_start = on_fit_start
+    def on_validation_start(self) -> None:
+        self._start_source()
+
+    on_test_start = on_validation_start
 
     # ----- one RL step -----
     def training_step(self, dataloader_iter: Iterator[tuple[list[PromptRow], int, int]]) -> dict[str, StepResult]:
@@ -266,8 +269,8 @@ class ZeroTIRModule(LightningModule):
 
     def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]],
               step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]] | None]:
-        """The step's batch: the stream's next batch rolled out and decided, then (``model.filters.refill``) more until
-        the kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; ``RolloutBatch.taken``."""
+        """The step's batch: the stream's next batch rolled out and decided, then (``model.refill``) more until the
+        kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; ``RolloutBatch.taken``."""
         fill: BatchFill | None = None
         taken: list[tuple[int, int]] | None = None
         while True:
