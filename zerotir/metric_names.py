@@ -19,7 +19,7 @@ TRUNCATION_RATE = "rollout/truncation_rate"  # share of responses that hit the t
 CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollout/correct_calls_2",
                     "rollout/correct_calls_3plus")
 
-KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate filter
+KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate rule
 # Share of the step's trajectories each removal rule matched (model.filters; zerotir.filters.decide.REMOVAL_NAMES):
 # "filter/<name>_fraction".
 FILTER_NAMES = ("pass_rate", "overlong_wrong", "shortcut", "code_mismatch", "void_repetition", "void_turn",
