@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, arm: str, seed: int, base: Path, arms: dict[st
     run_dir = args.out / f"{arm}_s{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    fit = ["fit", "--config", CONFIG, "--model.model_path", str(base), "--toy_base", "null",
+    fit = ["fit", "--config", CONFIG, "--model.base.path", str(base), "--toy_base", "null",
            "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
            "--trainer.enable_checkpointing", "false", *early_stop_args(args.target),
            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),

@@ -46,7 +46,7 @@ PAPER = ["--model.filters.overlong_wrong", "true", "--model.filters.shortcut", "
 
 def arms(rounds: int) -> dict[str, list[str]]:
     """Each arm's settings over ``configs/toy_mixed.yaml``, in the order of the table."""
-    refill = ["--model.refill.max_rounds", str(rounds)]
+    refill = ["--model.filters.refill.max_rounds", str(rounds)]
     return {"off": [], "paper": PAPER, "refill": PAPER + refill,
             "mask": PAPER + refill + ["--model.filters.overlong", "mask"]}
 
@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="RL steps per run")
     p.add_argument("--val_every", type=int, default=10, help="RL steps between validations")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=3, help="model.refill.max_rounds of the refill arms")
+    p.add_argument("--rounds", type=int, default=3, help="model.filters.refill.max_rounds of the refill arms")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--base_minutes", type=float, default=120.0,
                    help="safety cap of the base's pretraining; its copy probe ends it first")

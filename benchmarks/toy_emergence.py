@@ -146,7 +146,7 @@ def val_curve(run_dir: Path, start: float) -> list[dict]:
 def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dict:
     """RL from ``base`` until held-out accuracy reaches the target, then the final evaluation."""
     run_dir = args.out / f"{algo}_s{seed}"
-    common = ["--model.model_path", base["path"], "--toy_base", "null",
+    common = ["--model.base.path", base["path"], "--toy_base", "null",
               "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
     fit = ["fit", *config_args(algo), *early_stop_args(args.target),
            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),

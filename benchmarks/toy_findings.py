@@ -128,7 +128,7 @@ class Sweep:
         if (run_dir / "done.json").is_file():
             self._log(f"{job.name}: done before, kept")
             return
-        argv = ["fit", "--config", str(self.config), "--toy_base", "null", "--model.model_path", str(base),
+        argv = ["fit", "--config", str(self.config), "--toy_base", "null", "--model.base.path", str(base),
                 "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
                 "--trainer.max_steps", str(self.args.steps), "--trainer.val_check_interval", str(self.args.val_every),
                 "--trainer.enable_checkpointing", "false", "--data.limit_val_rows", "128",

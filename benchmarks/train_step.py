@@ -35,11 +35,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks import PassRateFilter
 from tests.e2e.base_model import TEMPLATE, pretrain, write_problems
 from zerotir.rl import algorithms as A
 from zerotir.data.datamodule import PromptDataModule
-from zerotir.config import Algorithm, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.config import (
+    Algorithm, BaseModelConfig, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig)
 from zerotir.module import ZeroTIRModule
 from zerotir.rl.update import iter_rows, ppo_update, prepare_batch
 
@@ -62,8 +62,8 @@ class Recorder(Callback):
 
 def run_steps(args: argparse.Namespace, base: Path, train_file: Path) -> tuple[ZeroTIRModule, Recorder]:
     pl.seed_everything(0)
-    module = ZeroTIRModule(str(base), rl=RLConfig(algorithm=args.algorithm, kl_coef=args.kl_coef,
-                                                  micro_batch_size=args.micro_batch_size),
+    module = ZeroTIRModule(BaseModelConfig(str(base)), rl=RLConfig(algorithm=args.algorithm, kl_coef=args.kl_coef,
+                                                                   micro_batch_size=args.micro_batch_size),
                            optim=OptimConfig(lr=1e-4), sampling=SamplingConfig(n=args.n, max_response_tokens=64),
                            tool=ToolConfig(max_tool_calls=2, max_output_chars=128), sandbox=SandboxConfig(workers=1))
     data = PromptDataModule(train_files=[str(train_file)], template=TEMPLATE, tokenizer=str(base),
@@ -71,7 +71,7 @@ def run_steps(args: argparse.Namespace, base: Path, train_file: Path) -> tuple[Z
     recorder = Recorder()
     trainer = pl.Trainer(accelerator="cpu", max_steps=args.steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[PassRateFilter(enabled=False), recorder], default_root_dir=REPO / "runs")
+                         callbacks=[recorder], default_root_dir=REPO / "runs")
     trainer.fit(module, datamodule=data)
     return module, recorder
 

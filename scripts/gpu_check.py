@@ -104,7 +104,7 @@ def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]
         "trainer": trainer,
         "checkpoint": {"save_top_k": 0, "save_last": False},  # a 0.5B PPO checkpoint would cost more than the steps
         "model": {
-            "model_path": str(model), "dtype": "float32" if cpu else "bfloat16", "gradient_checkpointing": True,
+            "base": {"path": str(model), "dtype": "float32" if cpu else "bfloat16", "gradient_checkpointing": True},
             "rl": {"algorithm": "ppo", "kl_coef": 0.01, "kl_estimator": "k1", "micro_batch_size": 8},
             "optim": {"lr": 1.0e-4, "critic_lr": 1.0e-4, "max_grad_norm": 1.0},
             "sampling": {"n": 2 if cpu else 4, "temperature": 1.0, "max_response_tokens": 32 if cpu else 256},

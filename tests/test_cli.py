@@ -57,7 +57,7 @@ def test_tokenizer_is_linked_not_set_twice(capsys, monkeypatch):
 
 def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir),
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.base.path", str(tiny_dir),
                            "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)],
                      run=False)
     assert cli.datamodule.tokenizer_path == str(tiny_dir)  # one argument, two users
@@ -67,11 +67,13 @@ def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
     assert cli.model.rl.algorithm == "ppo" and cli.trainer.max_steps == 20
     assert cli.model.hparams.rl["algorithm"] == "ppo"  # plain data in checkpoints
     assert isinstance(cli.trainer.progress_bar_callback, RLStepProgressBar)
+    # the callbacks the module needs and cannot add itself (zerotir/ imports nothing of callbacks/), once each
+    assert [type(cb).__name__ for cb in cli.trainer.callbacks].count("PurgeResumedSteps") == 1
 
 
 def test_checkpoint_group_follows_enable_checkpointing(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
                            "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_checkpointing", "false"],
                      run=False)
     assert cli.trainer.checkpoint_callback is None
@@ -97,8 +99,9 @@ def test_help_lists_every_group_with_its_meaning(capsys):
     out = capsys.readouterr().out
     for group, field, meaning in (("rl", "clip_low", "Lower clip epsilon"), ("optim", "warmup_steps", "Linear warmup"),
                                   ("tool", "max_tool_calls", "ZeroRL baseline"), ("sampling", "n", "Samples per"),
-                                  ("eval_sampling", "temperature", "greedy"), ("sandbox", "urls", "embedded"),
-                                  ("rollout", "", "HFRollout"), ("refill", "max_rounds", "max_num_gen_batches")):
+                                  ("eval.sampling", "temperature", "greedy"), ("sandbox", "urls", "embedded"),
+                                  ("rollout", "", "HFRollout"), ("filters.refill", "max_rounds", "max_num_gen_batches"),
+                                  ("base", "path", "hub id of the base model")):
         assert f"--model.{group}" + (f".{field}" if field else "") in out, group
         assert meaning in out, meaning
 
@@ -109,8 +112,8 @@ def test_progress_bar_names_rl_steps():
 
 def test_missing_model_folder_fails_fast(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
-    with pytest.raises(FileNotFoundError, match="model_path='./no_such_model'"):
-        ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", "./no_such_model",
+    with pytest.raises(FileNotFoundError, match="model.base.path='./no_such_model'"):
+        ZeroTIRCLI(args=["--config", CONFIG, "--model.base.path", "./no_such_model",
                          "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
 
@@ -134,7 +137,7 @@ def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys, mon
     actor = models.load_causal_lm(tiny_dir)
     state = {f"actor.{k}": v * 2 for k, v in actor.state_dict().items()}
     ckpt = tmp_path / "last.ckpt"
-    torch.save({"hyper_parameters": {"model_path": str(tiny_dir), "dtype": "float32"}, "state_dict": state}, ckpt)
+    torch.save({"hyper_parameters": {"base": {"path": str(tiny_dir), "dtype": "float32"}}, "state_dict": state}, ckpt)
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     entry.main(["export", "--ckpt_path", str(ckpt), "--out_dir", str(tmp_path / "policy")])
@@ -159,16 +162,16 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
     monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
     own = tmp_path / "own.yaml"  # a config file naming the folder: the toy base's own folder
-    own.write_text(f"model:\n  model_path: {tmp_path / 'toy'}\n")
+    own.write_text(f"model:\n  base:\n    path: {tmp_path / 'toy'}\n")
     cli = ZeroTIRCLI(args=["--config", CONFIG, "--config", str(own), "--trainer.default_root_dir", str(tmp_path)],
                      run=False)
     assert calls == [(str(tmp_path / "toy"), asdict(PretrainSettings()))]  # toy_base: {} = the toy world's defaults
-    assert cli.model.model_path == str((tmp_path / "toy").resolve())
+    assert cli.model.base.path == str((tmp_path / "toy").resolve())
 
 
 def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monkeypatch):
-    """Any number and order of --config files: the last that sets model.model_path names the toy base's own folder;
-    an overlay (a shipped one, or a user's ``model:`` without ``model_path``) is not parsed as a whole config."""
+    """Any number and order of --config files: the last that sets model.base.path names the toy base's own folder;
+    an overlay (a shipped one, or a user's ``model:`` without ``base.path``) is not parsed as a whole config."""
     import zerotir.cli
 
     calls = []
@@ -180,8 +183,8 @@ def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monk
     monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
     own = tmp_path / "own.yaml"
-    own.write_text(f"model:\n  model_path: {tmp_path / 'toy'}\n")
-    mine = tmp_path / "mine.yaml"  # a user's overlay: sets model: without model_path
+    own.write_text(f"model:\n  base:\n    path: {tmp_path / 'toy'}\n")
+    mine = tmp_path / "mine.yaml"  # a user's overlay: sets model: without base.path
     mine.write_text("model:\n  optim:\n    lr: 3.0e-05\n")
     cli = ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu.yaml"), "--config", str(own), "--config",
                            str(REPO / "configs" / "toy_cpu_ppo.yaml"), "--config", str(mine),
@@ -203,12 +206,12 @@ def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path
     with pytest.raises(ValueError, match="kl_coef=0.01 and use_kl_loss=false.*grpo_kl_in_reward: true"):
         ZeroTIRCLI(args=["--config", toy, "--config", grpo, "--model.rl.kl_coef", "0.01",
                          "--model.rl.use_kl_loss", "false",
-                         "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
+                         "--model.base.path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
     with pytest.raises(ValueError, match="algorithm=rloo with model.sampling.n=1"):
         ZeroTIRCLI(args=["--config", toy, "--config", str(REPO / "configs" / "toy_cpu_rloo.yaml"),
                          "--model.sampling.n", "1",
-                         "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
+                         "--model.base.path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
 
 
@@ -255,15 +258,15 @@ def toy_cli(*args: str, root: Path) -> ZeroTIRCLI:
 
 
 def test_a_mistyped_model_path_of_a_toy_config_fails_instead_of_pretraining_there(no_toy_build, tmp_path):
-    own = yaml.safe_load(Path(CONFIG).read_text())["model"]["model_path"]
-    with pytest.raises(models.ModelNotFoundError, match=r"model.model_path='runs/toy_bsae': no such folder.*only at "
+    own = yaml.safe_load(Path(CONFIG).read_text())["model"]["base"]["path"]
+    with pytest.raises(models.ModelNotFoundError, match=r"model.base.path='runs/toy_bsae': no such folder.*only at "
                                                         rf"its own folder '{re.escape(own)}'"):
-        toy_cli("--model.model_path", "runs/toy_bsae", root=tmp_path)
+        toy_cli("--model.base.path", "runs/toy_bsae", root=tmp_path)
 
 
 def test_a_real_model_folder_with_a_toy_config_names_toy_base_null(no_toy_build, tiny_dir, tmp_path):
     with pytest.raises(ValueError, match=r"not a toy base.*--toy_base null") as exc:
-        toy_cli("--model.model_path", str(tiny_dir), root=tmp_path)
+        toy_cli("--model.base.path", str(tiny_dir), root=tmp_path)
     assert "--out" not in str(exc.value)
 
 
@@ -277,16 +280,16 @@ def test_a_toy_base_elsewhere_is_reused_only_with_the_same_settings(tmp_path, mo
     monkeypatch.setattr(zerotir.cli, "ensure_toy_base", lambda path, **settings: calls.append(path))
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match=r"other settings \(head_dim: 32 there, 0 in toy_base\).*--toy_base null"):
-        toy_cli("--model.model_path", str(base), root=tmp_path)  # it would be rebuilt with head_dim 0
+        toy_cli("--model.base.path", str(base), root=tmp_path)  # it would be rebuilt with head_dim 0
     assert calls == []
-    toy_cli("--model.model_path", str(base), "--toy_base.head_dim", "32", root=tmp_path)
+    toy_cli("--model.base.path", str(base), "--toy_base.head_dim", "32", root=tmp_path)
     assert calls == [str(base)]  # the same settings: ensure_toy_base reuses it
 
 
 def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path, monkeypatch):
-    """An overlay that does not name model.model_path (configs/toy_cpu_fleet.yaml, configs/rehearsal/zero3_fleet.yaml)
+    """An overlay that does not name model.base.path (configs/toy_cpu_fleet.yaml, configs/rehearsal/zero3_fleet.yaml)
     on a toy config: the base is built at the folder the first file names. Looking for that folder once parsed each
-    file alone, and the overlay alone failed the whole command line (its links need model.model_path)."""
+    file alone, and the overlay alone failed the whole command line (its links need model.base.path)."""
     import zerotir.cli
 
     calls = []
@@ -295,7 +298,7 @@ def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path,
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("model:\n  seed: 3\n")
     toy_cli("--config", str(overlay), root=tmp_path)
-    assert calls == [yaml.safe_load(Path(CONFIG).read_text())["model"]["model_path"]]
+    assert calls == [yaml.safe_load(Path(CONFIG).read_text())["model"]["base"]["path"]]
 
 
 def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
@@ -303,7 +306,7 @@ def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, 
     line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.sandbox.urls"))
     example = shlex.split(line)
     monkeypatch.chdir(REPO)
-    common = ["--model.model_path", str(tiny_dir), "--toy_base", "null"]
+    common = ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
     with pytest.raises(ValueError, match=r"model.sandbox.workers=2.*--model.sandbox.workers null"):
         toy_cli(*common, *example[:2], root=tmp_path)  # the urls alone: the fix is named
     cli = toy_cli(*common, *example, root=tmp_path)
@@ -326,7 +329,7 @@ def test_a_failed_check_prints_its_message_and_exits_without_a_traceback(tiny_di
     monkeypatch.setenv("JSONARGPARSE_DEBUG", "false")
     args = ["fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"), "--config",
             str(REPO / "configs" / "toy_cpu_grpo.yaml"), "--model.rl.use_kl_loss", "true",
-            "--model.model_path", str(tiny_dir), "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)]
+            "--model.base.path", str(tiny_dir), "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as exc:
         entry.main(args)
     err = capsys.readouterr().err
@@ -341,9 +344,9 @@ def test_validate_and_test_write_runs_of_their_own(tiny_dir, tmp_path, monkeypat
     """Reports, events and config.yaml of ``validate`` / ``test`` go to ``<root>/<command>/<stamp>``: never into the
     training run's folders (``<root>/eval``, ``<root>/tensorboard``), and two test runs never share one."""
     monkeypatch.chdir(REPO)
-    small = ["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+    small = ["--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
              "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-             "--data.limit_val_rows", "2", "--data.limit_test_rows", "2", "--model.eval_sampling.max_response_tokens",
+             "--data.limit_val_rows", "2", "--data.limit_test_rows", "2", "--model.eval.sampling.max_response_tokens",
              "4", "--model.tool.max_tool_calls", "0", "--model.sandbox.workers", "null"]
     for command in ("validate", "test", "test"):
         ZeroTIRCLI(args=[command, *small])
@@ -382,7 +385,7 @@ def test_a_gpu_config_without_cuda_names_the_accelerator_and_the_rehearsals(tmp_
 
 def test_zero_max_steps_is_an_error_before_anything_starts(no_toy_build, tiny_dir, tmp_path):
     with pytest.raises(ValueError, match=r"trainer.max_steps=0.*--trainer.max_steps N"):
-        toy_cli("--model.model_path", str(tiny_dir), "--toy_base", "null", "--trainer.max_steps", "0", root=tmp_path)
+        toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--trainer.max_steps", "0", root=tmp_path)
     assert not (tmp_path / "tensorboard").exists()
 
 
@@ -392,7 +395,7 @@ def test_resuming_a_finished_run_says_to_raise_max_steps(tiny_dir, tmp_path, mon
     monkeypatch.chdir(REPO)
     finished = r"the run is finished.*RL step 20.*trainer.max_steps=20.*--trainer.max_steps 40"
     with pytest.raises(ValueError, match=finished):
-        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
                          "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
 
 
@@ -408,7 +411,7 @@ def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(c
 def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     with pytest.raises(FileNotFoundError):
-        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
                          "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
                          "--trainer.default_root_dir", str(tmp_path / "run")])
     assert not (tmp_path / "run" / "tensorboard").exists()
@@ -426,7 +429,7 @@ def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monke
     monkeypatch.setattr(LateModelSummary, "summarize", staticmethod(lambda *args, **kwargs: tables.append(args)))
     monkeypatch.setattr(ZeroTIRModule, "_start_source", no_sandbox)
     monkeypatch.chdir(REPO)
-    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.model_path", str(tiny_dir), "--toy_base", "null",
+    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
                            "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert sum(isinstance(cb, LateModelSummary) for cb in cli.trainer.callbacks) == 1
     with pytest.raises(ConnectionError):

@@ -4,6 +4,7 @@ printed full config, the command-line spellings of values) passes it; the commit
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -15,6 +16,7 @@ import yaml
 
 from tests.test_configs import CONFIGS, header_args
 from tests.test_doc_commands import COMMANDS
+from zerotir.cli_errors import key_hint, parse_error_text
 from zerotir.cli_keys import INDEX_FILE, REGENERATE, check_keys, generate_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +72,42 @@ def test_a_mistyped_init_arg_of_a_rollout_class_named_in_a_file_is_named(capsys,
 def test_a_mistyped_group_or_top_level_key_is_named(capsys):
     assert 'unknown key "modle.rl.kl_coef"' in key_error(["fit", "--modle.rl.kl_coef", "0.1"], capsys)
     assert 'unknown key "ckpt"' in key_error(["test", "--ckpt", "last"], capsys)
+
+
+@pytest.mark.parametrize(("old", "new"), [("model.model_path", "model.base.path"),
+                                           ("model.eval_sampling.n", "model.eval.sampling.n"),
+                                           ("model.refill.max_rounds", "model.filters.refill.max_rounds")])
+def test_a_key_that_moved_names_its_new_place(old, new, capsys, tmp_path):
+    """Typed, in a config file, and in the real parser's error (a key the index does not judge reaches it)."""
+    moved = f"{old} moved: it is now {new} (write it there)"
+    assert moved in key_error(["fit", f"--{old}", "1"], capsys)
+    mine = tmp_path / "old.yaml"
+    group, _, leaf = old.partition(".")
+    mine.write_text(yaml.safe_dump({group: _nested(leaf.split("."), 1)}))
+    err = key_error(["fit", "--config", str(mine)], capsys)
+    assert f'unknown key "{".".join(old.split(".")[:2])}" in the config file {mine}' in err  # the moved group
+    assert " moved: it is now " in err
+    parser = argparse.ArgumentParser(prog="python -m zerotir")
+    assert moved in parse_error_text(parser, f"unrecognized arguments: --{old} 1")
+    assert "moved" not in key_hint("model.rl.kl_coeff", ["model.rl.kl_coef"])
+
+
+def test_a_callback_setting_that_moved_names_its_new_place(capsys, tmp_path):
+    """PassRateFilter's bounds are model.filters settings now: said before torch loads and in the parser's error."""
+    old = tmp_path / "old.yaml"
+    old.write_text("trainer:\n  callbacks:\n    - class_path: callbacks.PassRateFilter\n      init_args: {low: 0.2}\n")
+    err = key_error(["fit", "--config", str(old)], capsys)
+    assert f"a callback setting in the config file {old} moved" in err
+    assert "PassRateFilter init_args.low moved: it is now model.filters.pass_rate_low" in err
+    old.write_text("trainer:\n  callbacks:\n    - class_path: callbacks.PassRateFilter\n")
+    check_keys(["fit", "--config", str(old)])  # the counting callback itself stays
+    message = "Given value: [{'class_path': 'callbacks.PassRateFilter', 'init_args': {'high': 0.8}}]"
+    assert "init_args.high moved: it is now model.filters.pass_rate_high" in parse_error_text(
+        argparse.ArgumentParser(prog="python -m zerotir"), message)
+
+
+def _nested(keys: list[str], value: object) -> object:
+    return value if not keys else {keys[0]: _nested(keys[1:], value)}
 
 
 @pytest.mark.parametrize("args", [

@@ -4,10 +4,11 @@ construction, naming the field and the fix."""
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import get_args
 
 import pytest
 
-from zerotir.config import HFRollout, PipelineConfig, RLConfig, SamplingConfig, VLLMRollout
+from zerotir.config import Algorithm, HFRollout, PipelineConfig, RLConfig, SamplingConfig, VLLMRollout
 
 
 def test_config_errors_name_the_field():
@@ -64,6 +65,11 @@ def test_group_baselines_need_two_samples_per_prompt(algorithm, message):
     with pytest.raises(ValueError, match=message):
         RLConfig(algorithm=algorithm).check_training_sampling(SamplingConfig(n=1))
     RLConfig(algorithm=algorithm).check_training_sampling(SamplingConfig(n=2))
+
+
+def test_only_ppo_uses_a_critic():
+    # The one place the module (critic loaded), the update (values, value loss) and the memory plan ask.
+    assert [a for a in get_args(Algorithm) if RLConfig(algorithm=a).uses_critic] == ["ppo"]
 
 
 

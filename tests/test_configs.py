@@ -107,9 +107,9 @@ def test_config_parses_with_its_header_command(path, capsys, monkeypatch, tmp_pa
     monkeypatch.chdir(REPO)  # the commands are written for the repository root
     args = header_args(path)
     full = print_config(args, capsys)
-    assert full["model"]["model_path"]
+    assert full["model"]["base"]["path"]
     assert full["model"]["rl"]["algorithm"] in get_args(Algorithm)
-    assert set(full["model"]) >= {"rl", "optim", "tool", "sampling", "eval_sampling", "rollout", "sandbox"}
+    assert set(full["model"]) >= {"base", "rl", "optim", "tool", "sampling", "eval", "rollout", "sandbox"}
     # The printed config is complete and parses on its own.
     again = tmp_path / "full.yaml"
     again.write_text(yaml.safe_dump(full))
@@ -141,7 +141,7 @@ def shipped_toy_base(files: list[str]) -> bool:
     """The merged ``files`` build their model with ``toy_base`` at a folder that already holds a toy base (the one
     shipped in data/toy_base): such a config starts on its own model and its own path decision, as a user runs it
     (an overlay that broke that decision failed for every user while the tiny stand-in hid it)."""
-    path = file_setting(files, "model", "model_path")
+    path = file_setting(files, "model", "base", "path")
     return file_setting(files, "toy_base") not in (UNSET, None) and path is not UNSET and \
         (REPO / path / "toy_base.json").is_file()
 
@@ -164,7 +164,7 @@ def start(args: list[str], tiny_dir: Path, root: Path) -> None:
         at = rest.index("--ckpt_path")
         rest = rest[:at] + rest[at + 2:]
     gpu = file_setting(config_files(rest), "trainer", "accelerator") == "gpu"
-    model = [] if shipped_toy_base(config_files(rest)) else ["--model.model_path", str(tiny_dir), "--toy_base", "null"]
+    model = [] if shipped_toy_base(config_files(rest)) else ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
     cli = ZeroTIRCLI(args=rest + model + ["--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar",
                                           "false"] + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
     trainer, module, data = cli.trainer, cli.model, cli.datamodule

@@ -100,12 +100,12 @@ def plan(command: str) -> tuple[str, str]:
     devices = file_setting(files, "trainer", "devices")
     if isinstance(devices, int) and devices > 1:
         return "print_config", f"trainer.devices is {devices}: one process per device"
-    model = file_setting(files, "model", "model_path")
+    model = file_setting(files, "model", "base", "path")
     if file_setting(files, "toy_base") not in (UNSET, None) and not (REPO / str(model) / "toy_base.json").is_file():
         return "print_config", f"the toy base at {model} is not built yet: minutes of pretraining"
     if "--ckpt_path" in args:
         return "print_config", "resumes a previous run's checkpoint"
-    if "--model.model_path" in args and not (REPO / args[args.index("--model.model_path") + 1]).exists():
+    if "--model.base.path" in args and not (REPO / args[args.index("--model.base.path") + 1]).exists():
         return "print_config", "names the model a previous command writes (export)"
     return "build", "one CPU process on a model that is there"
 

@@ -205,9 +205,15 @@ def check_rows(tree: Tree, rows: list[Row]) -> list[str]:
 
 
 def check_imports(tree: Tree, rows: list[Row]) -> list[str]:
-    """Each import of a project module follows the row of the importing file."""
+    """Each import of a project module follows the row of the importing file; and nothing of ``zerotir/`` imports
+    ``callbacks/`` whatever its row (the layers run one way: callbacks observe the package, the CLI names a callback
+    by its ``class_path``)."""
     problems = []
     for module, found in tree.imports.items():
+        if module.split(".")[0] == "zerotir":
+            problems += [f"{tree.rel(module)}:{line}: `{written}` imports `{target}`: nothing of zerotir/ imports "
+                         f"callbacks/ ({DOC}); name a callback by its class_path in the CLI"
+                         for line, written, target in found if target.split(".")[0] == "callbacks"]
         row = row_of(module, rows)
         if row is None or row.everything:
             continue
@@ -310,6 +316,29 @@ def test_repository_follows_its_layout(repo, rule):
     assert not problems, "\n".join(problems)
 
 
+MAX_MODULE_PARAMETERS = 12  # issue 43: settings belong in a group of zerotir.config, not in the signature
+
+
+def module_parameters(root: Path) -> list[str]:
+    """The parameters of ``ZeroTIRModule.__init__`` (``self`` left out), read with ``ast``."""
+    tree = ast.parse((root / "zerotir" / "module.py").read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ZeroTIRModule")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
+
+
+def doc_module_parameters(doc: str) -> list[str]:
+    """The parameters the doc's flow names: ``ZeroTIRModule(a, b, ...)``, over as many lines as it takes."""
+    listed = re.search(r"ZeroTIRModule\(([^)]*)\)", doc).group(1)
+    return [name.strip() for name in listed.split(",")]
+
+
+def test_the_module_takes_the_parameters_the_doc_names_and_at_most_twelve():
+    names = module_parameters(REPO)
+    assert names == doc_module_parameters((REPO / DOC).read_text(encoding="utf-8")), f"{DOC}: ZeroTIRModule({names})"
+    assert len(names) <= MAX_MODULE_PARAMETERS, f"ZeroTIRModule takes {len(names)} parameters: group them"
+
+
 # The checker on a small synthetic tree: each rule fails when broken.
 
 MINI_DOC = """# Architecture
@@ -337,7 +366,7 @@ MINI_FILES = {
     "zerotir/config.py": "class Config:\n    pass\n",
     "zerotir/rl/__init__.py": "",
     "zerotir/rl/steps.py": "from zerotir.config import Config\n",
-    "zerotir/cli.py": "import zerotir.rl.steps\nfrom callbacks import hooks\n",
+    "zerotir/cli.py": "import zerotir.rl.steps\n",
     "callbacks/__init__.py": "",
     "callbacks/hooks.py": "from zerotir.rl import steps\n",
     "sandbox/__init__.py": "",
@@ -362,11 +391,15 @@ def test_checker_names_file_line_import_and_row_of_a_lazy_forbidden_import(tmp_p
                                                      "    import zerotir.cli\n")
     assert ("zerotir/rl/steps.py:5: `import zerotir.cli` imports `zerotir.cli`, which row `zerotir.rl` "
             f"({DOC}:9) forbids: it may import `zerotir.config`") in problems
-    edges = ("(callbacks/hooks.py:1 imports zerotir.rl.steps; zerotir/rl/steps.py:5 imports zerotir.cli; "
-             "zerotir/cli.py:2 imports callbacks.hooks)")
-    assert f"import cycle between rows: callbacks -> zerotir.rl -> zerotir.cli -> callbacks {edges}" in problems
-    assert ("import cycle between modules: callbacks.hooks -> zerotir.rl.steps -> zerotir.cli -> callbacks.hooks "
-            f"{edges}") in problems
+    edges = "(zerotir/rl/steps.py:5 imports zerotir.cli; zerotir/cli.py:1 imports zerotir.rl.steps)"
+    assert f"import cycle between rows: zerotir.rl -> zerotir.cli -> zerotir.rl {edges}" in problems
+    assert f"import cycle between modules: zerotir.rl.steps -> zerotir.cli -> zerotir.rl.steps {edges}" in problems
+
+
+def test_checker_refuses_any_import_of_callbacks_from_zerotir_even_for_a_row_allowed_everything(tmp_path):
+    problems = _mini(tmp_path, zerotir__cli_py="import zerotir.rl.steps\n\n\ndef f():\n    from callbacks import hooks\n")
+    assert ("zerotir/cli.py:5: `from callbacks import hooks` imports `callbacks.hooks`: nothing of zerotir/ imports "
+            f"callbacks/ ({DOC}); name a callback by its class_path in the CLI") in problems
 
 
 def test_checker_counts_type_checking_and_relative_imports(tmp_path):

@@ -29,7 +29,7 @@ def clean_offline(monkeypatch):
 @pytest.mark.parametrize("name", ["./missing_model", "/no/such/model", "a/b/c", "~/nope_model_xyz", "dir/"])
 def test_missing_local_path_fails_at_once_naming_the_field(name, clean_offline):
     start = time.perf_counter()
-    with pytest.raises(models.ModelNotFoundError, match=r"model_path=.*no such folder"):
+    with pytest.raises(models.ModelNotFoundError, match=r"model.base.path=.*no such folder"):
         models.resolve_model_path(name)
     assert time.perf_counter() - start < 1.0  # no network attempt
 
@@ -71,7 +71,7 @@ def test_hub_id_uncached_without_a_network_fails_at_once_naming_hf_hub_offline(t
 
     monkeypatch.setattr(const, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(models, "_hub_reachable", lambda: False)
-    with pytest.raises(models.ModelNotFoundError, match="model.model_path='SomeOrg/some-model'.*HF_HUB_OFFLINE"):
+    with pytest.raises(models.ModelNotFoundError, match="model.base.path='SomeOrg/some-model'.*HF_HUB_OFFLINE"):
         models.resolve_model_path("SomeOrg/some-model")
 
 
@@ -119,7 +119,7 @@ def test_export_writes_the_checkpoint_policy(tiny_dir, tmp_path):
     state = {f"actor.{k}": v + 0.5 for k, v in actor.state_dict().items()}
     state["critic.value_head.weight"] = torch.zeros(1, 32)  # other modules' weights are ignored
     ckpt = tmp_path / "run.ckpt"
-    torch.save({"hyper_parameters": {"model_path": str(tiny_dir), "dtype": "float32"}, "state_dict": state}, ckpt)
+    torch.save({"hyper_parameters": {"base": {"path": str(tiny_dir), "dtype": "float32"}}, "state_dict": state}, ckpt)
     out = models.export_policy(ckpt, tmp_path / "exported")
     reloaded = models.load_causal_lm(out)
     for name, p in reloaded.state_dict().items():
@@ -135,7 +135,7 @@ def test_export_errors_name_the_problem(tiny_dir, tmp_path):
     torch.save({"state_dict": {}}, ckpt)
     with pytest.raises(ValueError, match="--model_path"):
         models.export_policy(ckpt, tmp_path / "out")
-    torch.save({"hyper_parameters": {"model_path": str(tiny_dir)}, "state_dict": {"other.w": torch.zeros(1)}}, ckpt)
+    torch.save({"hyper_parameters": {"base": {"path": str(tiny_dir)}}, "state_dict": {"other.w": torch.zeros(1)}}, ckpt)
     with pytest.raises(ValueError, match="no 'actor"):
         models.export_policy(ckpt, tmp_path / "out")
 
@@ -146,9 +146,9 @@ def test_the_attention_kernel_is_passed_to_from_pretrained_and_checked_against_w
     assert eager.config._attn_implementation == "eager"
     assert models.load_reference(tiny_dir, attn_implementation="eager").config._attn_implementation == "eager"
     assert models.load_causal_lm(tiny_dir).config._attn_implementation == "sdpa"  # transformers' default
-    with pytest.raises(ValueError, match=r"model.attn_implementation='flash': choose one of \['sdpa', 'eager', "):
+    with pytest.raises(ValueError, match=r"model.base.attn_implementation='flash': choose one of \['sdpa', 'eager', "):
         models.check_attention("flash")
     if not (torch.cuda.is_available() and transformers.utils.is_flash_attn_2_available()):
-        with pytest.raises(ValueError, match=r"model.attn_implementation='flash_attention_2': (no CUDA device here|its "
-                                             r"package is not installed).*or set model.attn_implementation: sdpa"):
+        with pytest.raises(ValueError, match=r"model.base.attn_implementation='flash_attention_2': (no CUDA device here|its "
+                                             r"package is not installed).*or set model.base.attn_implementation: sdpa"):
             models.load_causal_lm(tiny_dir, attn_implementation="flash_attention_2")

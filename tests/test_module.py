@@ -13,16 +13,19 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from callbacks import PassRateFilter, ScalingMetrics
 from tests.scripted_source import IdleEngine, Recorder, ScriptedSource, recorded
 from zerotir.data.datamodule import PromptDataModule
-from zerotir.config import HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout
+from zerotir.config import (
+    BaseModelConfig, EvalConfig, FilterConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
+    VLLMRollout)
 from zerotir.module import ZeroTIRModule
 from zerotir.rollout.tp_group import TensorParallelGroup
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 
 def small_module(tiny_dir, eval_n=1, **rl) -> ZeroTIRModule:
-    return ZeroTIRModule(str(tiny_dir), rl=RLConfig(**{"micro_batch_size": 2, **rl}), optim=OptimConfig(lr=1e-2),
-                         sampling=SamplingConfig(n=2, max_response_tokens=16),
-                         eval_sampling=SamplingConfig(n=eval_n, temperature=0.0, max_response_tokens=16), seed=3)
+    return ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(**{"micro_batch_size": 2, **rl}),
+                         optim=OptimConfig(lr=1e-2), sampling=SamplingConfig(n=2, max_response_tokens=16),
+                         eval=EvalConfig(SamplingConfig(n=eval_n, temperature=0.0, max_response_tokens=16)),
+                         filters=FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8), seed=3)
 
 
 def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1, **rl):
@@ -34,7 +37,7 @@ def make_run(tiny_dir, train_file, root, all_wrong=False, max_steps=2, eval_n=1,
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=root,
-                         callbacks=[PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()])
+                         callbacks=[PassRateFilter(), ScalingMetrics(), ckpt, Recorder()])
     return module, data, trainer, source
 
 
@@ -147,7 +150,7 @@ def test_checkpoint_resume_continues_step_data_and_optimizer(tiny_dir, train_fil
 
 
 def test_train_mode_keeps_reference_frozen(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(kl_coef=0.1))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(kl_coef=0.1))
     module.configure_model()
     module.train()
     assert module.actor.training and not module.ref_model.training
@@ -155,20 +158,21 @@ def test_train_mode_keeps_reference_frozen(tiny_dir):
 
 
 def test_no_reference_without_kl_and_no_critic_without_ppo(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(algorithm="grpo", kl_coef=0.0))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(algorithm="grpo", kl_coef=0.0))
     module.configure_model()
     assert module.ref_model is None and module.critic is None
 
 
 def test_bad_arguments_name_the_field(tiny_dir):
-    with pytest.raises(FileNotFoundError, match="model_path='./nope'"):
-        ZeroTIRModule("./nope")
+    with pytest.raises(FileNotFoundError, match="model.base.path='./nope'"):
+        ZeroTIRModule(BaseModelConfig("./nope"))
     with pytest.raises(ValueError, match="model.sandbox.urls is set but model.tool.max_tool_calls=0"):
-        ZeroTIRModule(str(tiny_dir), tool=ToolConfig(max_tool_calls=0), sandbox=SandboxConfig(urls=["http://x"]))
+        ZeroTIRModule(BaseModelConfig(str(tiny_dir)), tool=ToolConfig(max_tool_calls=0),
+                      sandbox=SandboxConfig(urls=["http://x"]))
 
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)))
     assert module.source.schedule.kind == "trajectory"  # the default engine and schedule
 
 
@@ -238,7 +242,7 @@ def _ds_config(name: str) -> dict:
 
 
 def test_deepspeed_skipped_update_counts_the_step_without_stepping_the_engine(tiny_dir):
-    module = ZeroTIRModule(str(tiny_dir))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)))
     opt, sched_steps = RecordingOptimizer(), []
     module.optimizers = lambda: opt
     module.lr_schedulers = lambda: type("S", (), {"step": lambda self: sched_steps.append(1)})()
@@ -265,7 +269,7 @@ def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_fi
 def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
     from zerotir.scale.deepspeed_setup import DeepSpeedConfigError
 
-    module = ZeroTIRModule(str(tiny_dir), optim=OptimConfig(max_grad_norm=0.5))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), optim=OptimConfig(max_grad_norm=0.5))
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))
     with pytest.raises(DeepSpeedConfigError, match=r"gradient_clipping=1.0 but model.optim.max_grad_norm=0.5"):
         module.setup("fit")
@@ -276,7 +280,7 @@ def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
 
 @pytest.mark.parametrize("stage", ["fit", "validate"])
 def test_setup_refuses_the_transformers_engine_under_multi_rank_zero3(tiny_dir, stage):
-    module = ZeroTIRModule(str(tiny_dir), rollout=HFRollout())
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rollout=HFRollout())
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")), world_size=2)
     with pytest.raises(ValueError, match=r"would deadlock. Fix: set model.rollout.class_path: zerotir.config.VLLM"):
         module.setup(stage)
@@ -301,7 +305,7 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
         return torch.nn.Linear(2, 2)
 
     monkeypatch.setattr(models, "load_causal_lm", fake_load)
-    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(kl_coef=0.1))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(kl_coef=0.1))
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))
     module.configure_model()
     assert seen == [True, True]  # actor and reference
@@ -313,7 +317,8 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
 def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their_share(tiny_dir, monkeypatch):
     import zerotir.module
 
-    module = ZeroTIRModule(str(tiny_dir), sampling=SamplingConfig(n=2), rollout=VLLMRollout(tensor_parallel_size=2))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), sampling=SamplingConfig(n=2),
+                           rollout=VLLMRollout(tensor_parallel_size=2))
     source = module.source = ScriptedSource(module)
     source.tp_group = SharedEngineGroup(rank=3, size=2)  # engine 1 = ranks 2 and 3
     module.log = lambda *args, **kwargs: None
@@ -358,11 +363,12 @@ def test_the_module_trains_an_asynchronous_run_corrected_unless_the_config_says_
     from zerotir.config import PipelineConfig
 
     s1 = PipelineConfig(max_staleness=1)
-    assert ZeroTIRModule(str(tiny_dir), pipeline=s1).rl.off_policy_correction == "tis"
-    uncorrected = ZeroTIRModule(str(tiny_dir), pipeline=s1, rl=RLConfig(off_policy_correction="none"))
+    assert ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=s1).rl.off_policy_correction == "tis"
+    uncorrected = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=s1, rl=RLConfig(off_policy_correction="none"))
     assert uncorrected.rl.off_policy_correction == "none"
-    assert ZeroTIRModule(str(tiny_dir), pipeline=PipelineConfig(max_staleness=0)).rl.off_policy_correction == "none"
-    assert ZeroTIRModule(str(tiny_dir)).rl.off_policy_correction == "none"
+    in_line = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=PipelineConfig(max_staleness=0))
+    assert in_line.rl.off_policy_correction == "none"
+    assert ZeroTIRModule(BaseModelConfig(str(tiny_dir))).rl.off_policy_correction == "none"
 
 
 def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, train_file, tmp_path, monkeypatch):
@@ -391,7 +397,7 @@ def test_the_loader_yields_whole_batches_only_when_the_fleet_streams(tiny_dir, t
 
     from zerotir.config import FleetConfig, PipelineConfig
 
-    module = ZeroTIRModule(str(tiny_dir), pipeline=PipelineConfig(max_staleness=1),
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=PipelineConfig(max_staleness=1),
                            fleet=FleetConfig(engines=1, max_in_flight=in_flight))
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps({"problem": f"{k} + 1?", "answer": str(k + 1)}) + "\n" for k in range(6)))

@@ -18,7 +18,8 @@ from tests.rollout.scripted import ScriptedEngine
 from tests.scripted_source import Recorder, ScriptedSource, recorded
 from zerotir import metric_names as mn
 from zerotir.config import (
-    HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
+    BaseModelConfig, FilterConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, SamplingConfig,
+    SandboxConfig, ToolConfig,
 )
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.data.stream import PromptStream
@@ -64,13 +65,15 @@ class GradedSource(ScriptedSource):
 
 def make_run(tiny_dir, train_file, root, informative: set[str], refill: RefillConfig, max_steps: int, **trainer):
     pl.seed_everything(0)
-    module = ZeroTIRModule(str(tiny_dir), rl=RLConfig(algorithm="grpo", micro_batch_size=2), optim=OptimConfig(lr=1e-2),
-                           sampling=SamplingConfig(n=2, max_response_tokens=16), refill=refill, seed=SEED)
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(algorithm="grpo", micro_batch_size=2),
+                           optim=OptimConfig(lr=1e-2), sampling=SamplingConfig(n=2, max_response_tokens=16),
+                           filters=FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8, refill=refill),
+                           seed=SEED)
     source = module.source = GradedSource(module, informative)
     data = PromptDataModule(train_files=[str(train_file)], template="plain", tokenizer=str(tiny_dir), prompts_per_step=2,
                             test_files=[])
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
-    callbacks = [PassRateFilter(low=0.2, high=0.8), ScalingMetrics(), ckpt, Recorder()]
+    callbacks = [PassRateFilter(), ScalingMetrics(), ckpt, Recorder()]
     run = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
                      enable_model_summary=False, default_root_dir=root, callbacks=callbacks, **trainer)
     return module, data, run, source
@@ -108,7 +111,8 @@ def test_rounds_running_out_train_what_they_kept_then_empty_steps_stop_the_run(t
     module, data, trainer, source = make_run(tiny_dir, train_file, tmp_path, {stream_ids(0)[0]},
                                              RefillConfig(max_rounds=2, max_empty_steps=2), max_steps=5)
     with caplog.at_level(logging.WARNING, logger="zerotir.rl.refill"):
-        with pytest.raises(EmptyStepsError, match=r"RL step 3: 2 consecutive steps without an update \(model.refill"
+        with pytest.raises(EmptyStepsError,
+                           match=r"RL step 3: 2 consecutive steps without an update \(model.filters.refill"
                                                   r".max_empty_steps=2\).*of the 4 prompt groups of the last one "
                                                   r"\(2 generation rounds\)"):
             trainer.fit(module, datamodule=data)
@@ -119,7 +123,8 @@ def test_rounds_running_out_train_what_they_kept_then_empty_steps_stop_the_run(t
     assert second.skipped and second.refill["empty_steps_in_a_row"] == 1.0 and second.refill["exhausted_steps"] == 2
     assert source.seen == [stream_ids(b) for b in range(6)]  # the bound: 2 rounds a step, 3 steps
     assert data.consumed == 4  # steps 1 and 2 finished; step 3 stopped the run
-    assert "RL step 1: 2 generation rounds (model.refill.max_rounds=2) kept 1 of the 2 prompt groups" in caplog.text
+    assert ("RL step 1: 2 generation rounds (model.filters.refill.max_rounds=2) kept 1 of the 2 prompt groups"
+            in caplog.text)
     assert "RL step 2: the filters kept no trajectory of the 4 prompt groups (2 generation rounds): no update, 1 " \
            "consecutive steps without one" in caplog.text
 
@@ -163,15 +168,11 @@ def test_all_filtered_steps_warn_and_the_count_survives_resume(tiny_dir, train_f
     assert rsource.seen == [stream_ids(2)]
 
 
-def test_refill_without_a_rollout_filter_is_an_error_naming_the_fix(tiny_dir, train_file, tmp_path):
-    module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, set(), RefillConfig(max_rounds=2), max_steps=1)
-    trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, PassRateFilter)]
-    with pytest.raises(ValueError, match=r"model.refill.max_rounds=2: .* no rollout filter .* set model.refill."
-                                         r"max_rounds: 1 or add the PassRateFilter to trainer.callbacks"):
-        trainer.fit(module, datamodule=data)
-    with pytest.raises(ValueError, match=r"model.refill.max_rounds=0: must be >= 1 \(1: no refill\)"):
+def test_bad_refill_settings_name_the_field():
+    # refill without the pass-rate rule: tests/filters/test_pass_rate.py
+    with pytest.raises(ValueError, match=r"model.filters.refill.max_rounds=0: must be >= 1 \(1: no refill\)"):
         RefillConfig(max_rounds=0)
-    with pytest.raises(ValueError, match=r"model.refill.max_empty_steps=0: must be >= 1"):
+    with pytest.raises(ValueError, match=r"model.filters.refill.max_empty_steps=0: must be >= 1"):
         RefillConfig(max_empty_steps=0)
 
 

@@ -7,19 +7,19 @@
     python -m zerotir fit --config configs/tiny_cpu_ppo.yaml --print_config             # the full config
 
 What the subclass adds to Lightning's CLI:
-    * the module's settings are typed groups (``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling``,
-      ``model.eval_sampling``, ``model.rollout``, ``model.sandbox``: ``zerotir.config``); ``--help`` shows each
-      field's docstring;
-    * shared arguments are set once: ``model.model_path`` also names the data module's tokenizer;
+    * the module's settings are typed groups (``model.base``, ``model.rl``, ``model.optim``, ``model.tool``,
+      ``model.sampling``, ``model.eval``, ``model.rollout``, ``model.sandbox``...: ``zerotir.config``); ``--help``
+      shows each field's docstring;
+    * shared arguments are set once: ``model.base.path`` also names the data module's tokenizer;
     * a ``checkpoint`` group (a ``ModelCheckpoint``; ``save_last`` on) whose folder defaults to
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
     * a TensorBoard logger at ``<trainer.default_root_dir>/tensorboard`` (fixed, not versioned) unless the config
       names a logger, so a resumed run continues the same event folder (purged after its checkpoint's step:
-      ``callbacks.PurgeResumedSteps``);
+      ``callbacks.PurgeResumedSteps``, one of the ``RUN_CALLBACKS`` added to every run);
     * a progress bar counting RL steps (Lightning's says "Epoch 0/-2" for a run bounded by ``max_steps``);
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
-      ``model.model_path`` before anything loads it, unless one with the same settings is there; it builds only at
+      ``model.base.path`` before anything loads it, unless one with the same settings is there; it builds only at
       the folder the config file names (``zerotir.toy.base_path``), so a mistyped path fails instead;
     * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``); a mistyped key read
       from a ``--config`` file names the file;
@@ -37,8 +37,9 @@ import logging
 import os
 import shutil
 import sys
+import typing
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,6 +62,9 @@ from zerotir.toy.base_path import check_toy_base_path
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"
+# The callbacks every run needs, added unless the config lists them: named by class_path, since nothing of zerotir/
+# imports callbacks/ (docs/architecture.md). PurgeResumedSteps: one value per step on a resumed run's curves.
+RUN_CALLBACKS = ("callbacks.PurgeResumedSteps",)
 log = logging.getLogger(__name__)
 
 # Two Lightning notices that are expected here, not problems: the frozen reference model is in eval mode on purpose,
@@ -119,9 +123,9 @@ class ZeroTIRCLI(LightningCLI):
             "trainer.num_sanity_val_steps": 0,  # a sanity check would run full tool rollouts before step 1
             "trainer.default_root_dir": DEFAULT_ROOT,
         })
-        parser.link_arguments("model.model_path", "data.tokenizer")
+        parser.link_arguments("model.base.path", "data.tokenizer")
         parser.add_argument("--toy_base", type=PretrainSettings | None, default=None,
-                            help="Build the toy base model at model.model_path first (unless one with these settings "
+                            help="Build the toy base model at model.base.path first (unless one with these settings "
                                  "is there, its checksums verified); {} = the toy world's defaults, the base shipped "
                                  "in data/toy_base, which no run rewrites (docs/toy.md).")
 
@@ -150,6 +154,10 @@ class ZeroTIRCLI(LightningCLI):
                 _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
                 Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+        named = {_class_name(cb) for cb in _as_list(config.trainer.callbacks)}
+        config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
+            Namespace(class_path=path, init_args=Namespace()) for path in RUN_CALLBACKS
+            if path.rpartition(".")[2] not in named]
         # Settings that cannot train fail before anything is built or loaded (a toy base takes minutes): each group
         # checks itself when it is built, the cross-group checks follow.
         check_run_settings(config, self.subcommand)
@@ -160,16 +168,16 @@ class ZeroTIRCLI(LightningCLI):
             # Before the data module (which loads the tokenizer from the same folder) is set up.
             settings = config.toy_base
             settings = asdict(settings) if isinstance(settings, PretrainSettings) else settings.as_dict()
-            check_toy_base_path(config.model.model_path, self._model_path_of_config_files(config),
+            check_toy_base_path(config.model.base.path, self._model_path_of_config_files(config),
                                 PretrainSettings(**settings))
-            ensure_toy_base(config.model.model_path, **settings)
+            ensure_toy_base(config.model.base.path, **settings)
 
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
-        """``model.model_path`` as the ``--config`` files give it, merged in order (the last file that sets it wins),
+        """``model.base.path`` as the ``--config`` files give it, merged in order (the last file that sets it wins),
         before command-line overrides: the toy base's own folder (``zerotir.toy.base_path``).
 
         Read from the files' YAML, not by parsing each file as a config: an overlay (``configs/toy_cpu_ppo.yaml``) or
-        a user's file that sets ``model:`` without ``model_path`` is not a whole config on its own."""
+        a user's file that sets ``model:`` without ``base.path`` is not a whole config on its own."""
         found = None
         for path in config.get("config") or []:
             if path is not None:
@@ -204,20 +212,34 @@ class ZeroTIRCLI(LightningCLI):
 
 
 def _file_model_path(path: Path) -> str | None:
-    """``model.model_path`` in one config file (``model: {model_path: ...}`` or under ``init_args``), or None."""
+    """``model.base.path`` in one config file (``model: {base: {path: ...}}`` or under ``init_args``), or None."""
     model = (yaml.safe_load(path.read_text()) or {}).get("model")
     if not isinstance(model, dict):
         return None
-    return model.get("model_path") or (model.get("init_args") or {}).get("model_path")
+    base = model.get("base") or (model.get("init_args") or {}).get("base")
+    return base.get("path") if isinstance(base, dict) else None
 
 
 def _group(value: Any, group: type[Any]) -> Any:
-    """A configuration group as parsed (an instance, or a Namespace of its fields) as an instance of ``group``."""
-    return value if isinstance(value, group) else group(**value.as_dict())
+    """A configuration group as parsed (an instance, or a Namespace of its fields) as an instance of ``group``, its
+    nested groups (``model.filters.refill``) built too."""
+    if isinstance(value, group):
+        return value
+    fields = value.as_dict() if isinstance(value, Namespace) else dict(value)
+    hints = typing.get_type_hints(group)
+    for name, field_value in fields.items():
+        if is_dataclass(hints.get(name)) and not is_dataclass(field_value):
+            fields[name] = _group(field_value, hints[name])
+    return group(**fields)
 
 
 def _as_list(callbacks: Any) -> list[Any]:
     return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
+
+
+def _class_name(callback: Any) -> str:
+    """The class name of a configured callback (a class_path Namespace or an instance)."""
+    return str(callback["class_path"]).rpartition(".")[2] if isinstance(callback, Namespace) else type(callback).__name__
 
 
 def _is_callback(callback: Any, kind: type) -> bool:

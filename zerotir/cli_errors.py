@@ -29,6 +29,20 @@ DEBUG_FLAG = "--debug"
 # The key a parse error is about: "unrecognized arguments: --model.rl.kl_coeff 0.1", "... does not accept option 'x'".
 _KEY_PATTERNS = (re.compile(r"unrecognized arguments: --([\w.\-]+)"), re.compile(r"accept option '([\w.\-]+)'"))
 
+# Keys that moved (issue 43: the module's parameters grouped), old -> new. An old key, typed or in a config file, is
+# an error that names its new place: before torch loads (``zerotir.cli_keys``) and in the real parser's error.
+MOVED = {
+    "model.model_path": "model.base.path", "model.dtype": "model.base.dtype",
+    "model.gradient_checkpointing": "model.base.gradient_checkpointing",
+    "model.attn_implementation": "model.base.attn_implementation",
+    "model.eval_sampling": "model.eval.sampling", "model.eval_report_dir": "model.eval.report_dir",
+    "model.refill": "model.filters.refill",
+}
+# Callback settings that moved into the module's groups: class name -> {init_args key: its new key}.
+MOVED_INIT_ARGS = {"PassRateFilter": {"low": "model.filters.pass_rate_low", "high": "model.filters.pass_rate_high",
+                                      "min_keep_groups": "model.filters.min_keep_groups",
+                                      "enabled": "model.filters.pass_rate"}}
+
 
 def take_debug_flag(argv: list[str]) -> list[str]:
     """``argv`` without ``--debug``; when it was there, turn on the tracebacks (ours and jsonargparse's)."""
@@ -50,9 +64,33 @@ def _option_keys(parser: argparse.ArgumentParser) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def moved_key(key: str) -> str | None:
+    """The new place of ``key`` when it, or the group it is under, moved (``MOVED``); None otherwise.
+    Example: ``model.eval_sampling.n`` -> ``model.eval.sampling.n``."""
+    for old, new in MOVED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return None
+
+
+def moved_init_args(text: str) -> list[str]:
+    """A line for each moved callback setting (``MOVED_INIT_ARGS``) that ``text`` (a parse error, or a config's
+    callbacks as text) gives: its class name with an ``init_args`` key that moved."""
+    lines = []
+    for name, moved in MOVED_INIT_ARGS.items():
+        if name in text:
+            lines += [f"{name} init_args.{key} moved: it is now {new} (the callback only counts and logs)"
+                      for key, new in moved.items() if re.search(rf"['\"]?{key}['\"]?\s*:", text)]
+    return lines
+
+
 def key_hint(key: str, known: list[str]) -> str:
-    """"did you mean" for a mistyped ``key``, and the keys of the group it (or its best match) belongs to."""
+    """"did you mean" for a mistyped ``key``, and the keys of the group it (or its best match) belongs to; for a key
+    that moved (``MOVED``), its new place instead."""
     key = key.split("=", 1)[0]
+    moved = moved_key(key)
+    if moved is not None:
+        return f"{key} moved: it is now {moved} (write it there)"
     matches = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     lines = [f"did you mean: {', '.join('--' + m for m in matches)}"] if matches else []
     group = key.rpartition(".")[0]
@@ -82,6 +120,8 @@ def parse_error_text(parser: argparse.ArgumentParser, message: str, args: list[s
     where = _files_with_key(args, key.split("=", 1)[0].rpartition(".")[2]) if key else []
     if where:
         hint += ("\n" if hint else "") + f"in the config file {', '.join(where)}"
+    if "init_args" in message:
+        hint = "\n".join([hint, *moved_init_args(message)]).strip("\n")
     return f"error: {message}\n" + (f"{hint}\n" if hint else "") + f"(every option with its meaning: {prog} --help)\n"
 
 

@@ -66,6 +66,7 @@ def check_keys(argv: list[str], index: dict[str, dict[str, list[str]]] | None = 
     for path in _config_files(args):
         for key in _unknown_file_keys(path, known):
             _fail(argv[0], key, path, known)
+        _check_callback_settings(argv[0], path)
 
 
 class _Known:
@@ -139,11 +140,33 @@ def _unknown_keys(data: dict[Any, Any], prefix: str, known: _Known) -> list[str]
     return unknown
 
 
+def _check_callback_settings(subcommand: str, path: str) -> None:
+    """Exit naming the new place of a callback setting that moved into the module's groups
+    (``cli_errors.MOVED_INIT_ARGS``: ``PassRateFilter``'s bounds), given in the ``trainer.callbacks`` of ``path``."""
+    import yaml
+
+    from zerotir.cli_errors import moved_init_args
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    callbacks = (data.get("trainer") or {}).get("callbacks") if isinstance(data, dict) else None
+    entries = callbacks if isinstance(callbacks, list) else [callbacks]
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("init_args"), dict):
+            moved = moved_init_args(f"{entry.get('class_path')} {json.dumps(entry['init_args'])}")
+            if moved:
+                sys.stderr.write(f"error: a callback setting in the config file {path} moved\n" + "\n".join(moved)
+                                 + f"\n(every option with its meaning: {PROG} {subcommand} --help)\n")
+                sys.exit(2)
+
+
 def _fail(subcommand: str, key: str, path: str | None, known: _Known) -> typing.NoReturn:
     from zerotir.cli_errors import key_hint
 
     where = f" in the config file {path}" if path else ""
-    hint = key_hint(key, known.hint_keys())
+    hint = key_hint(key, known.hint_keys())  # names the new place of a moved key first
     sys.stderr.write(f'error: unknown key "{key}"{where}\n' + (f"{hint}\n" if hint else "")
                      + f"(every option with its meaning: {PROG} {subcommand} --help)\n")
     sys.exit(2)

@@ -19,14 +19,15 @@ TRUNCATION_RATE = "rollout/truncation_rate"  # share of responses that hit the t
 CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollout/correct_calls_2",
                     "rollout/correct_calls_3plus")
 
-KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate filter
+KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate rule
 # Share of the step's trajectories each removal rule matched (model.filters; zerotir.filters.decide.REMOVAL_NAMES):
 # "filter/<name>_fraction".
 FILTER_NAMES = ("pass_rate", "overlong_wrong", "shortcut", "code_mismatch", "void_repetition", "void_turn",
                 "truncated", "roc", "perplexity")
 FILTER_FRACTIONS = {name: f"filter/{name}_fraction" for name in FILTER_NAMES}
-# How the step's batch was filled (model.refill), per step: generation rounds, prompts drawn from the stream, steps so
-# far whose refill rounds ran out before the batch was full (refill runs only), consecutive steps without an update.
+# How the step's batch was filled (model.filters.refill), per step: generation rounds, prompts drawn from the stream,
+# steps so far whose refill rounds ran out before the batch was full (refill runs only), consecutive steps without an
+# update.
 GENERATION_ROUNDS = "filter/generation_rounds"
 PROMPTS_CONSUMED = "filter/prompts_consumed"
 EXHAUSTED_STEPS = "filter/exhausted_steps"

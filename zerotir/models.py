@@ -34,7 +34,7 @@ class ModelNotFoundError(FileNotFoundError):
     """The configured model is neither a local folder nor a cached / reachable hub id."""
 
 
-def resolve_model_path(name_or_path: str | Path, field: str = "model.model_path") -> str:
+def resolve_model_path(name_or_path: str | Path, field: str = "model.base.path") -> str:
     """Turn a model name into something ``from_pretrained`` loads without a long network wait.
 
     Args:
@@ -136,7 +136,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def check_attention(name: str | None) -> None:
-    """``model.attn_implementation`` must be one of ``ATTENTION`` and usable here: a flash-attention kernel needs
+    """``model.base.attn_implementation`` must be one of ``ATTENTION`` and usable here: a flash-attention kernel needs
     its package installed (``flash_attn`` for flash_attention_2) and a CUDA device. None is transformers' default
     (sdpa where torch has it): packed rows (``model.rl.pack_rows``) then take the block-diagonal N x N mask, and only
     a flash kernel reaches the variable-length path (``zerotir.rl.packing``, docs/scale.md).
@@ -147,7 +147,7 @@ def check_attention(name: str | None) -> None:
     if name is None or ATTENTION.get(name, "") is None:
         return
     if name not in ATTENTION:
-        raise ValueError(f"model.attn_implementation={name!r}: choose one of {list(ATTENTION)}, or null "
+        raise ValueError(f"model.base.attn_implementation={name!r}: choose one of {list(ATTENTION)}, or null "
                          "(transformers' default, sdpa)")
     import transformers.utils
 
@@ -155,8 +155,8 @@ def check_attention(name: str | None) -> None:
     if not installed or not torch.cuda.is_available():
         why = ("no CUDA device here" if installed else
                "its package is not installed (flash_attention_2: pip install flash-attn --no-build-isolation)")
-        raise ValueError(f"model.attn_implementation={name!r}: {why}, so the model cannot load with it; install "
-                         "it on a CUDA machine, or set model.attn_implementation: sdpa (packed rows then build an "
+        raise ValueError(f"model.base.attn_implementation={name!r}: {why}, so the model cannot load with it; install "
+                         "it on a CUDA machine, or set model.base.attn_implementation: sdpa (packed rows then build an "
                          "N x N mask per micro-batch)")
 
 
@@ -258,13 +258,15 @@ def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | 
         ckpt_path: a Lightning checkpoint file, or a DeepSpeed checkpoint folder (consolidated to fp32 first).
         out_dir: the folder to write; the rollout engines load it like any HF model.
         model_path: the model the run started from (architecture and tokenizer); defaults to the checkpoint's
-            ``model_path`` hyperparameter.
+            ``base.path`` hyperparameter (``model.base.path``).
     """
     checkpoint = _load_checkpoint(Path(ckpt_path))
-    base = model_path or checkpoint.get("hyper_parameters", {}).get("model_path")
+    saved = checkpoint.get("hyper_parameters", {}).get("base") or {}
+    base = model_path or saved.get("path")
     if base is None:
-        raise ValueError(f"{ckpt_path}: the checkpoint names no model_path; pass --model_path (the run's base model)")
-    dtype = checkpoint.get("hyper_parameters", {}).get("dtype", "float32")
+        raise ValueError(f"{ckpt_path}: the checkpoint names no base model (hyperparameter base.path); pass "
+                         "--model_path (the run's base model)")
+    dtype = saved.get("dtype", "float32")
     actor = load_causal_lm(base, dtype=dtype)
     prefix = "actor."
     weights = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}

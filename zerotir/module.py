@@ -1,10 +1,10 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
     prompts -> the rollout source's batch (tool-integrated rollouts, n per prompt, scored as they end:
-    ``zerotir.rollout.source``) -> sandbox guard -> the rollout filter's keep decision -> ``zerotir.rl.step.rl_step``
-    (old log-probs / reference / values, advantages, the PPO-epoch update) -> the source's after-update (the new
-    weights to the engine that generates next) -> ``StepResult`` returned to the callbacks (``outputs["step"]`` of
-    ``on_train_batch_end``).
+    ``zerotir.rollout.source``) -> sandbox guard -> the keep decision of ``model.filters`` ->
+    ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the PPO-epoch update) -> the
+    source's after-update (the new weights to the engine that generates next) -> ``StepResult`` returned to the
+    callbacks (``outputs["step"]`` of ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
 hooks, checkpoints, the data position. Its settings are the typed groups of ``zerotir.config``.
@@ -24,16 +24,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
-from callbacks.resumed_curves import PurgeResumedSteps
 from zerotir import models
 from zerotir.config import (
-    EVAL_SAMPLING, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig,
+    BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
     RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain)
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
@@ -42,7 +41,7 @@ from zerotir.filters.trajectory import FilterContext
 from zerotir.rl.guards import SandboxErrorGuard
 from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round
 from zerotir.rl.staleness import staleness_stats
-from zerotir.rl.step import BatchInfo, FilterDecision, Models, RolloutFilter, StepOptimizer, StepResult, rl_step
+from zerotir.rl.step import BatchInfo, FilterDecision, Models, StepOptimizer, StepResult, rl_step
 from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
@@ -59,15 +58,13 @@ class ZeroTIRModule(LightningModule):
     """Train a base causal LM by outcome-reward RL with a code sandbox (ZeroTIR).
 
     Args:
-        model_path: HF model folder or hub id of the base model (actor, reference and critic start from it).
-        dtype: parameter dtype of the models: float32, bfloat16 or float16.
-        gradient_checkpointing: recompute activations in the backward pass (actor and critic).
-        attn_implementation: the attention kernel (``models.check_attention``, docs/scale.md); null: sdpa.
+        base: the base model (``path``, ``dtype``, ``gradient_checkpointing``, ``attn_implementation``); the actor,
+            reference and critic start from it.
         rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
         optim: the optimizer and its schedule.
         tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
         sampling: sampling of training rollouts.
-        eval_sampling: sampling of validation / test rollouts (avg@k and pass@k with k = its n).
+        eval: validation / test: their ``sampling`` (avg@k and pass@k with k = its n) and ``report_dir``.
         rollout: the rollout engine, a ``class_path``: ``zerotir.config.HFRollout`` (transformers, the default) or
             ``zerotir.config.VLLMRollout``, each with its own ``init_args``.
         sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
@@ -75,44 +72,38 @@ class ZeroTIRModule(LightningModule):
             trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.rollout.producer``).
         fleet: rollout engines in processes of their own (Ray actors), fed every update's weights over a process
             group of their own, on the pipeline's schedule (``zerotir.fleet``); ``engines: 0`` (the default): none.
-        refill: dynamic sampling: a step whose filter drops groups draws more prompts, up to ``max_rounds`` batches;
-            and how many steps in a row may train nothing before the run stops (``zerotir.rl.refill``).
-        filters: trajectory filters (each removes a trajectory from the loss and its group's baseline), overlong
-            handling and correct-with-errors downsampling, all off by default (``zerotir.filters``).
-        eval_report_dir: where evaluation reports go; default ``<trainer.default_root_dir>/eval``.
+        filters: which trajectories and prompt groups leave the loss (trajectory rules, overlong handling,
+            correct-with-errors downsampling), all off by default (``zerotir.filters``), and ``refill``: dynamic
+            sampling, up to ``max_rounds`` batches per step, and how many steps in a row may train nothing before
+            the run stops (``zerotir.rl.refill``).
         seed: seed of rollout sampling (training batch b samples with ``seed + b + 1``: step k's, without refill,
             with ``seed + k``), so a resumed run repeats a step exactly.
     """
 
     def __init__(
         self,
-        model_path: str,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        gradient_checkpointing: bool = False,
-        attn_implementation: str | None = None,
+        base: BaseModelConfig,
         rl: RLConfig = RLConfig(),
         optim: OptimConfig = OptimConfig(),
         tool: ToolConfig = ToolConfig(),
         sampling: SamplingConfig = SamplingConfig(),
-        eval_sampling: SamplingConfig = EVAL_SAMPLING,
+        eval: EvalConfig = EvalConfig(),  # noqa: A002 (the key model.eval; never kept as self.eval, nn.Module's)
         rollout: RolloutBackend = HFRollout(),
         sandbox: SandboxConfig = SandboxConfig(),
         pipeline: PipelineConfig = PipelineConfig(),
         fleet: FleetConfig = FleetConfig(),
-        refill: RefillConfig = RefillConfig(),
         filters: FilterConfig = FilterConfig(),
-        eval_report_dir: str | None = None,
         seed: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters()
         self._plain_hparams()
         self.automatic_optimization = False
-        self.model_path = models.resolve_model_path(model_path)
-        self.dtype_name, self.gradient_checkpointing, self.attn = dtype, gradient_checkpointing, attn_implementation
+        self.base = replace(base, path=models.resolve_model_path(base.path, "model.base.path"))
+        self.model_path = self.base.path
         rl = rl.for_run(pipeline.max_staleness, sampling)  # checked, its off-policy correction's default for S
-        self.rl, self.optim, self.tool, self.sampling, self.eval_sampling = rl, optim, tool, sampling, eval_sampling
-        self.backend, self.sandbox_config, self.eval_report_dir, self.seed = rollout, sandbox, eval_report_dir, seed
+        self.rl, self.optim, self.tool, self.sampling, self.eval_config = rl, optim, tool, sampling, eval
+        self.backend, self.sandbox_config, self.seed = rollout, sandbox, seed
         filters.check_run(rl, sampling, tool)
         self.filters = filters
         if sandbox.urls is not None and not tool.enabled:
@@ -128,10 +119,9 @@ class ZeroTIRModule(LightningModule):
                                           self.model_path, seed)
         self._steps_take = "rows" if fleet.enabled and fleet.max_in_flight else "ahead" if pipeline.enabled else "batch"
         self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
-        self.refill, self.fill_watch = refill, FillWatch(refill)
+        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
-        self.rollout_filter: RolloutFilter | None = None  # set by a filter callback (set_rollout_filter)
         self._hf_zero3: Any = None  # transformers' ZeRO-3 switch, held while the run lasts (see configure_model)
 
     def _plain_hparams(self) -> None:
@@ -143,22 +133,17 @@ class ZeroTIRModule(LightningModule):
                     plain = {"class_path": f"zerotir.config.{type(value).__qualname__}", "init_args": plain}
                 self.hparams[key] = plain
 
-    def set_rollout_filter(self, decide: RolloutFilter | None) -> None:
-        """The one hook through which a callback (``PassRateFilter``) gives the RL step its keep decision."""
-        if decide is not None and self.rollout_filter is not None and self.rollout_filter != decide:
-            raise ValueError("two rollout filters were registered (e.g. two PassRateFilter callbacks); keep one")
-        self.rollout_filter = decide
-
     # ----- models and optimizer -----
     def setup(self, stage: str) -> None:
         """Before any model loads: a DeepSpeed config, rollout backend or rollout source that cannot work with this
         trainer fails here, naming the fix."""
         self.source.check_trainer(self.trainer.world_size, is_deepspeed(self.trainer) and is_zero3(self.trainer))
         if stage == "fit":  # half-precision weights need DeepSpeed's fp32 masters; its JSON must agree with ours
-            check_fit_setup(self.trainer, self.dtype_name, self.optim.max_grad_norm, self.optim.optimizer)
+            check_fit_setup(self.trainer, self.base.dtype, self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
-        """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (PPO); idempotent.
+        """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (``rl.uses_critic``);
+        idempotent.
 
         ``validate`` / ``test`` need only the actor (the others' weights in a checkpoint are ignored). Under ZeRO-3
         Lightning calls this inside ``deepspeed.zero.Init``; transformers' ``HfDeepSpeedConfig`` is made live first
@@ -169,11 +154,13 @@ class ZeroTIRModule(LightningModule):
         fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         if self._trainer is not None and self._hf_zero3 is None:
             self._hf_zero3 = hf_zero3_config(self.trainer)
-        self.actor = models.load_causal_lm(self.model_path, self.dtype_name, self.gradient_checkpointing, self.attn)
+        base = self.base
+        self.actor = models.load_causal_lm(base.path, base.dtype, base.gradient_checkpointing, base.attn_implementation)
         if fitting and self.rl.kl_coef > 0:
-            self.ref_model = models.load_reference(self.model_path, self.dtype_name, self.attn)
-        if fitting and self.rl.algorithm == "ppo":
-            self.critic = models.load_critic(self.model_path, self.dtype_name, self.gradient_checkpointing, self.attn)
+            self.ref_model = models.load_reference(base.path, base.dtype, base.attn_implementation)
+        if fitting and self.rl.uses_critic:
+            self.critic = models.load_critic(base.path, base.dtype, base.gradient_checkpointing,
+                                             base.attn_implementation)
 
     def train(self, mode: bool = True) -> ZeroTIRModule:
         """Lightning switches the whole module to train mode; the reference model stays frozen in eval mode."""
@@ -237,11 +224,6 @@ class ZeroTIRModule(LightningModule):
         self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:
-        if self.refill.enabled and self.rollout_filter is None:
-            raise ValueError(f"model.refill.max_rounds={self.refill.max_rounds}: a step draws more prompts when the "
-                             "rollout filter drops groups, and this run has no rollout filter (callbacks."
-                             "PassRateFilter absent, or enabled: false), so nothing is ever dropped; set "
-                             "model.refill.max_rounds: 1 or add the PassRateFilter to trainer.callbacks")
         self._start_source()
 
     def on_validation_start(self) -> None:
@@ -302,11 +284,10 @@ class ZeroTIRModule(LightningModule):
                 return fill.result(pad_id(self.tokenizer)), rolled.sandbox, taken
 
     def _decide(self, traj: Trajectories) -> FilterDecision | None:
-        """The keep decision of one batch: the rollout filter's (None without one: everything trains), then the
-        trajectory filters of ``model.filters`` (``zerotir.filters.decide``)."""
-        group = self.rollout_filter(traj) if self.rollout_filter is not None else None
+        """The keep decision of one batch: the rules of ``model.filters`` (``zerotir.filters.decide``; None with
+        every rule off: everything trains)."""
         context = FilterContext.of(self.tool, self.sampling.max_response_tokens)
-        return decide(self.filters, traj, group, context, step=self.rl_steps_done + 1, seed=self.seed)
+        return decide(self.filters, traj, context, step=self.rl_steps_done + 1, seed=self.seed)
 
     def _my_prompts(self, batch: list[PromptRow]) -> list[PromptRow]:
         """This rank's share of the step's prompts (all of them on a single process)."""
@@ -329,7 +310,7 @@ class ZeroTIRModule(LightningModule):
         """An evaluation batch; its ``StepResult`` (no update: ``stats`` empty, every row kept) goes to the callbacks
         as ``outputs["step"]``, at the RL step of the weights."""
         release_for_push(self.trainer)  # the source may push (a batch before any training batch)
-        rolled = self.source.evaluate(batch, sampling_params(self.eval_sampling, self.seed + batch_idx))
+        rolled = self.source.evaluate(batch, sampling_params(self.eval_config.sampling, self.seed + batch_idx))
         traj, rows = rolled.trajectories, rolled.rows  # a tensor-parallel group's merged rows: group ids index them
         self.evaluator.add(dataloader_idx, traj, [row["id"] for row in rows])
         info = BatchInfo(**batch_fields(rows), weight_version=self.rl_steps_done)
@@ -353,8 +334,8 @@ class ZeroTIRModule(LightningModule):
         self._finish_eval("test", self.trainer.datamodule.test_names)
 
     def _finish_eval(self, split: str, names: list[str]) -> None:
-        out = Path(self.eval_report_dir or Path(self.trainer.default_root_dir) / "eval")
-        meta = {"model_path": self.model_path, "sampling": as_plain(self.eval_sampling),
+        out = Path(self.eval_config.report_dir or Path(self.trainer.default_root_dir) / "eval")
+        meta = {"model_path": self.model_path, "sampling": as_plain(self.eval_config.sampling),
                 "max_tool_calls": self.tool.max_tool_calls}
         self.evaluator.finish(self, split, names, out, meta, self.rl_steps_done)
 
@@ -386,7 +367,9 @@ class ZeroTIRModule(LightningModule):
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:
-        return [_CloseSourceOnException(self.source.close), PurgeResumedSteps(), WatchPeers(self.source.close)]
+        """The module's own callbacks, on what it owns (the source); those of ``callbacks/`` are the CLI's
+        (``zerotir.cli.RUN_CALLBACKS``): nothing of ``zerotir/`` imports them."""
+        return [_CloseSourceOnException(self.source.close), WatchPeers(self.source.close)]
 
 
 class _CloseSourceOnException(Callback):

@@ -22,15 +22,16 @@ def test_each_arm_adds_one_thing_to_the_one_before():
     for before, after in zip(list(arms)[:-1], list(arms)[1:]):
         assert arms[after][:len(arms[before])] == arms[before]  # every arm keeps the one before it
         assert len(arms[after]) == len(arms[before]) + (8 if after == "paper" else 2)
-    assert arms["refill"][-2:] == ["--model.refill.max_rounds", "3"]
+    assert arms["refill"][-2:] == ["--model.filters.refill.max_rounds", "3"]
 
 
 def test_the_arms_name_settings_that_exist():
     # the flags are --model.<group>.<field>: each field exists in its config group
-    fields = {"filters": set(FilterConfig.__dataclass_fields__), "refill": set(RefillConfig.__dataclass_fields__)}
+    fields = {"filters": set(FilterConfig.__dataclass_fields__),
+              "filters.refill": set(RefillConfig.__dataclass_fields__)}
     flags = [f for extra in fa.arms(2).values() for f in extra if f.startswith("--")]
     for flag in flags:
-        _, group, name = flag.removeprefix("--").split(".")
+        group, _, name = flag.removeprefix("--model.").rpartition(".")
         assert name in fields[group], flag
     assert [j.name for j in fa.jobs([0, 1], 2)][:5] == ["off_s0", "paper_s0", "refill_s0", "mask_s0", "off_s1"]
 

@@ -69,17 +69,13 @@ class FakeTrainer:
 
 
 class FakeModule:
-    """The module's side of the callbacks' protocol: ``log`` (recorded) and the rollout-filter hook."""
+    """The module's side of the callbacks' protocol: ``log`` (recorded)."""
 
     def __init__(self) -> None:
         self.logged: dict[str, tuple[float, dict[str, Any]]] = {}
-        self.rollout_filter = None
 
     def log(self, name: str, value: float, **kwargs: Any) -> None:
         self.logged[name] = (value, kwargs)
-
-    def set_rollout_filter(self, decide) -> None:
-        self.rollout_filter = decide
 
 
 def step_outputs(batch: Trajectories, rl_step: int = 1, decision: FilterDecision | None = None,

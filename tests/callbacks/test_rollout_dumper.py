@@ -111,15 +111,15 @@ def test_outputs_that_break_the_protocol_are_named():
 
 
 def test_every_trajectory_of_a_step_is_written_kept_by_the_filter_or_not(tmp_path):
-    """The pass-rate filter drops a group (its only answer is wrong); the real ``rl_step`` trains on the rest; the
+    """The pass-rate rule drops a group (its only answer is wrong); the real ``rl_step`` trains on the rest; the
     dumped file still holds every trajectory of the step, the dropped one with its reward, in rollout order."""
-    from callbacks.pass_rate_filter import PassRateFilter
     from tests.rl.test_step import SAMPLING, Recording, tiny_actor
-    from zerotir.config import RLConfig
+    from zerotir.config import FilterConfig, RLConfig
+    from zerotir.filters.pass_rate import pass_rate
     from zerotir.rl.step import Models, rl_step
 
     rollout = batch()  # groups [0, 0, 1], rewards [1, 0, 0]: group 1 never solved
-    decision = PassRateFilter(low=0.01, high=0.99).decide(rollout)
+    decision = pass_rate(FilterConfig(pass_rate=True), rollout)
     assert decision.keep.tolist() == [True, True, False]
     actor = tiny_actor()
     result = rl_step(RLConfig(micro_batch_size=4), rollout, decision, Models(actor), Recording(actor).callables,
@@ -137,18 +137,16 @@ def test_every_trajectory_of_a_step_is_written_kept_by_the_filter_or_not(tmp_pat
 
 
 def test_a_dumped_trajectory_names_the_filters_that_removed_it(tmp_path):
-    """The step's decision from the pass-rate filter and ``model.filters`` (``zerotir.filters.decide``): group 1 is
-    dropped by the pass rate, and rows 1 and 2 end with a void turn; the file keeps every row, each with its rules."""
-    from callbacks.pass_rate_filter import PassRateFilter
+    """The step's decision of ``model.filters`` (``zerotir.filters.decide``): group 1 is dropped by the pass rate,
+    and rows 1 and 2 end with a void turn; the file keeps every row, each with its rules."""
     from zerotir.config import FilterConfig, ToolConfig
     from zerotir.filters.decide import decide
     from zerotir.filters.trajectory import FilterContext
 
     rollout = batch()
     rollout.response_texts[1] = "I give up."  # one turn, neither a code block nor an answer
-    group = PassRateFilter(low=0.01, high=0.99).decide(rollout)
-    decision = decide(FilterConfig(void_turn=True), rollout, group, FilterContext.of(ToolConfig(), 16), step=1,
-                      seed=0)
+    decision = decide(FilterConfig(pass_rate=True, void_turn=True), rollout, FilterContext.of(ToolConfig(), 16),
+                      step=1, seed=0)
     info = BatchInfo(["Q: 3 + 4 = ?", "Q: 1 + 1 = ?"], ["a", "b"], ["toy", "toy"], 0)
     tr = trainer(tmp_path)
     dumper = RolloutDumper(tensorboard_samples=False)

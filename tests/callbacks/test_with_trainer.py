@@ -12,22 +12,24 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from callbacks import PassRateFilter, ScalingMetrics
 from tests.callbacks.helpers import make_batch, step_outputs
 from zerotir import metric_names as mn
+from zerotir.config import FilterConfig, ToolConfig
+from zerotir.filters.decide import decide
+from zerotir.filters.trajectory import FilterContext
+
+FILTERS = FilterConfig(pass_rate=True, pass_rate_low=0.25, pass_rate_high=0.75)
 
 OPTIMIZER_STEPS_PER_RL_STEP = 2  # so trainer.global_step and the RL step differ
 
 
 class ScriptedRLModule(pl.LightningModule):
-    """Follows the module side of the callback protocol with a scripted rollout and a trivial update."""
+    """Follows the module side of the callback protocol with a scripted rollout, the filters' decision and a trivial
+    update."""
 
     def __init__(self) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.layer = torch.nn.Linear(2, 1)
         self.trained_rows: list[int] = []
-        self.rollout_filter = None
-
-    def set_rollout_filter(self, decide) -> None:
-        self.rollout_filter = decide
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(list(range(3)), batch_size=1)
@@ -39,7 +41,7 @@ class ScriptedRLModule(pl.LightningModule):
         rl_step = self.trainer.global_step // OPTIMIZER_STEPS_PER_RL_STEP
         # group 0 all right, group 1 half right: the filter keeps group 1 only
         rollout = make_batch([1, 1, 1, 0], [0, 0, 1, 1], num_calls=[1, 0, 2, 0], texts=["a", "b", "cc", "d"])
-        decision = self.rollout_filter(rollout)
+        decision = decide(FILTERS, rollout, FilterContext.of(ToolConfig(), 16), step=rl_step + 1, seed=0)
         self.trained_rows.append(int(decision.keep.sum()))
         optimizer = self.optimizers()
         for _ in range(OPTIMIZER_STEPS_PER_RL_STEP):
@@ -57,7 +59,7 @@ def make_trainer(root: Path, epochs: int) -> pl.Trainer:
         accelerator="cpu",
         max_epochs=epochs,
         logger=TensorBoardLogger(root, name="run", version=0),
-        callbacks=[PassRateFilter(low=0.25, high=0.75), ScalingMetrics()],
+        callbacks=[PassRateFilter(), ScalingMetrics()],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -50,8 +50,8 @@ def cli_args(subcommand: str, config: str, base: Path, data: dict[str, Path], ro
     """Arguments running ``configs/<config>.yaml`` shrunk to the e2e model and data under ``root``."""
     return [
         subcommand, "--config", str(REPO / "configs" / f"{config}.yaml"),
-        "--model.model_path", str(base), "--toy_base", "null",
-        "--model.sampling.max_response_tokens", "80", "--model.eval_sampling.max_response_tokens", "80",
+        "--model.base.path", str(base), "--toy_base", "null",
+        "--model.sampling.max_response_tokens", "80", "--model.eval.sampling.max_response_tokens", "80",
         "--model.sandbox.workers", "1", "--model.sandbox.retries", "0",
         "--data.train_files", json.dumps([str(data["train"])]),
         "--data.val_files", json.dumps([str(data["heldout"])]), "--data.test_files", json.dumps([str(data["heldout"])]),

@@ -68,7 +68,7 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     engine, which answers greedily as the transformers engine does on the shipped base."""
     base, compare = tmp_path / "toy_base_wide", tmp_path / "compare.json"
     own = tmp_path / "base.yaml"  # a toy base is built only at the folder a config file names (its own folder)
-    own.write_text(f"model:\n  model_path: {base}\n")
+    own.write_text(f"model:\n  base:\n    path: {base}\n")
     cli = run_cli([
         "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),
         "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"), "--config", str(own),

@@ -12,7 +12,8 @@ from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 
 def test_everything_is_off_by_default():
     cfg = FilterConfig()
-    assert not cfg.enabled and cfg.trajectory_rules == () and cfg.overlong == "none"
+    assert not cfg.row_rules and not cfg.pass_rate and cfg.trajectory_rules == () and cfg.overlong == "none"
+    assert not cfg.refill.enabled
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -79,7 +80,7 @@ def test_the_command_line_checks_the_filters_before_the_toy_base_is_built(tmp_pa
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match=r"model.filters.perplexity=true with model.rl.kl_coef=0"):
         ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu.yaml"), "--model.filters.perplexity", "true",
-                         "--model.model_path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
+                         "--model.base.path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
 
 

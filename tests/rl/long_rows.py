@@ -105,12 +105,12 @@ def run_update(cfg: RLConfig, traj: Trajectories, actor, ref, critic, backward_f
     """``prepare_batch`` then ``ppo_update`` at temperature 0.8; returns the batch, the summed weighted loss of each
     optimizer step, every trained parameter's gradient at each step (the step changes nothing: the gradients are
     read and zeroed) and the update's statistics. ``backward_fn(loss, params)`` replaces ``loss.backward()``."""
-    trained = [m for m in (actor, critic if cfg.algorithm == "ppo" else None) if m is not None]
+    trained = [m for m in (actor, critic if cfg.uses_critic else None) if m is not None]
     params = {f"{i}.{n}": p for i, m in enumerate(trained) for n, p in m.named_parameters()}
     for p in params.values():
         p.grad = None
     batch, _ = prepare_batch(cfg, traj, actor, ref if cfg.kl_coef > 0 else None,
-                             critic if cfg.algorithm == "ppo" else None, temperature=0.8, top_p=1.0)
+                             critic if cfg.uses_critic else None, temperature=0.8, top_p=1.0)
     losses, step_losses, grads = [], [], []
 
     def backward(loss: torch.Tensor) -> None:
@@ -128,7 +128,7 @@ def run_update(cfg: RLConfig, traj: Trajectories, actor, ref, critic, backward_f
             p.grad = None
         return 1.0
 
-    stats = ppo_update(cfg, batch, actor, critic if cfg.algorithm == "ppo" else None, backward, step, rl_step=1,
+    stats = ppo_update(cfg, batch, actor, critic if cfg.uses_critic else None, backward, step, rl_step=1,
                        generator=torch.Generator().manual_seed(0), max_response_tokens=MAX_RESPONSE_TOKENS,
                        temperature=0.8)
     return batch, step_losses, grads, stats

@@ -12,14 +12,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from callbacks import PassRateFilter
 from tests.gloo import free_port, run_ranks
 from tests.rl.update_world import make_traj
-from zerotir.config import RefillConfig
+from zerotir.config import FilterConfig, RefillConfig
+from zerotir.filters.pass_rate import pass_rate
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round, first_kept_groups, rank_share
 
-DECIDE = PassRateFilter(low=0.2, high=0.8).decide  # with n = 2: keeps the groups with one right answer of two
+PASS_RATE = FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8)  # n = 2: keeps 1 right of 2
+
+
+def decide_round(traj):
+    return pass_rate(PASS_RATE, traj)
 
 
 def a_round(rewards: list[float], batch_index: int, n: int = 2) -> Round:
@@ -27,7 +31,7 @@ def a_round(rewards: list[float], batch_index: int, n: int = 2) -> Round:
     groups = [i // n for i in range(len(rewards))]
     traj = make_traj(rewards, groups, seed=batch_index)
     rows = [{"id": f"b{batch_index}-{g}"} for g in range(len(rewards) // n)]
-    return Round(rows, traj, DECIDE(traj), batch_index, {"generation": 1.5})
+    return Round(rows, traj, decide_round(traj), batch_index, {"generation": 1.5})
 
 
 def test_first_kept_groups_and_rank_share_by_hand():
@@ -80,7 +84,7 @@ def test_without_a_filter_one_round_is_the_batch():
 def filled(kept: int, target: int = 4, rounds: int = 1) -> FilledBatch:
     """A merged batch whose decision kept ``kept`` of ``target * rounds`` groups."""
     traj = make_traj([1.0, 0.0], [0, 0])
-    decision = DECIDE(traj)
+    decision = decide_round(traj)
     decision.kept_groups, decision.groups = kept, target * rounds
     return FilledBatch([], traj, decision, kept, rounds, target, 0)
 
@@ -93,15 +97,15 @@ def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):
         assert watch.update(2, filled(0), skipped=True)["empty_steps_in_a_row"] == 2.0
     assert len(caplog.records) == 2  # one warning per empty step, with the count and the fix
     assert "RL step 2: the filters kept no trajectory of the 4 prompt groups (1 generation round): no update, 2 " \
-           "consecutive steps without one; the run stops at model.refill.max_empty_steps=3" in caplog.messages[1]
-    assert "PassRateFilter low / high" in caplog.messages[1]
+           "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=3" in caplog.messages[1]
+    assert "model.filters.pass_rate_low / high" in caplog.messages[1]
     caplog.clear()
     assert watch.update(3, filled(3), skipped=False)["empty_steps_in_a_row"] == 0.0  # an update resets the count
     assert caplog.records == []  # without refill a step that kept 3 of 4 is the filter's normal work
     state = watch.state_dict()
     resumed = FillWatch(RefillConfig(max_rounds=1, max_empty_steps=3))
     resumed.load_state_dict({**state, "empty_in_a_row": 2})  # as after two empty steps and a checkpoint
-    with pytest.raises(EmptyStepsError, match=r"RL step 9: 3 consecutive steps without an update \(model.refill."
+    with pytest.raises(EmptyStepsError, match=r"RL step 9: 3 consecutive steps without an update \(model.filters.refill."
                                               r"max_empty_steps=3\).*kept no trajectory of the 4 prompt groups"):
         resumed.update(9, filled(0), skipped=True)
 
@@ -114,7 +118,7 @@ def test_fill_watch_counts_steps_whose_refill_rounds_ran_out(caplog):
     assert full == {"generation_rounds": 2.0, "prompts_consumed": 8.0, "empty_steps_in_a_row": 0.0,
                     "exhausted_steps": 0.0}
     assert short["exhausted_steps"] == 1.0 and short["prompts_consumed"] == 12.0
-    assert caplog.messages == ["RL step 2: 3 generation rounds (model.refill.max_rounds=3) kept 3 of the 4 prompt "
+    assert caplog.messages == ["RL step 2: 3 generation rounds (model.filters.refill.max_rounds=3) kept 3 of the 4 prompt "
                                "groups of a full batch (data.prompts_per_step); the step trains on 3 (1 short steps "
                                "so far)"]
     assert watch.state_dict() == {"empty_in_a_row": 0, "exhausted_steps": 1}

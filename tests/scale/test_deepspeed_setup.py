@@ -282,7 +282,7 @@ if __name__ == "__main__":
 def test_half_precision_weights_train_only_with_deepspeeds_fp32_masters(dtype):
     # Plain AdamW on bf16 weights rounds RL-sized updates away (issue 46, A6): refused with both fixes named.
     plain = SimpleNamespace(strategy=object())
-    with pytest.raises(ValueError, match=rf"model.dtype={dtype} without DeepSpeed.*model.dtype: float32 \(with "
+    with pytest.raises(ValueError, match=rf"model.base.dtype={dtype} without DeepSpeed.*model.base.dtype: float32 \(with "
                                          r"trainer.precision: bf16-mixed.*or train with a DeepSpeed strategy"):
         check_fit_setup(plain, dtype, 1.0, "adamw")
     check_fit_setup(plain, "float32", 1.0, "adamw")

@@ -63,7 +63,7 @@ def concat_masked(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch
 # ----- the worker -----
 
 def keep_masks() -> list[torch.Tensor]:
-    from callbacks.pass_rate_filter import pass_rate_keep_mask
+    from zerotir.filters.pass_rate import pass_rate_keep_mask
 
     return [pass_rate_keep_mask(*filter_data(r), 0.25, 0.75) for r in range(WORLD)]
 
@@ -140,7 +140,7 @@ def test_kept_fraction_equals_one_process_on_the_whole_batch(rank_results: list[
     assert [r["kept_fraction"] for r in rank_results] == [0.6, 0.6]
     assert [r["group_counts"] for r in rank_results] == [(3, 5), (3, 5)]
     # One process on the concatenated batch (rank 1's group ids shifted past rank 0's so groups stay distinct).
-    from callbacks.pass_rate_filter import pass_rate_keep_mask
+    from zerotir.filters.pass_rate import pass_rate_keep_mask
 
     (r0, g0), (r1, g1) = filter_data(0), filter_data(1)
     rewards, groups = torch.cat([r0, r1]), torch.cat([g0, g1 + 3])

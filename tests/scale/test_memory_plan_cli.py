@@ -21,10 +21,9 @@ trainer:
       config:
         zero_optimization: {stage: 3, offload_optimizer: {device: cpu}}
 model:
-  model_path: Qwen/Qwen2.5-7B
+  base: {path: Qwen/Qwen2.5-7B, gradient_checkpointing: true}
   rl: {algorithm: ppo, kl_coef: 0.0, max_tokens_per_micro_batch: 16384, logprob_chunk_tokens: 2048}
   sampling: {max_response_tokens: 8192, n: 16}
-  gradient_checkpointing: true
   rollout:
     class_path: zerotir.config.VLLMRollout
     init_args: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2}
@@ -44,7 +43,7 @@ def test_settings_from_run_config(tmp_path: Path) -> None:
                       "logprob_chunk_tokens": 2048, "seq_len": 9216, "prompt_tokens": 1024,
                       "gradient_checkpointing": True, "vllm_tp": 2, "gpu_memory_utilization": 0.4,
                       "samples_per_step": 2048, "sync_bucket_mb": 256.0}
-    path.write_text("trainer: {devices: 8, strategy: ddp}\nmodel: {model_path: Qwen/Qwen2.5-7B}\n")
+    path.write_text("trainer: {devices: 8, strategy: ddp}\nmodel: {base: {path: Qwen/Qwen2.5-7B}}\n")
     with pytest.raises(ValueError, match="strategy='ddp' is not DeepSpeed"):
         cli.settings_from_run_config(path)
 

@@ -22,7 +22,7 @@ def sweep(tmp_path_factory) -> Path:
     for name, budget, width, m in (("b1", 1, 16, 20.0), ("b4", 4, 16, 10.0), ("b4_wide", 4, 32, 8.0)):
         run = root / name / "tensorboard"
         _write_run(run, steps=30, m=m)
-        config = {"model": {"model_path": str(root / f"model{width}"), "tool": {"max_tool_calls": budget}}}
+        config = {"model": {"base": {"path": str(root / f"model{width}")}, "tool": {"max_tool_calls": budget}}}
         (run / "config.yaml").write_text(yaml.safe_dump(config))
     return root
 

@@ -161,7 +161,7 @@ def test_the_default_config_uses_the_shipped_base_without_building(monkeypatch):
     import yaml
 
     config = yaml.safe_load((REPO / "configs" / "toy_cpu.yaml").read_text())
-    assert config["model"]["model_path"] == "data/toy_base" and config["toy_base"] == {}
+    assert config["model"]["base"]["path"] == "data/toy_base" and config["toy_base"] == {}
     monkeypatch.setattr(pretrain, "pretrain", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
     assert ensure_toy_base(REPO / "data" / "toy_base", show_progress=False) == REPO / "data" / "toy_base"
 
@@ -192,7 +192,7 @@ def test_every_toy_config_uses_the_shipped_base_or_builds_other_settings_elsewhe
         if config.get("toy_base") is None:
             continue
         seen += 1
-        where = config["model"]["model_path"]
+        where = config["model"]["base"]["path"]
         if config["toy_base"] == {}:
             assert where == "data/toy_base", path
         else:

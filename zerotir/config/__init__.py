@@ -1,19 +1,21 @@
-"""The typed configuration groups of a run: ``model.rl``, ``model.optim``, ``model.tool``, ``model.sampling`` /
-``model.eval_sampling``, ``model.sandbox``, ``model.pipeline``, ``model.fleet``, ``model.refill``, ``model.filters`` and
-``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``).
+"""The typed configuration groups of a run: ``model.base``, ``model.rl``, ``model.optim``, ``model.tool``,
+``model.sampling``, ``model.eval``, ``model.sandbox``, ``model.pipeline``, ``model.fleet``, ``model.filters`` (with
+``model.filters.refill``) and ``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``).
 
 Each group is a frozen dataclass whose field docstrings are the ``--help`` text of the command line (the CLI turns
 attribute docstrings on), and whose ``__post_init__`` is the one place its fields are checked: a bad value raises a
 ``ValueError`` that names the field as it is written in a config (``model.rl.clip_low``) and the fix. Defaults live
 here and nowhere else; ``python -m zerotir fit --print_config`` prints every group with them.
 
-The groups live in modules of one idea each (``rl``: the algorithm and the optimizer; ``rollout``: tool, sampling,
-sandbox; ``backends``: the engines of ``model.rollout``; ``pipeline``; ``fleet``; ``refill``; ``filters``;
-``checks``: what they share) and are used by these names, ``zerotir.config.<Group>``, which the configs' ``class_path`` values name too.
+The groups live in modules of one idea each (``base``: the base model; ``rl``: the algorithm and the optimizer;
+``rollout``: tool, sampling, evaluation, sandbox; ``backends``: the engines of ``model.rollout``; ``pipeline``;
+``fleet``; ``refill``; ``filters``; ``checks``: what they share) and are used by these names,
+``zerotir.config.<Group>``, which the configs' ``class_path`` values name too.
 
 Nothing here imports torch, Lightning or the engines: the groups are plain data.
 """
 
+from zerotir.config.base import BaseModelConfig, Dtype
 from zerotir.config.backends import DEFAULT_TOKENS_PER_CALL, HFRollout, RolloutBackend, ScheduleKind, VLLMRollout
 from zerotir.config.checks import as_plain, check_sampling
 from zerotir.config.filters import FilterConfig, Overlong
@@ -24,11 +26,11 @@ from zerotir.config.rl import (
     GROUP_ALGORITHMS, MASKING_CORRECTIONS, Algorithm, GAEInjected, KLEstimator, LossAggMode, OffPolicyCorrection,
     OptimConfig, Optimizer, RLConfig,
 )
-from zerotir.config.rollout import EVAL_SAMPLING, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.config.rollout import EVAL_SAMPLING, EvalConfig, SamplingConfig, SandboxConfig, ToolConfig
 
 __all__ = [
-    "DEFAULT_TOKENS_PER_CALL", "EVAL_SAMPLING", "GROUP_ALGORITHMS", "MASKING_CORRECTIONS", "Algorithm", "FilterConfig",
-    "FleetConfig",
+    "DEFAULT_TOKENS_PER_CALL", "EVAL_SAMPLING", "GROUP_ALGORITHMS", "MASKING_CORRECTIONS", "Algorithm",
+    "BaseModelConfig", "Dtype", "EvalConfig", "FilterConfig", "FleetConfig",
     "GAEInjected", "HFRollout", "KLEstimator", "LossAggMode", "OffPolicyCorrection", "OptimConfig", "Optimizer",
     "Overlong", "PipelineConfig", "RLConfig", "RefillConfig", "RolloutBackend", "SamplingConfig", "SandboxConfig",
     "ScheduleKind", "ToolConfig", "VLLMRollout", "as_plain", "check_sampling",

@@ -1,4 +1,5 @@
-"""Which trajectories leave the loss, and how an overlong response is treated: ``model.filters``.
+"""Which prompt groups and trajectories leave the loss, how an overlong response is treated, and how a step whose
+groups were dropped draws more prompts: ``model.filters``.
 
 Every rule is off by default. The rules themselves are pure functions in ``zerotir.filters``; this group holds
 their switches and thresholds, checks them, and checks them against the groups they depend on
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from zerotir.config.checks import check_choice
+from zerotir.config.checks import check_choice, check_min
+from zerotir.config.refill import RefillConfig
 from zerotir.config.rl import RLConfig
 from zerotir.config.rollout import SamplingConfig, ToolConfig
 
@@ -21,9 +23,20 @@ BLOCK_RULES = ("shortcut", "code_mismatch", "void_turn")
 
 @dataclass(frozen=True)
 class FilterConfig:
-    """Trajectory filters, overlong handling and correct-with-errors downsampling (``model.filters``); a removed
-    trajectory leaves the loss and its group's baseline (docs/training.md, "Trajectory filters")."""
+    """The pass-rate rule, trajectory filters, overlong handling, correct-with-errors downsampling and refill
+    (``model.filters``); a removed trajectory leaves the loss and its group's baseline (docs/training.md, "Trajectory
+    filters")."""
 
+    pass_rate: bool = False
+    """Drop the prompt groups whose pass rate (mean reward over all n samples of the prompt) lies outside
+    [pass_rate_low, pass_rate_high]: an all-right or all-wrong group has no signal for a group baseline (ZeroTIR's
+    filter; zerotir.filters.pass_rate). The one rule that drops whole groups, so the one refill draws more for."""
+    pass_rate_low: float = 0.01
+    """pass_rate: the smallest group mean reward kept (inclusive); 0.01 drops all-wrong groups for any n <= 100."""
+    pass_rate_high: float = 0.99
+    """pass_rate: the largest group mean reward kept (inclusive); 0.99 drops all-right groups for any n <= 100."""
+    min_keep_groups: int = 1
+    """pass_rate: a step where fewer prompt groups pass (over all ranks) keeps nothing: its update is skipped."""
     overlong_wrong: bool = False
     """Remove a wrong trajectory whose response reached the token budget or was truncated (the paper's code)."""
     shortcut: bool = False
@@ -60,6 +73,9 @@ class FilterConfig:
     first, beyond roc_correct_keep of the group's correct trajectories."""
     roc_correct_keep: float = 0.5
     """roc: the share of a group's correct trajectories kept (at least every clean one); in [0, 1]."""
+    refill: RefillConfig = RefillConfig()
+    """Dynamic sampling: a step whose filters drop prompt groups draws more prompts, up to max_rounds rounds; and how
+    many steps in a row may train nothing before the run stops (zerotir.rl.refill)."""
 
     def __post_init__(self) -> None:
         check_choice("filters", "overlong", self.overlong, Overlong)
@@ -75,12 +91,24 @@ class FilterConfig:
             raise ValueError(f"model.filters.overlong_penalty={self.overlong_penalty}: must be > 0")
         if not 0 <= self.roc_correct_keep <= 1:
             raise ValueError(f"model.filters.roc_correct_keep={self.roc_correct_keep}: must be in [0, 1]")
+        if self.pass_rate_low > self.pass_rate_high:
+            raise ValueError(f"model.filters.pass_rate_low={self.pass_rate_low} is above pass_rate_high="
+                             f"{self.pass_rate_high}: no group could pass; lower pass_rate_low or raise pass_rate_high")
+        check_min("filters", self, ("min_keep_groups",), 1)
         self._check_unused()
+        if self.refill.enabled and not self.pass_rate:
+            raise ValueError(f"model.filters.refill.max_rounds={self.refill.max_rounds}: a step draws more prompts "
+                             "when its filters drop prompt groups, and no rule here drops a group (model.filters."
+                             "pass_rate is false), so a step would never refill; set model.filters.pass_rate: true, "
+                             "or model.filters.refill.max_rounds: 1")
 
     def _check_unused(self) -> None:
         """A threshold set away from its default for a rule that is off cannot apply: say which switch it needs."""
         defaults = {f.name: f.default for f in fields(FilterConfig)}
-        needs = (("void_repetition_threshold", self.void_repetition, "void_repetition: true"),
+        needs = (("pass_rate_low", self.pass_rate, "pass_rate: true"),
+                 ("pass_rate_high", self.pass_rate, "pass_rate: true"),
+                 ("min_keep_groups", self.pass_rate, "pass_rate: true"),
+                 ("void_repetition_threshold", self.void_repetition, "void_repetition: true"),
                  ("perplexity_threshold", self.perplexity, "perplexity: true"),
                  ("overlong_buffer", self.overlong == "soft_penalty", "overlong: soft_penalty"),
                  ("overlong_penalty", self.overlong == "soft_penalty", "overlong: soft_penalty"),
@@ -100,8 +128,9 @@ class FilterConfig:
         return tuple(name for name, on in switches if on)
 
     @property
-    def enabled(self) -> bool:
-        """Any rule, overlong handling or downsampling is on (else the step's decision is the pass-rate filter's)."""
+    def row_rules(self) -> bool:
+        """Any rule that judges single trajectories is on: a trajectory rule, perplexity, overlong handling or
+        downsampling (else the step's decision is the pass-rate rule's, or none)."""
         return bool(self.trajectory_rules) or self.perplexity or self.overlong != "none" or self.roc
 
     def check_run(self, rl: RLConfig, sampling: SamplingConfig, tool: ToolConfig) -> None:

@@ -10,6 +10,7 @@ from zerotir.config.rollout import SamplingConfig
 
 Algorithm = Literal["reinforce_pp", "ppo", "reinforce_baseline", "rloo", "grpo"]
 GROUP_ALGORITHMS = ("reinforce_baseline", "rloo", "grpo")  # baselines from the other samples of the prompt
+CRITIC_ALGORITHMS = ("ppo",)  # a value model trained beside the actor (RLConfig.uses_critic)
 KLEstimator = Literal["k1", "k2", "k3"]
 GAEInjected = Literal["skip", "restart"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -178,7 +179,7 @@ class RLConfig:
                 f"model.rl.grpo_kl_in_reward=true with algorithm={self.algorithm} and use_kl_loss={self.use_kl_loss}: "
                 f"it only applies to algorithm=grpo with use_kl_loss=false (every other algorithm folds the KL into "
                 f"its rewards whenever use_kl_loss is false); remove grpo_kl_in_reward")
-        if self.gae_injected != "skip" and self.algorithm != "ppo":
+        if self.gae_injected != "skip" and not self.uses_critic:
             raise ValueError(f"model.rl.gae_injected={self.gae_injected!r} with algorithm={self.algorithm}: GAE is "
                              f"only used by algorithm=ppo; remove gae_injected or set algorithm: ppo")
 
@@ -196,7 +197,7 @@ class RLConfig:
                              f"model.sampling.n >= 2 or algorithm: reinforce_pp")
         if not sampling.temperature > 0:
             raise ValueError(f"model.sampling.temperature={sampling.temperature}: greedy decoding is for evaluation "
-                             f"only (model.eval_sampling); training samples and scores its tokens at a temperature "
+                             f"only (model.eval.sampling); training samples and scores its tokens at a temperature "
                              f"> 0 (e.g. 1.0)")
         if sampling.top_p < 1 and self.off_policy_correction not in (None, "none"):
             raise ValueError(f"model.rl.off_policy_correction={self.off_policy_correction!r} with "
@@ -238,6 +239,12 @@ class RLConfig:
         runs before the (single) optimizer step, so the actor's log-probs there *are* the old log-probs and the
         separate recomputation pass is skipped (the ratio is exactly 1 with its gradient)."""
         return self.ppo_epochs == 1 and self.num_mini_batches == 1 and not self.kl_in_reward
+
+    @property
+    def uses_critic(self) -> bool:
+        """The algorithm learns a value model (PPO's GAE against it): the module loads and trains a critic, the
+        update computes its values and loss, the memory plan counts it. The one place that asks."""
+        return self.algorithm in CRITIC_ALGORITHMS
 
     @property
     def kl_in_reward(self) -> bool:

@@ -1,5 +1,5 @@
-"""What the rollouts do: the code interpreter (``model.tool``), sampling (``model.sampling`` /
-``model.eval_sampling``) and where code runs (``model.sandbox``)."""
+"""What the rollouts do: the code interpreter (``model.tool``), sampling (``model.sampling`` / ``model.eval.sampling``,
+with the evaluation's report folder: ``model.eval``) and where code runs (``model.sandbox``)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class ToolConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How rollouts are sampled (``model.sampling`` for training, ``model.eval_sampling`` for validation / test)."""
+    """How rollouts are sampled (``model.sampling`` for training, ``model.eval.sampling`` for validation / test)."""
 
     n: int = 8
     """Samples per prompt (evaluation: avg@k and pass@k with k = n)."""
@@ -62,11 +62,22 @@ class SamplingConfig:
     """Response budget per trajectory, sampled + injected tool output; reaching it truncates (reward 0)."""
 
     def __post_init__(self) -> None:
-        check_sampling("model.[eval_]sampling", self.n, self.temperature, self.top_p,
+        check_sampling("model.[eval.]sampling", self.n, self.temperature, self.top_p,
                        ("max_response_tokens", self.max_response_tokens))
 
 
 EVAL_SAMPLING = SamplingConfig(n=1, temperature=0.0)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Validation and test (``model.eval``): the same rollout path as training with a sampling of their own, reports
+    written by ``zerotir.eval.report``."""
+
+    sampling: SamplingConfig = EVAL_SAMPLING
+    """Sampling of validation / test rollouts (avg@k and pass@k with k = its n); greedy, one sample by default."""
+    report_dir: str | None = None
+    """Where evaluation reports go; null: <trainer.default_root_dir>/eval."""
 
 
 @dataclass(frozen=True)

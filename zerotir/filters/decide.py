@@ -1,6 +1,6 @@
-"""The step's keep decision: the pass-rate filter's, then the rules of ``model.filters``, as one pure composition.
+"""The step's keep decision: the rules of ``model.filters`` as one composition, pure but for one group count.
 
-    pass rate (the group's difficulty, over ALL n samples of each prompt; a callback's ``PassRateFilter.decide``)
+    pass rate (the group's difficulty, over ALL n samples of each prompt: ``pass_rate.pass_rate``)
       -> the trajectory rules (``trajectory.RULES``: each judges every trajectory by itself)
       -> "mask": truncated responses (``overlong.truncated_rows``)
       -> GRPO-RoC downsampling among the trajectories still kept (``roc``)
@@ -27,6 +27,7 @@ from torch import Tensor
 
 from zerotir.config import FilterConfig
 from zerotir.filters.overlong import soft_overlong_penalty, truncated_rows
+from zerotir.filters.pass_rate import pass_rate
 from zerotir.filters.roc import roc_dropped, roc_penalty
 from zerotir.filters.trajectory import RULES, FilterContext
 from zerotir.rl.step import PERPLEXITY, FilterDecision
@@ -38,22 +39,21 @@ PASS_RATE, TRUNCATED, ROC = "pass_rate", "truncated", "roc"
 REMOVAL_NAMES = (PASS_RATE, *RULES, TRUNCATED, ROC, PERPLEXITY)
 
 
-def decide(cfg: FilterConfig, traj: Trajectories, group: FilterDecision | None, ctx: FilterContext, *, step: int,
-           seed: int) -> FilterDecision | None:
-    """The step's decision on this rank's ``traj`` (see the module doc); ``group`` is the pass-rate filter's (None:
-    no such filter). With every rule of ``cfg`` off it is ``group`` with its dropped rows recorded under "pass_rate"
-    (so the rollout dump names the filter that removed each row either way). Without ``group`` the group counts are
-    reduced over the ranks (a collective: every rank calls this at the same step).
+def decide(cfg: FilterConfig, traj: Trajectories, ctx: FilterContext, *, step: int, seed: int) -> FilterDecision | None:
+    """The step's decision on this rank's ``traj`` (see the module doc); None when every rule of ``cfg`` is off
+    (everything trains). With only the pass-rate rule on it is that rule's decision with its dropped rows recorded
+    under "pass_rate" (so the rollout dump names the rule that removed each row either way). The group counts are
+    reduced over the ranks once (a collective: every rank calls this at the same step).
 
     Args:
         cfg: ``model.filters``.
         traj: the step's scored trajectories.
-        group: the pass-rate decision, taken on all samples of each prompt, or None.
         ctx: the block markers and the response budget.
         step: the RL step; with ``seed`` it seeds the RoC order among equal penalties.
         seed: the run's seed.
     """
-    if not cfg.enabled:
+    group = pass_rate(cfg, traj) if cfg.pass_rate else None  # taken on all samples of each prompt
+    if not cfg.row_rules:
         return None if group is None else replace(group, removed={PASS_RATE: ~group.keep.cpu().bool()})
     size = len(traj)
     removed: dict[str, Tensor] = {}

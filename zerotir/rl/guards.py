@@ -27,7 +27,7 @@ class SandboxFailureError(RuntimeError):
 
 
 class EmptyStepsError(RuntimeError):
-    """Too many consecutive RL steps trained nothing: the rollout filter kept no prompt group (``model.refill``)."""
+    """Too many consecutive RL steps trained nothing: the filters kept no prompt group (``model.filters.refill``)."""
 
 
 def _range(t: Tensor | None, mask: Tensor) -> str:

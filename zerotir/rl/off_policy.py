@@ -6,7 +6,8 @@ Three policies meet in one update. The *behaviour* policy sampled the tokens (th
 old log-probs); the policy being trained carries the gradient. Synchronously they differ only by engine numerics
 (vLLM in bfloat16 against the trainer in float32, other kernels); with a rollout producer running ahead of the
 trainer (issue #16) the behaviour policy is up to S weight versions old. With ``rho_t = exp(proximal_t - behaviour_t)``
-on the action tokens of a row (injected tool output and prompt are not in any sum or mean):
+on the action tokens of a row (injected tool output and prompt are not in any sum or mean), each mode a function of
+the row's log-ratios in the registry ``CORRECTION_WEIGHTS`` (as the estimators are in ``rl.estimators.ESTIMATORS``):
 
 * ``none``: weight 1 (the behaviour policy is taken to be the proximal one);
 * ``tis``: token-level truncated importance sampling, ``w_t = min(rho_t, cap)`` (verl ``rollout_is: token``,
@@ -42,7 +43,9 @@ correction (``RLConfig.check_training_sampling``).
 from __future__ import annotations
 
 import math
-from typing import get_args
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -51,8 +54,58 @@ from zerotir.config import MASKING_CORRECTIONS
 from zerotir.config import OffPolicyCorrection as Correction
 from zerotir.rl.masked import _bool_mask, _check_shape, masked_mean
 
-CORRECTIONS = get_args(Correction)  # the choices of model.rl.off_policy_correction
 SAFE_LOG_RATIO = 20.0  # |log-ratio| before exp (verl's SAFETY_BOUND): weights within exp(+-20) ~ 4.9e8
+
+
+@dataclass(frozen=True)
+class LogRatios:
+    """What a correction reads: the log-ratios ``log rho`` of a batch in float64, 0 off the action mask."""
+
+    token: Tensor  # (B, T) each action token's
+    seq: Tensor  # (B, 1) their sum over the row: the log of the sequence ratio
+    geo: Tensor  # (B, 1) their mean over the row's action tokens: the log of the geometric-mean ratio
+
+
+# A correction: (log-ratios, cap, band (low, high) or None) -> (weights, dropped), each (B, T) or (B, 1) to broadcast:
+# the weights before the mask is applied, and which of them the mode weighs 0 on purpose (a drop or a rejection).
+CorrectionWeights = Callable[[LogRatios, float, tuple[float, float] | None], tuple[Tensor, Tensor]]
+
+
+def _none(r: LogRatios, cap: float, band: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
+    return torch.ones_like(r.token), torch.zeros_like(r.token, dtype=torch.bool)
+
+
+def _tis(r: LogRatios, cap: float, band: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
+    return _safe_exp(r.token).clamp(max=cap), torch.zeros_like(r.token, dtype=torch.bool)
+
+
+def _seq_tis(r: LogRatios, cap: float, band: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
+    return _safe_exp(r.seq).clamp(max=cap), torch.zeros_like(r.seq, dtype=torch.bool)
+
+
+def _decoupled(r: LogRatios, cap: float, band: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
+    over = r.token > math.log(cap)
+    return torch.where(over, torch.zeros_like(r.token), _safe_exp(r.token)), over
+
+
+def _in_band(tested: Tensor, band: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
+    """Weight 1 where ``tested`` (a log-ratio) lies in the band, both ends inclusive, else 0 (rejected)."""
+    assert band is not None  # _check_arguments: the masking modes have their band
+    kept = (tested >= math.log(band[0])) & (tested <= math.log(band[1]))
+    return kept.double(), ~kept
+
+
+# model.rl.off_policy_correction -> its weights (see the module doc); the keys are the choices of the config Literal.
+CORRECTION_WEIGHTS: Mapping[str, CorrectionWeights] = MappingProxyType({
+    "none": _none,
+    "tis": _tis,
+    "decoupled": _decoupled,
+    "seq_tis": _seq_tis,
+    "seq_mask": lambda r, cap, band: _in_band(r.seq, band),
+    "geo_mask": lambda r, cap, band: _in_band(r.geo, band),
+    "token_mask": lambda r, cap, band: _in_band(r.token, band),
+})
+CORRECTIONS = tuple(CORRECTION_WEIGHTS)  # the choices of model.rl.off_policy_correction (a test: the Literal's)
 
 
 @torch.no_grad()
@@ -65,7 +118,7 @@ def behaviour_weights(proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tenso
         proximal_logp: (B, T) log-probs of the sampled tokens under the proximal policy (the trainer's old ones).
         behaviour_logp: (B, T) log-probs under the policy that sampled them (the engine's).
         mask: (B, T) action mask; weights are 0 off it, and only its tokens enter a row's sum or mean.
-        correction: one of ``CORRECTIONS``.
+        correction: one of ``CORRECTIONS`` (its function: ``CORRECTION_WEIGHTS``).
         cap: the truncation of "tis" / "seq_tis" and the drop threshold of "decoupled" (> 1).
         is_band_low, is_band_high: the kept band of the masking modes ("seq_mask", "geo_mask", "token_mask"),
             0 < low < 1 < high; both given for those modes, neither for the others.
@@ -85,7 +138,8 @@ def behaviour_weights(proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tenso
     log_ratio = torch.where(m, proximal_logp.double() - behaviour_logp.double(), zero)
     seq_log = log_ratio.sum(dim=1, keepdim=True)  # (B, 1): log of the product of the row's token ratios
     geo_log = seq_log / m.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1): log of their geometric mean
-    weights, dropped = _mode_weights(correction, log_ratio, seq_log, geo_log, cap, is_band_low, is_band_high)
+    band = None if is_band_low is None or is_band_high is None else (is_band_low, is_band_high)
+    weights, dropped = CORRECTION_WEIGHTS[correction](LogRatios(log_ratio, seq_log, geo_log), cap, band)
     weights = torch.where(m, weights.expand_as(log_ratio), zero).float()
     dropped = dropped.expand_as(m) & m
     rows = m.any(dim=1)
@@ -101,23 +155,6 @@ def behaviour_weights(proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tenso
     return weights, stats
 
 
-def _mode_weights(correction: Correction, log_ratio: Tensor, seq_log: Tensor, geo_log: Tensor, cap: float,
-                  low: float | None, high: float | None) -> tuple[Tensor, Tensor]:
-    """The mode's weights before masking, (B, T) or (B, 1) to broadcast, and which of them it drops (bool, same)."""
-    if correction == "none":
-        return torch.ones_like(log_ratio), torch.zeros_like(log_ratio, dtype=torch.bool)
-    if correction in ("tis", "seq_tis"):
-        log_w = log_ratio if correction == "tis" else seq_log
-        return _safe_exp(log_w).clamp(max=cap), torch.zeros_like(log_w, dtype=torch.bool)
-    if correction == "decoupled":
-        over = log_ratio > math.log(cap)
-        return torch.where(over, torch.zeros_like(log_ratio), _safe_exp(log_ratio)), over
-    assert low is not None and high is not None  # _check_arguments: the masking modes have their band
-    tested = {"seq_mask": seq_log, "geo_mask": geo_log, "token_mask": log_ratio}[correction]
-    kept = (tested >= math.log(low)) & (tested <= math.log(high))
-    return kept.double(), ~kept
-
-
 def _safe_exp(log_ratio: Tensor) -> Tensor:
     """exp of a log-ratio clamped to [-SAFE_LOG_RATIO, SAFE_LOG_RATIO]: finite for any finite input."""
     return torch.exp(log_ratio.clamp(-SAFE_LOG_RATIO, SAFE_LOG_RATIO))
@@ -128,7 +165,7 @@ def _check_arguments(proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
     """Shapes, the mode, the cap and the band, each error naming the argument."""
     _check_shape("behaviour_logp", behaviour_logp, "proximal_logp", proximal_logp)
     _check_shape("mask", mask, "proximal_logp", proximal_logp)
-    if correction not in CORRECTIONS:
+    if correction not in CORRECTION_WEIGHTS:
         raise ValueError(f"correction={correction!r}: choose one of {CORRECTIONS}")
     if not cap > 1.0:
         raise ValueError(f"cap={cap}: must be > 1 (1 would weigh every token at most as the proximal policy does)")

@@ -1,17 +1,17 @@
-"""Dynamic sampling with refill (``model.refill``): a step's batch assembled from generation rounds until it holds
-its number of kept prompt groups, and a run whose steps train nothing that says so, then stops.
+"""Dynamic sampling with refill (``model.filters.refill``): a step's batch assembled from generation rounds until it
+holds its number of kept prompt groups, and a run whose steps train nothing that says so, then stops.
 
     round 1: the step's P prompts -> rollout -> keep decision     (kept k1 of P groups)
     round 2: the next P prompts of the stream -> ...              (while k1 + k2 + ... < P and rounds < max_rounds)
     merged:  every round's trajectories, group ids renumbered (round r's after round r-1's), the kept groups cut to
              exactly P: the round that overfills keeps its first groups (rank by rank, then by group id)
 
-A round's keep decision is the rollout filter's, taken on counts over all ranks (``FilterDecision.kept_groups``), so
+A round's keep decision is that of ``model.filters``, taken on counts over all ranks (``FilterDecision.kept_groups``), so
 every rank runs the same rounds and cuts the same number of groups. When the rounds run out the step trains on the
 groups it kept (a smaller batch): those groups are informative and already paid for, where skipping would waste
 them and stopping would end a run over one hard stretch of data; the step is counted and warned about
 (``FillWatch``). A step that keeps nothing makes no update; ``FillWatch`` warns with the count of such steps in a
-row and stops the run at ``model.refill.max_empty_steps``.
+row and stops the run at ``model.filters.refill.max_empty_steps``.
 
 The merged rollout (every round, before filtering) is what the callbacks see: its rollout statistics cover all the
 generated trajectories, and its ``BatchInfo`` names every round's prompts. Nothing here imports Lightning.
@@ -41,7 +41,7 @@ class Round:
 
     rows: list[PromptRow]  # the prompt rows its group ids index
     trajectories: Trajectories  # scored
-    decision: FilterDecision | None  # the rollout filter's (None: no filter)
+    decision: FilterDecision | None  # the filters' (None: every rule off)
     batch_index: int  # its index in the training stream
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -96,7 +96,7 @@ class BatchFill:
 
     Args:
         target: kept prompt groups a full batch holds, over all ranks (the step's global prompt count).
-        max_rounds: ``model.refill.max_rounds``.
+        max_rounds: ``model.filters.refill.max_rounds``.
     """
 
     def __init__(self, target: int, max_rounds: int) -> None:
@@ -152,7 +152,7 @@ class FillWatch:
     ``max_empty_steps`` of those in a row. Its counters survive resume (``state_dict``, in the module's checkpoint).
 
     Args:
-        config: the ``model.refill`` group.
+        config: the ``model.filters.refill`` group.
     """
 
     def __init__(self, config: RefillConfig) -> None:
@@ -171,21 +171,21 @@ class FillWatch:
         rounds = f"{filled.rounds} generation round{'s' if filled.rounds > 1 else ''}"
         if self.empty_in_a_row >= cfg.max_empty_steps:
             raise EmptyStepsError(
-                f"RL step {step}: {self.empty_in_a_row} consecutive steps without an update (model.refill."
+                f"RL step {step}: {self.empty_in_a_row} consecutive steps without an update (model.filters.refill."
                 f"max_empty_steps={cfg.max_empty_steps}); the filters kept no trajectory of the {seen} prompt groups "
-                f"of the last one ({rounds}). Fix: widen the pass-rate filter's bounds (PassRateFilter low / high), "
-                f"let a step draw more prompts (model.refill.max_rounds={cfg.max_rounds}), or use easier data; then "
-                "resume with `fit --ckpt_path last`")
+                f"of the last one ({rounds}). Fix: widen the pass-rate bounds (model.filters.pass_rate_low / high), "
+                f"let a step draw more prompts (model.filters.refill.max_rounds={cfg.max_rounds}), or use easier "
+                "data; then resume with `fit --ckpt_path last`")
         if rank_and_world_size()[0] == 0:
             if skipped:
                 log.warning("RL step %d: the filters kept no trajectory of the %d prompt groups (%s): no update, %d "
-                            "consecutive steps without one; the run stops at model.refill.max_empty_steps=%d. Fix: "
-                            "widen the pass-rate filter's bounds (PassRateFilter low / high) or raise "
-                            "model.refill.max_rounds=%d", step, seen, rounds, self.empty_in_a_row,
+                            "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=%d. "
+                            "Fix: widen the pass-rate bounds (model.filters.pass_rate_low / high) or raise "
+                            "model.filters.refill.max_rounds=%d", step, seen, rounds, self.empty_in_a_row,
                             cfg.max_empty_steps, cfg.max_rounds)
             elif exhausted:
-                log.warning("RL step %d: %s (model.refill.max_rounds=%d) kept %d of the %d prompt groups of a full "
-                            "batch (data.prompts_per_step); the step trains on %d (%d short steps so far)", step,
+                log.warning("RL step %d: %s (model.filters.refill.max_rounds=%d) kept %d of the %d prompt groups of a "
+                            "full batch (data.prompts_per_step); the step trains on %d (%d short steps so far)", step,
                             rounds, cfg.max_rounds, filled.kept, filled.target, filled.kept, self.exhausted_steps)
         metrics = {"generation_rounds": float(filled.rounds), "prompts_consumed": float(filled.target * filled.rounds),
                    "empty_steps_in_a_row": float(self.empty_in_a_row)}

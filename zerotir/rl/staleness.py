@@ -78,8 +78,8 @@ class StreamCursor:
     capacity rule's bookkeeping, one for the producer thread and the fleet alike.
 
     Steps take the stream's batches in order from ``first_batch`` (``first_step``'s): each step one, and with
-    refill (``model.refill``) more, the step asking again. A batch not yet taken is trained at the latest at step
-    ``latest_step(index)``: as if every later step took one batch (refill batches taken so far only make it
+    refill (``model.filters.refill``) more, the step asking again. A batch not yet taken is trained at the latest at
+    step ``latest_step(index)``: as if every later step took one batch (refill batches taken so far only make it
     earlier), so gating batch ``index`` on that step keeps the bound whatever the steps take.
 
     Args:

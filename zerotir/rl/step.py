@@ -8,9 +8,9 @@ The LightningModule owns the models, the optimizer and the DeepSpeed strategy; i
 returns the result from ``training_step``, so callbacks read it from ``outputs["step"]`` of ``on_train_batch_end``.
 Nothing here imports Lightning: the optimizer is reached through two callables (``StepOptimizer``).
 
-A keep decision (``FilterDecision``) comes from the pass-rate filter (``callbacks.PassRateFilter``, a pure function
-of the rewards) composed with the trajectory filters of ``model.filters`` (``zerotir.filters.decide``); without one
-every trajectory is kept. Two of its parts apply here, to the kept rows only: the high-perplexity removal (it needs
+A keep decision (``FilterDecision``) comes from the rules of ``model.filters`` (the pass-rate rule, a function of the
+rewards, composed with the trajectory rules: ``zerotir.filters.decide``); with every rule off every trajectory is
+kept. Two of its parts apply here, to the kept rows only: the high-perplexity removal (it needs
 the reference log-probs, taken once and reused for the KL: ``zerotir.rl.perplexity``) and the reward shaping (the
 soft overlong penalty, added before the advantages; ``StepResult.rollout`` keeps the raw rewards). A removed row is
 dropped before the advantages, so a group baseline is over the group's remaining samples. The skip decision is
@@ -38,12 +38,12 @@ PERPLEXITY = "perplexity"  # the high-perplexity removal's name in FilterDecisio
 
 @dataclass
 class FilterDecision:
-    """Which trajectories of a step train, as decided by the rollout filter and ``model.filters``."""
+    """Which trajectories of a step train, as decided by the rules of ``model.filters``."""
 
     keep: Tensor  # (B,) bool: the trajectories kept for the update (all False when the step is skipped)
-    kept_groups: int  # prompt groups the pass-rate rule kept, over all ranks (all of them without that filter)
+    kept_groups: int  # prompt groups the pass-rate rule kept, over all ranks (all of them without that rule)
     groups: int  # prompt groups seen, over all ranks
-    skipped: bool = False  # fewer groups than the filter's minimum passed: the update is skipped
+    skipped: bool = False  # fewer groups than model.filters.min_keep_groups passed: the update is skipped
     # rule name -> (B,) bool: the trajectories that rule matched; a match removes ("pass_rate": its dropped groups)
     removed: dict[str, Tensor] = field(default_factory=dict)
     reward_shaping: Tensor | None = None  # (B,) added to the trained rows' rewards before the advantages, or None
@@ -70,9 +70,6 @@ class FilterDecision:
             raise ValueError(f"FilterDecision.cat: the parts disagree on the perplexity threshold ({thresholds})")
         return FilterDecision(torch.cat([p.keep.cpu() for p in parts]), kept_groups, sum(p.groups for p in parts),
                               skipped, removed, shaping, thresholds.pop())
-
-
-RolloutFilter = Callable[[Trajectories], FilterDecision]
 
 
 @dataclass
@@ -136,7 +133,7 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
     Args:
         cfg: the ``model.rl`` group.
         rollout: this rank's scored trajectories (rewards filled), on the models' device.
-        decision: the rollout filter's decision, or None.
+        decision: the filters' decision (``zerotir.filters.decide``), or None.
         models: actor (and critic, reference).
         optimizer: backward and optimizer-step callables of the module.
         step: the RL step index (names the step in errors; with ``seed`` it seeds the mini-batch order).

@@ -131,7 +131,7 @@ def check_temperature(temperature: float) -> None:
     if not temperature > 0:
         raise ValueError(f"model.sampling.temperature={temperature}: training needs a sampling temperature > 0 (0 is "
                          "greedy decoding, which has no distribution to score or to train; use it in "
-                         "model.eval_sampling only)")
+                         "model.eval.sampling only)")
 
 
 def sequence_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> Tensor:
@@ -228,9 +228,9 @@ def prepare_batch(
         kl = A.kl_penalty(old_logp, ref_logp, cfg.kl_estimator, mask, cfg.kl_clamp)
         stats["kl"] = A.masked_mean(kl, mask).item()
     values = None
-    if cfg.algorithm == "ppo":
+    if cfg.uses_critic:
         if critic is None:
-            raise ValueError("algorithm 'ppo' needs a critic")
+            raise ValueError(f"algorithm {cfg.algorithm!r} needs a critic")
         values = forward_in_chunks(lambda i, m: sequence_values(critic, i, m, cfg.pack_rows), ids, attn, chunks,
                                    passes)
     adv, returns = compute_advantages(cfg, traj, mask, kl, values)
@@ -270,7 +270,7 @@ def micro_batch_loss(
         if single_pass:  # the KL before the update, measured in the same forward pass
             stats["kl"] = stats["kl_loss"]
         loss = loss + cfg.kl_coef * kl_loss
-    if cfg.algorithm == "ppo":
+    if cfg.uses_critic:
         values = sequence_values(critic, mb.input_ids, mb.attention_mask, cfg.pack_rows)
         v_loss = A.value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip, **agg)
         stats["value_loss"] = v_loss.detach()

@@ -193,7 +193,7 @@ def check_fit_setup(trainer: Any, dtype: str, max_grad_norm: float, optimizer: s
 
 
 def check_half_precision(dtype: str, deepspeed: bool) -> None:
-    """Refuse ``model.dtype`` bfloat16 / float16 for training without DeepSpeed.
+    """Refuse ``model.base.dtype`` bfloat16 / float16 for training without DeepSpeed.
 
     Plain AdamW on half-precision parameters adds each update to weights that keep 8 (bf16) or 11 (fp16) bits of
     mantissa: at RL's learning rates most updates round away (issue 46, A6: 1.9% of the weights moved after 10 steps
@@ -203,8 +203,8 @@ def check_half_precision(dtype: str, deepspeed: bool) -> None:
         ValueError: a half-precision ``dtype`` and no DeepSpeed strategy, naming both fixes.
     """
     if dtype in ("bfloat16", "float16") and not deepspeed:
-        raise ValueError(f"model.dtype={dtype} without DeepSpeed: the optimizer would step the {dtype} weights "
-                         "themselves and round most RL-sized updates away. Set model.dtype: float32 (with "
+        raise ValueError(f"model.base.dtype={dtype} without DeepSpeed: the optimizer would step the {dtype} weights "
+                         "themselves and round most RL-sized updates away. Set model.base.dtype: float32 (with "
                          "trainer.precision: bf16-mixed to compute in bfloat16), or train with a DeepSpeed strategy "
                          "(trainer.strategy: configs/deepspeed/*.json with \"bf16\": {\"enabled\": true}), which "
                          "keeps fp32 master weights")

@@ -64,10 +64,11 @@ def _config_file(name: str, where: str) -> Path:
 def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     """The model and ``PlanSettings`` fields a zerotir run config implies (``python -m zerotir fit --config``).
 
-    Reads ``model.*`` (model_path, gradient_checkpointing, the ``rl`` group (micro_batch_size or the token budget,
-    logprob_chunk_tokens, the critic and the reference) and the ``sampling`` group, and the ``rollout``
-    group's tensor_parallel_size / gpu_memory_utilization / weight_sync_bucket_mb), ``data.*`` (max_prompt_tokens,
-    prompts_per_step) and ``trainer.*`` (devices, num_nodes, strategy). Missing fields take the groups' defaults.
+    Reads ``model.*`` (the ``base`` group's path and gradient_checkpointing, the ``rl`` group (micro_batch_size or
+    the token budget, logprob_chunk_tokens, the critic and the reference) and the ``sampling`` group, and the
+    ``rollout`` group's tensor_parallel_size / gpu_memory_utilization / weight_sync_bucket_mb), ``data.*``
+    (max_prompt_tokens, prompts_per_step) and ``trainer.*`` (devices, num_nodes, strategy). Missing fields take the
+    groups' defaults.
     """
     import yaml
 
@@ -76,8 +77,9 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     where = str(path)
     config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     model, data, trainer = (config.get(k) or {} for k in ("model", "data", "trainer"))
-    if "model_path" not in model:
-        raise ValueError(f"{where}: model.model_path is missing")
+    base = model.get("base") or {}
+    if "path" not in base:
+        raise ValueError(f"{where}: model.base.path is missing")
     devices = trainer.get("devices", 1)
     if not isinstance(devices, int):
         raise ValueError(f"{where}: trainer.devices={devices!r}; the plan needs a number of GPUs per node")
@@ -91,20 +93,20 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
         "gpus": devices,
         "nodes": int(trainer.get("num_nodes", 1)),
         **_strategy_settings(trainer.get("strategy"), where),
-        "critic": rl.algorithm == "ppo",
+        "critic": rl.uses_critic,
         "reference": rl.kl_coef > 0,
         "micro_batch_size": rl.micro_batch_size,
         "max_tokens_per_micro_batch": rl.max_tokens_per_micro_batch,
         "logprob_chunk_tokens": rl.logprob_chunk_tokens,
         "seq_len": prompt_tokens + sampling.max_response_tokens,
         "prompt_tokens": prompt_tokens,
-        "gradient_checkpointing": bool(model.get("gradient_checkpointing", False)),
+        "gradient_checkpointing": bool(base.get("gradient_checkpointing", False)),
         "vllm_tp": engine.tensor_parallel_size if engine else 1,
         "gpu_memory_utilization": engine.gpu_memory_utilization if engine else VLLMRollout.gpu_memory_utilization,
         "samples_per_step": int(data.get("prompts_per_step", 128)) * sampling.n,
         "sync_bucket_mb": float(engine.weight_sync_bucket_mb if engine else VLLMRollout.weight_sync_bucket_mb),
     }
-    return str(model["model_path"]), settings
+    return str(base["path"]), settings
 
 
 def build_parser() -> Any:

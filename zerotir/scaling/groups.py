@@ -57,7 +57,7 @@ def group_value(run: Run, key: str) -> object:
     """The value ``run`` has for ``key`` (see the module docstring)."""
     config = run_config(run)
     if key == PARAMS_KEY:
-        return param_count(config_value(config, "model.model_path"))
+        return param_count(config_value(config, "model.base.path"))
     return config_value(config, key)
 
 

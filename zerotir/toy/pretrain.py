@@ -258,8 +258,8 @@ def _refuse_shipped(path: Path, differ: dict[str, tuple] | None) -> None:
     raise ValueError(
         f"{path} is the toy base shipped with the repository ({SHIPPED_NAME}), built with other settings ({shown}); "
         f"a run never rewrites it. Build yours in a folder of your own: `python -m zerotir toy-base --out "
-        f"runs/toy_base_custom{flags}`, then train it with `--model.model_path runs/toy_base_custom` and the same "
-        f"toy_base settings (or set model.model_path in your own config to a folder under runs/: a toy config builds "
+        f"runs/toy_base_custom{flags}`, then train it with `--model.base.path runs/toy_base_custom` and the same "
+        f"toy_base settings (or set model.base.path in your own config to a folder under runs/: a toy config builds "
         f"its base there on first use)")
 
 
