@@ -19,7 +19,7 @@ from zerotir.tools.base import Observation, Tool
 
 log = logging.getLogger(__name__)
 
-_LOADED: dict[str, Any] = {}  # content hash -> retriever, loaded once per process
+_LOADED: dict[str, Any] = {}  # index folder (named by the content hash) -> retriever, loaded once per process
 _LOCK = threading.Lock()  # hosts build their tools on several threads
 
 
@@ -48,7 +48,7 @@ class SearchTool(Tool):
         self.digest = hashlib.sha256(json.dumps(self.passages).encode()).hexdigest()
         root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "zerotir" / "bm25"
         self.index_dir = root / self.digest[:32]
-        self.retriever = _retriever(self.digest, self.passages, self.index_dir)
+        self.retriever = _retriever(self.passages, self.index_dir)
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
         import bm25s
@@ -93,13 +93,13 @@ def load_passages(corpus: Path, text_field: str) -> list[str]:
     return passages
 
 
-def _retriever(digest: str, passages: list[str], index_dir: Path) -> Any:
+def _retriever(passages: list[str], index_dir: Path) -> Any:
     """The BM25 index of ``passages``: from this process, else from ``index_dir``, else built and saved there."""
     import bm25s
 
     with _LOCK:
-        if digest in _LOADED:
-            return _LOADED[digest]
+        if str(index_dir) in _LOADED:
+            return _LOADED[str(index_dir)]
         if (index_dir / "params.index.json").is_file():
             retriever = bm25s.BM25.load(str(index_dir), show_progress=False, verbosity=0)
         else:
@@ -111,5 +111,5 @@ def _retriever(digest: str, passages: list[str], index_dir: Path) -> Any:
             partial = index_dir.with_name(index_dir.name + ".partial")
             retriever.save(str(partial), show_progress=False)
             partial.replace(index_dir)  # whole or absent: a run killed mid-save leaves no half index
-        _LOADED[digest] = retriever
+        _LOADED[str(index_dir)] = retriever
         return retriever
