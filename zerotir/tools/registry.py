@@ -84,11 +84,20 @@ class Toolbox:
     """
 
     def __init__(self, tools: Iterable[Tool], max_chars: int):
+        import jsonschema
+
         self.tools: dict[str, Tool] = {}
+        self._validators: dict[str, Any] = {}
         for tool in tools:
             if tool.name in self.tools:
                 raise ValueError(f"model.tool.tools: two tools are named {tool.name!r}; tool names must be distinct")
+            try:
+                jsonschema.Draft202012Validator.check_schema(tool.parameters)
+            except jsonschema.SchemaError as error:
+                raise ValueError(f"the tool {tool.name!r}: its parameters are not a JSON schema ({error.message})") \
+                    from None
             self.tools[tool.name] = tool
+            self._validators[tool.name] = jsonschema.Draft202012Validator(tool.parameters)
         self.max_chars = max_chars
 
     @classmethod
@@ -126,7 +135,7 @@ class Toolbox:
         tool = self.tools.get(name)
         if tool is None:
             return invalid(f"there is no tool named {name!r}; the tools are: {', '.join(self.tools)}")
-        problem = schema_problem(arguments, tool.parameters)
+        problem = schema_problem(arguments, self._validators[name])
         if problem is not None:
             return invalid(f"the arguments of {name!r} do not fit its schema: {problem}")
         try:
@@ -142,11 +151,11 @@ def invalid(message: str) -> Observation:
     return Observation(f"Error: {message}", STATUS_INVALID)
 
 
-def schema_problem(arguments: Any, schema: dict[str, Any]) -> str | None:
-    """Why ``arguments`` fail the JSON ``schema`` (the first error, with its path), or None when they fit."""
+def schema_problem(arguments: Any, validator: Any) -> str | None:
+    """Why ``arguments`` fail the JSON schema of ``validator`` (the most relevant error, with its path), or None."""
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
