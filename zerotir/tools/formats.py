@@ -20,8 +20,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from zerotir.config import ToolConfig
-
 __all__ = ["FORMATS", "Call", "CallFormat", "Fences", "Hermes", "call_format"]
 
 
@@ -58,7 +56,7 @@ class CallFormat:
 class Fences(CallFormat):
     """The paper's code fences (module doc); the markers and the output template come from ``model.tool``."""
 
-    def __init__(self, tool: ToolConfig):
+    def __init__(self, tool: Any):
         self.call_start, self.call_end, self._template = tool.code_start, tool.code_end, tool.output_template
         head, _, tail = tool.output_template.partition("{output}")
         self.output_start, self.output_end = head.strip(), tail.strip()
@@ -107,6 +105,6 @@ def _error(message: str) -> Call:
 FORMATS = {"fences": Fences, "hermes": Hermes}
 
 
-def call_format(tool: ToolConfig) -> CallFormat:
-    """The format of ``model.tool.format`` with the group's markers."""
+def call_format(tool: Any) -> CallFormat:
+    """The format of ``model.tool.format`` with the markers of that group (a ``zerotir.config.ToolConfig``)."""
     return Fences(tool) if tool.format == "fences" else Hermes()
