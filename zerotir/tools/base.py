@@ -67,6 +67,10 @@ class Tool:
     description: str = ""
     parameters: dict[str, Any] = {"type": "object", "properties": {}}
 
+    def expand(self) -> list[Tool]:
+        """The tools this entry stands for: itself (the ``mcp`` entry: each tool its server lists)."""
+        return [self]
+
     def bind(self, env: ToolEnv) -> None:
         """Take what the run provides (default: nothing). Raises ``ValueError`` when the tool cannot run there."""
 

@@ -1,7 +1,7 @@
 """The tools of a run, built from ``model.tool.tools``, and one call: checked, timed, capped.
 
 ``model.tool.tools`` is a list of entries ``{class_path: ..., init_args: {...}}``. A ``class_path`` is a built-in
-name (``BUILT_IN``: ``python``, ``calculator``, ``search``) or the dotted path of a ``zerotir.tools.Tool`` subclass
+name (``BUILT_IN``: ``python``, ``calculator``, ``search``, ``mcp``: every tool of an MCP server) or the dotted path of a ``zerotir.tools.Tool`` subclass
 of your own (docs/extending.md); the class is built with its ``init_args`` and bound to the run's ``ToolEnv``.
 
 ``Toolbox.call`` is the one place a call goes through: an unknown tool name or arguments that fail the tool's JSON
@@ -24,12 +24,13 @@ from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tool", "resolve"]
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve"]
 
 BUILT_IN = {
     "python": "zerotir.tools.python.PythonTool",
     "calculator": "zerotir.tools.calculator.CalculatorTool",
     "search": "zerotir.tools.search.SearchTool",
+    "mcp": "zerotir.tools.mcp_server.MCPTools",
 }
 
 
@@ -53,17 +54,19 @@ def resolve(class_path: str) -> type[Tool]:
     return cls
 
 
-def build_tool(entry: dict[str, Any], env: ToolEnv) -> Tool:
-    """One tool from its ``{class_path, init_args}`` entry, bound to ``env``."""
+def build_tools(entry: dict[str, Any], env: ToolEnv) -> list[Tool]:
+    """The tools of one ``{class_path, init_args}`` entry (one, or an MCP server's), bound to ``env``."""
     cls = resolve(entry["class_path"])
     try:
         tool = cls(**entry.get("init_args") or {})
     except TypeError as error:
         raise ValueError(f"model.tool.tools {entry['class_path']!r} init_args: {error}") from error
-    if not tool.name:
-        raise ValueError(f"model.tool.tools {entry['class_path']!r}: the tool has an empty name")
-    tool.bind(env)
-    return tool
+    tools = tool.expand()
+    for one in tools:
+        if not one.name:
+            raise ValueError(f"model.tool.tools {entry['class_path']!r}: a tool has an empty name")
+        one.bind(env)
+    return tools
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class Toolbox:
         if not tool_config.enabled:
             return cls([], tool_config.max_output_chars)
         env = ToolEnv(tool_config, sandbox)
-        return cls([build_tool(entry, env) for entry in tool_config.tools], tool_config.max_output_chars)
+        return cls([t for entry in tool_config.tools for t in build_tools(entry, env)], tool_config.max_output_chars)
 
     @property
     def names(self) -> list[str]:
