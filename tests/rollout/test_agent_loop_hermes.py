@@ -1,18 +1,22 @@
-"""The tool loop with ``format: hermes`` (JSON calls by tool name) on a scripted engine over the byte tokenizer: one
-trajectory calls python, calculator and search in turn, each observation comes back in a <tool_response> block the
-model did not sample; malformed, unknown and off-schema calls come back as errors the model reads, and are counted.
-The tools are the real ones (the python tool over a scripted sandbox client, as the other loop tests)."""
+"""The tool loop with ``format: hermes`` (JSON calls by tool name): one trajectory calls python, calculator and search
+in turn, each observation comes back in a <tool_response> block the model did not sample; malformed, unknown and
+off-schema calls come back as errors the model reads, and are counted. On a scripted engine over the byte tokenizer,
+and on the transformers engine with a tiny model that memorised a three-call transcript (trained in the test, about
+a second). The tools are the real ones (the python tool over a scripted sandbox client, as the other loop tests)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox, ok
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -89,3 +93,47 @@ def test_malformed_unknown_and_off_schema_calls_are_errors_the_model_reads(herme
         assert response(call.output) in traj.response_texts[0]
     assert traj.num_calls.tolist() == [4] and traj.num_exec_errors.tolist() == [4]
     assert traj.num_sandbox_errors.tolist() == [0] and traj.finish_reasons == ["stop"]
+
+
+HF_PROMPT = "Q: light x2?\n"
+HF_TURNS = [tool_call("search", query="light"), tool_call("calculator", expression="3*2"),
+            tool_call("python", code="print(6)"), "A: \\boxed{6}"]
+HF_OBSERVATIONS = ["[1] light=3", "6", "6"]
+
+
+@pytest.fixture(scope="module")
+def memorised():
+    """A tiny Llama that has memorised the three-call transcript, observations included (stops below 0.01 loss)."""
+    text = HF_PROMPT + "".join(t + response(o) for t, o in zip(HF_TURNS, HF_OBSERVATIONS)) + HF_TURNS[-1]
+    ids = torch.tensor([TOK.encode(text) + [TOK.eos_token_id]])
+    model = build_tiny_model(TOK, hidden_size=64, num_layers=2, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.01:
+            break
+    assert loss.item() < 0.05, f"the tiny model did not memorise the transcript (loss {loss.item():.3f})"
+    return model.eval(), text[len(HF_PROMPT):]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_real_tiny_model_calls_search_calculator_and_python_on_the_transformers_engine(memorised, tmp_path):
+    model, transcript = memorised
+    corpus = tmp_path / "facts.jsonl"
+    corpus.write_text(json.dumps({"text": "light=3"}) + "\n" + json.dumps({"text": "sound=1"}) + "\n")
+    tool = ToolConfig(format="hermes", max_tool_calls=4, tools=[
+        {"class_path": "search", "init_args": {"corpus": str(corpus), "k": 1, "cache_dir": str(tmp_path / "idx")}},
+        {"class_path": "calculator"}, {"class_path": "python"}])
+    sandbox = ScriptedSandbox({"print(6)": ok("6\n")})
+    traj, _ = rollout_sync(HFEngine(model, TOK), TOK, sandbox, [TOK.encode(HF_PROMPT)],
+                           SamplingParams(temperature=0.0, max_new_tokens=400), tool, ["6"])
+    assert traj.response_texts == [transcript]  # the real observations are what it memorised, so it answers
+    assert [(c.tool, c.status, c.output) for c in traj.tool_calls[0]] == [
+        ("search", "ok", "[1] light=3"), ("calculator", "ok", "6"), ("python", "ok", "6")]
+    p, n = int(traj.prompt_lens[0]), int(traj.response_lens[0])
+    action = traj.action_mask[0, p : p + n].tolist()
+    env = TOK.decode([t for t, a in zip(traj.input_ids[0, p : p + n].tolist(), action) if not a])
+    assert env == "".join(response(o) for o in HF_OBSERVATIONS) and traj.finish_reasons == ["stop"]
