@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
+from tests.rollout.memorised import memorise
 from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox, ok
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -103,20 +102,9 @@ HF_OBSERVATIONS = ["[1] light=3", "6", "6"]
 
 @pytest.fixture(scope="module")
 def memorised():
-    """A tiny Llama that has memorised the three-call transcript, observations included (stops below 0.01 loss)."""
+    """A tiny Llama that has memorised the three-call transcript, observations included."""
     text = HF_PROMPT + "".join(t + response(o) for t, o in zip(HF_TURNS, HF_OBSERVATIONS)) + HF_TURNS[-1]
-    ids = torch.tensor([TOK.encode(text) + [TOK.eos_token_id]])
-    model = build_tiny_model(TOK, hidden_size=64, num_layers=2, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.01:
-            break
-    assert loss.item() < 0.05, f"the tiny model did not memorise the transcript (loss {loss.item():.3f})"
-    return model.eval(), text[len(HF_PROMPT):]
+    return memorise(TOK, [text]), text[len(HF_PROMPT):]
 
 
 @pytest.mark.usefixtures("one_thread")

