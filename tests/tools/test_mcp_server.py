@@ -16,6 +16,7 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.tools import Toolbox
+from zerotir.tools.mcp_server import close_all
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 SERVER = str(Path(__file__).with_name("tiny_mcp_server.py"))
@@ -23,6 +24,12 @@ TOK = build_byte_tokenizer()
 PROMPT = "Q: 2+3?\n"
 
 pytestmark = pytest.mark.timeout(60)  # what this guards against is a hang
+
+
+@pytest.fixture(autouse=True, scope="module")
+def servers_stopped_after():
+    yield
+    close_all()  # the later tests of the suite run without these servers
 
 
 def config(instance: str, timeout: float = 20.0) -> ToolConfig:

@@ -127,6 +127,10 @@ class MCPTools(Tool):
 
 
 @atexit.register
-def _close_all() -> None:
-    for server in list(_SERVERS.values()):
+def close_all() -> None:
+    """Stop every MCP server this process started (at exit; a test's teardown)."""
+    with _LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
         server.close()
