@@ -15,11 +15,11 @@ _TOOL_ENTRY_KEYS = {"class_path", "init_args"}
 
 @dataclass(frozen=True)
 class ToolConfig:
-    """How the model calls the code interpreter during a rollout (``model.tool``)."""
+    """How the model calls its tools during a rollout (``model.tool``): the code interpreter by default."""
 
     max_tool_calls: int = 4
-    """Code blocks executed per response (the paper allows 20); after that the code stops are removed and the model
-    must finish in text. 0 = no tool at all (the paper's ZeroRL baseline: no sandbox is started)."""
+    """Tool calls (code blocks with fences) per response (the paper allows 20); after that the call stops are removed
+    and the model must finish in text. 0 = no tool at all (the paper's ZeroRL baseline: no sandbox is started)."""
     max_output_chars: int = 512
     """The injected output is cut to this many characters (head + tail with a marker)."""
     max_output_tokens: int | None = 256
