@@ -10,7 +10,7 @@ import pytest
 from tests.rollout.scripted import ScriptedSandbox, ok
 from zerotir.config import ToolConfig
 from zerotir.tools import Observation, Tool, Toolbox
-from zerotir.tools.formats import Call, Fences, Hermes, call_format
+from zerotir.tools.formats import Call, Hermes, call_format
 
 HERMES = ToolConfig(format="hermes", tools=[{"class_path": "python"}, {"class_path": "calculator"}],
                     max_output_chars=100)
@@ -86,7 +86,8 @@ def test_settings_that_cannot_apply_are_refused():
     with pytest.raises(ValueError, match="needs a sandbox client"):
         Toolbox.build(ToolConfig())
     with pytest.raises(ValueError, match="fences calls the python tool only"):
-        Fences(ToolConfig()).check_tools(["python", "calculator"])
+        ToolConfig(tools=[{"class_path": "python"}, {"class_path": "calculator"}])
+    assert ToolConfig(max_tool_calls=0, tools=[{"class_path": "calculator"}]).tools  # no tool at all: not checked
     with pytest.raises(ValueError, match=r"model.tool.code_start set with model.tool.format='hermes'"):
         ToolConfig(format="hermes", code_start="<code>")
     with pytest.raises(ValueError, match="model.tool.format='json'"):

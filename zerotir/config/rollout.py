@@ -71,7 +71,7 @@ class ToolConfig:
         if self.enabled and not self.tools:
             raise ValueError("model.tool.tools is empty: list at least one tool (e.g. [{class_path: python}]), or set "
                              "model.tool.max_tool_calls=0 for no tool")
-        from zerotir.tools.registry import resolve  # the tools import no config: no cycle
+        from zerotir.tools.registry import resolve  # the tools import no config: no cycle (docs/architecture.md)
 
         for entry in self.tools:
             if (not isinstance(entry, dict) or not isinstance(entry.get("class_path"), str)
@@ -79,6 +79,10 @@ class ToolConfig:
                 raise ValueError(f"model.tool.tools entry {entry!r}: write {{class_path: <name or module.Class>, "
                                  "init_args: {...}}} (only those two keys)")
             resolve(entry["class_path"])  # a path that does not import, or names no Tool, is refused here
+        if self.enabled and self.format == "fences":  # a code block calls python: refused now, not at the rollout
+            from zerotir.tools.formats import Fences
+
+            Fences(self).check_tools([resolve(entry["class_path"]).name for entry in self.tools])
 
     @property
     def enabled(self) -> bool:
