@@ -37,7 +37,8 @@ def config(instance: str, timeout: float = 20.0) -> ToolConfig:
     the test's own, as servers are shared per command and arguments in a process."""
     return ToolConfig(format="hermes", max_tool_calls=4, tools=[
         {"class_path": "calculator"},
-        {"class_path": "mcp", "init_args": {"command": sys.executable, "args": [SERVER, instance], "timeout": timeout}}])
+        {"class_path": "mcp",
+         "init_args": {"command": sys.executable, "args": [SERVER, instance], "timeout": timeout}}])
 
 
 def call(box: Toolbox, name: str, **arguments):

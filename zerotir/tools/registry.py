@@ -1,8 +1,10 @@
 """The tools of a run, built from ``model.tool.tools``, and one call: checked, timed, capped.
 
 ``model.tool.tools`` is a list of entries ``{class_path: ..., init_args: {...}}``. A ``class_path`` is a built-in
-name (``BUILT_IN``: ``python``, ``calculator``, ``search``, ``mcp``: every tool of an MCP server) or the dotted path of a ``zerotir.tools.Tool`` subclass
-of your own (docs/extending.md); the class is built with its ``init_args`` and bound to the run's ``ToolEnv``.
+name (``BUILT_IN``: ``python``, ``calculator``, ``search``, ``mcp``: every tool of an MCP server) or the dotted path
+of a ``zerotir.tools.Tool`` subclass of your own (docs/extending.md); the class is built with its ``init_args``, an
+entry stands for the tools its ``expand`` gives (itself, or a server's tools), and each is bound to the run's
+``ToolEnv``.
 
 ``Toolbox.call`` is the one place a call goes through: an unknown tool name or arguments that fail the tool's JSON
 schema (checked with ``jsonschema``) give an ``invalid`` observation that names the problem, which the model reads;
