@@ -16,6 +16,8 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
+from zerotir.tools import Toolbox
+from zerotir.tools.calculator import CalculatorTool
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -125,3 +127,16 @@ def test_a_real_tiny_model_calls_search_calculator_and_python_on_the_transformer
     action = traj.action_mask[0, p : p + n].tolist()
     env = TOK.decode([t for t, a in zip(traj.input_ids[0, p : p + n].tolist(), action) if not a])
     assert env == "".join(response(o) for o in HF_OBSERVATIONS) and traj.finish_reasons == ["stop"]
+
+
+def test_a_toolbox_built_by_the_caller_is_used_as_given():
+    """A caller that keeps its tools between rollouts passes them (``tools=``): they are used instead of building
+    ``model.tool.tools`` (here python, which would need a sandbox), and the format still checks them."""
+    box = Toolbox([CalculatorTool()], max_chars=512)
+    engine = ScriptedEngine(TOK, {PROMPT: [[tool_call("calculator", expression="2*3"), "\\boxed{6}"]]})
+    traj, _ = rollout_sync(engine, TOK, None, [TOK.encode(PROMPT, add_special_tokens=False)], GREEDY,
+                           ToolConfig(format="hermes"), tools=box)
+    assert [(c.tool, c.output) for c in traj.tool_calls[0]] == [("calculator", "6")]
+    with pytest.raises(ValueError, match="fences calls the python tool only"):
+        rollout_sync(engine, TOK, None, [TOK.encode(PROMPT, add_special_tokens=False)], GREEDY, ToolConfig(),
+                     tools=box)
