@@ -23,6 +23,7 @@ from callbacks.logging_utils import log_scalars
 from zerotir import metric_names as mn
 from zerotir.eval.text_metrics import repeat_score
 from zerotir.rl.step import StepResult
+from zerotir.tools.stats import tool_metrics
 from zerotir.types import Trajectories
 
 TIMING_NAMES = {
@@ -79,7 +80,8 @@ def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dic
         repeat_ngram: passed to ``repeat_score`` (None: all substring lengths, as in the paper's code).
 
     Returns:
-        One float per rollout tag of ``metric_names`` (the calls histogram aside).
+        One float per rollout tag of ``metric_names`` (the calls histogram aside), and the per-tool tags of the tools
+        called (``zerotir.tools.stats``).
     """
     size = len(batch)
     if size == 0:
@@ -107,6 +109,7 @@ def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dic
     buckets = (calls == 0, calls == 1, calls == 2, calls >= 3)
     for name, bucket in zip(mn.CORRECT_BY_CALLS, buckets):
         metrics[name] = float((correct & bucket).sum().item())
+    metrics.update(tool_metrics(batch.tool_calls))  # tools/<name>/<metric>: one set per tool called
     return metrics
 
 

@@ -18,6 +18,17 @@ TRUNCATION_RATE = "rollout/truncation_rate"  # share of responses that hit the t
 # Count of correct trajectories of the step with exactly k calls (k = 0, 1, 2) or 3 and more.
 CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollout/correct_calls_2",
                     "rollout/correct_calls_3plus")
+# Per tool of model.tool.tools, over the step's tool calls (zerotir.tools.stats): f"tools/{tool}/{metric}". calls;
+# errors (the model's: status error or invalid) and timeouts per call; latency, mean wall seconds per call; failures
+# (the tool or the sandbox failed) per call. Calls that did not parse to a tool name count under INVALID_TOOL.
+TOOL_METRICS = ("calls", "errors", "timeouts", "failures", "latency")
+INVALID_TOOL = "invalid"
+
+
+def tool_tag(tool: str, metric: str) -> str:
+    """The tag of ``metric`` (one of ``TOOL_METRICS``) for the tool named ``tool``."""
+    return f"tools/{tool}/{metric}"
+
 
 KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate rule
 # Share of the step's trajectories each removal rule matched (model.filters; zerotir.filters.decide.REMOVAL_NAMES):

@@ -50,17 +50,24 @@ class PromptRow(_TrainingRowKeys):
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One code execution of a trajectory, as the tool loop saw it (for logs and inspection, never for the loss).
+    """One tool call of a trajectory, as the tool loop saw it (for logs, metrics and inspection, never for the loss).
 
     Attributes:
-        code: the code sent to the sandbox (the block's text between its fences).
-        status: how it ended: "ok", "error", "timeout", "memory", "killed" or "sandbox_error".
-        output: the text injected into the ```output block (what the model read, after the output caps).
+        code: the call as the model wrote it, between the format's markers (with ``fences``: the code sent to the
+            sandbox, the block's text between its fences; with ``hermes``: the JSON of the call).
+        status: how it ended: "ok", "error", "timeout", "memory", "killed", "sandbox_error" (the python tool keeps
+            the sandbox's statuses), "tool_error" (the tool raised) or "invalid" (a malformed call: bad JSON, an
+            unknown tool, arguments off the schema).
+        output: the text injected into the output block (what the model read, after the output caps).
+        tool: the name of the tool called ("" when the call could not be parsed to a name).
+        seconds: the call's wall time (not compared: it differs from run to run).
     """
 
     code: str
     status: str
     output: str
+    tool: str = "python"
+    seconds: float = field(default=0.0, compare=False)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import torch
 from callbacks import ScalingMetrics, rollout_metrics
 from tests.callbacks.helpers import FakeModule, FakeTrainer, make_batch, step_outputs
 from zerotir import metric_names as mn
+from zerotir.types import ToolCall
 
 
 def four_trajectories():
@@ -45,6 +46,16 @@ def test_rollout_metrics_hand_worked():
     }
     assert m == pytest.approx(expected)
     assert set(m) == set(expected) and set(mn.CORRECT_BY_CALLS) <= set(m)
+
+
+def test_rollout_metrics_carry_the_per_tool_metrics_of_the_tools_called():
+    batch = four_trajectories()
+    batch.tool_calls = [[ToolCall("1+1", "ok", "2", "calculator", 0.5)], [], [],
+                        [ToolCall("x", "timeout", "", "python", 2.0)] * 3]
+    m = rollout_metrics(batch)
+    assert m[mn.tool_tag("calculator", "calls")] == 1 and m[mn.tool_tag("python", "calls")] == 3
+    assert m[mn.tool_tag("python", "timeouts")] == 1.0 and m[mn.tool_tag("python", "latency")] == 2.0
+    assert not any(k.startswith("tools/") for k in rollout_metrics(four_trajectories()))  # no call, no tag
 
 
 def test_rollout_metrics_without_calls_or_correct_answers_are_zero_not_nan():

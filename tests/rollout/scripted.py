@@ -21,7 +21,7 @@ import torch
 from sandbox import ExecResult, ExecStatus
 from zerotir.rollout.engine import Sample, SamplingParams
 
-_INJECTED = re.compile(r"\n```output\n.*?\n```\n", re.S)
+_INJECTED = re.compile(r"\n```output\n.*?\n```\n|\n<tool_response>\n.*?\n</tool_response>\n", re.S)  # fences, hermes
 
 
 def fake_logprob(token_id: int, index: int) -> float:

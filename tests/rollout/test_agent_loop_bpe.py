@@ -90,3 +90,39 @@ def test_a_closing_fence_merged_with_the_output_opening_injects_only_the_rest_of
     action = traj.action_mask[0, start:start + length].tolist()
     assert [t for t, a in zip(response, action) if a] == [t for seg in engine.emitted for t in seg]  # token-out
     assert tok.decode(response, skip_special_tokens=True) == CLEAN  # one output block, no doubled fence
+
+
+H_TURN1 = ('Let me compute.\n<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>\n'
+           "<tool_response>\n")
+H_CLEAN = ('Let me compute.\n<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>\n'
+           "<tool_response>\n5\n</tool_response>\nThe answer is \\boxed{5}.")
+
+
+def hermes_bpe() -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on hermes transcripts: merges cross the call and response markers."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [f'Q: {a}+{b}?\nLet me compute.\n<tool_call>{{"name": "calculator", "arguments": {{"expression": '
+              f'"{a}+{b}"}}}}</tool_call>\n<tool_response>\n{a + b}\n</tool_response>\n'
+              for a in range(10) for b in range(10)] * 5
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=500, special_tokens=["<pad>", "<eos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+
+
+def test_hermes_markers_merged_into_one_token_keep_the_call_and_inject_only_the_rest():
+    tok = hermes_bpe()
+    engine = TurnEngine(tok, [H_TURN1, TURN2])
+    tool = ToolConfig(format="hermes", tools=[{"class_path": "calculator"}])
+    traj, _ = rollout_sync(engine, tok, None, [tok.encode(PROMPT, add_special_tokens=False)],
+                           SamplingParams(temperature=0.0, max_new_tokens=256), tool, None, Schedule("lockstep"))
+    opening, closing = tok.decode(engine.emitted[0][-1:]), tok.decode(engine.emitted[1][-1:])
+    assert opening.index("<tool_call>") > 0 and not opening.endswith("<tool_call>"), opening  # text on both sides
+    assert closing.endswith("</tool_call>\n<tool_response>\n"), closing  # the BPE merged across the markers
+    assert [(c.tool, c.status, c.output) for c in traj.tool_calls[0]] == [("calculator", "ok", "5")]
+    start, length = int(traj.prompt_lens[0]), int(traj.response_lens[0])
+    response = traj.input_ids[0, start:start + length].tolist()
+    action = traj.action_mask[0, start:start + length].tolist()
+    assert [t for t, a in zip(response, action) if a] == [t for seg in engine.emitted for t in seg]  # token-out
+    assert tok.decode(response, skip_special_tokens=True) == H_CLEAN  # one response block, no doubled marker

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sandbox import SandboxClient, format_for_model, local_sandbox
+from tests.rollout.memorised import memorise
 from tests.rollout.scripted import ScriptedSandbox, ok
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
@@ -148,23 +149,7 @@ def test_more_trajectories_than_the_engines_batch_give_the_trajectories_of_one_b
 @pytest.fixture(scope="module")
 def trained_model():
     """A tiny Llama that has memorised ``DOCS`` (about 100 full-batch steps, a few seconds)."""
-    docs = [TOK.encode(q + a) + [TOK.eos_token_id] for q, a in DOCS.items()]
-    width = max(map(len, docs))
-    ids = torch.full((len(docs), width), TOK.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for i, d in enumerate(docs):
-        ids[i, : len(d)], mask[i, : len(d)] = torch.tensor(d), 1
-    model = build_tiny_model(TOK, hidden_size=64, num_layers=2, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.01:
-            break
-    assert loss.item() < 0.05, f"the tiny model did not memorise the documents (loss {loss.item():.3f})"
-    return model.eval()
+    return memorise(TOK, [q + a for q, a in DOCS.items()])
 
 
 @pytest.fixture(scope="module")

@@ -72,3 +72,11 @@ def test_greedy_tool_trajectories_are_identical_on_both_engines(engines, schedul
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.finish_reasons == b.finish_reasons
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_fences_with_the_python_tool_give_the_golden_trajectories_on_vllm(engines):
+    """The vLLM half of ``test_agent_loop_golden``: every field as before the tool plug-ins (its module doc)."""
+    from tests.rollout.test_agent_loop_golden import assert_matches_golden, run_fences
+    from tests.rollout.test_agent_loop_golden import tool_config as golden_tool
+
+    assert_matches_golden(run_fences(engines[1], golden_tool()), "vllm")

@@ -6,9 +6,10 @@ import pytest
 
 from sandbox import ExecResult, ExecStatus, format_for_model
 from zerotir.rollout.tool_block import (
-    ToolConfig, code_after_start, code_before_end, failed_call_result, format_result, open_block_head, status_of,
+    ToolConfig, code_after_start, code_before_end, format_result, open_block_head, status_of,
     injection_text, straddling_stop, text_after_end,
 )
+from zerotir.tools.python import failed_call_result
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()

@@ -4,18 +4,22 @@ with the evaluation's report folder: ``model.eval``) and where code runs (``mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from zerotir.config.checks import check_min, check_sampling
 
 
+CallFormatName = Literal["fences", "hermes"]
+_TOOL_ENTRY_KEYS = {"class_path", "init_args"}
+
+
 @dataclass(frozen=True)
 class ToolConfig:
-    """How the model calls the code interpreter during a rollout (``model.tool``)."""
+    """How the model calls its tools during a rollout (``model.tool``): the code interpreter by default."""
 
     max_tool_calls: int = 4
-    """Code blocks executed per response (the paper allows 20); after that the code stops are removed and the model
-    must finish in text. 0 = no tool at all (the paper's ZeroRL baseline: no sandbox is started)."""
+    """Tool calls (code blocks with fences) per response (the paper allows 20); after that the call stops are removed
+    and the model must finish in text. 0 = no tool at all (the paper's ZeroRL baseline: no sandbox is started)."""
     max_output_chars: int = 512
     """The injected output is cut to this many characters (head + tail with a marker)."""
     max_output_tokens: int | None = 256
@@ -30,6 +34,15 @@ class ToolConfig:
     """The stop string that closes it (second phase)."""
     output_template: str = "\n```output\n{output}\n```\n"
     """The injected block; ``{output}`` is replaced by the formatted result."""
+    format: CallFormatName = "fences"
+    """How the model writes a call (``zerotir.tools.formats``): "fences" (the paper's ```python block, its output in
+    ``output_template``; calls the python tool only) or "hermes" (``<tool_call>{"name": ..., "arguments": {...}}
+    </tool_call>``, the observation in ``<tool_response>``; any of ``tools`` by name). code_start, code_end and
+    output_template are the fences' markers: with hermes they must keep their defaults."""
+    tools: list[dict[str, Any]] = field(default_factory=lambda: [{"class_path": "python"}])
+    """The tools the model may call: ``class_path`` entries with their ``init_args`` (``zerotir.tools.registry``):
+    a built-in name (python, calculator, search) or the dotted path of a ``zerotir.tools.Tool`` subclass. They live
+    in this group rather than as a parameter of the module of their own (docs/tools.md)."""
 
     def __post_init__(self) -> None:
         check_min("tool", self, ("max_tool_calls",), 0, " (0 = no tool)")
@@ -41,6 +54,35 @@ class ToolConfig:
             raise ValueError(f"model.tool.output_template must contain '{{output}}', got {self.output_template!r}")
         if self.run_timeout <= 0:
             raise ValueError(f"model.tool.run_timeout={self.run_timeout}: must be > 0 seconds")
+        self._check_format_and_tools()
+
+    def _check_format_and_tools(self) -> None:
+        if self.format not in get_args(CallFormatName):
+            raise ValueError(f"model.tool.format={self.format!r}: choose one of "
+                             + ", ".join(repr(k) for k in get_args(CallFormatName)))
+        if self.format != "fences":
+            fences = ToolConfig.__dataclass_fields__
+            changed = [k for k in ("code_start", "code_end", "output_template")
+                       if getattr(self, k) != fences[k].default]
+            if changed:
+                raise ValueError(f"model.tool.{', '.join(changed)} set with model.tool.format={self.format!r}: those "
+                                 "are the fences' markers, which this format does not use; unset them or use format: "
+                                 "fences")
+        if self.enabled and not self.tools:
+            raise ValueError("model.tool.tools is empty: list at least one tool (e.g. [{class_path: python}]), or set "
+                             "model.tool.max_tool_calls=0 for no tool")
+        from zerotir.tools.registry import resolve  # the tools import no config: no cycle (docs/architecture.md)
+
+        for entry in self.tools:
+            if (not isinstance(entry, dict) or not isinstance(entry.get("class_path"), str)
+                    or set(entry) - _TOOL_ENTRY_KEYS):
+                raise ValueError(f"model.tool.tools entry {entry!r}: write {{class_path: <name or module.Class>, "
+                                 "init_args: {...}}} (only those two keys)")
+            resolve(entry["class_path"])  # a path that does not import, or names no Tool, is refused here
+        if self.enabled and self.format == "fences":  # a code block calls python: refused now, not at the rollout
+            from zerotir.tools.formats import Fences
+
+            Fences(self).check_tools([resolve(entry["class_path"]).name for entry in self.tools])
 
     @property
     def enabled(self) -> bool:

@@ -5,7 +5,8 @@ A response (``Trajectories.response_texts``: sampled and injected text) reads
     text ```python\\n code\\n``` \\n```output\\n result\\n```\\n text ```python ... ``` ... \\boxed{answer}
 
 A code block opens at ``model.tool.code_start`` and closes at the next ``code_end``; an output block opens at the
-marker before ``{output}`` in ``model.tool.output_template`` and closes at the marker after it (the tool loop injects
+marker before ``{output}`` in ``model.tool.output_template`` and closes at the marker after it (with ``format:
+hermes``, the <tool_call> and <tool_response> blocks are the code and output blocks) (the tool loop injects
 one after every executed block; a model may also write one itself). A turn is what the model wrote between two output
 blocks: the first turn runs from the start, the last to the end.
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from zerotir.config import ToolConfig
 from zerotir.reward import count_boxed, extract_boxed
+from zerotir.tools.formats import call_format
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,10 @@ class Markers:
 
     @classmethod
     def of(cls, tool: ToolConfig) -> Markers:
-        head, _, tail = tool.output_template.partition("{output}")
-        return cls(tool.code_start, tool.code_end, head.strip(), tail.strip())
+        """The markers of ``model.tool.format`` (``fences``: the ones above; ``hermes``: <tool_call> and
+        <tool_response>, whose blocks count as code and output blocks)."""
+        fmt = call_format(tool)
+        return cls(fmt.call_start, fmt.call_end, fmt.output_start, fmt.output_end)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
 """The tool loop: ZeroTIR's two-phase stop machine over token ids, one state machine per trajectory.
 
 Every trajectory (prompt x sample, a ``rows.Row``) is a request of the engine (``engine.RolloutEngine``) and is in
-one of three modes (``rows.Mode``):
+one of three modes (``rows.Mode``). The markers are those of the call format (``model.tool.format``,
+``zerotir.tools.formats``: "```python" / "```" with ``fences``, "<tool_call>" / "</tool_call>" with ``hermes``):
 
-    text  -- generating with stop ``code_start`` ("```python"); on it the trajectory enters a code block and is
-             resubmitted at once with the closing fence as its stop;
-    code  -- generating with stop ``code_end``; on it the block's code is extracted from the decoded text and sent to
-             the sandbox that moment; when the result is back it is injected as an ```output block and the
+    text  -- generating with stop ``call_start``; on it the trajectory enters a call and is resubmitted at once with
+             the closing marker as its stop;
+    code  -- generating with stop ``call_end``; on it the call's text is extracted from the decoded text, parsed by
+             the format and sent to its tool that moment (``zerotir.tools``: the python tool runs it in the
+             sandbox); when the observation is back it is injected in the format's output block and the
              trajectory is resubmitted (its ids + the output: the engine computes only the new ids);
-    final -- the call budget is spent: no code stop at all (the closing fence neither), the model finishes in text.
+    final -- the call budget is spent: no call stop at all (the closing marker neither), the model finishes in text.
 
 How trajectories are driven is the ``Schedule`` (the ``model.rollout`` group's ``schedule``: ``zerotir.config``):
 
@@ -43,10 +45,15 @@ from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
 from zerotir.rollout.rows import Mode, Row, stops
 from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
-    STATUS_ERROR, STATUS_SANDBOX_ERROR, TIMEOUT_STATUSES, code_after_start, code_before_end,
-    failed_call_result, format_output, injection_text, open_block_head, status_of, straddling_stop, text_after_end,
+    code_after_start, code_before_end, injection_text, open_block_head, straddling_stop, text_after_end,
+    truncate_tokens,
 )
 from zerotir.rollout.trajectories import to_trajectories
+from zerotir.tools.base import (
+    STATUS_ERROR, STATUS_INVALID, STATUS_SANDBOX_ERROR, STATUS_TOOL_ERROR, TIMEOUT_STATUSES,
+)
+from zerotir.tools.formats import CallFormat, call_format
+from zerotir.tools.registry import Toolbox, Used
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, ToolCall, Trajectories
 
 __all__ = ["Reward", "Schedule", "ToolConfig", "rollout", "rollout_sync"]
@@ -80,7 +87,8 @@ class _Run:
 
     engine: RolloutEngine
     tokenizer: Any
-    sandbox: Any
+    tools: Toolbox
+    fmt: CallFormat
     rows: list[Row]
     params: SamplingParams
     tool: ToolConfig
@@ -106,23 +114,27 @@ async def rollout(
     ground_truths: list[str] | None = None,
     schedule: Schedule = Schedule(),
     reward: Reward | None = None,
+    tools: Toolbox | None = None,
 ) -> tuple[Trajectories, dict[str, float]]:
     """Tool-integrated rollouts: ``params.n`` trajectories per prompt.
 
     Args:
         engine: any ``RolloutEngine``.
-        tokenizer: the model's tokenizer (decodes code blocks, encodes the injected output).
-        sandbox: anything with ``async run(code, *, run_timeout=None) -> ExecResult`` (``sandbox.SandboxClient``);
-            each trajectory's code is its own call, sent when its block closes.
+        tokenizer: the model's tokenizer (decodes the calls, encodes the injected observations).
+        sandbox: the python tool's sandbox client, anything with ``async run(code, *, run_timeout=None) ->
+            ExecResult`` (``sandbox.SandboxClient``); None where no tool needs one. Each call is its own task, sent
+            when its block closes.
         prompts: prompt token ids.
         params: sampling settings; ``n`` samples per prompt. ``params.max_new_tokens`` is the response budget
             (sampled + injected tokens); ``params.stop`` are extra stop strings that end the response (e.g.
             "</answer>"); ``params.seed`` seeds each request (offset by its trajectory and segment).
-        tool: the tool-call settings.
+        tool: the tool-call settings: the call format, the tools (``model.tool``).
         ground_truths: the reference answer of each prompt, copied to its trajectories ("" when None).
         schedule: how the engine is driven.
         reward: when given, each trajectory is scored the moment it finishes (while the others still run) and the
             scores fill ``rewards``; else ``rewards`` are 0 for a later reward step.
+        tools: the tools, built once by a caller that keeps them between rollouts; None builds ``tool.tools`` here
+            with ``sandbox`` (``zerotir.tools.Toolbox.build``).
 
     Returns:
         The trajectories (prompt i's samples at rows ``i * n .. i * n + n - 1``, ``group_ids`` = i) and wall times in
@@ -131,8 +143,11 @@ async def rollout(
     """
     _check_inputs(prompts, params, ground_truths)
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
-    run = _Run(engine, tokenizer, sandbox, _initial_rows(tokenizer, prompts, params.n, tool), params, tool, truths,
-               reward, evictable=schedule.kind != "trajectory")
+    fmt, tools = call_format(tool), tools if tools is not None else Toolbox.build(tool, sandbox)
+    if tool.enabled:
+        fmt.check_tools(tools.names)
+    run = _Run(engine, tokenizer, tools, fmt, _initial_rows(tokenizer, prompts, params.n, fmt, tool.max_tool_calls),
+               params, tool, truths, reward, evictable=schedule.kind != "trajectory")
     try:
         if schedule.kind == "trajectory":
             await _run_trajectories(run)
@@ -227,7 +242,7 @@ def _submit(run: _Run, key: int, per_call: int | None) -> None:
         return
     row.limit = room if per_call is None else min(per_call, room)
     seed = None if params.seed is None else params.seed + _SEGMENT_SEED * row.segments + key
-    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=stops(row.mode, run.tool, params.stop),
+    request = replace(params, n=1, seed=seed, max_new_tokens=row.limit, stop=stops(row.mode, run.fmt, params.stop),
                       evictable=run.evictable)
     try:
         run.engine.submit(key, ids, request)
@@ -264,17 +279,9 @@ def _end(run: _Run, key: int) -> None:
 
 
 def _send_code(run: _Run, row: Row) -> None:
-    """Send the trajectory's code to the sandbox now, without waiting for it."""
+    """Send the trajectory's call to its tool now, without waiting for it."""
     row.running, row.code = row.code, None
-    row.pending = asyncio.ensure_future(_execute(row.running, run.sandbox, run.tool))
-
-
-async def _execute(code: str, sandbox: Any, tool: ToolConfig) -> Any:
-    """The result of one snippet; a sandbox that raises (instead of returning SANDBOX_ERROR) is recorded as one."""
-    try:
-        return await sandbox.run(code, run_timeout=tool.run_timeout)
-    except Exception as error:
-        return failed_call_result(error)
+    row.pending = asyncio.ensure_future(run.tools.run(run.fmt.parse(row.running)))  # never raises (Toolbox.run)
 
 
 async def _let_io_run() -> None:
@@ -305,13 +312,13 @@ def _check_inputs(prompts: list[list[int]], params: SamplingParams, ground_truth
                          "prompt (or None)")
 
 
-def _initial_rows(tokenizer: Any, prompts: list[list[int]], n: int, tool: ToolConfig) -> list[Row]:
-    """``n`` rows per prompt; a prompt that ends inside an opened code block starts in the code phase."""
+def _initial_rows(tokenizer: Any, prompts: list[list[int]], n: int, fmt: CallFormat, max_calls: int) -> list[Row]:
+    """``n`` rows per prompt; a prompt that ends inside an opened call starts in the call phase."""
     rows = []
     for group, prompt in enumerate(prompts):
         head, mode = None, Mode.FINAL
-        if tool.max_tool_calls > 0:
-            head = open_block_head(tokenizer.decode(prompt, skip_special_tokens=True), tool.code_start, tool.code_end)
+        if max_calls > 0:
+            head = open_block_head(tokenizer.decode(prompt, skip_special_tokens=True), fmt.call_start, fmt.call_end)
             mode = Mode.TEXT if head is None else Mode.CODE
         rows += [Row(group, list(prompt), mode, head) for _ in range(n)]
     return rows
@@ -319,7 +326,7 @@ def _initial_rows(tokenizer: Any, prompts: list[list[int]], n: int, tool: ToolCo
 
 def _absorb(run: _Run, key: int, sample: Sample) -> None:
     """Append a sample's ids to trajectory ``key`` and move its state machine."""
-    row, tool, tokenizer = run.rows[key], run.tool, run.tokenizer
+    row, fmt, tokenizer = run.rows[key], run.fmt, run.tokenizer
     if len(sample.token_ids) > row.limit or len(sample.logprobs) != len(sample.token_ids):
         raise RuntimeError(f"rollout: the engine returned {len(sample.token_ids)} ids and {len(sample.logprobs)} "
                            f"log-probs for trajectory {key}, asked for at most {row.limit} ids with one log-prob each")
@@ -328,7 +335,7 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
     reason, stop = sample.finish_reason, sample.stop_str
     if boundary > row.mode_start:  # this mode's text came from several rounds: a stop may span the last boundary
         hit = straddling_stop(tokenizer, row.response.ids, row.mode_start, boundary,
-                              stops(row.mode, tool, run.params.stop))
+                              stops(row.mode, fmt, run.params.stop))
         if hit is not None:  # end the segment where the stop ends; later samples are dropped, as if never drawn
             (cut, stop), reason = hit, "stop"
             row.response.truncate(cut)
@@ -338,12 +345,12 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
     elif reason == "length":  # the budget or the context; else only this round's limit: go on in the same mode
         if full:
             row.finish = FINISH_LENGTH
-    elif row.mode is Mode.TEXT and stop == tool.code_start:
+    elif row.mode is Mode.TEXT and stop == fmt.call_start:
         row.mode, row.block_from, row.mode_start, row.head = Mode.CODE, row.mode_start, len(row.response), None
-    elif row.mode is Mode.CODE and stop == tool.code_end:
+    elif row.mode is Mode.CODE and stop == fmt.call_end:
         text = tokenizer.decode(row.response.ids[row.block_from :], skip_special_tokens=True)
-        block = row.head + text if row.head is not None else code_after_start(text, tool.code_start)
-        row.code, row.tail = code_before_end(block, tool.code_end), text_after_end(block, tool.code_end)
+        block = row.head + text if row.head is not None else code_after_start(text, fmt.call_start)
+        row.code, row.tail = code_before_end(block, fmt.call_end), text_after_end(block, fmt.call_end)
     else:  # one of the caller's stop strings
         row.finish = FINISH_STOP
     if row.finish is None and full:  # a phase stop at the budget: no room to go on
@@ -351,26 +358,30 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
 
 
 def _inject_ready(run: _Run) -> list[int]:
-    """Inject every sandbox result that is back; returns the trajectories that got one."""
+    """Inject every observation that is back; returns the trajectories that got one."""
     done = []
     for key, row in enumerate(run.rows):
         if row.pending is not None and row.pending.done():
-            result, row.pending = row.pending.result(), None
-            _inject(row, result, run.tokenizer, run.tool, run.budget(row))
+            used, row.pending = row.pending.result(), None
+            _inject(run, row, used)
             done.append(key)
     return done
 
 
-def _inject(row: Row, result: Any, tokenizer: Any, tool: ToolConfig, budget: int) -> None:
-    """Count one execution and append its formatted output (action 0), cut at the budget."""
+def _inject(run: _Run, row: Row, used: Used) -> None:
+    """Count one call and append its rendered observation (action 0), cut at the budget. ``exec_errors`` counts the
+    model's faults (code that raised, an invalid call), ``sandbox_errors`` the infrastructure's (a tool that failed)."""
+    tool, tokenizer, budget = run.tool, run.tokenizer, run.budget(row)
     row.calls += 1
-    status = status_of(result)
-    row.exec_errors += status == STATUS_ERROR
+    status = used.observation.status
+    row.exec_errors += status in (STATUS_ERROR, STATUS_INVALID)
     row.timeouts += status in TIMEOUT_STATUSES
-    row.sandbox_errors += status == STATUS_SANDBOX_ERROR
-    output = format_output(result, tool, tokenizer)
-    row.tool_calls.append(ToolCall(row.running, status, output))
-    text = injection_text(tool.output_template.format(output=output), row.tail)
+    row.sandbox_errors += status in (STATUS_SANDBOX_ERROR, STATUS_TOOL_ERROR)
+    output = used.observation.text
+    if tool.max_output_tokens is not None:
+        output = truncate_tokens(output, tokenizer, tool.max_output_tokens)
+    row.tool_calls.append(ToolCall(row.running, status, output, used.tool, used.seconds))
+    text = injection_text(run.fmt.render(output), row.tail)
     injected = tokenizer.encode(text, add_special_tokens=False)
     room = budget - len(row.response)
     row.response.append_injected(injected[:room])

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zerotir.config import ToolConfig
+from zerotir.tools.formats import CallFormat
 from zerotir.types import ToolCall
 
 __all__ = ["UNSTAMPED", "Mode", "Response", "Row", "stops"]
@@ -25,17 +25,17 @@ class Mode(enum.Enum):
     """What a trajectory is generating, which decides the stop strings of its next segment (the module doc of
     ``agent_loop``)."""
 
-    TEXT = "text"  # prose: stops on ``code_start``, which opens a code block
-    CODE = "code"  # inside a code block: stops on ``code_end``, whose code then goes to the sandbox
-    FINAL = "final"  # the call budget is spent: no code stop at all, the model finishes in text
+    TEXT = "text"  # prose: stops on the format's ``call_start``, which opens a call
+    CODE = "code"  # inside a call: stops on ``call_end``, whose call then goes to its tool
+    FINAL = "final"  # the call budget is spent: no call stop at all, the model finishes in text
 
 
-def stops(mode: Mode, tool: ToolConfig, extra: Sequence[str]) -> list[str]:
-    """The stop strings of a segment in ``mode``: its own fence first, then the caller's ``extra`` ones."""
+def stops(mode: Mode, fmt: CallFormat, extra: Sequence[str]) -> list[str]:
+    """The stop strings of a segment in ``mode``: its own marker first, then the caller's ``extra`` ones."""
     if mode is Mode.TEXT:
-        own = [tool.code_start]
+        own = [fmt.call_start]
     elif mode is Mode.CODE:
-        own = [tool.code_end]
+        own = [fmt.call_end]
     else:
         own = []
     return own + [s for s in extra if s not in own]
@@ -119,10 +119,10 @@ class Row:
     mode_start: int = 0  # response index where the current mode began
     block_from: int = 0  # response index from which the decoded text holds the current block's opening
     response: Response = field(default_factory=Response)
-    code: str | None = None  # extracted from the last segment, to send to the sandbox
+    code: str | None = None  # the call extracted from the last segment, to send to its tool
     tail: str = ""  # text the closing fence's token held after the fence (tool_block.injection_text)
-    running: str = ""  # the code in flight (recorded with its result in tool_calls)
-    pending: asyncio.Future | None = None  # the sandbox call of this trajectory, in flight
+    running: str = ""  # the call in flight (recorded with its observation in tool_calls)
+    pending: asyncio.Future | None = None  # the tool call of this trajectory, in flight
     in_engine: bool = False  # submitted and not yet returned by the engine
     limit: int = 0  # max_new_tokens of the last submission
     segments: int = 0  # submissions so far

@@ -8,16 +8,9 @@ function tested on its own.
 from __future__ import annotations
 
 import enum
-import logging
 from typing import Any
 
 from zerotir.config import ToolConfig
-
-log = logging.getLogger(__name__)
-
-# ExecStatus values (sandbox.result.ExecStatus is a str enum): compared by value so any duck-typed sandbox works.
-STATUS_OK, STATUS_ERROR, STATUS_SANDBOX_ERROR = "ok", "error", "sandbox_error"
-TIMEOUT_STATUSES = ("timeout", "memory", "killed")
 
 
 def open_block_head(prompt_text: str, code_start: str, code_end: str) -> str | None:
@@ -122,15 +115,3 @@ def truncate_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
     room = max(2, max_tokens - len(tokenizer.encode(marker, add_special_tokens=False)))
     head = room // 2
     return tokenizer.decode(ids[:head]) + marker + tokenizer.decode(ids[len(ids) - (room - head):])
-
-
-def failed_call_result(error: BaseException) -> Any:
-    """A SANDBOX_ERROR result for a sandbox call that raised (the client is meant to return one instead).
-
-    The model sees the same message as for any unavailable interpreter; the call is counted as a sandbox error,
-    which the trainer's guard watches, and the exception is logged.
-    """
-    from sandbox.result import ExecResult, ExecStatus
-
-    log.warning("sandbox call raised %s: %s (counted as a sandbox error)", type(error).__name__, error)
-    return ExecResult(ExecStatus.SANDBOX_ERROR, "", f"{type(error).__name__}: {error}", 0.0)

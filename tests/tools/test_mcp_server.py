@@ -1,0 +1,79 @@
+"""The mcp tool against a tiny MCP server (tests/tools/tiny_mcp_server.py) that the test starts over stdio: the real
+protocol through the mcp SDK. Its tools are listed at start, each a tool of its own with the server's schema; a call
+past its timeout and a server killed mid-run give error observations, never a hang, and the rollout goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import rollout_sync
+from zerotir.rollout.engine import SamplingParams
+from zerotir.tools import Toolbox
+from zerotir.tools.mcp_server import close_all
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+SERVER = str(Path(__file__).with_name("tiny_mcp_server.py"))
+TOK = build_byte_tokenizer()
+PROMPT = "Q: 2+3?\n"
+
+pytestmark = pytest.mark.timeout(60)  # what this guards against is a hang
+
+
+@pytest.fixture(autouse=True, scope="module")
+def servers_stopped_after():
+    yield
+    close_all()  # the later tests of the suite run without these servers
+
+
+def config(instance: str, timeout: float = 20.0) -> ToolConfig:
+    """A hermes config with the server's tools; ``instance`` (an argument the server ignores) makes a server of
+    the test's own, as servers are shared per command and arguments in a process."""
+    return ToolConfig(format="hermes", max_tool_calls=4, tools=[
+        {"class_path": "calculator"},
+        {"class_path": "mcp",
+         "init_args": {"command": sys.executable, "args": [SERVER, instance], "timeout": timeout}}])
+
+
+def call(box: Toolbox, name: str, **arguments):
+    return asyncio.run(box.call(name, arguments)).observation
+
+
+def test_the_servers_tools_are_listed_with_their_schemas_and_called():
+    box = Toolbox.build(config("listed"))
+    assert box.names == ["calculator", "add", "wait", "die"]
+    add = box.tools["add"]
+    assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
+    assert Toolbox.build(config("listed")).tools["add"].server is add.server  # started once per process
+    assert (call(box, "add", a=2, b=3).text, call(box, "add", a=2, b=3).status) == ("5", "ok")
+    off = call(box, "add", a="two", b=3)  # the server's schema says integer: refused before the server sees it
+    assert off.status == "invalid" and "'two' is not of type 'integer'" in off.text
+
+
+def test_a_call_past_its_timeout_is_a_timeout_observation():
+    box = Toolbox.build(config("slow", timeout=0.5))
+    late = call(box, "wait", seconds=30)
+    assert late.status == "timeout" and "did not answer within 0.5 s" in late.text
+
+
+def test_a_server_killed_mid_run_gives_error_observations_and_the_rollout_goes_on():
+    turns = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+             '<tool_call>{"name": "die", "arguments": {}}</tool_call>',
+             '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>',
+             '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
+             "\\boxed{5}"]
+    engine = ScriptedEngine(TOK, {PROMPT: [turns]})
+    traj, _ = rollout_sync(engine, TOK, ScriptedSandbox(), [TOK.encode(PROMPT, add_special_tokens=False)],
+                           SamplingParams(temperature=0.0, max_new_tokens=2048), config("killed"))
+    calls = traj.tool_calls[0]
+    assert [(c.tool, c.status) for c in calls] == [("add", "ok"), ("die", "tool_error"), ("add", "tool_error"),
+                                                   ("calculator", "ok")]
+    assert "is unavailable" in calls[2].output and traj.num_sandbox_errors.tolist() == [2]
+    assert traj.response_texts[0].endswith("\\boxed{5}") and traj.finish_reasons == ["stop"]
+    assert json.loads(calls[0].code) == {"name": "add", "arguments": {"a": 2, "b": 3}}

@@ -1,0 +1,110 @@
+"""Call formats (``model.tool.format``): how the model writes a tool call and how the observation is written back.
+
+A format is a parser + renderer pair with its own markers. The tool loop stops a segment on ``call_start`` (a call
+opens), then on ``call_end`` (it closes); the text between them is the call (``parse``), and the observation goes
+back as ``render(text)``, tokens the model did not sample (action 0). ``output_start`` / ``output_end`` are the
+markers of that rendered block, which the trajectory filters count (``zerotir.filters.blocks``).
+
+* ``fences``, the paper's and the default: a ```` ```python ```` block is a call of the ``python`` tool with the
+  block as its code, and the observation comes back in ``model.tool.output_template`` (a ```` ```output ```` block).
+  Its markers are ``model.tool.code_start`` / ``code_end``: byte for byte the loop before the tool plug-ins.
+* ``hermes``, the JSON calls of Qwen2.5 / Qwen3 and the Hermes models: ``<tool_call>{"name": ..., "arguments":
+  {...}}</tool_call>`` in, ``<tool_response>...</tool_response>`` out. Malformed JSON, a missing name or arguments
+  that are not an object give an error observation the model reads (status ``invalid``), as an unknown tool name or
+  arguments off the tool's schema do (``zerotir.tools.registry``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FORMATS", "Call", "CallFormat", "Fences", "Hermes", "call_format"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A parsed call: the tool's name and arguments, or ``error`` (then name and arguments are empty) saying why the
+    text is not a call."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+class CallFormat:
+    """A parser + renderer pair (see the module doc)."""
+
+    call_start: str
+    call_end: str
+    output_start: str
+    output_end: str
+
+    def parse(self, block: str) -> Call:
+        """The call written in ``block`` (the text between ``call_start`` and ``call_end``)."""
+        raise NotImplementedError
+
+    def render(self, text: str) -> str:
+        """The text injected after a call: the observation's ``text`` in this format's output block."""
+        raise NotImplementedError
+
+    def check_tools(self, names: list[str]) -> None:
+        """Raise ``ValueError`` when this format cannot call the configured tools ``names``."""
+
+
+class Fences(CallFormat):
+    """The paper's code fences (module doc); the markers and the output template come from ``model.tool``."""
+
+    def __init__(self, tool: Any):
+        self.call_start, self.call_end, self._template = tool.code_start, tool.code_end, tool.output_template
+        head, _, tail = tool.output_template.partition("{output}")
+        self.output_start, self.output_end = head.strip(), tail.strip()
+
+    def parse(self, block: str) -> Call:
+        return Call("python", {"code": block})
+
+    def render(self, text: str) -> str:
+        return self._template.format(output=text)
+
+    def check_tools(self, names: list[str]) -> None:
+        if names != ["python"]:
+            raise ValueError(f"model.tool.format: fences calls the python tool only (a code block is its code), and "
+                             f"model.tool.tools names {names}: set model.tool.tools to [python], or use format: "
+                             "hermes (JSON calls by tool name) for several tools")
+
+
+class Hermes(CallFormat):
+    """``<tool_call>`` JSON in, ``<tool_response>`` out (module doc)."""
+
+    call_start, call_end = "<tool_call>", "</tool_call>"
+    output_start, output_end = "<tool_response>", "</tool_response>"
+
+    def parse(self, block: str) -> Call:
+        try:
+            value = json.loads(block)
+        except json.JSONDecodeError as error:
+            return _error(f"the tool call is not valid JSON ({error.msg} at line {error.lineno} column "
+                          f"{error.colno}); write {{\"name\": <tool>, \"arguments\": {{...}}}}")
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return _error('the tool call must be a JSON object with a string "name" and an object "arguments"')
+        arguments = value.get("arguments", {})
+        if not isinstance(arguments, dict):
+            return _error(f'the "arguments" of {value["name"]!r} must be a JSON object, got '
+                          f"{type(arguments).__name__}")
+        return Call(value["name"], arguments)
+
+    def render(self, text: str) -> str:
+        return f"\n{self.output_start}\n{text}\n{self.output_end}\n"
+
+
+def _error(message: str) -> Call:
+    return Call("", {}, message)
+
+
+FORMATS = {"fences": Fences, "hermes": Hermes}
+
+
+def call_format(tool: Any) -> CallFormat:
+    """The format of ``model.tool.format`` with the markers of that group (a ``zerotir.config.ToolConfig``)."""
+    return Fences(tool) if tool.format == "fences" else Hermes()

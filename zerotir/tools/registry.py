@@ -1,0 +1,176 @@
+"""The tools of a run, built from ``model.tool.tools``, and one call: checked, timed, capped.
+
+``model.tool.tools`` is a list of entries ``{class_path: ..., init_args: {...}}``. A ``class_path`` is a built-in
+name (``BUILT_IN``: ``python``, ``calculator``, ``search``, ``mcp``: every tool of an MCP server) or the dotted path
+of a ``zerotir.tools.Tool`` subclass of your own (docs/extending.md); the class is built with its ``init_args``, an
+entry stands for the tools its ``expand`` gives (itself, or a server's tools), and each is bound to the run's
+``ToolEnv``.
+
+``Toolbox.call`` is the one place a call goes through: an unknown tool name or arguments that fail the tool's JSON
+schema (checked with ``jsonschema``) give an ``invalid`` observation that names the problem, which the model reads;
+a tool that raises gives a ``tool_error`` one. Every observation is capped at ``model.tool.max_output_chars``
+characters (head and tail with a marker) and carries its wall time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from zerotir.tools.base import STATUS_INVALID, STATUS_TOOL_ERROR, Observation, Tool, ToolEnv
+from zerotir.tools.formats import Call
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve"]
+
+BUILT_IN = {
+    "python": "zerotir.tools.python.PythonTool",
+    "calculator": "zerotir.tools.calculator.CalculatorTool",
+    "search": "zerotir.tools.search.SearchTool",
+    "mcp": "zerotir.tools.mcp_server.MCPTools",
+}
+
+
+def resolve(class_path: str) -> type[Tool]:
+    """The ``Tool`` subclass named by ``class_path`` (a built-in name or a dotted path).
+
+    Raises:
+        ValueError: the path does not import, or does not name a ``Tool`` subclass.
+    """
+    path = BUILT_IN.get(class_path, class_path)
+    module, _, attr = path.rpartition(".")
+    where = f"model.tool.tools class_path {class_path!r}"
+    if not module:
+        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path module.Class")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{where}: cannot import {path} ({type(error).__name__}: {error})") from error
+    if not (isinstance(cls, type) and issubclass(cls, Tool)):
+        raise ValueError(f"{where}: {path} is not a subclass of zerotir.tools.Tool")
+    return cls
+
+
+def build_tools(entry: dict[str, Any], env: ToolEnv) -> list[Tool]:
+    """The tools of one ``{class_path, init_args}`` entry (one, or an MCP server's), bound to ``env``."""
+    cls = resolve(entry["class_path"])
+    try:
+        tool = cls(**entry.get("init_args") or {})
+    except TypeError as error:
+        raise ValueError(f"model.tool.tools {entry['class_path']!r} init_args: {error}") from error
+    tools = tool.expand()
+    for one in tools:
+        if not one.name:
+            raise ValueError(f"model.tool.tools {entry['class_path']!r}: a tool has an empty name")
+        one.bind(env)
+    return tools
+
+
+@dataclass(frozen=True)
+class Used:
+    """One call as the loop records it: the tool's name (as the model wrote it), its observation and wall time."""
+
+    tool: str
+    observation: Observation
+    seconds: float
+
+
+class Toolbox:
+    """The tools of a run by name (see the module doc).
+
+    Args:
+        tools: the built tools; their names must be distinct.
+        max_chars: the character cap of every observation (``model.tool.max_output_chars``).
+    """
+
+    def __init__(self, tools: Iterable[Tool], max_chars: int):
+        import jsonschema
+
+        self.tools: dict[str, Tool] = {}
+        self._validators: dict[str, Any] = {}
+        for tool in tools:
+            if tool.name in self.tools:
+                raise ValueError(f"model.tool.tools: two tools are named {tool.name!r}; tool names must be distinct")
+            try:
+                jsonschema.Draft202012Validator.check_schema(tool.parameters)
+            except jsonschema.SchemaError as error:
+                raise ValueError(f"the tool {tool.name!r}: its parameters are not a JSON schema ({error.message})") \
+                    from None
+            self.tools[tool.name] = tool
+            self._validators[tool.name] = jsonschema.Draft202012Validator(tool.parameters)
+        self.max_chars = max_chars
+
+    @classmethod
+    def build(cls, tool_config: Any, sandbox: Any = None) -> Toolbox:
+        """The tools of ``tool_config.tools`` (the ``model.tool`` group), with ``sandbox`` for those that need one;
+        none without tools (``max_tool_calls: 0``)."""
+        if not tool_config.enabled:
+            return cls([], tool_config.max_output_chars)
+        env = ToolEnv(tool_config, sandbox)
+        return cls([t for entry in tool_config.tools for t in build_tools(entry, env)], tool_config.max_output_chars)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Every tool's function-calling schema, in configuration order."""
+        return [t.schema() for t in self.tools.values()]
+
+    async def run(self, call: Call) -> Used:
+        """The observation of a parsed ``call`` (``zerotir.tools.formats``): one that did not parse is an
+        ``invalid`` observation naming why, which the model reads; else ``call``."""
+        if call.error is not None:
+            return Used("", invalid(call.error), 0.0)
+        return await self.call(call.name, call.arguments)
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Used:
+        """Call tool ``name`` with ``arguments``; never raises for a bad call or a failing tool (module doc)."""
+        start = time.perf_counter()
+        observation = await self._observe(name, arguments)
+        observation = cap_observation(observation, self.max_chars)
+        return Used(name, observation, time.perf_counter() - start)
+
+    async def _observe(self, name: str, arguments: dict[str, Any]) -> Observation:
+        tool = self.tools.get(name)
+        if tool is None:
+            return invalid(f"there is no tool named {name!r}; the tools are: {', '.join(self.tools)}")
+        problem = schema_problem(arguments, self._validators[name])
+        if problem is not None:
+            return invalid(f"the arguments of {name!r} do not fit its schema: {problem}")
+        try:
+            return await tool.call(arguments)
+        except Exception as error:  # the tool's own fault: recorded, and the run goes on
+            log.warning("tool %r raised %s: %s (recorded as a tool error)", name, type(error).__name__, error)
+            return Observation(f"Error: the tool {name!r} failed ({type(error).__name__}: {error}).",
+                               STATUS_TOOL_ERROR)
+
+
+def invalid(message: str) -> Observation:
+    """The observation of a malformed call: the model reads ``Error: <message>``."""
+    return Observation(f"Error: {message}", STATUS_INVALID)
+
+
+def schema_problem(arguments: Any, validator: Any) -> str | None:
+    """Why ``arguments`` fail the JSON schema of ``validator`` (the most relevant error, with its path), or None."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+def cap_observation(observation: Observation, max_chars: int) -> Observation:
+    """``observation`` with its text cut to ``max_chars`` characters (head and tail with a marker)."""
+    from sandbox.result import truncate_middle
+
+    if len(observation.text) <= max_chars:
+        return observation
+    return Observation(truncate_middle(observation.text, max_chars), observation.status, observation.metrics)
