@@ -18,6 +18,7 @@ import zerotir.__main__ as entry
 from callbacks.progress import RLStepProgressBar, rl_step_description
 from zerotir import models
 from zerotir.cli import ZeroTIRCLI
+from zerotir.cli_checks import check_not_finished
 from zerotir.config import HFRollout
 from zerotir.toy.pretrain import PretrainSettings
 from zerotir.toy.tiny_model import build_tiny_model
@@ -435,3 +436,15 @@ def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monke
     with pytest.raises(ConnectionError):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert tables == []  # the table would have been printed before the sandbox start
+
+
+@pytest.mark.parametrize("states", ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"])
+def test_resuming_a_finished_deepspeed_run_says_to_raise_max_steps(tmp_path, states):
+    """A DeepSpeed checkpoint is a folder; Lightning's trainer state is rank 0's model-states file's client state
+    (ZeRO-2 and ZeRO-3 name it differently)."""
+    folder = tmp_path / "last.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    torch.save({"global_step": 6, "module": None}, folder / states)
+    with pytest.raises(ValueError, match=r"the run is finished.*RL step 6.*--trainer.max_steps 12"):
+        check_not_finished("last", str(tmp_path), 6)
+    check_not_finished("last", str(tmp_path), 7)  # a run with steps left resumes

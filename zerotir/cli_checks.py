@@ -49,18 +49,25 @@ def check_run_settings(config: Any, subcommand: str | None) -> None:
 
 
 def _checkpoint_file(ckpt_path: str | None, dirpath: str | None) -> Path | None:
-    """The checkpoint file ``ckpt_path`` names (``last``: ``<dirpath>/last.ckpt``), or None (none, or a folder)."""
+    """The file holding the step of the checkpoint ``ckpt_path`` names (``last``: ``<dirpath>/last.ckpt``), or None.
+
+    A DeepSpeed checkpoint is a folder: Lightning saves its trainer state as DeepSpeed's client state, under the tag
+    ``checkpoint``, in the model-states file of rank 0 (``mp_rank_00_model_states.pt``; under ZeRO-3
+    ``zero_pp_rank_0_mp_rank_00_model_states.pt``, which holds no weights)."""
     if ckpt_path in (None, "best", "hpc", "registry"):
         return None
     path = Path(dirpath) / "last.ckpt" if ckpt_path == "last" and dirpath else Path(str(ckpt_path))
+    if path.is_dir():
+        states = [path / "checkpoint" / name for name in (
+            "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")]
+        return next((file for file in states if file.is_file()), None)
     return path if path.is_file() else None
 
 
 def check_not_finished(ckpt_path: str | None, dirpath: str | None, max_steps: int) -> None:
     """Raise ``ValueError`` when the checkpoint to resume already holds ``max_steps`` RL steps.
 
-    Reads only the checkpoint's step (memory-mapped, no tensor is copied). A sharded checkpoint (a DeepSpeed
-    folder) is not read here: Lightning resumes it as it is."""
+    Reads only the checkpoint's step (memory-mapped, no tensor is copied), from a file or a DeepSpeed folder."""
     path = _checkpoint_file(ckpt_path, dirpath)
     if path is None or max_steps < 0:
         return
