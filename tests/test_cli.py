@@ -418,6 +418,22 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, t
     assert not (tmp_path / "run" / "tensorboard").exists()
 
 
+def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
+    """The sandbox health check fails before step 1 (a closed loopback port): the error names it, no folder stays."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.chdir(REPO)
+    with pytest.raises(Exception, match="sandbox") as failed:
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
+                         "--model.sandbox.urls", f"[{url}]", "--model.sandbox.retries", "0",
+                         "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert url in str(failed.value)
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
 def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monkeypatch):
     """No sandbox answering: its error is the first thing printed, not the line under a table of the model."""
     from zerotir.cli import LateModelSummary
