@@ -8,10 +8,10 @@
     source.close()                                   stop everything it started
 
 ``InlineSource`` (``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on
-the trainer's engine with the trainer's weights. ``PipelineSource`` (``zerotir.rollout.pipeline_source``) hands out
-the batches a producer generated ahead, under the capacity rule; ``zerotir.fleet.source.FleetSource`` those of engine
-processes of their own. ``zerotir.sources.make_rollout_source`` picks one from the ``model.pipeline`` and
-``model.fleet`` groups; nothing outside the sources asks which mode runs.
+the trainer's engine with the trainer's weights. ``zerotir.fleet.source.FleetSource`` hands out the batches engine
+hosts with weights of their own generated ahead, under the capacity rule: one in a thread of the trainer's process
+(``model.pipeline`` alone) or Ray actors (``model.fleet``). ``zerotir.sources.make_rollout_source`` picks one from
+the ``model.pipeline`` and ``model.fleet`` groups; nothing outside the sources asks which mode runs.
 
 What both share lives in ``EngineSource``: the sandbox (``SandboxService``), the engine (built by the typed factory
 ``engines.create_engine`` from the ``model.rollout`` group; the engine owns how new weights reach it,
