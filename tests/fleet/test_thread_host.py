@@ -5,7 +5,8 @@ At S = 1 the host generates the next batch while the trainer takes this one and 
 gate, ``tests.fleet.gated_engine``); the push lands after it, and its tokens keep the version they were sampled
 with. An engine that fails ends the trainer's wait with its error, naming the host and what it was doing; a host that
 makes no progress is a timeout naming ``model.pipeline.producer_timeout``; ``close`` ends a rollout in flight at its
-next engine step. The host's threads are its engine's: torch's process-wide count is left as it was.
+next engine step. The host's threads are its engine's: torch's process-wide count is left as it was. It rolls out
+batch shares only (streaming is the fleet's).
 """
 
 from __future__ import annotations
@@ -121,8 +122,10 @@ def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) 
     assert host.host.engine is None  # closed: its engine too
 
 
-def test_the_thread_hosts_settings_are_its_own_not_the_processes() -> None:
+def test_the_thread_hosts_settings_are_its_own_not_the_processes_and_it_does_not_stream() -> None:
     settings = HostSettings("folder", HFRollout(), NO_TOOL, threads=7, device="cuda")
     assert ThreadTransport("cuda:1", 2).settings(settings, "cuda:0") == HostSettings(
         "folder", HFRollout(), NO_TOOL, threads=2, device="cuda:1", own_process=False)
     assert ThreadTransport().settings(settings, torch.device("cpu")).device == "cpu"  # the trainer's
+    with pytest.raises(ValueError, match=r"max_in_flight=8: the thread host rolls out batch shares .*give 0"):
+        ThreadHost(HostSettings("folder", HFRollout(), NO_TOOL, max_in_flight=8))  # refused before anything loads

@@ -186,16 +186,20 @@ class EngineHost:
         return version
 
     def load_weights(self, actor: nn.Module, version: int) -> int:
-        """The thread transport's push: ``actor``'s weights (in this process) copied into the engine as ``version``,
-        streaming between two engine steps; returns ``version``."""
+        """The thread transport's push: ``actor``'s weights (in this process) copied into the idle engine (batch
+        shares: the calls before this one have ended) as ``version``, the devices synchronized around the copy;
+        returns ``version``.
+
+        Raises:
+            RuntimeError: a streaming host (its pushes land between engine steps: ``receive_weights``).
+        """
         engine = self._engine()
-        sync = functools.partial(synchronize_devices, (self.settings.device,))
-        if self.stream is None:  # the calls before this one have ended: the engine is idle
-            sync()
-            engine.load_weights_from(actor)
-            sync()
-        else:
-            self.stream.push(lambda inner: inner.load_weights_from(actor) or version, self.settings.stream_timeout_s)
+        if self.stream is not None:
+            raise RuntimeError("EngineHost.load_weights on a streaming host: the thread transport rolls out batch "
+                               "shares (HostSettings.max_in_flight 0)")
+        synchronize_devices((self.settings.device,))
+        engine.load_weights_from(actor)
+        synchronize_devices((self.settings.device,))
         self.version = version
         return version
 

@@ -5,7 +5,6 @@ schedule and capacity rule serve it unchanged (``zerotir.fleet.transport``).
     host = ThreadHost(settings)               # the engine built now, with weights of its own from the folder
     host.roll_out.remote(prompts, truths, p)  # a Future; batch shares run one at a time, in the order called
     host.load_weights.remote(actor, version)  # the actor's weights copied in, after the calls before it
-                                              # (streaming: between two engine steps, the groups in flight go on)
     host.close()                              # a rollout in flight ends at its next engine step
 
 The host's engine has weights of its own (a frozen copy for transformers, the vLLM engine on its device), so it
@@ -78,27 +77,22 @@ class ThreadHost:
     """
 
     def __init__(self, settings: HostSettings):
+        if settings.max_in_flight:
+            raise ValueError(f"ThreadHost: HostSettings.max_in_flight={settings.max_in_flight}: the thread host rolls "
+                             "out batch shares (streaming runs on the fleet: model.fleet.max_in_flight); give 0")
         self.host = EngineHost(settings)
         self._closed = False
-        calls = cf.ThreadPoolExecutor(1, thread_name_prefix="zerotir-engine-host")
-        if settings.max_in_flight:  # rollouts side by side into the stream, pushes between its steps
-            rollouts = cf.ThreadPoolExecutor(64, thread_name_prefix="zerotir-engine-host-rollout")
-            self._pools = [calls, rollouts]
-        else:  # one call at a time, in order: a push lands after the batches submitted before it
-            self.host.engine, rollouts, self._pools = _Stoppable(self.host.engine, lambda: self._closed), calls, [calls]
-        self.roll_out = _Method(rollouts, self.host.roll_out)
-        self.load_weights = _Method(calls, self.host.load_weights)
-        self.describe = _Now(calls, self.host.describe)
-        self.occupancy = _Now(calls, self.host.occupancy)
+        self.host.engine = _Stoppable(self.host.engine, lambda: self._closed)
+        self._calls = cf.ThreadPoolExecutor(1, thread_name_prefix="zerotir-engine-host")  # one at a time, in order
+        self.roll_out = _Method(self._calls, self.host.roll_out)
+        self.load_weights = _Method(self._calls, self.host.load_weights)  # after the batches submitted before it
+        self.describe = _Now(self._calls, self.host.describe)
+        self.occupancy = _Now(self._calls, self.host.occupancy)
 
     def close(self) -> None:
-        """Stop the rollouts in flight at their next engine step, wait for the threads, close the host."""
+        """Stop the rollout in flight at its next engine step, wait for the thread, close the host."""
         self._closed = True
-        stream = self.host.stream
-        if stream is not None:
-            stream.close()
-        for pool in self._pools:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self._calls.shutdown(wait=True, cancel_futures=True)
         self.host.close()
 
 
