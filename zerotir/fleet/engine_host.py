@@ -127,7 +127,7 @@ class EngineHost:
         actor = _engine_model(settings.rollout, settings.model_path)
         self.engine: RolloutEngine | None = create_engine(
             settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
-            own_weights=False, threads=settings.threads)  # the model loaded here is the host's own already
+            threads=settings.threads)  # the model loaded here is the host's own
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
         self._calls = itertools.count()  # tags the groups of each streamed roll_out call

@@ -125,7 +125,7 @@ class RolloutEngine(Protocol):
     def load_weights_from(self, actor: torch.nn.Module) -> None:
         """Generate with ``actor``'s current weights from now on (after an RL update, at the start of a run or a
         resume). The engine decides how they reach it: the transformers engine that wraps the actor only drops its
-        cached keys / values; an engine on a copy (vLLM, the producer's) receives them through ``update_weights`` in
+        cached keys / values; an engine on a copy (vLLM, an engine host's) receives them through ``update_weights`` in
         buckets of whole layers."""
         ...
 

@@ -41,7 +41,7 @@ from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
 
-# The training batches of a run by index (``PromptDataModule.train_batch``): what a producer generates ahead from.
+# The training batches of a run by index (``PromptDataModule.train_batch``): what an engine host generates ahead from.
 Stream = Callable[[int], list[PromptRow]]
 
 
@@ -128,18 +128,12 @@ class EngineSource:
         reward: scores each trajectory as it ends (``zerotir.reward.score_batch``).
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
-        engine_device: where the engine runs when not on the trainer's device (``model.pipeline.producer_device``).
-        own_weights: the engine keeps a copy of the weights of its own (the pipeline's producer generates while the
-            trainer updates), instead of generating with the trained actor where the engine can.
-        engine_threads: torch threads of a transformers engine whose group leaves them unset (the pipeline's).
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, sampling: SamplingConfig,
-                 reward: Reward | None, model_path: str, seed: int, engine_device: str | None = None,
-                 own_weights: bool = False, engine_threads: int | None = None):
-        self.own_weights, self.engine_threads = own_weights, engine_threads
+                 reward: Reward | None, model_path: str, seed: int):
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
-        self.model_path, self.seed, self.engine_device = model_path, seed, engine_device
+        self.model_path, self.seed = model_path, seed
         self.sandbox = SandboxService(sandbox, tool)
         self.schedule = Schedule(backend.schedule, backend.round_tokens)
         self.engine: RolloutEngine | None = None
@@ -161,15 +155,13 @@ class EngineSource:
             return
         from zerotir.scale.distributed import fail_together
 
-        device = self.engine_device or device
         with fail_together(Exception):
             self.sandbox.start()
             check_engine_fits(self.backend, device)
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
         engine = None
         with fail_together(Exception):
-            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed,
-                                   own_weights=self.own_weights, threads=self.engine_threads)
+            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
         self.engine, self._tokenizer = engine, tokenizer
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
 
