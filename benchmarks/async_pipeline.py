@@ -1,5 +1,5 @@
 """The asynchronous pipeline on 2 CPU cores: the toy world trained synchronously, with max_staleness 1 and 2 through
-the producer thread, and through the rollout fleet (an engine process of its own).
+the engine host in a thread, and through the rollout fleet (an engine process of its own).
 
     python -m benchmarks.async_pipeline                                  # every arm on RL seeds 0 1 2
     python -m benchmarks.async_pipeline --model_dir data/toy_base --arms sync s1 fleet_s1 --seeds 0
@@ -9,8 +9,8 @@ Method. One toy base (``configs/toy_cpu.yaml``'s, pretraining seed 0; built into
 load falls on every arm alike), ``python -m zerotir fit --config configs/toy_cpu.yaml`` from that base:
 
 - ``sync``: ``model.pipeline.max_staleness`` null, the default: each step generates its batch in line;
-- ``s1`` / ``s2``: ``max_staleness`` 1 / 2: a producer thread with its own copy of the weights generates ahead,
-  torch's threads split 1 + 1 (``model.pipeline.threads`` default on 2 cores); ``off_policy_correction: tis``;
+- ``s1`` / ``s2``: ``max_staleness`` 1 / 2: the engine host in a thread of the trainer's process, with its own copy
+  of the weights, generates ahead (its engine's threads its own, the trainer's torch's); ``off_policy_correction: tis``;
 - ``fleet_s0`` / ``fleet_s1``: ``model.fleet.engines`` 1 (``configs/toy_cpu_fleet.yaml``): one engine process (a Ray
   actor with one torch thread and one CPU of a local cluster), the weights broadcast after every update over gloo,
   S = 0 (the synchronous schedule through the fleet: its overhead) and S = 1 (``tis``).
@@ -19,8 +19,9 @@ Each run validates on 64 held-out questions (greedy) every ``--val_every`` steps
 accuracy (Lightning's ``EarlyStopping``) or ``--max_steps``. Measured per run, from its TensorBoard logs: RL steps per
 minute of training (steps / the sum of ``time/step``: the training loop's wall time, validation excluded), minutes
 from the process start to the first validation at the target, and the profile: mean seconds per step of
-generation, update, the trainer waiting for rollouts, the producer waiting for the trainer and the weights'
-push (``time/weight_sync``), and the mean staleness. Written to ``<out>/async_pipeline.{json,md,png}``.
+generation, update, the trainer waiting for rollouts, the producer waiting for the trainer (logged by the former
+producer thread only) and the weights' push (``time/weight_sync``), and the mean staleness. Written to
+``<out>/async_pipeline.{json,md,png}``.
 
 Targets (issue #16): S = 1 at least 1.25x the steps per minute of the synchronous run, and no more minutes to 80%.
 """
@@ -142,7 +143,7 @@ def plot(runs: list[dict], out: Path, arms: list[str]) -> None:
         ax.scatter([i] * len(values), values, label=arm)
     ax.set_xticks(range(len(arms)), arms)
     ax.set_ylabel("RL steps per minute")
-    ax.set_title("Toy world on 2 CPU cores: in line, producer thread, fleet")
+    ax.set_title("Toy world on 2 CPU cores: in line, thread host, fleet")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

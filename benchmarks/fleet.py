@@ -1,4 +1,4 @@
-"""The rollout fleet on 2 CPU cores, side by side in one run: the toy world in line, through the producer thread
+"""The rollout fleet on 2 CPU cores, side by side in one run: the toy world in line, through the thread host
 (S = 1), through the fleet in batch shares (S = 1) and through the fleet streaming (S = 1), on a workload with a
 long tail of response lengths.
 
@@ -11,7 +11,7 @@ ones that ramble or call code run far longer, so a batch's last trajectory ends 
 order for each RL seed (a change of the machine's load falls on every arm alike):
 
 - ``inline``: ``model.pipeline.max_staleness`` null: each step generates its batch in the trainer's process;
-- ``thread_s1``: the producer thread, S = 1 (``off_policy_correction: tis``), torch's threads split 1 + 1;
+- ``thread_s1``: the engine host in a thread of the trainer's process, S = 1 (``off_policy_correction: tis``);
 - ``fleet_s1``: one engine process (``configs/toy_cpu_fleet.yaml``: a Ray actor with one CPU), S = 1, the batch's
   share rolled out in one tool loop: the engine is busy until its slowest trajectory ends;
 - ``stream_s1``: the same engine streaming (``model.fleet.max_in_flight`` = one batch's trajectories): every prompt

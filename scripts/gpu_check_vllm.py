@@ -42,11 +42,11 @@ CHECKS = (
               "after a weight update with a request running, no request reuses keys / values of the old weights",
               ("tests/rollout/test_vllm_engine.py",)),
     VLLMCheck("producer_device", "producer_device ignored by vLLM's uni executor (issue 24, B2)",
-              "the producer's engine lands on model.pipeline.producer_device, not on cuda:0 beside the trainer",
-              ("tests/rollout/test_source.py", "tests/rollout/test_producer.py"), min_gpus=2),
-    VLLMCheck("push_stream_sync", "CUDA stream race in the producer's push (issue 24, B3)",
+              "the thread host's engine lands on model.pipeline.producer_device, not on cuda:0 beside the trainer",
+              ("tests/rollout/test_source.py", "tests/fleet/test_thread_host.py"), min_gpus=2),
+    VLLMCheck("push_stream_sync", "CUDA stream race in an engine host's push (issue 24, B3)",
               "a push between two engine steps waits for the forward still queued on the engine's stream",
-              ("tests/rollout/test_producer.py", "tests/rollout/test_agent_loop_vllm.py")),
+              ("tests/fleet/test_versioned.py", "tests/rollout/test_agent_loop_vllm.py")),
 )
 
 

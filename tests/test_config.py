@@ -104,10 +104,10 @@ def test_pipeline_errors_name_the_field(kwargs, message):
 @pytest.mark.parametrize(("pipeline", "backend", "message"), [
     (PipelineConfig(max_staleness=1), VLLMRollout(enable_sleep_mode=True), r"enable_sleep_mode=true: a colocated"),
     (PipelineConfig(max_staleness=0), VLLMRollout(tensor_parallel_size=2), r"tensor_parallel_size=2"),
-    # The producer's engine runs at model.pipeline.threads: the in-line engine's thread count would be ignored.
-    (PipelineConfig(max_staleness=1), HFRollout(num_threads=2),
-     r"model.rollout.init_args.num_threads=2 with model.pipeline.max_staleness=1: .*set model.pipeline.threads: 2 "
-     r"and drop num_threads"),
+    # Both would set the thread host's decode threads.
+    (PipelineConfig(max_staleness=1, threads=3), HFRollout(num_threads=2),
+     r"model.rollout.init_args.num_threads=2 with model.pipeline.threads=3: both set the engine host's decode "
+     r"threads; keep one"),
 ])
 def test_a_producer_that_cannot_run_with_the_engine_is_a_config_error(pipeline, backend, message):
     with pytest.raises(ValueError, match=message):
@@ -121,8 +121,8 @@ def test_a_producer_that_cannot_run_with_the_engine_is_a_config_error(pipeline, 
 ])
 def test_producer_settings_without_a_producer_are_an_error(kwargs, named):
     # max_staleness: null starts no producer, so these would be silently ignored.
-    with pytest.raises(ValueError, match=rf"model.pipeline.{named}: producer settings, and max_staleness: null "
-                                         r"starts no producer; set model.pipeline.max_staleness"):
+    with pytest.raises(ValueError, match=rf"model.pipeline.{named}: engine host settings, and max_staleness: null "
+                                         r"starts no engine host; set model.pipeline.max_staleness"):
         PipelineConfig(**kwargs)
 
 
@@ -132,6 +132,7 @@ def test_pipeline_settings_that_work():
     PipelineConfig(max_staleness=1, producer_device="cuda:1").check_backend(VLLMRollout())
     PipelineConfig(max_staleness=1, threads=2).check_backend(HFRollout())
     PipelineConfig().check_backend(HFRollout(num_threads=2))  # in line: the engine's own thread count applies
+    PipelineConfig(max_staleness=1).check_backend(HFRollout(num_threads=2))  # the thread host's engine's
     assert not PipelineConfig().enabled and PipelineConfig(max_staleness=0).enabled
 
 

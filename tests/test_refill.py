@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -18,14 +20,16 @@ from tests.rollout.scripted import ScriptedEngine
 from tests.scripted_source import Recorder, ScriptedSource, recorded
 from zerotir import metric_names as mn
 from zerotir.config import (
-    BaseModelConfig, FilterConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig, SamplingConfig,
-    SandboxConfig, ToolConfig,
+    BaseModelConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig,
+    SamplingConfig, SandboxConfig, ToolConfig,
 )
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.data.stream import PromptStream
 from zerotir.module import ZeroTIRModule
+from zerotir.fleet.source import FleetSource
 from zerotir.rl.guards import EmptyStepsError
-from zerotir.rollout.pipeline_source import PipelineSource
+from zerotir.rollout.engines import create_engine
+from zerotir.sources import make_rollout_source
 
 ROWS = 12  # prompts q0..q11; data.prompts_per_step = 2, so batches 0..5 are the first epoch
 SEED = 3  # the module's (rollout) seed
@@ -177,33 +181,39 @@ def test_bad_refill_settings_name_the_field():
 
 
 class PushableEngine(ScriptedEngine):
-    """The scripted engine as the producer's: weight pushes land on it and change nothing it writes."""
+    """The scripted engine as the thread host's: weight pushes land on it and change nothing it writes."""
 
     def load_weights_from(self, actor) -> None:
         pass
 
 
-class ScriptedPipeline(PipelineSource):
-    """The pipeline's source with the scripted engine in place of a built one (no sandbox: no tools); its producer,
-    capacity rule, version checks and batch checks are the real ones."""
+@dataclass(frozen=True)
+class ScriptedRollout(HFRollout):
+    """A ``model.rollout`` group whose engine is ``engine``, the scripted one, in place of a built one."""
 
-    def __init__(self, module: ZeroTIRModule, engine: PushableEngine):
-        pipeline = PipelineConfig(max_staleness=1, threads=1, producer_timeout=20.0)  # a stuck producer fails fast
-        super().__init__(pipeline, HFRollout(), SandboxConfig(), ToolConfig(max_tool_calls=0), module.sampling,
-                         _boxed_reward, "unused", SEED)
-        self.scripted = engine
+    engine: Any = None
 
-    def start(self, actor, tokenizer, device, stream) -> None:
-        self.engine, self._tokenizer, self._stream = self.scripted, tokenizer, stream
+
+@create_engine.register
+def _scripted_engine(backend: ScriptedRollout, *args: Any, **kwargs: Any) -> PushableEngine:
+    return backend.engine
+
+
+def scripted_pipeline(module: ZeroTIRModule, engine: PushableEngine) -> FleetSource:
+    """The pipeline's source (one engine host in a thread, S = 1) with the scripted engine (no sandbox: no tools);
+    its schedule, capacity rule, version checks and batch checks are the real ones."""
+    pipeline = PipelineConfig(max_staleness=1, producer_timeout=20.0)  # a stuck host fails fast
+    return make_rollout_source(pipeline, FleetConfig(), ScriptedRollout(engine=engine), SandboxConfig(),
+                               ToolConfig(max_tool_calls=0), module.sampling, _boxed_reward, module.model_path, SEED)
 
 
 async def _boxed_reward(texts, truths, truncated) -> list[float]:
     return [float(f"\\boxed{{{truth}}}" in text) for text, truth in zip(texts, truths)]
 
 
-def test_the_pipeline_fills_a_step_from_the_producers_next_batches(tiny_dir, train_file, tmp_path):
+def test_the_pipeline_fills_a_step_from_the_thread_hosts_next_batches(tiny_dir, train_file, tmp_path):
     # As the in-line test: every batch has one informative prompt of two, so every step takes two batches, now
-    # generated ahead by the producer (S = 1); a refill batch is the producer's next one, checked against the loader's.
+    # generated ahead by the thread host (S = 1); a refill batch is the stream's next one, checked against the loader's.
     module, data, trainer, _ = make_run(tiny_dir, train_file, tmp_path, set(), RefillConfig(max_rounds=3), max_steps=2)
     data.set_tokenizer(module.tokenizer)
     data.setup("fit")
@@ -213,7 +223,7 @@ def test_the_pipeline_fills_a_step_from_the_producers_next_batches(tiny_dir, tra
         scripts[module.tokenizer.decode(row["prompt_ids"])] = [right, wrong] if row["id"] in half_informative() \
             else [wrong]
     engine = PushableEngine(module.tokenizer, scripts, n=2, tokens_per_step=4)
-    module.source = ScriptedPipeline(module, engine)
+    module.source = scripted_pipeline(module, engine)
     trainer.fit(module, datamodule=data)
     results = recorded(trainer)
     assert [r.refill["generation_rounds"] for r in results] == [2.0, 2.0]

@@ -68,8 +68,8 @@ class ZeroTIRModule(LightningModule):
         rollout: the rollout engine, a ``class_path``: ``zerotir.config.HFRollout`` (transformers, the default) or
             ``zerotir.config.VLLMRollout``, each with its own ``init_args``.
         sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
-        pipeline: asynchronous rollouts: a producer with its own engine generating the next batches while the
-            trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.rollout.producer``).
+        pipeline: asynchronous rollouts: an engine host with its own engine generating the next batches while the
+            trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.fleet.thread_host``).
         fleet: rollout engines in processes of their own (Ray actors), fed every update's weights over a process
             group of their own, on the pipeline's schedule (``zerotir.fleet``); ``engines: 0`` (the default): none.
         filters: which trajectories and prompt groups leave the loss (trajectory rules, overlong handling,

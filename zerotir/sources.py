@@ -1,9 +1,11 @@
-"""The rollout source a run's config names, the one place that asks which mode runs; the module holds the result as
-a ``rollout.source.RolloutSource``:
+"""The rollout source a run's config names, the one place that asks which mode runs and which transport carries
+the engine hosts; the module holds the result as a ``rollout.source.RolloutSource``:
 
 - ``model.pipeline.max_staleness: null``: each step's batch is generated in line (``rollout.source.InlineSource``);
-- a number: the asynchronous pipeline's producer thread (``rollout.pipeline_source.PipelineSource``);
-- a number and ``model.fleet.engines`` >= 1: engine processes of their own (``fleet.source.FleetSource``).
+- a number: one engine host in a thread of the trainer's process (``fleet.source.FleetSource`` over
+  ``fleet.thread_host.ThreadTransport``), generating ahead under the capacity rule;
+- a number and ``model.fleet.engines`` >= 1: engine hosts as Ray actors, processes of their own
+  (``fleet.source.FleetSource`` over ``fleet.transport.RayTransport``).
 
 The cross-group checks of the mode chosen run here too, before anything is built.
 """
@@ -12,8 +14,9 @@ from __future__ import annotations
 
 from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.source import FleetSource
+from zerotir.fleet.thread_host import ThreadTransport
+from zerotir.fleet.transport import RayTransport
 from zerotir.rollout.agent_loop import Reward
-from zerotir.rollout.pipeline_source import PipelineSource
 from zerotir.rollout.source import InlineSource, RolloutSource
 
 
@@ -34,8 +37,10 @@ def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: R
     """
     if fleet.enabled:
         fleet.check_groups(pipeline, backend)
-        return FleetSource(fleet, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed)
+        return FleetSource(fleet, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed, RayTransport())
     pipeline.check_backend(backend)
     if pipeline.enabled:
-        return PipelineSource(pipeline, backend, sandbox, tool, sampling, reward, model_path, seed)
+        host = FleetConfig(engines=1, pin_cores=False, timeout_s=pipeline.producer_timeout)
+        return FleetSource(host, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed,
+                           ThreadTransport(pipeline.producer_device, pipeline.threads))
     return InlineSource(backend, sandbox, tool, sampling, reward, model_path, seed)

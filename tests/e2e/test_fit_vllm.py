@@ -89,9 +89,9 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     assert len(scalars[mn.REWARD_MEAN]) == 2 and all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])
 
 
-def test_fit_with_a_vllm_producer_one_step_ahead(e2e_base, e2e_data, tmp_path):
-    """``model.pipeline.max_staleness: 1`` on vLLM: the engine generates in the producer's thread, validation runs
-    through it, each update's weights are pushed into it between two of its steps."""
+def test_fit_with_a_vllm_thread_host_one_step_ahead(e2e_base, e2e_data, tmp_path):
+    """``model.pipeline.max_staleness: 1`` on vLLM: the engine generates in the thread host, validation runs through
+    it, each update's weights are copied into it after the calls before them."""
     engine = {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.5}
     cli = run_cli(cli_args(
         "fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "3",

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zerotir.config import HFRollout
 from zerotir.rollout.engines import _hf_engine, create_engine
 
@@ -61,3 +63,34 @@ class GatedEngine:
 @create_engine.register
 def _gated_engine(backend: GatedRollout, *args: Any, **kwargs: Any) -> GatedEngine:
     return GatedEngine(_hf_engine(backend, *args, **kwargs), Path(backend.gate))
+
+
+def rows(index: int) -> list[dict]:
+    """Batch ``index`` of the stream: two prompts; batch 1's start with ``HOLD`` (held at the engine's gate)."""
+    return [{"id": f"{index}-{p}", "prompt_ids": (HOLD if index == 1 else []) + [40 + p], "answer": "0",
+             "batch_index": index, "position": p} for p in range(2)]
+
+
+def wait_for(path: Path) -> None:
+    while not path.exists():  # bounded by the calling test's timeout
+        time.sleep(0.02)
+
+
+def s1_with_batch_2_held(source: Any, gate: Path) -> Any:
+    """At S = 1 with batch shares, on a started source whose engine is gated at ``gate``: step 1 takes stream batch 0
+    while batch 1 (step 2's) is held in the engine, step 1's update lands in the actor meanwhile, the gate opens and
+    the update is pushed (after batch 1's rollout: one call at a time), then step 2 takes batch 1. Checks what each
+    batch holds and that batch 1 sampled before the push; returns the actor."""
+    actor = source._actor
+    first = source.batch(1, rows(0), 0)  # stream batch 0; batch 1 went to the engine with it (S = 1)
+    wait_for(gate / "held")  # the engine is in batch 1's rollout, which cannot end before "released"
+    assert [r["id"] for r in first.rows] == ["0-0", "0-1"] and first.trajectories.versions.max() == 0
+    with torch.no_grad():
+        actor.lm_head.weight.add_(1.0)  # step 1's update, while batch 1 is still being generated
+    (gate / "released").touch()
+    source.after_update(actor, 1)
+    second = source.batch(2, rows(1), 2)
+    mask = second.trajectories.action_mask
+    assert mask.any() and set(second.trajectories.versions[mask].tolist()) == {0}  # sampled before push 1
+    assert source.version == 1
+    return actor

@@ -10,7 +10,7 @@ from zerotir.config import (
     FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
 )
 from zerotir.fleet.source import FleetSource
-from zerotir.rollout.pipeline_source import PipelineSource
+from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.sources import make_rollout_source
 
 NO_TOOLS = ToolConfig(max_tool_calls=0)
@@ -55,7 +55,7 @@ def test_groups_that_cannot_run_with_the_fleet(pipeline, backend, message):
 
 def test_the_fleet_source_is_chosen_by_its_engines_and_serves_any_trainer():
     pipeline = PipelineConfig(max_staleness=1)
-    # The in-process producer refuses the transformers engine's own thread count; an engine process has its own.
+    # An engine process has threads of its own beside the transformers engine's.
     fleet = make_rollout_source(pipeline, FleetConfig(engines=2), HFRollout(num_threads=2), SandboxConfig(), NO_TOOLS,
                                 SamplingConfig(), None, "x", 0)
     assert isinstance(fleet, FleetSource) and fleet.stats() == {"fleet_restarts": 0.0, "push_mb": 0.0}
@@ -64,7 +64,7 @@ def test_the_fleet_source_is_chosen_by_its_engines_and_serves_any_trainer():
     fleet.close()  # never started: nothing to stop
     plain = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
                                 None, "x", 0)
-    assert isinstance(plain, PipelineSource)
+    assert isinstance(plain, FleetSource) and isinstance(plain.transport, ThreadTransport)  # one host in a thread
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

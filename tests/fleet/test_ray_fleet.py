@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.fleet.gated_engine import HOLD, GatedRollout
+from tests.fleet.gated_engine import GatedRollout, rows, s1_with_batch_2_held, wait_for
 from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_greedy, prompt_ids, sampled_ids,
                                           sender_model)
 from tests.gloo import free_port
@@ -104,17 +104,6 @@ def test_the_local_clusters_workers_run_at_normal_priority(cluster: None) -> Non
 
 
 
-def _rows(index: int) -> list[dict]:
-    """Batch ``index`` of the stream: two prompts; batch 1's start with ``HOLD`` (held at the engine's gate)."""
-    return [{"id": f"{index}-{p}", "prompt_ids": (HOLD if index == 1 else []) + [40 + p], "answer": "0",
-             "batch_index": index, "position": p} for p in range(2)]
-
-
-def _wait_for(path: Path) -> None:
-    while not path.exists():  # bounded by the test's timeout
-        time.sleep(0.05)
-
-
 def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, fleet: FleetConfig,
                   max_staleness: int) -> FleetSource:
     """A started ``FleetSource`` on the module's cluster, its engines gated at ``gate`` (``GatedRollout``)."""
@@ -124,7 +113,7 @@ def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, f
     monkeypatch.setattr(cluster, "stop_cluster", lambda: None)  # and outlives it
     source = FleetSource(fleet, PipelineConfig(max_staleness=max_staleness), GatedRollout(gate=str(gate)),
                          SandboxConfig(), NO_TOOL, SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
-    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", _rows)
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", rows)
     return source
 
 
@@ -136,19 +125,8 @@ def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_
     (the engines' occupancy, asked after each batch) would hang here instead."""
     source = _gated_source(tiny_dir, tmp_path, monkeypatch, FleetConfig(engines=1, pin_cores=False, timeout_s=600.0),
                            max_staleness=1)
-    actor = source._actor
     try:
-        first = source.batch(1, _rows(0), 0)  # stream batch 0; batch 1 went to the engine with it (S = 1)
-        _wait_for(tmp_path / "held")  # the engine is in batch 1's rollout, which cannot end before "released"
-        assert [r["id"] for r in first.rows] == ["0-0", "0-1"] and first.trajectories.versions.max() == 0
-        with torch.no_grad():
-            actor.lm_head.weight.add_(1.0)  # step 1's update, while batch 1 is still being generated
-        (tmp_path / "released").touch()
-        source.after_update(actor, 1)  # the push lands after batch 1's rollout (batch shares: one call at a time)
-        second = source.batch(2, _rows(1), 2)
-        mask = second.trajectories.action_mask
-        assert mask.any() and set(second.trajectories.versions[mask].tolist()) == {0}  # sampled before push 1
-        assert source.version == 1
+        s1_with_batch_2_held(source, tmp_path)
     finally:
         (tmp_path / "released").touch()
         source.close()
@@ -168,11 +146,11 @@ def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_tim
                            FleetConfig(engines=1, pin_cores=False, timeout_s=600.0, max_restarts=1), max_staleness=0)
     (tmp_path / "released").touch()  # no rollout is held here
     try:
-        source.batch(1, _rows(0), 0)
+        source.batch(1, rows(0), 0)
         pid = ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"]
 
         def kill_when_held() -> None:
-            _wait_for(tmp_path / "push-held")
+            wait_for(tmp_path / "push-held")
             (tmp_path / "hold-push").unlink()  # the restarted engine receives its push
             os.kill(pid, signal.SIGKILL)
 
@@ -183,7 +161,7 @@ def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_tim
         killer.join()
         assert source.restarts == 1 and source.version == 1
         assert ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"] != pid
-        second = source.batch(2, _rows(1), 2)
+        second = source.batch(2, rows(1), 2)
         assert set(second.trajectories.versions[second.trajectories.action_mask].tolist()) == {1}
     finally:
         source.close()

@@ -2,7 +2,7 @@
 weights at start, lets it rest after a training batch (not after an evaluation batch) and gives it the new weights
 after each update, stamping versions; its start reaches no sandbox without tools and checks a vLLM engine's free
 memory before building it, and a start that fails on one of two gloo ranks stops both with one message. The
-pipeline source refuses the trainers its producer cannot serve, naming the fix."""
+pipeline's thread host refuses the trainers it cannot serve, naming the fix."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from tests.rl.update_world import make_traj
 from zerotir.config import (
     FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
 )
+from zerotir.fleet.source import FleetSource
+from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.rollout import source as source_module
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.engines import check_engine_memory
-from zerotir.rollout.pipeline_source import PipelineSource
 from zerotir.rollout.source import InlineSource
 from zerotir.sources import make_rollout_source
 
@@ -127,46 +128,23 @@ def test_start_checks_free_memory_before_building_a_vllm_engine_on_cuda(monkeypa
     assert len(built) == 2 and len(asked) == 2  # the transformers engine wraps the actor: no vLLM share to check
 
 
-def test_the_pipeline_source_refuses_trainers_its_producer_cannot_serve():
+def test_the_pipelines_thread_host_refuses_trainers_it_cannot_serve():
     pipeline = PipelineConfig(max_staleness=1)
     source = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
                                  None, "x", 0)
-    assert isinstance(source, PipelineSource)
+    assert isinstance(source, FleetSource) and isinstance(source.transport, ThreadTransport)
     source.check_trainer(1, zero3=False)
-    with pytest.raises(ValueError, match=r"max_staleness=1 with 2 training processes.*max_staleness: null"):
+    with pytest.raises(ValueError, match=r"max_staleness with 2 training processes.*max_staleness: null"):
         source.check_trainer(2, zero3=False)
     with pytest.raises(ValueError, match=r"ZeRO-3.*rollout fleet \(model.fleet.engines >= 1\), use ZeRO stage 1 / 2"):
         source.check_trainer(1, zero3=True)
     inline = make_rollout_source(PipelineConfig(), FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
                                  SamplingConfig(), None, "x", 0)
-    assert isinstance(inline, InlineSource) and not isinstance(inline, PipelineSource)
+    assert isinstance(inline, InlineSource)
     inline.check_trainer(8, zero3=False)  # an engine of the trainer's own on every rank
     inline.check_trainer(1, zero3=True)
     with pytest.raises(ValueError, match=r"HFRollout with DeepSpeed ZeRO-3 on 8 ranks.*deadlock"):
         inline.check_trainer(8, zero3=True)  # the transformers engine decodes with the partitioned actor
-
-
-def test_the_pipelines_engine_keeps_its_own_weights_and_decodes_on_the_pipelines_threads(monkeypatch):
-    """A transformers engine whose group leaves num_threads unset decodes on model.pipeline.threads (torch's count is
-    process-wide: a producer decoding on 1 thread would set it for the trainer too)."""
-    from zerotir.rollout.engines import create_engine
-    from zerotir.toy.tiny_model import build_tiny_model
-    from zerotir.toy.tokenizer import build_byte_tokenizer
-
-    asked = []
-    monkeypatch.setattr(source_module, "create_engine", lambda *args, **kw: asked.append(kw) or FakeEngine())
-    pipeline = PipelineConfig(max_staleness=1, threads=2)
-    source = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
-                                 None, "x", 0)
-    source.start(Actor(), None, "cpu", None)
-    assert asked == [{"own_weights": True, "threads": 2}]
-    tok = build_byte_tokenizer()
-    model = build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2)
-    copy = create_engine(HFRollout(), model, tok, "cpu", "x", 0, own_weights=True, threads=2)
-    assert copy.num_threads == 2 and copy.model is not model  # a frozen copy, not the trained actor
-    assert not any(p.requires_grad for p in copy.model.parameters())
-    assert create_engine(HFRollout(num_threads=3), model, tok, "cpu", "x", 0, threads=2).num_threads == 3
-    assert create_engine(HFRollout(), model, tok, "cpu", "x", 0).model is model
 
 
 def _start_on_two_ranks(rank: int, port: int, out_dir: str) -> None:

@@ -1,6 +1,6 @@
 """A response cut at the token budget scores 0 even when it holds the right ``\\boxed{}``, on every path that scores:
-the tool loop of the in-line source (training and evaluation batches), of the pipeline's producer (training and
-evaluation batches), and the fleet's trainer-side scoring. Each path runs the run's reward (``zerotir.reward``) on
+the tool loop of the in-line source (training and evaluation batches), and the trainer-side scoring of the engine
+hosts' rollouts (the fleet's and the pipeline's thread host). Each path runs the run's reward (``zerotir.reward``) on
 the byte tokenizer with a scripted engine: prompt "A:" answers ``\\boxed{1}`` and stops within the budget, prompt
 "B:" writes ``\\boxed{1}`` and goes on past it, so it is cut there holding the right answer."""
 
@@ -12,13 +12,11 @@ import torch
 
 from tests.callbacks.helpers import make_batch
 from tests.rollout.scripted import ScriptedEngine
-from zerotir.config import FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig
-from zerotir.fleet.source import FleetSource
+from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.fleet.shares import score
 from zerotir.reward import score_batch
 from zerotir.rollout import source as source_module
-from zerotir.rollout.agent_loop import Schedule
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.producer import RolloutProducer
 from zerotir.rollout.source import InlineSource
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -60,24 +58,9 @@ def test_the_in_line_source_scores_a_cut_response_zero_in_training_and_evaluatio
         source.close()
 
 
-def test_the_producer_scores_a_cut_response_zero_in_training_and_evaluation():
-    producer = RolloutProducer(Engine(TOK, SCRIPTS), TOK, NO_TOOLS, Schedule("trajectory"), score_batch, None,
-                               lambda index: ROWS, lambda index: PARAMS, max_staleness=0, producer_timeout=60.0,
-                               first_step=1, first_batch=0, version=0)
-    producer.start()
-    try:
-        assert_cut_scores_zero(producer.take(1).rollout)
-        traj, _ = producer.evaluate([row["prompt_ids"] for row in ROWS], ["1", "1"], PARAMS)
-        assert_cut_scores_zero(traj)
-    finally:
-        producer.close()
-
-
-def test_the_fleet_scores_a_cut_response_zero_on_the_trainer():
+def test_the_engine_hosts_rollouts_score_a_cut_response_zero_on_the_trainer():
     # The engines return trajectories unscored; the trainer scores them with their truncation flags.
-    source = FleetSource(FleetConfig(engines=1), PipelineConfig(max_staleness=0), HFRollout(), SandboxConfig(),
-                         NO_TOOLS, SamplingConfig(n=1, max_response_tokens=BUDGET), score_batch, "unused", seed=0)
     traj = make_batch([0.0, 0.0], [0, 1], truncated=[False, True],
                       texts=["\\boxed{1}", "\\boxed{1} and then some"])
-    source._score(traj)
+    score(score_batch, traj)
     assert_cut_scores_zero(traj)

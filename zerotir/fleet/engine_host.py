@@ -2,7 +2,8 @@
 sandbox client, fed new weights by the trainer's pushes.
 
 ``EngineHost`` is a plain class, so it runs in any process: a Ray actor of the fleet (``zerotir.fleet.cluster``
-wraps it with ``ray.remote``) or a spawned process in a test. It is built from ``HostSettings`` alone (plain,
+wraps it with ``ray.remote``), threads of the trainer's process (``zerotir.fleet.thread_host``) or a spawned
+process in a test. It is built from ``HostSettings`` alone (plain,
 picklable values: the model folder, the ``model.rollout`` group, the ``model.tool`` group, the seed, the sandbox's
 URLs, torch threads, the device), because a Ray actor receives its arguments pickled and loads everything else
 itself: the tokenizer and the engine from the model folder (weights of its own, apart from the trainer's), and its
@@ -11,6 +12,7 @@ own sandbox client.
     host = EngineHost(settings)
     host.join_weights(address, rank, world_size, timeout_s)   # rank 1..K of the trainer's weight group
     host.receive_weights()                                    # one push into the engine: its version (None: stopped)
+    host.load_weights(actor, version)                         # or, in the trainer's process, a copy of the actor
     host.roll_out(prompt_ids, truths, params)                 # the tool loop: (Trajectories on the CPU, timings)
     host.close()
 
@@ -37,6 +39,7 @@ from zerotir.config import RolloutBackend, ToolConfig, VLLMRollout
 from zerotir.fleet.cores import pin_process
 from zerotir.fleet.weight_group import DEFAULT_TIMEOUT_S, SENDER, GroupAddress, WeightGroup, form_weight_group
 from zerotir.fleet.stream import GroupStream, Job
+from zerotir.fleet.versioned import synchronize_devices
 from zerotir.fleet.weight_push import receive_push
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
@@ -65,6 +68,8 @@ class HostSettings:
             ``roll_out`` is one tool loop over its prompts, one call at a time.
         stream_timeout_s: streaming, the bound on a ``roll_out`` call's wait for its groups (``model.fleet.timeout_s``).
         cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
+        own_process: the host has its process to itself (a Ray actor): ``threads`` are set process-wide. False: a
+            thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.
     """
 
     model_path: str
@@ -78,6 +83,7 @@ class HostSettings:
     max_in_flight: int = 0
     stream_timeout_s: float = DEFAULT_TIMEOUT_S
     cores: tuple[int, ...] | None = None
+    own_process: bool = True
 
     def check(self) -> None:
         """Refuse settings the host cannot run, naming the setting and the fix."""
@@ -113,7 +119,7 @@ class EngineHost:
         self.settings = settings
         if settings.cores is not None:
             pin_process(settings.cores)  # before torch starts its pools, which inherit it
-        if settings.threads is not None:
+        if settings.threads is not None and settings.own_process:
             torch.set_num_threads(settings.threads)  # the process is the host's own
         self.tokenizer = load_tokenizer(settings.model_path)
         self.schedule = Schedule(settings.rollout.schedule, settings.rollout.round_tokens)
@@ -121,7 +127,7 @@ class EngineHost:
         actor = _engine_model(settings.rollout, settings.model_path)
         self.engine: RolloutEngine | None = create_engine(
             settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
-            own_weights=False, threads=settings.threads)  # the model loaded here is the host's own already
+            threads=settings.threads)  # the model loaded here is the host's own
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
         self._calls = itertools.count()  # tags the groups of each streamed roll_out call
@@ -177,6 +183,24 @@ class EngineHost:
             self.group = None
         else:
             self.version = version
+        return version
+
+    def load_weights(self, actor: nn.Module, version: int) -> int:
+        """The thread transport's push: ``actor``'s weights (in this process) copied into the idle engine (batch
+        shares: the calls before this one have ended) as ``version``, the devices synchronized around the copy;
+        returns ``version``.
+
+        Raises:
+            RuntimeError: a streaming host (its pushes land between engine steps: ``receive_weights``).
+        """
+        engine = self._engine()
+        if self.stream is not None:
+            raise RuntimeError("EngineHost.load_weights on a streaming host: the thread transport rolls out batch "
+                               "shares (HostSettings.max_in_flight 0)")
+        synchronize_devices((self.settings.device,))
+        engine.load_weights_from(actor)
+        synchronize_devices((self.settings.device,))
+        self.version = version
         return version
 
     def leave_weights(self) -> None:

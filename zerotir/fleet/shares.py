@@ -10,11 +10,16 @@ generated again, after an engine died or in a resumed run, samples as it first d
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from zerotir.rl.staleness import trainer_version
+from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.sync import run_sync
 from zerotir.types import PromptRow, Trajectories
 
 
@@ -128,24 +133,26 @@ class EndedGroups:
         self._groups.clear()
 
 
-def collect_ended(submitted: dict[int, Submitted], timeout_s: float,
-                  doing: str) -> tuple[list[tuple[PromptRow, Trajectories, dict[str, float]]], Exception | None]:
+def collect_ended(submitted: dict[int, Submitted], timeout_s: float, doing: str,
+                  transport: Any) -> tuple[list[tuple[PromptRow, Trajectories, dict[str, float]]], Exception | None]:
     """The calls of ``submitted`` (streaming: one prompt group each) that have ended, waiting up to ``timeout_s``
     for the first: each group's row, trajectories and timings, and the ``EngineDied`` of a dead engine among them
     (None: none died; its shares stay, to be made again once it is restarted). The groups collected leave
     ``submitted``, and a batch with none left leaves it too.
 
+    ``transport``: the hosts' (``zerotir.fleet.transport.Transport``), which waits on the calls.
+
     Raises:
-        TimeoutError, RuntimeError: as ``zerotir.fleet.cluster.ray_get`` (a call that raised).
+        TimeoutError, RuntimeError: as the transport's ``get`` (a call that raised).
     """
-    from zerotir.fleet.cluster import EngineDied, ray_get, ray_ready
+    from zerotir.fleet.cluster import EngineDied
 
     pending = [(batch, share) for batch in submitted.values() for share in batch.shares]
     out, died = [], None
-    for k in ray_ready([share.ref for _, share in pending], timeout_s):
+    for k in transport.ready([share.ref for _, share in pending], timeout_s):
         batch, share = pending[k]
         try:
-            traj, timings = ray_get([share.ref], timeout_s, doing, [share.engine])[0]
+            traj, timings = transport.get([share.ref], timeout_s, doing, [share.engine])[0]
         except EngineDied as exc:
             died = exc
             continue
@@ -166,3 +173,14 @@ def merge(parts: list[tuple[Trajectories, dict[str, float]]], offsets: list[int]
         for key in timings:
             timings[key] = max(timings[key], took.get(key, 0.0))
     return Trajectories.cat([traj for traj, _ in parts], pad), timings
+
+
+def score(reward: Reward | None, traj: Trajectories) -> float:
+    """Fill ``traj.rewards`` with the run's reward, on the trainer (no reward function crosses to an engine); its
+    seconds (0 without a reward: rewards stay 0)."""
+    if reward is None:
+        return 0.0
+    start = time.perf_counter()
+    scores = run_sync(reward(traj.response_texts, traj.ground_truths, traj.truncated.tolist()), "the fleet's reward")
+    traj.rewards = torch.tensor(scores, dtype=torch.float32)
+    return time.perf_counter() - start

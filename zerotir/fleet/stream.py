@@ -35,7 +35,7 @@ from typing import Any
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout
 from zerotir.rollout.engine import Sample, SamplingParams
-from zerotir.rollout.producer import ProducerStopped, VersionedEngine, synchronize_devices
+from zerotir.fleet.versioned import ProducerStopped, VersionedEngine, synchronize_devices
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class GroupStream:
         sandbox: builds the stream's sandbox client, in its thread (a client belongs to one event loop); None
             without tools.
         max_in_flight: trajectories in flight at most (a group larger than that runs alone).
-        device: the engine's device, synchronized around each push's copy (``producer.synchronize_devices``).
+        device: the engine's device, synchronized around each push's copy (``versioned.synchronize_devices``).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule,

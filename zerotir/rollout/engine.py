@@ -71,8 +71,8 @@ class Sample:
         finish_reason: "eos" (end-of-sequence token sampled; it is included in ``token_ids``), "stop"
             (a stop string was completed), or "length" (``max_new_tokens`` or the model's context reached).
         stop_str: the stop string that ended the sample when ``finish_reason == "stop"``.
-        version: the weight version that sampled the tokens, stamped by a versioned engine (the producer's,
-            ``zerotir.rollout.producer``); None when nothing records versions.
+        version: the weight version that sampled the tokens, stamped by a versioned engine (an engine host's,
+            ``zerotir.fleet.versioned``); None when nothing records versions.
     """
 
     token_ids: list[int]
@@ -125,7 +125,7 @@ class RolloutEngine(Protocol):
     def load_weights_from(self, actor: torch.nn.Module) -> None:
         """Generate with ``actor``'s current weights from now on (after an RL update, at the start of a run or a
         resume). The engine decides how they reach it: the transformers engine that wraps the actor only drops its
-        cached keys / values; an engine on a copy (vLLM, the producer's) receives them through ``update_weights`` in
+        cached keys / values; an engine on a copy (vLLM, an engine host's) receives them through ``update_weights`` in
         buckets of whole layers."""
         ...
 

@@ -12,7 +12,6 @@ rank enters vLLM's own start-up collectives.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from typing import Any
@@ -27,23 +26,21 @@ from zerotir.rollout.engine import RolloutEngine
 
 @functools.singledispatch
 def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-                  model_path: str, seed: int, own_weights: bool = False, threads: int | None = None) -> RolloutEngine:
+                  model_path: str, seed: int, threads: int | None = None) -> RolloutEngine:
     """The engine ``backend`` (a ``model.rollout`` group) names, with its settings.
 
     Args:
         backend: the checked config group; its type picks the builder.
-        actor: the module a transformers engine generates with (the trained actor itself, or the producer's copy).
+        actor: the module a transformers engine generates with (the trained actor itself, or an engine host's own
+            model, loaded from the folder).
         tokenizer: the model's tokenizer.
         device: where the engine runs.
         model_path: the HF folder a separate engine (vLLM) loads at start; its weights are replaced by the actor's
             with the first ``load_weights_from``.
         seed: the engine's own seed (requests carry theirs).
-        own_weights: the engine must hold weights of its own, apart from the trained actor's (the pipeline's
-            producer generates while the trainer updates): a transformers engine then runs on a frozen copy of
-            ``actor``; a vLLM engine always has its own.
-        threads: torch threads a transformers engine decodes on when its group leaves ``num_threads`` unset (the
-            pipeline's ``model.pipeline.threads``, which the producer and the trainer share); a vLLM engine keeps
-            its ``serving_threads``.
+        threads: torch threads a transformers engine decodes on when its group leaves ``num_threads`` unset (an
+            engine host's: ``model.fleet.threads``, ``model.pipeline.threads``); a vLLM engine keeps its
+            ``serving_threads``.
     """
     raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "
                     "zerotir.config.VLLMRollout")
@@ -51,18 +48,17 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
 
 @create_engine.register
 def _hf_engine(backend: HFRollout, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-               model_path: str, seed: int, own_weights: bool = False, threads: int | None = None) -> RolloutEngine:
+               model_path: str, seed: int, threads: int | None = None) -> RolloutEngine:
     from zerotir.rollout.hf_engine import HFEngine
 
-    model = copy.deepcopy(actor).eval().requires_grad_(False) if own_weights else actor
-    return HFEngine(model, tokenizer, device=device, max_batch_size=backend.max_batch_size,
+    return HFEngine(actor, tokenizer, device=device, max_batch_size=backend.max_batch_size,
                     num_threads=backend.num_threads if backend.num_threads is not None else threads,
                     tokens_per_step=backend.tokens_per_step)
 
 
 @create_engine.register
 def _vllm_engine(backend: VLLMRollout, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-                 model_path: str, seed: int, own_weights: bool = False, threads: int | None = None) -> RolloutEngine:
+                 model_path: str, seed: int, threads: int | None = None) -> RolloutEngine:
     from zerotir.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(model_path, dtype=backend.dtype, gpu_memory_utilization=backend.gpu_memory_utilization,

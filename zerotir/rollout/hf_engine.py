@@ -182,7 +182,7 @@ class HFEngine:
     def load_weights_from(self, actor: torch.nn.Module) -> None:
         """Generate with ``actor``'s current weights from now on. The engine that wraps the trained actor itself has
         them already: only its cached keys / values (of the old weights) are dropped (``reset_cache``). An engine on
-        a copy (the pipeline's producer) gets them copied in buckets (``zerotir.scale.weight_sync.sync_weights``)."""
+        a model of its own (an engine host's) gets them copied in buckets (``zerotir.scale.weight_sync.sync_weights``)."""
         if actor is self.model:
             self.reset_cache()
             return
@@ -192,7 +192,7 @@ class HFEngine:
 
     def rest(self) -> None:
         """Nothing to release between rollouts: the engine generates with the trained module, whose memory training
-        uses, or with a copy that keeps generating (the producer)."""
+        uses, or with a model of its own that keeps generating (an engine host's)."""
 
     def close(self) -> None:
         """End the open decode session, if any (its rows and cached keys / values); the model is left as it is

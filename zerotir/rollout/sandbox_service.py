@@ -7,14 +7,13 @@ rollouts get no client: a dead sandbox never quietly turns into a no-tool run, b
 one here first.
 
 A client belongs to one event loop, so each thread that runs the tool loop takes its own (``new_client``): the
-trainer's in-line rollouts use ``client``, the pipeline's producer builds one in its thread.
+trainer's in-line rollouts use ``client``; an engine host builds its own from ``urls``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from zerotir.config import SandboxConfig, ToolConfig
@@ -54,17 +53,6 @@ class SandboxService:
             self.close()
             raise
         self.client = client
-
-    def client_factory(self) -> Callable[[], Any] | None:
-        """Builds a client of the same servers for another thread (its own event loop); None without tools."""
-        if not self.tool.enabled:
-            return None
-        if self.client is None:
-            raise RuntimeError("SandboxService.client_factory before start()")
-        from sandbox import SandboxClient
-
-        urls, options = list(self.urls), self.config.client_options
-        return lambda: SandboxClient(urls, **options)
 
     @property
     def names(self) -> list[str]:

@@ -8,10 +8,10 @@
     source.close()                                   stop everything it started
 
 ``InlineSource`` (``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on
-the trainer's engine with the trainer's weights. ``PipelineSource`` (``zerotir.rollout.pipeline_source``) hands out
-the batches a producer generated ahead, under the capacity rule; ``zerotir.fleet.source.FleetSource`` those of engine
-processes of their own. ``zerotir.sources.make_rollout_source`` picks one from the ``model.pipeline`` and
-``model.fleet`` groups; nothing outside the sources asks which mode runs.
+the trainer's engine with the trainer's weights. ``zerotir.fleet.source.FleetSource`` hands out the batches engine
+hosts with weights of their own generated ahead, under the capacity rule: one in a thread of the trainer's process
+(``model.pipeline`` alone) or Ray actors (``model.fleet``). ``zerotir.sources.make_rollout_source`` picks one from
+the ``model.pipeline`` and ``model.fleet`` groups; nothing outside the sources asks which mode runs.
 
 What both share lives in ``EngineSource``: the sandbox (``SandboxService``), the engine (built by the typed factory
 ``engines.create_engine`` from the ``model.rollout`` group; the engine owns how new weights reach it,
@@ -41,7 +41,7 @@ from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
 
-# The training batches of a run by index (``PromptDataModule.train_batch``): what a producer generates ahead from.
+# The training batches of a run by index (``PromptDataModule.train_batch``): what an engine host generates ahead from.
 Stream = Callable[[int], list[PromptRow]]
 
 
@@ -82,7 +82,7 @@ class RolloutSource(Protocol):
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
         """The scored trajectories of one batch of RL step ``step`` for this rank's ``rows`` (training rows: they
         carry their ``batch_index``, which seeds the samples, ``batch_seed``); ``first_row`` is the index of the first
-        of them in the global batch. With refill (``model.refill``) a step asks for several batches in turn."""
+        of them in the global batch. With refill (``model.filters.refill``) a step asks for several batches in turn."""
         ...
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
@@ -112,7 +112,7 @@ def batch_seed(seed: int, batch_index: int, first_row: int, n: int) -> int:
 
 
 def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
-    """The engine's parameters of a ``model.sampling`` / ``model.eval_sampling`` group, with ``seed``."""
+    """The engine's parameters of a ``model.sampling`` / ``model.eval.sampling`` group, with ``seed``."""
     return SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                           max_new_tokens=sampling.max_response_tokens, seed=seed)
 
@@ -128,18 +128,12 @@ class EngineSource:
         reward: scores each trajectory as it ends (``zerotir.reward.score_batch``).
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
-        engine_device: where the engine runs when not on the trainer's device (``model.pipeline.producer_device``).
-        own_weights: the engine keeps a copy of the weights of its own (the pipeline's producer generates while the
-            trainer updates), instead of generating with the trained actor where the engine can.
-        engine_threads: torch threads of a transformers engine whose group leaves them unset (the pipeline's).
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, sampling: SamplingConfig,
-                 reward: Reward | None, model_path: str, seed: int, engine_device: str | None = None,
-                 own_weights: bool = False, engine_threads: int | None = None):
-        self.own_weights, self.engine_threads = own_weights, engine_threads
+                 reward: Reward | None, model_path: str, seed: int):
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
-        self.model_path, self.seed, self.engine_device = model_path, seed, engine_device
+        self.model_path, self.seed = model_path, seed
         self.sandbox = SandboxService(sandbox, tool)
         self.schedule = Schedule(backend.schedule, backend.round_tokens)
         self.engine: RolloutEngine | None = None
@@ -161,15 +155,13 @@ class EngineSource:
             return
         from zerotir.scale.distributed import fail_together
 
-        device = self.engine_device or device
         with fail_together(Exception):
             self.sandbox.start()
             check_engine_fits(self.backend, device)
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
         engine = None
         with fail_together(Exception):
-            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed,
-                                   own_weights=self.own_weights, threads=self.engine_threads)
+            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
         self.engine, self._tokenizer = engine, tokenizer
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
 

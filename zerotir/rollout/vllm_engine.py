@@ -19,7 +19,7 @@ Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise re
 a function (``vllm_reload.reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the
 prefix cache is dropped *with* the running requests' blocks (vLLM preempts them; they recompute their prompt and the tokens sampled
 so far under the new weights and go on sampling), because vLLM refuses to reset a cache any running request holds a
-block of, and the usual state of a push into the pipeline's producer is requests running. vLLM fuses some HF tensors
+block of, and the usual state of a push into a streaming engine host is requests running. vLLM fuses some HF tensors
 into one layer (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``)
 and rebuilds a fused layer only when *all* its parts arrive in the same reload; a part sent alone leaves that layer
 with uninitialised memory. So every
@@ -274,7 +274,7 @@ class VLLMEngine:
     @contextlib.contextmanager
     def _computing(self) -> Iterator[None]:
         """Around the engine's work: its torch threads, and its GPU as the current device (vLLM's streams and
-        kernels follow the current device, and the calling thread's, a trainer's or the producer's, may differ)."""
+        kernels follow the current device, and the calling thread's, a trainer's or an engine host's, may differ)."""
         on_gpu = torch.cuda.device(self.cuda_index) if self.cuda_index is not None else contextlib.nullcontext()
         with torch_threads(self.serving_threads), on_gpu:
             yield

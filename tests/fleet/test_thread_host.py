@@ -1,0 +1,131 @@
+"""The pipeline's engine host in a thread of the trainer's process (``zerotir.fleet.thread_host``), no Ray: the
+fleet's source over ``ThreadTransport`` on the tiny model of ``tiny_dir``.
+
+At S = 1 the host generates the next batch while the trainer takes this one and updates (the next batch held at a
+gate, ``tests.fleet.gated_engine``); the push lands after it, and its tokens keep the version they were sampled
+with. An engine that fails ends the trainer's wait with its error, naming the host and what it was doing; a host that
+makes no progress is a timeout naming ``model.pipeline.producer_timeout``; ``close`` ends a rollout in flight at its
+next engine step. The host's threads are its engine's: torch's process-wide count is left as it was. It rolls out
+batch shares only (streaming is the fleet's).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.fleet.gated_engine import GatedRollout, rows, s1_with_batch_2_held
+from tests.fleet.test_engine_host import NO_TOOL, sender_model
+
+from zerotir.config import FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig
+from zerotir.fleet.engine_host import HostSettings
+from zerotir.fleet.source import FleetSource
+from zerotir.fleet.thread_host import ThreadHost, ThreadTransport
+from zerotir.fleet.versioned import ProducerStopped
+from zerotir.models import load_tokenizer
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engines import _hf_engine, create_engine
+
+
+@dataclass(frozen=True)
+class BrokenRollout(HFRollout):
+    """The transformers engine whose steps raise (``broken``), each taking ``step_s`` seconds."""
+
+    broken: bool = True
+    step_s: float = 0.0
+
+
+class BrokenEngine:
+    def __init__(self, engine: Any, backend: BrokenRollout):
+        self._engine, self._backend, self.steps = engine, backend, 0
+
+    def step(self) -> Any:
+        self.steps += 1
+        time.sleep(self._backend.step_s)
+        if self._backend.broken:
+            raise RuntimeError("the engine broke")
+        return self._engine.step()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+@create_engine.register
+def _broken_engine(backend: BrokenRollout, *args: Any, **kwargs: Any) -> BrokenEngine:
+    return BrokenEngine(_hf_engine(backend, *args, **kwargs), backend)
+
+
+def _source(tiny_dir: Path, backend: HFRollout, max_staleness: int, timeout_s: float = 60.0) -> FleetSource:
+    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=timeout_s),
+                         PipelineConfig(max_staleness=max_staleness), backend, SandboxConfig(), NO_TOOL,
+                         SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0, ThreadTransport())
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", rows)
+    return source
+
+
+@pytest.mark.timeout(120)
+def test_s1_trains_step_k_while_the_thread_host_generates_batch_k_plus_1(tiny_dir: Path, tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    source = _source(tiny_dir, GatedRollout(gate=str(tmp_path)), max_staleness=1)
+    try:
+        assert isinstance(source.hosts[0], ThreadHost) and torch.get_num_threads() == threads
+        actor = s1_with_batch_2_held(source, tmp_path)  # the copy lands after batch 1's rollout: one call at a time
+        assert source.stats()["push_mb"] > 0
+        assert torch.equal(source.hosts[0].host.engine.model.lm_head.weight, actor.lm_head.weight)
+    finally:
+        (tmp_path / "released").touch()
+        source.close()
+    assert source.hosts == [] and torch.get_num_threads() == threads
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_error_ends_the_trainers_wait_naming_the_host_and_the_batch(tiny_dir: Path) -> None:
+    source = _source(tiny_dir, BrokenRollout(), max_staleness=0)
+    try:
+        with pytest.raises(RuntimeError, match=r"engine host 0 \(a thread of the trainer\) failed while rolling out "
+                                               r"the batch of step 1 \(stream batch 0\): .*RuntimeError: the engine "
+                                               r"broke"):
+            source.batch(1, rows(0), 0)
+    finally:
+        source.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_host_without_progress_is_a_timeout_naming_the_setting(tiny_dir: Path, tmp_path: Path) -> None:
+    source = _source(tiny_dir, GatedRollout(gate=str(tmp_path)), max_staleness=0, timeout_s=0.5)
+    try:
+        with pytest.raises(TimeoutError, match=r"did not finish rolling out the batch of step 2 \(stream batch 1\) "
+                                               r"within 0.5 s \(model.pipeline.producer_timeout\)"):
+            source.batch(1, rows(0), 0)
+            source.after_update(source._actor, 1)
+            source.batch(2, rows(1), 2)  # held at the gate
+    finally:
+        (tmp_path / "released").touch()
+        source.close()
+
+
+@pytest.mark.timeout(120)
+def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) -> None:
+    slow = BrokenRollout(broken=False, step_s=0.05)
+    settings = ThreadTransport().settings(HostSettings(str(tiny_dir), slow, NO_TOOL), "cpu")
+    host = ThreadHost(settings)
+    long = SamplingParams(n=1, temperature=1.0, max_new_tokens=10_000, seed=0)
+    rollout = host.roll_out.remote([[40]], None, long)
+    while host.host.engine.steps < 2:  # bounded by the test's timeout
+        time.sleep(0.01)
+    host.close()
+    assert isinstance(rollout.exception().__cause__, ProducerStopped)  # the tool loop names the rows it decoded
+    assert host.host.engine is None  # closed: its engine too
+
+
+def test_the_thread_hosts_settings_are_its_own_not_the_processes_and_it_does_not_stream() -> None:
+    settings = HostSettings("folder", HFRollout(), NO_TOOL, threads=7, device="cuda")
+    assert ThreadTransport("cuda:1", 2).settings(settings, "cuda:0") == HostSettings(
+        "folder", HFRollout(), NO_TOOL, threads=2, device="cuda:1", own_process=False)
+    assert ThreadTransport().settings(settings, torch.device("cpu")).device == "cpu"  # the trainer's
+    with pytest.raises(ValueError, match=r"max_in_flight=8: the thread host rolls out batch shares .*give 0"):
+        ThreadHost(HostSettings("folder", HFRollout(), NO_TOOL, max_in_flight=8))  # refused before anything loads
