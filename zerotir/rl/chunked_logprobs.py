@@ -131,7 +131,9 @@ class _ChunkedHead(torch.autograd.Function):
                     grads.append(grad_ent[s:s + chunk])
                 torch.autograd.backward(outputs, grads)  # the head's gradient sums over the chunks
             grad_hidden.append(h.grad)
-        if not ctx.needs_input_grad[0]:  # no _ReleaseAfter node on the path: the gather closes here
+        # No _ReleaseAfter node (the hidden states need no gradient): the gather closes here, which under ZeRO-3
+        # is before the head's gradient is accumulated (a frozen decoder with a trained head is not supported).
+        if not ctx.needs_input_grad[0]:
             ctx.gather.close()
         dh = torch.cat(grad_hidden) if ctx.needs_input_grad[0] else None
         return (dh, None, None if weight is None else weight.grad, None if bias is None else bias.grad,
