@@ -44,3 +44,26 @@ def run_ranks(worker: Callable[..., None], args: tuple, world: int, out: Path, t
     with spawned(worker, args, world, timeout_s):
         pass
     return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@contextlib.contextmanager
+def one_deepspeed_rank(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: dict) -> Iterator[Any]:
+    """A DeepSpeed engine of ``model`` on this process as rank 0 of 1 (gloo, loopback), yielded while the block
+    runs: DeepSpeed reads ``LOCAL_RANK`` again on every ZeRO-3 gather, so the rank's variables stay set until the
+    block ends. The process group outlives the block (DeepSpeed initializes it once per process)."""
+    import importlib
+
+    import deepspeed
+    import pytest
+
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")  # `from deepspeed.comm import torch` is torch
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+            mp.setenv(key, value)
+        # DeepSpeed JIT-compiles a shared-memory allreduce op at init on CPU (minutes on a small machine, once
+        # per cache); one rank never uses it, so the build is skipped. See docs/vllm.md.
+        mp.setattr(ds_torch_comm, "build_shm_op", lambda: None)
+        deepspeed.init_distributed(dist_backend="gloo")
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        yield engine

@@ -217,7 +217,7 @@ class KillFleetEngine(Callback):
         self.step, self.engine = step, engine
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if outputs["step"].rl_step == self.step:
+        if outputs["step"].rl_step == self.step and pl_module.source.hosts:  # the rank that drives the fleet
             import ray
 
             ray.kill(pl_module.source.hosts[self.engine], no_restart=False)

@@ -1,5 +1,5 @@
 """Equivalence of the CPU rehearsal's parallel modes (issue #24): 2 ranks x B/2 prompts train the same parameters as
-1 rank x B prompts, after 3 RL steps, within 1e-5 in fp32, under DDP, DeepSpeed ZeRO-2 and ZeRO-3
+1 rank x B prompts, after 2 RL steps, within 1e-5 in fp32, under DDP, DeepSpeed ZeRO-2 and ZeRO-3
 (``zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy``), with PPO's critic and with a group estimator
 (REINFORCE++-baseline).
 
@@ -75,7 +75,7 @@ def sandbox_url():
 
 
 class Train:
-    """Three RL steps of ``mode`` (single, ddp, zero2, zero3) with ``algorithm``, started at once in a process of
+    """Two RL steps of ``mode`` (single, ddp, zero2, zero3) with ``algorithm``, started at once in a process of
     its own (runs share nothing but the sandbox server, so several go side by side); ``params`` waits for it and
     gives rank 0's final parameters, and for ``single`` the initial ones too (under the key ``"initial"``)."""
 
@@ -90,7 +90,7 @@ class Train:
             "--model.rl.algorithm", algorithm, "--model.rl.micro_batch_size", "2", "--model.optim.max_grad_norm", "0",
             "--model.optim.lr", "1e-4", "--model.sampling.n", "2", "--model.rollout.init_args.schedule", "rounds",
             "--model.sandbox.urls", json.dumps([sandbox]), "--model.sandbox.workers", "null",
-            "--data.prompts_per_step", "4", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+            "--data.prompts_per_step", "4", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
             "--trainer.enable_checkpointing", "false", "--trainer.callbacks", json.dumps(CALLBACKS),
             "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(self.final),
             *(snapshot if mode == "single" else []),

@@ -4,7 +4,6 @@ trained model (issue 6's acceptance test)."""
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +15,7 @@ from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.scale.weight_sync import hf_name, iter_bucketed_params, layer_key, plan_buckets, sync_weights
-from tests.gloo import free_port
+from tests.gloo import one_deepspeed_rank
 
 MAX_LEN = 128
 
@@ -114,27 +113,16 @@ def test_sync_weights_into_hf_engine_bucket_by_bucket():
 def zero3(tmp_path_factory):
     """A tiny Llama (saved as the vLLM start folder) trained one AdamW step under ZeRO-3 on CPU (gloo, 1 rank)."""
     deepspeed = pytest.importorskip("deepspeed")
-    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")  # `from deepspeed.comm import torch` is torch
-
     folder = tmp_path_factory.mktemp("zero3_start")
     tok, model = tiny(save_dir=folder)
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-                           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-            mp.setenv(key, value)
-        # DeepSpeed JIT-compiles a shared-memory allreduce op at init on CPU (minutes on a small machine, once
-        # per cache); one rank never uses it, so the test skips the build. See docs/vllm.md.
-        mp.setattr(ds_torch_comm, "build_shm_op", lambda: None)
-        deepspeed.init_distributed(dist_backend="gloo")
-        config = {"train_micro_batch_size_per_gpu": 1,
-                  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with one_deepspeed_rank(model, optimizer, config) as engine:
         ids = torch.tensor([tok("12345678 12345678")["input_ids"]])
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-        # DeepSpeed reads LOCAL_RANK again on every gather: the variables stay set while the module's tests run.
         yield SimpleNamespace(deepspeed=deepspeed, engine=engine, folder=folder, tok=tok)
 
 

@@ -330,10 +330,10 @@ def summary_lines(arch: Architecture, s: PlanSettings, rows: list[Row], total: R
     longest = longest_seq_len(arch, s)
     out.append(f"- longest sequence that fits: {longest:,} tokens = a response of "
                f"{max(longest - s.prompt_tokens, 0):,} after a {s.prompt_tokens}-token prompt")
-    if s.zero == 3 and s.logprob_chunk_tokens is not None:  # issue 46, A7: traffic, not memory (one at a time)
+    if s.zero == 3 and s.logprob_chunk_tokens is not None:  # issue 46, A7: gathered once per pass, not per chunk
         head = arch.embedding_params * 2
-        out.append(f"- ZeRO-3 with the LM head in chunks: the head ({_fmt(head, unit)} {unit}) is gathered again for "
-                   f"every chunk of {s.logprob_chunk_tokens} tokens, in the forward and in backward's recompute "
-                   f"({2 * -(-s.seq_len // s.logprob_chunk_tokens)} gathers per {s.seq_len}-token sequence): not "
-                   "gathered once per micro-batch yet (docs/scale.md)")
+        out.append(f"- ZeRO-3 with the LM head in chunks: the head ({_fmt(head, unit)} {unit}) is gathered once in "
+                   f"the forward and once in backward, as without chunks, and held while all "
+                   f"{-(-s.seq_len // s.logprob_chunk_tokens)} chunks of {s.logprob_chunk_tokens} tokens of a "
+                   f"{s.seq_len}-token sequence go through it (zerotir.rl.chunked_logprobs)")
     return out
