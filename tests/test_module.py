@@ -332,7 +332,7 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
     module._trainer = FakeTrainer(world_size=4, global_rank=3)  # engine 1 = ranks 2 and 3
     tok = build_byte_tokenizer()
     batch = [{"id": f"q{i}", "prompt_text": f"{i}+{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i),
-              "source": "s", "batch_index": 0} for i in range(4)]
+              "source": "s", "batch_index": 0, "position": i} for i in range(4)]
     out = module.training_step(iter([(batch, 0, 0)]))["step"]  # the step draws its batch (Lightning's iterator)
     assert source.seen == [["q2", "q3"]]  # the engine's prompts
     assert trained[0].group_ids.tolist() == [1, 1] and len(out.rollout) == 2  # rank 3: the 2nd group

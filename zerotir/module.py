@@ -117,7 +117,6 @@ class ZeroTIRModule(LightningModule):
         self.critic: torch.nn.Module | None = None
         self.source = make_rollout_source(pipeline, fleet, rollout, sandbox, tool, sampling, score_batch,
                                           self.model_path, seed)
-        self._steps_take = "rows" if fleet.enabled and fleet.max_in_flight else "ahead" if pipeline.enabled else "batch"
         self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
@@ -219,8 +218,8 @@ class ZeroTIRModule(LightningModule):
     def _start_source(self) -> None:
         datamodule = self.trainer.datamodule
         stream = datamodule.train_batch if isinstance(datamodule, PromptDataModule) else None
-        if stream is not None:  # streaming steps take single prompts; the others the loader's batch (its rows left)
-            datamodule.steps_take(self._steps_take)
+        if stream is not None:  # how the source's steps take the stream (``RolloutSource.steps_take``)
+            datamodule.steps_take(self.source.steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
 
     def on_fit_start(self) -> None:
@@ -254,10 +253,7 @@ class ZeroTIRModule(LightningModule):
         refill = self.fill_watch.update(step, filled, result.skipped)  # warns; stops a run that keeps training nothing
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, PromptDataModule):  # the data position saved with the checkpoint
-            if taken is not None:  # the source took prompt groups of several batches
-                datamodule.mark_rows(taken)
-            else:
-                datamodule.mark_consumed(filled.last_batch_index)
+            datamodule.mark_rows(taken)
         lr = {"lr": float(self.lr_schedulers().get_last_lr()[0])} if result.stats else {}
         result = replace(result, stats={**result.stats, **lr}, timings=timings,
                          batch=BatchInfo(**batch_fields(filled.rows), weight_version=self.rl_steps_done),
@@ -268,18 +264,20 @@ class ZeroTIRModule(LightningModule):
         return {"step": result}
 
     def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]],
-              step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]] | None]:
+              step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]]]:
         """The step's batch: the stream's next batch rolled out and decided, then (``model.refill``) more until the
-        kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; ``RolloutBatch.taken``."""
+        kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; the stream rows ``(batch index,
+        position)`` the step consumed, every rank's: ``RolloutBatch.taken`` where the source chose them, else the
+        loader's batches."""
         fill: BatchFill | None = None
-        taken: list[tuple[int, int]] | None = None
+        taken: list[tuple[int, int]] = []
         while True:
             batch = next(batches)[0]
             fill = fill or BatchFill(len(batch), self.refill.max_rounds)
             release_for_push(self.trainer)  # the source may push (its first batch, an engine recovered)
             rolled = self.source.batch(step, self._my_prompts(batch), self._first_row(len(batch)))
             traj = rolled.trajectories
-            taken = taken if rolled.taken is None else [*(taken or []), *rolled.taken]
+            taken += [(r["batch_index"], r["position"]) for r in batch] if rolled.taken is None else rolled.taken
             if fill.add(Round(rolled.rows, traj, self._decide(traj), batch[0]["batch_index"], rolled.timings)):
                 return fill.result(pad_id(self.tokenizer)), rolled.sandbox, taken
 

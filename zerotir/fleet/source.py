@@ -66,6 +66,7 @@ class FleetSource:
         self.pool = FleetHosts(fleet, self.transport)
         self.weights = self.transport.weights(fleet, self.ranks)
         self.schedule = FleetSchedule(fleet, pipeline.max_staleness, sampling, seed, self.pool)
+        self.steps_take = "rows" if self.schedule.streaming else "ahead"  # RolloutSource.steps_take
         self._actor: nn.Module | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._stream: Stream | None = None

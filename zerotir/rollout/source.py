@@ -68,7 +68,15 @@ class RolloutBatch:
 
 
 class RolloutSource(Protocol):
-    """What the module asks of a rollout source (see the module doc)."""
+    """What the module asks of a rollout source (see the module doc).
+
+    Attributes:
+        steps_take: how its steps take the training stream (``zerotir.data.stream.Consumption.STEPS``): "batch",
+            the loader's batch when the step asks; "ahead", the loader's batches generated ahead, in order; "rows",
+            prompt groups of several batches as they end (``RolloutBatch.taken``).
+    """
+
+    steps_take: str
 
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """Refuse a trainer this source cannot serve (before any model loads), naming the fix."""
@@ -203,6 +211,8 @@ class EngineSource:
 
 class InlineSource(EngineSource):
     """Each step's batch generated when the step asks, with the trainer's current weights (version ``step - 1``)."""
+
+    steps_take = "batch"  # RolloutSource.steps_take
 
     def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
         params = sampling_params(self.sampling, batch_seed(self.seed, rows[0]["batch_index"], first_row,
