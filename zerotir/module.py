@@ -265,7 +265,7 @@ class ZeroTIRModule(LightningModule):
 
     def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]],
               step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]]]:
-        """The step's batch: the stream's next batch rolled out and decided, then (``model.refill``) more until the
+        """The step's batch: the stream's next batch rolled out and decided, then (``model.filters.refill``) more until the
         kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; the stream rows ``(batch index,
         position)`` the step consumed, every rank's: ``RolloutBatch.taken`` where the source chose them, else the
         loader's batches."""

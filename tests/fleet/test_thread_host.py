@@ -75,7 +75,7 @@ def test_s1_trains_step_k_while_the_thread_host_generates_batch_k_plus_1(tiny_di
         assert isinstance(source.hosts[0], ThreadHost) and torch.get_num_threads() == threads
         actor = s1_with_batch_2_held(source, tmp_path)  # the copy lands after batch 1's rollout: one call at a time
         assert source.stats()["push_mb"] > 0
-        assert torch.equal(source.hosts[0].host.engine.model.lm_head.weight, actor.lm_head.weight)
+        assert torch.equal(source.hosts[0].host.engine.engine.model.lm_head.weight, actor.lm_head.weight)
     finally:
         (tmp_path / "released").touch()
         source.close()
@@ -115,7 +115,7 @@ def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) 
     host = ThreadHost(settings)
     long = SamplingParams(n=1, temperature=1.0, max_new_tokens=10_000, seed=0)
     rollout = host.roll_out.remote([[40]], None, long)
-    while host.host.engine.steps < 2:  # bounded by the test's timeout
+    while host.host.engine.engine.steps < 2:  # bounded by the test's timeout
         time.sleep(0.01)
     host.close()
     assert isinstance(rollout.exception().__cause__, ProducerStopped)  # the tool loop names the rows it decoded

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
@@ -29,6 +30,7 @@ from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.ranks import TrainerRanks
 from zerotir.fleet.versioned import ProducerStopped
 from zerotir.fleet.weight_push import PushStats
+from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
 
 
 class _Method:
@@ -57,16 +59,40 @@ class _Stoppable:
     """The batch-share host's engine, whose next step raises ``ProducerStopped`` once the host closes: a rollout in
     flight ends there instead of running to its end."""
 
-    def __init__(self, engine: Any, stopped: Callable[[], bool]):
-        self._engine, self._stopped = engine, stopped
+    def __init__(self, engine: RolloutEngine, stopped: Callable[[], bool]):
+        self.engine, self._stopped = engine, stopped  # `engine`: the one it runs
+        self.context_length = engine.context_length
 
-    def step(self) -> Any:
+    def step(self) -> list[tuple[Hashable, Sample]]:
         if self._stopped():
             raise ProducerStopped
-        return self._engine.step()
+        return self.engine.step()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+    # the rest of the RolloutEngine protocol, as the engine has it
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        self.engine.submit(key, ids, params)
+
+    def release(self, key: Hashable) -> None:
+        self.engine.release(key)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def reset_cache(self) -> None:
+        self.engine.reset_cache()
+
+    def load_weights_from(self, actor: torch.nn.Module) -> None:
+        self.engine.load_weights_from(actor)
+
+    def rest(self) -> None:
+        self.engine.rest()
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 class ThreadHost:
