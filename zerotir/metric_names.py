@@ -98,3 +98,10 @@ EVAL_CODE_RATE = "code_rate"
 EVAL_CALLS_PER_RESPONSE = "calls_per_response"
 EVAL_RESPONSE_LENGTH = "response_length"
 EVAL_SANDBOX_ERROR_RATE = "sandbox_error_rate"
+# One tool's calls per response: f"{EVAL_TOOL_CALLS}/{tool}" (eval_tool_tag).
+EVAL_TOOL_CALLS = "tool_calls_per_response"
+
+
+def eval_tool_tag(tool: str) -> str:
+    """The evaluation key of the calls per response of the tool named ``tool`` (unnamed calls: ``INVALID_TOOL``)."""
+    return f"{EVAL_TOOL_CALLS}/{tool}"

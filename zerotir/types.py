@@ -86,13 +86,17 @@ class Trajectories:
         num_calls:      (B,) long     code blocks executed.
         num_exec_errors:(B,) long     executions whose code raised / exited non-zero (the model's fault).
         num_timeouts:   (B,) long     executions killed at the time or memory limit.
-        num_sandbox_errors: (B,) long executions the sandbox service failed to run (infrastructure fault).
+        num_sandbox_errors: (B,) long executions the sandbox service failed to run (the python tool's
+                                      infrastructure fault).
         truncated:      (B,) bool     the response hit the token budget (finish_reason == "length").
         versions:       (B, T) long   or None: the weight version (updates the engine's weights had seen) that
                                       sampled each action token; -1 off the action mask. A producer stamps each
                                       segment with the version at its submission (exact unless a weight push landed
                                       while the segment ran: then the oldest that may have produced it). None from a
                                       rollout that does not record it (the module stamps in-line rollouts).
+        num_tool_errors: (B,) long    calls whose tool raised instead of answering (status "tool_error": a dead
+                                      MCP server, a tool's bug), counted apart from the sandbox's failures; a batch
+                                      built without it (hand-made in tests) gets zeros.
 
     Per-trajectory Python lists (length B):
         finish_reasons: "stop" or "length".
@@ -116,6 +120,7 @@ class Trajectories:
     num_sandbox_errors: torch.Tensor
     truncated: torch.Tensor
     versions: torch.Tensor | None = None
+    num_tool_errors: torch.Tensor | None = None
     finish_reasons: list[str] = field(default_factory=list)
     response_texts: list[str] = field(default_factory=list)
     ground_truths: list[str] = field(default_factory=list)
@@ -124,6 +129,8 @@ class Trajectories:
     def __post_init__(self) -> None:
         if not self.tool_calls:
             self.tool_calls = [[] for _ in range(self.input_ids.shape[0])]
+        if self.num_tool_errors is None:
+            self.num_tool_errors = torch.zeros_like(self.num_calls)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

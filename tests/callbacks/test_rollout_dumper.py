@@ -61,7 +61,8 @@ def test_each_step_is_written_with_its_samples_in_tensorboard(tmp_path):
     assert list(R.step_files(folder)) == [4, 6]  # steps 2, 4, 6 written; the oldest pruned
     rows = R.read_step(folder, 6)
     assert [r["index"] for r in rows] == [0, 1, 2] and {r["weight_version"] for r in rows} == {5}
-    assert rows[2]["tool_calls"] == [{"code": "1/0\n", "status": "error", "output": "ZeroDivisionError"}]
+    assert rows[2]["tool_calls"] == [{"tool": "python", "code": "1/0\n", "status": "error",
+                                      "output": "ZeroDivisionError"}]
     val = R.read_step(folder, 6, "val")
     assert len(val) == 6 and [r["index"] for r in val] == list(range(6)) and val[0]["split"] == "val"
     logger.experiment.flush()
@@ -132,7 +133,8 @@ def test_every_trajectory_of_a_step_is_written_kept_by_the_filter_or_not(tmp_pat
     dumper.on_fit_end(tr, FakeModule())
     rows = R.read_step(tmp_path / "rollouts", 1)
     assert [(r["index"], r["problem_id"], r["reward"]) for r in rows] == [(0, "a", 1.0), (1, "a", 0.0), (2, "b", 0.0)]
-    assert rows[2]["tool_calls"] == [{"code": "1/0\n", "status": "error", "output": "ZeroDivisionError"}]
+    assert rows[2]["tool_calls"] == [{"tool": "python", "code": "1/0\n", "status": "error",
+                                      "output": "ZeroDivisionError"}]
     assert [r["filtered_by"] for r in rows] == [[], [], []]  # a plain pass-rate decision records no rule
 
 

@@ -66,8 +66,8 @@ def test_fit_two_steps_updates_every_parameter(config, e2e_base, e2e_data, tmp_p
 
 RECORD_FIELDS = {"step", "split", "rank", "index", "group", "problem_id", "source", "prompt", "response", "answer",
                  "reference", "reward", "correct", "calls", "exec_errors", "timeouts", "sandbox_errors",
-                 "finish_reason", "truncated", "response_tokens", "sampled_tokens", "tool_calls", "weight_version",
-                 "filtered_by"}
+                 "tool_errors", "finish_reason", "truncated", "response_tokens", "sampled_tokens", "tool_calls",
+                 "weight_version", "filtered_by"}
 
 
 def check_rollouts(root, module, validated: bool) -> None:
@@ -82,7 +82,7 @@ def check_rollouts(root, module, validated: bool) -> None:
         assert all(r["prompt"].startswith("Q: ") and r["reference"] for r in rows)
         assert all(len(r["tool_calls"]) == r["calls"] for r in rows)
         for call in (c for r in rows for c in r["tool_calls"]):
-            assert set(call) == {"code", "status", "output"} and call["code"] and call["status"]
+            assert set(call) == {"tool", "code", "status", "output"} and call["code"] and call["status"]
     assert any(r["calls"] for s in (1, 2) for r in R.read_step(folder, s)), "no trajectory called the tool"
     if validated:
         val = R.read_step(folder, 2, "val")

@@ -30,9 +30,10 @@ def test_a_record_per_trajectory_with_every_field():
     assert first == {
         "step": 3, "split": "train", "rank": 0, "index": 0, "group": 0, "problem_id": "a", "source": "toy",
         "prompt": "Q: 3 + 4 = ?", "response": CODE_RESPONSE, "answer": "7", "reference": "7", "reward": 1.0,
-        "correct": True, "calls": 1, "exec_errors": 0, "timeouts": 0, "sandbox_errors": 0, "finish_reason": "stop",
-        "truncated": False, "response_tokens": 3, "sampled_tokens": 3,
-        "tool_calls": [{"code": "print(3 + 4)\n", "status": "ok", "output": "7"}], "weight_version": 2,
+        "correct": True, "calls": 1, "exec_errors": 0, "timeouts": 0, "sandbox_errors": 0, "tool_errors": 0,
+        "finish_reason": "stop", "truncated": False, "response_tokens": 3, "sampled_tokens": 3,
+        "tool_calls": [{"tool": "python", "code": "print(3 + 4)\n", "status": "ok", "output": "7"}],
+        "weight_version": 2,
         "filtered_by": [],
     }
     assert records[1]["answer"] == "6" and not records[1]["correct"] and records[1]["tool_calls"] == []

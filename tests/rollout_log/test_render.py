@@ -12,6 +12,7 @@ from zerotir.__main__ import main as zerotir_main
 from zerotir.rollout_log import records as R
 from zerotir.rollout_log.cli import RolloutsInputError, show
 from zerotir.rollout_log.render import markdown_sample, pick_samples, summary_line
+from zerotir.types import ToolCall
 
 
 def records(step=1):
@@ -28,12 +29,13 @@ def test_pick_best_worst_and_a_failed_execution():
 
 def test_markdown_sample_shows_code_and_output_blocks():
     text = markdown_sample(records()[2], "exec_error, step 1")
-    assert text.startswith("**exec_error, step 1** | reward 0 (wrong) | 1 call(s), 1 failed | finish stop")
-    assert "```python\n1/0\n```" in text and "*output (error)*\n\n```text\nZeroDivisionError\n```" in text
+    assert text.startswith("**exec_error, step 1** | reward 0 (wrong) | 1 call(s) (python 1), 1 failed | finish "
+                           "stop")
+    assert "```python\n1/0\n```" in text and "*python output (error)*\n\n```text\nZeroDivisionError\n```" in text
     assert "```text\nQ: 1 + 1 = ?\n```" in text and "reference `2`" in text
     best = markdown_sample(records()[0])
     assert "3 + 4 = \\\\boxed\\{7}" not in best and "3 + 4 = \\\\boxed{7}" in best  # backslash escaped for Markdown
-    assert "Let me add." in best and "*output (ok)*" in best
+    assert "Let me add." in best and "*python output (ok)*" in best
 
 
 def test_the_headline_names_the_filters_that_removed_a_trajectory():
@@ -42,6 +44,33 @@ def test_the_headline_names_the_filters_that_removed_a_trajectory():
                                               "filtered by pass_rate, void_turn")
     old = {k: v for k, v in records()[1].items() if k != "filtered_by"}  # a dump written before the filters
     assert "filtered by" not in markdown_sample(old)
+
+
+def test_each_call_is_shown_with_its_tool_and_a_failed_tool_counts_as_failed(tmp_path):
+    traj = batch()
+    traj.tool_calls[0] = [ToolCall('{"expression": "3+4"}', "ok", "7", "calculator"),
+                          ToolCall("{", "invalid", "Error: not JSON", ""), ToolCall("{}", "tool_error", "down", "add")]
+    traj.num_calls[0], traj.num_tool_errors[0] = 3, 1
+    record = R.trajectory_records(traj, ["Q: 3 + 4 = ?", "Q: 1 + 1 = ?"], ["a", "b"], step=1)[0]
+    assert [(c["tool"], c["status"]) for c in record["tool_calls"]] == [
+        ("calculator", "ok"), ("", "invalid"), ("add", "tool_error")]
+    assert record["tool_errors"] == 1 and record["sandbox_errors"] == 0
+    # The invalid call and the tool's failure are failed calls; the one output block is the calculator's.
+    md = markdown_sample(record)
+    assert md.startswith("reward 1 (correct) | 3 call(s) (calculator 1, no tool 1, add 1), 2 failed | finish stop")
+    assert "*calculator output (ok)*" in md and R.matches(record, "error")
+    R.write_records(tmp_path / "rollouts" / R.file_name("train", 1), [record])
+    out = io.StringIO()
+    show(tmp_path, console=Console(file=out, width=120, color_system=None))
+    assert "3 call(s) (calculator 1, no tool 1, add 1), 2 failed" in out.getvalue()
+    assert "calculator output (ok)" in out.getvalue()
+
+
+def test_a_dump_written_before_calls_named_their_tool_shows_them_as_python():
+    record = records()[2]
+    old = dict(record, tool_calls=[{k: v for k, v in c.items() if k != "tool"} for c in record["tool_calls"]])
+    text = markdown_sample(old)
+    assert "| 1 call(s) (python 1), 1 failed |" in text and "*python output (error)*" in text
 
 
 def test_summary_line():
@@ -61,7 +90,8 @@ def test_terminal_view_prints_summaries_and_filters_one_step(tmp_path):
 
     shown, text = view()
     assert shown == 3 and "step 1 | 3 trajectories" in text and "step 2 | 3 trajectories" in text
-    assert "step 2: 3 of 3 trajectories, showing 3" in text and "print(3 + 4)" in text and "output (error)" in text
+    assert "step 2: 3 of 3 trajectories, showing 3" in text and "print(3 + 4)" in text
+    assert "python output (error)" in text
     shown, text = view(step=1, filters=["error"])
     assert shown == 1 and "step 1: 1 of 3 trajectories matching error" in text and "1/0" in text
     assert "print(3 + 4)" not in text

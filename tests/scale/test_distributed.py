@@ -288,7 +288,8 @@ def _error_worker(rank: int, port: int, out_dir: str) -> None:
         results["finite"] = _outcome(lambda: check_finite(loss, {"policy_loss": loss}, 7, batch))
         # The sandbox guard: only rank 0's sandbox fails (every execution), patience 1.
         guard = SandboxErrorGuard(max_rate=0.5, patience=1)
-        traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]))
+        traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]),
+                               num_tool_errors=torch.tensor([0]))
         results["guard"] = _outcome(lambda: guard.update(traj, 3, [f"http://sandbox-of-rank-{rank}"]))
         # The sandbox health check at start: rank 1's configured sandbox does not answer.
         url = _health_server() if rank == 0 else f"http://127.0.0.1:{free_port()}"
@@ -296,7 +297,8 @@ def _error_worker(rank: int, port: int, out_dir: str) -> None:
         results["health"] = _outcome(lambda: source.start(None, None, "cpu", None))
         # Nothing failed anywhere: nothing is raised, and the block's value comes back.
         guard_ok = SandboxErrorGuard(max_rate=0.5, patience=1)
-        ok = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([1]))
+        ok = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([1]),
+                             num_tool_errors=torch.tensor([0]))
         results["no_error"] = guard_ok.update(ok, 1, ["u"])
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:

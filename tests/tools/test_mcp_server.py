@@ -74,6 +74,7 @@ def test_a_server_killed_mid_run_gives_error_observations_and_the_rollout_goes_o
     calls = traj.tool_calls[0]
     assert [(c.tool, c.status) for c in calls] == [("add", "ok"), ("die", "tool_error"), ("add", "tool_error"),
                                                    ("calculator", "ok")]
-    assert "is unavailable" in calls[2].output and traj.num_sandbox_errors.tolist() == [2]
+    assert "is unavailable" in calls[2].output and traj.num_tool_errors.tolist() == [2]
+    assert traj.num_sandbox_errors.tolist() == [0]  # a tool's failure is not the sandbox's
     assert traj.response_texts[0].endswith("\\boxed{5}") and traj.finish_reasons == ["stop"]
     assert json.loads(calls[0].code) == {"name": "add", "arguments": {"a": 2, "b": 3}}

@@ -141,7 +141,7 @@ class SandboxConfig:
     retries: int = 3
     """Retries of a request that failed to reach a server (another server is tried first)."""
     max_error_rate: float = 0.5
-    """Highest tolerated share of executions the sandbox fails to run (its own errors, not the model's)."""
+    """Highest tolerated share of tool calls that failed in the sandbox or in their tool (not the model's errors)."""
     error_patience: int = 3
     """Consecutive RL steps above that rate that stop the run."""
 

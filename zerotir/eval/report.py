@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ from zerotir.metric_names import (
     EVAL_PASS_AT_K,
     EVAL_RESPONSE_LENGTH,
     EVAL_SANDBOX_ERROR_RATE,
+    EVAL_TOOL_CALLS,
+    INVALID_TOOL,
+    eval_tool_tag,
 )
 
 # Extra keys of a benchmark's result dict (counts, not TensorBoard curves).
@@ -48,6 +51,7 @@ class EvalRecord:
         num_exec_errors: executions whose code raised.
         num_timeouts: executions stopped at a limit.
         truncated: the response hit the token budget.
+        tool_calls: calls per tool name (calls that named no tool under ``metric_names.INVALID_TOOL``).
     """
 
     problem_id: str
@@ -58,6 +62,7 @@ class EvalRecord:
     num_exec_errors: int = 0
     num_timeouts: int = 0
     truncated: bool = False
+    tool_calls: dict[str, int] = field(default_factory=dict)
 
 
 def records_from_trajectories(traj: Any, problem_ids: Sequence[str]) -> list[EvalRecord]:
@@ -71,11 +76,12 @@ def records_from_trajectories(traj: Any, problem_ids: Sequence[str]) -> list[Eva
         EvalRecord(
             problem_id=str(problem_ids[int(g)]), correct=bool(r > 0), num_calls=int(c), response_length=int(n),
             num_sandbox_errors=int(se), num_exec_errors=int(ee), num_timeouts=int(to), truncated=bool(tr),
+            tool_calls=dict(Counter(call.tool or INVALID_TOOL for call in calls)),
         )
-        for g, r, c, n, se, ee, to, tr in zip(
+        for g, r, c, n, se, ee, to, tr, calls in zip(
             traj.group_ids.tolist(), traj.rewards.tolist(), traj.num_calls.tolist(), traj.response_lens.tolist(),
             traj.num_sandbox_errors.tolist(), traj.num_exec_errors.tolist(), traj.num_timeouts.tolist(),
-            traj.truncated.tolist(),
+            traj.truncated.tolist(), traj.tool_calls,
         )
     ]
 
@@ -109,7 +115,8 @@ def benchmark_metrics(records: Iterable[EvalRecord], k: int | None = None) -> di
         ``accuracy`` (avg@k: per problem the share of correct samples, averaged over problems), ``pass_at_k``
         (mean unbiased estimator), ``code_rate`` (share of responses with >= 1 call), ``calls_per_response``,
         ``response_length`` (mean tokens), ``sandbox_error_rate`` (sandbox failures per execution),
-        ``truncation_rate``, and the counts ``num_problems``, ``samples_per_problem`` (mean), ``k``.
+        ``truncation_rate``, ``tool_calls_per_response/<tool>`` for every tool called (``eval_tool_tag``), and the
+        counts ``num_problems``, ``samples_per_problem`` (mean), ``k``.
 
     Raises:
         ValueError: no records, or ``k`` larger than some problem's sample count.
@@ -126,6 +133,9 @@ def benchmark_metrics(records: Iterable[EvalRecord], k: int | None = None) -> di
         raise ValueError(f"benchmark_metrics: k={k} but some problem has only {min(sizes)} samples")
     corrects = [(len(group), sum(r.correct for r in group)) for group in by_problem.values()]
     num_calls = sum(r.num_calls for r in records)
+    per_tool: Counter[str] = Counter()
+    for rec in records:
+        per_tool.update(rec.tool_calls)
     return {
         EVAL_ACCURACY: sum(c / n for n, c in corrects) / len(corrects),
         EVAL_PASS_AT_K: sum(pass_at_k(n, c, k) for n, c in corrects) / len(corrects),
@@ -134,22 +144,32 @@ def benchmark_metrics(records: Iterable[EvalRecord], k: int | None = None) -> di
         EVAL_RESPONSE_LENGTH: sum(r.response_length for r in records) / len(records),
         EVAL_SANDBOX_ERROR_RATE: _ratio(sum(r.num_sandbox_errors for r in records), num_calls),
         TRUNCATION_RATE: sum(r.truncated for r in records) / len(records),
+        **{eval_tool_tag(tool): calls / len(records) for tool, calls in sorted(per_tool.items())},
         NUM_PROBLEMS: len(by_problem),
         SAMPLES_PER_PROBLEM: len(records) / len(by_problem),
         K: k,
     }
 
 
+def tool_keys(results: dict[str, dict[str, float]]) -> list[str]:
+    """The per-tool keys (``eval_tool_tag``) of every tool any benchmark called, sorted; a benchmark without one
+    of them never called that tool (0 calls per response)."""
+    return sorted({key for m in results.values() for key in m if key.startswith(f"{EVAL_TOOL_CALLS}/")})
+
+
 def tensorboard_scalars(results: dict[str, dict[str, float]]) -> dict[str, float]:
-    """``{f"{benchmark}/{metric}": value}`` for the curve metrics (not the counts)."""
-    return {f"{name}/{key}": float(metrics[key]) for name, metrics in results.items()
-            for key in METRIC_KEYS if key in metrics}
+    """``{f"{benchmark}/{metric}": value}`` for the curve metrics (not the counts), the per-tool calls included."""
+    keys = (*METRIC_KEYS, *tool_keys(results))
+    return {f"{name}/{key}": float(metrics[key]) for name, metrics in results.items() for key in keys if key in metrics}
 
 
 def average_row(results: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Unweighted mean over benchmarks of each metric (the paper averages benchmarks this way)."""
+    """Unweighted mean over benchmarks of each metric (the paper averages benchmarks this way); a tool a benchmark
+    did not call counts there as 0 calls."""
     keys = [key for key in METRIC_KEYS if all(key in m for m in results.values())]
-    return {key: sum(m[key] for m in results.values()) / len(results) for key in keys}
+    mean = {key: sum(m[key] for m in results.values()) / len(results) for key in keys}
+    mean.update({key: sum(m.get(key, 0.0) for m in results.values()) / len(results) for key in tool_keys(results)})
+    return mean
 
 
 _COLUMNS = (
@@ -176,15 +196,25 @@ def _cell(value: float | None, fmt: str) -> str:
     return format(value, fmt)
 
 
+def _columns(results: dict[str, dict[str, float]]) -> list[tuple[str, str | None, str]]:
+    """``_COLUMNS`` with a column per tool called (its calls per response) after the calls of all tools."""
+    at = [key for _, key, _ in _COLUMNS].index(EVAL_CALLS_PER_RESPONSE) + 1
+    tools = [(f"{key.split('/', 1)[1]} calls / response", key, ".2f") for key in tool_keys(results)]
+    return [*_COLUMNS[:at], *tools, *_COLUMNS[at:]]
+
+
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
-    """A Markdown table, one row per benchmark plus an unweighted mean row when there are several."""
-    lines = ["| " + " | ".join(title for title, _, _ in _COLUMNS) + " |",
-             "|" + "|".join("---" if key is None else "---:" for _, key, _ in _COLUMNS) + "|"]
+    """A Markdown table, one row per benchmark plus an unweighted mean row when there are several; a tool a
+    benchmark did not call shows 0.00 in its column."""
+    columns = _columns(results)
+    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |",
+             "|" + "|".join("---" if key is None else "---:" for _, key, _ in columns) + "|"]
     rows = list(results.items())
     if len(results) > 1:
         rows.append(("mean", average_row(results)))
+    tools = set(tool_keys(results))
     for name, metrics in rows:
-        cells = [name] + [_cell(metrics.get(key), fmt) for _, key, fmt in _COLUMNS[1:]]
+        cells = [name] + [_cell(metrics.get(key, 0.0 if key in tools else None), fmt) for _, key, fmt in columns[1:]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -32,7 +32,7 @@ NO_CALL_PENALTY = 0.5  # rStar2-Agent's p_err of a response that called no tool
 
 def roc_penalty(traj: Trajectories, markers: Markers) -> Tensor:
     """(B,) float64: p_err + p_format of each trajectory (see the module doc)."""
-    failed = (traj.num_exec_errors + traj.num_timeouts + traj.num_sandbox_errors).tolist()
+    failed = (traj.num_exec_errors + traj.num_timeouts + traj.num_sandbox_errors + traj.num_tool_errors).tolist()
     calls = traj.num_calls.tolist()
     truncated = traj.truncated.bool().tolist()
     out = []

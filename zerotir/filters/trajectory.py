@@ -82,7 +82,7 @@ def shortcut(traj: Trajectories, cfg: FilterConfig, ctx: FilterContext) -> Tenso
 
 def code_mismatch(traj: Trajectories, cfg: FilterConfig, ctx: FilterContext) -> Tensor:
     """A valid answer, the block counts disagree, and at least one execution succeeded."""
-    failed = traj.num_exec_errors + traj.num_timeouts + traj.num_sandbox_errors
+    failed = traj.num_exec_errors + traj.num_timeouts + traj.num_sandbox_errors + traj.num_tool_errors
     succeeded = (traj.num_calls - failed).cpu() > 0
     return _valid(traj) & _counts_disagree(traj, ctx) & succeeded
 

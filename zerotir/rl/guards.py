@@ -1,13 +1,17 @@
-"""Failures that must stop a run loudly: a non-finite loss, a sandbox that keeps failing, and (raised by
+"""Failures that must stop a run loudly: a non-finite loss, a sandbox or a tool that keeps failing, and (raised by
 ``zerotir.rl.refill.FillWatch``) steps that keep training nothing.
 
 A dead or overloaded sandbox does not crash the rollout: the client reports each failed execution as a sandbox error
-and the model sees an error message instead of its output. Left alone, that silently turns ZeroTIR into a no-tool
-run, so ``SandboxErrorGuard`` stops the run once the error rate stays above a threshold for several steps.
+and the model sees an error message instead of its output. A tool that raises (a dead MCP server) is the same
+kind of fault, recorded as a ``tool_error``. Left alone, either silently turns ZeroTIR into a no-tool run, so
+``SandboxErrorGuard`` stops the run once the share of failed calls stays above a threshold for several steps. The
+two are counted apart (``Trajectories.num_sandbox_errors``, ``num_tool_errors``), and the message speaks of the
+sandbox only for the python tool's sandbox errors and names each other tool that failed with its count.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +19,7 @@ import torch
 from torch import Tensor
 
 from zerotir.scale.distributed import fail_together
+from zerotir.tools.base import STATUS_TOOL_ERROR
 from zerotir.types import Trajectories
 
 
@@ -23,7 +28,7 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class SandboxFailureError(RuntimeError):
-    """The sandbox service failed too many executions for too long."""
+    """The sandbox service or a tool failed too many calls for too long."""
 
 
 class EmptyStepsError(RuntimeError):
@@ -72,10 +77,11 @@ def _check_finite_here(loss: Tensor, stats: Mapping[str, Tensor], rl_step: int, 
 
 
 class SandboxErrorGuard:
-    """Stop the run when the sandbox error rate (per execution) stays above ``max_rate`` for ``patience`` steps.
+    """Stop the run when the failure rate (sandbox and tool failures per call) stays above ``max_rate`` for
+    ``patience`` steps.
 
     Args:
-        max_rate: the highest tolerated share of executions the service failed to run.
+        max_rate: the highest tolerated share of calls that the sandbox failed to run or whose tool raised.
         patience: consecutive steps above ``max_rate`` that stop the run.
     """
 
@@ -90,20 +96,21 @@ class SandboxErrorGuard:
 
     @staticmethod
     def error_rate(traj: Trajectories) -> float | None:
-        """Sandbox errors per execution in ``traj``; None when nothing was executed."""
+        """Sandbox and tool failures per call in ``traj``; None when nothing was called."""
         calls = int(traj.num_calls.sum())
-        return None if calls == 0 else int(traj.num_sandbox_errors.sum()) / calls
+        failed = int(traj.num_sandbox_errors.sum()) + int(traj.num_tool_errors.sum())
+        return None if calls == 0 else failed / calls
 
     def update(self, traj: Trajectories, rl_step: int, urls: Sequence[str]) -> float | None:
-        """Record one step's rollouts (their code ran on ``urls``, named in the error); raise
+        """Record one step's rollouts (their python code ran on ``urls``, named in the error); raise
         ``SandboxFailureError`` when the patience is exhausted.
 
-        A step without any execution neither counts as bad nor resets the count: it says nothing about the service.
+        A step without any call neither counts as bad nor resets the count: it says nothing about the service.
         A collective under a process group: every rank calls it each step with its own rollouts (ranks may use their
         own sandboxes), and when the patience runs out on any rank every rank raises that rank's error.
 
         Returns:
-            This step's error rate (None without executions).
+            This step's failure rate (None without calls).
         """
         with fail_together(SandboxFailureError):
             return self._update_here(traj, rl_step, urls)
@@ -115,11 +122,11 @@ class SandboxErrorGuard:
         self.bad_steps = self.bad_steps + 1 if rate > self.max_rate else 0
         if self.bad_steps >= self.patience:
             raise SandboxFailureError(
-                f"RL step {rl_step}: the sandbox failed {rate:.0%} of executions, above model.sandbox.max_error_rate="
+                f"RL step {rl_step}: {rate:.0%} of the tool calls failed, above model.sandbox.max_error_rate="
                 f"{self.max_rate} for {self.bad_steps} consecutive steps (model.sandbox.error_patience={self.patience}). "
-                f"Sandbox URLs: {', '.join(urls)}. Without a working sandbox the run would silently train "
-                "without tools. Fix: check that the servers are up (`python -m sandbox serve`, GET /health), or "
-                "leave model.sandbox.urls unset for an embedded local sandbox; then resume with `fit --ckpt_path last`."
+                + " ".join(failure_report(traj, urls))
+                + " Without working tools the run would silently train without them. Once fixed, resume with "
+                "`fit --ckpt_path last`."
             )
         return rate
 
@@ -128,3 +135,29 @@ class SandboxErrorGuard:
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.bad_steps = int(state.get("bad_steps", 0))
+
+
+def failure_report(traj: Trajectories, urls: Sequence[str]) -> list[str]:
+    """One sentence per kind of failure in ``traj``, each with its count and fix: the python tool's sandbox errors
+    (with the sandbox ``urls``), then every tool that raised, by name (from ``traj.tool_calls``)."""
+    calls = int(traj.num_calls.sum())
+    sandbox, tools = int(traj.num_sandbox_errors.sum()), int(traj.num_tool_errors.sum())
+    out = []
+    if sandbox:
+        out.append(
+            f"The python tool's sandbox failed {sandbox} of the step's {calls} calls "
+            f"(sandbox URLs: {', '.join(urls)}). "
+            "Fix: check that the servers are up (`python -m sandbox serve`, GET /health), or leave "
+            "model.sandbox.urls unset for an embedded local sandbox."
+        )
+    if tools:
+        called = Counter(c.tool for row in traj.tool_calls for c in row)
+        failed = Counter(c.tool for row in traj.tool_calls for c in row if c.status == STATUS_TOOL_ERROR)
+        named = ", ".join(f"`{tool}` {n} of its {called[tool]} calls" for tool, n in sorted(failed.items()))
+        out.append(
+            f"{tools} of the step's {calls} calls failed in their tool (status tool_error: the tool raised)"
+            + (f": {named}." if named else ".")
+            + " Fix: check each named tool's setup in model.tool.tools (an MCP server that exits or does not "
+            "start, a missing corpus); the failed calls' observations in the rollout dumps give the error."
+        )
+    return out

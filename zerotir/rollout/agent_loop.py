@@ -370,13 +370,15 @@ def _inject_ready(run: _Run) -> list[int]:
 
 def _inject(run: _Run, row: Row, used: Used) -> None:
     """Count one call and append its rendered observation (action 0), cut at the budget. ``exec_errors`` counts the
-    model's faults (code that raised, an invalid call), ``sandbox_errors`` the infrastructure's (a tool that failed)."""
+    model's faults (code that raised, an invalid call), ``sandbox_errors`` and ``tool_errors`` the infrastructure's
+    (the sandbox failed to run the code; a tool raised)."""
     tool, tokenizer, budget = run.tool, run.tokenizer, run.budget(row)
     row.calls += 1
     status = used.observation.status
     row.exec_errors += status in (STATUS_ERROR, STATUS_INVALID)
     row.timeouts += status in TIMEOUT_STATUSES
-    row.sandbox_errors += status in (STATUS_SANDBOX_ERROR, STATUS_TOOL_ERROR)
+    row.sandbox_errors += status == STATUS_SANDBOX_ERROR
+    row.tool_errors += status == STATUS_TOOL_ERROR
     output = used.observation.text
     if tool.max_output_tokens is not None:
         output = truncate_tokens(output, tokenizer, tool.max_output_tokens)

@@ -130,6 +130,7 @@ class Row:
     exec_errors: int = 0
     timeouts: int = 0
     sandbox_errors: int = 0
+    tool_errors: int = 0
     finish: str | None = None
     reward: asyncio.Future | None = None  # its score, computed once it has finished
     tool_calls: list[ToolCall] = field(default_factory=list)

@@ -51,6 +51,7 @@ def to_trajectories(rows: list[Row], tokenizer: Any, truths: list[str]) -> Traje
         num_exec_errors=column([r.exec_errors for r in rows], torch.long),
         num_timeouts=column([r.timeouts for r in rows], torch.long),
         num_sandbox_errors=column([r.sandbox_errors for r in rows], torch.long),
+        num_tool_errors=column([r.tool_errors for r in rows], torch.long),
         truncated=column([f == FINISH_LENGTH for f in finish], torch.bool),
         versions=versions if bool((versions[action] >= 0).any()) else None,  # None: no engine stamped a version
         finish_reasons=finish,

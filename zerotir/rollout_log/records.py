@@ -10,8 +10,9 @@ With several data-parallel ranks each rank writes its own share as ``step_<k>.ra
 files of a step. A file is written under a temporary name and renamed, so a reader (or a resumed run that writes the
 step again) never sees half a file.
 
-A record holds what a researcher asks about one trajectory (see ``trajectory_records`` for every field); a code block
-is ``{"code", "status", "output"}`` where the output is the text the model was shown.
+A record holds what a researcher asks about one trajectory (see ``trajectory_records`` for every field); a tool call
+is ``{"tool", "code", "status", "output"}``: the tool's name, the call as the model wrote it, how it ended, and the
+text the model was shown (dumps written before the tool plug-ins have no ``tool``: their calls were all python).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from zerotir.types import Trajectories
 SPLITS = ("train", "val", "test")
 FILTERS = ("correct", "wrong", "error", "code", "no-code")
 _NAME = re.compile(r"^(?:(val|test)_)?step_(\d+)(?:\.rank(\d+))?\.jsonl\.gz$")
-# Statuses of executions that failed (the model's code raised, ran out of time / memory, or the sandbox failed).
-FAILED_STATUSES = ("error", "timeout", "memory", "killed", "sandbox_error")
+# Statuses of calls that failed (the model's code raised, ran out of time / memory, the sandbox failed, the tool
+# raised, or the call was malformed).
+FAILED_STATUSES = ("error", "timeout", "memory", "killed", "sandbox_error", "tool_error", "invalid")
 
 
 def file_name(split: str, step: int, rank: int = 0, world_size: int = 1) -> str:
@@ -66,7 +68,8 @@ def trajectory_records(traj: Trajectories, prompts: Sequence[str], problem_ids: 
     Returns:
         Records with ``step, split, rank, index, group, problem_id, source, prompt, response, answer (the last
         \\boxed{} of the response, or None), reference, reward, correct, calls, exec_errors, timeouts,
-        sandbox_errors, finish_reason, truncated, response_tokens (sampled + injected), sampled_tokens, tool_calls,
+        sandbox_errors, tool_errors, finish_reason, truncated, response_tokens (sampled + injected), sampled_tokens,
+        tool_calls (each ``{tool, code, status, output}``),
         weight_version and filtered_by`` (the names of the rules that removed the row from the loss, in the order
         they apply; [] for a trained row or without a decision).
     """
@@ -77,7 +80,8 @@ def trajectory_records(traj: Trajectories, prompts: Sequence[str], problem_ids: 
     action = traj.action_mask.sum(1).tolist()
     matched = {name: rows.tolist() for name, rows in (removed or {}).items()}
     columns = {name: getattr(traj, name).tolist() for name in (
-        "rewards", "num_calls", "num_exec_errors", "num_timeouts", "num_sandbox_errors", "truncated", "response_lens")}
+        "rewards", "num_calls", "num_exec_errors", "num_timeouts", "num_sandbox_errors", "num_tool_errors", "truncated",
+        "response_lens")}
     records = []
     for i in range(size):
         g = groups[i]
@@ -89,10 +93,12 @@ def trajectory_records(traj: Trajectories, prompts: Sequence[str], problem_ids: 
             "reference": traj.ground_truths[i], "reward": float(columns["rewards"][i]),
             "correct": columns["rewards"][i] > 0, "calls": int(columns["num_calls"][i]),
             "exec_errors": int(columns["num_exec_errors"][i]), "timeouts": int(columns["num_timeouts"][i]),
-            "sandbox_errors": int(columns["num_sandbox_errors"][i]), "finish_reason": traj.finish_reasons[i],
+            "sandbox_errors": int(columns["num_sandbox_errors"][i]), "tool_errors": int(columns["num_tool_errors"][i]),
+            "finish_reason": traj.finish_reasons[i],
             "truncated": bool(columns["truncated"][i]), "response_tokens": int(columns["response_lens"][i]),
             "sampled_tokens": int(action[i]),
-            "tool_calls": [{"code": c.code, "status": c.status, "output": c.output} for c in traj.tool_calls[i]],
+            "tool_calls": [{"tool": c.tool, "code": c.code, "status": c.status, "output": c.output}
+                           for c in traj.tool_calls[i]],
             "weight_version": weight_version,
             "filtered_by": [name for name, rows in matched.items() if rows[i]],
         })
@@ -155,7 +161,8 @@ def prune(folder: str | os.PathLike, split: str, keep_last: int) -> list[Path]:
 
 
 def has_failed_call(record: dict[str, Any]) -> bool:
-    """An execution of the trajectory failed (the code raised, timed out, or the sandbox could not run it)."""
+    """A call of the trajectory failed (the code raised or timed out, the sandbox or the tool failed, the call was
+    malformed)."""
     return any(call["status"] in FAILED_STATUSES for call in record["tool_calls"])
 
 
@@ -190,6 +197,12 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
         "response_tokens": sum(r["response_tokens"] for r in records) / n,
         "truncated": sum(bool(r["truncated"]) for r in records) / n,
     }
+
+
+def tool_of(call: dict[str, Any]) -> str:
+    """The name of the tool a recorded call went to, for display: "python" in dumps written before calls named their
+    tool, "no tool" for a call that did not parse to a name."""
+    return call.get("tool", "python") or "no tool"
 
 
 def segments(response: str, code_start: str = "```python", output_start: str = "```output",

@@ -2,16 +2,18 @@
 
 Both read the records of ``zerotir.rollout_log.records``; the response is split into its text, code and output parts
 (``records.segments``), so code and tool output show as blocks of their own. The k-th output block of a response is
-the result of its k-th execution (``tool_calls[k]``), whose status colours it.
+the result of its k-th call (``tool_calls[k]``), labelled with its tool's name and coloured by its status; the
+headline names the tools called, so a format whose calls are not fenced blocks still shows which tool ran.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from zerotir.rollout_log.records import FAILED_STATUSES, has_failed_call, segments, summary
+from zerotir.rollout_log.records import FAILED_STATUSES, has_failed_call, segments, summary, tool_of
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|])")
 
@@ -43,19 +45,27 @@ def _fenced(text: str, lang: str = "") -> str:
     return f"{fence}{lang}\n{text}\n{fence}"
 
 
+def _output_label(call: dict[str, Any] | None) -> str:
+    """``<tool> output (<status>)`` for an output block; ``output (?)`` when no recorded call matches it."""
+    return f"{tool_of(call)} output ({call['status']})" if call is not None else "output (?)"
+
+
 def headline(record: dict[str, Any]) -> str:
-    """One line on a trajectory: reward, verdict, calls, finish reason, length, and the filters that removed it."""
+    """One line on a trajectory: reward, verdict, calls (per tool), finish reason, length, and the filters that
+    removed it."""
     failed = sum(c["status"] in FAILED_STATUSES for c in record["tool_calls"])
+    tools = Counter(tool_of(c) for c in record["tool_calls"])
+    per_tool = f" ({', '.join(f'{tool} {n}' for tool, n in tools.items())})" if tools else ""
     verdict = "correct" if record["correct"] else "wrong"
     removed = record.get("filtered_by") or []  # absent from dumps written before the trajectory filters
-    return (f"reward {record['reward']:g} ({verdict}) | {record['calls']} call(s), {failed} failed | "
+    return (f"reward {record['reward']:g} ({verdict}) | {record['calls']} call(s){per_tool}, {failed} failed | "
             f"finish {record['finish_reason']} | {record['response_tokens']} tokens"
             + (f" | filtered by {', '.join(removed)}" if removed else ""))
 
 
 def markdown_sample(record: dict[str, Any], title: str = "") -> str:
     """One trajectory as Markdown: a headline, the answer against the reference, the prompt, then the response
-    with its code blocks as ``python`` and its outputs as ``text`` blocks (each labelled with its status)."""
+    with its code blocks as ``python`` and its outputs as ``text`` blocks (each labelled with its tool and status)."""
     lines = [f"**{title}** | " if title else "", headline(record), "\n\n",
              f"problem `{record['problem_id']}` | answer `{record['answer']}` | reference `{record['reference']}`",
              "\n\n**prompt**\n\n", _fenced(record["prompt"], "text"), "\n\n**response**\n\n"]
@@ -67,8 +77,7 @@ def markdown_sample(record: dict[str, Any], title: str = "") -> str:
             lines.append(_fenced(text, "python") + "\n\n")
         else:
             call = next(calls, None)
-            status = call["status"] if call is not None else "?"
-            lines.append(f"*output ({status})*\n\n" + _fenced(text, "text") + "\n\n")
+            lines.append(f"*{_output_label(call)}*\n\n" + _fenced(text, "text") + "\n\n")
     return "".join(lines).rstrip() + "\n"
 
 
@@ -103,9 +112,8 @@ def rich_trajectory(record: dict[str, Any]) -> Any:
                                title="code", title_align="left", border_style="blue"))
         else:
             call = next(calls, None)
-            status = call["status"] if call is not None else "?"
-            failed = status in FAILED_STATUSES
-            parts.append(Panel(Text(text, style="red" if failed else "yellow"), title=f"output ({status})",
+            failed = call is not None and call["status"] in FAILED_STATUSES
+            parts.append(Panel(Text(text, style="red" if failed else "yellow"), title=_output_label(call),
                                title_align="left", border_style="red" if failed else "yellow"))
     answer = Text.assemble(("answer ", "bold"), (str(record["answer"]), "bold green" if ok else "bold red"),
                            ("   reference ", "bold"), (str(record["reference"]), "green"))
