@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any
 
-import torch
 from torch import nn
 
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
@@ -30,7 +29,7 @@ from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.ranks import TrainerRanks
 from zerotir.fleet.versioned import ProducerStopped
 from zerotir.fleet.weight_push import PushStats
-from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
+from zerotir.rollout.engine import EngineWrapper, RolloutEngine, Sample
 
 
 class _Method:
@@ -55,44 +54,18 @@ class _Now(_Method):
         return done
 
 
-class _Stoppable:
+class _Stoppable(EngineWrapper):
     """The batch-share host's engine, whose next step raises ``ProducerStopped`` once the host closes: a rollout in
     flight ends there instead of running to its end."""
 
     def __init__(self, engine: RolloutEngine, stopped: Callable[[], bool]):
-        self.engine, self._stopped = engine, stopped  # `engine`: the one it runs
-        self.context_length = engine.context_length
+        super().__init__(engine)
+        self._stopped = stopped
 
     def step(self) -> list[tuple[Hashable, Sample]]:
         if self._stopped():
             raise ProducerStopped
         return self.engine.step()
-
-    # the rest of the RolloutEngine protocol, as the engine has it
-    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
-        self.engine.submit(key, ids, params)
-
-    def release(self, key: Hashable) -> None:
-        self.engine.release(key)
-
-    @property
-    def num_running(self) -> int:
-        return self.engine.num_running
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.engine.update_weights(named_tensors)
-
-    def reset_cache(self) -> None:
-        self.engine.reset_cache()
-
-    def load_weights_from(self, actor: torch.nn.Module) -> None:
-        self.engine.load_weights_from(actor)
-
-    def rest(self) -> None:
-        self.engine.rest()
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 class ThreadHost:

@@ -141,6 +141,43 @@ class RolloutEngine(Protocol):
         ...
 
 
+class EngineWrapper:
+    """A ``RolloutEngine`` that hands every call to the engine it wraps (``self.engine``); a subclass changes what
+    it needs (a stop check, a progress line in ``step``) and keeps the rest of the protocol as the engine has it."""
+
+    def __init__(self, engine: RolloutEngine):
+        self.engine = engine
+        self.context_length = engine.context_length
+
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+        self.engine.submit(key, ids, params)
+
+    def step(self) -> list[tuple[Hashable, Sample]]:
+        return self.engine.step()
+
+    def release(self, key: Hashable) -> None:
+        self.engine.release(key)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def reset_cache(self) -> None:
+        self.engine.reset_cache()
+
+    def load_weights_from(self, actor: torch.nn.Module) -> None:
+        self.engine.load_weights_from(actor)
+
+    def rest(self) -> None:
+        self.engine.rest()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
 def generate(engine: RolloutEngine, prompts: list[list[int]],
              params: SamplingParams | list[SamplingParams]) -> list[list[Sample]]:
     """Plain sampling on the protocol: for each prompt (token ids), ``n`` samples, all submitted at once.

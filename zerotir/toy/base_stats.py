@@ -24,7 +24,7 @@ from zerotir.console import StepDisplay
 from zerotir.reward import score
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import EngineWrapper, SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tasks import Question, heldout_set
 from zerotir.toy.template import toy_prompt
@@ -45,25 +45,15 @@ def _sandbox_client(urls: list[str] | None) -> Iterator[object]:
 PROGRESS_EVERY = 16  # engine steps (a token for every running answer) between two progress lines
 
 
-class ReportingEngine:
+class ReportingEngine(EngineWrapper):
     """A measurement's engine that reports its progress: a line per ``every`` engine steps through a pipe, and one
     after 8 s without (a step's own time keeps the gap under 10 s; ``StepDisplay``), a live bar in a terminal. The
     measurement samples every answer a token at a time, for minutes on a loaded machine; without these lines it
     would run silently."""
 
     def __init__(self, engine: Any, display: StepDisplay) -> None:
-        self.engine, self.display, self.steps = engine, display, 0
-        self.context_length = engine.context_length
-
-    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
-        self.engine.submit(key, ids, params)
-
-    def release(self, key: Hashable) -> None:
-        self.engine.release(key)
-
-    @property
-    def num_running(self) -> int:
-        return self.engine.num_running
+        super().__init__(engine)
+        self.display, self.steps = display, 0
 
     def step(self) -> list[tuple[Hashable, Any]]:
         done = self.engine.step()
