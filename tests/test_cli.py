@@ -18,7 +18,6 @@ import zerotir.__main__ as entry
 from callbacks.progress import RLStepProgressBar, rl_step_description
 from zerotir import models
 from zerotir.cli import ZeroTIRCLI
-from zerotir.cli_checks import check_not_finished
 from zerotir.config import HFRollout
 from zerotir.toy.pretrain import PretrainSettings
 from zerotir.toy.tiny_model import build_tiny_model
@@ -384,22 +383,6 @@ def test_a_gpu_config_without_cuda_names_the_accelerator_and_the_rehearsals(tmp_
                          str(tmp_path)], run=False)
 
 
-def test_zero_max_steps_is_an_error_before_anything_starts(no_toy_build, tiny_dir, tmp_path):
-    with pytest.raises(ValueError, match=r"trainer.max_steps=0.*--trainer.max_steps N"):
-        toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--trainer.max_steps", "0", root=tmp_path)
-    assert not (tmp_path / "tensorboard").exists()
-
-
-def test_resuming_a_finished_run_says_to_raise_max_steps(tiny_dir, tmp_path, monkeypatch):
-    (tmp_path / "checkpoints").mkdir()
-    torch.save({"global_step": 20, "state_dict": {}}, tmp_path / "checkpoints" / "last.ckpt")
-    monkeypatch.chdir(REPO)
-    finished = r"the run is finished.*RL step 20.*trainer.max_steps=20.*--trainer.max_steps 40"
-    with pytest.raises(ValueError, match=finished):
-        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
-                         "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
-
-
 def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     typo = tmp_path / "mine.yaml"
@@ -407,60 +390,3 @@ def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(c
     err = parse_error(["fit", "--config", CONFIG, "--config", str(typo), "--print_config"], capsys)
     assert f"in the config file {typo}" in err and "did you mean: --model.rl.kl_coef" in err
     assert "(every option with its meaning: python -m zerotir fit --help)" in err
-
-
-def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)
-    with pytest.raises(FileNotFoundError):
-        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
-                         "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
-                         "--trainer.default_root_dir", str(tmp_path / "run")])
-    assert not (tmp_path / "run" / "tensorboard").exists()
-
-
-def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
-    """The sandbox health check fails before step 1 (a closed loopback port): the error names it, no folder stays."""
-    import socket
-
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    monkeypatch.chdir(REPO)
-    with pytest.raises(Exception, match="sandbox") as failed:
-        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
-                         "--model.sandbox.urls", f"[{url}]", "--model.sandbox.retries", "0",
-                         "--trainer.default_root_dir", str(tmp_path / "run")])
-    assert url in str(failed.value)
-    assert not (tmp_path / "run" / "tensorboard").exists()
-
-
-def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monkeypatch):
-    """No sandbox answering: its error is the first thing printed, not the line under a table of the model."""
-    from zerotir.cli import LateModelSummary
-    from zerotir.module import ZeroTIRModule
-
-    def no_sandbox(self):
-        raise ConnectionError("no sandbox")
-
-    tables = []
-    monkeypatch.setattr(LateModelSummary, "summarize", staticmethod(lambda *args, **kwargs: tables.append(args)))
-    monkeypatch.setattr(ZeroTIRModule, "_start_source", no_sandbox)
-    monkeypatch.chdir(REPO)
-    cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
-                           "--trainer.default_root_dir", str(tmp_path)], run=False)
-    assert sum(isinstance(cb, LateModelSummary) for cb in cli.trainer.callbacks) == 1
-    with pytest.raises(ConnectionError):
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert tables == []  # the table would have been printed before the sandbox start
-
-
-@pytest.mark.parametrize("states", ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"])
-def test_resuming_a_finished_deepspeed_run_says_to_raise_max_steps(tmp_path, states):
-    """A DeepSpeed checkpoint is a folder; Lightning's trainer state is rank 0's model-states file's client state
-    (ZeRO-2 and ZeRO-3 name it differently)."""
-    folder = tmp_path / "last.ckpt" / "checkpoint"
-    folder.mkdir(parents=True)
-    torch.save({"global_step": 6, "module": None}, folder / states)
-    with pytest.raises(ValueError, match=r"the run is finished.*RL step 6.*--trainer.max_steps 12"):
-        check_not_finished("last", str(tmp_path), 6)
-    check_not_finished("last", str(tmp_path), 7)  # a run with steps left resumes
