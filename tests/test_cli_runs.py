@@ -37,6 +37,20 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, t
     assert not (tmp_path / "run" / "tensorboard").exists()
 
 
+def test_only_rank_zero_removes_the_log_folder_of_a_failed_run(tiny_dir, tmp_path, monkeypatch):
+    """Every rank of a multi-process run fails together; the folder is rank 0's to remove (two ranks on one file
+    system removing it both raced: one rank's error became a FileNotFoundError from ``rmtree``)."""
+    from lightning.pytorch import Trainer
+
+    monkeypatch.setattr(Trainer, "is_global_zero", property(lambda self: False))
+    monkeypatch.chdir(REPO)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
+                         "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
+                         "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert (tmp_path / "run" / "tensorboard").is_dir()  # what this process's logger wrote stays for rank 0
+
+
 def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
     """The sandbox health check fails before step 1 (a closed loopback port): the error names it, no folder stays."""
     import socket

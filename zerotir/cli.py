@@ -186,13 +186,15 @@ class ZeroTIRCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
-        event file and config.yaml) is removed if this run created it."""
+        event file and config.yaml) is removed if this run created it. Rank 0 alone removes it: the logger writes
+        it there only, and two ranks sharing one file system would race on the same folder."""
         log_dir = getattr(self.trainer.logger, "log_dir", None)
         created = log_dir is not None and not Path(log_dir).exists()
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            if created and self.trainer.global_step == 0 and Path(log_dir).is_dir():
+            if (created and self.trainer.is_global_zero and self.trainer.global_step == 0
+                    and Path(log_dir).is_dir()):
                 shutil.rmtree(log_dir)
             raise
 
