@@ -9,7 +9,7 @@ from typing import Any, Literal, get_args
 from zerotir.config.checks import check_min, check_sampling
 
 
-CallFormatName = Literal["fences", "hermes"]
+CallFormatName = Literal["fences", "hermes", "chat"]
 _TOOL_ENTRY_KEYS = {"class_path", "init_args"}
 
 
@@ -37,8 +37,10 @@ class ToolConfig:
     format: CallFormatName = "fences"
     """How the model writes a call (``zerotir.tools.formats``): "fences" (the paper's ```python block, its output in
     ``output_template``; calls the python tool only) or "hermes" (``<tool_call>{"name": ..., "arguments": {...}}
-    </tool_call>``, the observation in ``<tool_response>``; any of ``tools`` by name). code_start, code_end and
-    output_template are the fences' markers: with hermes they must keep their defaults."""
+    </tool_call>``, the observation in ``<tool_response>``; any of ``tools`` by name) or "chat" (an instruct /
+    thinking model's own chat template: the prompt with the tools' schemas, needs data.template: chat; hermes's
+    calls; each observation as the template's tool turn). code_start, code_end and output_template are the fences'
+    markers: with hermes and chat they must keep their defaults."""
     tools: list[dict[str, Any]] = field(default_factory=lambda: [{"class_path": "python"}])
     """The tools the model may call: ``class_path`` entries with their ``init_args`` (``zerotir.tools.registry``):
     a built-in name (python, calculator, search) or the dotted path of a ``zerotir.tools.Tool`` subclass. They live

@@ -29,7 +29,7 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from zerotir.data.prompts import get_template, tokenize_prompts
+from zerotir.data.prompts import check_template, render_prompts, tokenize_prompts
 from zerotir.data.stream import Consumption, PromptStream, row_copy
 
 logger = logging.getLogger(__name__)
@@ -152,11 +152,10 @@ def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "an
 
 
 def build_prompts(rows: list[dict[str, str]], source: str, template: str, tokenizer: Any,
-                  max_prompt_tokens: int | None) -> tuple[list[dict[str, Any]], int]:
-    """Render and tokenize ``rows``; returns the kept rows (with ``prompt_text``, ``prompt_ids``, ``source``) and
-    the number dropped for exceeding ``max_prompt_tokens``."""
-    tpl = get_template(template)
-    texts = [tpl.render(row["problem"], tokenizer) for row in rows]
+                  max_prompt_tokens: int | None, tools: list[dict[str, Any]] | None = None) -> tuple[list[dict], int]:
+    """Render (``tools``: ``render_prompts``) and tokenize ``rows``; returns the kept rows (with ``prompt_text``,
+    ``prompt_ids``, ``source``) and the number dropped for exceeding ``max_prompt_tokens``."""
+    texts = render_prompts(template, [row["problem"] for row in rows], tokenizer, tools)
     ids = tokenize_prompts(template, texts, tokenizer)
     kept = [{**row, "prompt_text": text, "prompt_ids": tok_ids, "source": source}
             for row, text, tok_ids in zip(rows, texts, ids)
@@ -202,6 +201,8 @@ class PromptDataModule(LightningDataModule):
             sentence), "chat" (the tokenizer's chat template, for an instruct model), "toy" (the toy world's), or
             "package.module:function" of your own (docs/data.md).
         tokenizer: path of a tokenizer (an HF model folder); or call ``set_tokenizer`` before ``setup``.
+        tools: the tools the ``chat`` template shows the model: ``model.tool.tools`` under ``model.tool.format: chat``
+            (linked by ``zerotir.cli``), else None.
         prompts_per_step: prompts per training batch.
         eval_prompts_per_batch: prompts per validation / test batch.
         max_prompt_tokens: prompts with more tokens are dropped with a warning (counts in ``dropped``); None = keep all.
@@ -213,7 +214,7 @@ class PromptDataModule(LightningDataModule):
     def __init__(self, train_files: list[str] | None = None, val_files: list[str] | None = None,
                  test_files: list[str] | None = None, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str = "id", template: str = "orz_tool", tokenizer: str | None = None,
-                 prompts_per_step: int = 128, eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024,
+                 tools: list[dict[str, Any]] | None = None, prompts_per_step: int = 128, eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024,
                  seed: int = 0, limit_val_rows: int | None = None, limit_test_rows: int | None = None) -> None:
         super().__init__()
         # ``seed`` stays out of the logged hyperparameters: the module has its own ``seed`` (rollout sampling), and
@@ -223,12 +224,12 @@ class PromptDataModule(LightningDataModule):
         self.save_hyperparameters(ignore=["seed"])
         if prompts_per_step < 1 or eval_prompts_per_batch < 1:
             raise ValueError("prompts_per_step and eval_prompts_per_batch must be >= 1")
-        get_template(template)  # fail at construction on an unknown template name
+        check_template(template, tools)  # fail at construction on an unknown template name, or tools it cannot show
         self.train_files = list(train_files or [])
         self.val_files = list(val_files or [])
         self.test_files = list(test_files) if test_files is not None else list(BENCHMARKS)
         self.fields = {"problem_field": problem_field, "answer_field": answer_field, "id_field": id_field}
-        self.template, self.tokenizer_path = template, tokenizer
+        self.template, self.tokenizer_path, self.tools = template, tokenizer, tools
         self.prompts_per_step, self.eval_prompts_per_batch = prompts_per_step, eval_prompts_per_batch
         self.max_prompt_tokens, self.seed = max_prompt_tokens, seed
         self.limits = {"val": limit_val_rows, "test": limit_test_rows}
@@ -269,7 +270,8 @@ class PromptDataModule(LightningDataModule):
     def _prepare(self, spec: str, split: str, limit: int | None) -> list[dict[str, Any]]:
         rows = load_rows(spec, default_split=split, limit=limit, **self.fields)
         name = source_name(spec)
-        kept, dropped = build_prompts(rows, name, self.template, self._get_tokenizer(), self.max_prompt_tokens)
+        kept, dropped = build_prompts(rows, name, self.template, self._get_tokenizer(), self.max_prompt_tokens,
+                                      self.tools)
         self.dropped[name] = dropped
         return kept
 

@@ -5,7 +5,9 @@ Built in:
         turn says Python may be used, will be executed and its result shown, and asks for the answer in ``\\boxed{}``;
         the assistant turn starts with ``<think>``.
     ``plain``: the problem and a request for a boxed answer, nothing else (no tool mention).
-    ``chat``: the tokenizer's own chat template, with a system prompt about tool use (instruct models).
+    ``chat``: the tokenizer's own chat template, with a system prompt about tool use (instruct models); under
+        ``model.tool.format: chat`` with the tools' schemas instead (``render_prompts``). Both through
+        ``zerotir.tools.chat``, the one place a chat template is applied.
 
 More can be added with ``register_template(name, fn)`` (e.g. the toy world's ``toy``), or named in config as
 ``"package.module:function"``, imported on first use.
@@ -71,11 +73,35 @@ def _plain(problem: str, tokenizer: Any = None) -> str:
 
 
 def _chat(problem: str, tokenizer: Any = None) -> str:
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError("template 'chat' needs a tokenizer with a chat template (tokenizer.chat_template); "
-                         "for a base model use template 'orz_tool' or 'plain'")
-    messages = [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": problem}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    from zerotir.tools.chat import chat_prompt, check_chat_template
+
+    check_chat_template(tokenizer, "data.template: chat", "for a base model use template 'orz_tool' or 'plain'")
+    return chat_prompt(tokenizer, CHAT_SYSTEM_PROMPT, problem)
+
+
+def render_prompts(name: str, problems: list[str], tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                   ) -> list[str]:
+    """The prompt texts of ``problems`` under template ``name``. With ``tools`` (``model.tool.tools`` entries, under
+    ``model.tool.format: chat``; the template is then ``chat``) the model's template shows their schemas and how to
+    call them, so the system prompt does not speak of code fences."""
+    if tools is None:
+        template = get_template(name)
+        return [template.render(problem, tokenizer) for problem in problems]
+    from zerotir.tools.chat import CHAT_TOOLS_SYSTEM_PROMPT, chat_prompt, check_chat_template
+    from zerotir.tools.registry import tool_schemas
+
+    check_chat_template(tokenizer, "model.tool.format: chat", "use an instruct or thinking model whose tokenizer "
+                        "has one (e.g. Qwen2.5-Instruct), or format: fences / hermes with a base model")
+    schemas = tool_schemas(tools)  # built once per source (an MCP server is started once per process)
+    return [chat_prompt(tokenizer, CHAT_TOOLS_SYSTEM_PROMPT, problem, schemas) for problem in problems]
+
+
+def check_template(name: str, tools: list[dict[str, Any]] | None = None) -> None:
+    """Raise ``ValueError`` for an unknown template name, or for ``tools`` with a template other than ``chat``."""
+    get_template(name)
+    if tools is not None and name != "chat":
+        raise ValueError(f"model.tool.format: chat builds the prompts with the model's chat template and the "
+                         f"tools' schemas, and data.template is {name!r}: set data.template: chat")
 
 
 def register_template(name: str, fn: TemplateFn, *, add_special_tokens: bool = True, overwrite: bool = False) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from zerotir.config import ToolConfig
 from zerotir.reward import count_boxed, extract_boxed
-from zerotir.tools.formats import call_format
+from zerotir.tools.formats import markers
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,9 @@ class Markers:
 
     @classmethod
     def of(cls, tool: ToolConfig) -> Markers:
-        """The markers of ``model.tool.format`` (``fences``: the ones above; ``hermes``: <tool_call> and
-        <tool_response>, whose blocks count as code and output blocks)."""
-        fmt = call_format(tool)
-        return cls(fmt.call_start, fmt.call_end, fmt.output_start, fmt.output_end)
+        """The markers of ``model.tool.format`` (``fences``: the ones above; ``hermes`` and ``chat``: <tool_call>
+        and <tool_response>, whose blocks count as code and output blocks)."""
+        return cls(*markers(tool))
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ async def rollout(
     """
     _check_inputs(prompts, params, ground_truths)
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
-    fmt, tools = call_format(tool), tools if tools is not None else Toolbox.build(tool, sandbox)
+    fmt, tools = call_format(tool, tokenizer), tools if tools is not None else Toolbox.build(tool, sandbox)
     if tool.enabled:
         fmt.check_tools(tools.names)
     run = _Run(engine, tokenizer, tools, fmt, _initial_rows(tokenizer, prompts, params.n, fmt, tool.max_tool_calls),

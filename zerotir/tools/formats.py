@@ -12,6 +12,10 @@ markers of that rendered block, which the trajectory filters count (``zerotir.fi
   {...}}</tool_call>`` in, ``<tool_response>...</tool_response>`` out. Malformed JSON, a missing name or arguments
   that are not an object give an error observation the model reads (status ``invalid``), as an unknown tool name or
   arguments off the tool's schema do (``zerotir.tools.registry``).
+* ``chat``, an instruct / thinking model's own chat template (``zerotir.tools.chat``): the calls are hermes's
+  ``<tool_call>`` JSON (the Qwen2.5 / Qwen3 templates ask for it; a template that does not is refused), and the
+  observation comes back as the template's tool turn: the assistant turn ends, a tool turn holds the observation,
+  and a new assistant turn opens. The prompt is the template with the tools' schemas (the data's ``chat`` template).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FORMATS", "Call", "CallFormat", "Fences", "Hermes", "call_format"]
+__all__ = ["FORMATS", "Call", "CallFormat", "Chat", "Fences", "Hermes", "call_format", "markers"]
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,50 @@ class Hermes(CallFormat):
         return f"\n{self.output_start}\n{text}\n{self.output_end}\n"
 
 
+class Chat(Hermes):
+    """Hermes's calls; the observation as the chat template's tool turn (module doc).
+
+    Args:
+        tokenizer: the model's tokenizer, whose chat template writes the tool turns.
+
+    Raises:
+        ValueError: no tokenizer, a tokenizer without a chat template, or a template without ``<tool_call>`` calls.
+    """
+
+    def __init__(self, tokenizer: Any):
+        from zerotir.tools.chat import check_chat_template
+
+        check_chat_template(tokenizer, "model.tool.format: chat", "use an instruct or thinking model whose tokenizer "
+                            "has one (e.g. Qwen2.5-Instruct), or format: fences / hermes with a base model")
+        if self.call_start not in tokenizer.chat_template:
+            raise ValueError(f"model.tool.format: chat parses {self.call_start} JSON calls, and the chat template of "
+                             f"{tokenizer.name_or_path or 'the tokenizer'} does not use them; use a model whose "
+                             "template does (Qwen2.5 / Qwen3), or format: hermes with a prompt that asks for them")
+        self.tokenizer = tokenizer
+
+    def render(self, text: str) -> str:
+        from zerotir.tools.chat import tool_turn
+
+        return tool_turn(self.tokenizer, text)
+
+
 def _error(message: str) -> Call:
     return Call("", {}, message)
 
 
-FORMATS = {"fences": Fences, "hermes": Hermes}
+FORMATS = {"fences": Fences, "hermes": Hermes, "chat": Chat}
 
 
-def call_format(tool: Any) -> CallFormat:
-    """The format of ``model.tool.format`` with the markers of that group (a ``zerotir.config.ToolConfig``)."""
+def call_format(tool: Any, tokenizer: Any = None) -> CallFormat:
+    """The format of ``model.tool.format`` with the markers of that group (a ``zerotir.config.ToolConfig``);
+    ``chat`` renders with ``tokenizer``'s chat template (required there)."""
+    if tool.format == "chat":
+        return Chat(tokenizer)
     return Fences(tool) if tool.format == "fences" else Hermes()
+
+
+def markers(tool: Any) -> tuple[str, str, str, str]:
+    """``call_start``, ``call_end``, ``output_start`` and ``output_end`` of ``model.tool.format`` (no tokenizer
+    needed: chat's are hermes's)."""
+    fmt = Fences(tool) if tool.format == "fences" else Hermes()
+    return fmt.call_start, fmt.call_end, fmt.output_start, fmt.output_end

