@@ -24,12 +24,17 @@ with the same ``--prompts`` x ``--n`` rows and seeds:
 
 * ``trajectory``: the tool loop with every trajectory on its own (``Schedule("trajectory")``, the default);
 * ``rounds``: the synchronous baseline, rounds of ``--tokens_per_call`` tokens (``Schedule("rounds")``);
+* ``direct sandbox call``: the ``trajectory`` loop with each code block sent straight to ``sandbox.run`` and its
+  result formatted as the loop did before the tools were plug-ins (``DirectSandbox``: no registry, no schema check,
+  no tool object), against the plug-in path the trainer runs (``zerotir.tools``: ``Toolbox.build`` per rollout, the
+  ``python`` tool over the same client);
 * ``plain``: the same engine decoding exactly the tokens each row sampled in the ``trajectory`` run, without tools,
   in one batch (HF: ``generate`` with EOS off and per-row budgets; vLLM: its own ``LLM.generate`` with
   ``ignore_eos`` and per-row ``max_tokens``, the engine's fastest batch path).
 
 Tokens = tokens the policy sampled (``action_mask``). Headlines: vLLM ``trajectory / rounds`` tokens/s (target
->= 1.5) and, per engine, ``trajectory / plain`` (target >= 0.9).
+>= 1.5), per engine ``trajectory / plain`` (target >= 0.9), and per engine the plug-in tools' overhead per
+trajectory against the direct call (time per sampled token, target within 2%).
 """
 
 from __future__ import annotations
@@ -51,11 +56,15 @@ from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
+from zerotir.rollout.tool_block import format_output, status_of
+from zerotir.tools.base import Observation
+from zerotir.tools.registry import Toolbox, Used
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TARGET_VS_ROUNDS = 1.5  # vLLM: per trajectory / rounds
 TARGET_VS_PLAIN = 0.9  # each engine: tool loop / plain decoding of the same tokens
+TARGET_PLUGIN_OVERHEAD = 0.02  # each engine: the plug-in tools' time per token over the direct sandbox call's
 MAX_LEN = 2048
 
 
@@ -149,10 +158,31 @@ def sandbox_cpu(url: str) -> float:
     return total
 
 
-def tool_run(engine, tok, sandbox, prompts, params, tool, schedule) -> dict:
-    """One tool-loop rollout: wall time, sampled tokens per row, calls per row, the loop's timings."""
+class DirectSandbox(Toolbox):
+    """The baseline of the plug-in tools: a call's code straight to ``sandbox.run``, its result formatted as the
+    loop did before the tools were plug-ins (``tool_block.format_output``): the same observation as the ``python``
+    tool's, without the registry, the schema check and the tool object."""
+
+    def __init__(self, sandbox, tool: ToolConfig):
+        super().__init__([], tool.max_output_chars)
+        self.sandbox, self.tool = sandbox, tool
+
+    @property
+    def names(self) -> list[str]:
+        return ["python"]  # what the fences format checks
+
+    async def run(self, call) -> Used:
+        start = time.perf_counter()
+        result = await self.sandbox.run(call.arguments["code"], run_timeout=self.tool.run_timeout)
+        return Used("python", Observation(format_output(result, self.tool), status_of(result)),
+                    time.perf_counter() - start)
+
+
+def tool_run(engine, tok, sandbox, prompts, params, tool, schedule, tools=None) -> dict:
+    """One tool-loop rollout (``tools`` None: the plug-in tools, built as the trainer builds them): wall time,
+    sampled tokens per row, calls per row, the loop's timings."""
     start = time.perf_counter()
-    traj, timings = rollout_sync(engine, tok, sandbox, prompts, params, tool, schedule=schedule)
+    traj, timings = rollout_sync(engine, tok, sandbox, prompts, params, tool, schedule=schedule, tools=tools)
     wall = time.perf_counter() - start
     sampled = traj.action_mask.sum(1).tolist()
     return {"wall": wall, "sampled": sampled, "tok_s": sum(sampled) / wall, "calls": float(traj.num_calls.float().mean()),
@@ -183,6 +213,7 @@ def plain_run(name: str, engine, fixed: HFEngine, prompts, n: int, sampled: list
 
 
 NO_CACHE = "trajectory, prefix cache off"  # how the paper's code runs its requests (vLLM only)
+DIRECT = "trajectory, direct sandbox call"  # the loop without the tool plug-ins (DirectSandbox)
 
 
 def build_engines(names: list[str], model, tok, folder: Path, rows: int) -> tuple[dict, HFEngine, object]:
@@ -236,12 +267,13 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
         for r in range(args.repeats):
             params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=budget, seed=args.seed + r)
             for name, engine in (engines.items() if r % 2 == 0 else reversed(engines.items())):
-                runs = [(kind, engine, schedule) for kind, schedule in schedules.items()]
+                runs = [(kind, engine, schedule, None) for kind, schedule in schedules.items()]
+                runs.insert(1 if r % 2 == 0 else 0, (DIRECT, engine, Schedule(), DirectSandbox(sandbox, tool)))
                 if name == "vllm":
-                    runs.append((NO_CACHE, no_cache, Schedule()))
-                for kind, run_engine, schedule in runs:
+                    runs.append((NO_CACHE, no_cache, Schedule(), None))
+                for kind, run_engine, schedule, tools in runs:
                     cpu0, hits0 = sandbox_cpu(urls[0]), (run_engine.prefix_hits if name == "vllm" else 0)
-                    run = tool_run(run_engine, tok, sandbox, prompts, params, tool, schedule)
+                    run = tool_run(run_engine, tok, sandbox, prompts, params, tool, schedule, tools)
                     run["prefix_hits"] = (run_engine.prefix_hits - hits0) if name == "vllm" else 0
                     run["sandbox_cpu"], run["load"] = sandbox_cpu(urls[0]) - cpu0, os.getloadavg()[0]
                     results.setdefault((name, kind), []).append(run)
@@ -272,7 +304,7 @@ def report(results: dict[tuple[str, str], list[dict]], args: argparse.Namespace,
     ratios: dict[str, float] = {}
     for name in args.engines:
         plain = [x["tok_s"] for x in results[(name, "plain")]]
-        for kind in ("trajectory", "rounds", NO_CACHE):
+        for kind in ("trajectory", DIRECT, "rounds", NO_CACHE):
             if (name, kind) not in results:
                 continue
             runs = results[(name, kind)]
@@ -296,6 +328,10 @@ def report(results: dict[tuple[str, str], list[dict]], args: argparse.Namespace,
         got = ratios[f"{name} trajectory / plain"]
         lines.append(f"{name} tool loop / plain decoding {got:.2f} ({'meets' if got >= TARGET_VS_PLAIN else 'MISSES'}"
                      f" >= {TARGET_VS_PLAIN})")
+        pairs = zip(results[(name, DIRECT)], results[(name, "trajectory")])
+        ratios[f"{name} plug-in overhead"] = over = med([d["tok_s"] / p["tok_s"] - 1 for d, p in pairs])
+        lines.append(f"{name} plug-in tools' time per token over the direct sandbox call {over:+.1%} "
+                     f"({'meets' if over <= TARGET_PLUGIN_OVERHEAD else 'MISSES'} <= {TARGET_PLUGIN_OVERHEAD:.0%})")
     print(f"\nprofile {profile}: " + "; ".join(lines), flush=True)
     return ratios
 
