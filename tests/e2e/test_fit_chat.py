@@ -10,9 +10,7 @@ import json
 import pytest
 
 from tests.e2e.conftest import cli_args, read_scalars, run_cli
-from tests.rollout.chat_model import tiny_qwen2
-from tests.rollout.memorised import memorise_ids
-from tests.rollout.test_agent_loop_chat import CHAT_DOC, HERMES_DOC, TOK
+from tests.rollout.test_agent_loop_chat import CHAT_DOC, memorised_qwen2
 from zerotir import metric_names as mn
 
 pytestmark = [pytest.mark.slow]
@@ -24,9 +22,7 @@ VLLM = {"class_path": "zerotir.config.VLLMRollout",
 @pytest.fixture(scope="module")
 def chat_base(tmp_path_factory):
     folder = tmp_path_factory.mktemp("chat_qwen2_base")
-    model = memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC)], steps=600)
-    model.save_pretrained(str(folder))
-    TOK.save_pretrained(str(folder))
+    memorised_qwen2(folder)
     return folder
 
 

@@ -90,14 +90,19 @@ CHAT_DOC = transcript(chat_ids("2*3+1?"), CHAT_TURNS, [tool_turn(TOK, o) for o i
 HERMES_DOC = transcript(enc(HERMES_PROMPT), HERMES_TURNS, [hermes_block("20")])
 
 
-@pytest.fixture(scope="module")
-def memorised(tmp_path_factory):
-    """A tiny Qwen2 that memorised both transcripts, saved with the tokenizer (vLLM loads the folder)."""
-    folder = tmp_path_factory.mktemp("chat_qwen2")
+def memorised_qwen2(folder):
+    """A tiny Qwen2 that memorised both transcripts, saved into ``folder`` with the tokenizer (vLLM and the trainer
+    load the folder)."""
     model = memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC)], steps=600)
     model.save_pretrained(str(folder))
     TOK.save_pretrained(str(folder))
-    return model, folder
+    return model
+
+
+@pytest.fixture(scope="module")
+def memorised(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chat_qwen2")
+    return memorised_qwen2(folder), folder
 
 
 def assert_round_trips(engine) -> None:
