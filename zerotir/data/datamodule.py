@@ -214,8 +214,9 @@ class PromptDataModule(LightningDataModule):
     def __init__(self, train_files: list[str] | None = None, val_files: list[str] | None = None,
                  test_files: list[str] | None = None, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str = "id", template: str = "orz_tool", tokenizer: str | None = None,
-                 tools: list[dict[str, Any]] | None = None, prompts_per_step: int = 128, eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024,
-                 seed: int = 0, limit_val_rows: int | None = None, limit_test_rows: int | None = None) -> None:
+                 tools: list[dict[str, Any]] | None = None, prompts_per_step: int = 128,
+                 eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024, seed: int = 0,
+                 limit_val_rows: int | None = None, limit_test_rows: int | None = None) -> None:
         super().__init__()
         # ``seed`` stays out of the logged hyperparameters: the module has its own ``seed`` (rollout sampling), and
         # Lightning refuses to log two different values under one name. That happens when `test --ckpt_path` takes

@@ -87,11 +87,10 @@ def render_prompts(name: str, problems: list[str], tokenizer: Any, tools: list[d
     if tools is None:
         template = get_template(name)
         return [template.render(problem, tokenizer) for problem in problems]
-    from zerotir.tools.chat import CHAT_TOOLS_SYSTEM_PROMPT, chat_prompt, check_chat_template
+    from zerotir.tools.chat import CHAT_TOOLS_SYSTEM_PROMPT, chat_prompt, check_chat_format
     from zerotir.tools.registry import tool_schemas
 
-    check_chat_template(tokenizer, "model.tool.format: chat", "use an instruct or thinking model whose tokenizer "
-                        "has one (e.g. Qwen2.5-Instruct), or format: fences / hermes with a base model")
+    check_chat_format(tokenizer)  # at start: the data is set up before the first rollout
     schemas = tool_schemas(tools)  # built once per source (an MCP server is started once per process)
     return [chat_prompt(tokenizer, CHAT_TOOLS_SYSTEM_PROMPT, problem, schemas) for problem in problems]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CHAT_TOOLS_SYSTEM_PROMPT", "check_chat_template", "chat_prompt", "tool_turn"]
+__all__ = ["CHAT_TOOLS_SYSTEM_PROMPT", "check_chat_format", "check_chat_template", "chat_prompt", "tool_turn"]
 
 CHAT_TOOLS_SYSTEM_PROMPT = (
     "You are a careful mathematician. Reason step by step, call a tool whenever it helps you compute or check a "
@@ -33,6 +33,17 @@ def check_chat_template(tokenizer: Any, setting: str, fix: str) -> None:
         name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
         raise ValueError(f"{setting}: {name} has no chat template (tokenizer.chat_template), so the prompt cannot be "
                          f"built in the model's own chat format; {fix}")
+
+
+def check_chat_format(tokenizer: Any) -> None:
+    """Raise ``ValueError`` naming ``model.tool.format`` and the fix when ``tokenizer`` cannot serve the ``chat``
+    format: no chat template, or one that does not ask for ``<tool_call>`` JSON calls (the only ones it parses)."""
+    check_chat_template(tokenizer, "model.tool.format: chat", "use an instruct or thinking model whose tokenizer has "
+                        "one (e.g. Qwen2.5-Instruct), or format: fences / hermes with a base model")
+    if "<tool_call>" not in tokenizer.chat_template:
+        raise ValueError(f"model.tool.format: chat parses <tool_call> JSON calls, and the chat template of "
+                         f"{tokenizer.name_or_path or 'the tokenizer'} does not use them; use a model whose template "
+                         "does (Qwen2.5 / Qwen3), or format: hermes with a prompt that asks for them")
 
 
 def chat_prompt(tokenizer: Any, system: str, problem: str, tools: list[dict[str, Any]] | None = None) -> str:

@@ -113,14 +113,9 @@ class Chat(Hermes):
     """
 
     def __init__(self, tokenizer: Any):
-        from zerotir.tools.chat import check_chat_template
+        from zerotir.tools.chat import check_chat_format
 
-        check_chat_template(tokenizer, "model.tool.format: chat", "use an instruct or thinking model whose tokenizer "
-                            "has one (e.g. Qwen2.5-Instruct), or format: fences / hermes with a base model")
-        if self.call_start not in tokenizer.chat_template:
-            raise ValueError(f"model.tool.format: chat parses {self.call_start} JSON calls, and the chat template of "
-                             f"{tokenizer.name_or_path or 'the tokenizer'} does not use them; use a model whose "
-                             "template does (Qwen2.5 / Qwen3), or format: hermes with a prompt that asks for them")
+        check_chat_format(tokenizer)
         self.tokenizer = tokenizer
 
     def render(self, text: str) -> str:
