@@ -25,7 +25,8 @@ with the same ``--prompts`` x ``--n`` rows and seeds:
 * ``trajectory``: the tool loop with every trajectory on its own (``Schedule("trajectory")``, the default);
 * ``rounds``: the synchronous baseline, rounds of ``--tokens_per_call`` tokens (``Schedule("rounds")``);
 * ``direct sandbox call``: the ``trajectory`` loop with each code block sent straight to ``sandbox.run`` and its
-  result formatted as the loop did before the tools were plug-ins (``DirectSandbox``: no registry, no schema check,
+  result formatted as the loop did before the tools were plug-ins (``benchmarks.tool_dispatch.DirectSandbox``: no
+  registry, no schema check,
   no tool object), against the plug-in path the trainer runs (``zerotir.tools``: ``Toolbox.build`` per rollout, the
   ``python`` tool over the same client);
 * ``plain``: the same engine decoding exactly the tokens each row sampled in the ``trajectory`` run, without tools,
@@ -51,14 +52,12 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.tool_dispatch import DirectSandbox, dispatch_cost
 from sandbox import SandboxClient, local_sandbox
 from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.rollout.tool_block import format_output, status_of
-from zerotir.tools.base import Observation
-from zerotir.tools.registry import Toolbox, Used
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -156,26 +155,6 @@ def sandbox_cpu(url: str) -> float:
         except FileNotFoundError:  # a worker replaced since the listing
             continue
     return total
-
-
-class DirectSandbox(Toolbox):
-    """The baseline of the plug-in tools: a call's code straight to ``sandbox.run``, its result formatted as the
-    loop did before the tools were plug-ins (``tool_block.format_output``): the same observation as the ``python``
-    tool's, without the registry, the schema check and the tool object."""
-
-    def __init__(self, sandbox, tool: ToolConfig):
-        super().__init__([], tool.max_output_chars)
-        self.sandbox, self.tool = sandbox, tool
-
-    @property
-    def names(self) -> list[str]:
-        return ["python"]  # what the fences format checks
-
-    async def run(self, call) -> Used:
-        start = time.perf_counter()
-        result = await self.sandbox.run(call.arguments["code"], run_timeout=self.tool.run_timeout)
-        return Used("python", Observation(format_output(result, self.tool), status_of(result)),
-                    time.perf_counter() - start)
 
 
 def tool_run(engine, tok, sandbox, prompts, params, tool, schedule, tools=None) -> dict:
@@ -328,7 +307,10 @@ def report(results: dict[tuple[str, str], list[dict]], args: argparse.Namespace,
         got = ratios[f"{name} trajectory / plain"]
         lines.append(f"{name} tool loop / plain decoding {got:.2f} ({'meets' if got >= TARGET_VS_PLAIN else 'MISSES'}"
                      f" >= {TARGET_VS_PLAIN})")
-        pairs = zip(results[(name, DIRECT)], results[(name, "trajectory")])
+        runs = results[(name, "trajectory")]
+        ratios[f"{name} s/trajectory"] = med([x["wall"] for x in runs]) / rows
+        ratios[f"{name} calls/row"] = med([x["calls"] for x in runs])
+        pairs = zip(results[(name, DIRECT)], runs)
         ratios[f"{name} plug-in overhead"] = over = med([d["tok_s"] / p["tok_s"] - 1 for d, p in pairs])
         lines.append(f"{name} plug-in tools' time per token over the direct sandbox call {over:+.1%} "
                      f"({'meets' if over <= TARGET_PLUGIN_OVERHEAD else 'MISSES'} <= {TARGET_PLUGIN_OVERHEAD:.0%})")
@@ -384,6 +366,15 @@ def main() -> None:
     if unknown or not profiles:
         parser.error(f"--profiles: unknown {unknown}; choose from {sorted(PROFILES)}")
     ratios = {p: overhead(args, p) for p in profiles}
+    cost = dispatch_cost()
+    print(f"\nthe tools' own cost: {cost['plug-in'] * 1e6:.0f} us per call plug-in, {cost['direct'] * 1e6:.0f} us "
+          f"direct, Toolbox.build {cost['build'] * 1e6:.0f} us per rollout")
+    rows = args.prompts * args.n
+    for p, r in ratios.items():
+        for name in args.engines:
+            extra = (cost["plug-in"] - cost["direct"]) * r[f"{name} calls/row"] + cost["build"] / rows
+            print(f"  {p} {name}: {extra * 1e6:.0f} us more per trajectory of {r[f'{name} s/trajectory']:.3f} s = "
+                  f"{extra / r[f'{name} s/trajectory']:.3%}")
     print("\nsummary:")
     for p, r in ratios.items():
         print(f"  {p}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
