@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
-from zerotir import models
+from zerotir import lora, models
 from zerotir.config import (
     BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
     RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain)
@@ -155,11 +155,14 @@ class ZeroTIRModule(LightningModule):
             self._hf_zero3 = hf_zero3_config(self.trainer)
         base = self.base
         self.actor = models.load_causal_lm(base.path, base.dtype, base.gradient_checkpointing, base.attn_implementation)
-        if fitting and self.rl.kl_coef > 0:
+        if base.lora is not None:  # the reference is then the actor with its adapters off (lora.AdaptersOff)
+            self.actor = lora.add_adapters(self.actor, base.lora)
+        elif fitting and self.rl.kl_coef > 0:
             self.ref_model = models.load_reference(base.path, base.dtype, base.attn_implementation)
         if fitting and self.rl.uses_critic:
             self.critic = models.load_critic(base.path, base.dtype, base.gradient_checkpointing,
                                              base.attn_implementation)
+            self.critic = lora.add_critic_adapters(self.critic, base.lora) if base.lora else self.critic
 
     def train(self, mode: bool = True) -> ZeroTIRModule:
         """Lightning switches the whole module to train mode; the reference model stays frozen in eval mode."""
@@ -168,11 +171,16 @@ class ZeroTIRModule(LightningModule):
             self.ref_model.eval()
         return self
 
+    @property
+    def _reference(self) -> Any:
+        """The reference of the KL: ``ref_model``, or under LoRA the actor with its adapters off (None: no KL)."""
+        return lora.reference(self.actor, self.ref_model, self.rl.kl_coef)
+
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
-        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": o.lr, "name": "actor"}]
-        if self.critic is not None:
-            groups.append({"params": list(self.critic.parameters()), "lr": o.critic_lr or o.lr, "name": "critic"})
+        groups = [{"params": lora.trainable(self.actor), "lr": o.lr, "name": "actor"}]
+        if self.critic is not None:  # under LoRA: the adapters and the value head
+            groups.append({"params": lora.trainable(self.critic), "lr": o.critic_lr or o.lr, "name": "critic"})
         if o.optimizer == "deepspeed_cpu_adam":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -221,6 +229,7 @@ class ZeroTIRModule(LightningModule):
         if stream is not None:  # how the source's steps take the stream (``RolloutSource.steps_take``)
             datamodule.steps_take(self.source.steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
+        lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
     def on_fit_start(self) -> None:
         self._start_source()
@@ -241,7 +250,7 @@ class ZeroTIRModule(LightningModule):
         traj, timings = filled.trajectories, filled.timings
         self.sandbox_guard.update(traj, step, sandbox)
         update_start = time.perf_counter()
-        result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self.ref_model),
+        result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self._reference),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
                          max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
                          top_p=self.sampling.top_p)
