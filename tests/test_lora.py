@@ -119,3 +119,51 @@ def test_an_engine_of_its_own_gets_the_merged_weights_and_greedy_output_matches(
         outputs.append(done[0][1].token_ids)
         target.close()
     assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 12
+
+
+def _greedy(model, tokenizer) -> list[int]:
+    from zerotir.rollout.engine import SamplingParams
+    from zerotir.rollout.hf_engine import HFEngine
+
+    engine = HFEngine(model, tokenizer)
+    engine.eos_ids = set()
+    engine.submit("a", [5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=12, seed=0))
+    done = []
+    while not done:
+        done = engine.step()
+    engine.close()
+    return done[0][1].token_ids
+
+
+def test_one_plus_one_steps_equal_two_and_the_export_loads_with_peft(tiny_dir, train_file, tmp_path):
+    from peft import PeftModel
+
+    straight, data, trainer = lora_run(tiny_dir, train_file, tmp_path / "s", max_steps=2)
+    trainer.fit(straight, datamodule=data)
+    first, data, trainer = lora_run(tiny_dir, train_file, tmp_path / "f", max_steps=1)
+    trainer.fit(first, datamodule=data)
+    last = tmp_path / "f" / "ckpt" / "last.ckpt"
+    state = torch.load(last, weights_only=False)["state_dict"]
+    assert any(".lora_A." in k for k in state) and not any(k.startswith("ref_model.") for k in state)
+    resumed, data, trainer = lora_run(tiny_dir, train_file, tmp_path / "r", max_steps=2)
+    trainer.fit(resumed, datamodule=data, ckpt_path=str(last))
+    assert resumed.rl_steps_done == 2
+    want = dict(straight.named_parameters())
+    assert all(torch.equal(p, want[n]) for n, p in resumed.named_parameters())
+    opt = [o.state_dict()["state"] for o in (straight.optimizers().optimizer, trainer.optimizers[0])]
+    assert opt[0].keys() == opt[1].keys() and all(
+        torch.equal(opt[0][k][s], opt[1][k][s]) for k in opt[0] for s in ("step", "exp_avg", "exp_avg_sq"))
+    # export: the adapters as a peft folder and the merged HF folder, both greedy-decoding as the trainer's actor
+    models.export_policy(tmp_path / "r" / "ckpt" / "last.ckpt", tmp_path / "adapters", merged_dir=str(tmp_path / "m"))
+    adapted = PeftModel.from_pretrained(models.load_causal_lm(tiny_dir), str(tmp_path / "adapters"))
+    tokens = _greedy(resumed.actor, resumed.tokenizer)
+    assert _greedy(adapted, resumed.tokenizer) == tokens
+    assert _greedy(models.load_causal_lm(tmp_path / "m"), models.load_tokenizer(tmp_path / "m")) == tokens
+
+
+def test_a_merged_folder_of_a_full_fine_tuning_checkpoint_is_an_error(tiny_dir, tmp_path):
+    ckpt = tmp_path / "full.ckpt"
+    torch.save({"hyper_parameters": {"base": {"path": str(tiny_dir)}},
+                "state_dict": {f"actor.{k}": v for k, v in models.load_causal_lm(tiny_dir).state_dict().items()}}, ckpt)
+    with pytest.raises(ValueError, match="merged_dir=.*drop --merged_dir"):
+        models.export_policy(ckpt, tmp_path / "x", merged_dir=str(tmp_path / "y"))
