@@ -167,3 +167,15 @@ def test_a_merged_folder_of_a_full_fine_tuning_checkpoint_is_an_error(tiny_dir, 
                 "state_dict": {f"actor.{k}": v for k, v in models.load_causal_lm(tiny_dir).state_dict().items()}}, ckpt)
     with pytest.raises(ValueError, match="merged_dir=.*drop --merged_dir"):
         models.export_policy(ckpt, tmp_path / "x", merged_dir=str(tmp_path / "y"))
+
+
+@pytest.mark.parametrize("critic,uses_critic,want", [("adapters", True, "float32"), ("full", False, "float32"),
+                                                     ("full", True, "bfloat16")])
+def test_a_bfloat16_base_trains_float32_adapters_and_value_head(tiny_dir, critic, uses_critic, want):
+    cfg = LoraConfig(rank=4, critic=critic)
+    assert lora.trained_dtype("bfloat16", cfg, uses_critic) == want
+    assert lora.trained_dtype("bfloat16", None, False) == "bfloat16"
+    actor = lora.add_adapters(models.load_causal_lm(tiny_dir, dtype="bfloat16"), cfg)
+    assert {p.dtype for p in lora.trainable(actor)} == {torch.float32}
+    critic_model = lora.add_critic_adapters(models.load_critic(tiny_dir, dtype="bfloat16"), LoraConfig(rank=4))
+    assert {p.dtype for p in lora.trainable(critic_model)} == {torch.float32}

@@ -54,7 +54,8 @@ def add_adapters(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     """
     peft = _peft()
     try:
-        wrapped = peft.get_peft_model(model, peft_config(cfg))
+        # autocast_adapter_dtype: adapters in float32 over a bfloat16 / float16 base (``trained_dtype``)
+        wrapped = peft.get_peft_model(model, peft_config(cfg), autocast_adapter_dtype=True)
     except ValueError as err:
         raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: {err}") from err
     head = wrapped.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -69,7 +70,17 @@ def add_critic_adapters(critic: nn.Module, cfg: LoraConfig) -> nn.Module:
     ``full`` leaves it as it is."""
     if cfg.critic == "adapters":
         critic.backbone = add_adapters(critic.backbone, cfg)
+        critic.value_head.float()  # trained in full: float32, as the adapters (``trained_dtype``)
     return critic
+
+
+def trained_dtype(dtype: str, cfg: LoraConfig | None, uses_critic: bool) -> str:
+    """The dtype of the weights the optimizer steps: under LoRA the adapters and the value head are float32 over a
+    base of any dtype (so a bfloat16 base trains without DeepSpeed's fp32 masters), unless a PPO critic trains in
+    full (``critic: full``), whose weights are the base's dtype."""
+    if cfg is None or (uses_critic and cfg.critic == "full"):
+        return dtype
+    return "float32"
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

@@ -138,7 +138,8 @@ class ZeroTIRModule(LightningModule):
         trainer fails here, naming the fix."""
         self.source.check_trainer(self.trainer.world_size, is_deepspeed(self.trainer) and is_zero3(self.trainer))
         if stage == "fit":  # half-precision weights need DeepSpeed's fp32 masters; its JSON must agree with ours
-            check_fit_setup(self.trainer, self.base.dtype, self.optim.max_grad_norm, self.optim.optimizer)
+            check_fit_setup(self.trainer, lora.trained_dtype(self.base.dtype, self.base.lora, self.rl.uses_critic),
+                            self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (``rl.uses_critic``);
