@@ -58,8 +58,8 @@ class ZeroTIRModule(LightningModule):
     """Train a base causal LM by outcome-reward RL with a code sandbox (ZeroTIR).
 
     Args:
-        base: the base model (``path``, ``dtype``, ``gradient_checkpointing``, ``attn_implementation``); the actor,
-            reference and critic start from it.
+        base: the base model (``path``, ``dtype``, ``gradient_checkpointing``, ``attn_implementation``, ``lora``); the
+            actor, reference and critic start from it (under ``lora`` the reference is the actor's adapters off).
         rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
         optim: the optimizer and its schedule.
         tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
