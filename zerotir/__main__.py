@@ -21,7 +21,8 @@ USAGE = __doc__
 
 
 def export_main(args: list[str]) -> None:
-    """``export --ckpt_path CKPT --out_dir DIR [--model_path BASE]``: the policy of a checkpoint as a HF folder."""
+    """``export --ckpt_path CKPT --out_dir DIR [--model_path BASE] [--merged_dir DIR]``: the policy of a checkpoint
+    as a HF folder (a LoRA run's: its adapters as a peft folder, and with ``--merged_dir`` the merged model)."""
     from jsonargparse import CLI
 
     from zerotir.cli_checks import use_cpu_deepspeed_without_cuda

@@ -251,14 +251,18 @@ def load_critic(name_or_path: str | Path, dtype: str = "float32", gradient_check
     return critic.to(_dtype(dtype))
 
 
-def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | None = None) -> Path:
-    """Write the actor of a training checkpoint as a HF folder (weights + config + tokenizer).
+def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | None = None,
+                  merged_dir: str | None = None) -> Path:
+    """Write the actor of a training checkpoint as a HF folder (weights + config + tokenizer); of a LoRA run
+    (``model.base.lora``), its adapters as a peft folder, and with ``merged_dir`` the merged model as a HF folder.
 
     Args:
         ckpt_path: a Lightning checkpoint file, or a DeepSpeed checkpoint folder (consolidated to fp32 first).
-        out_dir: the folder to write; the rollout engines load it like any HF model.
+        out_dir: the folder to write; the rollout engines load it like any HF model (a LoRA run's:
+            ``peft.PeftModel.from_pretrained(base, out_dir)``).
         model_path: the model the run started from (architecture and tokenizer); defaults to the checkpoint's
             ``base.path`` hyperparameter (``model.base.path``).
+        merged_dir: a LoRA run only: also write the base with the adapters merged in, a plain HF folder.
     """
     checkpoint = _load_checkpoint(Path(ckpt_path))
     saved = checkpoint.get("hyper_parameters", {}).get("base") or {}
@@ -268,6 +272,14 @@ def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | 
                          "--model_path (the run's base model)")
     dtype = saved.get("dtype", "float32")
     actor = load_causal_lm(base, dtype=dtype)
+    if saved.get("lora"):
+        from zerotir import lora
+        from zerotir.config import LoraConfig
+
+        actor = lora.add_adapters(actor, LoraConfig(**saved["lora"]))
+    elif merged_dir is not None:
+        raise ValueError(f"merged_dir={merged_dir!r}: {ckpt_path} is a full fine-tuning run (no model.base.lora), "
+                         "its out_dir is the whole model already; drop --merged_dir")
     prefix = "actor."
     weights = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     if not weights:
@@ -279,8 +291,15 @@ def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     actor.config.use_cache = True
-    actor.save_pretrained(str(out))
-    load_tokenizer(base).save_pretrained(str(out))
+    if saved.get("lora"):
+        from zerotir import lora
+
+        lora.save_adapters(actor, str(out), merged_dir)
+    else:
+        actor.save_pretrained(str(out))
+    for folder in (out, merged_dir):
+        if folder is not None:
+            load_tokenizer(base).save_pretrained(str(folder))
     return out
 
 

@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
-from zerotir import models
+from zerotir import lora, models
 from zerotir.config import (
     BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
     RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain)
@@ -58,8 +58,8 @@ class ZeroTIRModule(LightningModule):
     """Train a base causal LM by outcome-reward RL with a code sandbox (ZeroTIR).
 
     Args:
-        base: the base model (``path``, ``dtype``, ``gradient_checkpointing``, ``attn_implementation``); the actor,
-            reference and critic start from it.
+        base: the base model (``path``, ``dtype``, ``gradient_checkpointing``, ``attn_implementation``, ``lora``); the
+            actor, reference and critic start from it (under ``lora`` the reference is the actor's adapters off).
         rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
         optim: the optimizer and its schedule.
         tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
@@ -138,7 +138,8 @@ class ZeroTIRModule(LightningModule):
         trainer fails here, naming the fix."""
         self.source.check_trainer(self.trainer.world_size, is_deepspeed(self.trainer) and is_zero3(self.trainer))
         if stage == "fit":  # half-precision weights need DeepSpeed's fp32 masters; its JSON must agree with ours
-            check_fit_setup(self.trainer, self.base.dtype, self.optim.max_grad_norm, self.optim.optimizer)
+            check_fit_setup(self.trainer, lora.trained_dtype(self.base.dtype, self.base.lora, self.rl.uses_critic),
+                            self.optim.max_grad_norm, self.optim.optimizer)
 
     def configure_model(self) -> None:
         """Load the actor, and for training the reference (only with kl_coef > 0) and the critic (``rl.uses_critic``);
@@ -155,11 +156,14 @@ class ZeroTIRModule(LightningModule):
             self._hf_zero3 = hf_zero3_config(self.trainer)
         base = self.base
         self.actor = models.load_causal_lm(base.path, base.dtype, base.gradient_checkpointing, base.attn_implementation)
-        if fitting and self.rl.kl_coef > 0:
+        if base.lora is not None:  # the reference is then the actor with its adapters off (lora.AdaptersOff)
+            self.actor = lora.add_adapters(self.actor, base.lora)
+        elif fitting and self.rl.kl_coef > 0:
             self.ref_model = models.load_reference(base.path, base.dtype, base.attn_implementation)
         if fitting and self.rl.uses_critic:
             self.critic = models.load_critic(base.path, base.dtype, base.gradient_checkpointing,
                                              base.attn_implementation)
+            self.critic = lora.add_critic_adapters(self.critic, base.lora) if base.lora else self.critic
 
     def train(self, mode: bool = True) -> ZeroTIRModule:
         """Lightning switches the whole module to train mode; the reference model stays frozen in eval mode."""
@@ -168,11 +172,16 @@ class ZeroTIRModule(LightningModule):
             self.ref_model.eval()
         return self
 
+    @property
+    def _reference(self) -> Any:
+        """The reference of the KL: ``ref_model``, or under LoRA the actor with its adapters off (None: no KL)."""
+        return lora.reference(self.actor, self.ref_model, self.rl.kl_coef)
+
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
-        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": o.lr, "name": "actor"}]
-        if self.critic is not None:
-            groups.append({"params": list(self.critic.parameters()), "lr": o.critic_lr or o.lr, "name": "critic"})
+        groups = [{"params": lora.trainable(self.actor), "lr": o.lr, "name": "actor"}]
+        if self.critic is not None:  # under LoRA: the adapters and the value head
+            groups.append({"params": lora.trainable(self.critic), "lr": o.critic_lr or o.lr, "name": "critic"})
         if o.optimizer == "deepspeed_cpu_adam":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -221,6 +230,7 @@ class ZeroTIRModule(LightningModule):
         if stream is not None:  # how the source's steps take the stream (``RolloutSource.steps_take``)
             datamodule.steps_take(self.source.steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
+        lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
     def on_fit_start(self) -> None:
         self._start_source()
@@ -241,7 +251,7 @@ class ZeroTIRModule(LightningModule):
         traj, timings = filled.trajectories, filled.timings
         self.sandbox_guard.update(traj, step, sandbox)
         update_start = time.perf_counter()
-        result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self.ref_model),
+        result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self._reference),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
                          max_response_tokens=self.sampling.max_response_tokens, temperature=self.sampling.temperature,
                          top_p=self.sampling.top_p)

@@ -265,3 +265,24 @@ def test_the_plan_says_zero3_gathers_the_lm_head_once_per_pass():
             "through it (zerotir.rl.chunked_logprobs)") in text
     assert "LM head in chunks:" not in render_markdown(KNOWN["qwen2.5-7b"], replace(seven, zero=2))
     assert "LM head in chunks:" not in render_markdown(KNOWN["qwen2.5-7b"], replace(seven, logprob_chunk_tokens=None))
+
+
+def test_lora_rows_count_the_adapters_peft_makes_and_the_frozen_base_once(tiny_dir):
+    from zerotir import lora, models
+    from zerotir.config import LoraConfig
+    from zerotir.scale.memory_plan import lora_params
+
+    arch = resolve(str(tiny_dir))
+    adapted = lora.add_adapters(models.load_causal_lm(tiny_dir), LoraConfig(rank=4))
+    assert lora_params(arch, 4) == sum(p.numel() for p in lora.trainable(adapted))
+    seven = KNOWN["qwen2.5-7b"]
+    s = PlanSettings(gpus=1, zero=0, lora_rank=8, reference=True, seq_len=4)
+    rows = {r.component: r for r in plan_rows(seven, s)}
+    assert rows["actor: frozen base (bf16)"].update == 2 * seven.num_params
+    assert rows["actor: adapters (fp32 + grads + Adam)"].update == 16 * lora_params(seven, 8)
+    assert rows["reference (bf16)"].update == 0 and rows["critic: frozen base + adapters"].update == 0
+    four = {r.component: r for r in plan_rows(seven, replace(s, gpus=4, zero=3, critic=True))}
+    assert four["actor: frozen base (bf16)"].update == 2 * seven.num_params / 4
+    assert four["critic: frozen base (bf16)"].update == 2 * seven.critic_params / 4
+    with pytest.raises(ValueError, match="zero=0 .* LoRA runs only"):
+        PlanSettings(zero=0)

@@ -41,7 +41,7 @@ def test_settings_from_run_config(tmp_path: Path) -> None:
     assert values == {"gpus": 4, "nodes": 2, "zero": 3, "offload_optimizer": True, "offload_params": False,
                       "critic": True, "reference": False, "micro_batch_size": 8, "max_tokens_per_micro_batch": 16384,
                       "logprob_chunk_tokens": 2048, "seq_len": 9216, "prompt_tokens": 1024,
-                      "gradient_checkpointing": True, "vllm_tp": 2, "gpu_memory_utilization": 0.4,
+                      "gradient_checkpointing": True, "lora_rank": None, "vllm_tp": 2, "gpu_memory_utilization": 0.4,
                       "samples_per_step": 2048, "sync_bucket_mb": 256.0}
     path.write_text("trainer: {devices: 8, strategy: ddp}\nmodel: {base: {path: Qwen/Qwen2.5-7B}}\n")
     with pytest.raises(ValueError, match="strategy='ddp' is not DeepSpeed"):
@@ -67,3 +67,11 @@ def test_command_line_with_run_config_and_overrides(tmp_path: Path, capsys: pyte
     assert GIB == 1 << 30
 
 
+
+
+def test_a_lora_run_config_without_deepspeed_plans_its_rank_on_one_gpu() -> None:
+    model, settings = cli.settings_from_run_config(Path(__file__).resolve().parents[2] / "configs"
+                                                   / "qwen2.5-7b_reinforce_lora.yaml")
+    assert model == "Qwen/Qwen2.5-7B"
+    assert (settings["gpus"], settings["zero"], settings["lora_rank"]) == (1, 0, 64)
+    assert "no DeepSpeed, LoRA rank 64" in render_markdown(KNOWN["qwen2.5-7b"], PlanSettings(**settings))

@@ -1,6 +1,6 @@
-"""The typed configuration groups of a run: ``model.base``, ``model.rl``, ``model.optim``, ``model.tool``,
-``model.sampling``, ``model.eval``, ``model.sandbox``, ``model.pipeline``, ``model.fleet``, ``model.filters`` (with
-``model.filters.refill``) and ``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``).
+"""The typed configuration groups of a run: ``model.base`` (with ``model.base.lora``), ``model.rl``, ``model.optim``,
+``model.tool``, ``model.sampling``, ``model.eval``, ``model.sandbox``, ``model.pipeline``, ``model.fleet``,
+``model.filters`` (with ``model.filters.refill``) and ``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``).
 
 Each group is a frozen dataclass whose field docstrings are the ``--help`` text of the command line (the CLI turns
 attribute docstrings on), and whose ``__post_init__`` is the one place its fields are checked: a bad value raises a
@@ -20,6 +20,7 @@ from zerotir.config.backends import DEFAULT_TOKENS_PER_CALL, HFRollout, RolloutB
 from zerotir.config.checks import as_plain, check_sampling
 from zerotir.config.filters import FilterConfig, Overlong
 from zerotir.config.fleet import FleetConfig
+from zerotir.config.lora import LoraConfig
 from zerotir.config.pipeline import PipelineConfig
 from zerotir.config.refill import RefillConfig
 from zerotir.config.rl import (
@@ -31,7 +32,7 @@ from zerotir.config.rollout import EVAL_SAMPLING, EvalConfig, SamplingConfig, Sa
 __all__ = [
     "DEFAULT_TOKENS_PER_CALL", "EVAL_SAMPLING", "GROUP_ALGORITHMS", "MASKING_CORRECTIONS", "Algorithm",
     "BaseModelConfig", "Dtype", "EvalConfig", "FilterConfig", "FleetConfig",
-    "GAEInjected", "HFRollout", "KLEstimator", "LossAggMode", "OffPolicyCorrection", "OptimConfig", "Optimizer",
+    "GAEInjected", "HFRollout", "KLEstimator", "LoraConfig", "LossAggMode", "OffPolicyCorrection", "OptimConfig", "Optimizer",
     "Overlong", "PipelineConfig", "RLConfig", "RefillConfig", "RolloutBackend", "SamplingConfig", "SandboxConfig",
     "ScheduleKind", "ToolConfig", "VLLMRollout", "as_plain", "check_sampling",
 ]

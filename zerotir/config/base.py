@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from zerotir.config.checks import check_choice
+from zerotir.config.lora import LoraConfig
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -25,8 +26,12 @@ class BaseModelConfig:
     attn_implementation: str | None = None
     """The attention kernel passed to from_pretrained (zerotir.models.check_attention, docs/scale.md); null:
     transformers' default (sdpa where torch has it)."""
+    lora: LoraConfig | None = None
+    """Low-rank adapters on the actor (``zerotir.config.lora``, docs/lora.md); null: full fine-tuning."""
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("model.base.path is empty: name a HF model folder or a hub id")
         check_choice("base", "dtype", self.dtype, Dtype)
+        if isinstance(self.lora, dict):  # a plain dict (a checkpoint's hyperparameters) becomes the typed group
+            object.__setattr__(self, "lora", LoraConfig(**self.lora))

@@ -119,6 +119,7 @@ class Architecture:
 # Shapes from the models' config.json files on the hub (all Qwen2: q/k/v biases; the 0.5B ties its embeddings).
 KNOWN: dict[str, Architecture] = {
     "qwen2.5-0.5b": Architecture("Qwen2.5-0.5B", 24, 896, 4864, 14, 2, 151936, True, qkv_bias=True),
+    "qwen2.5-1.5b": Architecture("Qwen2.5-1.5B", 28, 1536, 8960, 12, 2, 151936, True, qkv_bias=True),
     "qwen2.5-7b": Architecture("Qwen2.5-7B", 28, 3584, 18944, 28, 4, 152064, False, qkv_bias=True),
     "qwen2.5-32b": Architecture("Qwen2.5-32B", 64, 5120, 27648, 40, 8, 152064, False, qkv_bias=True),
 }

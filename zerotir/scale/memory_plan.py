@@ -53,7 +53,7 @@ class PlanSettings:
     Args:
         gpus: GPUs per node.
         nodes: nodes.
-        zero: DeepSpeed ZeRO stage, 2 or 3.
+        zero: DeepSpeed ZeRO stage, 2 or 3; 0: no DeepSpeed (a LoRA run only: everything replicated per GPU).
         offload_optimizer: fp32 master weights, Adam states and fp32 gradients live in CPU memory.
         offload_params: bf16 parameter partitions live in CPU memory (ZeRO-3 only).
         critic: train a critic (PPO).
@@ -65,6 +65,9 @@ class PlanSettings:
         seq_len: tokens per sequence (prompt + response).
         prompt_tokens: the prompt part of seq_len (the longest-response line subtracts it).
         gradient_checkpointing: recompute activations in the backward pass.
+        lora_rank: LoRA RL (``model.base.lora.rank``; ``lora_rows``): the bf16 base frozen, adapters of this rank on
+            the 7 projections of every layer trained in float32; the reference is the base (no copy). None: full
+            fine-tuning.
         vllm_tp: vLLM tensor-parallel size (GPUs per engine).
         gpu_memory_utilization: share of each GPU's memory vLLM may use while awake.
         gpu_mem_gib: memory of one GPU.
@@ -80,7 +83,7 @@ class PlanSettings:
 
     gpus: int = 8
     nodes: int = 1
-    zero: Literal[2, 3] = 3
+    zero: Literal[0, 2, 3] = 3
     offload_optimizer: bool = False
     offload_params: bool = False
     critic: bool = False
@@ -91,6 +94,7 @@ class PlanSettings:
     seq_len: int = 9216
     prompt_tokens: int = 1024
     gradient_checkpointing: bool = True
+    lora_rank: int | None = None
     vllm_tp: int = 1
     gpu_memory_utilization: float = 0.5
     gpu_mem_gib: float = 80.0
@@ -111,8 +115,13 @@ class PlanSettings:
                 raise ValueError(f"{name}={value}: must be >= 1")
         if self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens={self.prompt_tokens}: must be >= 0")
-        if self.zero not in (2, 3):
-            raise ValueError(f"zero={self.zero}: the plan covers ZeRO stages 2 and 3")
+        if self.zero not in (0, 2, 3):
+            raise ValueError(f"zero={self.zero}: the plan covers ZeRO stages 2 and 3, and 0 (no DeepSpeed) for LoRA")
+        if self.zero == 0 and self.lora_rank is None:
+            raise ValueError("zero=0 (no DeepSpeed) is planned for LoRA runs only (lora_rank set): full fine-tuning "
+                             "needs DeepSpeed's fp32 master weights for bf16 (zero=2 or 3)")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise ValueError(f"lora_rank={self.lora_rank}: must be >= 1 (or None: full fine-tuning)")
         if self.offload_params and self.zero != 3:
             raise ValueError("offload_params=True needs zero=3 (ZeRO-2 keeps full parameters on every GPU)")
         if not 0 < self.gpu_memory_utilization < 1:
@@ -159,7 +168,7 @@ def trained_model_rows(label: str, params: int, s: PlanSettings, enabled: bool =
     if not enabled:
         return [Row(f"{label}: params + grads + optimizer", 0, 0, 0, "not used")]
     n, g = s.world_size, s.gpus
-    p_gpu = 0.0 if s.offload_params else (2 * params if s.zero == 2 else 2 * params / n)
+    p_gpu = 0.0 if s.offload_params else (2 * params if s.zero != 3 else 2 * params / n)
     p_cpu = 2 * params / n * g if s.offload_params else 0.0
     fp32_grad = 4 * params / n
     optim = 12 * params / n
@@ -174,6 +183,27 @@ def trained_model_rows(label: str, params: int, s: PlanSettings, enabled: bool =
         Row(f"{label}: optimizer (fp32 master, Adam m, v)", optim_gpu, optim_gpu, optim_cpu,
             "offloaded" if s.offload_optimizer else "partitioned"),
     ]
+
+
+def lora_params(arch: Architecture, rank: int) -> int:
+    """Adapter parameters of rank ``rank`` on q, k, v, o, gate, up and down of every layer: rank x (in + out)."""
+    h, q, kv, i = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
+    return rank * arch.num_layers * (7 * h + 2 * q + 2 * kv + 3 * i)
+
+
+def lora_rows(label: str, params: int, arch: Architecture, s: PlanSettings, enabled: bool = True) -> list[Row]:
+    """A LoRA model (``s.lora_rank``): its frozen bf16 base (``params``; partitioned under ZeRO-3, offloadable) and
+    its adapters, trained in float32 (weights 4, grads 4, Adam m and v 8 bytes each; replicated: they are small).
+    The critic's is a value head's backbone with adapters of its own (``model.base.lora.critic: adapters``)."""
+    if not enabled:
+        return [Row(f"{label}: frozen base + adapters", 0, 0, 0, "not used")]
+    base = 2 * params / (s.world_size if s.zero == 3 else 1)
+    on_gpu = 0.0 if s.offload_params else base
+    adapters = 16 * lora_params(arch, s.lora_rank)
+    return [Row(f"{label}: frozen base (bf16)", on_gpu, on_gpu, base * s.gpus if s.offload_params else 0.0,
+                f"ZeRO-{s.zero}" if s.zero else "no DeepSpeed"),
+            Row(f"{label}: adapters (fp32 + grads + Adam)", adapters, adapters, 0.0,
+                f"rank {s.lora_rank}: {lora_params(arch, s.lora_rank) / 1e6:.1f}M parameters")]
 
 
 def activation_bytes(arch: Architecture, s: PlanSettings) -> float:
@@ -226,14 +256,19 @@ def plan_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
     """Every component of the plan, in table order (totals are added by ``totals``)."""
     gathered = zero3_working_set(arch, s)
     ref = 2 * arch.num_params / (s.world_size if s.zero == 3 else 1)
-    ref_gpu = 0.0 if (s.offload_params or not s.reference) else ref
-    ref_cpu = ref * s.gpus if (s.offload_params and s.reference) else 0.0
-    ref_note = "frozen, no optimizer state" if s.reference else f"not loaded (kl_coef = 0); would be {ref / GIB:.1f}"
-    rows = trained_model_rows("actor", arch.num_params, s)
-    rows += trained_model_rows("critic", arch.critic_params, s, enabled=s.critic)
+    loaded = s.reference and s.lora_rank is None  # under LoRA the reference is the actor's base, adapters off
+    ref_gpu = 0.0 if (s.offload_params or not loaded) else ref
+    ref_cpu = ref * s.gpus if (s.offload_params and loaded) else 0.0
+    ref_note = "frozen, no optimizer state" if loaded else f"not loaded (kl_coef = 0); would be {ref / GIB:.1f}"
+    if s.lora_rank is not None:
+        ref_note = "the actor's base with its adapters off: no copy"
+        rows = lora_rows("actor", arch.num_params, arch, s) + lora_rows("critic", arch.critic_params, arch, s, s.critic)
+    else:
+        rows = trained_model_rows("actor", arch.num_params, s)
+        rows += trained_model_rows("critic", arch.critic_params, s, enabled=s.critic)
     rows += [
         Row("ZeRO-3 gathered params", 0.0, gathered, 0.0,
-            "2 layers or the LM head" if s.zero == 3 else "ZeRO-2: none"),
+            "2 layers or the LM head" if s.zero == 3 else f"ZeRO-{s.zero}: none" if s.zero else "none"),
         Row("reference (bf16)", ref_gpu, ref_gpu, ref_cpu, ref_note),
         Row("activations: actor", 0.0, activation_bytes(arch, s), 0.0, _tokens_note(s)),
         Row("logits: actor (log-probs, entropy)", 0.0, logits_bytes(arch, s), 0.0,
@@ -298,7 +333,8 @@ def render_markdown(arch: Architecture, s: PlanSettings, unit: Literal["GiB", "M
     lines = [
         f"**{arch.name}** ({arch.num_params / 1e9:.2f}B params"
         + (f", critic {arch.critic_params / 1e9:.2f}B" if s.critic else "")
-        + f"), {s.nodes} node(s) x {s.gpus} GPUs of {s.gpu_mem_gib:g} GiB, ZeRO-{s.zero}"
+        + f"), {s.nodes} node(s) x {s.gpus} GPUs of {s.gpu_mem_gib:g} GiB, "
+        + (f"ZeRO-{s.zero}" if s.zero else "no DeepSpeed") + (f", LoRA rank {s.lora_rank}" if s.lora_rank else "")
         + (", optimizer offload" if s.offload_optimizer else "") + (", param offload" if s.offload_params else "")
         + f", vLLM TP {s.vllm_tp} at gpu_memory_utilization {s.gpu_memory_utilization:g}",
         "",

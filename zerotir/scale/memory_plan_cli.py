@@ -31,7 +31,10 @@ _STRATEGY_NAMES = {  # Lightning's registered DeepSpeed strategy names -> (stage
 
 
 def _strategy_settings(strategy: Any, where: str) -> dict[str, Any]:
-    """ZeRO stage and offloads from ``trainer.strategy``: a registered name or a ``DeepSpeedStrategy`` class_path."""
+    """ZeRO stage and offloads from ``trainer.strategy``: a registered name or a ``DeepSpeedStrategy`` class_path;
+    none at all is zero 0 (no DeepSpeed, which the plan takes for LoRA runs only)."""
+    if strategy is None:
+        return {"zero": 0, "offload_optimizer": False, "offload_params": False}
     if isinstance(strategy, str) and strategy in _STRATEGY_NAMES:
         stage, opt, par = _STRATEGY_NAMES[strategy]
         return {"zero": stage, "offload_optimizer": opt, "offload_params": par}
@@ -72,7 +75,7 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     """
     import yaml
 
-    from zerotir.config import RLConfig, SamplingConfig, VLLMRollout
+    from zerotir.config import LoraConfig, RLConfig, SamplingConfig, VLLMRollout
 
     where = str(path)
     config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
@@ -101,6 +104,7 @@ def settings_from_run_config(path: str | Path) -> tuple[str, dict[str, Any]]:
         "seq_len": prompt_tokens + sampling.max_response_tokens,
         "prompt_tokens": prompt_tokens,
         "gradient_checkpointing": bool(base.get("gradient_checkpointing", False)),
+        "lora_rank": LoraConfig(**base["lora"]).rank if base.get("lora") else None,
         "vllm_tp": engine.tensor_parallel_size if engine else 1,
         "gpu_memory_utilization": engine.gpu_memory_utilization if engine else VLLMRollout.gpu_memory_utilization,
         "samples_per_step": int(data.get("prompts_per_step", 128)) * sampling.n,

@@ -133,10 +133,41 @@ def iter_bucketed_params(model: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BY
         bucket_bytes: target bucket size in bytes (full, gathered sizes).
         prefix: the actor's attribute path inside ``model`` (see ``hf_name``).
     """
+    adapted = _peft_model(model)
     for bucket in plan_buckets(model, bucket_bytes, prefix):
         params = [p for _, p in bucket]
         with _gathered(params):
-            yield [(name, p.detach()) for name, p in bucket]
+            named = [(name, p.detach()) for name, p in bucket]
+            yield named if adapted is None else merged_lora_bucket(adapted, named)
+
+
+def _peft_model(model: nn.Module) -> Any:
+    """``model`` when it is a ``peft.PeftModel`` (LoRA RL: its buckets are sent merged), else None."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return None
+    return model if isinstance(model, PeftModel) else None
+
+
+def merged_lora_bucket(model: Any, bucket: Bucket) -> Bucket:
+    """A bucket of a ``peft.PeftModel``'s parameters as the plain model's: each adapted layer's weight with its
+    adapter's update added (peft's ``get_delta_weight``: scaled ``B @ A``), the adapter tensors left out, the names
+    without peft's ``base_model.model.`` / ``.base_layer``. The model is not changed. A layer's adapters share its
+    bucket (``layer_key``), so under ZeRO-3 they are gathered with it."""
+    root, out = "base_model.model.", []
+    for name, tensor in bucket:
+        if ".lora_" in name:
+            continue
+        module, _, leaf = name.rpartition(".")
+        if module.endswith(".base_layer"):
+            module = module[: -len(".base_layer")]
+            if leaf == "weight":
+                layer = model.get_submodule(module)
+                tensor = tensor + layer.get_delta_weight(layer.active_adapters[0]).to(tensor.dtype)
+        full = f"{module}.{leaf}"
+        out.append((full[len(root):] if full.startswith(root) else full, tensor))
+    return out
 
 
 def _gathered(params: list[nn.Parameter]) -> Any:

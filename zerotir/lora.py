@@ -1,0 +1,167 @@
+"""LoRA RL (``model.base.lora``, docs/lora.md): the actor as a ``peft.PeftModel`` on its frozen base, the reference as
+that same base with the adapters disabled, the PPO critic's own adapters, and the export of a run's adapters.
+
+What lives where:
+
+* the actor: ``add_adapters`` wraps the loaded causal LM with ``peft.get_peft_model``; only the adapters (and the
+  biases ``bias`` names) train, so the optimizer holds nothing else (``trainable``). Its adapter tensors are
+  ``peft.get_peft_model_state_dict(actor)``, its peft config ``actor.peft_config["default"]``.
+* the reference: ``AdaptersOff(actor)``, each forward under ``actor.disable_adapter()``: the base model's log-probs
+  with no second copy of its weights (the module keeps no ``ref_model`` then).
+* the critic: ``model.base.lora.critic = adapters`` puts adapters of its own on the critic's backbone (a frozen copy
+  of the base: the two models' adapters are trained by one backward each and peft switches one adapter per model
+  at a time), the value head trains in full; ``full`` trains the whole value model as without LoRA.
+* the rollout engine: the transformers engine that wraps the actor generates with the adapters on, in place; an
+  engine with weights of its own takes the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from zerotir.config import LoraConfig
+
+log = logging.getLogger(__name__)
+ADAPTER = "default"  # peft's name of the one adapter a model gets
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as err:  # the lora extra is optional
+        raise ImportError("model.base.lora needs peft: pip install -e '.[lora]' (or set model.base.lora: null for "
+                          "full fine-tuning)") from err
+    return peft
+
+
+def peft_config(cfg: LoraConfig) -> Any:
+    """peft's ``LoraConfig`` of a ``model.base.lora`` group."""
+    targets: Any = "all-linear" if list(cfg.target_modules) == ["all-linear"] else list(cfg.target_modules)
+    return _peft().LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias=cfg.bias)
+
+
+def add_adapters(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """``model`` (a causal LM, or a critic's backbone) as a ``peft.PeftModel`` with fresh adapters; its own weights
+    frozen (peft sets ``requires_grad=False`` on them).
+
+    Raises:
+        ValueError: no module of ``model`` matches ``target_modules``, or the LM head got an adapter (``all-linear``
+            leaves it out; the chunked log-probs and the engines read its weight directly).
+    """
+    peft = _peft()
+    try:
+        # autocast_adapter_dtype: adapters in float32 over a bfloat16 / float16 base (``trained_dtype``)
+        wrapped = peft.get_peft_model(model, peft_config(cfg), autocast_adapter_dtype=True)
+    except ValueError as err:
+        raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: {err}") from err
+    head = wrapped.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, peft.tuners.tuners_utils.BaseTunerLayer):
+        raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: it matches the LM head, which "
+                         "takes no adapter here; name the decoder's modules only (e.g. [q_proj, v_proj])")
+    return wrapped
+
+
+def add_critic_adapters(critic: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """The critic of ``model.base.lora.critic``: ``adapters`` wraps its backbone (the value head stays trainable),
+    ``full`` leaves it as it is."""
+    if cfg.critic == "adapters":
+        critic.backbone = add_adapters(critic.backbone, cfg)
+        critic.value_head.float()  # trained in full: float32, as the adapters (``trained_dtype``)
+    return critic
+
+
+def trained_dtype(dtype: str, cfg: LoraConfig | None, uses_critic: bool) -> str:
+    """The dtype of the weights the optimizer steps: under LoRA the adapters and the value head are float32 over a
+    base of any dtype (so a bfloat16 base trains without DeepSpeed's fp32 masters), unless a PPO critic trains in
+    full (``critic: full``), whose weights are the base's dtype."""
+    if cfg is None or (uses_critic and cfg.critic == "full"):
+        return dtype
+    return "float32"
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters the optimizer takes: those that require a gradient (adapters, value head, trained biases)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def is_adapted(model: nn.Module | None) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (False without peft installed)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+class AdaptersOff:
+    """The reference policy under LoRA: ``actor``'s base model, i.e. the actor with its adapters disabled for the
+    length of each call. Not an ``nn.Module`` (nothing of it is registered, saved or optimized twice); it offers what
+    the log-prob passes call: ``__call__``, ``get_decoder()``, ``get_output_embeddings()`` and ``config``."""
+
+    def __init__(self, actor: nn.Module) -> None:
+        if not is_adapted(actor):
+            raise TypeError(f"AdaptersOff: the actor is a {type(actor).__name__}, not a peft.PeftModel")
+        self.actor = actor
+
+    @property
+    def config(self) -> Any:
+        return self.actor.config
+
+    def __call__(self, **inputs: Any) -> Any:
+        with self.actor.disable_adapter():
+            return self.actor(**inputs)
+
+    def get_decoder(self) -> Any:
+        decoder = self.actor.get_decoder()
+
+        def run(**inputs: Any) -> Any:
+            with self.actor.disable_adapter():
+                return decoder(**inputs)
+
+        return run
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.actor.get_output_embeddings()
+
+
+def reference(actor: nn.Module | None, ref_model: nn.Module | None, kl_coef: float) -> Any:
+    """The reference an RL step uses: ``ref_model`` when one was loaded, the actor's base (``AdaptersOff``) when the
+    actor has adapters and the KL is on, else None."""
+    if ref_model is not None or kl_coef <= 0 or not is_adapted(actor):
+        return ref_model
+    return AdaptersOff(actor)
+
+
+def log_weight_path(actor: nn.Module, engine: Any) -> None:
+    """Say at start how the rollout engine gets the adapted actor: in place (the transformers engine that wraps the
+    actor), or as merged weights pushed after every update (an engine with weights of its own)."""
+    if not is_adapted(actor):
+        return
+    if getattr(engine, "model", None) is actor:
+        log.info("model.base.lora: the transformers engine generates with the actor itself, adapters on; nothing is "
+                 "pushed after an update")
+    else:
+        log.info("model.base.lora: the rollout engine holds weights of its own and takes no adapters: every update "
+                 "pushes the merged weights (base + scaled B @ A of each adapted layer, the whole model's bytes)")
+
+
+def save_adapters(actor: nn.Module, out_dir: str, merged_dir: str | None = None) -> None:
+    """Write ``actor``'s adapters as a peft folder (``PeftModel.from_pretrained(base, out_dir)`` loads it) and, with
+    ``merged_dir``, the base with the adapters merged in as a plain HF folder (the actor itself is not changed)."""
+    actor.save_pretrained(out_dir)
+    if merged_dir is not None:
+        merged = copy_merged(actor)
+        merged.config.use_cache = True
+        merged.save_pretrained(merged_dir)
+
+
+def copy_merged(actor: nn.Module) -> nn.Module:
+    """A plain transformers model with ``actor``'s adapters merged into a copy of its base (peft's
+    ``merge_and_unload`` on a deep copy: the actor keeps its adapters and its base unchanged)."""
+    import copy
+
+    return copy.deepcopy(actor).merge_and_unload()
