@@ -1,5 +1,6 @@
 """Every YAML under configs/ starts with the command that runs it, and that command parses (``--print_config``);
-the printed full config parses again; and every config starts: its command passes every check (``start``)."""
+the printed full config parses again; and every config runs: a CPU config of one process trains one RL step as
+written, any other passes every check its command makes before it needs GPUs or processes (``start``)."""
 
 from __future__ import annotations
 
@@ -154,17 +155,19 @@ def in_a_clone(root: Path) -> Path:
 # progress bar (display only). The config files, the algorithm, the engine, the sizes and the output folders are
 # the command's own (it runs in a folder of its own: ``in_a_clone``).
 ONE_STEP = ["--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false"]
-ONE_TEST_BATCH = ["--trainer.limit_test_batches", "1", "--trainer.enable_progress_bar", "false"]
+ONE_BATCH = {"test": ("limit_test_batches", "test_loop"), "validate": ("limit_val_batches", "validate_loop")}
 
 
 def run_one_step(command: str, rest: list[str]) -> ZeroTIRCLI:
     """``python -m zerotir <command> <rest>`` in this process (the current folder a clone's: ``in_a_clone``),
-    cut to one RL step (``fit``) or one batch of rows (``test``), and checked to have done it."""
-    cli = ZeroTIRCLI(args=[command, *rest, *(ONE_STEP if command == "fit" else ONE_TEST_BATCH)])
+    cut to one RL step (``fit``) or one batch of rows (``test`` / ``validate``), and checked to have done it."""
     if command == "fit":
+        cli = ZeroTIRCLI(args=[command, *rest, *ONE_STEP])
         assert cli.model.rl_steps_done == 1 and cli.trainer.global_step == 1, "the command ran no RL step"
-    else:
-        assert cli.trainer.test_loop.batch_progress.total.completed == 1, "the command evaluated no batch"
+        return cli
+    limit, loop = ONE_BATCH[command]
+    cli = ZeroTIRCLI(args=[command, *rest, f"--trainer.{limit}", "1", *ONE_STEP[2:]])
+    assert getattr(cli.trainer, loop).batch_progress.total.completed == 1, "the command evaluated no batch"
     return cli
 
 
@@ -223,7 +226,8 @@ def start(args: list[str], tiny_dir: Path, root: Path, one_step: bool = True) ->
 
 # Configs whose first line a slow test already runs as written for several RL steps (only the step count, the
 # display and the working folder changed): the step here would repeat one of its steps.
-RUN_AS_WRITTEN_BY = {"configs/toy_cpu.yaml": "tests/e2e/test_emergence.py"}
+RUN_AS_WRITTEN_BY = {"configs/toy_cpu.yaml": "tests/e2e/test_emergence.py",
+                     "configs/toy_cpu_vllm.yaml": "tests/e2e/test_fit_vllm.py"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))

@@ -3,7 +3,7 @@ command that breaks fails here and not for a reader.
 
 The commands are collected from the files (``documented_commands``): the lines of code blocks and the code spans
 that start with ``python -m zerotir``, ``bash ``, ``python -m benchmarks`` or ``tensorboard``, a ``\\`` continuation
-joined, a ``#`` comment cut. A config's first line is parsed and started by tests/test_configs.py, not again here.
+joined, a ``#`` comment cut. A config's first line is parsed and run by tests/test_configs.py, not again here.
 Each other command is classified with a reason the test checks (``plan``):
 
 * ``fit`` / ``test`` of one CPU process on a model that is there: run in-process as written, from a folder of its
@@ -85,7 +85,7 @@ HEADERS = {command for command, files in COMMANDS.items() if any(f.startswith("c
 def plan(command: str) -> tuple[str, str]:
     """How ``command`` is checked here, and why (each reason is a fact about the command the test asserts)."""
     if command in HEADERS:
-        return "header", "a config's first line: tests/test_configs.py parses it and starts it"
+        return "header", "a config's first line: tests/test_configs.py parses it and runs it"
     if PLACEHOLDER.search(command):
         return "placeholder", f"{PLACEHOLDER.search(command).group(0).strip()!r} stands for the reader's value"
     if not command.startswith("python -m zerotir "):
