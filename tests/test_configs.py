@@ -1,5 +1,6 @@
 """Every YAML under configs/ starts with the command that runs it, and that command parses (``--print_config``);
-the printed full config parses again; and every config starts: its command passes every check (``start``)."""
+the printed full config parses again; and every config runs: a CPU config of one process trains one RL step as
+written, any other passes every check its command makes before it needs GPUs or processes (``start``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from lightning.pytorch import Callback
 
 from zerotir.cli import ZeroTIRCLI
 from zerotir.config import Algorithm
-from zerotir.toy.tiny_model import build_tiny_model
-from zerotir.toy.tokenizer import build_byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
@@ -130,11 +129,46 @@ class _StopAtStart(Callback):
     on_validation_start = on_test_start
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
-    return path
+def as_written_model(files: list[str]) -> bool:
+    """The merged ``files`` run on their own model in a fresh clone: a folder that is there, or a toy base that
+    needs no pretraining (``toy_base`` of the shipped base's settings, its heads widened for vLLM at most:
+    ``zerotir.toy.build``, a second). A base that needs minutes of pretraining (the mixed worlds') or a model a
+    previous command writes (``runs/export/...``) is not."""
+    toy = file_setting(files, "toy_base")
+    if toy not in (UNSET, None):
+        return set(toy) <= {"serve_head_dim"}
+    path = file_setting(files, "model", "base", "path")
+    return path is not UNSET and (REPO / str(path)).exists()
+
+
+def in_a_clone(root: Path) -> Path:
+    """``root`` as a fresh clone's working folder: ``configs/``, ``data/`` and ``benchmarks/`` of the repository
+    linked in, so a command runs as written from there and whatever it writes (``runs/<name>/``, a toy base it
+    builds) lands under ``root``, not in the repository."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in ("configs", "data", "benchmarks"):
+        (root / name).symlink_to(REPO / name)
+    return root
+
+
+# What a one-step run changes in a command: the step count (and, for ``test``, one batch of its rows), the
+# progress bar (display only). The config files, the algorithm, the engine, the sizes and the output folders are
+# the command's own (it runs in a folder of its own: ``in_a_clone``).
+ONE_STEP = ["--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false"]
+ONE_BATCH = {"test": ("limit_test_batches", "test_loop"), "validate": ("limit_val_batches", "validate_loop")}
+
+
+def run_one_step(command: str, rest: list[str]) -> ZeroTIRCLI:
+    """``python -m zerotir <command> <rest>`` in this process (the current folder a clone's: ``in_a_clone``),
+    cut to one RL step (``fit``) or one batch of rows (``test`` / ``validate``), and checked to have done it."""
+    if command == "fit":
+        cli = ZeroTIRCLI(args=[command, *rest, *ONE_STEP])
+        assert cli.model.rl_steps_done == 1 and cli.trainer.global_step == 1, "the command ran no RL step"
+        return cli
+    limit, loop = ONE_BATCH[command]
+    cli = ZeroTIRCLI(args=[command, *rest, f"--trainer.{limit}", "1", *ONE_STEP[2:]])
+    assert getattr(cli.trainer, loop).batch_progress.total.completed == 1, "the command evaluated no batch"
+    return cli
 
 
 def shipped_toy_base(files: list[str]) -> bool:
@@ -146,27 +180,34 @@ def shipped_toy_base(files: list[str]) -> bool:
         (REPO / path / "toy_base.json").is_file()
 
 
-def start(args: list[str], tiny_dir: Path, root: Path) -> None:
-    """Build the module, data module and trainer of ``args`` (a command and its options) on a tiny model and run
-    the command up to where its loop begins.
+def start(args: list[str], tiny_dir: Path, root: Path, one_step: bool = True) -> None:
+    """Run the command of ``args`` (a command and its options) from ``root`` (``in_a_clone``): one RL step, or up
+    to where its loop begins where a step needs what the suite does not have.
 
-    A config on the shipped toy base starts on it (``shipped_toy_base``); for any other the tiny model folder
-    stands in for the config's model (``--toy_base null``: a toy base's path decision has its own tests in
-    tests/test_cli.py). A config of one CPU process runs its command (``fit``: the data module's,
-    the callbacks' and the module's setup, the models' loading and the optimizer) until ``on_fit_start`` /
-    ``on_test_start``, where the rollout source would start the sandbox and the engine. A GPU config is built with
-    ``trainer.accelerator cpu`` (its devices, nodes and DeepSpeed config kept) and, like any config of several
-    processes, runs the setup hooks of its command (the data module's, the callbacks' and the module's: the
-    DeepSpeed and rollout checks); what follows needs the GPUs, the processes and the model itself.
+    A config on its own model (``as_written_model``) runs on it; for any other the tiny model folder stands in for
+    the config's model (``--toy_base null``: a toy base's path decision has its own tests in tests/test_cli.py).
+    A ``fit`` of one CPU process runs one RL step (``run_one_step``; a ``test`` one batch of rows) as written:
+    its sandbox, its engine (vLLM, the fleet's Ray engine, the pipeline's thread) and its algorithm. A GPU config
+    is built with ``trainer.accelerator cpu`` (its devices, nodes and DeepSpeed config kept) and, like any config
+    of several processes, runs the setup hooks of its command (the data module's, the callbacks' and the module's:
+    the DeepSpeed and rollout checks); what follows needs the GPUs or the processes (tests/e2e runs the CPU
+    rehearsal's ranks). A command on a model it cannot have here (a base that needs pretraining, a previous run's
+    export) runs up to ``on_fit_start`` / ``on_test_start`` on the stand-in.
     """
     command, rest = args[0], args[1:]
     if "--ckpt_path" in rest:  # a run's checkpoint (eval_toy_heldout.yaml's header): not in the repository
         at = rest.index("--ckpt_path")
         rest = rest[:at] + rest[at + 2:]
-    gpu = file_setting(config_files(rest), "trainer", "accelerator") == "gpu"
-    model = [] if shipped_toy_base(config_files(rest)) else ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
-    cli = ZeroTIRCLI(args=rest + model + ["--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar",
-                                          "false"] + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
+    files = config_files(rest)
+    gpu = file_setting(files, "trainer", "accelerator") == "gpu"
+    devices = file_setting(files, "trainer", "devices")
+    if one_step and not gpu and not (isinstance(devices, int) and devices > 1) and as_written_model(files):
+        run_one_step(command, rest)
+        return
+    model = [] if shipped_toy_base(files) else ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
+    cli = ZeroTIRCLI(args=rest + model + ["--trainer.default_root_dir", str(root / "runs"),
+                                          "--trainer.enable_progress_bar", "false"]
+                     + (["--trainer.accelerator", "cpu"] if gpu else []), run=False)
     trainer, module, data = cli.trainer, cli.model, cli.datamodule
     if gpu or trainer.world_size > 1:
         stage = "fit" if command == "fit" else command
@@ -183,11 +224,23 @@ def start(args: list[str], tiny_dir: Path, root: Path) -> None:
         run(module, datamodule=data)
 
 
+# Configs whose first line a slow test already runs as written for several RL steps (only the step count, the
+# display and the working folder changed): the step here would repeat one of its steps.
+RUN_AS_WRITTEN_BY = {"configs/toy_cpu.yaml": "tests/e2e/test_emergence.py",
+                     "configs/toy_cpu_vllm.yaml": "tests/e2e/test_fit_vllm.py"}
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_shipped_config_starts(path, tiny_dir, tmp_path, monkeypatch):
-    """A config that any check of its command rejects (a new validation included) fails here, not for a user."""
-    monkeypatch.chdir(REPO)
-    start(header_args(path), tiny_dir, tmp_path)
+def test_every_shipped_config_runs_one_step(path, tiny_dir, tmp_path, monkeypatch):
+    """A config that any check of its command rejects (a new validation included), or whose first RL step fails,
+    fails here, not for a user. A config whose first line a slow test runs as written (``RUN_AS_WRITTEN_BY``, more
+    steps) only starts here."""
+    monkeypatch.chdir(in_a_clone(tmp_path / "clone"))
+    name = str(path.relative_to(REPO))
+    if name in RUN_AS_WRITTEN_BY:
+        test = REPO / RUN_AS_WRITTEN_BY[name]
+        assert "header_args(REPO / \"configs\" / " in test.read_text() and path.name in test.read_text(), test
+    start(header_args(path), tiny_dir, tmp_path, one_step=name not in RUN_AS_WRITTEN_BY)
 
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo", "reinforce_pp_vllm"])
@@ -198,4 +251,5 @@ def test_every_arm_of_the_emergence_benchmark_starts(algo, tiny_dir, tmp_path, m
     assert sorted(toy_emergence.CONFIGS) == sorted(["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo",
                                                      "reinforce_pp_vllm"])  # a new arm is added to the list above
     monkeypatch.chdir(REPO)
-    start(["fit", *toy_emergence.config_args(algo), *toy_emergence.early_stop_args(0.8)], tiny_dir, tmp_path)
+    start(["fit", *toy_emergence.config_args(algo), *toy_emergence.early_stop_args(0.8)], tiny_dir, tmp_path,
+          one_step=False)

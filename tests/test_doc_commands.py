@@ -3,12 +3,14 @@ command that breaks fails here and not for a reader.
 
 The commands are collected from the files (``documented_commands``): the lines of code blocks and the code spans
 that start with ``python -m zerotir``, ``bash ``, ``python -m benchmarks`` or ``tensorboard``, a ``\\`` continuation
-joined, a ``#`` comment cut. A config's first line is parsed and started by tests/test_configs.py, not again here.
+joined, a ``#`` comment cut. A config's first line is parsed and run by tests/test_configs.py, not again here.
 Each other command is classified with a reason the test checks (``plan``):
 
-* ``fit`` / ``validate`` / ``test`` of one CPU process on a model that is there: built in-process as written (every
-  check, the toy base's path decision, the model's loading: ``ZeroTIRCLI(run=False)``); the README's main job runs
-  its RL steps in tests/e2e/test_emergence.py, the overlays' starts in tests/test_configs.py;
+* ``fit`` / ``test`` of one CPU process on a model that is there: run in-process as written, from a folder of its
+  own that holds the repository's ``configs/`` and ``data/`` (``tests.test_configs.in_a_clone``: what it writes lands
+  there), for one RL step (``--trainer.max_steps 1``) or one batch of rows (``tests.test_configs.run_one_step``);
+* one that reads a file a line before it on its page writes (docs/data.md's ``my_problems.jsonl``): that page's
+  test runs the two lines (tests/data/test_data_doc.py);
 * one that needs a GPU (``trainer.accelerator: gpu``), several processes (``trainer.devices`` > 1), a toy base not
   built yet (minutes of pretraining), a previous run's checkpoint or exported model: ``--print_config`` as written;
 * ``--help``, ``--print_config``: as written; the other subcommands (``toy-base``, ``scaling``, ``rollouts``,
@@ -27,8 +29,7 @@ from pathlib import Path
 import pytest
 
 import zerotir.__main__ as entry
-from tests.test_configs import UNSET, config_files, file_setting
-from zerotir.cli import ZeroTIRCLI
+from tests.test_configs import UNSET, config_files, file_setting, in_a_clone, run_one_step
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "configs").rglob("*.yaml"))]
@@ -84,7 +85,7 @@ HEADERS = {command for command, files in COMMANDS.items() if any(f.startswith("c
 def plan(command: str) -> tuple[str, str]:
     """How ``command`` is checked here, and why (each reason is a fact about the command the test asserts)."""
     if command in HEADERS:
-        return "header", "a config's first line: tests/test_configs.py parses it and starts it"
+        return "header", "a config's first line: tests/test_configs.py parses it and runs it"
     if PLACEHOLDER.search(command):
         return "placeholder", f"{PLACEHOLDER.search(command).group(0).strip()!r} stands for the reader's value"
     if not command.startswith("python -m zerotir "):
@@ -107,7 +108,19 @@ def plan(command: str) -> tuple[str, str]:
         return "print_config", "resumes a previous run's checkpoint"
     if "--model.base.path" in args and not (REPO / args[args.index("--model.base.path") + 1]).exists():
         return "print_config", "names the model a previous command writes (export)"
-    return "build", "one CPU process on a model that is there"
+    written = [f for f in data_files(args) if not (REPO / f).exists()]
+    if written:
+        return "written_first", f"reads {written[0]}, which a line before it on its page writes"
+    return "one_step", "one CPU process on a model that is there"
+
+
+def data_files(args: list[str]) -> list[str]:
+    """The files of the ``--data.<split>_files '[a, b]'`` options in ``args``."""
+    found = []
+    for flag, value in zip(args, args[1:]):
+        if flag.startswith("--data.") and flag.endswith("_files"):
+            found += [f.strip() for f in value.strip("[]").split(",") if f.strip()]
+    return found
 
 
 def run_main(args: list[str]) -> int:
@@ -151,10 +164,13 @@ def test_the_documented_command_runs(command, tmp_path, monkeypatch, capsys):
         status = run_main(args)
         out = capsys.readouterr()
         assert status == 0, f"{where}: `{command}` ({reason}) fails:\n{out.err[-2000:]}"
+    elif kind == "written_first":
+        name = next(f for f in data_files(words[4:]) if not (REPO / f).exists())
+        pages = [(REPO / f).read_text() for f in COMMANDS[command]]
+        assert all(re.search(rf"> {re.escape(name)}\b", page) for page in pages), f"{where}: nothing writes {name}"
     else:
-        args = [w for w in words[4:]] + ["--trainer.default_root_dir", str(tmp_path)]
-        cli = ZeroTIRCLI(args=args, run=False)  # every check, the toy base's decision, the model's loading
-        assert cli.trainer.max_steps > 0, f"{where}: {reason}"
+        monkeypatch.chdir(in_a_clone(tmp_path / "clone"))  # its runs/ folders land there
+        run_one_step(words[3], words[4:])
 
 
 def test_the_commands_are_collected_from_code_blocks_spans_and_headers():
@@ -167,7 +183,9 @@ def test_the_commands_are_collected_from_code_blocks_spans_and_headers():
     assert plan("python -m zerotir toy-base --out X")[0] == "placeholder"
     assert plan("python -m zerotir fit --config configs/qwen2.5-7b_reinforce.yaml --model.rl.kl_coef 0") == \
         ("print_config", "trainer.accelerator is gpu")
-    assert plan("python -m zerotir fit --config configs/toy_cpu.yaml --model.rl.kl_coef 0")[0] == "build"
+    assert plan("python -m zerotir fit --config configs/toy_cpu.yaml --model.rl.kl_coef 0")[0] == "one_step"
+    assert plan("python -m zerotir fit --config configs/toy_cpu.yaml --data.train_files '[mine.jsonl]'") == \
+        ("written_first", "reads mine.jsonl, which a line before it on its page writes")
     assert plan("python -m zerotir fit --config configs/toy_cpu.yaml")[0] == "header"
     every_config = {str(p.relative_to(REPO)) for p in REPO.joinpath("configs").rglob("*.yaml")}
     headers = {f for c, files in COMMANDS.items() for f in files if f.endswith(".yaml")}

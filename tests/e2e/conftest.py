@@ -73,27 +73,53 @@ def run_subprocess(args: list[str], **popen_kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zerotir", *args], cwd=REPO, env=env, **popen_kwargs)
 
 
-def fit_killed_at(args: list[str], marker: Path, log: Path, timeout: float = 420) -> None:
-    """Run ``python -m zerotir <args>`` (a fit with ``tests.e2e.helpers.HangAfterStep``) until it writes ``marker``,
-    then SIGKILL its whole process group (the run, its threads and its embedded sandbox); output goes to ``log``.
+class KilledRun:
+    """``python -m zerotir <args>`` (a fit with ``tests.e2e.helpers.HangAfterStep``) started now, in a session of
+    its own (output to ``log``), so that it goes on beside what the test does before it needs the run; ``killed``
+    waits until it writes ``marker``, then SIGKILLs its whole process group (the run, its threads and its embedded
+    sandbox)."""
 
-    Raises:
-        AssertionError: the run ended or ran past ``timeout`` seconds without writing the marker (its log's tail).
-    """
-    import signal
-    import time
+    def __init__(self, args: list[str], marker: Path, log: Path) -> None:
+        self.marker, self.log = marker, log
+        with log.open("w") as out:
+            self.fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    with log.open("w") as out:
-        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    def killed(self, timeout: float = 420) -> None:
+        """Raises AssertionError: the run ended or ran past ``timeout`` seconds without writing the marker (its
+        log's tail)."""
+        import time
+
         try:
             deadline = time.monotonic() + timeout
-            while not marker.exists() and fit.poll() is None and time.monotonic() < deadline:
+            while not self.marker.exists() and self.fit.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
         finally:
-            if fit.poll() is None:
-                os.killpg(fit.pid, signal.SIGKILL)
-            fit.wait(timeout=60)
-    assert marker.exists(), log.read_text()[-3000:]
+            self.stop()
+        assert self.marker.exists(), self.log.read_text()[-3000:]
+
+    def stop(self) -> None:
+        import signal
+
+        if self.fit.poll() is None:
+            os.killpg(self.fit.pid, signal.SIGKILL)
+        self.fit.wait(timeout=60)
+
+
+def killed_at_step_3(base: Path, data: dict[str, Path], root: Path, *extra: str) -> KilledRun:
+    """A kill-and-resume test's first run, started now (a module fixture starts it with the module's first test, so
+    that its process goes on beside the in-process runs of the tests before it: one torch thread each, the
+    machine's other core): 6 steps of ``tiny_cpu_reinforce`` under ``root`` with ``extra``, hanging after step 3
+    for ``KilledRun.killed``."""
+    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
+            "--trainer.callbacks.marker", str(root / "hung_at_step")]
+    return KilledRun(cli_args("fit", "tiny_cpu_reinforce", base, data, root, "--trainer.max_steps", "6", *extra, *hang),
+                     root / "hung_at_step", root / "fit.log")
+
+
+def fit_killed_at(args: list[str], marker: Path, log: Path, timeout: float = 420) -> None:
+    """Run ``python -m zerotir <args>`` (a fit with ``tests.e2e.helpers.HangAfterStep``) until it writes ``marker``,
+    then SIGKILL its whole process group (``KilledRun``); output goes to ``log``."""
+    KilledRun(args, marker, log).killed(timeout)
 
 
 def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import REPO, read_scalars, run_cli
+from tests.test_configs import header_args, in_a_clone
 from zerotir import metric_names as mn
 from zerotir.toy.pretrain import read_info
 
@@ -25,16 +26,13 @@ RL_STEPS = 10
 def test_tool_use_and_reward_rise_under_outcome_reward(tmp_path, monkeypatch):
     record = read_info(SHIPPED)["record"]
     assert record["decay_reason"] == "probe", f"the shipped base never learned to copy: {record['probe'][-3:]}"
-    monkeypatch.chdir(REPO)  # the config's relative paths: data/toy_base, data/toy/*.jsonl
-    args = [
-        "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),  # toy_base: {}: reuses data/toy_base, verified
-        "--model.sandbox.workers", "1",
-        "--trainer.max_steps", str(RL_STEPS), "--trainer.limit_val_batches", "0",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", "--checkpoint.every_n_train_steps", str(RL_STEPS),
-    ]
+    # The config's first line as written (toy_base: {}: reuses data/toy_base, verified), from a folder of its own
+    # (its runs/toy_cpu lands there), for RL_STEPS steps: tests/test_configs.py counts this run as that line's.
+    monkeypatch.chdir(in_a_clone(tmp_path))
+    args = [*header_args(REPO / "configs" / "toy_cpu.yaml"), "--trainer.max_steps", str(RL_STEPS),
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     run_cli(args)
-    scalars = read_scalars(tmp_path / "tensorboard")
+    scalars = read_scalars(tmp_path / "runs" / "toy_cpu" / "tensorboard")
     code = [v for _, v in scalars[mn.CODE_RATE]]
     reward = [v for _, v in scalars[mn.REWARD_MEAN]]
     assert len(code) == len(reward) == RL_STEPS

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch import Callback
 
 from tests.e2e.conftest import REPO, cli_args, read_scalars, run_cli
+from tests.test_configs import header_args, in_a_clone
 from zerotir import metric_names as mn
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs_vllm")]
@@ -62,22 +63,19 @@ class CompareWithShippedBase(Callback):
             json.dump(answers, f)
 
 
-def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
-    """``configs/toy_cpu_vllm.yaml`` as shipped, on its base ``configs/toy_cpu.yaml``: it writes its vLLM-runnable
-    toy base (the shipped one, heads widened: no pretraining), starts the embedded sandbox and trains through the vLLM
-    engine, which answers greedily as the transformers engine does on the shipped base."""
-    base, compare = tmp_path / "toy_base_wide", tmp_path / "compare.json"
-    own = tmp_path / "base.yaml"  # a toy base is built only at the folder a config file names (its own folder)
-    own.write_text(f"model:\n  base:\n    path: {base}\n")
+def test_the_toy_vllm_config_runs_end_to_end(tmp_path, monkeypatch):
+    """``configs/toy_cpu_vllm.yaml``'s first line (the README's vLLM line) as written, for 2 RL steps, from a folder
+    of its own (tests/test_configs.py counts this run as that line's): it writes its vLLM-runnable toy base (the
+    shipped one, heads widened: no pretraining) into its runs/, starts the embedded sandbox and trains through the
+    vLLM engine, which answers greedily as the transformers engine does on the shipped base."""
+    clone, compare = in_a_clone(tmp_path / "clone"), tmp_path / "compare.json"
+    monkeypatch.chdir(clone)
     cli = run_cli([
-        "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),
-        "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"), "--config", str(own),
-        "--model.sandbox.workers", "1", "--data.prompts_per_step", "4", "--model.sampling.n", "4",
-        "--data.train_files", json.dumps([str(REPO / "data" / "toy" / "train.jsonl")]),
-        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+        *header_args(REPO / "configs" / "toy_cpu_vllm.yaml"), "--trainer.max_steps", "2",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.callbacks+=tests.e2e.test_fit_vllm.CompareWithShippedBase", "--trainer.callbacks.path", str(compare),
     ])
+    base = clone / "runs" / "toy_base_wide"
     assert cli.model.rl_steps_done == 2
     answers = json.loads(compare.read_text())
     assert answers["engine"] == answers["shipped"] and len(answers["engine"]) == 8
@@ -85,7 +83,7 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     shape = json.loads((base / "config.json").read_text())
     assert (shape["num_attention_heads"], shape["head_dim"], shape["hidden_size"]) == (8, 32, 128)
     assert json.loads((base / "toy_base.json").read_text())["record"]["heads_widened"]["from"] == "data/toy_base"
-    scalars = read_scalars(tmp_path / "tensorboard")
+    scalars = read_scalars(clone / "runs" / "toy_cpu_vllm" / "tensorboard")
     assert len(scalars[mn.REWARD_MEAN]) == 2 and all(v > 0 for _, v in scalars[mn.TIME_WEIGHT_SYNC])
 
 

@@ -10,11 +10,12 @@ schedule it does, in line or not)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
+from tests.e2e.conftest import cli_args, killed_at_step_3, read_scalars, run_cli
 from zerotir import metric_names as mn
 
 pytestmark = pytest.mark.slow
@@ -44,18 +45,29 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_s1_killed_with_the_hosts_batch_in_flight_resumes_at_the_first_unconsumed_batch(e2e_base, e2e_data, tmp_path):
+def _kill_common(steps: Path) -> list[str]:
+    return ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",
+            "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+            "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def killed_run(e2e_base, e2e_data, tmp_path_factory):
+    """The kill-and-resume test's first run, going on beside this module's earlier tests (``killed_at_step_3``)."""
+    root = tmp_path_factory.mktemp("killed")
+    run = killed_at_step_3(e2e_base, e2e_data, root, *_kill_common(root / "steps.jsonl"))
+    yield root, run
+    run.stop()
+
+
+def test_s1_killed_with_the_hosts_batch_in_flight_resumes_at_the_first_unconsumed_batch(e2e_base, e2e_data,
+                                                                                        killed_run):
     """Checkpoint at step 2, killed once step 3 is logged (the host then holds batch 4, or generates it),
     resumed to step 5: steps 3-5 train batches 2-4, each once; staleness and waits are in TensorBoard."""
-    marker, log, steps = tmp_path / "hung_at_step", tmp_path / "fit.log", tmp_path / "steps.jsonl"
-    common = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",
-              "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
-              "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
-    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
-            "--trainer.callbacks.marker", str(marker)]
-    args = cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
-                    *common, *hang)
-    fit_killed_at(args, marker, log)
+    tmp_path, run = killed_run
+    steps = tmp_path / "steps.jsonl"
+    common = _kill_common(steps)
+    run.killed()
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["zerotir"]["rl_steps_done"] == 2 and ckpt["PromptDataModule"]["consumed"] == 2
 

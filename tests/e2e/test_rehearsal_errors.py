@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,11 +36,15 @@ def _session_alive(pgid: int) -> bool:
     return True
 
 
-def fit_failing(args: list[str], log_path) -> tuple[int | None, bool, str]:
-    """Run the fit in a session of its own; ``(exit code or None if it ran past the bound, whether every process
-    of the session was gone soon after, the combined log of both ranks)``."""
+def start_fit(args: list[str], log_path: Path) -> subprocess.Popen:
+    """Start the fit in a session of its own, its output (both ranks') to ``log_path``."""
     with log_path.open("w") as out:
-        fit = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def fit_failing(fit: subprocess.Popen, log_path: Path) -> tuple[int | None, bool, str]:
+    """Wait for the started ``fit``; ``(exit code or None if it ran past the bound, whether every process of its
+    session was gone soon after, the combined log of both ranks)``."""
     try:
         code = fit.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -65,28 +70,39 @@ def assert_both_ranks_stop_with(log: str, root, error_type: str) -> str:
     return stops["0"]
 
 
-@pytest.fixture
-def rehearsal(e2e_base, e2e_data, tmp_path):
-    def args(*extra: str) -> list[str]:
-        return cli_args("fit", "rehearsal/zero3_reinforce", e2e_base, e2e_data, tmp_path / "run",
+# Rank 1's misconfiguration of each run: a sandbox URL where nothing listens, a KV cache that holds no request.
+FAILURES = {
+    "sandbox": ["--trainer.callbacks+=tests.e2e.helpers.SandboxUnreachableOnRank", "--trainer.callbacks.rank", "1"],
+    "engine": ["--trainer.callbacks+=tests.e2e.helpers.EngineKVCacheOnRank", "--trainer.callbacks.gib", "1e-5",
+               "--trainer.callbacks.rank", "1"],
+}
+
+
+@pytest.fixture(scope="module")
+def failed(e2e_base, e2e_data, tmp_path_factory) -> dict[str, tuple[int | None, bool, str, Path]]:
+    """Both failing fits, started at once (each spends most of its start-up in one rank while the other waits at
+    the rendezvous, so side by side they take little more than one), then waited for: ``{name: (exit code,
+    session gone, log, run folder)}``."""
+    started = {}
+    for name, extra in FAILURES.items():
+        folder = tmp_path_factory.mktemp(name)
+        args = cli_args("fit", "rehearsal/zero3_reinforce", e2e_base, e2e_data, folder / "run",
                         "--trainer.max_steps", "2", *extra)
-    return args
+        started[name] = (start_fit(args, folder / "fit.log"), folder)
+    return {name: (*fit_failing(fit, folder / "fit.log"), folder / "run") for name, (fit, folder) in started.items()}
 
 
-def test_sandbox_unreachable_on_rank_1_stops_every_rank_with_its_message(rehearsal, tmp_path):
-    args = rehearsal("--trainer.callbacks+=tests.e2e.helpers.SandboxUnreachableOnRank", "--trainer.callbacks.rank", "1")
-    code, gone, log = fit_failing(args, tmp_path / "fit.log")
+def test_sandbox_unreachable_on_rank_1_stops_every_rank_with_its_message(failed):
+    code, gone, log, root = failed["sandbox"]
     assert code not in (None, 0), log[-4000:]
     assert gone, log[-4000:]
-    message = assert_both_ranks_stop_with(log, tmp_path / "run", "SandboxUnavailable")
+    message = assert_both_ranks_stop_with(log, root, "SandboxUnavailable")
     assert "no sandbox server is healthy" in message and "127.0.0.1" in message
 
 
-def test_engine_failing_to_start_on_rank_1_stops_every_rank_with_its_message(rehearsal, tmp_path):
-    args = rehearsal("--trainer.callbacks+=tests.e2e.helpers.EngineKVCacheOnRank", "--trainer.callbacks.gib", "1e-5",
-                     "--trainer.callbacks.rank", "1")
-    code, gone, log = fit_failing(args, tmp_path / "fit.log")
+def test_engine_failing_to_start_on_rank_1_stops_every_rank_with_its_message(failed):
+    code, gone, log, root = failed["engine"]
     assert code not in (None, 0), log[-4000:]
     assert gone, log[-4000:]
-    message = assert_both_ranks_stop_with(log, tmp_path / "run", "ValueError")
+    message = assert_both_ranks_stop_with(log, root, "ValueError")
     assert "No available memory for the cache blocks" in message

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, fit_killed_at, read_scalars, run_cli
+from tests.e2e.conftest import cli_args, killed_at_step_3, read_scalars, run_cli
 from zerotir import metric_names as mn
 from zerotir.scaling.runs import load_run
 
@@ -87,15 +87,23 @@ def test_two_plus_two_steps_equal_four_straight(e2e_base, e2e_data, tmp_path):
     assert f"heldout/{mn.EVAL_ACCURACY}" in read_scalars(test_run / "tensorboard")
 
 
-def test_killed_after_a_checkpoint_and_resumed_leaves_one_value_per_step(e2e_base, e2e_data, tmp_path):
+KILL_COMMON = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def killed_run(e2e_base, e2e_data, tmp_path_factory):
+    """The kill-and-resume test's first run, going on beside this module's earlier tests (``killed_at_step_3``)."""
+    root = tmp_path_factory.mktemp("killed")
+    run = killed_at_step_3(e2e_base, e2e_data, root, *KILL_COMMON)
+    yield root, run
+    run.stop()
+
+
+def test_killed_after_a_checkpoint_and_resumed_leaves_one_value_per_step(e2e_base, e2e_data, killed_run):
     """Checkpoint at step 2, killed with SIGKILL once step 3 is logged and on disk, resumed to step 4."""
-    marker, log = tmp_path / "hung_at_step", tmp_path / "fit.log"
-    common = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0"]
-    hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
-            "--trainer.callbacks.marker", str(marker)]
-    args = cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6",
-                    *common, *hang)
-    fit_killed_at(args, marker, log)
+    tmp_path, run = killed_run
+    common = KILL_COMMON
+    run.killed()
     tensorboard = tmp_path / "tensorboard"
     killed_files = set(tensorboard.glob("events.out.tfevents.*"))
     before = read_scalars(tensorboard)
