@@ -130,28 +130,10 @@ def references(e2e_base, e2e_data, tmp_path_factory, sandbox_url):
         run.stop()
 
 
-@pytest.fixture(scope="module")
-def arms(e2e_base, e2e_data, tmp_path_factory, sandbox_url):
-    """The arms' runs, each started beside the one before it: ``arms(i)`` starts arm ``i`` and arm ``i + 1`` (if
-    not yet) and gives arm ``i``'s. A 2-rank run spends much of its start-up in one rank while the other waits at
-    the rendezvous, so the next arm's start-up fills the core the current arm leaves idle."""
-    runs: dict[tuple[str, str], Train] = {}
-
-    def started(index: int) -> Train:
-        for mode, algorithm in ARMS[index:index + 2]:
-            if (mode, algorithm) not in runs:
-                folder = tmp_path_factory.mktemp(f"{mode}-{algorithm}")
-                runs[mode, algorithm] = Train(mode, algorithm, e2e_base, e2e_data, folder / "run", sandbox_url)
-        return runs[ARMS[index]]
-
-    yield started
-    for run in runs.values():
-        run.stop()
-
-
 @pytest.mark.parametrize("mode,algorithm", ARMS, ids=[f"{m}-{a}" for m, a in ARMS])
-def test_two_ranks_train_the_parameters_of_one(mode, algorithm, references, arms):
-    run = arms(ARMS.index((mode, algorithm)))
+def test_two_ranks_train_the_parameters_of_one(mode, algorithm, references, e2e_base, e2e_data, sandbox_url,
+                                               tmp_path):
+    run = Train(mode, algorithm, e2e_base, e2e_data, tmp_path / mode, sandbox_url)
     try:
         reference = dict(references[algorithm].params())
         two = run.params()
