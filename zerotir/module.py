@@ -1,10 +1,10 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
-    the rollout source's batch (the next prompts of the training stream it reads, this rank's share rolled out with
-    tools, n per prompt, scored as they end: ``zerotir.rollout.source``) -> sandbox guard -> the keep decision of ``model.filters`` ->
-    ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the PPO-epoch update) -> the
-    source's after-update (the new weights to the engine that generates next) -> ``StepResult`` returned to the
-    callbacks (``outputs["step"]`` of ``on_train_batch_end``).
+    the rollout source's batch (the next prompts of the training stream it reads, this rank's share rolled out
+    with tools, n per prompt, scored as they end: ``zerotir.rollout.source``) -> sandbox guard -> the keep decision
+    of ``model.filters`` -> ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the
+    PPO-epoch update) -> the source's after-update (the new weights to the engine that generates next) ->
+    ``StepResult`` returned to the callbacks (``outputs["step"]`` of ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
 hooks, checkpoints, the data position. Its settings are the typed groups of ``zerotir.config``.

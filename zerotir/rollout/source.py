@@ -40,7 +40,7 @@ from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
 from zerotir.scale.deepspeed_setup import check_rollout_backend
-from zerotir.scale.distributed import rank_and_world_size, shard_prompts
+from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -185,17 +185,14 @@ class EngineSource:
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
               stream: TrainStream | None) -> None:
-        """The sandbox, then the engine with ``actor``'s weights (and ``stream``, the training stream, kept). Each phase is a collective under a process group
-        (``fail_together``): a sandbox that does not answer one rank, too little free memory on one rank's GPU or
-        an engine that fails to build on one rank stops every rank with that rank's error, instead of leaving the
-        others waiting in their next collective (the memory check runs on every rank before any builds, as vLLM's
-        own start-up all-reduces memory figures over the ranks)."""
+        """The sandbox, then the engine with ``actor``'s weights; ``stream`` (the training stream) kept. Each phase is
+        a collective under a process group (``fail_together``): a sandbox that does not answer one rank, too little
+        free memory on one rank's GPU or an engine that fails to build on one rank stops every rank with that rank's
+        error, instead of leaving the others waiting in their next collective (the memory check runs on every rank
+        before any builds, as vLLM's own start-up all-reduces memory figures over the ranks)."""
         if self.engine is not None:
             return
-        from zerotir.scale.distributed import fail_together
-
         self.stream = stream
-
         with fail_together(Exception):
             self.sandbox.start()
             check_engine_fits(self.backend, device)
