@@ -1,8 +1,11 @@
 """A scripted rollout source for tests of the module's Lightning plumbing: the real in-line source (its ``batch``,
 versions, tensor-parallel share and evaluation) with a rollout that samples random tokens and scores them by rule,
-no sandbox and no engine; and a callback keeping each step's ``StepResult``."""
+no sandbox and no engine; a fixed training stream; and a callback keeping each step's ``StepResult``."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -41,7 +44,7 @@ class ScriptedSource(InlineSource):
         self.engine = engine or IdleEngine()
 
     def start(self, actor, tokenizer, device, stream) -> None:
-        pass
+        self.stream = stream  # the training stream the real ``batch`` reads
 
     def close(self) -> None:
         self.closed = True
@@ -74,6 +77,19 @@ def scripted_traj(ids, action, prompt_len, group, reward) -> Trajectories:
         num_timeouts=one * 0, num_sandbox_errors=one * 0, truncated=torch.zeros(1, dtype=torch.bool),
         finish_reasons=["stop"], response_texts=["\\boxed{1}"], ground_truths=["1"],
     )
+
+
+class FixedStream:
+    """A training stream (``rollout.source.TrainStream``) whose batch ``b`` is ``batch(b)``, read whole from 0."""
+
+    def __init__(self, batch: Callable[[int], list[dict]], prompts_per_step: int):
+        self.batch, self.prompts_per_step = batch, prompts_per_step
+
+    def train_batch(self, batch_index: int) -> list[dict]:
+        return self.batch(batch_index)
+
+    def train_batches(self, steps_take: str):
+        return map(self.batch, itertools.count())
 
 
 class Recorder(Callback):

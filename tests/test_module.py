@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from callbacks import PassRateFilter, ScalingMetrics
-from tests.scripted_source import IdleEngine, Recorder, ScriptedSource, recorded
+from tests.scripted_source import FixedStream, IdleEngine, Recorder, ScriptedSource, recorded
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.config import (
     BaseModelConfig, EvalConfig, FilterConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
@@ -316,6 +316,7 @@ def test_zero3_loading_sees_transformers_zero3_switch(tiny_dir, monkeypatch):
 
 def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their_share(tiny_dir, monkeypatch):
     import zerotir.module
+    import zerotir.rollout.source
 
     module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), sampling=SamplingConfig(n=2),
                            rollout=VLLMRollout(tensor_parallel_size=2))
@@ -330,17 +331,19 @@ def test_tensor_parallel_ranks_roll_out_their_engines_prompts_and_train_on_their
 
     monkeypatch.setattr(zerotir.module, "rl_step", fake_step)
     module._trainer = FakeTrainer(world_size=4, global_rank=3)  # engine 1 = ranks 2 and 3
+    monkeypatch.setattr(zerotir.rollout.source, "rank_and_world_size", lambda: (3, 4))
     tok = build_byte_tokenizer()
     batch = [{"id": f"q{i}", "prompt_text": f"{i}+{i}", "prompt_ids": tok.encode(f"{i}+{i}"), "answer": str(2 * i),
               "source": "s", "batch_index": 0, "position": i} for i in range(4)]
-    out = module.training_step(iter([(batch, 0, 0)]))["step"]  # the step draws its batch (Lightning's iterator)
+    source.start(None, tok, "cpu", FixedStream(lambda b: [batch, batch + batch[:2]][b], 4))
+    out = module.training_step(0)["step"]  # the source reads the step's batch from the stream
     assert source.seen == [["q2", "q3"]]  # the engine's prompts
     assert trained[0].group_ids.tolist() == [1, 1] and len(out.rollout) == 2  # rank 3: the 2nd group
     # The callbacks' outputs: the rollout and, per group id of it, its prompt (the engine's share of the batch).
     assert out.batch.problem_ids == ["q2", "q3"]
     assert out.batch.prompts == ["2+2", "3+3"] and out.batch.weight_version == 0
     with pytest.raises(ValueError, match=r"data.prompts_per_step=6.*multiple of devices x num_nodes = 4"):
-        module.training_step(iter([(batch + batch[:2], 1, 0)]))
+        module.training_step(1)
 
 
 class SharedEngineGroup(TensorParallelGroup):
@@ -389,10 +392,11 @@ def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, 
 
 
 @pytest.mark.parametrize("in_flight", [0, 8])
-def test_the_loader_yields_whole_batches_only_when_the_fleet_streams(tiny_dir, tmp_path, in_flight, monkeypatch):
-    """A step trains the loader's batch unless the fleet streams (``max_in_flight`` > 0): the module says which, so a
-    record of single prompts leaves them out of the loader's batch, or keeps it whole as the step's marker; in batch
-    shares the fleet generates the batches ahead (a batch all consumed later in the record is refused)."""
+def test_the_source_reads_whole_batches_only_when_the_fleet_streams(tiny_dir, tmp_path, in_flight, monkeypatch):
+    """The module hands its source the datamodule as the training stream; the source reads it as its steps take it:
+    whole batches (each step's marker) only when the fleet streams (``max_in_flight`` > 0), else without the rows a
+    record of single prompts consumed; in batch shares the fleet generates the batches ahead (a batch all consumed
+    later in the record is refused)."""
     from types import SimpleNamespace
 
     from zerotir.config import FleetConfig, PipelineConfig
@@ -405,12 +409,15 @@ def test_the_loader_yields_whole_batches_only_when_the_fleet_streams(tiny_dir, t
     data.set_tokenizer(build_byte_tokenizer())
     data.mark_rows([(0, 1)])
     monkeypatch.setattr(module, "_trainer", SimpleNamespace(datamodule=data), raising=False)
-    monkeypatch.setattr(module.source, "start", lambda *args: None)
+    streams = []
+    monkeypatch.setattr(module.source, "start", lambda *args: streams.append(args[-1]))
     module._start_source()
-    assert [row["position"] for row in next(iter(data.train_dataloader()))] == ([0, 2] if not in_flight else [0, 1, 2])
+    assert streams == [data]
+    steps_take = module.source.steps_take
+    assert [row["position"] for row in next(data.train_batches(steps_take))] == ([0, 2] if not in_flight else [0, 1, 2])
     data.mark_rows([(1, p) for p in range(3)])
     if in_flight:
-        assert len(next(iter(data.train_dataloader()))) == 3
+        assert len(next(data.train_batches(steps_take))) == 3
     else:
         with pytest.raises(ValueError, match="cannot leave one out"):
-            next(iter(data.train_dataloader()))
+            next(data.train_batches(steps_take))

@@ -11,8 +11,7 @@ step was slow nor zero right after a resume. Without a terminal (a pipe, ``nohup
 warnings: Lightning's advertising tips and its TPU / HPU availability lines, the "checkpoint directory exists"
 warning (a resumed run writes into its own folder on purpose), Lightning's ``sync_dist`` advice for the evaluation
 tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
-helper, its "experimental" notes on the ``dataloader_iter`` training step (the RL step draws its own batches),
-transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
+helper, transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
 local cluster, and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set).
 ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build)
 go to stderr.
@@ -52,9 +51,6 @@ WARNING_NOISE: tuple[tuple[str, type[Warning]], ...] = (
     (r"It is recommended to use `self\.log\('[^']+/(accuracy|pass_at_k|code_rate|calls_per_response|"
      r"response_length|sandbox_error_rate|truncation_rate)', \.\.\., sync_dist=True\)`", UserWarning),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
-    # The RL step draws its own batches (refill); no hook of zerotir reads a training batch_idx.
-    (r"Found `dataloader_iter` argument in the `training_step`", Warning),
-    (r"You are using the `dataloader_iter` step flavor", Warning),
 )
 
 

@@ -1,10 +1,10 @@
 """``ZeroTIRModule``: the LightningModule of a ZeroTIR run. One training step is one RL step:
 
-    prompts -> the rollout source's batch (tool-integrated rollouts, n per prompt, scored as they end:
-    ``zerotir.rollout.source``) -> sandbox guard -> the keep decision of ``model.filters`` ->
-    ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the PPO-epoch update) -> the
-    source's after-update (the new weights to the engine that generates next) -> ``StepResult`` returned to the
-    callbacks (``outputs["step"]`` of ``on_train_batch_end``).
+    the rollout source's batch (the next prompts of the training stream it reads, this rank's share rolled out
+    with tools, n per prompt, scored as they end: ``zerotir.rollout.source``) -> sandbox guard -> the keep decision
+    of ``model.filters`` -> ``zerotir.rl.step.rl_step`` (old log-probs / reference / values, advantages, the
+    PPO-epoch update) -> the source's after-update (the new weights to the engine that generates next) ->
+    ``StepResult`` returned to the callbacks (``outputs["step"]`` of ``on_train_batch_end``).
 
 The module owns what Lightning must own: the actor, critic and reference models, the one optimizer, the DeepSpeed
 hooks, checkpoints, the data position. Its settings are the typed groups of ``zerotir.config``.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,6 @@ from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
-from zerotir.scale.distributed import shard_prompts
 from zerotir.scale.peer_watch import WatchPeers
 from zerotir.types import PromptRow, Trajectories
 
@@ -225,10 +223,8 @@ class ZeroTIRModule(LightningModule):
 
     # ----- the rollout source (sandbox + engine): started before the loops, so a dead sandbox fails before step 1 -----
     def _start_source(self) -> None:
-        datamodule = self.trainer.datamodule
-        stream = datamodule.train_batch if isinstance(datamodule, PromptDataModule) else None
-        if stream is not None:  # how the source's steps take the stream (``RolloutSource.steps_take``)
-            datamodule.steps_take(self.source.steps_take)
+        datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
+        stream = datamodule if isinstance(datamodule, PromptDataModule) else None
         self.source.start(self.actor, self.tokenizer, self.device, stream)
         lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
@@ -241,13 +237,12 @@ class ZeroTIRModule(LightningModule):
     on_test_start = on_validation_start
 
     # ----- one RL step -----
-    def training_step(self, dataloader_iter: Iterator[tuple[list[PromptRow], int, int]]) -> dict[str, StepResult]:
-        """One RL step, drawing its batches of prompts from ``dataloader_iter`` (Lightning's: nothing is fetched
-        ahead, so the data cursor is the last batch a step took); the ``StepResult`` goes to the callbacks as
-        ``outputs["step"]``."""
+    def training_step(self, tick: int) -> dict[str, StepResult]:
+        """One RL step (``tick``: the train loader's, which only counts Lightning's steps): the rollout source reads
+        the step's prompts from the training stream; the ``StepResult`` goes to the callbacks as ``outputs["step"]``."""
         start = time.perf_counter()
         step = self.rl_steps_done + 1
-        filled, sandbox, taken = self._fill(dataloader_iter, step)
+        filled, sandbox, taken = self._fill(step)
         traj, timings = filled.trajectories, filled.timings
         self.sandbox_guard.update(traj, step, sandbox)
         update_start = time.perf_counter()
@@ -273,22 +268,19 @@ class ZeroTIRModule(LightningModule):
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
 
-    def _fill(self, batches: Iterator[tuple[list[PromptRow], int, int]],
-              step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]]]:
-        """The step's batch: the stream's next batch rolled out and decided, then (``model.filters.refill``) more until the
-        kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; the stream rows ``(batch index,
-        position)`` the step consumed, every rank's: ``RolloutBatch.taken`` where the source chose them, else the
-        loader's batches."""
+    def _fill(self, step: int) -> tuple[FilledBatch, list[str], list[tuple[int, int]]]:
+        """The step's batch: the source's next batch of the stream, decided, then (``model.filters.refill``) more
+        until the kept groups fill it (``rl.refill.BatchFill``); the sandbox the code ran on; the stream rows ``(batch
+        index, position)`` the step consumed, every rank's (``RolloutBatch.taken``)."""
         fill: BatchFill | None = None
         taken: list[tuple[int, int]] = []
         while True:
-            batch = next(batches)[0]
-            fill = fill or BatchFill(len(batch), self.refill.max_rounds)
             release_for_push(self.trainer)  # the source may push (its first batch, an engine recovered)
-            rolled = self.source.batch(step, self._my_prompts(batch), self._first_row(len(batch)))
+            rolled = self.source.batch(step)
             traj = rolled.trajectories
-            taken += [(r["batch_index"], r["position"]) for r in batch] if rolled.taken is None else rolled.taken
-            if fill.add(Round(rolled.rows, traj, self._decide(traj), batch[0]["batch_index"], rolled.timings)):
+            fill = fill or BatchFill(len(rolled.taken), self.refill.max_rounds)
+            taken += rolled.taken
+            if fill.add(Round(rolled.rows, traj, self._decide(traj), rolled.timings)):
                 return fill.result(pad_id(self.tokenizer)), rolled.sandbox, taken
 
     def _decide(self, traj: Trajectories) -> FilterDecision | None:
@@ -296,22 +288,6 @@ class ZeroTIRModule(LightningModule):
         every rule off: everything trains)."""
         context = FilterContext.of(self.tool, self.sampling.max_response_tokens)
         return decide(self.filters, traj, context, step=self.rl_steps_done + 1, seed=self.seed)
-
-    def _my_prompts(self, batch: list[PromptRow]) -> list[PromptRow]:
-        """This rank's share of the step's prompts (all of them on a single process)."""
-        tp, world = self.backend.tensor_parallel_size, self.trainer.world_size
-        if tp > 1 and len(batch) % world:
-            raise ValueError(f"data.prompts_per_step={len(batch)}: with tensor-parallel engines (tensor_parallel_size="
-                             f"{tp}) every rank trains on an equal share, so set it to a multiple of devices x "
-                             f"num_nodes = {world}")
-        return shard_prompts(batch, self.global_rank, world, tp)
-
-    def _first_row(self, prompts: int) -> int:
-        """Index in the step's global batch of this rank's first prompt (``shard_prompts``' contiguous share): the
-        rollout seeds trajectory ``k`` of the share with ``seed + k``, so its offset makes every trajectory's seed
-        that of its global row (the same with 1 or N ranks)."""
-        tp, world = self.backend.tensor_parallel_size, self.trainer.world_size
-        return self.global_rank // tp * (prompts // (world // tp))
 
     # ----- validation and test: the same rollout path, reports through zerotir.eval -----
     def _eval_step(self, batch: list[PromptRow], batch_idx: int, dataloader_idx: int) -> dict[str, StepResult]:

@@ -187,7 +187,7 @@ def test_resume_continues_with_the_next_unseen_batch(tmp_path: Path, tok) -> Non
     path = write_jsonl(tmp_path / "train.jsonl", make_rows(10))
     dm = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     dm.setup("fit")
-    loader_iter = iter(dm.train_dataloader())
+    loader_iter = dm.train_batches("batch")
     batches = [next(loader_iter) for _ in range(3)]  # batch 2 is only prefetched
     assert [b[0]["batch_index"] for b in batches] == [0, 1, 2]
     dm.mark_consumed(0)
@@ -200,7 +200,7 @@ def test_resume_continues_with_the_next_unseen_batch(tmp_path: Path, tok) -> Non
     resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     resumed.load_state_dict(state)
     resumed.setup("fit")
-    nxt = next(iter(resumed.train_dataloader()))
+    nxt = next(resumed.train_batches("batch"))
     assert nxt == batches[2]
 
     other = module(tok, train_files=[str(path)], prompts_per_step=3, seed=8, test_files=[])
@@ -218,17 +218,32 @@ def test_resume_continues_with_the_next_unseen_batch(tmp_path: Path, tok) -> Non
     assert evaluating.consumed == 2
 
 
+def test_the_train_loader_only_ticks_the_steps(tmp_path: Path, tok) -> None:
+    """The prompts are the rollout source's to read (``train_batches``); Lightning's loader counts steps only."""
+    path = write_jsonl(tmp_path / "train.jsonl", make_rows(10))
+    dm = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
+    ticks = iter(dm.train_dataloader())
+    assert [next(ticks) for _ in range(3)] == [0, 1, 2]
+    assert dm.consumed == 0 and [r["batch_index"] for r in next(dm.train_batches("batch"))] == [0, 0, 0]
+    with pytest.raises(ValueError, match="no training data: set data.train_files"):
+        module(tok, test_files=[]).train_dataloader()
+
+
 class _Recorder(LightningModule):
-    """Records the training batches it is given and marks them consumed, as the RL module does."""
+    """Records the training batches it reads from the stream and marks them consumed, as the RL module and its
+    rollout source do (the loader only ticks the steps)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.automatic_optimization = False
         self.seen: list[int] = []
+        self.batches = None
 
-    def training_step(self, batch: list[dict], batch_idx: int) -> None:
-        index = batch[0]["batch_index"]
+    def training_step(self, tick: int, batch_idx: int) -> None:
+        if self.batches is None:  # read from the first step on, once a resumed run's data position is loaded
+            self.batches = self.trainer.datamodule.train_batches("batch")
+        index = next(self.batches)[0]["batch_index"]
         self.seen.append(index)
         opt = self.optimizers()
         opt.zero_grad()

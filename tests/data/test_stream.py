@@ -74,8 +74,8 @@ def test_the_datamodule_generates_only_unconsumed_rows_and_a_resumed_one_too(tmp
     resumed.load_state_dict(dm.state_dict())
     resumed.setup("fit")
     assert resumed.train_batch(0) == dm.train_batch(0) and resumed.train_batch(1) == dm.train_batch(1)
-    resumed.steps_take("rows")  # streaming: the loader's batch marks the step's place, whole
-    assert next(iter(resumed.train_dataloader())) == whole[0]  # the loader starts at the first batch not whole
+    # streaming: the batch read marks the step's place, whole
+    assert next(resumed.train_batches("rows")) == whole[0]  # read from the first batch not whole
     with pytest.raises(ValueError, match="already consumed"):
         resumed.mark_rows([(1, 1)])
 
@@ -128,7 +128,7 @@ def test_a_loader_whose_steps_train_its_batch_yields_only_the_rows_left_and_skip
     resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     resumed.load_state_dict(streaming.state_dict())
     resumed.setup("fit")
-    loader = iter(resumed.train_dataloader())
+    loader = resumed.train_batches("batch")
     for _ in range(2):  # one step each, as the module: train the loader's batch, then mark it consumed
         batch = next(loader)
         trained += [(row["batch_index"], row["position"]) for row in batch]
@@ -139,8 +139,7 @@ def test_a_loader_whose_steps_train_its_batch_yields_only_the_rows_left_and_skip
     again = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     again.load_state_dict(streaming.state_dict())
     again.setup("fit")
-    again.steps_take("rows")
-    loader = iter(again.train_dataloader())
+    loader = again.train_batches("rows")
     assert [[(r["batch_index"], r["position"]) for r in next(loader)] for _ in range(3)] == [
         [(b, p) for p in range(3)] for b in (1, 2, 3)]
 
@@ -156,12 +155,11 @@ def test_steps_that_take_batches_generated_ahead_refuse_a_record_with_a_batch_to
     resumed = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     resumed.load_state_dict(streaming.state_dict())
     resumed.setup("fit")
-    resumed.steps_take("ahead")
     refused = r"batch\(es\) \[2\] consumed after batch 0.*max_in_flight > 0.*max_staleness: null"
     with pytest.raises(ValueError, match=refused):
-        next(iter(resumed.train_dataloader()))
+        next(resumed.train_batches("ahead"))
     with pytest.raises(ValueError, match="steps_take\\('streaming'\\): one of 'batch', 'ahead', 'rows'"):
-        resumed.steps_take("streaming")
+        next(resumed.train_batches("streaming"))
     resumed.load_state_dict({"consumed": 1, "rows": {"1": [0]}})
-    first = next(iter(resumed.train_dataloader()))
+    first = next(resumed.train_batches("ahead"))
     assert first == resumed.train_batch(1) and [row["position"] for row in first] == [1, 2]

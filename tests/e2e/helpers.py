@@ -25,9 +25,10 @@ class SnapshotParams(Callback):
 
 
 class RecordSteps(Callback):
-    """Append one JSON line per RL step to ``path``: the RL step, the loader's batch index and prompt ids, the prompt
-    ids the step trained (the fleet's streaming takes prompt groups of several batches); and, when
-    training starts, the pass-rate filter's state as restored from a checkpoint (``{"start": ...}``).
+    """Append one JSON line per RL step to ``path``: the RL step, the index and prompt ids of the last stream batch it
+    took (the step's place in the stream: the fleet's cursor, or in line the last batch consumed), the prompt ids
+    the step trained (the fleet's streaming takes prompt groups of several batches); and, when training starts, the
+    pass-rate filter's state as restored from a checkpoint (``{"start": ...}``).
 
     Args:
         path: a JSONL file, appended to (a resumed run continues the same file).
@@ -45,8 +46,14 @@ class RecordSteps(Callback):
         self._write({"start": filters[0] if filters else None, "rl_step": pl_module.rl_steps_done})
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._write({"rl_step": outputs["step"].rl_step, "batch_index": batch[0]["batch_index"],
-                     "ids": [row["id"] for row in batch], "trained": list(outputs["step"].batch.problem_ids)})
+        from zerotir.data.stream import PromptStream
+
+        data, cursor = trainer.datamodule, getattr(getattr(pl_module.source, "schedule", None), "cursor", None)
+        index = cursor.next_take - 1 if cursor is not None else data.consumed - 1
+        stream = PromptStream(data.train_rows, data.prompts_per_step, data.seed)
+        self._write({"rl_step": outputs["step"].rl_step, "batch_index": index,
+                     "ids": [row["id"] for row in stream.batch(index)],
+                     "trained": list(outputs["step"].batch.problem_ids)})
 
 
 class CompareEngineWithActor(Callback):

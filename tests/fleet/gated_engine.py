@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tests.scripted_source import FixedStream
 from zerotir.config import HFRollout
 from zerotir.rollout.engines import _hf_engine, create_engine
 
@@ -71,6 +72,9 @@ def rows(index: int) -> list[dict]:
              "batch_index": index, "position": p} for p in range(2)]
 
 
+STREAM = FixedStream(rows, 2)  # the training stream of ``rows``
+
+
 def wait_for(path: Path) -> None:
     while not path.exists():  # bounded by the calling test's timeout
         time.sleep(0.02)
@@ -82,14 +86,14 @@ def s1_with_batch_2_held(source: Any, gate: Path) -> Any:
     the update is pushed (after batch 1's rollout: one call at a time), then step 2 takes batch 1. Checks what each
     batch holds and that batch 1 sampled before the push; returns the actor."""
     actor = source._actor
-    first = source.batch(1, rows(0), 0)  # stream batch 0; batch 1 went to the engine with it (S = 1)
+    first = source.batch(1)  # stream batch 0; batch 1 went to the engine with it (S = 1)
     wait_for(gate / "held")  # the engine is in batch 1's rollout, which cannot end before "released"
     assert [r["id"] for r in first.rows] == ["0-0", "0-1"] and first.trajectories.versions.max() == 0
     with torch.no_grad():
         actor.lm_head.weight.add_(1.0)  # step 1's update, while batch 1 is still being generated
     (gate / "released").touch()
     source.after_update(actor, 1)
-    second = source.batch(2, rows(1), 2)
+    second = source.batch(2)  # stream batch 1
     mask = second.trajectories.action_mask
     assert mask.any() and set(second.trajectories.versions[mask].tolist()) == {0}  # sampled before push 1
     assert source.version == 1

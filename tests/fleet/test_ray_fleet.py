@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.fleet.gated_engine import GatedRollout, rows, s1_with_batch_2_held, wait_for
+from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held, wait_for
 from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_greedy, prompt_ids, sampled_ids,
                                           sender_model)
 from tests.gloo import free_port
@@ -113,7 +113,7 @@ def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, f
     monkeypatch.setattr(cluster, "stop_cluster", lambda: None)  # and outlives it
     source = FleetSource(fleet, PipelineConfig(max_staleness=max_staleness), GatedRollout(gate=str(gate)),
                          SandboxConfig(), NO_TOOL, SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
-    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", rows)
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", STREAM)
     return source
 
 
@@ -146,7 +146,7 @@ def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_tim
                            FleetConfig(engines=1, pin_cores=False, timeout_s=600.0, max_restarts=1), max_staleness=0)
     (tmp_path / "released").touch()  # no rollout is held here
     try:
-        source.batch(1, rows(0), 0)
+        source.batch(1)
         pid = ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"]
 
         def kill_when_held() -> None:
@@ -161,7 +161,7 @@ def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_tim
         killer.join()
         assert source.restarts == 1 and source.version == 1
         assert ray.get(source.hosts[0].describe.remote(), timeout=CALL_TIMEOUT_S)["pid"] != pid
-        second = source.batch(2, rows(1), 2)
+        second = source.batch(2)
         assert set(second.trajectories.versions[second.trajectories.action_mask].tolist()) == {1}
     finally:
         source.close()

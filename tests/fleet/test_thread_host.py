@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.fleet.gated_engine import GatedRollout, rows, s1_with_batch_2_held
+from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held
 from tests.fleet.test_engine_host import NO_TOOL, sender_model
 
 from zerotir.config import FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig
@@ -63,7 +63,7 @@ def _source(tiny_dir: Path, backend: HFRollout, max_staleness: int, timeout_s: f
     source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=timeout_s),
                          PipelineConfig(max_staleness=max_staleness), backend, SandboxConfig(), NO_TOOL,
                          SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0, ThreadTransport())
-    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", rows)
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", STREAM)
     return source
 
 
@@ -89,7 +89,7 @@ def test_an_engine_error_ends_the_trainers_wait_naming_the_host_and_the_batch(ti
         with pytest.raises(RuntimeError, match=r"engine host 0 \(a thread of the trainer\) failed while rolling out "
                                                r"the batch of step 1 \(stream batch 0\): .*RuntimeError: the engine "
                                                r"broke"):
-            source.batch(1, rows(0), 0)
+            source.batch(1)
     finally:
         source.close()
 
@@ -100,9 +100,9 @@ def test_a_host_without_progress_is_a_timeout_naming_the_setting(tiny_dir: Path,
     try:
         with pytest.raises(TimeoutError, match=r"did not finish rolling out the batch of step 2 \(stream batch 1\) "
                                                r"within 0.5 s \(model.pipeline.producer_timeout\)"):
-            source.batch(1, rows(0), 0)
+            source.batch(1)
             source.after_update(source._actor, 1)
-            source.batch(2, rows(1), 2)  # held at the gate
+            source.batch(2)  # held at the gate
     finally:
         (tmp_path / "released").touch()
         source.close()

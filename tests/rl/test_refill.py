@@ -31,7 +31,7 @@ def a_round(rewards: list[float], batch_index: int, n: int = 2) -> Round:
     groups = [i // n for i in range(len(rewards))]
     traj = make_traj(rewards, groups, seed=batch_index)
     rows = [{"id": f"b{batch_index}-{g}"} for g in range(len(rewards) // n)]
-    return Round(rows, traj, decide_round(traj), batch_index, {"generation": 1.5})
+    return Round(rows, traj, decide_round(traj), {"generation": 1.5})
 
 
 def test_first_kept_groups_and_rank_share_by_hand():
@@ -53,7 +53,7 @@ def test_half_uninformative_fills_the_batch_in_two_rounds_cut_to_the_target():
     assert not fill.add(a_round([1, 1, 1, 0, 0, 0, 0, 1], batch_index=7))
     assert fill.add(a_round([1, 0, 0, 1, 1, 0, 1, 1], batch_index=8))
     out = fill.result(pad_token_id=0)
-    assert out.rounds == 2 and out.last_batch_index == 8 and out.kept == 4 and not out.short
+    assert out.rounds == 2 and out.kept == 4 and not out.short
     assert out.trajectories.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
     keep = out.decision.keep
     assert keep.nonzero().flatten().tolist() == [2, 3, 6, 7, 8, 9, 10, 11]  # groups 1, 3 | 4, 5
@@ -67,7 +67,7 @@ def test_none_informative_stops_at_the_round_bound_with_nothing_kept():
     fill = BatchFill(target=2, max_rounds=3)
     assert [fill.add(a_round([1, 1, 0, 0], batch_index=b)) for b in range(3)] == [False, False, True]
     out = fill.result(pad_token_id=0)
-    assert out.rounds == 3 and out.last_batch_index == 2 and out.kept == 0 and out.short
+    assert out.rounds == 3 and out.kept == 0 and out.short
     assert len(out.trajectories) == 12 and not out.decision.keep.any()
     assert (out.decision.kept_groups, out.decision.groups, out.decision.skipped) == (0, 6, True)
 
@@ -75,7 +75,7 @@ def test_none_informative_stops_at_the_round_bound_with_nothing_kept():
 def test_without_a_filter_one_round_is_the_batch():
     rnd = a_round([1, 1, 0, 0], batch_index=4)
     fill = BatchFill(target=2, max_rounds=5)
-    assert fill.add(Round(rnd.rows, rnd.trajectories, None, 4))
+    assert fill.add(Round(rnd.rows, rnd.trajectories, None))
     out = fill.result(pad_token_id=0)
     assert out.decision is None and out.rounds == 1 and not out.short and out.trajectories is rnd.trajectories
     assert out.kept == 2  # without a filter every group trains
@@ -86,7 +86,7 @@ def filled(kept: int, target: int = 4, rounds: int = 1) -> FilledBatch:
     traj = make_traj([1.0, 0.0], [0, 0])
     decision = decide_round(traj)
     decision.kept_groups, decision.groups = kept, target * rounds
-    return FilledBatch([], traj, decision, kept, rounds, target, 0)
+    return FilledBatch([], traj, decision, kept, rounds, target)
 
 
 def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):

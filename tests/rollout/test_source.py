@@ -16,6 +16,7 @@ from torch import nn
 
 from tests.gloo import free_port, run_ranks
 from tests.rl.update_world import make_traj
+from tests.scripted_source import FixedStream
 from zerotir.config import (
     FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
 )
@@ -30,7 +31,10 @@ from zerotir.sources import make_rollout_source
 GIB = 1 << 30
 NO_TOOLS = ToolConfig(max_tool_calls=0)
 ROWS = [{"id": "a", "problem": "1+1", "answer": "2", "prompt_text": "1+1", "prompt_ids": [1, 2], "source": "s",
-         "batch_index": 5}]
+         "batch_index": 5, "position": 2}]
+# Stream batch 5 of 4 prompts, ROWS its third: rank 2 of 4 trains it alone (its share starts at row 2).
+BATCH_5 = [{**ROWS[0], "id": f"other-{p}", "position": p} for p in (0, 1, 3)]
+BATCH_5.insert(2, ROWS[0])
 
 
 class FakeEngine:
@@ -68,19 +72,21 @@ def started_source(monkeypatch, tool: ToolConfig = NO_TOOLS) -> tuple[InlineSour
     monkeypatch.setattr(source_module, "create_engine", lambda *args, **kwargs: engine)
     source = InlineSource(HFRollout(), SandboxConfig(), tool, SamplingConfig(n=2), None, "unused", seed=10)
     actor = Actor()
-    source.start(actor, None, "cpu", None)
+    source.start(actor, None, "cpu", FixedStream(lambda b: BATCH_5, 4))
     return source, engine, actor, seeds
 
 
 def test_inline_source_rests_after_a_training_batch_and_loads_the_update(monkeypatch):
     source, engine, actor, seeds = started_source(monkeypatch)
     assert engine.calls == [("load_weights_from", actor)]  # at start: a resumed actor, or a separate engine
-    batch = source.batch(3, ROWS, first_row=2)
+    monkeypatch.setattr(source_module, "rank_and_world_size", lambda: (2, 4))
+    batch = source.batch(3)
     assert engine.calls[1:] == [("rollout",), ("rest",)]
     assert seeds == [10 + 5 + 1 + 2 * 2]  # the run's seed + the batch index + 1 + the first row's place x n
     versions = batch.trajectories.versions[batch.trajectories.action_mask]
     assert versions.numel() and bool((versions == 2).all())  # in line: the trainer's weights, 2 updates done
     assert batch.rows == ROWS and batch.sandbox == ["<embedded local sandbox>"]  # no tools: no sandbox started
+    assert batch.taken == [(5, p) for p in range(4)]  # every rank's rows of the batch: the data position
     engine.calls.clear()
     assert source.after_update(actor, 3) >= 0.0
     source.evaluate(ROWS, SamplingParams(n=2, seed=0))

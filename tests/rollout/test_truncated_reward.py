@@ -12,6 +12,7 @@ import torch
 
 from tests.callbacks.helpers import make_batch
 from tests.rollout.scripted import ScriptedEngine
+from tests.scripted_source import FixedStream
 from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.shares import score
 from zerotir.reward import score_batch
@@ -50,9 +51,9 @@ def test_the_in_line_source_scores_a_cut_response_zero_in_training_and_evaluatio
     monkeypatch.setattr(source_module, "create_engine", lambda *args, **kwargs: Engine(TOK, SCRIPTS))
     source = InlineSource(HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(n=1, max_response_tokens=BUDGET),
                           score_batch, "unused", seed=0)
-    source.start(torch.nn.Linear(1, 1), TOK, "cpu", None)
+    source.start(torch.nn.Linear(1, 1), TOK, "cpu", FixedStream(lambda b: ROWS, len(ROWS)))
     try:
-        assert_cut_scores_zero(source.batch(1, ROWS, first_row=0).trajectories)
+        assert_cut_scores_zero(source.batch(1).trajectories)
         assert_cut_scores_zero(source.evaluate(ROWS, PARAMS).trajectories)
     finally:
         source.close()

@@ -12,9 +12,10 @@ a warning giving the count per source (kept in ``PromptDataModule.dropped``): an
 from within the budget, and dropping keeps a run going where one long problem would otherwise stop it.
 
 Batches are plain lists of dicts (no tensors): ``{"id", "problem", "answer", "prompt_text", "prompt_ids", "source"}``,
-plus ``"batch_index"`` and ``"position"`` on training rows. The train loader is an endless, seeded stream, reshuffled
-every epoch (``zerotir.data.stream``), whose cursor follows *consumption* (``mark_consumed``, or ``mark_rows`` where a
-step took single prompts from several batches), so a resumed run continues with exactly the prompts not yet seen.
+plus ``"batch_index"`` and ``"position"`` on training rows. Training reads an endless, seeded stream, reshuffled
+every epoch (``zerotir.data.stream``): the rollout source reads it (``train_batches``, ``train_batch``) and the train
+loader only ticks Lightning's steps. The data position follows *consumption* (``mark_rows``, ``mark_consumed``),
+so a resumed run continues with exactly the prompts not yet seen.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import itertools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from zerotir.data.prompts import check_template, render_prompts, tokenize_prompts
 from zerotir.data.stream import Consumption, PromptStream, row_copy
@@ -186,6 +188,13 @@ class _ListDataset(Dataset):
         return row_copy(self.rows[i])
 
 
+class _Ticks(IterableDataset):
+    """The train loader's items: 0, 1, 2, ... one per step, endless (``max_steps`` ends the run)."""
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.count()
+
+
 class PromptDataModule(LightningDataModule):
     """Prompts for training (an endless seeded stream), validation and test (one loader per source).
 
@@ -239,10 +248,8 @@ class PromptDataModule(LightningDataModule):
         self.train_rows: list[dict[str, Any]] | None = None
         self.eval_rows: dict[str, dict[str, list[dict[str, Any]]]] = {}  # "val" / "test" -> name -> rows
         self._consumed = Consumption(prompts_per_step)
-        self._steps_take = "batch"  # see steps_take
         self._pending_state: dict[str, Any] | None = None
-        self._stream: PromptStream | None = None
-        self._lookahead: PromptStream | None = None  # the producer's own copy of the stream (train_batch)
+        self._stream: PromptStream | None = None  # the training stream, read by the rollout source
 
     @property
     def val_names(self) -> list[str]:
@@ -293,35 +300,39 @@ class PromptDataModule(LightningDataModule):
                                          for spec, name in zip(files, names)}
 
     def train_dataloader(self) -> DataLoader:
+        """Lightning's training loop: one tick per step; the rollout source reads the prompts (``train_batches``)."""
+        self._train_stream()  # no training data fails here, before the loop starts
+        return DataLoader(_Ticks(), batch_size=None, num_workers=0)
+
+    def _train_stream(self) -> PromptStream:
         if not self.train_files:
             raise ValueError("no training data: set data.train_files")
         if self.train_rows is None:
             self.setup("fit")
-        # The stream asks for the cursor when iteration starts, so a state loaded after this call still counts, and
-        # for the rows to leave out as it yields each batch (Lightning fetches nothing ahead of the step).
-        self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed,
-                                    start=lambda: self._consumed.loader_start(self._steps_take),
-                                    consumed=lambda b: self._consumed.loader_leaves_out(self._steps_take, b))
-        return DataLoader(self._stream, batch_size=None, collate_fn=list, num_workers=0)
+        if self._stream is None:
+            self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed)
+        return self._stream
 
-    def steps_take(self, kind: str) -> None:
-        """How the steps consume the stream (``Consumption.STEPS``; the module says, from its rollout source):
-        ``"batch"`` (the default) and ``"ahead"``: the loader yields only the rows no step consumed, ``"rows"``
-        (streaming): every batch whole, as the step's place in the stream."""
-        if kind not in Consumption.STEPS:
-            raise ValueError(f"steps_take({kind!r}): one of {', '.join(map(repr, Consumption.STEPS))}")
-        self._steps_take = kind
+    def train_batches(self, steps_take: str) -> Iterator[list[dict[str, Any]]]:
+        """The training batches in order from the first not consumed whole (read at the first batch: a state loaded
+        later counts), as steps taking the stream as ``steps_take`` (``Consumption.STEPS``, the rollout source's)
+        train them: less the rows consumed (a batch with none left skipped), or whole for ``"rows"`` (streaming).
+
+        Raises:
+            ValueError: an unknown ``steps_take``; at the first batch, a record ``"ahead"`` cannot resume.
+        """
+        if steps_take not in Consumption.STEPS:
+            raise ValueError(f"steps_take({steps_take!r}): one of {', '.join(map(repr, Consumption.STEPS))}")
+        stream = self._train_stream()
+        yield from stream.batches(self._consumed.first_batch(steps_take),
+                                  lambda b: self._consumed.leaves_out(steps_take, b))
 
     def train_batch(self, batch_index: int) -> list[dict[str, Any]]:
-        """The rows of training batch ``batch_index`` of the stream that no step consumed yet: the loader's batch
-        where none was (a producer reads the batches of the next steps ahead of the loader, from a stream of its
-        own, so no state is shared); fewer where a step took single prompts of it (``mark_rows``)."""
-        if self.train_rows is None:
-            self.setup("fit")
-        if self._lookahead is None:
-            self._lookahead = PromptStream(self.train_rows, self.prompts_per_step, self.seed)
+        """The rows of training batch ``batch_index`` of the stream that no step consumed yet: all of them where
+        none was (an engine host reads the batches of the next steps ahead by index); fewer where a step took single
+        prompts of it (``mark_rows``)."""
         consumed = self._consumed.consumed(batch_index)
-        return [row for row in self._lookahead.batch(batch_index) if row["position"] not in consumed]
+        return [row for row in self._train_stream().batch(batch_index) if row["position"] not in consumed]
 
     def _eval_loaders(self, split: str) -> list[DataLoader]:
         if split not in self.eval_rows:
@@ -340,24 +351,17 @@ class PromptDataModule(LightningDataModule):
     # ----- resume -----
     @property
     def consumed(self) -> int:
-        """Training batches consumed whole so far (the index of the next batch a fresh loader yields)."""
+        """Training batches consumed whole so far (the first batch a resumed run reads)."""
         return self._consumed.whole
 
     def mark_consumed(self, batch_index: int) -> None:
-        """Record that training batch ``batch_index`` was used by a step (call after the step, not on prefetch).
-
-        Raises:
-            ValueError: the batch was already consumed (the cursor only moves forward).
-        """
+        """Record that training batch ``batch_index`` was used by a step; raises ValueError where it already was
+        (the position only moves forward)."""
         self._consumed.mark_batch(batch_index)
 
     def mark_rows(self, positions: Iterable[tuple[int, int]]) -> None:
-        """Record that a step used the rows ``(batch index, position)`` (a step that took prompt groups as they
-        ended, from several batches); ``train_batch`` leaves them out from now on, a resumed run too.
-
-        Raises:
-            ValueError: a row was already consumed.
-        """
+        """Record that a step used the rows ``(batch index, position)`` (every rank's); ``train_batch`` and
+        ``train_batches`` leave them out from now on, a resumed run's too. Raises ValueError on a row consumed."""
         self._consumed.mark_rows(positions)
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 ``PromptStream`` is the endless, seeded stream of training batches: batch ``b`` can be rebuilt from its index alone,
 so a run's data position is a number. ``Consumption`` records that position: every batch below ``whole`` was
 consumed, and, where a step took single prompts from several batches (the fleet's streaming, which trains prompt
-groups in the order they end), the rows consumed of the batches after it. A resumed run starts the loader at
-``whole`` and generates only the rows of those batches that no step consumed.
+groups in the order they end), the rows consumed of the batches after it. The rollout source reads the stream
+(``PromptDataModule.train_batches`` / ``train_batch``); a resumed run's source starts at ``whole`` and generates only
+the rows of those batches that no step consumed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset
 
 
 def row_copy(row: dict[str, Any]) -> dict[str, Any]:
@@ -21,7 +21,7 @@ def row_copy(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "prompt_ids": list(row["prompt_ids"])}
 
 
-class PromptStream(IterableDataset):
+class PromptStream:
     """The endless training stream: batch ``b`` holds items ``b*P .. b*P+P-1`` of the concatenation of per-epoch
     permutations (epoch ``e`` shuffled with seed ``(seed, e)``), so any batch can be rebuilt from its index alone.
 
@@ -29,17 +29,10 @@ class PromptStream(IterableDataset):
         rows: the prepared prompt rows.
         prompts_per_step: P, prompts per batch.
         seed: shuffling seed.
-        start: called at the start of each iteration; returns the first batch index to yield (default 0).
-        consumed: called as each batch is yielded; returns the positions of that batch to leave out, or None to
-            yield it whole. A batch with no row left is skipped. Default: every batch whole.
     """
 
-    def __init__(self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int,
-                 start: Callable[[], int] | None = None,
-                 consumed: Callable[[int], set[int] | None] | None = None) -> None:
+    def __init__(self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int) -> None:
         self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
-        self.start = start or (lambda: 0)
-        self.consumed = consumed or (lambda batch_index: None)
         self._perms: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -60,11 +53,13 @@ class PromptStream(IterableDataset):
             out.append(row)
         return out
 
-    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        batch_index = int(self.start())
+    def batches(self, first: int, leave_out: Callable[[int], set[int] | None]) -> Iterator[list[dict[str, Any]]]:
+        """The batches from ``first`` on, each less the positions ``leave_out(batch index)`` names (None: whole),
+        asked as each is yielded (the steps consume as they go); a batch with no row left is skipped."""
+        batch_index = first
         while True:
-            leave_out = self.consumed(batch_index)  # asked now, not at the start: the steps consume as they go
-            left = [row for row in self.batch(batch_index) if row["position"] not in (leave_out or ())]
+            left_out = leave_out(batch_index) or ()
+            left = [row for row in self.batch(batch_index) if row["position"] not in left_out]
             if left:
                 yield left
             batch_index += 1
@@ -77,18 +72,18 @@ class Consumption:
         prompts_per_step: P, the rows of a batch (a batch whose P rows were all consumed one by one is whole).
     """
 
-    # How the steps take the stream: "batch", the loader's batch (in line); "ahead", the same, generated ahead of
-    # the loader by a producer or the fleet, by index and in order (``train_batch``); "rows", single prompt groups
-    # of several batches (the fleet's streaming), the loader's batch marking only the step's place in the stream.
+    # How the steps take the stream (``RolloutSource.steps_take``): "batch", the next batch when the step asks (in
+    # line); "ahead", the same, generated ahead by an engine host, by index and in order (``train_batch``); "rows",
+    # single prompt groups of several batches (streaming), each step's batch index marking only its place.
     STEPS = ("batch", "ahead", "rows")
 
     def __init__(self, prompts_per_step: int):
         self.prompts_per_step = prompts_per_step
-        self.whole = 0  # every batch below it is consumed: the first batch a fresh loader yields
+        self.whole = 0  # every batch below it is consumed: the first batch a resumed source reads
         self.rows: dict[int, set[int]] = {}  # batch index (>= whole) -> positions consumed in it
 
     def mark_batch(self, batch_index: int) -> None:
-        """Batch ``batch_index`` was consumed whole (a step took the loader's batch); with it every later batch
+        """Batch ``batch_index`` was consumed whole (a step took the stream's batch); with it every later batch
         whose rows were all consumed one by one before.
 
         Raises:
@@ -118,8 +113,8 @@ class Consumption:
         self._fold()
 
     def _fold(self) -> None:
-        """Batches at ``whole`` all of whose rows are consumed become part of it: a batch the loader would yield
-        empty, or train again where the steps take the loader's batch."""
+        """Batches at ``whole`` all of whose rows are consumed become part of it: a batch that would be read
+        empty, or trained again where the steps take whole batches."""
         while len(self.rows.get(self.whole, ())) == self.prompts_per_step:
             del self.rows[self.whole]
             self.whole += 1
@@ -130,14 +125,14 @@ class Consumption:
             return set(range(self.prompts_per_step))
         return set(self.rows.get(batch_index, ()))
 
-    def loader_leaves_out(self, steps: str, batch_index: int) -> set[int] | None:
-        """The rows of batch ``batch_index`` a loader whose steps take the stream as ``steps`` (``STEPS``) leaves
-        out: none where steps take single rows (it yields every batch whole), else those consumed, so a run resumed
+    def leaves_out(self, steps: str, batch_index: int) -> set[int] | None:
+        """The rows of batch ``batch_index`` left out where the steps take the stream as ``steps`` (``STEPS``):
+        none where steps take single rows (every batch is read whole), else those consumed, so a run resumed
         with streaming off from a streaming run's record trains nothing twice (a batch with none left is skipped)."""
         return None if steps == "rows" else self.consumed(batch_index)
 
-    def loader_start(self, steps: str) -> int:
-        """The loader's first batch, ``whole``, once the record suits how the steps take the stream (``STEPS``).
+    def first_batch(self, steps: str) -> int:
+        """The first batch the steps read, ``whole``, once the record suits how the steps take the stream (``STEPS``).
 
         Raises:
             ValueError: steps take batches generated ahead (``"ahead"``), which cannot skip a batch, and a batch

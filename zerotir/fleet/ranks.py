@@ -16,7 +16,7 @@ and cost nothing.
 
 A failure on rank 0 inside a fleet call (an engine past its restarts, a timeout) is announced as ("failed",
 message) before rank 0 raises it, so every rank stops with it instead of waiting in its next collective. Each rank's
-part of a batch is its ``shard_prompts`` share of the global batch: the rows the rank's own loader gave it, their
+part of a batch is its ``shard_prompts`` share of the global batch: the rows an in-line rank reads for itself, their
 trajectories with group ids counted from the share's first row, as an in-line rank would have them.
 """
 
@@ -133,15 +133,3 @@ def split_batch(batch: RolloutBatch, counts: list[int], n: int) -> list[RolloutB
                                   batch.taken))
         lo += count
     return parts
-
-
-def same_rows(part: RolloutBatch, rows: list[Any], what: str) -> RolloutBatch:
-    """``part`` when its rows are ``rows`` (the loader's, by id; as many, where the fleet took the groups that had
-    ended, ``part.taken``); else the error naming ``what``."""
-    if part.taken is not None and len(part.rows) != len(rows):
-        raise RuntimeError(f"{what}: the fleet handed this rank {len(part.rows)} prompt groups for the {len(rows)} "
-                           "prompts of its loader's batch; the ranks' batch sizes and the fleet disagree")
-    if part.taken is None and [r["id"] for r in part.rows] != [r["id"] for r in rows]:
-        raise RuntimeError(f"{what}: the fleet rolled out other prompts than this rank's loader gave it; the training "
-                           "stream and the fleet disagree")
-    return part

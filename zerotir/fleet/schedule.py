@@ -21,7 +21,7 @@ from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.shares import Ended, EndedGroups, Submitted, collect_ended, cut_shares, merge
 from zerotir.rl.staleness import StreamCursor
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.source import Stream, batch_seed, sampling_params
+from zerotir.rollout.source import TrainStream, batch_seed, sampling_params
 from zerotir.types import PromptRow, Trajectories
 
 Recover = Callable[[Exception, list[Submitted]], None]  # after an engine died: restart, push, submit again
@@ -47,23 +47,22 @@ class FleetSchedule:
         self.cursor: StreamCursor | None = None  # set by the first training batch
         self.regenerated = 0  # streaming: prompt groups dropped over the staleness bound and generated again
         self.spread = 0  # streaming: the stream batches the last step's groups came from
-        self._stream: Stream | None = None
+        self._stream: TrainStream | None = None
         self._next_submit = 0  # the next batch of the stream to submit
         self._ended = EndedGroups()  # streaming: groups that have ended, not yet taken by a step
 
-    def begin(self, step: int, index: int, stream: Stream | None) -> None:
-        """The first training batch (``index`` of the stream, for ``step``): the cursor starts at it."""
+    def begin(self, step: int, stream: TrainStream | None, steps_take: str) -> None:
+        """The first training batch, for ``step``: the cursor starts at the stream's first batch not consumed (as
+        steps taking it as ``steps_take`` read it, ``TrainStream.train_batches``)."""
         if stream is None:
             raise ValueError("model.fleet.engines: the fleet reads the batches of the next steps from zerotir's "
                              "PromptDataModule (train_batch); use it as the run's datamodule")
+        index = next(stream.train_batches(steps_take))[0]["batch_index"]
         self._stream, self.cursor, self._next_submit = stream, StreamCursor(step, index), index
 
-    def check_index(self, step: int, index: int) -> None:
-        """The loader's batch ``index`` must be the one the fleet's stream gives ``step``."""
-        expected, _ = self.cursor.take(step)
-        if index != expected:
-            raise RuntimeError(f"step {step}: the loader gave batch {index} but the fleet's stream is at batch "
-                               f"{expected}; the training stream and the fleet disagree")
+    def take(self, step: int) -> int:
+        """The index of the stream batch ``step`` takes now (a refill: ``step`` again, the next one)."""
+        return self.cursor.take(step)[0]
 
     def top_up(self, version: int | None) -> None:
         """Submit every next batch of the stream the capacity rule lets start with the engines' weights."""
@@ -120,8 +119,8 @@ class FleetSchedule:
         self._ended.clear()
 
     def _submit_next(self) -> None:
-        """Submit the rows of the stream's next batch that no step trained (``Stream``)."""
-        self._submit_rows(self._next_submit, self._stream(self._next_submit))
+        """Submit the rows of the stream's next batch that no step trained (``TrainStream.train_batch``)."""
+        self._submit_rows(self._next_submit, self._stream.train_batch(self._next_submit))
         self._next_submit += 1
 
     def _submit_rows(self, index: int, rows: list[PromptRow]) -> None:

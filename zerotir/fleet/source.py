@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.hosts import FleetHosts
-from zerotir.fleet.ranks import TrainerRanks, same_rows, split_batch
+from zerotir.fleet.ranks import TrainerRanks, split_batch
 from zerotir.fleet.schedule import FleetSchedule
 from zerotir.fleet.shares import Submitted, score
 from zerotir.fleet.transport import RayTransport, Transport
@@ -30,7 +30,7 @@ from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams, pad_id
 from zerotir.rollout.sandbox_service import SandboxService
-from zerotir.rollout.source import RolloutBatch, Stream
+from zerotir.rollout.source import RolloutBatch, TrainStream
 from zerotir.types import PromptRow
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class FleetSource:
         self.steps_take = "rows" if self.schedule.streaming else "ahead"  # RolloutSource.steps_take
         self._actor: nn.Module | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
-        self._stream: Stream | None = None
+        self._stream: TrainStream | None = None
         self._step = 0  # the step in progress, named by errors
         self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
         self._occupancy: dict[str, float] = {}  # the engines', as of the last training batch
@@ -95,7 +95,8 @@ class FleetSource:
         """The transport's: Ray serves any trainer (rank 0 drives the fleet for every rank), a thread one process."""
         self.transport.check_trainer(world_size, zero3)
 
-    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
+    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
+              stream: TrainStream | None) -> None:
         """The sandbox, the cluster, the engine processes and the weight group; idempotent. The first push happens
         with the first batch (its step gives the version) or evaluation batch."""
         if self.hosts or self._actor is not None:
@@ -137,40 +138,41 @@ class FleetSource:
             self._restore = lambda: None
 
     # ----------------------------------------------------------------------------------------------- the step
-    def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
-        """This rank's part of the batch of ``step`` (``step`` again: a refill batch of it). Rank 0 takes the global
-        batch (submitted now or earlier under the capacity rule), scores it, checks it against the staleness bound
-        and hands every rank its share (``zerotir.fleet.ranks``); each rank checks its rows against its loader's."""
+    def batch(self, step: int) -> RolloutBatch:
+        """This rank's part of the next batch of ``step`` (``step`` again: a refill batch of it). Rank 0 takes the
+        global batch (submitted now or earlier under the capacity rule), scores it, checks it against the staleness
+        bound and hands every rank its share (``zerotir.fleet.ranks``) with every rank's consumed rows."""
         start = time.perf_counter()
         if self.ranks.lead:
             with self.ranks.leading():
-                whole = self._global_batch(step, rows[0]["batch_index"], len(rows) * self.ranks.world)
+                whole = self._global_batch(step)
             share = len(whole.rows) // self.ranks.world
             part, _ = self.ranks.scatter(self._parts(whole, [share] * self.ranks.world, self.sampling.n))
         else:
             self.ranks.follow(self._join_push)
             part, self._stats = self.ranks.scatter(None)
         part.timings["wait_for_rollout"] = time.perf_counter() - start
-        return same_rows(part, rows, f"step {step}, stream batch {rows[0]['batch_index']}")
+        return part
 
-    def _global_batch(self, step: int, index: int, size: int) -> RolloutBatch:
-        """The global batch of ``step`` (``size`` prompts; the loader's is batch ``index`` of the stream),
-        collected, scored and checked (rank 0): batch ``index`` itself, or (streaming) the first groups to end."""
+    def _global_batch(self, step: int) -> RolloutBatch:
+        """The global batch of ``step``, collected, scored and checked (rank 0): the stream's next batch, or
+        (streaming) the first ``prompts_per_step`` groups to end."""
         self._step, schedule = step, self.schedule
         if schedule.cursor is None:
             if not self.hosts:
                 raise RuntimeError("FleetSource.batch before start (RolloutSource.start)")
-            schedule.begin(step, index, self._stream)
+            schedule.begin(step, self._stream, self.steps_take)
             if self.version != step - 1:  # the engines get version ``step - 1``
                 self._push(self._actor, step - 1)
-        schedule.check_index(step, index)
+        index = schedule.take(step)
         schedule.top_up(self.version)
         pad = pad_id(self._tokenizer)
         if schedule.streaming:
+            size = self._stream.prompts_per_step
             rows, traj, timings = schedule.ended_batch(step, size, self.version, pad, self._recover)
-            taken = [(r["batch_index"], r["position"]) for r in rows]
         else:
-            (rows, traj, timings), taken = schedule.own_batch(step, index, pad, self._recover), None
+            rows, traj, timings = schedule.own_batch(step, index, pad, self._recover)
+        taken = [(r["batch_index"], r["position"]) for r in rows]
         timings["reward"] = score(self.reward, traj)
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
         self._occupancy = self.pool.occupancy()

@@ -42,7 +42,6 @@ class Round:
     rows: list[PromptRow]  # the prompt rows its group ids index
     trajectories: Trajectories  # scored
     decision: FilterDecision | None  # the filters' (None: every rule off)
-    batch_index: int  # its index in the training stream
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -56,7 +55,6 @@ class FilledBatch:
     kept: int  # prompt groups with a trajectory kept, over all ranks (``target`` without a filter)
     rounds: int  # generation rounds the step took
     target: int  # kept groups a full batch holds (data.prompts_per_step)
-    last_batch_index: int  # the last stream batch consumed
     timings: dict[str, float] = field(default_factory=dict)  # summed over the rounds
 
     @property
@@ -142,8 +140,7 @@ class BatchFill:
         for rnd in self.rounds:
             for key, seconds in rnd.timings.items():
                 timings[key] = timings.get(key, 0.0) + seconds
-        return FilledBatch(rows, traj, decision, self.kept, len(self.rounds), self.target,
-                           self.rounds[-1].batch_index, timings)
+        return FilledBatch(rows, traj, decision, self.kept, len(self.rounds), self.target, timings)
 
 
 class FillWatch:

@@ -1,14 +1,17 @@
 """Where a training step's rollouts come from: one interface, one implementation per mode.
 
     source.start(actor, tokenizer, device, stream)   before the first rollout (the sandbox, the engine, its weights)
-    source.batch(step, rows, first_row)              a batch of the step's scored trajectories (a ``RolloutBatch``)
+    source.batch(step)                               the step's next batch of the stream, rolled out and scored
     source.evaluate(rows, params)                    an evaluation batch, on the same engine
     source.after_update(actor, version)              the new weights, as ``version`` (updates done); seconds taken
     source.stats()                                   its own counters for the step's metrics (the fleet's)
     source.close()                                   stop everything it started
 
-``InlineSource`` (``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on
-the trainer's engine with the trainer's weights. ``zerotir.fleet.source.FleetSource`` hands out the batches engine
+The source owns the training stream (``TrainStream``, the run's ``PromptDataModule``): ``batch`` reads the
+step's next batch, and again for a refill round, and returns the rows this rank trains and every rank's consumed
+``(batch index, position)`` pairs, the data position the module records. ``InlineSource``
+(``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on the trainer's
+engine with the trainer's weights. ``zerotir.fleet.source.FleetSource`` hands out the batches engine
 hosts with weights of their own generated ahead, under the capacity rule: one in a thread of the trainer's process
 (``model.pipeline`` alone) or Ray actors (``model.fleet``). ``zerotir.sources.make_rollout_source`` picks one from
 the ``model.pipeline`` and ``model.fleet`` groups; nothing outside the sources asks which mode runs.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,12 +40,25 @@ from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
 from zerotir.scale.deepspeed_setup import check_rollout_backend
+from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
 
-# The training batches of a run by index (``PromptDataModule.train_batch``): what an engine host generates ahead from.
-Stream = Callable[[int], list[PromptRow]]
+
+class TrainStream(Protocol):
+    """The run's training stream as a rollout source reads it (``zerotir.data.datamodule.PromptDataModule``)."""
+
+    prompts_per_step: int  # P, the prompts of a batch (every rank's)
+
+    def train_batches(self, steps_take: str) -> Iterator[list[PromptRow]]:
+        """The global batches in order from the first not consumed, as steps taking the stream as ``steps_take``
+        train them (``RolloutSource.steps_take``)."""
+        ...
+
+    def train_batch(self, batch_index: int) -> list[PromptRow]:
+        """The rows of batch ``batch_index`` no step consumed yet (an engine host reads ahead by index)."""
+        ...
 
 
 @dataclass
@@ -55,16 +71,15 @@ class RolloutBatch:
         trajectories: scored, with ``versions`` (B, T) stamped: the weight version of every sampled token.
         timings: seconds per phase (generation, sandbox, reward; the pipeline's waits).
         sandbox: the sandbox the code ran on (its URLs), named when it fails.
-        taken: the stream rows ``(batch index, position)`` the batch consumed, every rank's, where they are not the
-            loader's batch (the fleet's streaming takes prompt groups as they end, from several batches); None:
-            the loader's batch, whole.
+        taken: the stream rows ``(batch index, position)`` a training batch consumed, every rank's (streaming takes
+            prompt groups as they end, from several batches); [] for an evaluation batch.
     """
 
     rows: list[PromptRow]
     trajectories: Trajectories
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: list[str] = field(default_factory=list)
-    taken: list[tuple[int, int]] | None = None
+    taken: list[tuple[int, int]] = field(default_factory=list)
 
 
 class RolloutSource(Protocol):
@@ -72,8 +87,8 @@ class RolloutSource(Protocol):
 
     Attributes:
         steps_take: how its steps take the training stream (``zerotir.data.stream.Consumption.STEPS``): "batch",
-            the loader's batch when the step asks; "ahead", the loader's batches generated ahead, in order; "rows",
-            prompt groups of several batches as they end (``RolloutBatch.taken``).
+            the next batch when the step asks; "ahead", the batches generated ahead, in order; "rows", prompt groups
+            of several batches as they end (``RolloutBatch.taken``).
     """
 
     steps_take: str
@@ -82,15 +97,16 @@ class RolloutSource(Protocol):
         """Refuse a trainer this source cannot serve (before any model loads), naming the fix."""
         ...
 
-    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
+    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
+              stream: TrainStream | None) -> None:
         """Reach the sandbox, build the engine and give it ``actor``'s weights; idempotent. ``stream``: the run's
-        training batches (None outside ``fit``)."""
+        training stream (None: no ``PromptDataModule``, nothing to train on)."""
         ...
 
-    def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
-        """The scored trajectories of one batch of RL step ``step`` for this rank's ``rows`` (training rows: they
-        carry their ``batch_index``, which seeds the samples, ``batch_seed``); ``first_row`` is the index of the first
-        of them in the global batch. With refill (``model.filters.refill``) a step asks for several batches in turn."""
+    def batch(self, step: int) -> RolloutBatch:
+        """The next batch of the stream for RL step ``step``, scored: the rows this rank trains, their
+        trajectories (samples seeded by the rows' place in the stream, ``batch_seed``) and every rank's consumed rows
+        (``taken``). With refill (``model.filters.refill``) a step asks again, for the next batch of the stream."""
         ...
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
@@ -117,6 +133,18 @@ def batch_seed(seed: int, batch_index: int, first_row: int, n: int) -> int:
     generates several batches, each with its own seed, the same again on a resume; without refill step k generates
     batch k - 1, so its seed is ``seed + k`` (+ the row offset)."""
     return seed + batch_index + 1 + first_row * n
+
+
+def rank_share(batch: list[PromptRow], tensor_parallel_size: int) -> tuple[list[PromptRow], int]:
+    """This rank's share of a step's global batch (``shard_prompts``' contiguous share; all of it on one process)
+    and the index in the batch of its first row: the rollout seeds trajectory ``k`` of the share with ``seed + k``,
+    so that offset makes every trajectory's seed that of its global row (the same with 1 or N ranks)."""
+    tp, (rank, world) = tensor_parallel_size, rank_and_world_size()
+    if tp > 1 and len(batch) % world:
+        raise ValueError(f"data.prompts_per_step={len(batch)}: with tensor-parallel engines (tensor_parallel_size="
+                         f"{tp}) every rank trains on an equal share, so set it to a multiple of devices x "
+                         f"num_nodes = {world}")
+    return shard_prompts(batch, rank, world, tp), rank // tp * (len(batch) // (world // tp))
 
 
 def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
@@ -146,6 +174,8 @@ class EngineSource:
         self.schedule = Schedule(backend.schedule, backend.round_tokens)
         self.engine: RolloutEngine | None = None
         self.tp_group = TensorParallelGroup(1)  # the ranks sharing this rank's engine: built by start
+        self.stream: TrainStream | None = None  # the training stream: given by start
+        self._batches: Iterator[list[PromptRow]] | None = None  # the stream as in-line steps read it (first batch)
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     def check_trainer(self, world_size: int, zero3: bool) -> None:
@@ -153,16 +183,16 @@ class EngineSource:
         several ranks deadlocks (``check_rollout_backend``)."""
         check_rollout_backend(zero3, world_size, self.backend)
 
-    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any, stream: Stream | None) -> None:
-        """The sandbox, then the engine with ``actor``'s weights. Each phase is a collective under a process group
-        (``fail_together``): a sandbox that does not answer one rank, too little free memory on one rank's GPU or
-        an engine that fails to build on one rank stops every rank with that rank's error, instead of leaving the
-        others waiting in their next collective (the memory check runs on every rank before any builds, as vLLM's
-        own start-up all-reduces memory figures over the ranks)."""
+    def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
+              stream: TrainStream | None) -> None:
+        """The sandbox, then the engine with ``actor``'s weights; ``stream`` (the training stream) kept. Each phase is
+        a collective under a process group (``fail_together``): a sandbox that does not answer one rank, too little
+        free memory on one rank's GPU or an engine that fails to build on one rank stops every rank with that rank's
+        error, instead of leaving the others waiting in their next collective (the memory check runs on every rank
+        before any builds, as vLLM's own start-up all-reduces memory figures over the ranks)."""
         if self.engine is not None:
             return
-        from zerotir.scale.distributed import fail_together
-
+        self.stream = stream
         with fail_together(Exception):
             self.sandbox.start()
             check_engine_fits(self.backend, device)
@@ -214,7 +244,14 @@ class InlineSource(EngineSource):
 
     steps_take = "batch"  # RolloutSource.steps_take
 
-    def batch(self, step: int, rows: list[PromptRow], first_row: int) -> RolloutBatch:
+    def batch(self, step: int) -> RolloutBatch:
+        if self.stream is None:
+            raise ValueError("training reads its prompts from zerotir's PromptDataModule (the stream of data."
+                             "train_files); use it as the run's datamodule")
+        if self._batches is None:  # at the first batch: a resumed run's data position is loaded by now
+            self._batches = self.stream.train_batches(self.steps_take)
+        batch = next(self._batches)
+        rows, first_row = rank_share(batch, self.tp_group.size)
         params = sampling_params(self.sampling, batch_seed(self.seed, rows[0]["batch_index"], first_row,
                                                            self.sampling.n))
         traj, timings = self.roll_out(rows, params)
@@ -222,7 +259,8 @@ class InlineSource(EngineSource):
         traj.versions = torch.where(traj.action_mask, step - 1, -1)
         if self.tp_group.shared:  # the ranks of an engine rolled out the same prompts: each trains on its share
             traj = traj.select(self.tp_group.training_share(traj.group_ids))
-        return RolloutBatch(rows, traj, timings, self.sandbox.names)
+        taken = [(row["batch_index"], row["position"]) for row in batch]
+        return RolloutBatch(rows, traj, timings, self.sandbox.names, taken)
 
     def after_update(self, actor: nn.Module, version: int) -> float:
         return self.load_weights(actor)

@@ -142,7 +142,7 @@ def global_kept_fraction(keep_mask: Tensor, group_ids: Tensor) -> float:
 def shard_prompts(rows: Sequence[T], rank: int, world_size: int, tensor_parallel_size: int = 1) -> list[T]:
     """This rank's contiguous share of a step's prompts (all of a prompt's samples are then rolled out here).
 
-    Every rank's dataloader yields the same global batch of ``P`` prompts. With one engine per rank
+    Every rank reads the same global batch of ``P`` prompts (its rollout source). With one engine per rank
     (``tensor_parallel_size=1``) rank ``r`` takes rows ``[r * P / W, (r + 1) * P / W)``. With tensor-parallel engines
     the ``W / tp`` engines split the batch and every rank of an engine's group (ranks ``g * tp .. g * tp + tp - 1``)
     gets the group's share, since all of them must submit the same requests; ``training_share`` then splits the
