@@ -28,7 +28,7 @@ def test_tool_use_and_reward_rise_under_outcome_reward(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the config's relative paths: data/toy_base, data/toy/*.jsonl
     args = [
         "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),  # toy_base: {}: reuses data/toy_base, verified
-        "--model.sandbox.workers", "1",
+        "--model.tool.sandbox.workers", "1",
         "--trainer.max_steps", str(RL_STEPS), "--trainer.limit_val_batches", "0",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false", "--checkpoint.every_n_train_steps", str(RL_STEPS),

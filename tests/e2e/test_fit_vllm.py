@@ -72,7 +72,7 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path):
     cli = run_cli([
         "fit", "--config", str(REPO / "configs" / "toy_cpu.yaml"),
         "--config", str(REPO / "configs" / "toy_cpu_vllm.yaml"), "--config", str(own),
-        "--model.sandbox.workers", "1", "--data.prompts_per_step", "4", "--model.sampling.n", "4",
+        "--model.tool.sandbox.workers", "1", "--data.prompts_per_step", "4", "--model.sampling.n", "4",
         "--data.train_files", json.dumps([str(REPO / "data" / "toy" / "train.jsonl")]),
         "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
