@@ -65,7 +65,7 @@ def run_steps(args: argparse.Namespace, base: Path, train_file: Path) -> tuple[Z
     module = ZeroTIRModule(BaseModelConfig(str(base)), rl=RLConfig(algorithm=args.algorithm, kl_coef=args.kl_coef,
                                                                    micro_batch_size=args.micro_batch_size),
                            optim=OptimConfig(lr=1e-4), sampling=SamplingConfig(n=args.n, max_response_tokens=64),
-                           tool=ToolConfig(max_tool_calls=2, max_output_chars=128), sandbox=SandboxConfig(workers=1))
+                           tool=ToolConfig(max_tool_calls=2, max_output_chars=128, sandbox=SandboxConfig(workers=1)))
     data = PromptDataModule(train_files=[str(train_file)], template=TEMPLATE, tokenizer=str(base),
                             prompts_per_step=args.prompts, test_files=[])
     recorder = Recorder()

@@ -32,7 +32,7 @@ RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError
 #: Chunk size of ``run_many`` for a server whose ``/health`` does not report its ``queue_size``.
 DEFAULT_BATCH_SIZE = 256
 _FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave "
-        "model.sandbox.urls unset (null) so a local server is started for you (sandbox.local_sandbox).")
+        "model.tool.sandbox.urls unset (null) so a local server is started for you (sandbox.local_sandbox).")
 
 
 class SandboxUnavailable(RuntimeError):

@@ -99,7 +99,7 @@ def test_help_lists_every_group_with_its_meaning(capsys):
     out = capsys.readouterr().out
     for group, field, meaning in (("rl", "clip_low", "Lower clip epsilon"), ("optim", "warmup_steps", "Linear warmup"),
                                   ("tool", "max_tool_calls", "ZeroRL baseline"), ("sampling", "n", "Samples per"),
-                                  ("eval.sampling", "temperature", "greedy"), ("sandbox", "urls", "embedded"),
+                                  ("eval.sampling", "temperature", "greedy"), ("tool.sandbox", "urls", "embedded"),
                                   ("rollout", "", "HFRollout"), ("filters.refill", "max_rounds", "max_num_gen_batches"),
                                   ("base", "path", "hub id of the base model")):
         assert f"--model.{group}" + (f".{field}" if field else "") in out, group
@@ -302,12 +302,12 @@ def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path,
 
 
 def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
-    """docs/usage.md's override of model.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
-    line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.sandbox.urls"))
+    """docs/usage.md's override of model.tool.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
+    line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.tool.sandbox.urls"))
     example = shlex.split(line)
     monkeypatch.chdir(REPO)
     common = ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
-    with pytest.raises(ValueError, match=r"model.sandbox.workers=2.*--model.sandbox.workers null"):
+    with pytest.raises(ValueError, match=r"model.tool.sandbox.workers=2.*--model.tool.sandbox.workers null"):
         toy_cli(*common, *example[:2], root=tmp_path)  # the urls alone: the fix is named
     cli = toy_cli(*common, *example, root=tmp_path)
     assert cli.model.sandbox_config.urls == ["http://127.0.0.1:8080"] and cli.model.sandbox_config.workers is None
@@ -347,7 +347,7 @@ def test_validate_and_test_write_runs_of_their_own(tiny_dir, tmp_path, monkeypat
     small = ["--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
              "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
              "--data.limit_val_rows", "2", "--data.limit_test_rows", "2", "--model.eval.sampling.max_response_tokens",
-             "4", "--model.tool.max_tool_calls", "0", "--model.sandbox.workers", "null"]
+             "4", "--model.tool.max_tool_calls", "0", "--model.tool.sandbox.workers", "null"]
     for command in ("validate", "test", "test"):
         ZeroTIRCLI(args=[command, *small])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test", "validate"]  # nothing in the training folders

@@ -76,7 +76,8 @@ def test_a_mistyped_group_or_top_level_key_is_named(capsys):
 
 @pytest.mark.parametrize(("old", "new"), [("model.model_path", "model.base.path"),
                                            ("model.eval_sampling.n", "model.eval.sampling.n"),
-                                           ("model.refill.max_rounds", "model.filters.refill.max_rounds")])
+                                           ("model.refill.max_rounds", "model.filters.refill.max_rounds"),
+                                           ("model.sandbox.workers", "model.tool.sandbox.workers")])
 def test_a_key_that_moved_names_its_new_place(old, new, capsys, tmp_path):
     """Typed, in a config file, and in the real parser's error (a key the index does not judge reaches it)."""
     moved = f"{old} moved: it is now {new} (write it there)"
@@ -115,7 +116,7 @@ def _nested(keys: list[str], value: object) -> object:
     ["--print_config=skip_null"], ["--ckpt_path", "last"], ["--model.rollout.help", "VLLMRollout"],
     ["--model.rollout.init_args.max_batch_size", "4"], ["--model.rollout", "HFRollout"],
     ["--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor"],
-    ["--trainer.callbacks.init_args.logging_interval", "step"], ["--model.sandbox.server_options", '{"a": 1}'],
+    ["--trainer.callbacks.init_args.logging_interval", "step"], ["--model.tool.sandbox.server_options", '{"a": 1}'],
     ["--model.rl", '{"kl_coef": 0.1}'], ["--data.tokenizer", "x"], ["--toy_base", "null"],
     ["--toy_base.steps", "3"], ["--", "--anything"]], ids=lambda a: " ".join(a))
 def test_keys_the_parser_accepts_or_judges_itself_pass(args):
@@ -136,7 +137,7 @@ def test_a_file_with_class_paths_and_open_settings_passes(tmp_path):
     mine.write_text(yaml.safe_dump({
         "model": {"class_path": "zerotir.module.ZeroTIRModule", "init_args": {"rl": {"kl_coef": 0.1}},
                   "rollout": {"class_path": "zerotir.config.VLLMRollout", "init_args": {"gpu_memory_utilization": 0.5}},
-                  "sandbox": {"server_options": {"anything": {"nested": 1}}}},
+                  "tool": {"sandbox": {"server_options": {"anything": {"nested": 1}}}}},
         "trainer": {"callbacks": [{"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "step"}}],
                     "logger": {"class_path": "TensorBoardLogger", "init_args": {"save_dir": "x"}}},
         "toy_base": {"steps": 3}}))

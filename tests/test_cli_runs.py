@@ -61,7 +61,7 @@ def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_p
     monkeypatch.chdir(REPO)
     with pytest.raises(Exception, match="sandbox") as failed:
         ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
-                         "--model.sandbox.urls", f"[{url}]", "--model.sandbox.retries", "0",
+                         "--model.tool.sandbox.urls", f"[{url}]", "--model.tool.sandbox.retries", "0",
                          "--trainer.default_root_dir", str(tmp_path / "run")])
     assert url in str(failed.value)
     assert not (tmp_path / "run" / "tensorboard").exists()

@@ -108,7 +108,7 @@ def test_config_parses_with_its_header_command(path, capsys, monkeypatch, tmp_pa
     full = print_config(args, capsys)
     assert full["model"]["base"]["path"]
     assert full["model"]["rl"]["algorithm"] in get_args(Algorithm)
-    assert set(full["model"]) >= {"base", "rl", "optim", "tool", "sampling", "eval", "rollout", "sandbox"}
+    assert set(full["model"]) >= {"base", "rl", "optim", "tool", "sampling", "eval", "rollout", "reward"}
     # The printed config is complete and parses on its own.
     again = tmp_path / "full.yaml"
     again.write_text(yaml.safe_dump(full))

@@ -166,9 +166,9 @@ def test_no_reference_without_kl_and_no_critic_without_ppo(tiny_dir):
 def test_bad_arguments_name_the_field(tiny_dir):
     with pytest.raises(FileNotFoundError, match="model.base.path='./nope'"):
         ZeroTIRModule(BaseModelConfig("./nope"))
-    with pytest.raises(ValueError, match="model.sandbox.urls is set but model.tool.max_tool_calls=0"):
-        ZeroTIRModule(BaseModelConfig(str(tiny_dir)), tool=ToolConfig(max_tool_calls=0),
-                      sandbox=SandboxConfig(urls=["http://x"]))
+    with pytest.raises(ValueError, match="model.tool.sandbox.urls is set but model.tool.max_tool_calls=0"):
+        ZeroTIRModule(BaseModelConfig(str(tiny_dir)), tool=ToolConfig(max_tool_calls=0,
+                                                                       sandbox=SandboxConfig(urls=["http://x"])))
 
 
 def test_rollout_schedule_reaches_the_tool_loop(tiny_dir):

@@ -29,6 +29,7 @@ from zerotir.module import ZeroTIRModule
 from zerotir.fleet.source import FleetSource
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rollout.engines import create_engine
+from zerotir.rewards import Reward, Score
 from zerotir.sources import make_rollout_source
 
 ROWS = 12  # prompts q0..q11; data.prompts_per_step = 2, so batches 0..5 are the first epoch
@@ -204,11 +205,14 @@ def scripted_pipeline(module: ZeroTIRModule, engine: PushableEngine) -> FleetSou
     its schedule, capacity rule, version checks and batch checks are the real ones."""
     pipeline = PipelineConfig(max_staleness=1, producer_timeout=20.0)  # a stuck host fails fast
     return make_rollout_source(pipeline, FleetConfig(), ScriptedRollout(engine=engine), SandboxConfig(),
-                               ToolConfig(max_tool_calls=0), module.sampling, _boxed_reward, module.model_path, SEED)
+                               ToolConfig(max_tool_calls=0), module.sampling, _BoxedReward(), module.model_path, SEED)
 
 
-async def _boxed_reward(texts, truths, truncated) -> list[float]:
-    return [float(f"\\boxed{{{truth}}}" in text) for text, truth in zip(texts, truths)]
+class _BoxedReward(Reward):
+    """Right when the reference's box is in the response (no math-verify pool to start)."""
+
+    async def score(self, samples):
+        return [Score(float(right), right) for right in (f"\\boxed{{{s.answer}}}" in s.response for s in samples)]
 
 
 def test_the_pipeline_fills_a_step_from_the_thread_hosts_next_batches(tiny_dir, train_file, tmp_path):

@@ -8,7 +8,7 @@
 
 What the subclass adds to Lightning's CLI:
     * the module's settings are typed groups (``model.base``, ``model.rl``, ``model.optim``, ``model.tool``,
-      ``model.sampling``, ``model.eval``, ``model.rollout``, ``model.sandbox``...: ``zerotir.config``); ``--help``
+      ``model.sampling``, ``model.eval``, ``model.rollout``, ``model.tool.sandbox``...: ``zerotir.config``); ``--help``
       shows each field's docstring;
     * shared arguments are set once: ``model.base.path`` also names the data module's tokenizer; under
       ``model.tool.format: chat`` the data's chat template is given ``model.tool.tools`` (``chat_tools``);

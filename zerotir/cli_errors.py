@@ -36,7 +36,7 @@ MOVED = {
     "model.gradient_checkpointing": "model.base.gradient_checkpointing",
     "model.attn_implementation": "model.base.attn_implementation",
     "model.eval_sampling": "model.eval.sampling", "model.eval_report_dir": "model.eval.report_dir",
-    "model.refill": "model.filters.refill",
+    "model.refill": "model.filters.refill", "model.sandbox": "model.tool.sandbox",
 }
 # Callback settings that moved into the module's groups: class name -> {init_args key: its new key}.
 MOVED_INIT_ARGS = {"PassRateFilter": {"low": "model.filters.pass_rate_low", "high": "model.filters.pass_rate_high",

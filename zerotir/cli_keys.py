@@ -9,7 +9,7 @@ The index is generated from the real parser (``python -m zerotir.cli_keys`` rewr
 compares, so a field added without regenerating fails CI). It holds, per subcommand, every ``--key`` the parser knows
 (groups, ``.help`` keys, ``--config``, ``--ckpt_path``, ``trainer.*``, link targets) and the "open" keys whose inner
 keys only the real parser can judge: a ``class_path`` setting (``model.rollout``, ``trainer.callbacks``), a dict
-(``model.sandbox.server_options``), a dataclass-or-None (``toy_base``); for a ``class_path`` setting of zerotir's own
+(``model.tool.sandbox.server_options``), a dataclass-or-None (``toy_base``); for a ``class_path`` setting of zerotir's own
 (``model.rollout``) it also holds each subclass's ``init_args`` keys, checked in a file whose mapping names that class.
 Any other key under an open one, and everything this check cannot judge (an unreadable or non-mapping YAML file, a
 value after ``--``, another command), is left to the real parser: the check never rejects a command the parser

@@ -32,11 +32,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from zerotir import lora, models
 from zerotir.config import (
     BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
-    RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig, as_plain)
+    RolloutBackend, SamplingConfig, ToolConfig, as_plain)
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.filters.decide import decide
 from zerotir.filters.trajectory import FilterContext
+from zerotir.rewards import MathReward, Reward
 from zerotir.rl.guards import SandboxErrorGuard
 from zerotir.rl.refill import BatchFill, FilledBatch, FillWatch, Round
 from zerotir.rl.staleness import staleness_stats
@@ -60,12 +61,17 @@ class ZeroTIRModule(LightningModule):
             actor, reference and critic start from it (under ``lora`` the reference is the actor's adapters off).
         rl: the RL algorithm (advantages, KL, clipping, epochs, mini-batches).
         optim: the optimizer and its schedule.
-        tool: the code interpreter (call budget, output caps, timeout); ``max_tool_calls: 0`` trains without tools.
+        tool: the tools (call budget, output caps, timeout, format, the tool list) and ``sandbox``, where the python
+            tool's code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run;
+            ``max_tool_calls: 0`` trains without tools.
         sampling: sampling of training rollouts.
         eval: validation / test: their ``sampling`` (avg@k and pass@k with k = its n) and ``report_dir``.
         rollout: the rollout engine, a ``class_path``: ``zerotir.config.HFRollout`` (transformers, the default) or
             ``zerotir.config.VLLMRollout``, each with its own ``init_args``.
-        sandbox: where code runs (URLs, or the embedded server's options) and how many sandbox failures stop a run.
+        reward: the reward, a ``class_path`` (``zerotir.rewards``): ``MathReward`` (the paper's: last boxed answer
+            and math-verify, the default), ``JudgeReward`` (an LLM judge), ``WeightedReward`` (a weighted sum, e.g.
+            with ``ToolCallCost``) or a ``Reward`` subclass of your own; it gives each trajectory a score and
+            whether it counts as correct (what the filters and the evaluation count).
         pipeline: asynchronous rollouts: an engine host with its own engine generating the next batches while the
             trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.fleet.thread_host``).
         fleet: rollout engines in processes of their own (Ray actors), fed every update's weights over a process
@@ -87,7 +93,7 @@ class ZeroTIRModule(LightningModule):
         sampling: SamplingConfig = SamplingConfig(),
         eval: EvalConfig = EvalConfig(),  # noqa: A002 (the key model.eval; never kept as self.eval, nn.Module's)
         rollout: RolloutBackend = HFRollout(),
-        sandbox: SandboxConfig = SandboxConfig(),
+        reward: Reward = MathReward(),
         pipeline: PipelineConfig = PipelineConfig(),
         fleet: FleetConfig = FleetConfig(),
         filters: FilterConfig = FilterConfig(),
@@ -101,21 +107,17 @@ class ZeroTIRModule(LightningModule):
         self.model_path = self.base.path
         rl = rl.for_run(pipeline.max_staleness, sampling)  # checked, its off-policy correction's default for S
         self.rl, self.optim, self.tool, self.sampling, self.eval_config = rl, optim, tool, sampling, eval
-        self.backend, self.sandbox_config, self.seed = rollout, sandbox, seed
+        self.backend, self.sandbox_config, self.seed = rollout, tool.sandbox, seed
         filters.check_run(rl, sampling, tool)
         self.filters = filters
-        if sandbox.urls is not None and not tool.enabled:
-            raise ValueError("model.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the urls "
-                             "or allow tool calls")
-        from zerotir.reward import score_batch
-
+        self.reward = reward
         self.tokenizer = models.load_tokenizer(self.model_path)
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        self.source = make_rollout_source(pipeline, fleet, rollout, sandbox, tool, sampling, score_batch,
+        self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
                                           self.model_path, seed)
-        self.sandbox_guard = SandboxErrorGuard(sandbox.max_error_rate, sandbox.error_patience)
+        self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
@@ -128,6 +130,8 @@ class ZeroTIRModule(LightningModule):
                 plain = asdict(value)
                 if isinstance(value, RolloutBackend):
                     plain = {"class_path": f"zerotir.config.{type(value).__qualname__}", "init_args": plain}
+                elif isinstance(value, Reward):
+                    plain = {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": plain}
                 self.hparams[key] = plain
 
     # ----- models and optimizer -----
@@ -225,6 +229,7 @@ class ZeroTIRModule(LightningModule):
     def _start_source(self) -> None:
         datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
         stream = datamodule if isinstance(datamodule, PromptDataModule) else None
+        self.reward.start()  # an unreachable judge stops the run before step 1, like the sandbox's health check
         self.source.start(self.actor, self.tokenizer, self.device, stream)
         lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
@@ -263,7 +268,7 @@ class ZeroTIRModule(LightningModule):
         result = replace(result, stats={**result.stats, **lr}, timings=timings,
                          batch=BatchInfo(**batch_fields(filled.rows), weight_version=self.rl_steps_done),
                          pipeline={**{key: staleness[key] for key in ("staleness_mean", "staleness_max")},
-                                   **self.source.stats()}, refill=refill)
+                                   **self.source.stats(), **self.reward.stats()}, refill=refill)
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
@@ -348,6 +353,7 @@ class ZeroTIRModule(LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.source.close()
+        self.reward.close()
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
 
     def configure_callbacks(self) -> list[Callback]:

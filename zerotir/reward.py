@@ -106,6 +106,13 @@ def _verify_here(pred: str, truth: str, timeout_s: float) -> bool:
     return bool(verify(gold, guess, timeout_seconds=seconds))
 
 
+def _parses_here(pred: str, timeout_s: float) -> bool:
+    """Whether math-verify reads ``pred`` as a mathematical answer at all (in a worker's main thread)."""
+    from math_verify import parse
+
+    return bool(parse(f"\\boxed{{{pred}}}", parsing_timeout=_alarm_seconds(timeout_s)))
+
+
 def _quick_match(pred: str, truth: str) -> bool:
     # Identical answers (up to whitespace) need no parse: this skips the pool for the common exact hit.
     return "".join(pred.split()) == "".join(truth.split())
@@ -245,6 +252,13 @@ class RewardScorer:
         for (i, (answer, _)), result in zip(pending.items(), results):
             scores[i] = self._outcome(result, answer)
         return scores
+
+    async def parses(self, answers: Sequence[str]) -> list[bool]:
+        """Whether math-verify reads each answer (in the workers; one stopped at the hard timeout does not)."""
+        futures = [asyncio.wrap_future(self._get_pool().schedule(_parses_here, args=(a, self.timeout_s),
+                                                                 timeout=self.hard_timeout_s)) for a in answers]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        return [result is True for result in results]
 
     def score_batch_sync(self, responses: Sequence[str], truths: Sequence[str],
                          truncated: Sequence[bool]) -> list[float]:

@@ -16,7 +16,7 @@ from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, Sampling
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.fleet.transport import RayTransport
-from zerotir.rollout.agent_loop import Reward
+from zerotir.rollout.scoring import Reward
 from zerotir.rollout.source import InlineSource, RolloutSource
 
 
@@ -24,11 +24,11 @@ def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: R
                         tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str,
                         seed: int) -> RolloutSource:
     """The source ``model.pipeline`` and ``model.fleet`` name, over the engine of ``model.rollout`` and the sandbox
-    of ``model.sandbox``.
+    of ``model.tool.sandbox``.
 
     Args:
         pipeline, fleet, backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
-        reward: scores each trajectory (``zerotir.reward.score_batch``).
+        reward: the ``model.reward`` plug-in (``zerotir.rewards``) scoring each batch.
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed (training batch b samples with seed + b + 1: ``rollout.source.batch_seed``).
 

@@ -97,6 +97,9 @@ class Trajectories:
         num_tool_errors: (B,) long    calls whose tool raised instead of answering (status "tool_error": a dead
                                       MCP server, a tool's bug), counted apart from the sandbox's failures; a batch
                                       built without it (hand-made in tests) gets zeros.
+        corrects:       (B,) bool     or None: whether the answer counts as correct, as the run's reward
+                                      (``model.reward``) judged it, apart from its score; None before scoring (or
+                                      in a batch built by hand): ``correct`` reads it as ``rewards > 0``.
 
     Per-trajectory Python lists (length B):
         finish_reasons: "stop" or "length".
@@ -121,6 +124,7 @@ class Trajectories:
     truncated: torch.Tensor
     versions: torch.Tensor | None = None
     num_tool_errors: torch.Tensor | None = None
+    corrects: torch.Tensor | None = None
     finish_reasons: list[str] = field(default_factory=list)
     response_texts: list[str] = field(default_factory=list)
     ground_truths: list[str] = field(default_factory=list)
@@ -162,7 +166,9 @@ class Trajectories:
         values = {}
         for f in fields(Trajectories):
             items = [getattr(p, f.name) for p in parts]
-            if f.name == "versions" and any(x is None for x in items):
+            if f.name == "corrects" and any(x is not None for x in items):
+                items = [p.correct for p in parts]  # a part never scored reads as before: rewards > 0
+            if f.name in ("versions", "corrects") and any(x is None for x in items):
                 if not all(x is None for x in items):
                     raise ValueError("Trajectories.cat: some batches record weight versions and some do not")
                 values[f.name] = None
@@ -183,5 +189,5 @@ class Trajectories:
 
     @property
     def correct(self) -> torch.Tensor:
-        """(B,) bool: the outcome reward is positive."""
-        return self.rewards > 0
+        """(B,) bool: the answer counts as correct: the reward's verdict (``corrects``), else ``rewards > 0``."""
+        return self.corrects if self.corrects is not None else self.rewards > 0

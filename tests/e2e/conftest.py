@@ -52,7 +52,7 @@ def cli_args(subcommand: str, config: str, base: Path, data: dict[str, Path], ro
         subcommand, "--config", str(REPO / "configs" / f"{config}.yaml"),
         "--model.base.path", str(base), "--toy_base", "null",
         "--model.sampling.max_response_tokens", "80", "--model.eval.sampling.max_response_tokens", "80",
-        "--model.sandbox.workers", "1", "--model.sandbox.retries", "0",
+        "--model.tool.sandbox.workers", "1", "--model.tool.sandbox.retries", "0",
         "--data.train_files", json.dumps([str(data["train"])]),
         "--data.val_files", json.dumps([str(data["heldout"])]), "--data.test_files", json.dumps([str(data["heldout"])]),
         "--data.limit_val_rows", "4", "--data.limit_test_rows", "8", "--data.template", TEMPLATE,

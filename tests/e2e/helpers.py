@@ -168,7 +168,7 @@ class SaveParamsAtStep(Callback):
 
 
 class SandboxUnreachableOnRank(Callback):
-    """On global rank ``rank`` only, point ``model.sandbox.urls`` at a loopback port where nothing listens, before the
+    """On global rank ``rank`` only, point ``model.tool.sandbox.urls`` at a loopback port where nothing listens, before the
     module starts its rollout source (``ZeroTIRModule.on_fit_start``; callbacks' hooks run first): that rank's sandbox is
     unreachable, as with a wrong URL in one node's configuration. The port is bound (so no other process can take it)
     but never listened on, so a connection is refused at once.

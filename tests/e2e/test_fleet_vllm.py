@@ -38,8 +38,8 @@ def sandbox_url():
 
 def _fit(root, e2e_base, e2e_data, sandbox, *extra):
     cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, root, "--trainer.max_steps", str(STEPS),
-                           "--model.rollout", json.dumps(ENGINE), "--model.sandbox.urls", json.dumps([sandbox]),
-                           "--model.sandbox.workers", "null", "--trainer.limit_val_batches", "0",
+                           "--model.rollout", json.dumps(ENGINE), "--model.tool.sandbox.urls", json.dumps([sandbox]),
+                           "--model.tool.sandbox.workers", "null", "--trainer.limit_val_batches", "0",
                            "--trainer.enable_checkpointing", "false", *extra))
     rewards = [v for _, v in read_scalars(root / "tensorboard")[mn.REWARD_MEAN]]
     responses = [[r["response"] for r in read_step(root / "rollouts", step)] for step in range(1, STEPS + 1)]

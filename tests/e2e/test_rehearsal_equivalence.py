@@ -89,7 +89,7 @@ class Train:
             "fit", "rehearsal/zero3_reinforce", base, data, root, *strategy_args(mode, root),
             "--model.rl.algorithm", algorithm, "--model.rl.micro_batch_size", "2", "--model.optim.max_grad_norm", "0",
             "--model.optim.lr", "1e-4", "--model.sampling.n", "2", "--model.rollout.init_args.schedule", "rounds",
-            "--model.sandbox.urls", json.dumps([sandbox]), "--model.sandbox.workers", "null",
+            "--model.tool.sandbox.urls", json.dumps([sandbox]), "--model.tool.sandbox.workers", "null",
             "--data.prompts_per_step", "4", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
             "--trainer.enable_checkpointing", "false", "--trainer.callbacks", json.dumps(CALLBACKS),
             "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(self.final),

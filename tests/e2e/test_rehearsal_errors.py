@@ -4,7 +4,7 @@ engine whose KV cache cannot hold one request. Every rank stops with rank 1's me
 (``zerotir.scale.distributed.fail_together`` around ``EngineSource.start``), the run exits non-zero before step 1
 and leaves no process behind (no rank waiting in a collective).
 
-Rank 1's setting comes from a test callback (``tests/e2e/helpers.py``) that changes that rank's ``model.sandbox`` /
+Rank 1's setting comes from a test callback (``tests/e2e/helpers.py``) that changes that rank's ``model.tool.sandbox`` /
 ``model.rollout`` before the rollout source starts: a per-rank misconfiguration, through the product's own start-up
 path.
 """

@@ -66,7 +66,7 @@ def checkpointed_steps(folder: Path) -> list[int]:
 def test_no_sandbox_at_start_fails_before_any_step(e2e_base, e2e_data, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     args = cli_args("fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "2",
-                    "--model.sandbox.workers", "null", "--model.sandbox.urls", json.dumps([url]))
+                    "--model.tool.sandbox.workers", "null", "--model.tool.sandbox.urls", json.dumps([url]))
     with pytest.raises(SandboxUnavailable, match=rf"{url}.*python -m sandbox serve"):
         run_cli(args)
     assert not (tmp_path / "checkpoints").exists()
@@ -75,8 +75,8 @@ def test_no_sandbox_at_start_fails_before_any_step(e2e_base, e2e_data, tmp_path)
 def test_killed_sandbox_stops_the_run_and_resume_continues(e2e_base, e2e_data, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    guard = ["--model.sandbox.workers", "null", "--model.sandbox.urls", json.dumps([url]),
-             "--model.sandbox.error_patience", "1", "--model.sandbox.max_error_rate", "0.5", "--checkpoint.every_n_train_steps", "1"]
+    guard = ["--model.tool.sandbox.workers", "null", "--model.tool.sandbox.urls", json.dumps([url]),
+             "--model.tool.sandbox.error_patience", "1", "--model.tool.sandbox.max_error_rate", "0.5", "--checkpoint.every_n_train_steps", "1"]
     args = cli_args("fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "6", *guard)
     server = start_server(port)
     log = tmp_path / "fit.log"

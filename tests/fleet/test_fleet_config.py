@@ -101,9 +101,9 @@ def test_a_local_cluster_beside_a_cuda_trainer_is_refused_naming_ray_start_head(
 def test_an_embedded_sandbox_is_refused_once_the_cluster_has_other_nodes(urls, tool, nodes, refused):
     fleet = FleetConfig(engines=4, address="auto")
     if refused:
-        with pytest.raises(ValueError, match=r"model.fleet.address='auto' with model.sandbox.urls: null: the cluster "
+        with pytest.raises(ValueError, match=r"model.fleet.address='auto' with model.tool.sandbox.urls: null: the cluster "
                                              r"has nodes other than the trainer's \(10.0.0.2\).*127.0.0.1.*python -m "
-                                             r"sandbox serve --host .* set model.sandbox.urls"):
+                                             r"sandbox serve --host .* set model.tool.sandbox.urls"):
             fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)
     else:
         fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)

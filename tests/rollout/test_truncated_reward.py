@@ -1,6 +1,6 @@
 """A response cut at the token budget scores 0 even when it holds the right ``\\boxed{}``, on every path that scores:
 the tool loop of the in-line source (training and evaluation batches), and the trainer-side scoring of the engine
-hosts' rollouts (the fleet's and the pipeline's thread host). Each path runs the run's reward (``zerotir.reward``) on
+hosts' rollouts (the fleet's and the pipeline's thread host). Each path runs the run's reward (``MathReward``) on
 the byte tokenizer with a scripted engine: prompt "A:" answers ``\\boxed{1}`` and stops within the budget, prompt
 "B:" writes ``\\boxed{1}`` and goes on past it, so it is cut there holding the right answer."""
 
@@ -14,8 +14,7 @@ from tests.callbacks.helpers import make_batch
 from tests.rollout.scripted import ScriptedEngine
 from tests.scripted_source import FixedStream
 from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
-from zerotir.fleet.shares import score
-from zerotir.reward import score_batch
+from zerotir.rewards import MathReward, score_trajectories
 from zerotir.rollout import source as source_module
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.source import InlineSource
@@ -50,7 +49,7 @@ class Engine(ScriptedEngine):
 def test_the_in_line_source_scores_a_cut_response_zero_in_training_and_evaluation(monkeypatch):
     monkeypatch.setattr(source_module, "create_engine", lambda *args, **kwargs: Engine(TOK, SCRIPTS))
     source = InlineSource(HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(n=1, max_response_tokens=BUDGET),
-                          score_batch, "unused", seed=0)
+                          MathReward(), "unused", seed=0)
     source.start(torch.nn.Linear(1, 1), TOK, "cpu", FixedStream(lambda b: ROWS, len(ROWS)))
     try:
         assert_cut_scores_zero(source.batch(1).trajectories)
@@ -63,5 +62,5 @@ def test_the_engine_hosts_rollouts_score_a_cut_response_zero_on_the_trainer():
     # The engines return trajectories unscored; the trainer scores them with their truncation flags.
     traj = make_batch([0.0, 0.0], [0, 1], truncated=[False, True],
                       texts=["\\boxed{1}", "\\boxed{1} and then some"])
-    score(score_batch, traj)
+    score_trajectories(MathReward(), traj, ROWS)
     assert_cut_scores_zero(traj)

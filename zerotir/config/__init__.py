@@ -1,5 +1,5 @@
 """The typed configuration groups of a run: ``model.base`` (with ``model.base.lora``), ``model.rl``, ``model.optim``,
-``model.tool``, ``model.sampling``, ``model.eval``, ``model.sandbox``, ``model.pipeline``, ``model.fleet``,
+``model.tool`` (with ``model.tool.sandbox``), ``model.sampling``, ``model.eval``, ``model.pipeline``, ``model.fleet``,
 ``model.filters`` (with ``model.filters.refill``) and ``model.rollout`` (the engine: ``HFRollout`` or ``VLLMRollout``).
 
 Each group is a frozen dataclass whose field docstrings are the ``--help`` text of the command line (the CLI turns

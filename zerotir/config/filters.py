@@ -28,7 +28,8 @@ class FilterConfig:
     filters")."""
 
     pass_rate: bool = False
-    """Drop the prompt groups whose pass rate (mean reward over all n samples of the prompt) lies outside
+    """Drop the prompt groups whose pass rate (the share of correct samples, as model.reward judges them: the mean
+    reward with the math reward's 0 / 1 scores, over all n samples of the prompt) lies outside
     [pass_rate_low, pass_rate_high]: an all-right or all-wrong group has no signal for a group baseline (ZeroTIR's
     filter; zerotir.filters.pass_rate). The one rule that drops whole groups, so the one refill draws more for."""
     pass_rate_low: float = 0.01

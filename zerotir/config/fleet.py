@@ -114,11 +114,11 @@ class FleetConfig:
         trainer's node, so it serves only engines on that node. ``other_nodes``: the addresses of the cluster's
         nodes other than the trainer's (``zerotir.fleet.cluster.other_nodes``)."""
         if tool.enabled and sandbox.urls is None and other_nodes:
-            raise ValueError(f"model.fleet.address={self.address!r} with model.sandbox.urls: null: the cluster has "
+            raise ValueError(f"model.fleet.address={self.address!r} with model.tool.sandbox.urls: null: the cluster has "
                              f"nodes other than the trainer's ({', '.join(other_nodes)}), and the embedded sandbox "
                              "listens on 127.0.0.1 of the trainer's node, which their engines cannot reach; start "
                              "sandbox servers the engines reach (`python -m sandbox serve --host <an address the "
-                             "engine nodes reach> --port 8080` on each) and set model.sandbox.urls to them, or run "
+                             "engine nodes reach> --port 8080` on each) and set model.tool.sandbox.urls to them, or run "
                              "the engines on the trainer's node only (docs/fleet.md, \"Several nodes\")")
 
     def check_groups(self, pipeline: PipelineConfig, backend: RolloutBackend) -> None:

@@ -1,5 +1,5 @@
 """What the rollouts do: the code interpreter (``model.tool``), sampling (``model.sampling`` / ``model.eval.sampling``,
-with the evaluation's report folder: ``model.eval``) and where code runs (``model.sandbox``)."""
+with the evaluation's report folder: ``model.eval``) and where code runs (``model.tool.sandbox``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,61 @@ from zerotir.config.checks import check_min, check_sampling
 
 CallFormatName = Literal["fences", "hermes", "chat"]
 _TOOL_ENTRY_KEYS = {"class_path", "init_args"}
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where code runs (``model.tool.sandbox``, the python tool's executor): configured servers, or an embedded local
+    server started for the run."""
+
+    urls: list[str] | None = None
+    """Sandbox servers (``python -m sandbox serve``); None starts an embedded local server for the run."""
+    workers: int | None = None
+    """Worker processes of the embedded server (None: one per core). Embedded server only."""
+    server_options: dict[str, Any] = field(default_factory=dict)
+    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any field of
+    ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders exposed read-only,
+    ...). Embedded server only."""
+    max_concurrency: int = 64
+    """Requests in flight from the trainer to the sandbox."""
+    request_timeout: float = 60.0
+    """Seconds one HTTP request may take."""
+    retries: int = 3
+    """Retries of a request that failed to reach a server (another server is tried first)."""
+    max_error_rate: float = 0.5
+    """Highest tolerated share of tool calls that failed in the sandbox or in their tool (not the model's errors)."""
+    error_patience: int = 3
+    """Consecutive RL steps above that rate that stop the run."""
+
+    def __post_init__(self) -> None:
+        if self.urls is not None and not self.urls:
+            raise ValueError("model.tool.sandbox.urls=[]: give at least one URL, or null for an embedded local sandbox")
+        if self.urls is not None and (self.workers is not None or self.server_options):
+            given = {"workers": self.workers} if self.workers is not None else {}
+            given.update({"server_options": self.server_options} if self.server_options else {})
+            unset = " ".join("--model.tool.sandbox.workers null" if k == "workers"
+                             else "--model.tool.sandbox.server_options {}" for k in given)
+            raise ValueError(f"model.tool.sandbox.urls={self.urls} with model.tool.sandbox."
+                             f"{', '.join(f'{k}={v}' for k, v in given.items())}: those configure the embedded server, "
+                             f"which is not started when urls is set (the toy configs set workers: 2). Unset them "
+                             f"(on the command line: {unset}), or set urls to null")
+        check_min("tool.sandbox", self, ("workers", "max_concurrency", "error_patience"), 1)
+        check_min("tool.sandbox", self, ("retries",), 0)
+        if self.request_timeout <= 0:
+            raise ValueError(f"model.tool.sandbox.request_timeout={self.request_timeout}: must be > 0 seconds")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"model.tool.sandbox.max_error_rate={self.max_error_rate}: must be in [0, 1]")
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``sandbox.SandboxClient``."""
+        return {"max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
+                "retries": self.retries}
+
+    @property
+    def local_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``sandbox.local_sandbox`` for the embedded server."""
+        return dict(self.server_options, **({} if self.workers is None else {"workers": self.workers}))
 
 
 @dataclass(frozen=True)
@@ -46,7 +101,14 @@ class ToolConfig:
     a built-in name (python, calculator, search) or the dotted path of a ``zerotir.tools.Tool`` subclass. They live
     in this group rather than as a parameter of the module of their own (docs/tools.md)."""
 
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Where the python tool's code runs (URLs, or the embedded server's options) and how many sandbox failures stop
+    a run (``model.tool.sandbox``; it was ``model.sandbox``)."""
+
     def __post_init__(self) -> None:
+        if self.sandbox.urls is not None and not self.enabled:
+            raise ValueError("model.tool.sandbox.urls is set but model.tool.max_tool_calls=0 runs no code: drop the "
+                             "urls or allow tool calls")
         check_min("tool", self, ("max_tool_calls",), 0, " (0 = no tool)")
         check_min("tool", self, ("max_output_chars",), 80, " (room for a message and the truncation marker)")
         check_min("tool", self, ("max_output_tokens",), 32, " or null (room for a message and the marker)")
@@ -122,57 +184,3 @@ class EvalConfig:
     """Sampling of validation / test rollouts (avg@k and pass@k with k = its n); greedy, one sample by default."""
     report_dir: str | None = None
     """Where evaluation reports go; null: <trainer.default_root_dir>/eval."""
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Where code runs (``model.sandbox``): configured servers, or an embedded local server started for the run."""
-
-    urls: list[str] | None = None
-    """Sandbox servers (``python -m sandbox serve``); None starts an embedded local server for the run."""
-    workers: int | None = None
-    """Worker processes of the embedded server (None: one per core). Embedded server only."""
-    server_options: dict[str, Any] = field(default_factory=dict)
-    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any field of
-    ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders exposed read-only,
-    ...). Embedded server only."""
-    max_concurrency: int = 64
-    """Requests in flight from the trainer to the sandbox."""
-    request_timeout: float = 60.0
-    """Seconds one HTTP request may take."""
-    retries: int = 3
-    """Retries of a request that failed to reach a server (another server is tried first)."""
-    max_error_rate: float = 0.5
-    """Highest tolerated share of tool calls that failed in the sandbox or in their tool (not the model's errors)."""
-    error_patience: int = 3
-    """Consecutive RL steps above that rate that stop the run."""
-
-    def __post_init__(self) -> None:
-        if self.urls is not None and not self.urls:
-            raise ValueError("model.sandbox.urls=[]: give at least one URL, or null for an embedded local sandbox")
-        if self.urls is not None and (self.workers is not None or self.server_options):
-            given = {"workers": self.workers} if self.workers is not None else {}
-            given.update({"server_options": self.server_options} if self.server_options else {})
-            unset = " ".join("--model.sandbox.workers null" if k == "workers" else "--model.sandbox.server_options {}"
-                             for k in given)
-            raise ValueError(f"model.sandbox.urls={self.urls} with model.sandbox."
-                             f"{', '.join(f'{k}={v}' for k, v in given.items())}: those configure the embedded server, "
-                             f"which is not started when urls is set (the toy configs set workers: 2). Unset them "
-                             f"(on the command line: {unset}), or set urls to null")
-        check_min("sandbox", self, ("workers", "max_concurrency", "error_patience"), 1)
-        check_min("sandbox", self, ("retries",), 0)
-        if self.request_timeout <= 0:
-            raise ValueError(f"model.sandbox.request_timeout={self.request_timeout}: must be > 0 seconds")
-        if not 0 <= self.max_error_rate <= 1:
-            raise ValueError(f"model.sandbox.max_error_rate={self.max_error_rate}: must be in [0, 1]")
-
-    @property
-    def client_options(self) -> dict[str, Any]:
-        """Keyword arguments of ``sandbox.SandboxClient``."""
-        return {"max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
-                "retries": self.retries}
-
-    @property
-    def local_options(self) -> dict[str, Any]:
-        """Keyword arguments of ``sandbox.local_sandbox`` for the embedded server."""
-        return dict(self.server_options, **({} if self.workers is None else {"workers": self.workers}))

@@ -44,7 +44,7 @@ class EvalRecord:
 
     Args:
         problem_id: the problem this sample answers; the k samples of a problem share it.
-        correct: the outcome reward was positive.
+        correct: the answer counts as correct (``Trajectories.correct``: the reward's verdict).
         num_calls: code blocks executed.
         response_length: response tokens (sampled + injected).
         num_sandbox_errors: executions the sandbox failed to run (infrastructure fault).
@@ -69,17 +69,17 @@ def records_from_trajectories(traj: Any, problem_ids: Sequence[str]) -> list[Eva
     """One ``EvalRecord`` per row of a scored ``zerotir.types.Trajectories``.
 
     Args:
-        traj: the batch, with ``rewards`` filled in.
+        traj: the batch, scored (``correct``: the reward's verdict, whatever its score).
         problem_ids: the id of each prompt, indexed by ``traj.group_ids``.
     """
     return [
         EvalRecord(
-            problem_id=str(problem_ids[int(g)]), correct=bool(r > 0), num_calls=int(c), response_length=int(n),
+            problem_id=str(problem_ids[int(g)]), correct=bool(r), num_calls=int(c), response_length=int(n),
             num_sandbox_errors=int(se), num_exec_errors=int(ee), num_timeouts=int(to), truncated=bool(tr),
             tool_calls=dict(Counter(call.tool or INVALID_TOOL for call in calls)),
         )
         for g, r, c, n, se, ee, to, tr, calls in zip(
-            traj.group_ids.tolist(), traj.rewards.tolist(), traj.num_calls.tolist(), traj.response_lens.tolist(),
+            traj.group_ids.tolist(), traj.correct.tolist(), traj.num_calls.tolist(), traj.response_lens.tolist(),
             traj.num_sandbox_errors.tolist(), traj.num_exec_errors.tolist(), traj.num_timeouts.tolist(),
             traj.truncated.tolist(), traj.tool_calls,
         )

@@ -62,6 +62,9 @@ def pass_rate_decision(keep: torch.Tensor, kept_groups: int, groups: int, min_ke
 def pass_rate(cfg: FilterConfig, traj: Trajectories) -> FilterDecision:
     """The pass-rate decision of ``model.filters`` on this rank's ``traj``. A collective under a process group: every
     rank calls it at the same step."""
-    keep = pass_rate_keep_mask(traj.rewards.cpu(), traj.group_ids.cpu(), cfg.pass_rate_low, cfg.pass_rate_high)
+    # the share of correct answers (the reward's verdict): a graded or composed score keeps the rule's meaning; with
+    # the math reward's 0 / 1 scores it is the group's mean reward
+    keep = pass_rate_keep_mask(traj.correct.cpu().float(), traj.group_ids.cpu(), cfg.pass_rate_low,
+                               cfg.pass_rate_high)
     kept_groups, groups = global_group_counts(keep, traj.group_ids.cpu())  # all-reduce over the ranks
     return pass_rate_decision(keep, kept_groups, groups, cfg.min_keep_groups)

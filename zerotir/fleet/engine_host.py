@@ -220,7 +220,7 @@ class EngineHost:
             return self._streamed(prompts, truths, params)
         start = time.monotonic()
         traj, timings = rollout_sync(engine, self.tokenizer, self.sandbox, prompts, params, self.settings.tool,
-                                     truths, self.schedule, None)
+                                     truths, self.schedule)
         traj = traj.to("cpu")
         if self.version is not None:
             traj.versions = torch.where(traj.action_mask, self.version, -1)
@@ -278,11 +278,9 @@ def _sandbox_client(settings: HostSettings) -> Any:
     """The host's own sandbox client, checked once (``SandboxUnavailable`` names every URL); None without tools."""
     if not settings.tool.enabled:
         return None
-    from sandbox import SandboxClient
+    from zerotir.tools.python import connect_sandbox
 
-    client = SandboxClient(list(settings.sandbox_urls), **settings.sandbox_options)
-    client.check_health()
-    return client
+    return connect_sandbox(settings.sandbox_urls, settings.sandbox_options)
 
 
 @functools.singledispatch

@@ -10,16 +10,11 @@ generated again, after an engine died or in a resumed run, samples as it first d
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
 from zerotir.rl.staleness import trainer_version
-from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.sync import run_sync
 from zerotir.types import PromptRow, Trajectories
 
 
@@ -174,13 +169,3 @@ def merge(parts: list[tuple[Trajectories, dict[str, float]]], offsets: list[int]
             timings[key] = max(timings[key], took.get(key, 0.0))
     return Trajectories.cat([traj for traj, _ in parts], pad), timings
 
-
-def score(reward: Reward | None, traj: Trajectories) -> float:
-    """Fill ``traj.rewards`` with the run's reward, on the trainer (no reward function crosses to an engine); its
-    seconds (0 without a reward: rewards stay 0)."""
-    if reward is None:
-        return 0.0
-    start = time.perf_counter()
-    scores = run_sync(reward(traj.response_texts, traj.ground_truths, traj.truncated.tolist()), "the fleet's reward")
-    traj.rewards = torch.tensor(scores, dtype=torch.float32)
-    return time.perf_counter() - start

@@ -23,13 +23,13 @@ from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.ranks import TrainerRanks, split_batch
 from zerotir.fleet.schedule import FleetSchedule
-from zerotir.fleet.shares import Submitted, score
+from zerotir.fleet.shares import Submitted
 from zerotir.fleet.transport import RayTransport, Transport
 from zerotir.fleet.weight_group import WeightGroupError
 from zerotir.rl.staleness import check_staleness, staleness_stats
-from zerotir.rollout.agent_loop import Reward
 from zerotir.rollout.engine import SamplingParams, pad_id
 from zerotir.rollout.sandbox_service import SandboxService
+from zerotir.rollout.scoring import Reward, score_trajectories
 from zerotir.rollout.source import RolloutBatch, TrainStream
 from zerotir.types import PromptRow
 
@@ -45,7 +45,7 @@ class FleetSource:
         fleet: the ``model.fleet`` group (``engines`` >= 1).
         pipeline: the ``model.pipeline`` group (``max_staleness`` set: the schedule).
         backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
-        reward: scores the trajectories the engines return (``zerotir.reward.score_batch``).
+        reward: the ``model.reward`` plug-in, scoring the trajectories the engines return (``score_trajectories``).
         model_path: the HF folder every engine process loads.
         seed: the run's seed (training batch b samples with ``batch_seed``).
         transport: how the hosts run (``zerotir.fleet.transport``); None: Ray actors.
@@ -173,7 +173,7 @@ class FleetSource:
         else:
             rows, traj, timings = schedule.own_batch(step, index, pad, self._recover)
         taken = [(r["batch_index"], r["position"]) for r in rows]
-        timings["reward"] = score(self.reward, traj)
+        timings["reward"] = score_trajectories(self.reward, traj, rows)
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
         self._occupancy = self.pool.occupancy()
         schedule.cursor.handed(step)
@@ -195,7 +195,7 @@ class FleetSource:
             submitted = self.schedule.submit(-1, merged, params)
             traj, timings = self.pool.collect(submitted, "an evaluation batch", pad_id(self._tokenizer),
                                               self._recover)
-            timings["reward"] = score(self.reward, traj)
+            timings["reward"] = score_trajectories(self.reward, traj, merged)
         whole = RolloutBatch(merged, traj, timings, self.sandbox.names)
         return self.ranks.scatter(self._parts(whole, [len(r) for r in every], params.n))[0]
 

@@ -280,7 +280,7 @@ class GroupStream:
         share = hub.share()
         try:
             traj, _ = await rollout(share, self.tokenizer, sandbox, [job.prompt], job.params, self.tool,
-                                    [job.truth], self.schedule, None)
+                                    [job.truth], self.schedule)
             done = _Done(traj.to("cpu"))
         except (ProducerStopped, asyncio.CancelledError):
             raise

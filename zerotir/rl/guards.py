@@ -87,9 +87,9 @@ class SandboxErrorGuard:
 
     def __init__(self, max_rate: float = 0.5, patience: int = 3):
         if not 0.0 <= max_rate <= 1.0:
-            raise ValueError(f"model.sandbox.max_error_rate={max_rate}: must lie in [0, 1]")
+            raise ValueError(f"model.tool.sandbox.max_error_rate={max_rate}: must lie in [0, 1]")
         if patience < 1:
-            raise ValueError(f"model.sandbox.error_patience={patience}: must be >= 1")
+            raise ValueError(f"model.tool.sandbox.error_patience={patience}: must be >= 1")
         self.max_rate = max_rate
         self.patience = patience
         self.bad_steps = 0
@@ -122,8 +122,8 @@ class SandboxErrorGuard:
         self.bad_steps = self.bad_steps + 1 if rate > self.max_rate else 0
         if self.bad_steps >= self.patience:
             raise SandboxFailureError(
-                f"RL step {rl_step}: {rate:.0%} of the tool calls failed, above model.sandbox.max_error_rate="
-                f"{self.max_rate} for {self.bad_steps} consecutive steps (model.sandbox.error_patience={self.patience}). "
+                f"RL step {rl_step}: {rate:.0%} of the tool calls failed, above model.tool.sandbox.max_error_rate="
+                f"{self.max_rate} for {self.bad_steps} consecutive steps (model.tool.sandbox.error_patience={self.patience}). "
                 + " ".join(failure_report(traj, urls))
                 + " Without working tools the run would silently train without them. Once fixed, resume with "
                 "`fit --ckpt_path last`."
@@ -148,7 +148,7 @@ def failure_report(traj: Trajectories, urls: Sequence[str]) -> list[str]:
             f"The python tool's sandbox failed {sandbox} of the step's {calls} calls "
             f"(sandbox URLs: {', '.join(urls)}). "
             "Fix: check that the servers are up (`python -m sandbox serve`, GET /health), or leave "
-            "model.sandbox.urls unset for an embedded local sandbox."
+            "model.tool.sandbox.urls unset for an embedded local sandbox."
         )
     if tools:
         called = Counter(c.tool for row in traj.tool_calls for c in row)

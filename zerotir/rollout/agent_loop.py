@@ -15,7 +15,7 @@ one of three modes (``rows.Mode``). The markers are those of the call format (``
 How trajectories are driven is the ``Schedule`` (the ``model.rollout`` group's ``schedule``: ``zerotir.config``):
 
 * "trajectory" (the default): every trajectory runs on its own. The engine decodes whatever is submitted; a
-  trajectory that stops leaves at once for the sandbox (or ends, and is scored while the others still run) and is
+  trajectory that stops leaves at once for the sandbox (or ends) and is
   resubmitted the moment its result is back. Nothing waits for another trajectory.
 * "rounds", the synchronous baseline the benchmark measures against: every trajectory not waiting on the sandbox is
   submitted with at most ``tokens_per_call`` new tokens, and the round ends when the last of them returns; code runs
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
@@ -56,13 +56,11 @@ from zerotir.tools.formats import CallFormat, call_format
 from zerotir.tools.registry import Toolbox, Used
 from zerotir.types import FINISH_LENGTH, FINISH_STOP, ToolCall, Trajectories
 
-__all__ = ["Reward", "Schedule", "ToolConfig", "rollout", "rollout_sync"]
+__all__ = ["Schedule", "ToolConfig", "rollout", "rollout_sync"]
 
-_IO_TURNS = 8  # event-loop turns given to sandbox calls and reward tasks between engine steps (see _let_io_run)
+_IO_TURNS = 8  # event-loop turns given to sandbox calls between engine steps (see _let_io_run)
 _SEGMENT_SEED = 1_000_003  # a request's seed: params.seed + this x its segment + its trajectory index
 
-# Scores finished responses: ``(responses, truths, truncated) -> rewards`` (``zerotir.reward.score_batch``).
-Reward = Callable[[Sequence[str], Sequence[str], Sequence[bool]], Awaitable[list[float]]]
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,7 @@ class _Run:
     params: SamplingParams
     tool: ToolConfig
     truths: list[str]
-    reward: Reward | None
-    timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0, "reward": 0.0})
+    timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0})
     # The rounds resubmit a stopped trajectory only once the round is over: the engine may drop its cache for room
     # (``SamplingParams.evictable``); on its own a trajectory goes on the moment it can and keeps it.
     evictable: bool = False
@@ -113,7 +110,6 @@ async def rollout(
     tool: ToolConfig,
     ground_truths: list[str] | None = None,
     schedule: Schedule = Schedule(),
-    reward: Reward | None = None,
     tools: Toolbox | None = None,
 ) -> tuple[Trajectories, dict[str, float]]:
     """Tool-integrated rollouts: ``params.n`` trajectories per prompt.
@@ -131,15 +127,14 @@ async def rollout(
         tool: the tool-call settings: the call format, the tools (``model.tool``).
         ground_truths: the reference answer of each prompt, copied to its trajectories ("" when None).
         schedule: how the engine is driven.
-        reward: when given, each trajectory is scored the moment it finishes (while the others still run) and the
-            scores fill ``rewards``; else ``rewards`` are 0 for a later reward step.
         tools: the tools, built once by a caller that keeps them between rollouts; None builds ``tool.tools`` here
             with ``sandbox`` (``zerotir.tools.Toolbox.build``).
 
     Returns:
         The trajectories (prompt i's samples at rows ``i * n .. i * n + n - 1``, ``group_ids`` = i) and wall times in
         seconds: ``generation`` (inside ``engine.step``), ``sandbox`` (waiting for code results with nothing to
-        decode; execution hidden behind generation is not counted) and ``reward`` (waiting for the last scores).
+        decode; execution hidden behind generation is not counted). ``rewards`` are 0: the source scores the
+        finished batch (``zerotir.rewards.score_trajectories``, the one scoring path of every source).
     """
     _check_inputs(prompts, params, ground_truths)
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
@@ -147,24 +142,18 @@ async def rollout(
     if tool.enabled:
         fmt.check_tools(tools.names)
     run = _Run(engine, tokenizer, tools, fmt, _initial_rows(tokenizer, prompts, params.n, fmt, tool.max_tool_calls),
-               params, tool, truths, reward, evictable=schedule.kind != "trajectory")
+               params, tool, truths, evictable=schedule.kind != "trajectory")
     try:
         if schedule.kind == "trajectory":
             await _run_trajectories(run)
         else:
             await _run_rounds(run, None if schedule.kind == "lockstep" else schedule.tokens_per_call)
         traj = to_trajectories(run.rows, tokenizer, truths)
-        if reward is not None:
-            start = time.perf_counter()
-            scores = await asyncio.gather(*(r.reward for r in run.rows))
-            run.timings["reward"] += time.perf_counter() - start
-            traj.rewards = torch.tensor([s[0] for s in scores], dtype=torch.float32)
     finally:  # after an error: nothing stays in the engine or in flight
         for key, row in enumerate(run.rows):
             engine.release(key)
-            for task in (row.pending, row.reward):
-                if task is not None and not task.done():
-                    task.cancel()
+            if row.pending is not None and not row.pending.done():
+                row.pending.cancel()
     return traj, run.timings
 
 
@@ -270,12 +259,8 @@ def _step(run: _Run) -> list[tuple[Hashable, Sample]]:
 
 
 def _end(run: _Run, key: int) -> None:
-    """Trajectory ``key`` has finished: the engine forgets it, and it is scored now (when a reward is given)."""
+    """Trajectory ``key`` has finished: the engine forgets it."""
     run.engine.release(key)
-    row = run.rows[key]
-    if run.reward is not None and row.reward is None:
-        text = run.tokenizer.decode(row.response.ids, skip_special_tokens=True)
-        row.reward = asyncio.ensure_future(run.reward([text], [run.truths[row.group]], [row.finish == FINISH_LENGTH]))
 
 
 def _send_code(run: _Run, row: Row) -> None:
@@ -285,7 +270,7 @@ def _send_code(run: _Run, row: Row) -> None:
 
 
 async def _let_io_run() -> None:
-    """Give the sandbox calls and reward tasks in flight a few turns of the event loop: enough to write new
+    """Give the sandbox calls in flight a few turns of the event loop: enough to write new
     requests and read the answers that came back. The server runs the code while this thread generates (its own
     processes); the client's Python work happens here, between engine steps. (A client thread running during
     generation was measured 2-5x slower for both: the two threads fight over the GIL on every small torch op.)"""

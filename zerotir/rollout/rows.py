@@ -132,5 +132,4 @@ class Row:
     sandbox_errors: int = 0
     tool_errors: int = 0
     finish: str | None = None
-    reward: asyncio.Future | None = None  # its score, computed once it has finished
     tool_calls: list[ToolCall] = field(default_factory=list)

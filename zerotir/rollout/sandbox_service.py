@@ -1,13 +1,14 @@
-"""Where a run's code executes: the sandbox of the ``model.sandbox`` group, reached once at start.
+"""Where a run's code executes: the sandbox of the ``model.tool.sandbox`` group, reached once at start.
 
-``model.sandbox.urls`` set: those servers, checked with a health call (``SandboxUnavailable`` names every URL tried and
-the fix). Unset: an embedded local server (``sandbox.local_sandbox``) with the group's options, stopped at ``close``.
+``model.tool.sandbox.urls`` set: those servers, checked with a health call (``SandboxUnavailable`` names every URL
+tried and the fix). Unset: an embedded local server (``sandbox.local_sandbox``) with the group's options, stopped at ``close``.
 Without tools (``model.tool.max_tool_calls: 0``, the paper's ZeroRL baseline) nothing is started or reached, and the
 rollouts get no client: a dead sandbox never quietly turns into a no-tool run, because a run with tools always starts
 one here first.
 
 A client belongs to one event loop, so each thread that runs the tool loop takes its own (``new_client``): the
-trainer's in-line rollouts use ``client``; an engine host builds its own from ``urls``.
+trainer's in-line rollouts use ``client``; an engine host builds its own from ``urls``, both with the python tool's
+one builder (``zerotir.tools.python.connect_sandbox``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class SandboxService:
     """The sandbox of one run; ``start`` before the first rollout (idempotent), ``close`` at teardown.
 
     Args:
-        config: the ``model.sandbox`` group.
+        config: the ``model.tool.sandbox`` group.
         tool: the ``model.tool`` group (without tools there is no sandbox).
     """
 
@@ -39,20 +40,20 @@ class SandboxService:
         """Reach the sandbox, failing fast when it does not answer; start the embedded one when no URL is set."""
         if self.client is not None or not self.tool.enabled:
             return
-        from sandbox import SandboxClient, SandboxUnavailable, local_sandbox
+        from sandbox import SandboxUnavailable, local_sandbox
+
+        from zerotir.tools.python import connect_sandbox
 
         if self.config.urls is None:
             self.urls = list(self._stack.enter_context(local_sandbox(**self.config.local_options)))
             log.info("started an embedded local sandbox at %s", ", ".join(self.urls))
         else:
             self.urls = list(self.config.urls)
-        client = SandboxClient(self.urls, **self.config.client_options)
-        try:
-            client.check_health()  # SandboxUnavailable names every URL tried and the fix
+        try:  # SandboxUnavailable names every URL tried and the fix
+            self.client = connect_sandbox(self.urls, self.config.client_options)
         except SandboxUnavailable:
             self.close()
             raise
-        self.client = client
 
     @property
     def names(self) -> list[str]:

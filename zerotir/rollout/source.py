@@ -34,10 +34,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from zerotir.config import RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
-from zerotir.rollout.agent_loop import Reward, Schedule, rollout_sync
+from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rollout.sandbox_service import SandboxService
+from zerotir.rollout.scoring import Reward, score_trajectories
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
 from zerotir.scale.deepspeed_setup import check_rollout_backend
 from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts
@@ -158,10 +159,10 @@ class EngineSource:
 
     Args:
         backend: the ``model.rollout`` group (the engine and its settings).
-        sandbox: the ``model.sandbox`` group.
+        sandbox: the ``model.tool.sandbox`` group.
         tool: the ``model.tool`` group.
         sampling: the ``model.sampling`` group (training rollouts).
-        reward: scores each trajectory as it ends (``zerotir.reward.score_batch``).
+        reward: the ``model.reward`` plug-in, scoring each batch once it is back (``score_trajectories``).
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
     """
@@ -204,16 +205,16 @@ class EngineSource:
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
 
     def roll_out(self, rows: list[PromptRow], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """The tool loop over ``rows`` on this source's engine, each trajectory scored as it ends. A collective of the
-        tensor-parallel group: its leader runs the loop and the other ranks replay its engine calls; all return the
-        leader's trajectories."""
+        """The tool loop over ``rows`` on this source's engine, then the batch scored (``score_trajectories``). A
+        collective of the tensor-parallel group: its leader runs the loop and the other ranks replay its engine
+        calls; all return the leader's trajectories."""
         if self.engine is None:
             raise RuntimeError("rollout before the source started (RolloutSource.start)")
         prompts, truths = [r["prompt_ids"] for r in rows], [r["answer"] for r in rows]
-        out = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
-            engine, self._tokenizer, self.sandbox.client, prompts, params, self.tool, truths, self.schedule,
-            self.reward))
-        return out
+        traj, timings = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
+            engine, self._tokenizer, self.sandbox.client, prompts, params, self.tool, truths, self.schedule))
+        timings["reward"] = score_trajectories(self.reward, traj, rows)
+        return traj, timings
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
         """An evaluation batch in line. With a tensor-parallel engine the group first merges its ranks' rows (their

@@ -1,7 +1,7 @@
 """``python``: the paper's code interpreter behind the tool protocol.
 
 The code runs in the sandbox (``sandbox.SandboxClient``, or anything with ``async run(code, *, run_timeout)``) that
-the run built where it builds it today, ``SandboxService`` on the trainer, the fleet host's own client, and hands in
+the run built with ``connect_sandbox`` (below; ``SandboxService`` on the trainer, each fleet host its own), and hands in
 through ``ToolEnv.sandbox``. The observation is the sandbox's own formatting of the result
 (``sandbox.format_for_model``, capped at ``model.tool.max_output_chars``) with the sandbox's status; a client that
 raises (instead of returning a ``sandbox_error`` result) is recorded as a sandbox error, as before.
@@ -61,3 +61,22 @@ def failed_call_result(error: BaseException) -> Any:
 
     log.warning("sandbox call raised %s: %s (counted as a sandbox error)", type(error).__name__, error)
     return ExecResult(ExecStatus.SANDBOX_ERROR, "", f"{type(error).__name__}: {error}", 0.0)
+
+
+def connect_sandbox(urls: list[str], options: dict[str, Any]) -> Any:
+    """The python tool's sandbox client for ``urls``, checked with one health call: the one client builder of a run,
+    for the trainer's ``SandboxService`` and each fleet engine host alike (a client belongs to the event loop of the
+    thread that uses it, so each builds its own).
+
+    Args:
+        urls: the sandbox servers (``model.tool.sandbox.urls``, or the embedded server's).
+        options: ``sandbox.SandboxClient`` keywords (``SandboxConfig.client_options``).
+
+    Raises:
+        SandboxUnavailable: no server answered; it names every URL tried and the fix.
+    """
+    from sandbox import SandboxClient
+
+    client = SandboxClient(list(urls), **options)
+    client.check_health()
+    return client

@@ -1,0 +1,132 @@
+"""The judge reward against a local OpenAI-compatible server (FastAPI on a loopback port, real HTTP), its verdicts
+scripted by the response it is shown: scores, the cache, a timeout then a retry, server errors, parse failures, the
+fallback mode, and the check at start."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from zerotir.rewards import JudgeReward, Sample
+
+# The judge's reply per response (the word after "Student's response:" in its prompt). "hang-once" never answers
+# its first call (the client times out) and answers CORRECT after; "fail-once" is a 503, then CORRECT.
+REPLIES = {"right": "CORRECT", "wrong": "Incorrect.", "chatty": "Hmm, hard to say.",
+           "reasoned": "It is not INCORRECT at first sight... on reflection: CORRECT", "hang-once": "CORRECT",
+           "fail-once": "CORRECT", "hang": "CORRECT"}
+
+
+class Judge:
+    """The scripted server: its URL and every response it was asked about, in order."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.release = asyncio.Event()
+        app = FastAPI()
+
+        @app.get("/v1/models")
+        async def models() -> dict:
+            return {"object": "list", "data": [{"id": "judge", "object": "model"}]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            word = body["messages"][0]["content"].split("Student's response:\n")[1].split("\n")[0]
+            first = word not in self.asked
+            self.asked.append(word)
+            if word == "hang" or (word == "hang-once" and first):
+                await asyncio.sleep(3600)  # never answers: the client's timeout ends the call
+            if word == "fail-once" and first:
+                return JSONResponse({"error": "overloaded"}, status_code=503)
+            if body["model"] != "judge":
+                return JSONResponse({"error": f"no model {body['model']}"}, status_code=404)
+            return {"choices": [{"index": 0, "message": {"role": "assistant", "content": REPLIES[word]}}]}
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=0))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the scripted judge did not start")
+            threading.Event().wait(0.01)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.server.force_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def judge():
+    server = Judge()
+    yield server
+    server.close()
+
+
+def sample(response: str, question: str = "1 + 1", truncated: bool = False) -> Sample:
+    return Sample(question, "2", response, truncated)
+
+
+def scores(reward: JudgeReward, samples: list[Sample]) -> list[tuple[float, bool]]:
+    return [(s.score, s.correct) for s in asyncio.run(reward.score(samples))]
+
+
+def test_verdicts_score_and_count_a_reply_without_one_as_a_parse_failure(judge):
+    reward = JudgeReward(base_url=judge.url, max_concurrency=2)
+    reward.start()
+    got = scores(reward, [sample("right"), sample("wrong"), sample("chatty"), sample("reasoned"),
+                          sample("right", truncated=True)])
+    assert got == [(1.0, True), (0.0, False), (0.0, False), (1.0, True), (0.0, False)]  # the last verdict word counts
+    stats = reward.stats()
+    assert stats["judge_parse_failures"] == 1 and stats["judge_calls"] == 4  # the cut response costs no call
+    assert reward.stats()["judge_calls"] == 0  # read and reset
+
+
+def test_the_cache_answers_a_repeated_question_and_response_without_a_call(judge):
+    reward = JudgeReward(base_url=judge.url)
+    before = len(judge.asked)
+    assert scores(reward, [sample("right", "q1"), sample("wrong", "q1")]) == [(1.0, True), (0.0, False)]
+    assert scores(reward, [sample("right", "q1"), sample("right", "q2")]) == [(1.0, True), (1.0, True)]
+    assert judge.asked[before:] == ["right", "wrong", "right"]  # q1's "right" asked once, q2's is another key
+    assert reward.stats()["judge_cache_hits"] == 1
+
+
+def test_a_timed_out_or_failed_call_is_retried_then_scores_zero_when_every_try_fails(judge):
+    reward = JudgeReward(base_url=judge.url, timeout_s=2.0, retries=1)
+    assert scores(reward, [sample("hang-once"), sample("fail-once")]) == [(1.0, True), (1.0, True)]
+    assert reward.stats() == {"judge_calls": 4.0, "judge_cache_hits": 0.0, "judge_parse_failures": 0.0,
+                              "judge_errors": 0.0}
+    no_retry = JudgeReward(base_url=judge.url, timeout_s=0.5, retries=0)
+    assert scores(no_retry, [sample("hang")]) == [(0.0, False)]
+    assert no_retry.stats()["judge_errors"] == 1
+
+
+def test_fallback_asks_the_judge_only_where_math_verify_cannot_read_the_answer(judge):
+    reward = JudgeReward(base_url=judge.url, mode="fallback")
+    before = len(judge.asked)
+    samples = [Sample("1 + 1", "2", "so \\boxed{2}"), Sample("1 + 1", "2", "so \\boxed{3}"),
+               Sample("capital?", "Paris", "right"), Sample("capital?", "Paris", "wrong")]
+    assert scores(reward, samples) == [(1.0, True), (0.0, False), (1.0, True), (0.0, False)]
+    assert judge.asked[before:] in (["right", "wrong"], ["wrong", "right"])  # the boxed numbers never reach it
+
+
+def test_an_unreachable_judge_or_a_refused_call_is_an_error_naming_the_setting(judge):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    with pytest.raises(RuntimeError, match="model.reward.init_args.base_url=.*does not answer"):
+        JudgeReward(base_url=nobody, timeout_s=2.0).start()
+    with pytest.raises(RuntimeError, match="model.reward.init_args.model='other'"):
+        scores(JudgeReward(base_url=judge.url, model="other"), [sample("right")])
+    with pytest.raises(ValueError, match="template lacks {response}"):
+        JudgeReward(template="{question} {answer}")
