@@ -20,6 +20,7 @@ vLLM is imported only inside functions.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,3 +125,9 @@ def actor_adapter(actor: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict
                         "the engine without lora_rank to push full weights")
     tensors = {name: t.detach() for name, t in peft.get_peft_model_state_dict(actor).items()}
     return tensors, adapter_config(actor.peft_config["default"])
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (a LoRA actor), without importing peft where nothing did."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
