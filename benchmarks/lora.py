@@ -14,8 +14,9 @@ parameters; then one push of the actor through the fleet's weight group (``zerot
 over gloo on loopback, the receiving engine a thread of the same process that drops what it gets): full weights,
 or only the adapter (``push_adapter``).
 
-* Peak memory of the update: as ``benchmarks.update_memory`` measures it (peak resident memory during the measured
-  update above the resident memory before it).
+* Peak memory of the update: the peak resident memory during the measured update (as ``benchmarks.update_memory``
+  measures it) above the resident memory of the model before the optimizer existed: the optimizer's state, the
+  gradients and the activations, what LoRA saves.
 * Update tokens per second: the batch's real tokens over the measured update's wall time.
 * Push bytes and seconds: the push's ``PushStats`` (tensor bytes sent; begin to end).
 
@@ -91,7 +92,7 @@ def run_arm(args: argparse.Namespace, name: str) -> dict:
     torch.set_num_threads(args.threads)
     cfg = RLConfig(algorithm="reinforce_pp", micro_batch_size=args.micro_batch_size)
     traj, actor = trajectories(args), model_of(args, ARMS[name])
-    seconds, peak_mib = measured_update(cfg, traj, actor)
+    seconds, _, peak_mib = measured_update(cfg, traj, actor)  # the optimizer's state included
     return {"arm": name, "trained": sum(p.numel() for p in actor.parameters() if p.requires_grad),
             "peak_mib": peak_mib, "update_s": seconds,
             "tokens_per_s": int(row_lengths(traj.attention_mask).sum()) / seconds, **push_once(actor)}

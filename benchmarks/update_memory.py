@@ -101,13 +101,14 @@ def _kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} (this benchmark measures memory on Linux)")
 
 
-def measured_update(cfg: Any, traj: Any, actor: torch.nn.Module) -> tuple[float, float]:
+def measured_update(cfg: Any, traj: Any, actor: torch.nn.Module) -> tuple[float, float, float]:
     """One REINFORCE++ update of ``actor`` on ``traj`` (``prepare_batch`` + ``ppo_update`` + an AdamW step over its
-    trained parameters) after a warm-up on the two shortest rows (the optimizer's state): its seconds and its peak
-    memory in MiB (module doc)."""
+    trained parameters) after a warm-up on the two shortest rows (the optimizer's state): its seconds, its peak
+    memory in MiB (module doc), and that peak above the memory before the optimizer existed (its state included)."""
     from zerotir.rl.micro_batches import row_lengths
     from zerotir.rl.update import ppo_update, prepare_batch
 
+    stateless = _kib("VmRSS")
     optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=1e-5)
 
     def step(has_grad: bool) -> float:
@@ -128,7 +129,8 @@ def measured_update(cfg: Any, traj: Any, actor: torch.nn.Module) -> tuple[float,
         f.write("5")  # resets VmHWM to the current resident size
     before = _kib("VmRSS")
     seconds = update(traj)
-    return seconds, (_kib("VmHWM") - before) / 1024
+    peak = _kib("VmHWM")
+    return seconds, (peak - before) / 1024, (peak - stateless) / 1024
 
 
 def run_variant(args: argparse.Namespace, name: str) -> dict:
@@ -141,7 +143,7 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
     rows = {} if "max_tokens_per_micro_batch" in settings else {"micro_batch_size": args.micro_batch_size}
     cfg = RLConfig(algorithm="reinforce_pp", **rows, **settings)  # the budget replaces micro_batch_size
     traj = trajectories(args)
-    seconds, peak_mib = measured_update(cfg, traj, model_of(args))
+    seconds, peak_mib, _ = measured_update(cfg, traj, model_of(args))
     lengths = row_lengths(traj.attention_mask)
     chunks = micro_batches(lengths, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, cfg.pack_rows)
     real = int(lengths.sum())
