@@ -31,6 +31,7 @@ import math
 import multiprocessing as mp
 import os
 import time
+from typing import Any
 
 import torch
 
@@ -100,18 +101,15 @@ def _kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} (this benchmark measures memory on Linux)")
 
 
-def run_variant(args: argparse.Namespace, name: str) -> dict:
-    """One variant's measured update (after a warm-up), in this process."""
-    from zerotir.config import RLConfig
-    from zerotir.rl.micro_batches import micro_batches, padded_tokens, row_lengths
+def measured_update(cfg: Any, traj: Any, actor: torch.nn.Module) -> tuple[float, float, float]:
+    """One REINFORCE++ update of ``actor`` on ``traj`` (``prepare_batch`` + ``ppo_update`` + an AdamW step over its
+    trained parameters) after a warm-up on the two shortest rows (the optimizer's state): its seconds, its peak
+    memory in MiB (module doc), and that peak above the memory before the optimizer existed (its state included)."""
+    from zerotir.rl.micro_batches import row_lengths
     from zerotir.rl.update import ppo_update, prepare_batch
 
-    torch.set_num_threads(args.threads)
-    settings = {k: getattr(args, v) if isinstance(v, str) else v for k, v in VARIANTS[name].items()}
-    rows = {} if "max_tokens_per_micro_batch" in settings else {"micro_batch_size": args.micro_batch_size}
-    cfg = RLConfig(algorithm="reinforce_pp", **rows, **settings)  # the budget replaces micro_batch_size
-    traj, actor = trajectories(args), model_of(args)
-    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-5)
+    stateless = _kib("VmRSS")
+    optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=1e-5)
 
     def step(has_grad: bool) -> float:
         optimizer.step()
@@ -131,17 +129,49 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
         f.write("5")  # resets VmHWM to the current resident size
     before = _kib("VmRSS")
     seconds = update(traj)
-    peak = _kib("VmHWM") - before
+    peak = _kib("VmHWM")
+    return seconds, (peak - before) / 1024, (peak - stateless) / 1024
+
+
+def run_variant(args: argparse.Namespace, name: str) -> dict:
+    """One variant's measured update (after a warm-up), in this process."""
+    from zerotir.config import RLConfig
+    from zerotir.rl.micro_batches import micro_batches, padded_tokens, row_lengths
+
+    torch.set_num_threads(args.threads)
+    settings = {k: getattr(args, v) if isinstance(v, str) else v for k, v in VARIANTS[name].items()}
+    rows = {} if "max_tokens_per_micro_batch" in settings else {"micro_batch_size": args.micro_batch_size}
+    cfg = RLConfig(algorithm="reinforce_pp", **rows, **settings)  # the budget replaces micro_batch_size
+    traj = trajectories(args)
+    seconds, peak_mib, _ = measured_update(cfg, traj, model_of(args))
+    lengths = row_lengths(traj.attention_mask)
     chunks = micro_batches(lengths, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, cfg.pack_rows)
     real = int(lengths.sum())
     # A packed micro-batch computes its real tokens only; a padded one its rows x its longest row.
     computed = real if cfg.pack_rows else sum(padded_tokens(lengths, c) for c in chunks)
     return {"variant": name, "micro_batches": len(chunks), "padded_tokens": computed, "real_tokens": real,
-            "peak_mib": peak / 1024, "seconds": seconds, "tokens_per_s": real / seconds}
+            "peak_mib": peak_mib, "seconds": seconds, "tokens_per_s": real / seconds}
 
 
-def _child(args: argparse.Namespace, name: str, queue) -> None:
-    queue.put(run_variant(args, name))
+def _child(run, args: argparse.Namespace, name: str, queue) -> None:
+    queue.put(run(args, name))
+
+
+def in_fresh_processes(run, args: argparse.Namespace, names: list[str], seconds_key: str) -> list[dict]:
+    """``run(args, name)`` for each name, each in a fresh (spawned) process, printing its peak and seconds."""
+    ctx = mp.get_context("spawn")
+    results = []
+    for name in names:
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(run, args, name, queue))
+        proc.start()
+        proc.join()  # the result is a few numbers: it fits the queue's pipe before the child exits
+        if proc.exitcode != 0:
+            raise RuntimeError(f"variant {name!r} failed (exit code {proc.exitcode}; -9: out of memory, try fewer "
+                               f"--rows or a smaller --max-len)")
+        results.append(queue.get(timeout=10))
+        print(f"  {name}: {results[-1]['peak_mib']:.0f} MiB, {results[-1][seconds_key]:.1f} s", flush=True)
+    return results
 
 
 def table(results: list[dict]) -> str:
@@ -156,37 +186,32 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rows", type=int, default=16, help="trajectories in the batch")
-    p.add_argument("--median", type=float, default=300.0, help="median length (tokens)")
-    p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the lengths")
-    p.add_argument("--max-len", type=int, default=4096, help="the longest row (tokens)")
-    p.add_argument("--vocab", type=int, default=32768, help="vocabulary of the widened toy model")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size of the toy model")
-    p.add_argument("--micro-batch-size", type=int, default=4, help="today's rows per micro-batch")
-    p.add_argument("--budget", type=int, default=4096, help="max_tokens_per_micro_batch of the budget variants")
-    p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_tokens of the chunked variants")
+def batch_arguments(doc: str, rows: int, median: float, sigma: float, max_len: int) -> argparse.ArgumentParser:
+    """The command line of a benchmark of the update on a ``trajectories`` batch (these defaults)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rows", type=int, default=rows, help="trajectories in the batch")
+    p.add_argument("--median", type=float, default=median, help="median length (tokens)")
+    p.add_argument("--sigma", type=float, default=sigma, help="lognormal sigma of the lengths")
+    p.add_argument("--max-len", type=int, default=max_len, help="the longest row (tokens)")
+    p.add_argument("--vocab", type=int, default=32768, help="vocabulary")
+    p.add_argument("--micro-batch-size", type=int, default=4, help="rows per micro-batch")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
+    return p
+
+
+def main() -> None:
+    p = batch_arguments(__doc__, rows=16, median=300.0, sigma=1.0, max_len=4096)
+    p.add_argument("--hidden", type=int, default=64, help="hidden size of the toy model")
+    p.add_argument("--budget", type=int, default=4096, help="max_tokens_per_micro_batch of the budget variants")
+    p.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_tokens of the chunked variants")
     args = p.parse_args()
     lengths = lengths_of(args)
     print(f"{args.rows} rows, lengths median {sorted(lengths)[len(lengths) // 2]}, max {max(lengths)}, "
           f"{sum(lengths)} tokens; vocabulary {args.vocab}, hidden {args.hidden}; load {os.getloadavg()[0]:.1f}",
           flush=True)
-    ctx = mp.get_context("spawn")
-    results = []
-    for name in VARIANTS:
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_child, args=(args, name, queue))
-        proc.start()
-        proc.join()  # the result is a few numbers: it fits the queue's pipe before the child exits
-        if proc.exitcode != 0:
-            raise RuntimeError(f"variant {name!r} failed (exit code {proc.exitcode}; -9: out of memory, try fewer "
-                               f"--rows or a smaller --max-len)")
-        results.append(queue.get(timeout=10))
-        print(f"  {name}: {results[-1]['peak_mib']:.0f} MiB, {results[-1]['seconds']:.1f} s", flush=True)
+    results = in_fresh_processes(run_variant, args, list(VARIANTS), "seconds")
     print(table(results))
     print(f"load at the end {os.getloadavg()[0]:.1f}")
     if args.json:

