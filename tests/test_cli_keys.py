@@ -178,3 +178,15 @@ def test_an_index_made_with_other_library_versions_leaves_every_key_to_the_parse
     monkeypatch.setattr(cli_keys, "library_versions", lambda: {"lightning": "0.0.1", "jsonargparse": "0.0.1"})
     assert cli_keys.load_index() is None
     check_keys(["fit", "--config", BASE, "--trainer.an_argument_of_a_newer_lightning", "1"])  # no exit
+
+
+def test_the_index_holds_zerotirs_own_classes_whatever_else_is_imported():
+    """A reward class of a user's (here, the test's) imported in the same process is not indexed: the committed index
+    and the test's comparison would depend on which modules ran before."""
+    from zerotir.rewards import MathReward
+
+    class UsersReward(MathReward):
+        pass
+
+    classes = generate_index()["subcommands"]["fit"]["classes"]["model.reward"]
+    assert UsersReward.__name__ not in classes and "MathReward" in classes

@@ -216,11 +216,12 @@ def _own_base_class(hint: Any) -> bool:
 
 def _subclass_keys(base: type) -> dict[str, dict[str, list[str]]]:
     """The keys of each subclass of ``base`` (its ``init_args``), under every name a ``class_path`` may give it:
-    the short name, the defining module's path and the path of a package that exports it."""
+    the short name, the defining module's path and the path of a package that exports it. zerotir's own subclasses
+    only: a user's class (or a test's) that happens to be imported must not change the index."""
     from jsonargparse import ArgumentParser
 
     found: dict[str, dict[str, list[str]]] = {}
-    for cls in base.__subclasses__():
+    for cls in (c for c in base.__subclasses__() if c.__module__.startswith("zerotir.")):
         parser = ArgumentParser()
         parser.add_class_arguments(cls)
         entry = _parser_keys(parser)
