@@ -184,9 +184,10 @@ def test_the_index_holds_zerotirs_own_classes_whatever_else_is_imported():
     """A reward class of a user's (here, the test's) imported in the same process is not indexed: the committed index
     and the test's comparison would depend on which modules ran before."""
     from zerotir.rewards import MathReward
+    from zerotir.rollout.scoring import Reward
 
-    class UsersReward(MathReward):
-        pass
+    class UsersReward(Reward):  # a direct subclass of model.reward's type, as jsonargparse finds them
+        score = MathReward.score
 
     classes = generate_index()["subcommands"]["fit"]["classes"]["model.reward"]
     assert UsersReward.__name__ not in classes and "MathReward" in classes
