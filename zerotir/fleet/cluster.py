@@ -113,7 +113,9 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
 
     A host takes calls side by side: the ``roll_out`` calls of several batches feed its stream together (which
-    admits them by ``settings.max_in_flight``), and a push (``receive_weights``) runs while they wait. Its weight-group calls
+    admits them by ``settings.max_in_flight``; with 0, whole shares one at a time, its rollout calls run one at a
+    time, so the shares reach the stream in the order they were made), and a push (``receive_weights``) runs while
+    they wait. Its weight-group calls
     (join, leave, receive) stay one at a time, in the order they were made (a concurrency group of one). Every
     host answers ``describe`` and ``occupancy`` in a group of their own (``QUESTIONS``): on a plain actor the
     trainer's question after taking batch k would queue behind the rollout of batch k + 1 (S >= 1), and step k
@@ -133,7 +135,8 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
-    actor = ray.remote(**options, concurrency_groups={**STREAMING_GROUPS, QUESTIONS: 1})(_streaming_host(ray))
+    groups = {**STREAMING_GROUPS, QUESTIONS: 1, **({} if settings.max_in_flight else {"rollouts": 1})}
+    actor = ray.remote(**options, concurrency_groups=groups)(_streaming_host(ray))
     return [actor.remote(replace(settings, cores=cores[k] if cores else None)) for k in range(count)]
 
 

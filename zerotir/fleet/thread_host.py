@@ -64,7 +64,9 @@ class ThreadHost:
 
     def __init__(self, settings: HostSettings):
         self.host = EngineHost(settings)
-        self._calls = cf.ThreadPoolExecutor(ROLLOUT_CALLS, thread_name_prefix="zerotir-engine-host")
+        # whole shares (max_in_flight 0) reach the stream in the order they were made: one call at a time
+        self._calls = cf.ThreadPoolExecutor(ROLLOUT_CALLS if settings.max_in_flight else 1,
+                                            thread_name_prefix="zerotir-engine-host")
         self._weights = cf.ThreadPoolExecutor(1, thread_name_prefix="zerotir-engine-weights")
         self.roll_out = _Method(self._calls, self.host.roll_out)
         self.load_weights = _Method(self._weights, self.host.load_weights)
