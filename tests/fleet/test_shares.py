@@ -27,14 +27,14 @@ def group(batch_index: int, position: int, oldest: int) -> Ended:
 def test_a_share_samples_with_the_seeds_of_its_rows_in_the_whole_batch():
     params = SamplingParams(n=N, seed=100)
     whole = rows(3, list(range(5)))
-    contiguous = cut_shares(whole, params, engines=2, per_group=False)
+    contiguous = cut_shares(whole, params, engines=2, parts=2)
     assert [(s.lo, s.engine, len(s.args[0]), s.args[2].seed) for s in contiguous] == [(0, 0, 2, 100), (2, 1, 3, 104)]
-    groups = cut_shares(whole, params, engines=2, per_group=True)
+    groups = cut_shares(whole, params, engines=2, parts=len(whole))
     assert [(s.lo, s.engine, s.args[2].seed) for s in groups] == [(0, 0, 100), (1, 1, 102), (2, 0, 104), (3, 1, 106),
                                                                   (4, 0, 108)]
-    left = cut_shares(rows(3, [1, 4]), params, engines=2, per_group=True)  # a resumed batch: rows 1 and 4 remain
+    left = cut_shares(rows(3, [1, 4]), params, engines=2, parts=2)  # a resumed batch: rows 1 and 4 remain
     assert [s.args[2].seed for s in left] == [102, 108] and [s.args[1] for s in left] == [["1"], ["4"]]
-    assert cut_shares(whole, SamplingParams(n=N, seed=None), 2, True)[3].args[2].seed is None
+    assert cut_shares(whole, SamplingParams(n=N, seed=None), 2, len(whole))[3].args[2].seed is None
 
 
 def test_a_step_takes_the_first_ended_groups_in_stream_order():

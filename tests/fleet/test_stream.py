@@ -80,7 +80,7 @@ def test_streamed_groups_equal_their_rollouts_alone(world):
     params = greedy(n=2)
     stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=4)
     try:
-        stream.submit([Job(("b", i), p, "", params) for i, p in enumerate(prompts)])
+        stream.submit([Job(("b", i), [p], [""], params) for i, p in enumerate(prompts)])
         got = stream.take([("b", i) for i in range(len(prompts))], TIMEOUT_S)
         stats = stream.stats()
     finally:
@@ -100,8 +100,8 @@ def test_a_group_that_samples_otherwise_waits_for_those_in_flight(world):
     sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=5)
     stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=8)
     try:
-        stream.submit([Job("train0", prompts[0], "", sampled), Job("eval", prompts[1], "", greedy(n=1)),
-                       Job("train1", prompts[2], "", sampled)])
+        stream.submit([Job("train0", [prompts[0]], [""], sampled), Job("eval", [prompts[1]], [""], greedy(n=1)),
+                       Job("train1", [prompts[2]], [""], sampled)])
         got = stream.take(["train0", "eval", "train1"], TIMEOUT_S)
     finally:
         stream.close()
@@ -120,7 +120,7 @@ def test_a_push_lands_between_engine_steps_and_stamps_what_follows(world):
 
     try:
         assert stream.push(load, TIMEOUT_S) == 3
-        stream.submit([Job("after", prompts[1], "", greedy(n=1))])
+        stream.submit([Job("after", [prompts[1]], [""], greedy(n=1))])
         (traj,) = stream.take(["after"], TIMEOUT_S)
     finally:
         stream.close()
@@ -133,7 +133,7 @@ def test_a_failed_group_is_named_and_the_stream_goes_on(world):
     stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=2)
     try:
         bad = SamplingParams(n=1, temperature=0.0, max_new_tokens=10, seed=0, stop=[""])  # refused by validate
-        stream.submit([Job("bad", prompts[0], "", bad), Job("good", prompts[1], "", greedy(n=1))])
+        stream.submit([Job("bad", [prompts[0]], [""], bad), Job("good", [prompts[1]], [""], greedy(n=1))])
         with pytest.raises(RuntimeError, match=r"prompt group bad: ValueError: .*stop contains an empty string"):
             stream.take(["bad"], TIMEOUT_S)
         assert len(stream.take(["good"], TIMEOUT_S)) == 1
@@ -142,10 +142,10 @@ def test_a_failed_group_is_named_and_the_stream_goes_on(world):
     finally:
         stream.close()
     with pytest.raises(RuntimeError, match="the engine's rollout stream is closed"):
-        stream.submit([Job("late", prompts[0], "", greedy(n=1))])
+        stream.submit([Job("late", [prompts[0]], [""], greedy(n=1))])
 
 
-def test_a_stream_needs_room_for_a_trajectory(world):
+def test_a_stream_refuses_a_negative_room(world):
     tokenizer, _, _ = world
-    with pytest.raises(ValueError, match=r"max_in_flight=0\): must be >= 1 \(model.fleet.max_in_flight\)"):
-        GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=0)
+    with pytest.raises(ValueError, match=r"max_in_flight=-1\): >= 1 to stream groups, or 0 for one job at a time"):
+        GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=-1)

@@ -5,8 +5,7 @@ At S = 1 the host generates the next batch while the trainer takes this one and 
 gate, ``tests.fleet.gated_engine``); the push lands after it, and its tokens keep the version they were sampled
 with. An engine that fails ends the trainer's wait with its error, naming the host and what it was doing; a host that
 makes no progress is a timeout naming ``model.pipeline.producer_timeout``; ``close`` ends a rollout in flight at its
-next engine step. The host's threads are its engine's: torch's process-wide count is left as it was. It rolls out
-batch shares only (streaming is the fleet's).
+next engine step. The host's threads are its engine's: torch's process-wide count is left as it was.
 """
 
 from __future__ import annotations
@@ -59,8 +58,9 @@ def _broken_engine(backend: BrokenRollout, *args: Any, **kwargs: Any) -> BrokenE
     return BrokenEngine(_hf_engine(backend, *args, **kwargs), backend)
 
 
-def _source(tiny_dir: Path, backend: HFRollout, max_staleness: int, timeout_s: float = 60.0) -> FleetSource:
-    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=timeout_s),
+def _source(tiny_dir: Path, backend: HFRollout, max_staleness: int, timeout_s: float = 60.0,
+            max_in_flight: int = 0) -> FleetSource:
+    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=timeout_s, max_in_flight=max_in_flight),
                          PipelineConfig(max_staleness=max_staleness), backend, SandboxConfig(), NO_TOOL,
                          SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0, ThreadTransport())
     source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", STREAM)
@@ -75,11 +75,35 @@ def test_s1_trains_step_k_while_the_thread_host_generates_batch_k_plus_1(tiny_di
         assert isinstance(source.hosts[0], ThreadHost) and torch.get_num_threads() == threads
         actor = s1_with_batch_2_held(source, tmp_path)  # the copy lands after batch 1's rollout: one call at a time
         assert source.stats()["push_mb"] > 0
-        assert torch.equal(source.hosts[0].host.engine.engine.model.lm_head.weight, actor.lm_head.weight)
+        assert torch.equal(source.hosts[0].host.engine.model.lm_head.weight, actor.lm_head.weight)
     finally:
         (tmp_path / "released").touch()
         source.close()
     assert source.hosts == [] and torch.get_num_threads() == threads
+
+
+@pytest.mark.timeout(120)
+def test_the_thread_host_streams_at_s1_within_the_staleness_bound(tiny_dir: Path) -> None:
+    """Streaming (model.fleet.max_in_flight) through the thread host: each step takes prompt groups as they end,
+    its rows recorded one by one, every sampled token at most S = 1 versions old, and the update reaches the engine
+    while the next batch streams."""
+    source = _source(tiny_dir, HFRollout(), max_staleness=1, max_in_flight=1)
+    try:
+        actor = source._actor
+        first = source.batch(1, rows(0), 0)
+        assert first.taken == [(0, 0), (0, 1)] and first.trajectories.group_ids.tolist() == [0, 1]
+        with torch.no_grad():
+            actor.lm_head.weight.add_(1.0)  # step 1's update
+        source.after_update(actor, 1)
+        second = source.batch(2, rows(1), 2)
+        assert second.taken == [(1, 0), (1, 1)] and source.version == 1
+        for step, got in ((1, first), (2, second)):
+            sampled = got.trajectories.versions[got.trajectories.action_mask]
+            assert sampled.numel() and int(sampled.min()) >= step - 1 - 1  # trainer_version(step) - S
+        assert torch.equal(source.hosts[0].host.engine.model.lm_head.weight, actor.lm_head.weight)
+        assert source.stats()["fleet_fill"] > 0  # a streaming host reports how full it kept its room
+    finally:
+        source.close()
 
 
 @pytest.mark.timeout(120)
@@ -115,17 +139,15 @@ def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) 
     host = ThreadHost(settings)
     long = SamplingParams(n=1, temperature=1.0, max_new_tokens=10_000, seed=0)
     rollout = host.roll_out.remote([[40]], None, long)
-    while host.host.engine.engine.steps < 2:  # bounded by the test's timeout
+    while host.host.engine.steps < 2:  # bounded by the test's timeout
         time.sleep(0.01)
     host.close()
     assert isinstance(rollout.exception().__cause__, ProducerStopped)  # the tool loop names the rows it decoded
     assert host.host.engine is None  # closed: its engine too
 
 
-def test_the_thread_hosts_settings_are_its_own_not_the_processes_and_it_does_not_stream() -> None:
+def test_the_thread_hosts_settings_are_its_own_not_the_processes() -> None:
     settings = HostSettings("folder", HFRollout(), NO_TOOL, threads=7, device="cuda")
     assert ThreadTransport("cuda:1", 2).settings(settings, "cuda:0") == HostSettings(
         "folder", HFRollout(), NO_TOOL, threads=2, device="cuda:1", own_process=False)
     assert ThreadTransport().settings(settings, torch.device("cpu")).device == "cpu"  # the trainer's
-    with pytest.raises(ValueError, match=r"max_in_flight=8: the thread host rolls out batch shares .*give 0"):
-        ThreadHost(HostSettings("folder", HFRollout(), NO_TOOL, max_in_flight=8))  # refused before anything loads

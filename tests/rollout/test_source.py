@@ -147,6 +147,13 @@ def test_the_pipelines_thread_host_refuses_trainers_it_cannot_serve():
     inline = make_rollout_source(PipelineConfig(), FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
                                  SamplingConfig(), None, "x", 0)
     assert isinstance(inline, InlineSource)
+    streamed = make_rollout_source(pipeline, FleetConfig(max_in_flight=8), HFRollout(), SandboxConfig(), NO_TOOLS,
+                                   SamplingConfig(), None, "x", 0)
+    assert streamed.fleet.max_in_flight == 8 and streamed.steps_take == "rows"  # the thread host streams
+    with pytest.raises(ValueError, match=r"model.fleet.max_in_flight=8 with model.pipeline.max_staleness: null.*set "
+                                         r"model.pipeline.max_staleness"):
+        make_rollout_source(PipelineConfig(), FleetConfig(max_in_flight=8), HFRollout(), SandboxConfig(), NO_TOOLS,
+                            SamplingConfig(), None, "x", 0)
     inline.check_trainer(8, zero3=False)  # an engine of the trainer's own on every rank
     inline.check_trainer(1, zero3=True)
     with pytest.raises(ValueError, match=r"HFRollout with DeepSpeed ZeRO-3 on 8 ranks.*deadlock"):

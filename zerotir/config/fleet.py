@@ -67,7 +67,8 @@ class FleetConfig:
     have ended, whatever their batch, so no step waits for a slow group; a group over the staleness bound is
     dropped and generated again (pipeline/fleet_regenerated), and the checkpoint records the single prompts
     consumed. 0 (the default): each engine rolls out one batch share at a time, and each step trains its own
-    batch. At least model.sampling.n when set (a group runs whole)."""
+    batch. At least model.sampling.n when set (a group runs whole). With engines 0 it sets the stream of the
+    pipeline's thread host (model.pipeline.max_staleness) alike."""
     timeout_s: float = 600.0
     """Bound on every wait for the fleet: an engine's start, the weight group forming, one push, one batch of
     rollouts (a batch generated ahead counts from when the trainer starts to wait for it)."""

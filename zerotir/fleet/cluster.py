@@ -112,8 +112,10 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     Ray restarts an actor whose process dies up to ``max_restarts`` times (building a new ``EngineHost``); the calls
     it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
 
-    A streaming host (``settings.max_in_flight`` > 0) takes calls side by side: the ``roll_out`` calls of several
-    batches feed its stream together, and a push (``receive_weights``) runs while they wait. Its weight-group calls
+    A host takes calls side by side: the ``roll_out`` calls of several batches feed its stream together (which
+    admits them by ``settings.max_in_flight``; with 0, whole shares one at a time, its rollout calls run one at a
+    time, so the shares reach the stream in the order they were made), and a push (``receive_weights``) runs while
+    they wait. Its weight-group calls
     (join, leave, receive) stay one at a time, in the order they were made (a concurrency group of one). Every
     host answers ``describe`` and ``occupancy`` in a group of their own (``QUESTIONS``): on a plain actor the
     trainer's question after taking batch k would queue behind the rollout of batch k + 1 (S >= 1), and step k
@@ -133,22 +135,20 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
-    if settings.max_in_flight:
-        actor = ray.remote(**options, concurrency_groups={**STREAMING_GROUPS, QUESTIONS: 1})(_streaming_host(ray))
-    else:
-        actor = ray.remote(**options, concurrency_groups={QUESTIONS: 1})(_answering_host(ray))
+    groups = {**STREAMING_GROUPS, QUESTIONS: 1, **({} if settings.max_in_flight else {"rollouts": 1})}
+    actor = ray.remote(**options, concurrency_groups=groups)(_streaming_host(ray))
     return [actor.remote(replace(settings, cores=cores[k] if cores else None)) for k in range(count)]
 
 
-# A streaming host's concurrency groups: its weight-group calls one at a time, its rollout calls side by side (more
-# than the batches the capacity rule ever lets run at once).
+# A host's concurrency groups: its weight-group calls one at a time, its rollout calls side by side (more than the
+# batches the capacity rule ever lets run at once).
 STREAMING_GROUPS = {"weights": 1, "rollouts": 64}
 QUESTIONS = "questions"  # every host's group of the calls answered at once: describe, occupancy
 
 
 def _answering_host(ray: Any) -> type:
     """``EngineHost`` whose questions (``describe``, ``occupancy``) run in the ``QUESTIONS`` group, beside the calls
-    of the default group (rollouts and the weight group, one at a time in order); they only read counters."""
+    of the other groups; they only read counters."""
 
     class AnsweringEngineHost(EngineHost):
         @ray.method(concurrency_group=QUESTIONS)
@@ -163,7 +163,7 @@ def _answering_host(ray: Any) -> type:
 
 
 def _streaming_host(ray: Any) -> type:
-    """``EngineHost`` with its methods in the streaming host's concurrency groups (Ray's ``ray.method``)."""
+    """``EngineHost`` with its methods in the host's concurrency groups (Ray's ``ray.method``)."""
 
     class StreamingEngineHost(_answering_host(ray)):
         @ray.method(concurrency_group="weights")

@@ -27,7 +27,6 @@ import functools
 import itertools
 import os
 import socket
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from zerotir.fleet.stream import GroupStream, Job
 from zerotir.fleet.versioned import synchronize_devices
 from zerotir.fleet.weight_push import receive_push
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
-from zerotir.rollout.agent_loop import Schedule, rollout_sync
+from zerotir.rollout.agent_loop import Schedule
 from zerotir.rollout.engine import RolloutEngine, SamplingParams, pad_id
 from zerotir.rollout.engines import create_engine
 from zerotir.types import Trajectories
@@ -62,11 +61,11 @@ class HostSettings:
         threads: torch intra-op threads of the process (None: torch's); also a transformers engine's when its group
             leaves ``num_threads`` unset.
         device: where the engine runs and the weight group's tensors live ("cpu": gloo, "cuda": NCCL).
-        max_in_flight: > 0: stream (``zerotir.fleet.stream``): every prompt group of every ``roll_out`` call is a
-            tool loop of its own, admitted while the trajectories in flight stay within this, and pushes land
-            between engine steps (its Ray actor then takes calls side by side: ``cluster.spawn_hosts``); 0: each
-            ``roll_out`` is one tool loop over its prompts, one call at a time.
-        stream_timeout_s: streaming, the bound on a ``roll_out`` call's wait for its groups (``model.fleet.timeout_s``).
+        max_in_flight: what the host's stream (``zerotir.fleet.stream``) admits: > 0: every prompt group of every
+            ``roll_out`` call is a tool loop of its own, admitted while the trajectories in flight stay within this;
+            0: each ``roll_out`` call is one tool loop over its whole share, one call at a time. Either way pushes
+            land between engine steps (its Ray actor takes calls side by side: ``cluster.spawn_hosts``).
+        stream_timeout_s: the bound on a ``roll_out`` call's wait for its rollouts (``model.fleet.timeout_s``).
         cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
         own_process: the host has its process to itself (a Ray actor): ``threads`` are set process-wide. False: a
             thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.
@@ -130,9 +129,8 @@ class EngineHost:
             threads=settings.threads)  # the model loaded here is the host's own
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
-        self._calls = itertools.count()  # tags the groups of each streamed roll_out call
-        self._started, self._busy_s = time.monotonic(), 0.0  # batch shares: seconds inside roll_out
-        self.stream = None if not settings.max_in_flight else GroupStream(
+        self._calls = itertools.count()  # tags the jobs of each roll_out call
+        self.stream = GroupStream(
             self.engine, self.tokenizer, settings.tool, self.schedule,
             (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight,
             settings.device)
@@ -175,10 +173,8 @@ class EngineHost:
         if self.group is None or self.group.closed:
             raise RuntimeError("EngineHost.receive_weights before join_weights: join the trainer's weight group "
                                "first (join_weights(address, rank, world_size))")
-        if self.stream is None:
-            version = receive_push(self.group, engine)
-        else:  # between two engine steps of the stream, which goes on with the new weights
-            version = self.stream.push(lambda inner: receive_push(self.group, inner), self.group.timeout_s)
+        # between two engine steps of the stream, which goes on with the new weights
+        version = self._stream().push(lambda inner: receive_push(self.group, inner), self.group.timeout_s)
         if version is None:
             self.group = None
         else:
@@ -186,21 +182,15 @@ class EngineHost:
         return version
 
     def load_weights(self, actor: nn.Module, version: int) -> int:
-        """The thread transport's push: ``actor``'s weights (in this process) copied into the idle engine (batch
-        shares: the calls before this one have ended) as ``version``, the devices synchronized around the copy;
-        returns ``version``.
+        """The thread transport's push: ``actor``'s weights (in this process) copied into the engine between two of
+        its steps as ``version``, the devices synchronized around the copy (``GroupStream.push``); returns
+        ``version``."""
 
-        Raises:
-            RuntimeError: a streaming host (its pushes land between engine steps: ``receive_weights``).
-        """
-        engine = self._engine()
-        if self.stream is not None:
-            raise RuntimeError("EngineHost.load_weights on a streaming host: the thread transport rolls out batch "
-                               "shares (HostSettings.max_in_flight 0)")
-        synchronize_devices((self.settings.device,))
-        engine.load_weights_from(actor)
-        synchronize_devices((self.settings.device,))
-        self.version = version
+        def copy(engine: RolloutEngine) -> int:
+            engine.load_weights_from(actor)
+            return version
+
+        self.version = self._stream().push(copy, self.settings.stream_timeout_s)
         return version
 
     def leave_weights(self) -> None:
@@ -212,46 +202,38 @@ class EngineHost:
 
     def roll_out(self, prompts: list[list[int]], truths: list[str] | None,
                  params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """The tool loop (``agent_loop.rollout_sync``) over ``prompts`` (token ids) on this host's engine, code on
-        its sandbox; ``params.n`` trajectories per prompt, rewards 0. Returns the trajectories on the CPU, their
-        tokens stamped with the weights' version once a push landed, and the loop's timings (seconds)."""
-        engine = self._engine()
-        if self.stream is not None:
-            return self._streamed(prompts, truths, params)
-        start = time.monotonic()
-        traj, timings = rollout_sync(engine, self.tokenizer, self.sandbox, prompts, params, self.settings.tool,
-                                     truths, self.schedule)
-        traj = traj.to("cpu")
-        if self.version is not None:
-            traj.versions = torch.where(traj.action_mask, self.version, -1)
-        self._busy_s += time.monotonic() - start
-        return traj, timings
+        """The tool loop over ``prompts`` (token ids) on this host's stream, code on its sandbox; ``params.n``
+        trajectories per prompt, rewards 0, collected in order. Returns the trajectories on the CPU, each segment's
+        tokens stamped with the weights' version when it was submitted, and the tool loop's timings (seconds; of
+        several jobs, the slowest's).
+
+        Streaming (``max_in_flight`` > 0) each prompt is a job of its own, seeded as row i of the call (trajectory k
+        of a call samples with ``params.seed + k``); else the call is one job, as the in-line rollout runs it."""
+        n, stream = params.n, self._stream()
+        truths = truths if truths is not None else [""] * len(prompts)
+        tag = next(self._calls)
+        if self.settings.max_in_flight:
+            jobs = [Job((tag, i), [p], [t], params if params.seed is None else
+                        replace(params, seed=params.seed + i * n)) for i, (p, t) in enumerate(zip(prompts, truths))]
+        else:
+            jobs = [Job((tag, 0), prompts, truths, params)]
+        stream.submit(jobs)
+        parts = stream.take_timed([job.key for job in jobs], self.settings.stream_timeout_s)
+        for i, (part, _) in enumerate(parts):
+            part.group_ids = part.group_ids + i
+        timings = {key: max(took[key] for _, took in parts) for key in parts[0][1]}  # the jobs ran side by side
+        return Trajectories.cat([part for part, _ in parts], pad_id(self.tokenizer)), timings
 
     def occupancy(self) -> dict[str, float]:
         """How busy the engine has been since the host started: ``busy``, the share of wall time with a rollout in
         flight, and (streaming) ``fill``, the mean trajectories in flight over ``max_in_flight``. A batch share keeps
         the engine busy until its slowest trajectory ends, however few still run by then, which ``fill`` shows."""
-        if self.stream is None:
-            return {"busy": self._busy_s / max(time.monotonic() - self._started, 1e-9)}
-        stats = self.stream.stats()
+        stats = self._stream().stats()
         wall = max(stats.wall, 1e-9)
-        return {"busy": stats.busy / wall, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight)}
-
-    def _streamed(self, prompts: list[list[int]], truths: list[str] | None,
-                  params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """``roll_out`` through the stream: each prompt a group of its own, seeded as row i of the call (trajectory
-        k of a call samples with ``params.seed + k``), collected in order; tokens stamped per segment."""
-        start, n = time.perf_counter(), params.n
-        truths = truths if truths is not None else [""] * len(prompts)
-        tag = next(self._calls)
-        jobs = [Job((tag, i), p, t, params if params.seed is None else replace(params, seed=params.seed + i * n))
-                for i, (p, t) in enumerate(zip(prompts, truths))]
-        self.stream.submit(jobs)
-        groups = self.stream.take([job.key for job in jobs], self.settings.stream_timeout_s)
-        for i, group in enumerate(groups):
-            group.group_ids = group.group_ids + i
-        traj = Trajectories.cat(groups, pad_id(self.tokenizer))
-        return traj, {"generation": time.perf_counter() - start, "sandbox": 0.0}
+        busy = {"busy": stats.busy / wall}
+        if not self.settings.max_in_flight:  # whole shares: no room to fill
+            return busy
+        return {**busy, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight)}
 
     def close(self) -> None:
         """Close the engine and leave the weight group; idempotent."""
@@ -267,6 +249,10 @@ class EngineHost:
             if group is not None:
                 group.close()
             self.sandbox = None
+
+    def _stream(self) -> GroupStream:
+        self._engine()
+        return self.stream
 
     def _engine(self) -> RolloutEngine:
         if self.engine is None:

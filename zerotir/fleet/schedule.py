@@ -3,11 +3,12 @@ trains on.
 
     trainer:  take(k) -> update k -> push(version k) -> take(k + 1) -> ...
     engines:  batch i starts once the pushes have reached version latest_step(i) - 1 - S (the capacity rule,
-              ``zerotir.rl.staleness.StreamCursor``); batch shares one at a time, or streamed group by group
+              ``zerotir.rl.staleness.StreamCursor``); its shares go to the engines' streams
 
-Batch shares: a step takes its own batch, whole. Streaming: a step takes the first prompt groups in stream order
-among those that have ended, whatever their batch (``shares.EndedGroups``); one over the staleness bound is dropped
-and generated again with the newest weights (``regenerated``). Every batch samples with its rows' seeds
+Every call's trajectories come back as prompt groups (``shares.EndedGroups``), and a step takes the first ones in
+stream order: streaming (``model.fleet.max_in_flight`` > 0), among those that have ended, whatever their batch, one
+over the staleness bound dropped and generated again with the newest weights (``regenerated``); batch shares (0),
+only once every row before them has ended, so a step trains its own batch. Every batch samples with its rows' seeds
 (``source.batch_seed``), so a share made again samples as it first did.
 """
 
@@ -31,7 +32,8 @@ class FleetSchedule:
     """The training batches on the engines and the groups that have ended (see the module doc).
 
     Args:
-        fleet: the ``model.fleet`` group (``max_in_flight`` > 0: streaming; the bound on every wait).
+        fleet: the ``model.fleet`` group (``max_in_flight`` > 0: a share per prompt group, taken as they end; the
+            bound on every wait).
         max_staleness: S of ``model.pipeline``.
         sampling: the ``model.sampling`` group (training rollouts).
         seed: the run's seed (batch b samples with ``batch_seed``).
@@ -42,14 +44,13 @@ class FleetSchedule:
                  hosts: FleetHosts):
         self.fleet, self.max_staleness, self.sampling, self.seed = fleet, max_staleness, sampling, seed
         self.hosts = hosts
-        self.streaming = fleet.max_in_flight > 0
         self.submitted: dict[int, Submitted] = {}  # training batches on the engines, by stream index
         self.cursor: StreamCursor | None = None  # set by the first training batch
-        self.regenerated = 0  # streaming: prompt groups dropped over the staleness bound and generated again
-        self.spread = 0  # streaming: the stream batches the last step's groups came from
+        self.regenerated = 0  # prompt groups dropped over the staleness bound and generated again
+        self.spread = 0  # the stream batches the last step's groups came from
         self._stream: TrainStream | None = None
         self._next_submit = 0  # the next batch of the stream to submit
-        self._ended = EndedGroups()  # streaming: groups that have ended, not yet taken by a step
+        self._ended = EndedGroups()  # groups that have ended, not yet taken by a step
 
     def begin(self, step: int, stream: TrainStream | None, steps_take: str) -> None:
         """The first training batch, for ``step``: the cursor starts at the stream's first batch not consumed (as
@@ -69,34 +70,28 @@ class FleetSchedule:
         while self.cursor.may_start(self._next_submit, version, self.max_staleness):
             self._submit_next()
 
-    def own_batch(self, step: int, index: int, pad: int,
-                  recover: Recover) -> tuple[list[PromptRow], Trajectories, dict[str, float]]:
-        """Batch shares: batch ``index`` itself, collected (not scored)."""
-        submitted = self.submitted.pop(index)
-        traj, timings = self.hosts.collect(submitted, f"the batch of step {step} (stream batch {index})", pad,
-                                           recover)
-        return submitted.rows, traj, timings
-
-    def ended_batch(self, step: int, size: int, version: int | None, pad: int,
+    def ended_batch(self, step: int, index: int, size: int, version: int | None, pad: int,
                     recover: Recover) -> tuple[list[PromptRow], Trajectories, dict[str, float]]:
-        """Streaming: the first ``size`` prompt groups in stream order among those that have ended, not scored. One
-        over the bound for ``step`` is generated again with the newest weights; a dead engine recovered."""
+        """The first ``size`` prompt groups in stream order among those that have ended (batch shares: before the
+        first row still rolling out), not scored. One over the bound for ``step`` is generated again with the
+        newest weights; a dead engine recovered."""
         deadline, took = time.monotonic() + self.fleet.timeout_s, {}
+        doing = f"rolling out the batch of step {step} (stream batch {index})"
         while True:
             self.top_up(version)
-            while len(self._ended) + sum(len(b.shares) for b in self.submitted.values()) < size:
+            while len(self._ended) + len(self._waiting()) < size:
                 self._submit_next()  # a resumed run's first batches lack the rows trained before its checkpoint
             for group in self._ended.stale(step, self.max_staleness):
                 self.regenerated += 1
                 self._submit_rows(group.row["batch_index"], [group.row])
-            if len(self._ended) >= size:
+            if self._ended.ready(size, None if self.fleet.max_in_flight else min(self._waiting(), default=None)):
                 break
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"step {step}: {len(self._ended)} of its {size} prompt groups had ended within "
-                                   f"{self.fleet.timeout_s:g} s (model.fleet.timeout_s)")
-            ended, died = collect_ended(self.submitted, left, f"rolling out the groups of step {step}",
-                                        self.hosts.transport)
+                raise TimeoutError(f"the engines did not finish {doing} within {self.fleet.timeout_s:g} s "
+                                   f"({self.hosts.transport.timeout_setting}): {len(self._ended)} of its {size} "
+                                   "prompt groups had ended")
+            ended, died = collect_ended(self.submitted, left, doing, self.hosts.transport)
             for row, traj, timings in ended:
                 self._ended.add(Ended.of(row, traj))
                 took = {key: max(took.get(key, 0.0), value) for key, value in timings.items()}
@@ -107,11 +102,17 @@ class FleetSchedule:
         self.spread = len({group.row["batch_index"] for group in groups})
         return [group.row for group in groups], traj, timings
 
-    def submit(self, index: int, rows: list[PromptRow], params: SamplingParams, per_group: bool = False) -> Submitted:
-        """``rows`` cut into shares (``shares.cut_shares``), each rolled out by one call to its engine."""
-        shares = cut_shares(rows, params, len(self.hosts), per_group)
+    def submit(self, index: int, rows: list[PromptRow], params: SamplingParams, parts: int | None = None) -> Submitted:
+        """``rows`` cut into ``parts`` shares (``shares.cut_shares``; None: one per engine), each rolled out by one
+        call to its engine."""
+        shares = cut_shares(rows, params, len(self.hosts), parts or len(self.hosts))
         self.hosts.submit(shares)
         return Submitted(index, rows, shares)
+
+    def _waiting(self) -> list[tuple[int, int]]:
+        """The stream rows of the training batches still rolling out."""
+        return [(row["batch_index"], row["position"]) for batch in self.submitted.values() for share in batch.shares
+                for row in batch.rows[share.lo:share.lo + len(share.args[0])]]
 
     def clear(self) -> None:
         """Forget the batches on the engines (closed: they were never trained)."""
@@ -125,9 +126,9 @@ class FleetSchedule:
 
     def _submit_rows(self, index: int, rows: list[PromptRow]) -> None:
         """Submit ``rows`` of training batch ``index``, held until collected beside the shares of that batch held
-        already (streaming: a group generated again)."""
+        already (a group generated again). Streaming, each row is a share of its own."""
         params = sampling_params(self.sampling, batch_seed(self.seed, index, 0, self.sampling.n))
-        submitted = self.submit(index, rows, params, self.streaming)
+        submitted = self.submit(index, rows, params, len(rows) if self.fleet.max_in_flight else None)
         held = self.submitted.setdefault(index, Submitted(index, []))
         for share in submitted.shares:
             share.lo += len(held.rows)

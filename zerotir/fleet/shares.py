@@ -1,11 +1,14 @@
 """A batch on the fleet's engines, cut into shares, and the prompt groups that have ended but are not trained yet.
 
-Batch shares (``model.fleet.max_in_flight`` 0): one contiguous share of a batch's prompts per engine, each rolled
-out by one call. Streaming: every prompt group is a share of its own (one call each, spread over the engines in
-turn), so the trainer learns of each group the moment it ends, and a step takes the groups that have ended
-(``EndedGroups``) instead of waiting for its batch's slowest one. Either way a share's trajectories sample with the
-seeds of their rows in the batch: a group's seed follows its row's place in the stream (``position``), so a group
-generated again, after an engine died or in a resumed run, samples as it first did.
+Every share is one call to an engine's stream (``zerotir.fleet.stream``), and every call's trajectories come back
+as the prompt groups of its rows (``collect_ended``), which a step takes from ``EndedGroups``. Streaming
+(``model.fleet.max_in_flight`` > 0) every prompt group is a share of its own (one call each, spread over the engines
+in turn), so the trainer learns of each group the moment it ends, and a step takes the first groups in stream order
+among those that have ended instead of waiting for its batch's slowest one. Batch shares (0): one contiguous share
+of a batch's prompts per engine, and a step takes its groups in stream order only, so it trains its own batch.
+Either way a share's trajectories sample with the seeds of their rows in the batch: a share's seed follows its first
+row's place in the stream (``position``), so a group generated again, after an engine died or in a resumed run,
+samples as it first did.
 """
 
 from __future__ import annotations
@@ -38,23 +41,21 @@ class Submitted:
     shares: list[Share] = field(default_factory=list)
 
 
-def cut_shares(rows: list[PromptRow], params: SamplingParams, engines: int, per_group: bool) -> list[Share]:
-    """``rows`` cut into the shares of ``engines`` engines (their calls not made yet): one contiguous share per
-    engine, or (``per_group``) one per row, row i on engine i mod ``engines``. Trajectory k of a call samples with
-    ``params.seed + k``, so a contiguous share starting at row ``lo`` gets ``params.seed + lo * n`` and a group
-    that of its row's stream ``position``: the seeds of the whole batch rolled out at once."""
-
-    def seeded(offset: int) -> SamplingParams:
-        return params if params.seed is None else replace(params, seed=params.seed + offset * params.n)
-
-    def args(part: list[PromptRow], offset: int) -> tuple[list[list[int]], list[str], SamplingParams]:
-        return [r["prompt_ids"] for r in part], [r["answer"] for r in part], seeded(offset)
-
-    if per_group:
-        return [Share(i, i % engines, args([row], row["position"])) for i, row in enumerate(rows)]
-    bounds = [round(len(rows) * k / engines) for k in range(engines + 1)]
-    return [Share(lo, engine, args(rows[lo:hi], lo))
-            for engine, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo]
+def cut_shares(rows: list[PromptRow], params: SamplingParams, engines: int, parts: int) -> list[Share]:
+    """``rows`` cut into ``parts`` contiguous shares (their calls not made yet), share k on engine k mod
+    ``engines``: ``engines`` parts give one share per engine, ``len(rows)`` one per prompt group. Trajectory k of a
+    call samples with ``params.seed + k``, so a share whose first row is at stream ``position`` p (an evaluation
+    row, without one: at ``lo``) gets ``params.seed + p * n``: the seeds of the whole batch rolled out at once."""
+    bounds = [round(len(rows) * k / parts) for k in range(parts + 1)]
+    shares = []
+    for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        if hi > lo:
+            offset = rows[lo].get("position", lo)
+            seeded = params if params.seed is None else replace(params, seed=params.seed + offset * params.n)
+            part = rows[lo:hi]
+            shares.append(Share(lo, k % engines, ([r["prompt_ids"] for r in part], [r["answer"] for r in part],
+                                                  seeded)))
+    return shares
 
 
 @dataclass
@@ -113,6 +114,13 @@ class EndedGroups:
             del self._groups[group.key]
         return old
 
+    def ready(self, count: int, before: tuple[int, int] | None = None) -> bool:
+        """Whether ``count`` groups have ended (``before`` given: ``count`` that come before that stream row, the
+        first still rolling out, so a step takes the first rows in stream order only)."""
+        if before is None:
+            return len(self._groups) >= count
+        return sum(key < before for key in self._groups) >= count
+
     def take(self, count: int) -> list[Ended]:
         """Remove and return the first ``count`` groups in stream order.
 
@@ -130,10 +138,10 @@ class EndedGroups:
 
 def collect_ended(submitted: dict[int, Submitted], timeout_s: float, doing: str,
                   transport: Any) -> tuple[list[tuple[PromptRow, Trajectories, dict[str, float]]], Exception | None]:
-    """The calls of ``submitted`` (streaming: one prompt group each) that have ended, waiting up to ``timeout_s``
-    for the first: each group's row, trajectories and timings, and the ``EngineDied`` of a dead engine among them
-    (None: none died; its shares stay, to be made again once it is restarted). The groups collected leave
-    ``submitted``, and a batch with none left leaves it too.
+    """The calls of ``submitted`` that have ended, waiting up to ``timeout_s`` for the first: each prompt group's
+    row, trajectories (group id 0) and its call's timings, and the ``EngineDied`` of a dead engine among them (None:
+    none died; its shares stay, to be made again once it is restarted). The shares collected leave ``submitted``,
+    and a batch with none left leaves it too.
 
     ``transport``: the hosts' (``zerotir.fleet.transport.Transport``), which waits on the calls.
 
@@ -152,7 +160,10 @@ def collect_ended(submitted: dict[int, Submitted], timeout_s: float, doing: str,
             died = exc
             continue
         batch.shares = [other for other in batch.shares if other is not share]
-        out.append((batch.rows[share.lo], traj, timings))
+        for j in range(len(share.args[0])):  # the call's prompt groups, one by one
+            group = traj.select(traj.group_ids == j)
+            group.group_ids = group.group_ids - j
+            out.append((batch.rows[share.lo + j], group, timings))
     for index in [index for index, batch in submitted.items() if not batch.shares]:
         del submitted[index]
     return out, died

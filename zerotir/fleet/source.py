@@ -66,7 +66,8 @@ class FleetSource:
         self.pool = FleetHosts(fleet, self.transport)
         self.weights = self.transport.weights(fleet, self.ranks)
         self.schedule = FleetSchedule(fleet, pipeline.max_staleness, sampling, seed, self.pool)
-        self.steps_take = "rows" if self.schedule.streaming else "ahead"  # RolloutSource.steps_take
+        # RolloutSource.steps_take: streaming, a step takes the groups that ended, whatever their batch
+        self.steps_take = "rows" if fleet.max_in_flight else "ahead"
         self._actor: nn.Module | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._stream: TrainStream | None = None
@@ -113,7 +114,7 @@ class FleetSource:
         settings = self.transport.settings(HostSettings(
             self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
             self.sandbox.config.client_options, fleet.engine_threads, fleet.device, fleet.max_in_flight,
-            fleet.timeout_s), device)
+            2 * fleet.timeout_s), device)  # a call outlives the trainer's wait, whose error names the setting
         started = time.perf_counter()
         self.pool.start(settings, cores)
         self._restore = apply()
@@ -167,11 +168,8 @@ class FleetSource:
         index = schedule.take(step)
         schedule.top_up(self.version)
         pad = pad_id(self._tokenizer)
-        if schedule.streaming:
-            size = self._stream.prompts_per_step
-            rows, traj, timings = schedule.ended_batch(step, size, self.version, pad, self._recover)
-        else:
-            rows, traj, timings = schedule.own_batch(step, index, pad, self._recover)
+        rows, traj, timings = schedule.ended_batch(step, index, self._stream.prompts_per_step, self.version, pad,
+                                                   self._recover)
         taken = [(r["batch_index"], r["position"]) for r in rows]
         timings["reward"] = score_trajectories(self.reward, traj, rows)
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
@@ -218,7 +216,7 @@ class FleetSource:
             return dict(self._stats)
         last, schedule = self.weights.last(), self.schedule
         more = {"fleet_regenerated": schedule.regenerated, "fleet_spread": schedule.spread} \
-            if schedule.streaming else {}
+            if self.steps_take == "rows" else {}
         return {"fleet_restarts": float(self.restarts), "push_mb": (last.bytes if last else 0) / 2**20,
                 **self._occupancy, **more}
 

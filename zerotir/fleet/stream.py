@@ -1,5 +1,5 @@
-"""Streaming rollouts inside one engine process of the fleet (``model.fleet.max_in_flight``): prompt groups are
-admitted as room frees up, each group leaves the moment its last sample ends, and weight pushes land between two
+"""The rollouts of one engine host, streamed (``model.fleet.max_in_flight``): prompt groups are admitted as room
+frees up, each group leaves the moment its last sample ends, and weight pushes land between two
 engine steps while the trajectories in flight go on. Groups that sample otherwise than those in flight (a greedy
 evaluation beside training samples) wait until those have ended: an engine may sample its running requests alike.
 
@@ -16,6 +16,10 @@ the weights when it was submitted (``VersionedEngine``), the oldest that may hav
 staleness bound the trainer checks stays a guarantee. A group samples with the seeds it would have in a batch (the
 trainer gives each group its batch's seed offset by its row), so with vLLM, which seeds every request, its
 trajectories do not depend on what else runs beside it.
+
+A batch share is a stream too: with ``max_in_flight`` 0 every job is a whole share (all its prompts one tool loop,
+as the in-line rollout runs them) admitted alone, once the one before it has ended, so a share samples as it would
+in line while pushes still land between engine steps.
 
 Everything runs in one thread with one event loop (the tool loops, the sandbox client, the engine's steps); the
 trainer's calls come from other threads (a Ray actor with concurrent calls) and meet it through one condition.
@@ -101,22 +105,24 @@ class EngineShare:
 
 @dataclass
 class Job:
-    """One prompt group to roll out: ``n`` samples of one prompt, seeded as in its batch."""
+    """Prompts to roll out as one tool loop: one prompt group (streaming) or a whole share, seeded as in its
+    batch."""
 
     key: Hashable
-    prompt: list[int]
-    truth: str
-    params: SamplingParams  # n samples; the seed of the group's row in its batch
+    prompts: list[list[int]]
+    truths: list[str]
+    params: SamplingParams  # n samples per prompt; the seed of the job's first row in its batch
 
     @property
     def size(self) -> int:
-        return self.params.n
+        return len(self.prompts) * self.params.n
 
 
 @dataclass
 class _Done:
     trajectories: Trajectories | None
     error: BaseException | None = None
+    timings: dict[str, float] | None = None  # the tool loop's (``agent_loop.rollout``)
 
 
 @dataclass
@@ -140,20 +146,23 @@ class GroupStream:
         schedule: how each group's tool loop drives the engine.
         sandbox: builds the stream's sandbox client, in its thread (a client belongs to one event loop); None
             without tools.
-        max_in_flight: trajectories in flight at most (a group larger than that runs alone).
+        max_in_flight: trajectories in flight at most (a job larger than that runs alone); 0: every job alone.
         device: the engine's device, synchronized around each push's copy (``versioned.synchronize_devices``).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
                  sandbox: Callable[[], Any] | None, max_in_flight: int, device: str = "cpu"):
-        if max_in_flight < 1:
-            raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): must be >= 1 (model.fleet.max_in_flight)")
+        if max_in_flight < 0:
+            raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): >= 1 to stream groups, or 0 for one job "
+                             "at a time (model.fleet.max_in_flight)")
         self.tokenizer, self.tool, self.schedule, self.max_in_flight = tokenizer, tool, schedule, max_in_flight
         self._make_sandbox = sandbox
         self._cond = threading.Condition()
         self._inbox: list[Job] = []
         self._outbox: dict[Hashable, _Done] = {}
         self._in_flight = 0
+        self._queued = self._finished = 0  # jobs submitted, and those that have ended (done, failed or stopped)
+        self._paused = False  # a push waits for the jobs before it (max_in_flight 0): none admitted meanwhile
         self._kind: tuple[float, float] | None = None  # how the groups in flight sample: (temperature, top_p)
         self._stop = False
         self._error: BaseException | None = None
@@ -169,10 +178,17 @@ class GroupStream:
         with self._cond:
             self._check("queueing prompt groups")
             self._inbox.extend(jobs)
+            self._queued += len(jobs)
             self._cond.notify_all()
 
     def take(self, keys: list[Hashable], timeout_s: float) -> list[Trajectories]:
-        """The trajectories of the groups ``keys`` (in that order), waiting at most ``timeout_s`` for the last.
+        """The trajectories of the groups ``keys`` (in that order), waiting at most ``timeout_s`` for the last
+        (``take_timed`` without the timings)."""
+        return [traj for traj, _ in self.take_timed(keys, timeout_s)]
+
+    def take_timed(self, keys: list[Hashable], timeout_s: float) -> list[tuple[Trajectories, dict[str, float]]]:
+        """The trajectories of the jobs ``keys`` (in that order) and their tool loops' timings (seconds), waiting at
+        most ``timeout_s`` for the last.
 
         Raises:
             RuntimeError: a group's tool loop failed (its error), or the stream failed or was closed.
@@ -193,15 +209,37 @@ class GroupStream:
         for key, got in zip(keys, done):
             if got.error is not None:
                 raise RuntimeError(f"prompt group {key}: {type(got.error).__name__}: {got.error}") from got.error
-        return [got.trajectories for got in done]
+        return [(got.trajectories, got.timings) for got in done]
 
     def push(self, load: Callable[[Any], int | None], timeout_s: float) -> int | None:
         """``load(engine)`` between two engine steps (a weight push; it returns the push's version, None when the
-        sender stopped, which leaves the version as it was); the groups in flight go on with the new weights.
-        Returns what ``load`` returned."""
+        sender stopped, which leaves the version as it was); the groups in flight go on with the new weights. With
+        ``max_in_flight`` 0 (whole shares, one at a time) it lands after the jobs submitted before it, as a call
+        made after theirs, and none starts meanwhile. Returns what ``load`` returned."""
+        if not self.max_in_flight:
+            self._pause_after_queued(timeout_s)
         loaded: list[int | None] = []
-        self.engine.push(lambda engine: loaded.append(load(engine)) or loaded[0], None, timeout_s)
+        try:
+            self.engine.push(lambda engine: loaded.append(load(engine)) or loaded[0], None, timeout_s)
+        finally:
+            with self._cond:
+                self._paused = False
+                self._cond.notify_all()
         return loaded[0]
+
+    def _pause_after_queued(self, timeout_s: float) -> None:
+        """Wait until the jobs submitted so far have ended, then admit none until the push is done."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._queued
+            while self._finished < target:
+                self._check("waiting to push weights after the rollouts before it")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"weight push: the rollouts submitted before it had not ended within "
+                                       f"{timeout_s:g} s (model.fleet.timeout_s / model.pipeline.producer_timeout)")
+                self._cond.wait(timeout=min(left, 1.0))
+            self._paused = True
 
     def stats(self) -> StreamStats:
         """Wall, busy and trajectory-seconds since the stream started, and groups done."""
@@ -221,13 +259,15 @@ class GroupStream:
             raise RuntimeError(f"the engine's rollout stream failed (while {doing}): {type(self._error).__name__}: "
                                f"{self._error}") from self._error
         if self._stop or not self._thread.is_alive():
-            raise RuntimeError(f"the engine's rollout stream is closed (while {doing})")
+            raise RuntimeError(f"the engine's rollout stream is closed (while {doing})") from ProducerStopped()
 
     def _fits(self, job: Job) -> bool:
         """Whether ``job`` may start now (with the condition held): nothing runs, or it fits within
         ``max_in_flight`` and samples as the groups in flight do (the transformers engine samples every running
         request alike, so a greedy evaluation group waits for the training groups in flight to end, and they
         for it)."""
+        if self._paused:
+            return False
         if not self._in_flight:
             return True
         return self._in_flight + job.size <= self.max_in_flight and _kind(job.params) == self._kind
@@ -279,9 +319,9 @@ class GroupStream:
         """One group's tool loop on its share of the engine; its outcome to the outbox."""
         share = hub.share()
         try:
-            traj, _ = await rollout(share, self.tokenizer, sandbox, [job.prompt], job.params, self.tool,
-                                    [job.truth], self.schedule)
-            done = _Done(traj.to("cpu"))
+            traj, timings = await rollout(share, self.tokenizer, sandbox, job.prompts, job.params, self.tool,
+                                          job.truths, self.schedule)
+            done = _Done(traj.to("cpu"), timings=timings)
         except (ProducerStopped, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - the group's failure, raised by take
@@ -293,6 +333,7 @@ class GroupStream:
             with self._cond:
                 self._account()
                 self._in_flight -= job.size
+                self._finished += 1
                 self._cond.notify_all()
         with self._cond:
             self._outbox[job.key] = done

@@ -3,8 +3,8 @@
 schedule and capacity rule serve it unchanged (``zerotir.fleet.transport``).
 
     host = ThreadHost(settings)               # the engine built now, with weights of its own from the folder
-    host.roll_out.remote(prompts, truths, p)  # a Future; batch shares run one at a time, in the order called
-    host.load_weights.remote(actor, version)  # the actor's weights copied in, after the calls before it
+    host.roll_out.remote(prompts, truths, p)  # a Future; the calls side by side, admitted by the host's stream
+    host.load_weights.remote(actor, version)  # the actor's weights copied in between two engine steps
     host.close()                              # a rollout in flight ends at its next engine step
 
 The host's engine has weights of its own (a frozen copy for transformers, the vLLM engine on its device), so it
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,9 +27,9 @@ from torch import nn
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.ranks import TrainerRanks
-from zerotir.fleet.versioned import ProducerStopped
 from zerotir.fleet.weight_push import PushStats
-from zerotir.rollout.engine import EngineWrapper, RolloutEngine, Sample
+
+ROLLOUT_CALLS = 64  # rollout calls side by side (more than the batches the capacity rule ever lets run at once)
 
 
 class _Method:
@@ -54,44 +54,32 @@ class _Now(_Method):
         return done
 
 
-class _Stoppable(EngineWrapper):
-    """The batch-share host's engine, whose next step raises ``ProducerStopped`` once the host closes: a rollout in
-    flight ends there instead of running to its end."""
-
-    def __init__(self, engine: RolloutEngine, stopped: Callable[[], bool]):
-        super().__init__(engine)
-        self._stopped = stopped
-
-    def step(self) -> list[tuple[Hashable, Sample]]:
-        if self._stopped():
-            raise ProducerStopped
-        return self.engine.step()
-
-
 class ThreadHost:
-    """An ``EngineHost`` run by threads of this process (see the module doc).
+    """An ``EngineHost`` run by threads of this process (see the module doc): its rollout calls side by side (as a
+    Ray actor's, ``cluster.spawn_hosts``), its weight copies one at a time in order, its questions answered at once.
 
     Args:
         settings: the host's settings (``own_process`` False: neither pinned nor torch's threads set).
     """
 
     def __init__(self, settings: HostSettings):
-        if settings.max_in_flight:
-            raise ValueError(f"ThreadHost: HostSettings.max_in_flight={settings.max_in_flight}: the thread host rolls "
-                             "out batch shares (streaming runs on the fleet: model.fleet.max_in_flight); give 0")
         self.host = EngineHost(settings)
-        self._closed = False
-        self.host.engine = _Stoppable(self.host.engine, lambda: self._closed)
-        self._calls = cf.ThreadPoolExecutor(1, thread_name_prefix="zerotir-engine-host")  # one at a time, in order
+        # whole shares (max_in_flight 0) reach the stream in the order they were made: one call at a time
+        self._calls = cf.ThreadPoolExecutor(ROLLOUT_CALLS if settings.max_in_flight else 1,
+                                            thread_name_prefix="zerotir-engine-host")
+        self._weights = cf.ThreadPoolExecutor(1, thread_name_prefix="zerotir-engine-weights")
         self.roll_out = _Method(self._calls, self.host.roll_out)
-        self.load_weights = _Method(self._calls, self.host.load_weights)  # after the batches submitted before it
+        self.load_weights = _Method(self._weights, self.host.load_weights)
         self.describe = _Now(self._calls, self.host.describe)
         self.occupancy = _Now(self._calls, self.host.occupancy)
 
     def close(self) -> None:
-        """Stop the rollout in flight at its next engine step, wait for the thread, close the host."""
-        self._closed = True
-        self._calls.shutdown(wait=True, cancel_futures=True)
+        """Stop the rollouts in flight at their next engine step (the calls waiting for them raise), wait for the
+        threads, close the host."""
+        if self.host.stream is not None:
+            self.host.stream.close()
+        for pool in (self._calls, self._weights):
+            pool.shutdown(wait=True, cancel_futures=True)
         self.host.close()
 
 
@@ -102,6 +90,8 @@ class ThreadTransport:
         device: where the host's engine runs (``model.pipeline.producer_device``); None: the trainer's device.
         threads: the host's threads (``model.pipeline.threads``); None: its engine's own default.
     """
+
+    timeout_setting = "model.pipeline.producer_timeout"
 
     def __init__(self, device: str | None = None, threads: int | None = None):
         self.device, self.threads = device, threads

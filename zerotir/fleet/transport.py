@@ -26,6 +26,8 @@ class Transport(Protocol):
     """What the fleet's source, hosts and schedule ask of a transport; a call's reference is whatever ``.remote``
     returned."""
 
+    timeout_setting: str  # the setting that bounds every wait, named by a timeout
+
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """Refuse a trainer the transport cannot serve, naming the fix."""
         ...
@@ -75,6 +77,8 @@ class Transport(Protocol):
 
 class RayTransport:
     """The hosts as Ray actors (``zerotir.fleet.cluster``; Ray imported there, inside each function)."""
+
+    timeout_setting = "model.fleet.timeout_s"
 
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """Any trainer: rank 0 drives the fleet for every rank, the engines have weights of their own."""
