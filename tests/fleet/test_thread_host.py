@@ -90,12 +90,12 @@ def test_the_thread_host_streams_at_s1_within_the_staleness_bound(tiny_dir: Path
     source = _source(tiny_dir, HFRollout(), max_staleness=1, max_in_flight=1)
     try:
         actor = source._actor
-        first = source.batch(1, rows(0), 0)
+        first = source.batch(1)
         assert first.taken == [(0, 0), (0, 1)] and first.trajectories.group_ids.tolist() == [0, 1]
         with torch.no_grad():
             actor.lm_head.weight.add_(1.0)  # step 1's update
         source.after_update(actor, 1)
-        second = source.batch(2, rows(1), 2)
+        second = source.batch(2)
         assert second.taken == [(1, 0), (1, 1)] and source.version == 1
         for step, got in ((1, first), (2, second)):
             sampled = got.trajectories.versions[got.trajectories.action_mask]
