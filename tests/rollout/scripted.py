@@ -72,7 +72,8 @@ class ScriptedEngine:
         assert key not in self._running, f"{key!r} submitted while running"
         text = self.tokenizer.decode(ids)
         self.calls.append(Submission(key, list(ids), text, params))
-        sample = self._sample(text, params, key % self.n if isinstance(key, int) else 0)
+        index = key[-1] if isinstance(key, tuple) else key  # a stream's share submits (its tag, the loop's key)
+        sample = self._sample(text, params, index % self.n if isinstance(index, int) else 0)
         self._running[key] = (sample, self.steps + max(1, math.ceil(len(sample.token_ids) / self.tokens_per_step)))
 
     def step(self) -> list[tuple[Hashable, Sample]]:

@@ -20,6 +20,7 @@ from sandbox import ExecResult, ExecStatus
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rewards import MathReward, score_trajectories
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -60,9 +61,17 @@ def tiny_model(save_dir: Path | None = None):
                             max_position_embeddings=MAX_LEN).eval()
 
 
+ANSWERS = ["7", "5", "", "408"]
+
+
 def run_fences(engine, tool: ToolConfig) -> Trajectories:
+    """The tool loop, then the one scoring path (``score_trajectories`` with the math reward: before the reward
+    plug-ins the loop scored each trajectory itself, so the golden rewards are the math reward's)."""
     prompts = [TOK.encode(p) for p in PROMPTS]
-    return rollout_sync(engine, TOK, CodeDependentSandbox(), prompts, PARAMS, tool, ["7", "5", "", "408"])[0]
+    traj = rollout_sync(engine, TOK, CodeDependentSandbox(), prompts, PARAMS, tool, ANSWERS)[0]
+    rows = [{"problem": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS)]
+    score_trajectories(MathReward(), traj, rows)
+    return traj
 
 
 def as_json(traj: Trajectories) -> dict:
@@ -80,6 +89,8 @@ def as_json(traj: Trajectories) -> dict:
 
 def assert_matches_golden(traj: Trajectories, engine_name: str) -> None:
     want, got = json.loads(GOLDEN.read_text())[engine_name], as_json(traj)
+    # ``corrects`` came with the reward plug-ins (the reward's own verdict): the math reward's is rewards > 0
+    assert got.pop("corrects") == [r > 0 for r in want["rewards"]]
     assert sorted(got) == sorted(want), "the fields of Trajectories changed"
     assert sum(want["num_calls"]) >= 4 and len({c[1] for row in want["tool_calls"] for c in row}) >= 3
     for name in want:
