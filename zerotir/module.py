@@ -115,6 +115,10 @@ class ZeroTIRModule(LightningModule):
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
+        if base.lora is not None and fleet.enabled:
+            raise ValueError(f"model.base.lora with model.fleet.engines={fleet.engines}: the fleet's engine hosts do not "
+                             "start their engines for adapters yet; train LoRA in line or through model.pipeline (its "
+                             "engine takes the merged weights), or set model.base.lora: null")
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
                                           self.model_path, seed)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
