@@ -42,13 +42,24 @@ def test_only_rank_zero_removes_the_log_folder_of_a_failed_run(tiny_dir, tmp_pat
     system removing it both raced: one rank's error became a FileNotFoundError from ``rmtree``)."""
     from lightning.pytorch import Trainer
 
+    from zerotir.data.datamodule import PromptDataModule
+
+    folder = tmp_path / "run" / "tensorboard"
+    setup = PromptDataModule.setup
+
+    def rank_0_wrote_its_folder(self, stage=None):  # rank 0's logger, on the file system the ranks share
+        (folder / "version_0").mkdir(parents=True, exist_ok=True)
+        (folder / "version_0" / "events").write_text("rank 0's")
+        return setup(self, stage)
+
+    monkeypatch.setattr(PromptDataModule, "setup", rank_0_wrote_its_folder)
     monkeypatch.setattr(Trainer, "is_global_zero", property(lambda self: False))
     monkeypatch.chdir(REPO)
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
                          "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
                          "--trainer.default_root_dir", str(tmp_path / "run")])
-    assert (tmp_path / "run" / "tensorboard").is_dir()  # what this process's logger wrote stays for rank 0
+    assert (folder / "version_0" / "events").read_text() == "rank 0's"  # rank 1 left it to rank 0
 
 
 def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
