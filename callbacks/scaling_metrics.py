@@ -148,6 +148,7 @@ class ScalingMetrics(Callback):
         metrics.update(named_stats(result.pipeline, PIPELINE_NAMES, "pipeline"))
         metrics.update(named_stats(result.refill, REFILL_NAMES, "filter"))
         metrics.update(filter_fractions(result))
+        metrics.update(result.data)  # data.curriculum's, named in full (data/stage, ...)
         return metrics
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

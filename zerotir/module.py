@@ -33,6 +33,7 @@ from zerotir import lora, models
 from zerotir.config import (
     BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
     RolloutBackend, SamplingConfig, ToolConfig, as_plain)
+from zerotir.data.curriculum import outcomes
 from zerotir.data.datamodule import PromptDataModule, batch_fields
 from zerotir.eval.loop import EvalAccumulator
 from zerotir.filters.decide import decide
@@ -47,6 +48,7 @@ from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
+from zerotir.scale.distributed import gather_objects
 from zerotir.scale.peer_watch import WatchPeers
 from zerotir.types import PromptRow, Trajectories
 
@@ -234,6 +236,8 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
         stream = datamodule if isinstance(datamodule, PromptDataModule) else None
         self.reward.start()  # an unreachable judge stops the run before step 1, like the sandbox's health check
+        if stream is not None and self.trainer.state.fn == TrainerFn.FITTING:  # data.curriculum on results needs batches drawn in line
+            stream.check_steps_take(self.source.steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
         lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
@@ -272,7 +276,8 @@ class ZeroTIRModule(LightningModule):
         result = replace(result, stats={**result.stats, **lr}, timings=timings,
                          batch=BatchInfo(**batch_fields(filled.rows), weight_version=self.rl_steps_done),
                          pipeline={**{key: staleness[key] for key in ("staleness_mean", "staleness_max")},
-                                   **self.source.stats(), **self.reward.stats()}, refill=refill)
+                                   **self.source.stats(), **self.reward.stats()}, refill=refill,
+                         data=datamodule.step_metrics() if isinstance(datamodule, PromptDataModule) else {})
         self.rl_steps_done = step
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
@@ -287,10 +292,19 @@ class ZeroTIRModule(LightningModule):
             release_for_push(self.trainer)  # the source may push (its first batch, an engine recovered)
             rolled = self.source.batch(step)
             traj = rolled.trajectories
+            self._observe(rolled.rows, traj)
             fill = fill or BatchFill(len(rolled.taken), self.refill.max_rounds)
             taken += rolled.taken
             if fill.add(Round(rolled.rows, traj, self._decide(traj), rolled.timings)):
                 return fill.result(pad_id(self.tokenizer)), rolled.sandbox, taken
+
+    def _observe(self, rows: list[PromptRow], traj: Trajectories) -> None:
+        """A rolled-out batch's results, every rank's, as plain data to ``data.curriculum`` (before the next batch
+        is drawn: what it may depend on)."""
+        datamodule = self.trainer.datamodule
+        if isinstance(datamodule, PromptDataModule) and datamodule.curriculum is not None:
+            mine = outcomes(rows, traj.group_ids.tolist(), traj.correct.tolist())
+            datamodule.observe([o for rank in gather_objects(mine) for o in rank])
 
     def _decide(self, traj: Trajectories) -> FilterDecision | None:
         """The keep decision of one batch: the rules of ``model.filters`` (``zerotir.filters.decide``; None with

@@ -20,7 +20,6 @@ so a resumed run continues with exactly the prompts not yet seen.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import itertools
@@ -31,7 +30,9 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from zerotir.data.prompts import check_template, render_prompts, tokenize_prompts
+from zerotir.data.readers import read_hf, read_jsonl, read_parquet, row_field
+from zerotir.data.prompts import build_prompts, check_template
+from zerotir.data.curriculum import Curriculum, CurriculumConfig, Outcome
 from zerotir.data.stream import Consumption, PromptStream, row_copy
 
 logger = logging.getLogger(__name__)
@@ -65,46 +66,6 @@ def source_name(spec: str) -> str:
     return Path(spec).name.split(".")[0]
 
 
-def _field(obj: dict, field: str, where: str) -> str:
-    value = obj.get(field) if isinstance(obj, dict) else None
-    text = "" if value is None else str(value)
-    if not text.strip():
-        state = "missing" if not isinstance(obj, dict) or field not in obj else "null" if value is None else "empty"
-        raise ValueError(f"{where}: field {field!r} is {state}; every row needs a non-empty {field!r} "
-                         "(set data.problem_field / data.answer_field if the file names it differently)")
-    return text
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
-            yield f"{path}:{line_no}", obj
-
-
-def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
-    import pyarrow.parquet as pq
-
-    for i, obj in enumerate(pq.read_table(path).to_pylist()):
-        yield f"{path} row {i}", obj
-
-
-def _read_hf(spec: str, default_split: str) -> Iterator[tuple[str, dict]]:
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ImportError(f"{spec!r} needs the 'datasets' package (pip install datasets), "
-                          "or export the data to JSONL / Parquet and name the file instead") from exc
-    name, _, split = spec[3:].partition(":")
-    for i, obj in enumerate(datasets.load_dataset(name, split=split or default_split)):
-        yield f"{spec} row {i}", dict(obj)
-
-
 def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "answer", id_field: str = "id",
               default_split: str = "test", limit: int | None = None) -> list[dict[str, str]]:
     """Read and validate one source into ``[{"id", "problem", "answer"}]``.
@@ -123,16 +84,16 @@ def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "an
     if spec in BUNDLED:
         path = data_dir() / BUNDLED[spec]
         problem_field, answer_field, id_field = "problem", "answer", "id"
-        reader = _read_jsonl(path)
+        reader = read_jsonl(path)
     elif spec.startswith("hf:"):
-        path, reader = None, _read_hf(spec, default_split)
+        path, reader = None, read_hf(spec, default_split)
     else:
         path = Path(spec)
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".json"):
-            reader = _read_jsonl(path)
+            reader = read_jsonl(path)
         elif suffix == ".parquet":
-            reader = _read_parquet(path)
+            reader = read_parquet(path)
         else:
             raise ValueError(f"data source {spec!r}: unknown file type {suffix!r}; use .jsonl or .parquet, "
                              f"'hf:<dataset>', or a bundled name ({', '.join(BUNDLED)})")
@@ -143,32 +104,16 @@ def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "an
     for where, obj in reader:
         if limit is not None and len(rows) >= limit:
             break
-        problem = _field(obj, problem_field, where)
-        answer = _field(obj, answer_field, where).strip()
+        problem = row_field(obj, problem_field, where)
+        answer = row_field(obj, answer_field, where).strip()
         row_id = obj.get(id_field) if isinstance(obj, dict) else None
         rows.append({"id": str(row_id) if row_id not in (None, "") else f"{name}-{len(rows)}",
                      "problem": problem, "answer": answer})
+        if isinstance(obj, dict) and obj.get("kind") not in (None, ""):  # what data.curriculum weights
+            rows[-1]["kind"] = str(obj["kind"])
     if not rows:
         raise ValueError(f"data source {spec!r} has no rows")
     return rows
-
-
-def build_prompts(rows: list[dict[str, str]], source: str, template: str, tokenizer: Any,
-                  max_prompt_tokens: int | None, tools: list[dict[str, Any]] | None = None) -> tuple[list[dict], int]:
-    """Render (``tools``: ``render_prompts``) and tokenize ``rows``; returns the kept rows (with ``prompt_text``,
-    ``prompt_ids``, ``source``) and the number dropped for exceeding ``max_prompt_tokens``."""
-    texts = render_prompts(template, [row["problem"] for row in rows], tokenizer, tools)
-    ids = tokenize_prompts(template, texts, tokenizer)
-    kept = [{**row, "prompt_text": text, "prompt_ids": tok_ids, "source": source}
-            for row, text, tok_ids in zip(rows, texts, ids)
-            if max_prompt_tokens is None or len(tok_ids) <= max_prompt_tokens]
-    dropped = len(rows) - len(kept)
-    if dropped:
-        logger.warning("data: dropped %d of %d prompts of %r longer than max_prompt_tokens=%s",
-                       dropped, len(rows), source, max_prompt_tokens)
-    if not kept:
-        raise ValueError(f"data source {source!r}: every prompt is longer than max_prompt_tokens={max_prompt_tokens}")
-    return kept, dropped
 
 
 def batch_fields(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -218,6 +163,8 @@ class PromptDataModule(LightningDataModule):
         seed: seed of the training shuffle.
         limit_val_rows: use only the first N rows of each validation source.
         limit_test_rows: use only the first N rows of each test source.
+        curriculum: stages of kinds / files with weights and switch rules (``zerotir.data.curriculum``; docs/data.md);
+            None: one stream of all training rows.
     """
 
     def __init__(self, train_files: list[str] | None = None, val_files: list[str] | None = None,
@@ -225,7 +172,8 @@ class PromptDataModule(LightningDataModule):
                  id_field: str = "id", template: str = "orz_tool", tokenizer: str | None = None,
                  tools: list[dict[str, Any]] | None = None, prompts_per_step: int = 128,
                  eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024, seed: int = 0,
-                 limit_val_rows: int | None = None, limit_test_rows: int | None = None) -> None:
+                 limit_val_rows: int | None = None, limit_test_rows: int | None = None,
+                 curriculum: CurriculumConfig | None = None) -> None:
         super().__init__()
         # ``seed`` stays out of the logged hyperparameters: the module has its own ``seed`` (rollout sampling), and
         # Lightning refuses to log two different values under one name. That happens when `test --ckpt_path` takes
@@ -243,6 +191,7 @@ class PromptDataModule(LightningDataModule):
         self.prompts_per_step, self.eval_prompts_per_batch = prompts_per_step, eval_prompts_per_batch
         self.max_prompt_tokens, self.seed = max_prompt_tokens, seed
         self.limits = {"val": limit_val_rows, "test": limit_test_rows}
+        self.curriculum = curriculum
         self.tokenizer: Any = None
         self.dropped: dict[str, int] = {}  # source name -> prompts dropped as too long
         self.train_rows: list[dict[str, Any]] | None = None
@@ -250,6 +199,8 @@ class PromptDataModule(LightningDataModule):
         self._consumed = Consumption(prompts_per_step)
         self._pending_state: dict[str, Any] | None = None
         self._stream: PromptStream | None = None  # the training stream, read by the rollout source
+        self._step_outcomes: list[Outcome] = []  # the step's results (data.curriculum), for its metrics
+        self._step_stage = 0
 
     @property
     def val_names(self) -> list[str]:
@@ -292,6 +243,8 @@ class PromptDataModule(LightningDataModule):
                                len(rows), self.prompts_per_step)
             self.train_rows = rows
             self._check_state()
+            if self.curriculum is not None:  # its kinds and files checked against the rows now, at start
+                self._train_stream()
         splits = (("val", self.val_files, self.val_names), ("test", self.test_files, self.test_names))
         for split, files, names in splits:
             wanted = stage is None or stage == split or (split == "val" and stage in ("fit", "validate"))
@@ -310,7 +263,10 @@ class PromptDataModule(LightningDataModule):
         if self.train_rows is None:
             self.setup("fit")
         if self._stream is None:
-            self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed)
+            sources = {spec: source_name(spec) for spec in self.train_files}
+            self._stream = PromptStream(self.train_rows, self.prompts_per_step, self.seed) if self.curriculum is None \
+                else Curriculum(self.curriculum, self.train_rows, sources, self.prompts_per_step, self.seed)
+            self._load_curriculum()
         return self._stream
 
     def train_batches(self, steps_take: str) -> Iterator[list[dict[str, Any]]]:
@@ -364,15 +320,53 @@ class PromptDataModule(LightningDataModule):
         ``train_batches`` leave them out from now on, a resumed run's too. Raises ValueError on a row consumed."""
         self._consumed.mark_rows(positions)
 
+    # ----- data.curriculum -----
+    def check_steps_take(self, steps_take: str) -> None:
+        """Refuse, at start, a curriculum that decides batches on results with batches drawn ahead of them."""
+        if isinstance(self._train_stream(), Curriculum):
+            self._stream.check_steps_take(steps_take)
+
+    def observe(self, outcomes: list[Outcome]) -> None:
+        """The results of a rolled-out batch, every rank's (``curriculum.outcomes``), for ``data.curriculum``;
+        nothing without one."""
+        if isinstance(self._stream, Curriculum) and outcomes:
+            self._step_stage = self._stream.stage_of(max(o[0] for o in outcomes))  # as drawn, before a switch
+            self._step_outcomes += outcomes
+            self._stream.observe(outcomes)
+
+    def step_metrics(self) -> dict[str, float]:
+        """The curriculum's scalars of the step's batches (``Curriculum.metrics``), then a new step; {} without."""
+        if not isinstance(self._stream, Curriculum) or not self._step_outcomes:
+            return {}
+        out = self._stream.metrics(self._step_outcomes, self._step_stage)
+        self._step_outcomes = []
+        return out
+
+    def _load_curriculum(self) -> None:
+        """The checkpoint's curriculum state into the stream, once both exist."""
+        state, stream = self._pending_state, self._stream
+        if state is None or stream is None:
+            return
+        saved = state.get("curriculum")
+        if (saved is None) != (self.curriculum is None):
+            raise ValueError(f"resumed data state {'has' if saved else 'has no'} data.curriculum state but this run "
+                             f"{'has none' if saved else 'has one'}; the training stream would differ. Use the "
+                             "data.curriculum of the run that saved the checkpoint")
+        if saved is not None:
+            stream.load(saved)
+
     def state_dict(self) -> dict[str, Any]:
         num_rows = len(self.train_rows) if self.train_rows is not None else None
+        stream = self._stream if isinstance(self._stream, Curriculum) else None
+        curriculum = stream.state() if stream else (self._pending_state or {}).get("curriculum")
         return {**self._consumed.state(), "seed": self.seed, "prompts_per_step": self.prompts_per_step,
-                "num_train_rows": num_rows}
+                "num_train_rows": num_rows, **({"curriculum": curriculum} if curriculum is not None else {})}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._consumed.load(state_dict)
         self._pending_state = dict(state_dict)
         self._check_state()
+        self._load_curriculum()
 
     def _check_state(self) -> None:
         # The same stream needs the same seed, batch size and rows; anything else would silently replay or skip data.

@@ -16,11 +16,14 @@ More can be added with ``register_template(name, fn)`` (e.g. the toy world's ``t
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 TemplateFn = Callable[[str, Any], str]  # (problem, tokenizer or None) -> prompt text
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -167,3 +170,21 @@ def tokenize_prompts(name: str, prompt_texts: list[str], tokenizer: Any) -> list
 register_template("orz_tool", _orz_tool)
 register_template("plain", _plain)
 register_template("chat", _chat, add_special_tokens=False)
+
+
+def build_prompts(rows: list[dict[str, str]], source: str, template: str, tokenizer: Any,
+                  max_prompt_tokens: int | None, tools: list[dict[str, Any]] | None = None) -> tuple[list[dict], int]:
+    """Render (``tools``: ``render_prompts``) and tokenize ``rows``; returns the kept rows (with ``prompt_text``,
+    ``prompt_ids``, ``source``) and the number dropped for exceeding ``max_prompt_tokens``."""
+    texts = render_prompts(template, [row["problem"] for row in rows], tokenizer, tools)
+    ids = tokenize_prompts(template, texts, tokenizer)
+    kept = [{**row, "prompt_text": text, "prompt_ids": tok_ids, "source": source}
+            for row, text, tok_ids in zip(rows, texts, ids)
+            if max_prompt_tokens is None or len(tok_ids) <= max_prompt_tokens]
+    dropped = len(rows) - len(kept)
+    if dropped:
+        logger.warning("data: dropped %d of %d prompts of %r longer than max_prompt_tokens=%s",
+                       dropped, len(rows), source, max_prompt_tokens)
+    if not kept:
+        raise ValueError(f"data source {source!r}: every prompt is longer than max_prompt_tokens={max_prompt_tokens}")
+    return kept, dropped

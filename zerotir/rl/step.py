@@ -114,6 +114,7 @@ class StepResult:
     batch: BatchInfo = field(default_factory=BatchInfo)  # filled by the module (it knows the prompts)
     pipeline: dict[str, float] = field(default_factory=dict)  # staleness_mean / _max of the batch's tokens (versions)
     refill: dict[str, float] = field(default_factory=dict)  # the batch's generation rounds, ... (rl.refill.FillWatch)
+    data: dict[str, float] = field(default_factory=dict)  # data/stage, data/kind_share/<kind>, ... (data.curriculum)
 
     @property
     def skipped(self) -> bool:
