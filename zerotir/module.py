@@ -236,12 +236,13 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
         stream = datamodule if isinstance(datamodule, PromptDataModule) else None
         self.reward.start()  # an unreachable judge stops the run before step 1, like the sandbox's health check
-        if stream is not None and self.trainer.state.fn == TrainerFn.FITTING:  # data.curriculum on results needs batches drawn in line
-            stream.check_steps_take(self.source.steps_take)
         self.source.start(self.actor, self.tokenizer, self.device, stream)
         lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
     def on_fit_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        if isinstance(datamodule, PromptDataModule):  # a curriculum deciding on results needs batches drawn in line
+            datamodule.check_steps_take(self.source.steps_take)
         self._start_source()
 
     def on_validation_start(self) -> None:

@@ -141,3 +141,19 @@ def test_results_decide_batches_only_where_batches_are_drawn_in_line(tok, tmp_pa
     with pytest.raises(ValueError, match="adaptive: true"):
         data(tok, tmp_path, Stage({"add": 1.0}), adaptive=True).check_steps_take("rows")
     data(tok, tmp_path, Stage({"add": 1.0}, steps=1), Stage({"mul": 1.0})).check_steps_take("ahead")
+
+
+def test_the_module_refuses_at_fit_start_a_curriculum_on_results_with_a_pipeline(tiny_dir, tok, tmp_path,  # noqa: F811
+                                                                                 monkeypatch):
+    """The wiring: ``ZeroTIRModule.on_fit_start`` asks the data module before the source (sandbox, engine) starts."""
+    from types import SimpleNamespace
+
+    from zerotir.config import BaseModelConfig, PipelineConfig
+    from zerotir.module import ZeroTIRModule
+
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=PipelineConfig(max_staleness=1))
+    dm = data(tok, tmp_path, Stage({"add": 1.0}), adaptive=True)
+    monkeypatch.setattr(module, "_trainer", SimpleNamespace(datamodule=dm), raising=False)
+    monkeypatch.setattr(module, "_start_source", lambda: pytest.fail("the source started"))
+    with pytest.raises(ValueError, match="adaptive: true decides each batch"):
+        module.on_fit_start()

@@ -89,6 +89,15 @@ class CurriculumConfig:
         """Batches depend on the results of earlier ones (a pass-rate rule or ``adaptive``)."""
         return self.adaptive or any(stage.pass_rate is not None for stage in self.stages)
 
+    def check_steps_take(self, steps_take: str) -> None:
+        """Refuse batches drawn ahead of the results (``steps_take`` other than "batch") where batches depend on
+        results: batch ``b`` would be drawn before the results it depends on are known, so no run could repeat it."""
+        if steps_take != "batch" and self.needs_results:
+            raise ValueError("data.curriculum with a pass_rate rule or adaptive: true decides each batch on the "
+                             "results of the batches before it, and this run draws batches ahead of the trainer "
+                             "(model.pipeline / model.fleet); roll out in line (model.pipeline.max_staleness: null, "
+                             "no model.fleet) or use steps rules alone")
+
 
 # One trajectory's result as the curriculum reads it: (batch index, kind or None, source, correct).
 Outcome = tuple[int, "str | None", str, bool]
@@ -150,15 +159,6 @@ class Curriculum(PromptStream):
         return key
 
     # ----- which stage, which weights -----
-    def check_steps_take(self, steps_take: str) -> None:
-        """Refuse batches drawn ahead of the results (``steps_take`` other than "batch") where batches depend on
-        results: batch ``b`` would be drawn before the results it depends on are known, so no run could repeat it."""
-        if steps_take != "batch" and self.config.needs_results:
-            raise ValueError("data.curriculum with a pass_rate rule or adaptive: true decides each batch on the "
-                             "results of the batches before it, and this run draws batches ahead of the trainer "
-                             "(model.pipeline / model.fleet); roll out in line (model.pipeline.max_staleness: null, "
-                             "no model.fleet) or use steps rules alone")
-
     def stage_of(self, batch_index: int) -> int:
         """The stage of batch ``batch_index`` (>= the current stage's first): the current one, then the ``steps``
         rules after it."""

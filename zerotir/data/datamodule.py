@@ -323,8 +323,8 @@ class PromptDataModule(LightningDataModule):
     # ----- data.curriculum -----
     def check_steps_take(self, steps_take: str) -> None:
         """Refuse, at start, a curriculum that decides batches on results with batches drawn ahead of them."""
-        if isinstance(self._train_stream(), Curriculum):
-            self._stream.check_steps_take(steps_take)
+        if self.curriculum is not None:
+            self.curriculum.check_steps_take(steps_take)
 
     def observe(self, outcomes: list[Outcome]) -> None:
         """The results of a rolled-out batch, every rank's (``curriculum.outcomes``), for ``data.curriculum``;
