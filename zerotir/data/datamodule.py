@@ -68,7 +68,7 @@ def source_name(spec: str) -> str:
 
 def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "answer", id_field: str = "id",
               default_split: str = "test", limit: int | None = None) -> list[dict[str, str]]:
-    """Read and validate one source into ``[{"id", "problem", "answer"}]``.
+    """Read and validate one source into ``[{"id", "problem", "answer"}]``, plus ``"kind"`` where a row has one.
 
     Args:
         spec: a bundled name, a JSONL / Parquet path, or ``hf:<dataset>[:<split>]``.
