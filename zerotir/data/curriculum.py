@@ -141,7 +141,9 @@ class Curriculum(PromptStream):
         for s, stage in enumerate(config.stages):
             self.stages.append({self._label(s, key, sources, pools): (w, pools[self._label(s, key, sources, pools)])
                                 for key, w in stage.weights.items() if w > 0})
-        self.stage, self.start = 0, 0  # the stage the results put the run in, and the first batch of it
+        # The stage the results put the run in and its first batch, one tuple: an engine host's thread reading a
+        # batch ahead (steps rules only) sees both of one moment.
+        self.anchor = (0, 0)
         self.results: deque[dict[str, list[int]]] = deque(maxlen=config.window)  # label -> [correct, total]
         self.last_rate: float | None = None  # the rolling pass rate the switch rule last read (for the logs)
 
@@ -159,10 +161,15 @@ class Curriculum(PromptStream):
         return key
 
     # ----- which stage, which weights -----
+    @property
+    def stage(self) -> int:
+        """The stage the results put the run in (later batches may be in later stages by ``steps`` rules)."""
+        return self.anchor[0]
+
     def stage_of(self, batch_index: int) -> int:
         """The stage of batch ``batch_index`` (>= the current stage's first): the current one, then the ``steps``
         rules after it."""
-        stage, start = self.stage, self.start
+        stage, start = self.anchor
         while (steps := self.config.stages[stage].steps) is not None and batch_index >= start + steps:
             stage, start = stage + 1, start + steps
         return stage
@@ -220,7 +227,7 @@ class Curriculum(PromptStream):
         last = max(o[0] for o in outcomes)
         stage = self.stage_of(last)
         if stage != self.stage:  # a steps rule ended the stage(s) before this batch
-            self.start, self.stage = self._start_of(stage), stage
+            self.anchor = (stage, self._start_of(stage))
             self.results.clear()
         batch: dict[str, list[int]] = {}
         for label, correct in self._labelled(outcomes):
@@ -230,7 +237,7 @@ class Curriculum(PromptStream):
         self.last_rate = self.rolling_pass_rate()
         threshold = self.config.stages[self.stage].pass_rate
         if threshold is not None and len(self.results) == self.config.window and self.last_rate >= threshold:
-            self.stage, self.start = self.stage + 1, last + 1
+            self.anchor = (self.stage + 1, last + 1)
             self.results.clear()
 
     def _labelled(self, outcomes: list[Outcome]) -> list[tuple[str, bool]]:
@@ -239,8 +246,8 @@ class Curriculum(PromptStream):
 
     def _start_of(self, stage: int) -> int:
         """The first batch of ``stage`` (after the current one, reached by ``steps`` rules)."""
-        start = self.start
-        for s in range(self.stage, stage):
+        current, start = self.anchor
+        for s in range(current, stage):
             start += self.config.stages[s].steps
         return start
 
@@ -259,7 +266,7 @@ class Curriculum(PromptStream):
     # ----- resume -----
     def state(self) -> dict[str, Any]:
         """For the checkpoint: the stage, its first batch and the window's results (all a batch depends on)."""
-        return {"stage": self.stage, "start": self.start, "results": [dict(b) for b in self.results],
+        return {"stage": self.anchor[0], "start": self.anchor[1], "results": [dict(b) for b in self.results],
                 "needs_results": self.config.needs_results}
 
     def load(self, state: dict[str, Any]) -> None:
@@ -271,6 +278,6 @@ class Curriculum(PromptStream):
         if not 0 <= int(state["stage"]) < len(self.config.stages):
             raise ValueError(f"resumed curriculum state is at stage {state['stage']}, but data.curriculum has "
                              f"{len(self.config.stages)} stages; resume with the curriculum of the run that saved it")
-        self.stage, self.start = int(state["stage"]), int(state["start"])
+        self.anchor = (int(state["stage"]), int(state["start"]))
         self.results = deque(({k: list(v) for k, v in b.items()} for b in state["results"]),
                              maxlen=self.config.window)
