@@ -54,8 +54,8 @@ def test_a_killed_curriculum_run_resumes_in_its_stage_with_the_same_stream(e2e_b
     root = tmp_path / "killed"
     root.mkdir()
     extra = ["--config", str(tmp_path / "curriculum.yaml"), "--checkpoint.every_n_train_steps", "2",
-             "--trainer.limit_val_batches", "0", "--trainer.callbacks+=tests.e2e.helpers.RecordSteps",
-             "--trainer.callbacks.path", str(tmp_path / "steps.jsonl")]
+             "--model.sampling.n", "2", "--trainer.limit_val_batches", "0",
+             "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(tmp_path / "steps.jsonl")]
     killed_at_step_3(e2e_base, data, root, *extra).killed()
     ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["zerotir"]["rl_steps_done"] == 2 and ckpt["PromptDataModule"]["curriculum"]["stage"] == 0

@@ -53,7 +53,8 @@ class CurriculumConfig:
     window: int = 4
     """Batches of the rolling pass rates (the ``pass_rate`` rule's and ``adaptive``'s)."""
     adaptive: bool = False
-    """Weight kind k by ``w_k * max(1 - p_k, floor)`` (``p_k``: its pass rate over the window): harder kinds more often."""
+    """Weight kind k by ``w_k * max(1 - p_k, floor)`` (``p_k``: its pass rate over the window): harder kinds
+    more often."""
     floor: float = 0.1
     """``adaptive``: the least share of its weight a solved kind keeps, in (0, 1]."""
 
