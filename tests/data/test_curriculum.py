@@ -57,7 +57,8 @@ def test_a_stage_ends_when_its_rolling_pass_rate_reaches_the_threshold(tok, tmp_
     dm.observe(results(0, add=(4, 4)))  # 1.0, but the window holds 1 batch of 2: no switch yet
     assert {r["kind"] for r in next(stream)} == {"add"}
     dm.observe(results(1, add=(0, 4)))  # rolling (4 + 0) / 8 = 0.5 >= 0.5: batch 2 starts stage 1
-    assert dm.step_metrics() == {"data/stage": 0.0, "data/kind_share/add": 1.0, "data/pass_rate": 0.5}
+    assert dm.step_metrics() == {"data/stage": 0.0, "data/kind_share/add": 1.0, "data/kind_share/mul": 0.0,
+                                 "data/pass_rate": 0.5}  # every stage's kinds: a curve through every step
     assert dm.state_dict()["curriculum"] == {"stage": 1, "start": 2, "results": [], "needs_results": True}
     assert [{r["kind"] for r in next(stream)} for _ in range(2)] == [{"mul"}, {"mul"}]
 

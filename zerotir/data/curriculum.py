@@ -254,11 +254,12 @@ class Curriculum(PromptStream):
 
     def metrics(self, outcomes: list[Outcome], stage: int) -> dict[str, float]:
         """A step's scalars from its ``outcomes`` (every batch it rolled out): ``data/stage`` (``stage``, its batches'),
-        ``data/<by>_share/<label>`` (the share of its trajectories, so of its rows, per label of the stage and per
-        label drawn) and ``data/pass_rate`` (the rolling pass rate the switch rule last read, once there is one)."""
+        ``data/<by>_share/<label>`` (the share of its trajectories, so of its rows, per label of any stage: 0 where
+        none was drawn, so each curve runs through every step) and ``data/pass_rate`` (the rolling pass rate the
+        switch rule last read, once there is one)."""
         labels = [label for label, _ in self._labelled(outcomes)]
         out = {"data/stage": float(stage)}
-        for label in sorted(set(self.stages[stage]) | set(labels)):
+        for label in sorted({label for weights in self.stages for label in weights} | set(labels)):
             out[f"data/{self.config.by}_share/{label}"] = labels.count(label) / max(len(labels), 1)
         if self.last_rate is not None:
             out["data/pass_rate"] = self.last_rate
