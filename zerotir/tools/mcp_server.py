@@ -3,14 +3,15 @@
 The server is reached one of two ways, exactly one set: ``command`` (with ``args``, ``env``) starts it as a child
 process and speaks over its stdio; ``url`` (e.g. ``http://127.0.0.1:8000/mcp``) reaches a running one over
 streamable HTTP. Both go through one connection class; only the transport that yields the SDK's read and write
-streams differs. The entry ``{class_path: mcp, init_args: {command: ..., args: [...]}}`` (or ``{url: ...}``) connects
-once per process, lists its tools at start (their names, descriptions and input schemas, which the registry checks arguments against) and
-stands for all of them (``expand``). The session lives on an event loop of its own in a daemon thread: the tool
-loop's event loop is only driven between engine steps, and an MCP session must keep reading its server. A call
-waits at most ``timeout`` seconds (status ``timeout``); a server that died answers every call with a ``tool_error``
-observation (at once once the session has ended, within ``timeout`` before), so a dead or stuck server never hangs
-the rollout. The connection stays up until the process ends or ``close_all`` runs (a later rollout reuses it; a dead
-one is connected again when the tools are built again; an HTTP server must then be up again).
+streams differs. The entry ``{class_path: mcp, init_args: {command: ..., args: [...]}}`` (or ``{url: ...}``)
+connects once per process, lists its tools at start (their names, descriptions and input schemas, which the registry
+checks arguments against) and stands for all of them (``expand``). The session lives on an event loop of its own in
+a daemon thread: the tool loop's event loop is only driven between engine steps, and an MCP session must keep
+reading its server. A call waits at most ``timeout`` seconds (status ``timeout``); a server that died answers every
+call with a ``tool_error`` observation (at once once the session has ended, within ``timeout`` before), so a dead or
+stuck server never hangs the rollout. The connection stays up until the process ends or ``close_all`` runs (a later
+rollout reuses it; a dead one is connected again when the tools are built again; an HTTP server must then be up
+again).
 """
 
 from __future__ import annotations
