@@ -51,6 +51,7 @@ from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
 from zerotir.cli_checks import (check_not_finished, check_run_settings, join_negative_values,
@@ -192,7 +193,8 @@ class ZeroTIRCLI(LightningCLI):
         """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
         event file and config.yaml) is removed if this run created it. Rank 0 alone removes it: the logger writes
         it there only, and two ranks sharing one file system would race on the same folder."""
-        log_dir = getattr(self.trainer.logger, "log_dir", None)
+        logger = self.trainer.logger  # TensorBoard's and CSV's declare their folder; other loggers keep theirs
+        log_dir = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else None
         created = log_dir is not None and not Path(log_dir).exists()
         try:
             super()._run_subcommand(subcommand)

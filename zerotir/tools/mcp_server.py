@@ -142,7 +142,9 @@ class MCPTool(Tool):
         except Exception as error:  # the server died or refused the request
             return Observation(f"Error: the tool {self.name!r} is unavailable ({type(error).__name__}: {error}).",
                                STATUS_TOOL_ERROR)
-        text = "\n".join(getattr(part, "text", f"[{getattr(part, 'type', 'content')}]") for part in result.content)
+        from mcp.types import TextContent
+
+        text = "\n".join(part.text if isinstance(part, TextContent) else f"[{part.type}]" for part in result.content)
         return Observation(text, STATUS_ERROR if result.is_error else "ok")
 
 
