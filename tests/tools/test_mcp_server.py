@@ -98,6 +98,12 @@ def test_exactly_one_of_command_and_url_is_set(entry):
         Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "mcp", "init_args": entry}]))
 
 
+def test_a_url_with_the_settings_of_a_stdio_server_is_an_error():
+    with pytest.raises(ValueError, match="args and env start a stdio server .* drop them"):
+        Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "mcp", "init_args": {
+            "url": "http://127.0.0.1:9/mcp", "args": ["server.py"]}}]))
+
+
 def test_a_url_where_no_server_answers_is_an_error_at_start():
     free = socket.socket()
     free.bind(("127.0.0.1", 0))  # bound, never listening: a refused connection, not a hang
