@@ -61,6 +61,7 @@ def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
                            "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)],
                      run=False)
     assert cli.datamodule.tokenizer_path == str(tiny_dir)  # one argument, two users
+    assert (cli.datamodule.tool_format, cli.datamodule.tools) == ("fences", None)  # the prompt speaks of fences
     assert cli.trainer.checkpoint_callback.dirpath == str(tmp_path / "checkpoints")
     assert cli.trainer.checkpoint_callback.save_last is True
     assert Path(cli.trainer.logger.log_dir) == tmp_path / "tensorboard"  # fixed folder: a resume appends to it

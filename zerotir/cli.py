@@ -11,7 +11,8 @@ What the subclass adds to Lightning's CLI:
       ``model.sampling``, ``model.eval``, ``model.rollout``, ``model.tool.sandbox``...: ``zerotir.config``); ``--help``
       shows each field's docstring;
     * shared arguments are set once: ``model.base.path`` also names the data module's tokenizer; under
-      ``model.tool.format: chat`` the data's chat template is given ``model.tool.tools`` (``chat_tools``);
+      ``model.tool.format`` hermes or chat the data's prompt describes ``model.tool.tools`` (``prompt_tools``) in
+      that format (``data.tool_format``);
     * a ``checkpoint`` group (a ``ModelCheckpoint``; ``save_last`` on) whose folder defaults to
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
@@ -50,6 +51,7 @@ from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
 from zerotir.cli_checks import (check_not_finished, check_run_settings, join_negative_values,
@@ -125,7 +127,8 @@ class ZeroTIRCLI(LightningCLI):
             "trainer.default_root_dir": DEFAULT_ROOT,
         })
         parser.link_arguments("model.base.path", "data.tokenizer")
-        parser.link_arguments(("model.tool.format", "model.tool.tools"), "data.tools", compute_fn=chat_tools)
+        parser.link_arguments(("model.tool.format", "model.tool.tools"), "data.tools", compute_fn=prompt_tools)
+        parser.link_arguments("model.tool.format", "data.tool_format")
         parser.add_argument("--toy_base", type=PretrainSettings | None, default=None,
                             help="Build the toy base model at model.base.path first (unless one with these settings "
                                  "is there, its checksums verified); {} = the toy world's defaults, the base shipped "
@@ -190,7 +193,8 @@ class ZeroTIRCLI(LightningCLI):
         """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
         event file and config.yaml) is removed if this run created it. Rank 0 alone removes it: the logger writes
         it there only, and two ranks sharing one file system would race on the same folder."""
-        log_dir = getattr(self.trainer.logger, "log_dir", None)
+        logger = self.trainer.logger  # TensorBoard's and CSV's declare their folder; other loggers keep theirs
+        log_dir = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else None
         created = log_dir is not None and not Path(log_dir).exists()
         try:
             super()._run_subcommand(subcommand)
@@ -215,10 +219,10 @@ class ZeroTIRCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, callbacks)
 
 
-def chat_tools(call_format: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """``data.tools``: the tools the data's chat template shows the model, ``model.tool.tools`` under ``format:
-    chat`` (the prompt is the model's template with their schemas), else None."""
-    return tools if call_format == "chat" else None
+def prompt_tools(call_format: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``data.tools``: the tools the data's prompt describes, ``model.tool.tools`` under a format that calls tools
+    by name (hermes, chat), else None (the fences' prompt speaks of code blocks)."""
+    return tools if call_format != "fences" else None
 
 
 def _file_model_path(path: Path) -> str | None:

@@ -235,7 +235,9 @@ class ZeroTIRModule(LightningModule):
     def _start_source(self) -> None:
         datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
         stream = datamodule if isinstance(datamodule, PromptDataModule) else None
-        self.reward.start()  # an unreachable judge stops the run before step 1, like the sandbox's health check
+        if not self._reward_open:  # an unreachable judge stops the run before step 1, like the sandbox's check
+            self.reward.start()
+            self._reward_open = True
         self.source.start(self.actor, self.tokenizer, self.device, stream)
         lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
 
@@ -371,18 +373,32 @@ class ZeroTIRModule(LightningModule):
                     del state[key]
 
     def teardown(self, stage: str) -> None:
-        self.source.close()
-        self.reward.close()
+        self.close_run()
         self._hf_zero3 = None  # transformers' ZeRO-3 switch off again (it holds only a weak reference)
+
+    _reward_open = False  # the reward started and not yet closed
+
+    def close_run(self) -> None:
+        """Release what the run started, on every exit path (``teardown``; ``on_exception`` when fit, validate or
+        test raises, where Lightning calls no teardown): the source's sandbox and engine, the reward (once per
+        start: a judge's client) and this process's MCP connections."""
+        from zerotir.tools.mcp_server import close_all
+
+        self.source.close()
+        if self._reward_open:
+            self._reward_open = False
+            self.reward.close()
+        close_all()
 
     def configure_callbacks(self) -> list[Callback]:
         """The module's own callbacks, on what it owns (the source); those of ``callbacks/`` are the CLI's
         (``zerotir.cli.RUN_CALLBACKS``): nothing of ``zerotir/`` imports them."""
-        return [_CloseSourceOnException(self.source.close), WatchPeers(self.source.close)]
+        return [_CloseSourceOnException(self.close_run), WatchPeers(self.source.close)]
 
 
 class _CloseSourceOnException(Callback):
-    """Stops the rollout source's sandbox / engine when fit, validate or test raises (a NaN loss, a dead sandbox...)."""
+    """Releases the run's parts (``ZeroTIRModule.close_run``) when fit, validate or test raises (a NaN loss, a dead
+    sandbox...)."""
 
     def __init__(self, close: Any) -> None:
         self.close = close

@@ -62,7 +62,7 @@ class Actor(nn.Module):
 def started_source(monkeypatch, tool: ToolConfig = NO_TOOLS) -> tuple[InlineSource, FakeEngine, Actor, list]:
     seeds: list[int] = []
 
-    def rollout_sync(engine, tokenizer, sandbox, prompts, params, *args):
+    def rollout_sync(engine, tokenizer, sandbox, prompts, params, *args, on_end=None):
         engine.calls.append(("rollout",))
         seeds.append(params.seed)
         return make_traj([1.0, 0.0], [0, 0]), {"generation": 0.0}

@@ -60,7 +60,7 @@ def test_a_template_that_does_not_write_tool_call_json_is_refused():
     tok = build_byte_tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     for build in (lambda: Chat(tok), lambda: build_prompts([{"id": "a", "problem": "1?", "answer": "1"}], "s",
-                                                           "chat", tok, None, CHAT.tools)):
+                                                           "chat", tok, None, CHAT.tools, "chat")):
         with pytest.raises(ValueError, match="model.tool.format: chat parses <tool_call> JSON calls, and the chat "
                                              "template .* does not use them"):
             build()
@@ -68,14 +68,14 @@ def test_a_template_that_does_not_write_tool_call_json_is_refused():
 
 def test_the_data_chat_template_shows_the_tools_of_model_tool(tok):
     rows = [{"id": "a", "problem": "2*3?", "answer": "6"}]
-    kept, _ = build_prompts(rows, "s", "chat", tok, None, CHAT.tools)
+    kept, _ = build_prompts(rows, "s", "chat", tok, None, CHAT.tools, "chat")
     assert kept[0]["prompt_text"] == chat_prompt(tok, CHAT_TOOLS_SYSTEM_PROMPT, "2*3?", SCHEMAS)
     assert kept[0]["prompt_ids"] == tok(kept[0]["prompt_text"], add_special_tokens=False)["input_ids"]
     assert "```python" not in kept[0]["prompt_text"]  # the fences' system prompt is not used
     with pytest.raises(ValueError, match="model.tool.format: chat: .* has no chat template"):
-        build_prompts(rows, "s", "chat", build_byte_tokenizer(), None, CHAT.tools)
+        build_prompts(rows, "s", "chat", build_byte_tokenizer(), None, CHAT.tools, "chat")
 
 
 def test_the_tools_need_the_chat_data_template():
     with pytest.raises(ValueError, match="model.tool.format: chat builds the prompts .* set data.template: chat"):
-        PromptDataModule(template="orz_tool", tools=[{"class_path": "calculator"}])
+        PromptDataModule(template="orz_tool", tools=[{"class_path": "calculator"}], tool_format="chat")

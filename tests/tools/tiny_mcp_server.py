@@ -1,7 +1,17 @@
-"""A tiny MCP server over stdio for tests/tools/test_mcp_server.py: add, wait (sleeps) and die (exits)."""
+"""A tiny MCP server for tests/tools/test_mcp_server.py: add, wait (sleeps) and die (exits).
+
+``python tiny_mcp_server.py <name>`` serves over stdio (``<name>`` is ignored: it gives a test a server of its own);
+``python tiny_mcp_server.py http`` serves over streamable HTTP on a free loopback port, bound here before serving
+(no race for the port), and prints that port as its first line.
+"""
 
 import os
+import socket
+import sys
 import time
+
+import anyio
+import uvicorn
 
 from mcp.server.mcpserver import MCPServer
 
@@ -27,5 +37,18 @@ def die() -> str:
     os._exit(1)
 
 
+def serve_http() -> None:
+    """Streamable HTTP at ``http://127.0.0.1:<port>/mcp``, the port printed first."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # connections wait in the backlog until uvicorn accepts them
+    print(sock.getsockname()[1], flush=True)
+    server = uvicorn.Server(uvicorn.Config(app.streamable_http_app(), log_level="warning"))
+    anyio.run(server.serve, [sock])
+
+
 if __name__ == "__main__":
-    app.run("stdio")
+    if sys.argv[1:] == ["http"]:
+        serve_http()
+    else:
+        app.run("stdio")

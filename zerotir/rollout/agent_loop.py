@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
@@ -92,6 +92,8 @@ class _Run:
     tool: ToolConfig
     truths: list[str]
     timings: dict[str, float] = field(default_factory=lambda: {"generation": 0.0, "sandbox": 0.0})
+    on_end: Callable[[int, Row], None] | None = None  # told of each finished trajectory (``rollout``)
+    ended: set[int] = field(default_factory=set)  # the trajectories ``on_end`` was told of
     # The rounds resubmit a stopped trajectory only once the round is over: the engine may drop its cache for room
     # (``SamplingParams.evictable``); on its own a trajectory goes on the moment it can and keeps it.
     evictable: bool = False
@@ -111,6 +113,7 @@ async def rollout(
     ground_truths: list[str] | None = None,
     schedule: Schedule = Schedule(),
     tools: Toolbox | None = None,
+    on_end: Callable[[int, Row], None] | None = None,
 ) -> tuple[Trajectories, dict[str, float]]:
     """Tool-integrated rollouts: ``params.n`` trajectories per prompt.
 
@@ -129,12 +132,15 @@ async def rollout(
         schedule: how the engine is driven.
         tools: the tools, built once by a caller that keeps them between rollouts; None builds ``tool.tools`` here
             with ``sandbox`` (``zerotir.tools.Toolbox.build``).
+        on_end: called on this event loop with each trajectory's index and row the moment it finishes (the in-line
+            source scores it then, while the others generate: ``zerotir.rollout.scoring.EarlyScores``).
 
     Returns:
         The trajectories (prompt i's samples at rows ``i * n .. i * n + n - 1``, ``group_ids`` = i) and wall times in
         seconds: ``generation`` (inside ``engine.step``), ``sandbox`` (waiting for code results with nothing to
         decode; execution hidden behind generation is not counted). ``rewards`` are 0: the source scores the
-        finished batch (``zerotir.rewards.score_trajectories``, the one scoring path of every source).
+        batch (``zerotir.rewards.score_trajectories``, the one scoring path of every source; ``on_end`` lets it
+        start as trajectories finish).
     """
     _check_inputs(prompts, params, ground_truths)
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
@@ -142,7 +148,7 @@ async def rollout(
     if tool.enabled:
         fmt.check_tools(tools.names)
     run = _Run(engine, tokenizer, tools, fmt, _initial_rows(tokenizer, prompts, params.n, fmt, tool.max_tool_calls),
-               params, tool, truths, evictable=schedule.kind != "trajectory")
+               params, tool, truths, on_end=on_end, evictable=schedule.kind != "trajectory")
     try:
         if schedule.kind == "trajectory":
             await _run_trajectories(run)
@@ -259,8 +265,11 @@ def _step(run: _Run) -> list[tuple[Hashable, Sample]]:
 
 
 def _end(run: _Run, key: int) -> None:
-    """Trajectory ``key`` has finished: the engine forgets it."""
+    """Trajectory ``key`` has finished: the engine forgets it, and ``on_end`` is told (once)."""
     run.engine.release(key)
+    if run.on_end is not None and key not in run.ended:
+        run.ended.add(key)
+        run.on_end(key, run.rows[key])
 
 
 def _send_code(run: _Run, row: Row) -> None:

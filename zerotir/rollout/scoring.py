@@ -8,12 +8,14 @@ overlong and correct-with-errors rules, GRPO-RoC) and the evaluation (avg@k, pas
 or composed reward (a tool-call cost, a judge's partial credit) never silently changes what "correct" means.
 
 ``score_trajectories`` is the only place a reward is applied: the in-line source, the thread host and the fleet
-all call it on the trainer once a batch's trajectories are back (rewards never cross to an engine host). It lives
+all call it on the trainer once a batch's trajectories are back (rewards never cross to an engine host); the in-line
+source starts it early (``EarlyScores``: each trajectory scored as it finishes, while the others generate). It lives
 here, beside the sources, so that the rollout imports no reward implementation (``zerotir.rewards`` imports this).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,17 +98,86 @@ def samples_of(traj: Trajectories, rows: Sequence[PromptRow]) -> list[Sample]:
     return out
 
 
-def score_trajectories(reward: Reward | None, traj: Trajectories, rows: Sequence[PromptRow]) -> float:
-    """Fill ``traj.rewards`` and ``traj.corrects`` with ``reward``'s scores of ``traj``
-    (prompt rows ``rows``, indexed by its group ids); the seconds it took (0 without a reward: rewards stay 0)."""
+def score_trajectories(reward: Reward | None, traj: Trajectories, rows: Sequence[PromptRow],
+                       early: EarlyScores | None = None) -> float:
+    """Fill ``traj.rewards`` and ``traj.corrects`` with ``reward``'s scores of ``traj`` (prompt rows ``rows``,
+    indexed by its group ids), those ``early`` took while the batch generated first; the seconds it waited (0
+    without a reward: rewards stay 0)."""
     if reward is None:
         return 0.0
     start = time.perf_counter()
-    samples = samples_of(traj, rows)
-    scores = run_sync(reward.score(samples), "score_trajectories") if samples else []
-    if len(scores) != len(samples):
-        raise RuntimeError(f"{type(reward).__qualname__}.score returned {len(scores)} scores for {len(samples)} "
-                           "samples: it must return one per sample, in order")
+    if early is not None:
+        scores = run_sync(early.rest(traj), "score_trajectories")
+    else:
+        samples = samples_of(traj, rows)
+        scores = _checked(reward, run_sync(reward.score(samples), "score_trajectories"), len(samples)) \
+            if samples else []
     traj.rewards = torch.tensor([s.score for s in scores], dtype=torch.float32)
     traj.corrects = torch.tensor([bool(s.correct) for s in scores], dtype=torch.bool)
     return time.perf_counter() - start
+
+
+class EarlyScores:
+    """Scores a batch's trajectories as they finish, while the others still generate (the in-line source: a slow
+    reward such as the judge overlaps generation instead of waiting after the batch); ``score_trajectories`` takes
+    what it scored and scores the rest.
+
+    The tool loop calls ``finished`` on its event loop as each trajectory ends (``rollout(on_end=...)``); the
+    samples are those ``samples_of`` gives the batch (the trajectory as ``to_trajectories`` writes it). One
+    ``reward.score`` call is in flight at a time, over every trajectory that ended since the previous one, so the
+    reward keeps its own bound on concurrency (the judge's ``max_concurrency``).
+
+    Args:
+        reward: the ``model.reward`` plug-in (None: nothing is scored).
+        rows: the batch's prompt rows.
+        tokenizer: the tokenizer of the rollout (decodes a finished trajectory as the batch's does).
+    """
+
+    def __init__(self, reward: Reward | None, rows: Sequence[PromptRow], tokenizer: Any):
+        self.reward, self.rows, self.tokenizer = reward, rows, tokenizer
+        self.scores: dict[int, Score] = {}
+        self._queue: list[tuple[int, Sample]] = []
+        self._task: asyncio.Future | None = None
+
+    def finished(self, key: int, row: Any) -> None:
+        """Trajectory ``key`` (a ``rows.Row``) has ended: queue it, and start scoring unless a call is in flight
+        (a failed call is kept: ``rest`` raises its error)."""
+        from zerotir.rollout.trajectories import to_trajectories
+
+        if self.reward is None:
+            return
+        one = to_trajectories([row], self.tokenizer, [r["answer"] for r in self.rows])
+        self._queue.append((key, samples_of(one, self.rows)[0]))
+        if self._task is None or (self._task.done() and not self._task.cancelled()
+                                  and self._task.exception() is None):
+            self._task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            scores = _checked(self.reward, await self.reward.score([s for _, s in batch]), len(batch))
+            self.scores.update(zip((key for key, _ in batch), scores))
+
+    async def rest(self, traj: Trajectories) -> list[Score]:
+        """Every trajectory's score, in order: the calls in flight awaited, the trajectories not yet scored (all
+        of them on a rank that only replayed the loop) scored now."""
+        if self._task is not None:
+            await self._task
+        missing = [i for i in range(len(traj.group_ids)) if i not in self.scores]
+        if missing:
+            samples = samples_of(traj, self.rows)
+            scores = _checked(self.reward, await self.reward.score([samples[i] for i in missing]), len(missing))
+            self.scores.update(zip(missing, scores))
+        return [self.scores[i] for i in range(len(traj.group_ids))]
+
+    def cancel(self) -> None:
+        """Stop the call in flight (the rollout failed)."""
+        if self._task is not None:
+            self._task.cancel()
+
+
+def _checked(reward: Reward, scores: list[Score], n: int) -> list[Score]:
+    if len(scores) != n:
+        raise RuntimeError(f"{type(reward).__qualname__}.score returned {len(scores)} scores for {n} samples: it "
+                           "must return one per sample, in order")
+    return scores

@@ -38,7 +38,7 @@ from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rollout.sandbox_service import SandboxService
-from zerotir.rollout.scoring import Reward, score_trajectories
+from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
 from zerotir.scale.deepspeed_setup import check_rollout_backend
 from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts
@@ -162,7 +162,7 @@ class EngineSource:
         sandbox: the ``model.tool.sandbox`` group.
         tool: the ``model.tool`` group.
         sampling: the ``model.sampling`` group (training rollouts).
-        reward: the ``model.reward`` plug-in, scoring each batch once it is back (``score_trajectories``).
+        reward: the ``model.reward`` plug-in, scoring each trajectory as it finishes (``EarlyScores``).
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
     """
@@ -205,15 +205,22 @@ class EngineSource:
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
 
     def roll_out(self, rows: list[PromptRow], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
-        """The tool loop over ``rows`` on this source's engine, then the batch scored (``score_trajectories``). A
+        """The tool loop over ``rows`` on this source's engine, each trajectory scored as it finishes and the rest
+        after (``EarlyScores``, ``score_trajectories``). A
         collective of the tensor-parallel group: its leader runs the loop and the other ranks replay its engine
         calls; all return the leader's trajectories."""
         if self.engine is None:
             raise RuntimeError("rollout before the source started (RolloutSource.start)")
         prompts, truths = [r["prompt_ids"] for r in rows], [r["answer"] for r in rows]
-        traj, timings = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
-            engine, self._tokenizer, self.sandbox.client, prompts, params, self.tool, truths, self.schedule))
-        timings["reward"] = score_trajectories(self.reward, traj, rows)
+        early = EarlyScores(self.reward, rows, self._tokenizer)  # each trajectory scored as it finishes
+        try:
+            traj, timings = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
+                engine, self._tokenizer, self.sandbox.client, prompts, params, self.tool, truths, self.schedule,
+                on_end=early.finished))
+        except BaseException:
+            early.cancel()
+            raise
+        timings["reward"] = score_trajectories(self.reward, traj, rows, early)
         return traj, timings
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:

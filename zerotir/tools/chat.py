@@ -29,8 +29,8 @@ _MARK = "@@zerotir:assistant-content@@"  # the assistant's content in the conver
 
 def check_chat_template(tokenizer: Any, setting: str, fix: str) -> None:
     """Raise ``ValueError`` naming ``setting`` and ``fix`` when ``tokenizer`` has no chat template."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    if tokenizer is None or not tokenizer.chat_template:
+        name = (tokenizer.name_or_path if tokenizer is not None else "") or "the tokenizer"
         raise ValueError(f"{setting}: {name} has no chat template (tokenizer.chat_template), so the prompt cannot be "
                          f"built in the model's own chat format; {fix}")
 

@@ -101,6 +101,16 @@ class Hermes(CallFormat):
     def render(self, text: str) -> str:
         return f"\n{self.output_start}\n{text}\n{self.output_end}\n"
 
+    def describe(self, schemas: list[dict[str, Any]]) -> str:
+        """How to call the tools of ``schemas`` (``Tool.schema``) in this format, for a prompt
+        (``zerotir.data.prompts``): the call's shape, where its result comes back, and each tool as its JSON schema
+        on a line of its own."""
+        tools = "\n".join(json.dumps(schema["function"]) for schema in schemas)
+        return (f'You may call a tool to compute or check intermediate results: write {self.call_start}{{"name": '
+                f'<tool name>, "arguments": <JSON object>}}{self.call_end}; the call runs right away and its result '
+                f"is shown to you in a {self.output_start} block, after which you continue. The tools, as JSON "
+                f"schemas:\n{tools}")
+
 
 class Chat(Hermes):
     """Hermes's calls; the observation as the chat template's tool turn (module doc).

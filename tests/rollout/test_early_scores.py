@@ -1,0 +1,72 @@
+"""The in-line source's scoring overlaps generation (``EarlyScores``): a trajectory is scored the moment it finishes,
+while the others still generate, through the reward's own ``score``, and the batch ends with the same scores as
+scoring it after the rollout (``score_trajectories``, the one scoring path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox
+from zerotir.config import ToolConfig
+from zerotir.rollout.agent_loop import rollout_sync
+from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.scoring import EarlyScores, Reward, Score, score_trajectories
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+TOK = build_byte_tokenizer()
+SCRIPTS = {"Q: 2+3?\n": [["\\boxed{5}"]], "Q: 2*3?\n": [["Let me check this once more, slowly. \\boxed{6}"]]}
+ROWS = [{"problem": p, "answer": a, "prompt_ids": TOK.encode(p, add_special_tokens=False)}
+        for p, a in zip(SCRIPTS, ["5", "7"])]
+
+
+@dataclass(frozen=True, eq=False)
+class Watched(Reward):
+    """Correct when the response ends in the boxed answer; records each call's responses and the engine's step."""
+
+    engine: ScriptedEngine
+    calls: list = field(default_factory=list)
+
+    async def score(self, samples):
+        self.calls.append(([s.response[-3:] for s in samples], self.engine.steps))
+        return [Score(float(s.response.endswith(f"{{{s.answer}}}")), s.response.endswith(f"{{{s.answer}}}"))
+                for s in samples]
+
+
+def roll_out(early: bool):
+    engine = ScriptedEngine(TOK, SCRIPTS)
+    reward = Watched(engine)
+    scores = EarlyScores(reward, ROWS, TOK) if early else None
+    traj, _ = rollout_sync(engine, TOK, ScriptedSandbox(), [r["prompt_ids"] for r in ROWS],
+                           SamplingParams(temperature=0.0, max_new_tokens=256), ToolConfig(), None,
+                           on_end=scores.finished if early else None)
+    score_trajectories(reward, traj, ROWS, scores)
+    return traj, reward.calls, engine.steps
+
+
+def test_a_trajectory_is_scored_as_it_finishes_with_the_scores_of_the_batch_path():
+    traj, calls, steps = roll_out(early=True)
+    assert calls[0][0] == ["{5}"] and calls[0][1] < steps  # scored while the other still generated
+    assert [c[0] for c in calls] == [["{5}"], ["{6}"]]
+    after, once, _ = roll_out(early=False)
+    assert once == [(["{5}", "{6}"], steps)]  # the batch path: one call after the rollout
+    assert traj.rewards.tolist() == after.rewards.tolist() == [1.0, 0.0]
+    assert traj.corrects.tolist() == after.corrects.tolist() == [True, False]
+
+
+def test_a_trajectory_the_loop_did_not_report_is_scored_after_and_a_wrong_count_is_an_error():
+    engine = ScriptedEngine(TOK, SCRIPTS)
+    traj, _ = rollout_sync(engine, TOK, ScriptedSandbox(), [r["prompt_ids"] for r in ROWS],
+                           SamplingParams(temperature=0.0, max_new_tokens=256), ToolConfig())
+    reward = Watched(engine)
+    score_trajectories(reward, traj, ROWS, EarlyScores(reward, ROWS, TOK))  # a rank that only replayed the loop
+    assert reward.calls == [(["{5}", "{6}"], engine.steps)] and traj.rewards.tolist() == [1.0, 0.0]
+
+    class Short(Watched):
+        async def score(self, samples):
+            return []
+
+    short = Short(engine)
+    with pytest.raises(RuntimeError, match="Short.score returned 0 scores for 2 samples"):
+        score_trajectories(short, traj, ROWS, EarlyScores(short, ROWS, TOK))
