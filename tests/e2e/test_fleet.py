@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.conftest import REPO, cli_args, fit_killed_at, read_scalars, run_cli
+from tests.e2e.conftest import REPO, cli_args, fit_killed_at, fit_lockstep, read_scalars, run_cli
 from tests.gloo import free_port
 from zerotir import metric_names as mn
 from zerotir.data.stream import PromptStream
@@ -25,31 +25,19 @@ from zerotir.data.stream import PromptStream
 pytest.importorskip("ray", reason='the fleet runs on Ray: pip install -e ".[fleet]"')
 pytestmark = pytest.mark.slow
 
-LOCKSTEP = ["--model.rollout.init_args.schedule", "lockstep", "--trainer.limit_val_batches", "0",
-            "--trainer.enable_checkpointing", "false"]
 FLEET = ["--model.fleet.engines", "1", "--model.fleet.timeout_s", "300"]
 
 
 def _fit(root, e2e_base, e2e_data, *extra):
-    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, root, "--trainer.max_steps", "3",
-                           *LOCKSTEP, *extra))
-    scalars = read_scalars(root / "tensorboard")
-    rewards = [v for _, v in scalars[mn.REWARD_MEAN]]
-    return cli, scalars, rewards, {k: v.clone() for k, v in cli.model.actor.state_dict().items()}
-
-
-@pytest.fixture(scope="module")
-def in_line(e2e_base, e2e_data, tmp_path_factory):
-    """The in-line run the fleet's runs must equal: rewards of its 3 steps and its parameters after them."""
-    _, _, rewards, params = _fit(tmp_path_factory.mktemp("inline"), e2e_base, e2e_data)
-    assert len(rewards) == 3
-    return rewards, params
+    run = fit_lockstep(root, e2e_base, e2e_data, 3, *extra)
+    return run.cli, run.scalars, run.rewards, run.params
 
 
 def _assert_equal(in_line, rewards, params):
-    assert rewards == in_line[0]
-    changed = [k for k in in_line[1] if not torch.equal(in_line[1][k], params[k])]
-    assert in_line[1].keys() == params.keys() and not changed, f"parameters differ after 3 steps: {changed[:5]}"
+    """``in_line``: the session's in-line run of 3 steps (tests/e2e/conftest.py), which this run must equal."""
+    assert rewards == in_line.rewards
+    changed = [k for k in in_line.params if not torch.equal(in_line.params[k], params[k])]
+    assert in_line.params.keys() == params.keys() and not changed, f"parameters differ after 3 steps: {changed[:5]}"
 
 
 @pytest.mark.timeout(900)

