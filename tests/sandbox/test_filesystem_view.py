@@ -106,7 +106,7 @@ def test_sympy_numpy_scipy_mpmath_import_and_compute(minimal: Server) -> None:
             "x = sympy.Symbol('x')\n"
             "print(sympy.solve(x**2 - 5*x + 6, x), int(numpy.arange(5).sum()), float(scipy.special.gamma(5)),\n"
             "      round(float(scipy.linalg.det(numpy.diag([2.0, 3.0]))), 6), mpmath.nstr(mpmath.sqrt(2), 8))\n")
-    result = minimal.run(code)
+    result = minimal.run(code, run_timeout=30.0)  # the imports, not the speed: a loaded machine took over 5 s
     assert result.stdout == "[2, 3] 10 24.0 6.0 1.4142136\n", result
 
 
