@@ -11,13 +11,17 @@ What lives where:
 * the critic: ``model.base.lora.critic = adapters`` puts adapters of its own on the critic's backbone (a frozen copy
   of the base: the two models' adapters are trained by one backward each and peft switches one adapter per model
   at a time), the value head trains in full; ``full`` trains the whole value model as without LoRA.
-* the rollout engine: the transformers engine that wraps the actor generates with the adapters on, in place; an
-  engine with weights of its own takes the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
+* the rollout engine: each engine declares how a LoRA actor's weights reach it (``RolloutEngine.adapter_path``):
+  the transformers engine that wraps the actor generates with the adapters on, in place; an engine with weights of
+  its own takes the adapter tensors only (vLLM started with ``lora_rank``, an engine host's transformers copy); one
+  that takes no adapters gets the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
+  ``is_adapted`` is the one check every part makes of whether a model is a LoRA actor.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from torch import nn
@@ -88,13 +92,11 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def is_adapted(model: nn.Module | None) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel`` (False without peft installed)."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+def is_adapted(model: Any) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (a LoRA actor): the one check the module, the weight sync and the
+    engines make. peft is not imported here: where nothing imported it, no model can be a ``PeftModel``."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 class AdaptersOff:
@@ -136,17 +138,32 @@ def reference(actor: nn.Module | None, ref_model: nn.Module | None, kl_coef: flo
     return AdaptersOff(actor)
 
 
-def log_weight_path(actor: nn.Module, engine: Any) -> None:
-    """Say at start how the rollout engine gets the adapted actor: in place (the transformers engine that wraps the
-    actor), or as merged weights pushed after every update (an engine with weights of its own)."""
-    if not is_adapted(actor):
-        return
-    if getattr(engine, "model", None) is actor:
-        log.info("model.base.lora: the transformers engine generates with the actor itself, adapters on; nothing is "
-                 "pushed after an update")
+# What each ``RolloutEngine.adapter_path`` means for a LoRA run, said at start (``log_weight_path``).
+_WEIGHT_PATHS = {
+    "in place": "the transformers engine generates with the actor itself, adapters on; nothing is pushed after an "
+                "update",
+    "adapter": "every update pushes the adapter tensors only (peft.get_peft_model_state_dict); the engine keeps its "
+               "base weights",
+    "merged": "the engine takes no adapters: every update pushes the merged weights (base + scaled B @ A of each "
+              "adapted layer, the whole model's bytes)",
+}
+
+
+def log_weight_path(path: str, engine: str) -> None:
+    """Say at the start of a LoRA run (INFO) how the rollout engine ``engine`` (its name) gets the adapted actor,
+    ``path`` being what the engine declares (``RolloutEngine.adapter_path``)."""
+    log.info("model.base.lora: %s: %s", engine, _WEIGHT_PATHS[path])
+
+
+def push_size(actor: nn.Module, path: str) -> tuple[int, int]:
+    """Bytes and tensors one push of ``actor`` moves into an engine of adapter path ``path``
+    (``RolloutEngine.adapter_path``): a LoRA actor's adapter tensors into an engine that takes adapters, else every
+    weight of the plain model (a LoRA actor's merged: its parameters less the adapters)."""
+    if is_adapted(actor) and path == "adapter":
+        tensors = list(_peft().get_peft_model_state_dict(actor).values())
     else:
-        log.info("model.base.lora: the rollout engine holds weights of its own and takes no adapters: every update "
-                 "pushes the merged weights (base + scaled B @ A of each adapted layer, the whole model's bytes)")
+        tensors = [p for name, p in actor.named_parameters() if ".lora_" not in name]
+    return sum(t.numel() * t.element_size() for t in tensors), len(tensors)
 
 
 def save_adapters(actor: nn.Module, out_dir: str, merged_dir: str | None = None) -> None:

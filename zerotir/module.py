@@ -115,12 +115,8 @@ class ZeroTIRModule(LightningModule):
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        if base.lora is not None and fleet.enabled:
-            raise ValueError(f"model.base.lora with model.fleet.engines={fleet.engines}: the fleet's engine hosts do not "
-                             "start their engines for adapters yet; train LoRA in line or through model.pipeline (its "
-                             "engine takes the merged weights), or set model.base.lora: null")
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
-                                          self.model_path, seed)
+                                          self.model_path, seed, base.lora.rank if base.lora else None)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
@@ -234,8 +230,7 @@ class ZeroTIRModule(LightningModule):
         datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
         stream = datamodule if isinstance(datamodule, PromptDataModule) else None
         self.reward.start()  # an unreachable judge stops the run before step 1, like the sandbox's health check
-        self.source.start(self.actor, self.tokenizer, self.device, stream)
-        lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
+        self.source.start(self.actor, self.tokenizer, self.device, stream)  # it says how a LoRA actor's pushes go
 
     def on_fit_start(self) -> None:
         self._start_source()

@@ -22,7 +22,7 @@ from zerotir.config import FleetConfig
 from zerotir.fleet.ranks import Discard, TrainerRanks
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group, free_port
 from zerotir.fleet.weight_push import PushStats, WeightSender, push_weights
-from zerotir.rollout.vllm_lora import is_peft_model
+from zerotir.lora import is_adapted
 from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class FleetWeights:
     def join_push(self, actor: nn.Module, version: int) -> None:
         """A rank >= 1's side of rank 0's push: the same bucket gathers (ZeRO-3 collectives), nothing sent; nothing
         for a LoRA actor, whose push gathers nothing (``weight_push.push_adapter``)."""
-        if not is_peft_model(actor):
+        if not is_adapted(actor):
             sync_weights(actor, Discard(), DEFAULT_BUCKET_BYTES)
 
     def last(self) -> PushStats | None:

@@ -20,11 +20,12 @@ vLLM is imported only inside functions.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from zerotir.lora import is_adapted
 
 ADAPTER_ID = 1  # the lora_int_id of every adapter version (module doc)
 ADAPTER_PATH = "zerotir-in-memory-adapter (zerotir.rollout.vllm_lora registers it from tensors)"
@@ -117,17 +118,12 @@ def actor_adapter(actor: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict
     Raises:
         TypeError: ``actor`` is not a peft model (an engine started for LoRA serves only adapters).
     """
-    import peft
-
-    if not isinstance(actor, peft.PeftModel):
+    if not is_adapted(actor):
         raise TypeError(f"the vLLM engine serves LoRA adapters (lora_rank set) but the actor is a "
                         f"{type(actor).__name__}, not a peft.PeftModel; wrap it with peft.get_peft_model, or start "
                         "the engine without lora_rank to push full weights")
+    import peft
+
     tensors = {name: t.detach() for name, t in peft.get_peft_model_state_dict(actor).items()}
     return tensors, adapter_config(actor.peft_config["default"])
 
-
-def is_peft_model(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel`` (a LoRA actor), without importing peft where nothing did."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
