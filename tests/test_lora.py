@@ -106,7 +106,7 @@ def test_an_engine_of_its_own_gets_the_merged_weights_and_greedy_output_matches(
     want = dict(merged.named_parameters())
     assert set(engine.weights) == set(want)
     assert all(torch.allclose(engine.weights[n], p, atol=1e-6) for n, p in want.items())
-    # the transformers engine: on the adapted actor in place, and on a plain copy given the merged push
+    # the transformers engine: on the adapted actor in place, on a plain copy given the adapter push, on the merged model
     own = HFEngine(models.load_causal_lm(tiny_dir), module.tokenizer)
     own.load_weights_from(module.actor)
     outputs = []
