@@ -43,8 +43,9 @@ def test_a_plain_actor_is_refused_naming_peft():
     pytest.importorskip("peft")
     from zerotir.rollout.vllm_lora import actor_adapter
 
-    with pytest.raises(TypeError, match="not a peft.PeftModel; wrap it with peft.get_peft_model"):
-        actor_adapter(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="not a peft.PeftModel; wrap it with peft.get_peft_model"), \
+            actor_adapter(torch.nn.Linear(2, 2)):
+        pass
 
 
 def _randomise_adapter(actor: torch.nn.Module, seed: int) -> None:

@@ -176,18 +176,9 @@ def push_weights(sender: WeightSender, model: nn.Module, version: int,
 
 def push_adapter(sender: WeightSender, model: nn.Module, version: int) -> PushStats:
     """A LoRA actor's adapter (``peft.get_peft_model_state_dict``) to every receiver as push ``version``: its
-    settings in the ``begin`` message, its tensors in one bucket; the base weights stay where they are.
-
-    Raises:
-        ValueError: adapter tensors partitioned away (ZeRO-3): the adapter push gathers nothing.
-    """
-    tensors, config = actor_adapter(model)
-    empty = [name for name, t in tensors.items() if t.numel() == 0]
-    if empty:
-        raise ValueError(f"LoRA push: adapter tensors {empty[:2]} are empty on this rank (partitioned by ZeRO-3); the "
-                         "adapter push sends whole tensors and gathers nothing: train a LoRA actor without ZeRO-3 "
-                         "(model.scale) or without model.fleet")
-    with sender.push(version, adapter=config):
+    settings in the ``begin`` message, its tensors in one bucket; the base weights stay where they are. Under ZeRO-3
+    the adapter is gathered first, with every training rank (``FleetWeights.join_push``)."""
+    with actor_adapter(model) as (tensors, config), sender.push(version, adapter=config):
         sender.update_weights(list(tensors.items()))
     return sender.pushes[-1]
 

@@ -226,7 +226,8 @@ class HFEngine:
             self.reset_cache()
             return
         if is_adapted(actor):
-            self.update_adapter(*actor_adapter(actor))
+            with actor_adapter(actor) as adapter:
+                self.update_adapter(*adapter)
             return
         from zerotir.scale.weight_sync import sync_weights
 

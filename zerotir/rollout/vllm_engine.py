@@ -285,7 +285,8 @@ class VLLMEngine:
         if self._asleep:
             self.llm.wake_up(tags=["weights"])
         if self.lora_rank is not None:
-            self.update_adapter(*actor_adapter(actor))
+            with actor_adapter(actor) as adapter:
+                self.update_adapter(*adapter)
         else:
             sync_weights(actor, self, self.bucket_bytes)
         if self._asleep:
