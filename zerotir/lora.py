@@ -30,6 +30,7 @@ from zerotir.config import LoraConfig
 
 log = logging.getLogger(__name__)
 ADAPTER = "default"  # peft's name of the one adapter a model gets
+ADAPTER_SEED = 0  # the adapters' initial values are drawn from it (``init_adapters``)
 
 
 def _peft() -> Any:
@@ -62,11 +63,38 @@ def add_adapters(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         wrapped = peft.get_peft_model(model, peft_config(cfg), autocast_adapter_dtype=True)
     except ValueError as err:
         raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: {err}") from err
+    init_adapters(wrapped)
     head = wrapped.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(head, peft.tuners.tuners_utils.BaseTunerLayer):
         raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: it matches the LM head, which "
                          "takes no adapter here; name the decoder's modules only (e.g. [q_proj, v_proj])")
     return wrapped
+
+
+def init_adapters(model: nn.Module) -> None:
+    """Give ``model``'s adapters peft's initial values (A as ``nn.Linear``'s default, B zero: the adapted model starts
+    as its base) drawn from a fixed seed, whatever the RNG's state and the layout.
+
+    Under DeepSpeed ZeRO-3 (Lightning builds the model inside ``deepspeed.zero.Init``) peft's own initialisation
+    writes into empty partitions and does nothing, leaving B random; so the adapter parameters are gathered here,
+    rank 0 initialises them and DeepSpeed hands each rank its partition. The fixed seed makes a run's adapters the
+    same on 1 rank and on several (the rehearsal's equivalence)."""
+    import contextlib
+
+    import torch
+
+    peft = _peft()
+    layers = [m for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    partitioned = [p for name, p in model.named_parameters() if ".lora_" in name and hasattr(p, "ds_id")]
+    gathered: Any = contextlib.nullcontext()
+    if partitioned:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0)
+    with gathered, torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(ADAPTER_SEED)
+        for layer in layers:
+            layer.reset_lora_parameters(ADAPTER, True)
 
 
 def add_critic_adapters(critic: nn.Module, cfg: LoraConfig) -> nn.Module:
