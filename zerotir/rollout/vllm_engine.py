@@ -277,9 +277,8 @@ class VLLMEngine:
         return "adapter" if self.lora_rank is not None else "merged"
 
     def load_weights_from(self, actor: torch.nn.Module) -> None:
-        """Generate with ``actor``'s current weights from now on: they are sent in buckets of whole decoder layers
-        (``zerotir.scale.weight_sync.sync_weights``, ``weight_sync_bucket_mb``); with ``lora_rank`` only its adapter
-        (``update_adapter``). An engine resting in sleep mode wakes its weights first, its KV cache after the copy."""
+        """Generate with ``actor``'s weights from now on: sent in buckets of whole layers (``sync_weights``), with
+        ``lora_rank`` its adapter only (``update_adapter``). A sleeping engine wakes its weights, then its KV cache."""
         from zerotir.scale.weight_sync import sync_weights
 
         if self._asleep:
