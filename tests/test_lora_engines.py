@@ -110,3 +110,17 @@ def test_the_thread_hosts_engine_takes_the_adapters_and_decodes_as_the_merged_ac
     adapter_bytes = lora.push_size(module.actor, "adapter")[0]
     assert seen.push.version == 3 and seen.push.bytes == adapter_bytes
     assert adapter_bytes * 4 < lora.push_size(module.actor, "merged")[0]
+
+
+def test_fleet_engines_that_take_no_adapters_refuse_a_lora_actor_at_start(tiny_dir):
+    from zerotir.config import FleetConfig
+    from zerotir.fleet.source import FleetSource
+    from zerotir.fleet.thread_host import ThreadTransport
+
+    source = FleetSource(FleetConfig(engines=1), PipelineConfig(max_staleness=0), HFRollout(), SandboxConfig(),
+                         NO_TOOL, SamplingConfig(), None, str(tiny_dir), 0, ThreadTransport(), lora_rank=4)
+    source.pool._where = [{"adapter_path": "merged"}]  # what the hosts' describe() declared at start
+    actor = lora.add_adapters(models.load_causal_lm(tiny_dir), LORA)
+    with pytest.raises(ValueError, match=r"model.base.lora: the fleet's engines \(HFRollout\) take no adapters"):
+        source._check_adapters(actor)
+    source._check_adapters(models.load_causal_lm(tiny_dir))  # full fine-tuning: any engine
