@@ -3,6 +3,8 @@ weight push to an engine, side by side in one run on one small Qwen2.
 
     python -m benchmarks.lora                      # the docs/results.md table
     python -m benchmarks.lora --rows 4 --max-len 256   # smaller and quicker
+    python -m benchmarks.lora --chunk 0            # the LM head's logits whole (no logprob_chunk_tokens)
+    python -m benchmarks.lora --toy-world          # the toy world's finding instead (below; about an hour, alone)
 
 Method. A random Qwen2 of hidden 512, 8 layers, 8 heads (2 key / value heads) and a 32k vocabulary (``--vocab``):
 the cost does not depend on what the model knows. Arms: ``full`` (every weight trained) and ``lora r8`` /
@@ -10,7 +12,9 @@ the cost does not depend on what the model knows. Arms: ``full`` (every weight t
 frozen). Each arm runs in a fresh process: a warm-up update on the two shortest rows (the optimizer's state), then
 the measured update on the batch (``benchmarks.update_memory.trajectories``: ``--rows`` lognormal lengths up to
 ``--max-len``), both ``prepare_batch`` + ``ppo_update`` (REINFORCE++, one pass) with an AdamW step over the trained
-parameters; then one push of the actor through the fleet's weight group (``zerotir.fleet.weight_push.push_weights``
+parameters, the log-probs chunked as a real run computes them (``model.rl.logprob_chunk_tokens``: ``--chunk`` tokens
+of the LM head's logits at a time, so that the 32k-wide logits of a micro-batch do not dominate the peak and the
+weights, their gradients and Adam's state, what LoRA saves, show); then one push of the actor through the fleet's weight group (``zerotir.fleet.weight_push.push_weights``
 over gloo on loopback, the receiving engine a thread of the same process that drops what it gets): full weights,
 or only the adapter (``push_adapter``).
 
@@ -21,18 +25,22 @@ or only the adapter (``push_adapter``).
 * Push bytes and seconds: the push's ``PushStats`` (tensor bytes sent; begin to end).
 
 Targets (issue #41): LoRA's push bytes >= 50x smaller, its peak update memory >= 2x lower.
+
+``--toy-world``: the toy world's finding instead, does LoRA RL reach 80% held-out accuracy and code use from the
+shipped recipe's base, and in how many steps against full fine-tuning: ``benchmarks.toy_emergence`` with the arms
+``reinforce_pp`` (``configs/toy_cpu.yaml``) and ``reinforce_pp_lora`` (``--config configs/toy_cpu_lora.yaml`` on
+it), seeds 0 1 2 each, into ``runs/lora_toy`` (its method, table and plot). It needs a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from benchmarks.update_memory import batch_arguments, in_fresh_processes, measured_update, trajectories
+from benchmarks.update_memory import batch_arguments, in_fresh_processes, measured_update, report, trajectories
 
 ARMS = {"full": None, "lora r8": 8, "lora r64": 64}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -62,6 +70,9 @@ class _Drop:
     def update_adapter(self, tensors, config) -> None:
         pass
 
+    def adapter_path(self, actor) -> str:
+        return "adapter"  # it takes a LoRA actor's adapter (RolloutEngine.adapter_path)
+
 
 def push_once(actor: torch.nn.Module) -> dict:
     """One push of ``actor`` through a weight group of this thread (sender) and another (receiver)."""
@@ -90,7 +101,8 @@ def run_arm(args: argparse.Namespace, name: str) -> dict:
     from zerotir.rl.micro_batches import row_lengths
 
     torch.set_num_threads(args.threads)
-    cfg = RLConfig(algorithm="reinforce_pp", micro_batch_size=args.micro_batch_size)
+    cfg = RLConfig(algorithm="reinforce_pp", micro_batch_size=args.micro_batch_size,
+                   logprob_chunk_tokens=args.chunk or None)
     traj, actor = trajectories(args), model_of(args, ARMS[name])
     seconds, _, peak_mib = measured_update(cfg, traj, actor)  # the optimizer's state included
     return {"arm": name, "trained": sum(p.numel() for p in actor.parameters() if p.requires_grad),
@@ -110,13 +122,20 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    args = batch_arguments(__doc__, rows=8, median=128.0, sigma=0.5, max_len=512).parse_args()
-    print(f"{args.rows} rows up to {args.max_len} tokens; load {os.getloadavg()[0]:.1f}", flush=True)
-    results = in_fresh_processes(run_arm, args, list(ARMS), "update_s")
-    print(table(results))
-    print(f"load at the end {os.getloadavg()[0]:.1f}")
-    if args.json:
-        print(json.dumps(results))
+    parser = batch_arguments(__doc__, rows=8, median=128.0, sigma=0.5, max_len=512)
+    parser.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_tokens of both arms (0: off)")
+    parser.add_argument("--toy-world", action="store_true", help="run the toy world's 3-seed finding instead")
+    args = parser.parse_args()
+    if args.toy_world:
+        from benchmarks import toy_emergence
+
+        seeds = ["0", "1", "2"]
+        toy_emergence.main(["--algorithms", "reinforce_pp", "reinforce_pp_lora", "--seeds", *seeds,
+                            "--other_seeds", *seeds, "--out", str(toy_emergence.REPO / "runs" / "lora_toy")])
+        return
+    print(f"{args.rows} rows up to {args.max_len} tokens, log-probs chunked by {args.chunk or 'none'}; load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    report(in_fresh_processes(run_arm, args, list(ARMS), "update_s"), table, args.json)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ CONFIGS = {  # the --config files of each arm, in order: the base, then the arm'
     "reinforce_baseline": [BASE_CONFIG, "configs/toy_cpu_reinforce_baseline.yaml"],
     "rloo": [BASE_CONFIG, "configs/toy_cpu_rloo.yaml"],
     "reinforce_pp_vllm": [BASE_CONFIG, "configs/toy_cpu_vllm.yaml"],  # REINFORCE++ on the vLLM engine, its base's shape
+    "reinforce_pp_lora": [BASE_CONFIG, "configs/toy_cpu_lora.yaml"],  # REINFORCE++ training LoRA adapters only
 }
 DEFAULT_ALGORITHMS = ["reinforce_pp", "ppo", "grpo"]
 VAL_NAME = "heldout"

@@ -174,6 +174,14 @@ def in_fresh_processes(run, args: argparse.Namespace, names: list[str], seconds_
     return results
 
 
+def report(results: list[dict], table_of: Any, as_json: bool) -> None:
+    """Print the results' table (``table_of(results)``), the load at the end and, with ``as_json``, the results."""
+    print(table_of(results))
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
+    if as_json:
+        print(json.dumps(results))
+
+
 def table(results: list[dict]) -> str:
     base = results[0]
     header = ("| variant | micro-batches | computed tokens | peak memory of the update (MiB) | x lower | update s | "
@@ -211,11 +219,7 @@ def main() -> None:
     print(f"{args.rows} rows, lengths median {sorted(lengths)[len(lengths) // 2]}, max {max(lengths)}, "
           f"{sum(lengths)} tokens; vocabulary {args.vocab}, hidden {args.hidden}; load {os.getloadavg()[0]:.1f}",
           flush=True)
-    results = in_fresh_processes(run_variant, args, list(VARIANTS), "seconds")
-    print(table(results))
-    print(f"load at the end {os.getloadavg()[0]:.1f}")
-    if args.json:
-        print(json.dumps(results))
+    report(in_fresh_processes(run_variant, args, list(VARIANTS), "seconds"), table, args.json)
 
 
 if __name__ == "__main__":

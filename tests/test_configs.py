@@ -254,13 +254,14 @@ def test_every_shipped_config_runs_one_step(path, tiny_dir, tmp_path, monkeypatc
           one_step=name not in RUN_AS_WRITTEN_BY and name not in RUN_WITH_ONE_OPTION_BY_DOCS)
 
 
-@pytest.mark.parametrize("algo", ["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo", "reinforce_pp_vllm"])
+@pytest.mark.parametrize("algo", ["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo", "reinforce_pp_vllm",
+                                  "reinforce_pp_lora"])
 def test_every_arm_of_the_emergence_benchmark_starts(algo, tiny_dir, tmp_path, monkeypatch):
     """``benchmarks/toy_emergence.py``'s fit command of each algorithm: its config, early stopping, its base."""
     from benchmarks import toy_emergence  # here: a benchmark that fails to import fails this test, not the file
 
     assert sorted(toy_emergence.CONFIGS) == sorted(["reinforce_pp", "ppo", "grpo", "reinforce_baseline", "rloo",
-                                                     "reinforce_pp_vllm"])  # a new arm is added to the list above
+                                                     "reinforce_pp_vllm", "reinforce_pp_lora"])  # the list above
     monkeypatch.chdir(REPO)
     start(["fit", *toy_emergence.config_args(algo), *toy_emergence.early_stop_args(0.8)], tiny_dir, tmp_path,
           one_step=False)

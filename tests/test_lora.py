@@ -106,7 +106,7 @@ def test_an_engine_of_its_own_gets_the_merged_weights_and_greedy_output_matches(
     want = dict(merged.named_parameters())
     assert set(engine.weights) == set(want)
     assert all(torch.allclose(engine.weights[n], p, atol=1e-6) for n, p in want.items())
-    # the transformers engine: on the adapted actor in place, and on a plain copy given the merged push
+    # the transformers engine: on the adapted actor in place, on a plain copy given the adapter push, on the merged model
     own = HFEngine(models.load_causal_lm(tiny_dir), module.tokenizer)
     own.load_weights_from(module.actor)
     outputs = []
@@ -180,10 +180,3 @@ def test_a_bfloat16_base_trains_float32_adapters_and_value_head(tiny_dir, critic
     critic_model = lora.add_critic_adapters(models.load_critic(tiny_dir, dtype="bfloat16"), LoraConfig(rank=4))
     assert {p.dtype for p in lora.trainable(critic_model)} == {torch.float32}
 
-
-def test_lora_through_the_fleet_is_an_error_naming_both_settings(tiny_dir):
-    """The fleet's hosts start no engine for adapters yet (a LoRA push carries the adapter only): refused at start."""
-    from zerotir.config import FleetConfig
-
-    with pytest.raises(ValueError, match=r"model.base.lora with model.fleet.engines=1.*model.pipeline"):
-        ZeroTIRModule(BaseModelConfig(str(tiny_dir), lora=LORA), fleet=FleetConfig(engines=1))

@@ -11,13 +11,17 @@ What lives where:
 * the critic: ``model.base.lora.critic = adapters`` puts adapters of its own on the critic's backbone (a frozen copy
   of the base: the two models' adapters are trained by one backward each and peft switches one adapter per model
   at a time), the value head trains in full; ``full`` trains the whole value model as without LoRA.
-* the rollout engine: the transformers engine that wraps the actor generates with the adapters on, in place; an
-  engine with weights of its own takes the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
+* the rollout engine: each engine declares how a LoRA actor's weights reach it (``RolloutEngine.adapter_path``):
+  the transformers engine that wraps the actor generates with the adapters on, in place; an engine with weights of
+  its own takes the adapter tensors only (vLLM started with ``lora_rank``, an engine host's transformers copy); one
+  that takes no adapters gets the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
+  ``is_adapted`` is the one check every part makes of whether a model is a LoRA actor.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from torch import nn
@@ -26,6 +30,7 @@ from zerotir.config import LoraConfig
 
 log = logging.getLogger(__name__)
 ADAPTER = "default"  # peft's name of the one adapter a model gets
+ADAPTER_SEED = 0  # the adapters' initial values are drawn from it (``init_adapters``)
 
 
 def _peft() -> Any:
@@ -58,11 +63,38 @@ def add_adapters(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         wrapped = peft.get_peft_model(model, peft_config(cfg), autocast_adapter_dtype=True)
     except ValueError as err:
         raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: {err}") from err
+    init_adapters(wrapped)
     head = wrapped.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(head, peft.tuners.tuners_utils.BaseTunerLayer):
         raise ValueError(f"model.base.lora.target_modules={list(cfg.target_modules)}: it matches the LM head, which "
                          "takes no adapter here; name the decoder's modules only (e.g. [q_proj, v_proj])")
     return wrapped
+
+
+def init_adapters(model: nn.Module) -> None:
+    """Give ``model``'s adapters peft's initial values (A as ``nn.Linear``'s default, B zero: the adapted model starts
+    as its base) drawn from a fixed seed, whatever the RNG's state and the layout.
+
+    Under DeepSpeed ZeRO-3 (Lightning builds the model inside ``deepspeed.zero.Init``) peft's own initialisation
+    writes into empty partitions and does nothing, leaving B random; so the adapter parameters are gathered here,
+    rank 0 initialises them and DeepSpeed hands each rank its partition. The fixed seed makes a run's adapters the
+    same on 1 rank and on several (the rehearsal's equivalence)."""
+    import contextlib
+
+    import torch
+
+    peft = _peft()
+    layers = [m for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    partitioned = [p for name, p in model.named_parameters() if ".lora_" in name and hasattr(p, "ds_id")]
+    gathered: Any = contextlib.nullcontext()
+    if partitioned:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0)
+    with gathered, torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(ADAPTER_SEED)
+        for layer in layers:
+            layer.reset_lora_parameters(ADAPTER, True)
 
 
 def add_critic_adapters(critic: nn.Module, cfg: LoraConfig) -> nn.Module:
@@ -88,13 +120,11 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def is_adapted(model: nn.Module | None) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel`` (False without peft installed)."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+def is_adapted(model: Any) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (a LoRA actor): the one check the module, the weight sync and the
+    engines make. peft is not imported here: where nothing imported it, no model can be a ``PeftModel``."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 class AdaptersOff:
@@ -136,17 +166,32 @@ def reference(actor: nn.Module | None, ref_model: nn.Module | None, kl_coef: flo
     return AdaptersOff(actor)
 
 
-def log_weight_path(actor: nn.Module, engine: Any) -> None:
-    """Say at start how the rollout engine gets the adapted actor: in place (the transformers engine that wraps the
-    actor), or as merged weights pushed after every update (an engine with weights of its own)."""
-    if not is_adapted(actor):
-        return
-    if getattr(engine, "model", None) is actor:
-        log.info("model.base.lora: the transformers engine generates with the actor itself, adapters on; nothing is "
-                 "pushed after an update")
+# What each ``RolloutEngine.adapter_path`` means for a LoRA run, said at start (``log_weight_path``).
+_WEIGHT_PATHS = {
+    "in place": "the transformers engine generates with the actor itself, adapters on; nothing is pushed after an "
+                "update",
+    "adapter": "every update pushes the adapter tensors only (peft.get_peft_model_state_dict); the engine keeps its "
+               "base weights",
+    "merged": "the engine takes no adapters: every update pushes the merged weights (base + scaled B @ A of each "
+              "adapted layer, the whole model's bytes)",
+}
+
+
+def log_weight_path(path: str, engine: str) -> None:
+    """Say at the start of a LoRA run (INFO) how the rollout engine ``engine`` (its name) gets the adapted actor,
+    ``path`` being what the engine declares (``RolloutEngine.adapter_path``)."""
+    log.info("model.base.lora: %s: %s", engine, _WEIGHT_PATHS[path])
+
+
+def push_size(actor: nn.Module, path: str) -> tuple[int, int]:
+    """Bytes and tensors one push of ``actor`` moves into an engine of adapter path ``path``
+    (``RolloutEngine.adapter_path``): a LoRA actor's adapter tensors into an engine that takes adapters, else every
+    weight of the plain model (a LoRA actor's merged: its parameters less the adapters)."""
+    if is_adapted(actor) and path == "adapter":
+        tensors = list(_peft().get_peft_model_state_dict(actor).values())
     else:
-        log.info("model.base.lora: the rollout engine holds weights of its own and takes no adapters: every update "
-                 "pushes the merged weights (base + scaled B @ A of each adapted layer, the whole model's bytes)")
+        tensors = [p for name, p in actor.named_parameters() if ".lora_" not in name]
+    return sum(t.numel() * t.element_size() for t in tensors), len(tensors)
 
 
 def save_adapters(actor: nn.Module, out_dir: str, merged_dir: str | None = None) -> None:

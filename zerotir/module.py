@@ -49,7 +49,7 @@ from zerotir.sources import make_rollout_source
 from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
 from zerotir.scale.distributed import gather_objects
-from zerotir.scale.peer_watch import WatchPeers
+from zerotir.scale.peer_watch import CloseOnException, WatchPeers
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,8 @@ class ZeroTIRModule(LightningModule):
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        if base.lora is not None and fleet.enabled:
-            raise ValueError(f"model.base.lora with model.fleet.engines={fleet.engines}: the fleet's engine hosts do not "
-                             "start their engines for adapters yet; train LoRA in line or through model.pipeline (its "
-                             "engine takes the merged weights), or set model.base.lora: null")
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
-                                          self.model_path, seed)
+                                          self.model_path, seed, base.lora.rank if base.lora else None)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
@@ -238,8 +234,7 @@ class ZeroTIRModule(LightningModule):
         if not self._reward_open:  # an unreachable judge stops the run before step 1, like the sandbox's check
             self.reward.start()
             self._reward_open = True
-        self.source.start(self.actor, self.tokenizer, self.device, stream)
-        lora.log_weight_path(self.actor, getattr(self.source, "engine", None))
+        self.source.start(self.actor, self.tokenizer, self.device, stream)  # it says how a LoRA actor's pushes go
 
     def on_fit_start(self) -> None:
         datamodule = self.trainer.datamodule
@@ -393,16 +388,4 @@ class ZeroTIRModule(LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         """The module's own callbacks, on what it owns (the source); those of ``callbacks/`` are the CLI's
         (``zerotir.cli.RUN_CALLBACKS``): nothing of ``zerotir/`` imports them."""
-        return [_CloseSourceOnException(self.close_run), WatchPeers(self.source.close)]
-
-
-class _CloseSourceOnException(Callback):
-    """Releases the run's parts (``ZeroTIRModule.close_run``) when fit, validate or test raises (a NaN loss, a dead
-    sandbox...)."""
-
-    def __init__(self, close: Any) -> None:
-        self.close = close
-
-    def on_exception(self, trainer: Any, pl_module: ZeroTIRModule, exception: BaseException) -> None:
-        self.close()
-
+        return [CloseOnException(self.close_run), WatchPeers(self.source.close)]

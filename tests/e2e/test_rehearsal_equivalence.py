@@ -79,7 +79,8 @@ class Train:
     its own (runs share nothing but the sandbox server, so several go side by side); ``params`` waits for it and
     gives rank 0's final parameters, and for ``single`` the initial ones too (under the key ``"initial"``)."""
 
-    def __init__(self, mode: str, algorithm: str, base: Path, data: dict[str, Path], root: Path, sandbox: str) -> None:
+    def __init__(self, mode: str, algorithm: str, base: Path, data: dict[str, Path], root: Path, sandbox: str,
+                 extra: tuple[str, ...] = ()) -> None:
         root.mkdir(parents=True)
         self.mode, self.log = mode, root / "fit.log"
         self.final, self.initial = root / "params.pt", root / "initial.pt"
@@ -93,7 +94,7 @@ class Train:
             "--data.prompts_per_step", "4", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
             "--trainer.enable_checkpointing", "false", "--trainer.callbacks", json.dumps(CALLBACKS),
             "--trainer.callbacks+=tests.e2e.helpers.SaveFinalParams", "--trainer.callbacks.path", str(self.final),
-            *(snapshot if mode == "single" else []),
+            *(snapshot if mode == "single" else []), *extra,
         )
         with self.log.open("w") as out:
             self.process = run_subprocess(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

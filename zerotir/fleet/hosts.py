@@ -56,6 +56,11 @@ class FleetHosts:
         self.handles = self.transport.spawn(self.fleet, settings, cores)
         self._where = self.transport.describe(self.handles, self.fleet.timeout_s, "starting (loading the model)")
 
+    @property
+    def adapter_paths(self) -> list[str]:
+        """How a LoRA actor's pushes reach each engine, as it declared at start (``RolloutEngine.adapter_path``)."""
+        return [where["adapter_path"] for where in self._where]
+
     def submit(self, shares: list[Share]) -> None:
         """One ``roll_out`` call per share on its engine; the share keeps the call's reference."""
         for share in shares:

@@ -26,6 +26,7 @@ from zerotir.fleet.schedule import FleetSchedule
 from zerotir.fleet.shares import Submitted
 from zerotir.fleet.transport import RayTransport, Transport
 from zerotir.fleet.weight_group import WeightGroupError
+from zerotir.lora import is_adapted, log_weight_path
 from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rollout.engine import SamplingParams, pad_id
 from zerotir.rollout.sandbox_service import SandboxService
@@ -49,17 +50,18 @@ class FleetSource:
         model_path: the HF folder every engine process loads.
         seed: the run's seed (training batch b samples with ``batch_seed``).
         transport: how the hosts run (``zerotir.fleet.transport``); None: Ray actors.
+        lora_rank: a LoRA run's ``model.base.lora.rank``: every engine is started to take the actor's adapters.
     """
 
     def __init__(self, fleet: FleetConfig, pipeline: PipelineConfig, backend: RolloutBackend, sandbox: SandboxConfig,
                  tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int,
-                 transport: Transport | None = None):
+                 transport: Transport | None = None, lora_rank: int | None = None):
         if 0 < fleet.max_in_flight < sampling.n:
             raise ValueError(f"model.fleet.max_in_flight={fleet.max_in_flight} with model.sampling.n={sampling.n}: a "
                              f"prompt group streams whole; set max_in_flight >= {sampling.n} (or 0: no streaming)")
         self.fleet, self.max_staleness = fleet, pipeline.max_staleness
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
-        self.model_path, self.seed = model_path, seed
+        self.model_path, self.seed, self.lora_rank = model_path, seed, lora_rank
         self.sandbox = SandboxService(sandbox, tool)
         self.transport = transport if transport is not None else RayTransport()
         self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
@@ -114,9 +116,10 @@ class FleetSource:
         settings = self.transport.settings(HostSettings(
             self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
             self.sandbox.config.client_options, fleet.engine_threads, fleet.device, fleet.max_in_flight,
-            2 * fleet.timeout_s), device)  # a call outlives the trainer's wait, whose error names the setting
+            2 * fleet.timeout_s, lora_rank=self.lora_rank), device)  # a call outlives the trainer's wait
         started = time.perf_counter()
         self.pool.start(settings, cores)
+        self._check_adapters(actor)
         self._restore = apply()
         address = self.weights.form(self.pool)
         log.info("rollout fleet: %d engine hosts up in %.1f s, weight group at %s; %s", len(self.hosts),
@@ -137,6 +140,18 @@ class FleetSource:
             self.sandbox.close()
             self._restore()
             self._restore = lambda: None
+
+    def _check_adapters(self, actor: nn.Module) -> None:
+        """A LoRA actor reaches the engines as adapter tensors (``weight_push.push_adapter``, or the thread host's
+        ``load_weights_from``); say so at start, or refuse engines that declare no adapter path."""
+        if not is_adapted(actor):
+            return
+        paths = set(self.pool.adapter_paths)
+        if paths != {"adapter"}:
+            raise ValueError(f"model.base.lora: the fleet's engines ({type(self.backend).__name__}) take no adapters "
+                             f"(adapter paths {sorted(paths)}); use zerotir.config.HFRollout or VLLMRollout, or set "
+                             "model.base.lora: null")
+        log_weight_path("adapter", f"the {len(self.hosts)} engine host(s) of the fleet")
 
     # ----------------------------------------------------------------------------------------------- the step
     def batch(self, step: int) -> RolloutBatch:

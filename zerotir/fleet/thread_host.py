@@ -28,6 +28,7 @@ from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.ranks import TrainerRanks
 from zerotir.fleet.weight_push import PushStats
+from zerotir.lora import push_size
 
 ROLLOUT_CALLS = 64  # rollout calls side by side (more than the batches the capacity rule ever lets run at once)
 
@@ -185,9 +186,8 @@ class ThreadWeights:
         self.transport.get([h.load_weights.remote(actor, version) for h in hosts.handles], self.fleet.timeout_s,
                            f"copying the weights of version {version}")
         self.version = version
-        params = list(actor.parameters())
-        self.pushes.append(PushStats(version, time.perf_counter() - start,
-                                     sum(p.numel() * p.element_size() for p in params), 1, len(params)))
+        nbytes, tensors = push_size(actor, hosts.adapter_paths[0])
+        self.pushes.append(PushStats(version, time.perf_counter() - start, nbytes, 1, tensors))
         return self.pushes[-1]
 
     def last(self) -> PushStats | None:

@@ -8,8 +8,9 @@ rebuilds each bucket as views of those buffers and hands it to ``engine.update_w
 process holds at most one bucket besides its model. A push is framed by ``begin(version)`` / ``end()`` (or ``with
 sender.push(version):``): the receivers learn its version and that it is complete (the bucket and tensor counts must
 match). With a LoRA actor (a ``peft.PeftModel``) a push carries only its adapter: the adapter's settings in the
-``begin`` message, its tensors in one bucket, handed whole to ``engine.update_adapter`` at the push's end. ``stop`` ends the group on every side. An engine process calls ``receive_push`` when a push is announced to
-it (the fleet's actors will); one that waits longer than the group's timeout for the sender fails.
+``begin`` message, its tensors in one bucket, handed whole to ``engine.update_adapter`` at the push's end (an engine that declares no
+adapter path refuses it). ``stop`` ends the group on every side. An engine process calls ``receive_push`` when a push
+is announced to it (the fleet's actors do); one that waits longer than the group's timeout for the sender fails.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 from torch import nn
 
 from zerotir.fleet.weight_group import SENDER, WeightGroup, WeightGroupError
-from zerotir.rollout.vllm_lora import actor_adapter, is_peft_model
+from zerotir.lora import is_adapted
+from zerotir.rollout.engine import RolloutEngine
+from zerotir.rollout.vllm_lora import actor_adapter
 from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, WeightReceiver, sync_weights
 
 _BEGIN, _BUCKET, _END, _ABORT, _STOP = "begin", "bucket", "end", "abort", "stop"
@@ -153,7 +156,7 @@ def push_weights(sender: WeightSender, model: nn.Module, version: int,
     Raises:
         WeightGroupError: the transport failed (a receiver died, a timeout); the receivers left hold a mix of versions.
     """
-    if is_peft_model(model):
+    if is_adapted(model):
         return push_adapter(sender, model, version)
     relay = KeepGathering(sender)
     try:
@@ -173,23 +176,14 @@ def push_weights(sender: WeightSender, model: nn.Module, version: int,
 
 def push_adapter(sender: WeightSender, model: nn.Module, version: int) -> PushStats:
     """A LoRA actor's adapter (``peft.get_peft_model_state_dict``) to every receiver as push ``version``: its
-    settings in the ``begin`` message, its tensors in one bucket; the base weights stay where they are.
-
-    Raises:
-        ValueError: adapter tensors partitioned away (ZeRO-3): the adapter push gathers nothing.
-    """
-    tensors, config = actor_adapter(model)
-    empty = [name for name, t in tensors.items() if t.numel() == 0]
-    if empty:
-        raise ValueError(f"LoRA push: adapter tensors {empty[:2]} are empty on this rank (partitioned by ZeRO-3); the "
-                         "adapter push sends whole tensors and gathers nothing: train a LoRA actor without ZeRO-3 "
-                         "(model.scale) or without model.fleet")
-    with sender.push(version, adapter=config):
+    settings in the ``begin`` message, its tensors in one bucket; the base weights stay where they are. Under ZeRO-3
+    the adapter is gathered first, with every training rank (``FleetWeights.join_push``)."""
+    with actor_adapter(model) as (tensors, config), sender.push(version, adapter=config):
         sender.update_weights(list(tensors.items()))
     return sender.pushes[-1]
 
 
-def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
+def receive_push(group: WeightGroup, engine: RolloutEngine) -> int | None:
     """On an engine process (rank >= 1): receive one push, each bucket into ``engine.update_weights`` as it arrives
     (one bucket in memory at a time). Returns the push's version, or None when the sender stopped the group (it is
     then closed here).
@@ -197,7 +191,8 @@ def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
     Raises:
         WeightGroupError: the sender aborted the push (the engine then holds a mix of two versions until the next
             one lands), sent something out of order, or did not answer within the group's timeout.
-        ValueError: a LoRA push into an engine without ``update_adapter`` (raised once the push is received whole).
+        ValueError: a LoRA push into an engine that takes no adapters (``RolloutEngine.adapter_path``), raised once
+            the push is received whole.
     """
     if group.rank == SENDER:
         raise ValueError(f"{group}: receive_push runs on the engine processes (rank >= 1); rank 0 has WeightSender")
@@ -223,9 +218,10 @@ def receive_push(group: WeightGroup, engine: WeightReceiver) -> int | None:
             if (message["buckets"], message["tensors"]) != (buckets, tensors):
                 raise WeightGroupError(f"{group}: push {version} ended after {message['buckets']} buckets and "
                                        f"{message['tensors']} tensors; this rank received {buckets} and {tensors}")
-            if adapter is not None and not hasattr(engine, "update_adapter"):
+            if adapter is not None and engine.adapter_path(None) != "adapter":
                 raise ValueError(f"{group}: push {version} is a LoRA adapter but this engine "
-                                 f"({type(engine).__name__}) serves no adapters; use the vLLM engine with lora_rank")
+                                 f"({type(engine).__name__}) serves no adapters; start a vLLM engine with lora_rank "
+                                 "(model.base.lora.rank) or a transformers engine")
             if adapter is not None:
                 engine.update_adapter(dict(adapter_tensors), adapter)
             return version

@@ -22,7 +22,8 @@ from zerotir.config import FleetConfig
 from zerotir.fleet.ranks import Discard, TrainerRanks
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group, free_port
 from zerotir.fleet.weight_push import PushStats, WeightSender, push_weights
-from zerotir.rollout.vllm_lora import is_peft_model
+from zerotir.lora import is_adapted
+from zerotir.rollout.vllm_lora import actor_adapter
 from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,12 @@ class FleetWeights:
         return stats
 
     def join_push(self, actor: nn.Module, version: int) -> None:
-        """A rank >= 1's side of rank 0's push: the same bucket gathers (ZeRO-3 collectives), nothing sent; nothing
-        for a LoRA actor, whose push gathers nothing (``weight_push.push_adapter``)."""
-        if not is_peft_model(actor):
-            sync_weights(actor, Discard(), DEFAULT_BUCKET_BYTES)
+        """A rank >= 1's side of rank 0's push: the same gathers (ZeRO-3 collectives), nothing sent: the buckets, or a
+        LoRA actor's adapter (``weight_push.push_adapter``)."""
+        if is_adapted(actor):
+            with actor_adapter(actor):
+                return
+        sync_weights(actor, Discard(), DEFAULT_BUCKET_BYTES)
 
     def last(self) -> PushStats | None:
         """The last push's figures; None before any."""

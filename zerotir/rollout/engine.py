@@ -11,13 +11,15 @@ finished in it; a finished key may be submitted again with its ids + new ids (th
 tool output), and the engine then computes only the new ids (its keys / values for the old ones are kept: HF parks
 the row in its batch, vLLM finds them in its prefix cache). ``release(key)`` ends a request for good (aborting it if
 it still runs). Weight loads, cache resets and rest between rollouts are declared methods below, each with its
-meaning.
+meaning; so is how a LoRA actor's weights reach the engine (``adapter_path``: the actor itself, its adapter tensors
+only, or the merged weights), which every engine declares rather than a caller guessing it from the engine's
+attributes.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -26,6 +28,10 @@ import torch
 from zerotir.config import check_sampling
 
 FinishReason = Literal["stop", "length", "eos"]
+# How a LoRA actor's weights reach an engine (``RolloutEngine.adapter_path``): "in place" (the engine generates with
+# the actor's own module, adapters live), "adapter" (``update_adapter``: the adapter tensors only, over base weights
+# of its own), "merged" (``update_weights``: base + scaled B @ A of each adapted layer, the whole model's bytes).
+AdapterPath = Literal["in place", "adapter", "merged"]
 
 
 @dataclass
@@ -117,6 +123,17 @@ class RolloutEngine(Protocol):
         time; the engine must not keep references to them."""
         ...
 
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Generate through this LoRA adapter from now on (``tensors``: ``peft.get_peft_model_state_dict`` names,
+        ``config``: ``vllm_lora.adapter_config``) over the engine's base weights, and drop every cached key / value.
+        Raises RuntimeError where ``adapter_path(None)`` is not "adapter" (the engine takes no adapters)."""
+        ...
+
+    def adapter_path(self, actor: torch.nn.Module | None) -> AdapterPath:
+        """How ``load_weights_from(actor)`` brings a LoRA actor's weights into this engine (``AdapterPath``);
+        ``actor`` None: an actor in another process (a fleet engine host's), whose pushes arrive as tensors."""
+        ...
+
     def reset_cache(self) -> None:
         """Drop the cached keys / values of every request that is not running (the weights changed in place, e.g.
         the transformers engine's module was trained); a later submit of such a key recomputes its ids."""
@@ -164,6 +181,12 @@ class EngineWrapper:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights(named_tensors)
+
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
+        self.engine.update_adapter(tensors, config)
+
+    def adapter_path(self, actor: torch.nn.Module | None) -> AdapterPath:
+        return self.engine.adapter_path(actor)
 
     def reset_cache(self) -> None:
         self.engine.reset_cache()

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from zerotir.config import HFRollout
-from zerotir.rollout.engine import Sample, SamplingParams, check_request, pad_id
+from zerotir.lora import is_adapted
+from zerotir.rollout.engine import AdapterPath, Sample, SamplingParams, check_request, pad_id
 from zerotir.rollout.hf_adapter import attention_implementation
 from zerotir.rollout.hf_session import SUPPORTED_ATTENTION, DecodeSession
 from zerotir.rollout.sampling import StopMatcher
+from zerotir.rollout.vllm_lora import actor_adapter
 
 # Below this many parameters a CPU model decodes faster on one thread (see ``num_threads``).
 _SMALL_MODEL_PARAMS = 20_000_000
@@ -109,6 +112,7 @@ class HFEngine:
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"HFEngine: num_threads must be >= 1 or None, got {num_threads}")
         self.num_threads = num_threads
+        self._adapter_config: dict[str, Any] | None = None  # set by the first update_adapter (its model adapted)
 
     # ---------------------------------------------------------------------------------------- the protocol
     def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
@@ -179,12 +183,51 @@ class HFEngine:
             if self._session.empty:
                 self._close()
 
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Generate through this LoRA adapter from now on (``RolloutEngine.update_adapter``): the first call puts
+        adapters of ``config`` on the engine's own model (``peft.inject_adapter_in_model``: the model stays a plain
+        transformers module, its base weights untouched), every call copies ``tensors`` into them
+        (``peft.set_peft_model_state_dict``), then ``reset_cache``.
+
+        Raises:
+            ValueError: ``config`` differs from the first push's, or ``tensors`` do not fit the adapters (names or
+                shapes).
+        """
+        import peft
+
+        if self._adapter_config is None:
+            peft.inject_adapter_in_model(peft.LoraConfig(**config), self.model)
+            self.model.requires_grad_(False)
+            self._adapter_config = dict(config)
+        elif config != self._adapter_config:
+            raise ValueError(f"HFEngine.update_adapter: the adapter's settings {config} differ from those its "
+                             f"adapters were built with ({self._adapter_config}); a run pushes one adapter shape")
+        root = "base_model.model."  # peft's prefix of a PeftModel's names; the adapted model here is the bare one
+        state = {name.removeprefix(root): t for name, t in tensors.items()}
+        with torch.no_grad():
+            loaded = peft.set_peft_model_state_dict(self.model, state)
+        missing = [name for name in loaded.missing_keys if ".lora_" in name]
+        if loaded.unexpected_keys or missing:
+            raise ValueError(f"HFEngine.update_adapter: tensors {loaded.unexpected_keys[:2]} fit no adapter of the "
+                             f"model and adapters {missing[:2]} got no tensor; push the whole adapter of the actor")
+        self.reset_cache()
+
+    def adapter_path(self, actor: torch.nn.Module | None) -> AdapterPath:
+        """"in place" when the engine wraps ``actor`` itself (the colocated engine), else "adapter": a model of its
+        own (an engine host's) takes the adapter tensors (``update_adapter``)."""
+        return "in place" if actor is not None and actor is self.model else "adapter"
+
     def load_weights_from(self, actor: torch.nn.Module) -> None:
         """Generate with ``actor``'s current weights from now on. The engine that wraps the trained actor itself has
         them already: only its cached keys / values (of the old weights) are dropped (``reset_cache``). An engine on
-        a model of its own (an engine host's) gets them copied in buckets (``zerotir.scale.weight_sync.sync_weights``)."""
+        a model of its own (an engine host's) gets a LoRA actor's adapter (``update_adapter``), else every weight
+        copied in buckets (``zerotir.scale.weight_sync.sync_weights``)."""
         if actor is self.model:
             self.reset_cache()
+            return
+        if is_adapted(actor):
+            with actor_adapter(actor) as adapter:
+                self.update_adapter(*adapter)
             return
         from zerotir.scale.weight_sync import sync_weights
 

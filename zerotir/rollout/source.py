@@ -36,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from zerotir.config import RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import RolloutEngine, SamplingParams
+from zerotir.lora import is_adapted, log_weight_path
 from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
@@ -165,12 +166,13 @@ class EngineSource:
         reward: the ``model.reward`` plug-in, scoring each trajectory as it finishes (``EarlyScores``).
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
+        lora_rank: a LoRA run's ``model.base.lora.rank``, which the engine is started for (``create_engine``).
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, sampling: SamplingConfig,
-                 reward: Reward | None, model_path: str, seed: int):
+                 reward: Reward | None, model_path: str, seed: int, lora_rank: int | None = None):
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
-        self.model_path, self.seed = model_path, seed
+        self.model_path, self.seed, self.lora_rank = model_path, seed, lora_rank
         self.sandbox = SandboxService(sandbox, tool)
         self.schedule = Schedule(backend.schedule, backend.round_tokens)
         self.engine: RolloutEngine | None = None
@@ -200,8 +202,11 @@ class EngineSource:
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
         engine = None
         with fail_together(Exception):
-            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
+            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed,
+                                   lora_rank=self.lora_rank)
         self.engine, self._tokenizer = engine, tokenizer
+        if is_adapted(actor):  # a LoRA run: how the actor's weights reach the engine, said at start
+            log_weight_path(engine.adapter_path(actor), f"the in-line {type(engine).__name__}")
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
 
     def roll_out(self, rows: list[PromptRow], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from zerotir.config import VLLMRollout
-from zerotir.rollout.engine import FinishReason, Sample, SamplingParams, check_request, torch_threads
+from zerotir.rollout.engine import AdapterPath, FinishReason, Sample, SamplingParams, check_request, torch_threads
 from zerotir.rollout.vllm_lora import actor_adapter, adapter_request, load_adapter_in_worker, lora_llm_kwargs
 from zerotir.rollout.vllm_reload import PackedTracker, packed_modules, quiet_reload_logs, reload_in_worker
 from zerotir.rollout.vllm_settings import (
@@ -50,6 +50,7 @@ from zerotir.rollout.vllm_settings import (
 )
 
 log = logging.getLogger(__name__)
+
 
 class VLLMEngine:
     """``RolloutEngine`` over an in-process ``vllm.LLM`` loaded from a HF model folder.
@@ -260,11 +261,8 @@ class VLLMEngine:
     def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
         """Serve every request from now on through this LoRA adapter (peft-named ``tensors``, ``config`` from
         ``vllm_lora.adapter_config``) over the base weights, then drop every cached key / value (``reset_cache``:
-        running requests recompute theirs under the new adapter). The tensors go to the worker by reference.
-
-        Raises:
-            RuntimeError: the engine was started without ``lora_rank``.
-            ValueError: an adapter vLLM cannot serve here (``vllm_lora.load_adapter_in_worker``).
+        running requests recompute theirs under the new adapter). The tensors go to the worker by reference. Raises
+        RuntimeError without ``lora_rank``, ValueError for an adapter vLLM cannot serve (``load_adapter_in_worker``).
         """
         if self.lora_rank is None:
             raise RuntimeError("VLLMEngine.update_adapter: the engine was started without lora_rank, so it serves no "
@@ -274,16 +272,20 @@ class VLLMEngine:
         self._adapter = adapter_request()
         self.reset_cache()
 
+    def adapter_path(self, actor: torch.nn.Module | None) -> AdapterPath:
+        """"adapter" when started with ``lora_rank`` (``update_adapter``), else "merged" (``merged_lora_bucket``)."""
+        return "adapter" if self.lora_rank is not None else "merged"
+
     def load_weights_from(self, actor: torch.nn.Module) -> None:
-        """Generate with ``actor``'s current weights from now on: they are sent in buckets of whole decoder layers
-        (``zerotir.scale.weight_sync.sync_weights``, ``weight_sync_bucket_mb``); with ``lora_rank`` only its adapter
-        (``update_adapter``). An engine resting in sleep mode wakes its weights first, its KV cache after the copy."""
+        """Generate with ``actor``'s weights from now on: sent in buckets of whole layers (``sync_weights``), with
+        ``lora_rank`` its adapter only (``update_adapter``). A sleeping engine wakes its weights, then its KV cache."""
         from zerotir.scale.weight_sync import sync_weights
 
         if self._asleep:
             self.llm.wake_up(tags=["weights"])
         if self.lora_rank is not None:
-            self.update_adapter(*actor_adapter(actor))
+            with actor_adapter(actor) as adapter:
+                self.update_adapter(*adapter)
         else:
             sync_weights(actor, self, self.bucket_bytes)
         if self._asleep:

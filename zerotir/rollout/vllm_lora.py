@@ -20,11 +20,14 @@ vLLM is imported only inside functions.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+
+from zerotir.lora import is_adapted
+from zerotir.scale.weight_sync import _gathered  # the read-only ZeRO-3 gather of the weight sync
 
 ADAPTER_ID = 1  # the lora_int_id of every adapter version (module doc)
 ADAPTER_PATH = "zerotir-in-memory-adapter (zerotir.rollout.vllm_lora registers it from tensors)"
@@ -110,24 +113,21 @@ def _check_modules(lora: Any, models: Any) -> None:
                          "set the adapter's target_modules (model.base.lora) to modules among these")
 
 
-def actor_adapter(actor: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The adapter of a ``peft.PeftModel`` actor: its tensors (``peft.get_peft_model_state_dict``, detached) and
-    its settings (``adapter_config``).
+@contextlib.contextmanager
+def actor_adapter(actor: torch.nn.Module) -> Iterator[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+    """The adapter of a ``peft.PeftModel`` actor for the block: its tensors (``peft.get_peft_model_state_dict``,
+    detached, whole: under ZeRO-3 the adapter parameters are gathered for the block, a collective every training rank
+    joins, and released after it, so a receiver copies what it keeps) and its settings (``adapter_config``).
 
     Raises:
         TypeError: ``actor`` is not a peft model (an engine started for LoRA serves only adapters).
     """
-    import peft
-
-    if not isinstance(actor, peft.PeftModel):
-        raise TypeError(f"the vLLM engine serves LoRA adapters (lora_rank set) but the actor is a "
+    if not is_adapted(actor):
+        raise TypeError(f"the engine serves LoRA adapters (lora_rank set) but the actor is a "
                         f"{type(actor).__name__}, not a peft.PeftModel; wrap it with peft.get_peft_model, or start "
                         "the engine without lora_rank to push full weights")
-    tensors = {name: t.detach() for name, t in peft.get_peft_model_state_dict(actor).items()}
-    return tensors, adapter_config(actor.peft_config["default"])
+    import peft
 
-
-def is_peft_model(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel`` (a LoRA actor), without importing peft where nothing did."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
+    with _gathered([p for name, p in actor.named_parameters() if ".lora_" in name]):
+        tensors = {name: t.detach() for name, t in peft.get_peft_model_state_dict(actor).items()}
+        yield tensors, adapter_config(actor.peft_config["default"])

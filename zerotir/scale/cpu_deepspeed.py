@@ -5,11 +5,16 @@ Lightning's strategy refuses any accelerator but CUDA and checks that the device
 CPU every device is ``cpu`` without an index. Three overrides lift that and nothing else: ``setup_environment`` (the
 CUDA check), ``setup_distributed`` (the device-index check) and ``root_device`` (``cpu:<local rank>``, the index
 DeepSpeed reads as ``device_rank``). DeepSpeed itself runs on its CPU accelerator (``DS_ACCELERATOR=cpu``, set by
-the CLI when CUDA is absent) with the gloo backend. Everything else (the ZeRO stages, the engine, checkpoints) is
+the CLI when CUDA is absent) with the gloo backend, without the shared-memory allreduce op of DeepSpeed's CPU backend
+(``_without_shm_allreduce``). Everything else (the ZeRO stages, the engine, checkpoints) is
 Lightning's and DeepSpeed's own code, so a rehearsal run executes what a GPU run executes, minus CUDA.
 """
 
 from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
 
 import torch
 from lightning.fabric.utilities.seed import reset_seed
@@ -35,9 +40,29 @@ class CpuDeepSpeedStrategy(DeepSpeedStrategy):
         """DeepSpeed's process group (gloo on CPU), without the check that device indices equal local ranks."""
         reset_seed()
         self.set_world_ranks()
-        self._init_deepspeed_distributed()
+        with _without_shm_allreduce():
+            self._init_deepspeed_distributed()
 
     @property
     def root_device(self) -> torch.device:
         """``cpu:<local rank>``: DeepSpeed takes the index as this process's ``device_rank``."""
         return torch.device("cpu", self.local_rank)
+
+
+@contextlib.contextmanager
+def _without_shm_allreduce() -> Iterator[None]:
+    """``deepspeed.init_distributed`` without DeepSpeed's CPU shared-memory allreduce op (``deepspeed_shm_comm``).
+
+    Its CPU backend JIT-builds that C++ op when it starts (minutes on a loaded 2-core machine) for
+    ``inference_all_reduce`` alone, which falls back to ``torch.distributed`` without it; training reduces over gloo
+    through ``torch.distributed`` either way. The build is cached in one folder of ``~/.cache/torch_extensions``
+    whose command line names the checkout's virtual environment, so runs from another checkout rebuild it, behind a
+    lock file that a run killed mid-build leaves for the next run to wait on. The rehearsal skips it."""
+    # deepspeed.comm's attribute ``torch`` is torch itself: the module is reached by its name
+    backend = importlib.import_module("deepspeed.comm.torch")
+    build = backend.build_shm_op
+    backend.build_shm_op = lambda: None
+    try:
+        yield
+    finally:
+        backend.build_shm_op = build

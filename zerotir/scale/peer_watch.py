@@ -9,6 +9,9 @@ once per ``interval`` seconds that every peer on the same host still runs. When 
 ``rank R: lost peer rank P (pid N on H) ...`` to stderr, runs ``on_lost`` (the module closes its sandbox and engine)
 and ends this process with exit code 1: the main thread may be blocked inside a collective, where no exception can
 reach it. Peers on other hosts are left to the multi-node launcher (torchrun / SLURM stop the job when a rank dies).
+
+``CloseOnException``: the other exit no step sees, an exception out of fit, validate or test (Lightning then calls
+no teardown): the module's parts released all the same.
 """
 
 from __future__ import annotations
@@ -141,3 +144,15 @@ class WatchPeers(Callback):
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._stop()
+
+
+class CloseOnException(Callback):
+    """Runs ``close`` (the module releasing the run's parts: sandbox, engine, reward, MCP connections) when fit,
+    validate or test raises (a NaN loss, a dead sandbox...): Lightning calls no teardown then. The other way a run's
+    parts must be stopped from outside the step, beside ``WatchPeers``."""
+
+    def __init__(self, close: Callable[[], Any]) -> None:
+        self.close = close
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.close()

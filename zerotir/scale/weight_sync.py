@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from zerotir.lora import is_adapted
+
 DEFAULT_BUCKET_BYTES = 256 << 20
 # Leading wrapper attributes (DeepSpeedEngine / DDP ``module``, Lightning ``_forward_module``, torch.compile
 # ``_orig_mod``), stripped at the start of a name only: "module" may be a real attribute deeper in a model.
@@ -133,21 +135,12 @@ def iter_bucketed_params(model: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BY
         bucket_bytes: target bucket size in bytes (full, gathered sizes).
         prefix: the actor's attribute path inside ``model`` (see ``hf_name``).
     """
-    adapted = _peft_model(model)
+    adapted = model if is_adapted(model) else None  # a LoRA actor: its buckets are sent merged
     for bucket in plan_buckets(model, bucket_bytes, prefix):
         params = [p for _, p in bucket]
         with _gathered(params):
             named = [(name, p.detach()) for name, p in bucket]
             yield named if adapted is None else merged_lora_bucket(adapted, named)
-
-
-def _peft_model(model: nn.Module) -> Any:
-    """``model`` when it is a ``peft.PeftModel`` (LoRA RL: its buckets are sent merged), else None."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return None
-    return model if isinstance(model, PeftModel) else None
 
 
 def merged_lora_bucket(model: Any, bucket: Bucket) -> Bucket:
