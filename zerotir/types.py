@@ -24,6 +24,7 @@ FINISH_LENGTH = "length"  # the response-token budget ran out: truncated, reward
 class _TrainingRowKeys(TypedDict, total=False):
     batch_index: int
     position: int
+    kind: str
 
 
 class PromptRow(_TrainingRowKeys):
@@ -38,6 +39,8 @@ class PromptRow(_TrainingRowKeys):
         source: the name of the file / benchmark the row came from.
         batch_index: on training rows: the index of the batch in the training stream (the data cursor).
         position: on training rows: the row's index in that batch (with ``batch_index``, its place in the stream).
+        kind: the question kind, where the source row has a ``kind`` field (the per-kind metrics:
+            ``zerotir.choice_metrics``).
     """
 
     id: str

@@ -15,16 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from zerotir.choice_metrics import first_call
 from zerotir.toy.choice.tasks import ANSWERING, KINDS, NO_CALL, TOOLS, fact_table, write_facts
 
 FIRST_LABELS = (NO_CALL, *TOOLS, "invalid")  # "invalid": the first call did not name a configured tool
 
 
-def first_tool(calls: list[Any], names: tuple[str, ...] = TOOLS) -> str:
-    """The first-call label of an answer from its recorded calls (``Trajectories.tool_calls[i]``)."""
-    if not calls:
-        return NO_CALL
-    return calls[0].tool if calls[0].tool in names else "invalid"
+def first_tool(calls: list[Any]) -> str:
+    """The first-call label of an answer (``zerotir.choice_metrics.first_call``), a name that is none of the
+    world's tools counted as ``invalid``."""
+    label = first_call(calls)
+    return label if label in (NO_CALL, *TOOLS) else "invalid"
 
 
 def chance(kind: str) -> float:
