@@ -41,6 +41,8 @@ def test_choice_metrics_hand_worked():
     assert m["kinds/lookup/accuracy"] == 0.5 and m["kinds/arith/accuracy"] == 0.5
     assert m["kinds/lookup/calls_per_response"] == 1.5 and m["kinds/arith/calls_per_response"] == 1.0
     assert m["kinds/lookup/answers"] == 2.0
+    # Correct answers: lookup's first (search, calculator: two tools); arith's last ("" is no tool: calculator only).
+    assert m["kinds/lookup/two_tools_in_correct"] == 1.0 and m["kinds/arith/two_tools_in_correct"] == 0.0
     # Rows without a kind: the per-tool shares only.
     assert not [k for k in choice_metrics(_batch(), ["", ""]) if k.startswith("kinds/")]
     assert not [k for k in choice_metrics(_batch(), []) if k.startswith("kinds/")]

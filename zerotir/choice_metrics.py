@@ -1,5 +1,6 @@
 """Tool-choice metrics of an RL step (issue #44): which tool each answer calls first, per tool and per question kind,
-and the accuracy per kind, for any dataset whose rows carry a ``kind`` field (tags: ``zerotir.metric_names``).
+the accuracy per kind and the share of its correct answers that called two different tools or more (a
+looked-up value computed on: issue #44's coordination), for any dataset whose rows carry a ``kind`` field (tags: ``zerotir.metric_names``).
 
 The first call of an answer is its first recorded call (``Trajectories.tool_calls``): the tool's name, ``none``
 without a call, ``invalid`` for a call that named no tool. A trajectory's kind is its prompt row's
@@ -45,6 +46,9 @@ def choice_metrics(batch: Trajectories, kinds: Sequence[str]) -> dict[str, float
         out[mn.kind_tag(kind, "accuracy")] = sum(correct[i] for i in members) / n
         out[mn.kind_tag(kind, "calls_per_response")] = sum(calls[i] for i in members) / n
         out[mn.kind_tag(kind, "answers")] = float(n)
+        right = [i for i in members if correct[i]]
+        two = sum(len({c.tool for c in batch.tool_calls[i] if c.tool}) >= 2 for i in right)
+        out[mn.kind_tag(kind, "two_tools_in_correct")] = two / len(right) if right else 0.0
         for label, count in sorted(Counter(firsts[i] for i in members).items()):
             out[mn.kind_tag(kind, f"first_{label}")] = count / n
     return out

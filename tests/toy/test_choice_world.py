@@ -4,6 +4,7 @@ observations, and the design check on hand-made statistics (the CI base: tests/t
 import json
 import random
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -115,3 +116,10 @@ def test_design_check_on_hand_made_statistics():
     assert check_design(good, Design(chance_band=0.01)) != []
     with pytest.raises(ValueError, match="lack the kinds"):
         check_design({"arith": good["arith"]})
+
+
+def test_shipped_task_files_equal_a_fresh_generation(tmp_path):
+    """data/toy_tools is ``python -m zerotir.toy.choice.tasks data/toy_tools`` (the defaults)."""
+    shipped = Path(__file__).resolve().parents[2] / "data" / "toy_tools"
+    for name, path in ct.write_task_files(tmp_path).items():
+        assert (shipped / path.name).read_text() == path.read_text(), name
