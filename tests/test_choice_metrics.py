@@ -29,6 +29,8 @@ def _batch():
 def test_first_call_labels():
     assert first_call([]) == mn.NO_CALL and first_call([_call("search"), _call("python")]) == "search"
     assert first_call([_call("")]) == mn.INVALID_TOOL
+    # A misspelt tool name is recorded as written, with status invalid: one label, not a tag per spelling.
+    assert first_call([ToolCall("{}", "invalid", "Error: there is no tool", "nalculator", 0.0)]) == mn.INVALID_TOOL
 
 
 def test_choice_metrics_hand_worked():

@@ -3,7 +3,8 @@ the accuracy per kind and the share of its correct answers that called two diffe
 looked-up value computed on: issue #44's coordination), for any dataset whose rows carry a ``kind`` field (tags: ``zerotir.metric_names``).
 
 The first call of an answer is its first recorded call (``Trajectories.tool_calls``): the tool's name, ``none``
-without a call, ``invalid`` for a call that named no tool. A trajectory's kind is its prompt row's
+without a call, ``invalid`` for a call that reached no tool (malformed, a name no tool has, arguments off its
+schema: status ``invalid``), so a tiny model's misspelt names (``nalculator``) do not each become tags. A trajectory's kind is its prompt row's
 (``StepResult.batch.kinds``, indexed by ``group_ids``). Observation only: nothing here reaches the loss.
 """
 
@@ -13,6 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from zerotir import metric_names as mn
+from zerotir.tools.base import STATUS_INVALID
 from zerotir.types import ToolCall, Trajectories
 
 
@@ -20,7 +22,7 @@ def first_call(calls: Sequence[ToolCall]) -> str:
     """The first-call label of one answer (module doc)."""
     if not calls:
         return mn.NO_CALL
-    return calls[0].tool or mn.INVALID_TOOL
+    return mn.INVALID_TOOL if not calls[0].tool or calls[0].status == STATUS_INVALID else calls[0].tool
 
 
 def choice_metrics(batch: Trajectories, kinds: Sequence[str]) -> dict[str, float]:

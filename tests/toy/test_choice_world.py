@@ -93,7 +93,7 @@ def test_packed_rows_come_from_the_tools_corpus():
 
 
 def test_first_tool_and_kind_stats():
-    call = lambda tool: SimpleNamespace(tool=tool)  # noqa: E731
+    call = lambda tool: SimpleNamespace(tool=tool, status="ok")  # noqa: E731
     assert first_tool([]) == "none" and first_tool([call("search"), call("python")]) == "search"
     assert first_tool([call("")]) == "invalid"
     stats = kind_stats(["search", "python", "none", "calculator"], [True, False, False, False], "lookup")
