@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.logging_utils import log_scalars
 from zerotir import metric_names as mn
+from zerotir.choice_metrics import choice_metrics
 from zerotir.eval.text_metrics import repeat_score
 from zerotir.rl.step import StepResult
 from zerotir.tools.stats import tool_metrics
@@ -143,6 +144,7 @@ class ScalingMetrics(Callback):
     def step_metrics(self, result: StepResult) -> dict[str, float]:
         """All scalars of the step: rollout metrics, update statistics and timings."""
         metrics = rollout_metrics(result.rollout, self.repeat_ngram)
+        metrics.update(choice_metrics(result.rollout, result.batch.kinds))  # tools/<tool>/first, kinds/<kind>/...
         metrics.update(named_stats(result.stats, UPDATE_NAMES, "train"))
         metrics.update(named_stats(result.timings, TIMING_NAMES, "time"))
         metrics.update(named_stats(result.pipeline, PIPELINE_NAMES, "pipeline"))

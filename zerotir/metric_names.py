@@ -30,6 +30,22 @@ def tool_tag(tool: str, metric: str) -> str:
     return f"tools/{tool}/{metric}"
 
 
+# Tool choice (zerotir.choice_metrics), per RL step. Per first-call label (a tool's name, "none" for an answer without
+# a call, "invalid" for a first call that named no tool): tools/<label>/first, the share of the step's answers whose
+# first call it is. Per question kind of the rows (rows with a ``kind`` field only): kinds/<kind>/accuracy,
+# kinds/<kind>/calls_per_response, kinds/<kind>/answers (count), kinds/<kind>/two_tools_in_correct (share of its
+# correct answers that called two different tools or more; 0 without a correct one) and kinds/<kind>/first_<label>
+# (share of that kind's answers).
+FIRST_CALL = "first"
+NO_CALL = "none"
+KIND_METRICS = ("accuracy", "calls_per_response", "answers", "two_tools_in_correct")
+
+
+def kind_tag(kind: str, metric: str) -> str:
+    """The tag of ``metric`` (one of ``KIND_METRICS``, or ``first_<label>``) for question kind ``kind``."""
+    return f"kinds/{kind}/{metric}"
+
+
 KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate rule
 # Share of the step's trajectories each removal rule matched (model.filters; zerotir.filters.decide.REMOVAL_NAMES):
 # "filter/<name>_fraction".

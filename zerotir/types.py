@@ -39,7 +39,8 @@ class PromptRow(_TrainingRowKeys):
         source: the name of the file / benchmark the row came from.
         batch_index: on training rows: the index of the batch in the training stream (the data cursor).
         position: on training rows: the row's index in that batch (with ``batch_index``, its place in the stream).
-        kind: the row's ``kind`` field, where its file gives one (what ``data.curriculum`` weights).
+        kind: the row's ``kind`` field, where its file gives one (what ``data.curriculum`` weights; the per-kind
+            metrics: ``zerotir.choice_metrics``).
     """
 
     id: str

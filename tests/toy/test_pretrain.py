@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerotir.data.prompts import tokenize_prompts
 from zerotir.toy import base_folder, pretrain
-from zerotir.toy.base_folder import ChecksumError
+from zerotir.toy.base_folder import ChecksumError, settings_differ
 from zerotir.toy.pretrain import Batches, PretrainSettings, ensure_toy_base, main, read_info
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -183,7 +183,7 @@ def test_a_time_limit_is_not_part_of_the_base_and_an_old_clock_shaped_base_is_re
 def test_every_toy_config_uses_the_shipped_base_or_builds_other_settings_elsewhere():
     """A config with the default settings names the shipped folder (nothing to build); one with other settings names
     a folder of its own under runs/ (it could never be built in the shipped one) and names it in a comment that says
-    why."""
+    why, or a base shipped under data/ built with exactly its settings (nothing to build: data/toy_tools_base)."""
     import yaml
 
     seen = 0
@@ -195,6 +195,8 @@ def test_every_toy_config_uses_the_shipped_base_or_builds_other_settings_elsewhe
         where = config["model"]["base"]["path"]
         if config["toy_base"] == {}:
             assert where == "data/toy_base", path
+        elif where.startswith("data/") and where != "data/toy_base":
+            assert not settings_differ(read_info(REPO / where), PretrainSettings(**config["toy_base"])), path
         else:
             comments = [line for line in path.read_text().splitlines() if line.lstrip().startswith("#")]
             assert where.startswith("runs/") and any(where in line for line in comments), path

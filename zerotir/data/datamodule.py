@@ -109,7 +109,7 @@ def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "an
         row_id = obj.get(id_field) if isinstance(obj, dict) else None
         rows.append({"id": str(row_id) if row_id not in (None, "") else f"{name}-{len(rows)}",
                      "problem": problem, "answer": answer})
-        if isinstance(obj, dict) and obj.get("kind") not in (None, ""):  # what data.curriculum weights
+        if isinstance(obj, dict) and obj.get("kind") not in (None, ""):  # data.curriculum, the per-kind metrics
             rows[-1]["kind"] = str(obj["kind"])
     if not rows:
         raise ValueError(f"data source {spec!r} has no rows")
@@ -117,9 +117,9 @@ def load_rows(spec: str, problem_field: str = "problem", answer_field: str = "an
 
 
 def batch_fields(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """``prompts``, ``problem_ids`` and ``sources`` of a batch's rows (index = group id of their rollout)."""
+    """``prompts``, ``problem_ids``, ``sources``, ``kinds`` ("": none) of a batch's rows (index = group id)."""
     return {"prompts": [r["prompt_text"] for r in rows], "problem_ids": [str(r["id"]) for r in rows],
-            "sources": [r["source"] for r in rows]}
+            "sources": [r["source"] for r in rows], "kinds": [r.get("kind", "") for r in rows]}
 
 
 class _ListDataset(Dataset):

@@ -98,6 +98,7 @@ class BatchInfo:
     problem_ids: list[str] = field(default_factory=list)  # data id of each group
     sources: list[str] = field(default_factory=list)  # source (benchmark) name of each group
     weight_version: int = 0  # updates the generating weights had seen
+    kinds: list[str] = field(default_factory=list)  # question kind of each group ("" where its row has none)
 
 
 @dataclass

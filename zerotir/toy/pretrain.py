@@ -73,7 +73,8 @@ class PretrainSettings:
             machine's load. Not part of the base's identity (``identity``): bases built under other limits match.
         eval_n: held-out questions sampled once each at temperature 1 to measure the base statistics (0 = skip;
             the ``mixed`` world measures that many of each group).
-        world: the toy world (``zerotir.toy.worlds``): ``products`` (the first one) or ``mixed``.
+        world: the toy world (``zerotir.toy.worlds``): ``products`` (the first one), ``mixed`` or ``tools`` (whose
+            ``mixed_share`` is its share of documents with a tool call; ``zerotir.toy.choice.corpus``).
         text_error / code_bugs: ``mixed`` world only: shares of wrong plain-text answers and of buggy tool calls
             in its corpus (``zerotir.toy.mixed.corpus``); must stay 0 in the ``products`` world.
         kinds: ``mixed`` world only: the question kinds of the corpus and of the base measurement, comma-separated
@@ -139,6 +140,10 @@ class PretrainSettings:
             raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}, "
                              f"multi_share={self.multi_share}: only the 'mixed' world has wrong answers, buggy code, a "
                              "kind choice and multi-step questions; set world: mixed or leave them at 0 / ''")
+        if not world.copy_probe and self.probe_threshold > 0:
+            raise ValueError(f"probe_threshold={self.probe_threshold}: the {self.world!r} world has no copy probe (it "
+                             "probes the fences format); set probe_threshold: 0 (the decay then starts at steps - "
+                             "decay_steps)")
         world.documents(self)  # validates the world's corpus shares
 
     def corpus(self) -> CorpusSettings:

@@ -4,7 +4,10 @@ copy probe and base measurement are.
 - ``products`` (the default, the first world): 3-digit products a tiny base never answers without code
   (``zerotir.toy.tasks``, ``zerotir.toy.corpus``);
 - ``mixed``: easy questions a tiny base answers in text and hard ones it cannot, text answers sometimes wrong and
-  code sometimes buggy (``zerotir.toy.mixed``).
+  code sometimes buggy (``zerotir.toy.mixed``);
+- ``tools``: three tools (python, calculator, search) called in the hermes format, a corpus that picks them without
+  regard to the question (``zerotir.toy.choice``); no copy probe (it probes the fences format): ``probe_threshold``
+  must be 0.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Protocol
 
 from zerotir.toy import corpus as products_corpus
 from zerotir.toy import tasks as products_tasks
+from zerotir.toy.choice import corpus as choice_corpus
+from zerotir.toy.choice import tasks as choice_tasks
 from zerotir.toy.mixed import corpus as mixed_corpus
 from zerotir.toy.mixed import tasks as mixed_tasks
 from zerotir.toy.tasks import Question
@@ -52,6 +57,7 @@ class World:
     probe_question: Callable[[random.Random], Question]
     measure: Callable[[Path, WorldSettings, bool], dict]  # (folder, settings, progress lines) -> base statistics
     mixed_only: bool  # whether text_error / code_bugs / kinds apply
+    copy_probe: bool = True  # whether the copy probe (zerotir.toy.probe: the fences format) applies
 
 
 def _products_documents(s: WorldSettings) -> Document:
@@ -99,11 +105,29 @@ def _mixed_measure(path: Path, s: WorldSettings, progress: bool = False) -> dict
             for group in groups}
 
 
+def _choice_documents(s: WorldSettings) -> Document:
+    cs = choice_corpus.ChoiceCorpusSettings(seed=s.seed, call_share=s.mixed_share)
+    return lambda rng, exclude: choice_corpus.document(rng, cs, exclude)
+
+
+def _choice_measure(path: Path, s: WorldSettings, progress: bool = False) -> dict:
+    """Base statistics per kind (``zerotir.toy.choice.design.measure``) on the first ``eval_n`` held-out questions
+    of each kind."""
+    from zerotir.toy.choice.design import measure
+
+    questions = [q for kind in choice_tasks.KINDS for q in choice_tasks.heldout_set(kind, s.heldout_n,
+                                                                                     s.heldout_seed)[: s.eval_n]]
+    return measure(path, questions, seed=s.seed)
+
+
 WORLDS: dict[str, World] = {
     "products": World("products", _products_documents, _products_excluded,
                       lambda rng: products_tasks.make_question(rng, "hard"), _products_measure, mixed_only=False),
     "mixed": World("mixed", _mixed_documents, lambda s: mixed_tasks.excluded(s.heldout_n, s.heldout_seed),
                    lambda rng: mixed_tasks.make_question(rng, "hard"), _mixed_measure, mixed_only=True),
+    "tools": World("tools", _choice_documents, lambda s: choice_tasks.excluded(s.heldout_n, s.heldout_seed),
+                   lambda rng: products_tasks.make_question(rng, "hard"), _choice_measure, mixed_only=False,
+                   copy_probe=False),
 }
 
 

@@ -1,0 +1,125 @@
+"""The tool-choice world (``tools``): its questions and splits, its corpus's uninformed calls and their real
+observations, and the design check on hand-made statistics (the CI base: tests/toy/test_choice_base.py)."""
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from zerotir.tools.formats import Hermes
+from zerotir.toy.choice import corpus as cc
+from zerotir.toy.choice import tasks as ct
+from zerotir.toy.choice.design import Design, check_design, chance, first_tool, kind_stats
+from zerotir.toy.pretrain import Batches, PretrainSettings
+from zerotir.toy.tokenizer import build_byte_tokenizer
+
+
+def test_questions_answers_and_splits(tmp_path):
+    table = ct.fact_table()
+    assert len(table) == ct.N_ITEMS and not set(table) & set(ct.corpus_items())  # no fact in the pretraining text
+    rng = random.Random(0)
+    for kind in ct.KINDS:
+        q = ct.make_question(rng, kind, table, ct.train_items())
+        assert q.kind == kind and q.answer == ct.solve(q.problem, table)
+    name = ct.train_items()[0]
+    assert ct.solve(f"code of {name} * 12", table) == str(table[name] * 12)
+    paths = ct.write_task_files(tmp_path, n_train=400, n_heldout=32)
+    train = [json.loads(line) for line in paths["train"].read_text().splitlines()]
+    assert {r["kind"] for r in train} == set(ct.KINDS)
+    held_items = set(ct.heldout_items())
+    asked = {r["problem"].removeprefix("code of ").split(" * ")[0] for r in train if r["kind"] in ("lookup", "combined")}
+    assert asked and not asked & held_items  # held-out items are never asked in training
+    held = {kind: [json.loads(line) for line in paths[kind].read_text().splitlines()] for kind in ct.KINDS}
+    assert all(r["problem"].removeprefix("code of ").split(" * ")[0] in held_items for r in held["combined"])
+    assert not {r["problem"] for r in held["arith"]} & {r["problem"] for r in train}
+    facts = [json.loads(line) for line in paths["facts"].read_text().splitlines()]
+    assert {f["title"]: int(f["text"].split()[1]) for f in facts} == table
+    with pytest.raises(ValueError, match="kinds are"):
+        ct.make_question(rng, "proof", table, ct.train_items())
+
+
+def _calls(text: str) -> list[dict]:
+    fmt = Hermes()
+    return [json.loads(part.split(fmt.call_end)[0]) for part in text.split(fmt.call_start)[1:]]
+
+
+def test_corpus_calls_are_uninformed_and_observed_for_real():
+    rng = random.Random(1)
+    docs = [cc.document(rng, cc.ChoiceCorpusSettings(call_share=1.0))[1] for _ in range(600)]
+    firsts = Counter()
+    for text in docs:
+        kind = "lookup" if "code of" in text and " * " not in text.split("Q: ")[1].split(" = ?")[0] else None
+        calls = _calls(text)
+        assert calls and Hermes().parse(json.dumps(calls[0])).error is None
+        if kind:
+            firsts[calls[0]["name"]] += 1
+    # A lookup's first call is any of the three tools, about a third each (the choice ignores the question).
+    assert set(firsts) == set(ct.TOOLS) and min(firsts.values()) > 0.2 * sum(firsts.values())
+    items = ct.corpus_items()
+    name = next(iter(items))
+    assert cc.observation("search", f"code of {name}", items) == f"[1] {name}: code {items[name]}"
+    assert cc.observation("calculator", "482 * 47", items) == "22654"
+    assert cc.observation("python", "print(482 * 47)", items) == "22654"
+    assert cc.observation("calculator", f"code of {name}", items).startswith("Error: not an arithmetic expression")
+    assert "SyntaxError" in cc.observation("python", f"print(code of {name})", items)
+    assert cc.observation("search", "3 + 5", items).startswith("No passage matches")
+
+
+def test_failed_calls_are_followed_by_a_guess_and_good_ones_by_the_value():
+    items = ct.corpus_items()
+    name = next(iter(items))
+    q = ct.make_question(random.Random(2), "lookup", items, [name])
+    answers = [cc.call_answer(random.Random(seed), q, items) for seed in range(60)]
+    searched = [a for a in answers if _calls(a)[0]["name"] == "search"]
+    assert searched and all(a.endswith(f"\\boxed{{{items[name]}}}") for a in searched)
+    others = [a for a in answers if _calls(a)[0]["name"] != "search"]
+    assert sum(a.endswith(f"\\boxed{{{items[name]}}}") for a in others) < len(others) / 4  # guessed
+
+
+def test_packed_rows_come_from_the_tools_corpus():
+    s = PretrainSettings(world="tools", probe_threshold=0.0, mixed_share=0.5, seq_len=384, heldout_n=16,
+                         batch_size=4, eval_n=0)
+    packer = Batches(s, build_byte_tokenizer())
+    next(iter(packer))
+    assert {kind for kind, _ in packer.docs_used} == {"qa", "call"}
+    assert not set(ct.fact_table()) & {w for _, t in packer.docs_used for w in t.replace(":", " ").split()}
+    with pytest.raises(ValueError, match="no copy probe"):
+        PretrainSettings(world="tools")
+    with pytest.raises(ValueError, match="call must"):
+        PretrainSettings(world="tools", probe_threshold=0.0, mixed_share=0.0)
+
+
+def test_first_tool_and_kind_stats():
+    call = lambda tool: SimpleNamespace(tool=tool, status="ok")  # noqa: E731
+    assert first_tool([]) == "none" and first_tool([call("search"), call("python")]) == "search"
+    assert first_tool([call("")]) == "invalid"
+    stats = kind_stats(["search", "python", "none", "calculator"], [True, False, False, False], "lookup")
+    assert stats["right_first"] == round(1 / 3, 4) and stats["call_rate"] == 0.75 and stats["accuracy"] == 0.25
+    assert stats["first_none"] == 0.25 and chance("arith") == pytest.approx(2 / 3)
+
+
+def test_design_check_on_hand_made_statistics():
+    def rates(kind, right, calls=0.5, acc=0.0):
+        return {"call_rate": calls, "right_first": right, "chance": round(chance(kind), 4), "accuracy": acc}
+
+    good = {"arith": rates("arith", 0.6), "lookup": rates("lookup", 0.3), "combined": rates("combined", 0.4)}
+    assert check_design(good) == []
+    assert check_design({**good, "lookup": rates("lookup", 0.9)}) == [
+        "lookup: right tool first in 0.9 of answers with a call, not within 0.2 of chance 0.3333"]
+    assert check_design({**good, "combined": rates("combined", 0.3, acc=0.5)}) == [
+        "combined: accuracy 0.5 not below 0.3"]
+    assert check_design({**good, "arith": rates("arith", None, calls=0.1)}) == [
+        "arith: calls in 0.1 of answers, below 0.2", "arith: no answer's first call named a tool"]
+    assert check_design(good, Design(chance_band=0.01)) != []
+    with pytest.raises(ValueError, match="lack the kinds"):
+        check_design({"arith": good["arith"]})
+
+
+def test_shipped_task_files_equal_a_fresh_generation(tmp_path):
+    """data/toy_tools is ``python -m zerotir.toy.choice.tasks data/toy_tools`` (the defaults)."""
+    shipped = Path(__file__).resolve().parents[2] / "data" / "toy_tools"
+    for name, path in ct.write_task_files(tmp_path).items():
+        assert (shipped / path.name).read_text() == path.read_text(), name
