@@ -16,8 +16,7 @@ RL seeds ``--seeds`` (3), each arm varying one thing:
   ``choice_p0_s{s}``;
 - ``nocap_s{s}``: a budget of ``--nocap_calls`` calls and a response budget to match: finding 4;
 - ``curriculum_s{s}``: ``data.curriculum`` with lookups, products and easy sums first and the combined questions
-  after (:data:`CURRICULUM`): finding 5, against ``choice_p0_s{s}``; left out (reported "needs data.curriculum")
-  where the trainer has no ``data.curriculum``.
+  after (:data:`CURRICULUM`): finding 5, against ``choice_p0_s{s}``.
 
 The rules are written in ``tool_choice_rules.py`` before any run; the runs reuse ``benchmarks.toy_findings``'
 ``Sweep`` (bases first, ``--jobs`` runs at a time, one torch thread each, a log beside each run folder).
@@ -26,7 +25,6 @@ The rules are written in ``tool_choice_rules.py`` before any run; the runs reuse
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -45,11 +43,6 @@ CURRICULUM = {"window": 4, "stages": [{"weights": {"easy": 1.0, "arith": 1.0, "l
 SMOKE_BASE = {"steps": 20, "decay_steps": 5, "warmup_steps": 2, "eval_n": 2}
 
 
-def has_curriculum() -> bool:
-    """Whether this trainer has ``data.curriculum`` (``zerotir.data.curriculum``, issue #44)."""
-    return importlib.util.find_spec("zerotir.data.curriculum") is not None
-
-
 def cost_args(cost: float) -> list[str]:
     reward = {"class_path": "zerotir.rewards.WeightedReward", "init_args": {"terms": [
         {"class_path": "zerotir.rewards.MathReward"},
@@ -57,16 +50,14 @@ def cost_args(cost: float) -> list[str]:
     return ["--model.reward", json.dumps(reward)]
 
 
-def jobs(seeds: list[int], pseeds: list[int], cost: float, nocap_calls: int, curriculum: bool) -> list[Job]:
+def jobs(seeds: list[int], pseeds: list[int], cost: float, nocap_calls: int) -> list[Job]:
     """The RL runs, the reference arm first."""
     out = [Job(f"choice_p{p}_s{s}", size="tools", seed=s, pseed=p) for p in pseeds for s in seeds]
     for s in seeds:
         out.append(Job(f"cost_s{s}", size="tools", seed=s, extra=tuple(cost_args(cost))))
         out.append(Job(f"nocap_s{s}", size="tools", seed=s, budget=nocap_calls,
                        extra=("--model.sampling.max_response_tokens", str(80 * nocap_calls + 320))))
-        if curriculum:
-            out.append(Job(f"curriculum_s{s}", size="tools", seed=s,
-                           extra=("--data.curriculum", json.dumps(CURRICULUM))))
+        out.append(Job(f"curriculum_s{s}", size="tools", seed=s, extra=("--data.curriculum", json.dumps(CURRICULUM))))
     return out
 
 
@@ -115,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         swept = json.loads(record_file.read_text()) if record_file.is_file() else None
     else:
-        todo = jobs(args.seeds, args.pseeds, args.cost, args.nocap_calls, has_curriculum())
+        todo = jobs(args.seeds, args.pseeds, args.cost, args.nocap_calls)
         ChoiceSweep(args, config=CONFIG).run(todo, bases=[("tools", p) for p in args.pseeds])
         swept = {"command": command, "minutes": round((time.time() - start) / 60, 1),
                  "ended": time.strftime("%Y-%m-%d %H:%M")}

@@ -1,7 +1,6 @@
 """The findings of ``tool_choice.py`` computed from its runs (issue #44): one function per finding, each returning
 its evidence and a verdict by the rule written in ``RULES`` before any run, and the docs/findings.md section with
-its figures. A finding whose runs are missing is "not measured" (finding 5 without ``data.curriculum``: "needs
-data.curriculum").
+its figures. A finding whose runs are missing is "not measured".
 
 Every number is read from the training rollouts' tags of ``zerotir.choice_metrics`` (``kinds/<kind>/...``), the
 start as the mean of the first ``HEAD`` logged steps, the end as the mean of the last ``TAIL``.
@@ -145,9 +144,7 @@ def steps_to(series: pd.Series | None, length: int, level: float = 0.8) -> int:
     return int(hit.idxmax()) if hit.any() else length
 
 
-def f5(runs: Runs, seeds: list[int], curriculum: bool) -> dict:
-    if not curriculum:
-        return {"evidence": "", "verdict": "needs data.curriculum", "data": []}
+def f5(runs: Runs, seeds: list[int]) -> dict:
     rows = []
     for s in seeds:
         base, cur = runs.get(f"choice_p0_s{s}"), runs.get(f"curriculum_s{s}")
@@ -208,11 +205,10 @@ def write_report(out: Path, docs: Path, command: str, swept: dict | None, seeds:
                  pseeds: list[int]) -> Path:
     """Compute the findings from the runs under ``out`` and put their section into ``docs/findings.md`` (replacing
     this sweep's previous section, the rest of the file untouched); returns the file."""
-    from benchmarks.tool_choice import has_curriculum
 
     runs = Runs(out)
     ref = reference_runs(runs, seeds, pseeds)
-    results = {1: f1(ref), 2: f2(ref), 3: f3(runs, seeds), 4: f4(runs, seeds), 5: f5(runs, seeds, has_curriculum())}
+    results = {1: f1(ref), 2: f2(ref), 3: f3(runs, seeds), 4: f4(runs, seeds), 5: f5(runs, seeds)}
     figure = fig_selection(ref, docs / "findings" / "tool_choice_selection.png")
     target = docs / "findings.md"
     text = target.read_text() if target.is_file() else ""

@@ -1,6 +1,7 @@
 """The verdict rules of ``benchmarks/tool_choice_rules.py`` and its findings.md section, on hand-made runs shaped
 like the sweep's logs (``kinds/<kind>/...`` scalars by step under the sweep's run names)."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,8 @@ def test_cost_no_cap_and_curriculum():
     runs = MemoryRuns(arms)
     assert rules.f3(runs, SEEDS)["verdict"] == "reproduced"
     assert rules.f4(runs, SEEDS)["verdict"] == "reproduced"
-    five = rules.f5(runs, SEEDS, curriculum=True)
+    five = rules.f5(runs, SEEDS)
     assert five["verdict"] == "reproduced" and five["data"][0]["curriculum"] < five["data"][0]["uniform"]
-    assert rules.f5(runs, SEEDS, curriculum=False)["verdict"] == "needs data.curriculum"
     worse = MemoryRuns({**arms, **{f"cost_s{s}": run("c", easy_calls=0.1, acc=0.5) for s in SEEDS},
                         **{f"nocap_s{s}": run("n", calls=6.0) for s in SEEDS}})
     assert rules.f3(worse, SEEDS)["verdict"] == "not reproduced"  # accuracy fell by more than 0.05
@@ -85,21 +85,23 @@ def test_section_replaces_only_its_own_part(tmp_path, monkeypatch):
     docs.mkdir()
     (docs / "findings.md").write_text("# Findings\n\nthe other sweeps' table\n")
     monkeypatch.setattr(rules, "Runs", lambda out: MemoryRuns(reference()))
-    monkeypatch.setattr(tool_choice, "has_curriculum", lambda: False)
     for _ in range(2):  # a second report replaces the first
         rules.write_report(tmp_path, docs, "python -m benchmarks.tool_choice", None, SEEDS, PSEEDS)
     text = (docs / "findings.md").read_text()
     assert text.startswith("# Findings\n\nthe other sweeps' table\n") and text.count(rules.START) == 1
-    assert "| 1 | selection" in text and "| reproduced |" in text and "| needs data.curriculum |" in text
+    assert "| 1 | selection" in text and "| reproduced |" in text
     assert "| 3 | " in text and "| - | not measured |" in text  # no cost runs: finding 3 not measured
+    assert "| 5 | " in text and text.count("| - | not measured |") >= 2  # nor curriculum runs: finding 5
     assert (docs / "findings" / "tool_choice_selection.png").stat().st_size > 0
 
 
 def test_jobs_and_smoke_arguments():
-    names = [j.name for j in tool_choice.jobs([0, 1], [0, 1], 0.1, 16, curriculum=False)]
+    names = [j.name for j in tool_choice.jobs([0, 1], [0, 1], 0.1, 16)]
     assert names[:4] == ["choice_p0_s0", "choice_p0_s1", "choice_p1_s0", "choice_p1_s1"]
-    assert "cost_s1" in names and "nocap_s0" in names and not [n for n in names if n.startswith("curriculum")]
-    nocap = next(j for j in tool_choice.jobs([0], [0], 0.1, 16, True) if j.name == "nocap_s0")
-    assert nocap.budget == 16 and "curriculum_s0" in [j.name for j in tool_choice.jobs([0], [0], 0.1, 16, True)]
+    assert "cost_s1" in names and "nocap_s0" in names and "curriculum_s1" in names
+    curriculum = next(j for j in tool_choice.jobs([0], [0], 0.1, 16) if j.name == "curriculum_s0")
+    assert curriculum.extra == ("--data.curriculum", json.dumps(tool_choice.CURRICULUM))
+    nocap = next(j for j in tool_choice.jobs([0], [0], 0.1, 16) if j.name == "nocap_s0")
+    assert nocap.budget == 16
     args = tool_choice.parse_args(["--smoke"])
     assert args.seeds == [0] and args.pseeds == [0] and args.steps == 2
