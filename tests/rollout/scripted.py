@@ -95,6 +95,10 @@ class ScriptedEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError("a scripted engine has no weights")
 
+    def adapter_path(self, actor: torch.nn.Module | None) -> str:
+        """A LoRA actor's pushes would come as whole (merged) weights, as ``update_weights`` takes them."""
+        return "merged"
+
     def reset_cache(self) -> None:
         pass
 

@@ -1,5 +1,5 @@
 """The tool-choice world (``tools``): its questions and splits, its corpus's uninformed calls and their real
-observations, and the design check on hand-made statistics (the CI base: tests/toy/test_choice_base.py)."""
+observations, and the design check on hand-made statistics."""
 
 import json
 import random
