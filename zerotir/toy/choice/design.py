@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from zerotir.choice_metrics import first_call
+from zerotir.metric_names import INVALID_TOOL
 from zerotir.toy.choice.tasks import ANSWERING, KINDS, NO_CALL, TOOLS, fact_table, write_facts
 
-FIRST_LABELS = (NO_CALL, *TOOLS, "invalid")  # "invalid": the first call did not name a configured tool
+FIRST_LABELS = (NO_CALL, *TOOLS, INVALID_TOOL)  # the first call did not name a configured tool
 
 
 def first_tool(calls: list[Any]) -> str:
     """The first-call label of an answer (``zerotir.choice_metrics.first_call``), a name that is none of the
     world's tools counted as ``invalid``."""
     label = first_call(calls)
-    return label if label in (NO_CALL, *TOOLS) else "invalid"
+    return label if label in (NO_CALL, *TOOLS) else INVALID_TOOL
 
 
 def chance(kind: str) -> float:

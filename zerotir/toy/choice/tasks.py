@@ -22,11 +22,11 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from zerotir.metric_names import NO_CALL  # the first-call label of an answer without a call
 from zerotir.toy.tasks import Question, distinct_questions, write_jsonl
 
 KINDS = ("easy", "arith", "lookup", "combined")
 TOOLS = ("python", "calculator", "search")
-NO_CALL = "none"  # the first-call label of an answer without a call
 # The first calls that can lead to the right answer, per kind (finding 1's "right tool first").
 ANSWERING: dict[str, tuple[str, ...]] = {"easy": (NO_CALL, "calculator", "python"), "arith": ("calculator", "python"),
                                          "lookup": ("search",), "combined": ("search",)}
@@ -150,7 +150,6 @@ def write_task_files(out_dir: str | Path, n_train: int = 4096, n_heldout: int = 
         paths[kind] = write_jsonl(heldout_set(kind, n_heldout, heldout_seed), out / f"heldout_{kind}.jsonl",
                                   f"tools-heldout-{kind}")
     return paths
-
 
 
 if __name__ == "__main__":
