@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from zerotir import metric_names as mn
-from zerotir.tools.base import STATUS_INVALID
+from zerotir.tools.stats import tool_label
 from zerotir.types import ToolCall, Trajectories
 
 
@@ -22,7 +22,7 @@ def first_call(calls: Sequence[ToolCall]) -> str:
     """The first-call label of one answer (module doc)."""
     if not calls:
         return mn.NO_CALL
-    return mn.INVALID_TOOL if not calls[0].tool or calls[0].status == STATUS_INVALID else calls[0].tool
+    return tool_label(calls[0])  # the per-tool metrics' label: the same tools/invalid/... for both
 
 
 def choice_metrics(batch: Trajectories, kinds: Sequence[str]) -> dict[str, float]:

@@ -20,7 +20,8 @@ CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollo
                     "rollout/correct_calls_3plus")
 # Per tool of model.tool.tools, over the step's tool calls (zerotir.tools.stats): f"tools/{tool}/{metric}". calls;
 # errors (the model's: status error or invalid) and timeouts per call; latency, mean wall seconds per call; failures
-# (the tool or the sandbox failed) per call. Calls that did not parse to a tool name count under INVALID_TOOL.
+# (the tool or the sandbox failed) per call. Calls that reached no tool (status invalid: malformed, a name no tool
+# has, arguments off its schema) count under INVALID_TOOL (zerotir.tools.stats.tool_label), whatever name they wrote.
 TOOL_METRICS = ("calls", "errors", "timeouts", "failures", "latency")
 INVALID_TOOL = "invalid"
 

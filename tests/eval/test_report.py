@@ -160,18 +160,20 @@ def test_each_tool_gets_its_calls_per_response_in_the_metrics_the_table_and_the_
         input_ids=torch.zeros(b, 4, dtype=torch.long), attention_mask=torch.ones(b, 4, dtype=torch.long),
         action_mask=torch.zeros(b, 4, dtype=torch.bool), logprobs=torch.zeros(b, 4),
         prompt_lens=torch.ones(b, dtype=torch.long), response_lens=torch.ones(b, dtype=torch.long),
-        group_ids=torch.tensor([0, 0, 1]), rewards=torch.tensor([1.0, 0.0, 1.0]), num_calls=torch.tensor([3, 0, 2]),
-        num_exec_errors=torch.tensor([0, 0, 1]), num_timeouts=torch.zeros(b, dtype=torch.long),
+        group_ids=torch.tensor([0, 0, 1]), rewards=torch.tensor([1.0, 0.0, 1.0]), num_calls=torch.tensor([3, 0, 3]),
+        num_exec_errors=torch.tensor([0, 0, 2]), num_timeouts=torch.zeros(b, dtype=torch.long),
         num_sandbox_errors=torch.zeros(b, dtype=torch.long), truncated=torch.zeros(b, dtype=torch.bool),
         tool_calls=[[ToolCall("1", "ok", "1"), ToolCall("2", "ok", "2"), ToolCall("{}", "ok", "4", "calculator")],
-                    [], [ToolCall("{", "invalid", "Error", ""), ToolCall("2", "ok", "2")]],
+                    [], [ToolCall("{", "invalid", "Error", ""), ToolCall("2", "ok", "2"),
+                         ToolCall('{"name": "pyton"}', "invalid", "Error: no tool", "pyton")]],
     )
     records = records_from_trajectories(traj, ["p1", "p2"])
-    assert [r.tool_calls for r in records] == [{"python": 2, "calculator": 1}, {}, {"invalid": 1, "python": 1}]
-    # p1: 2 samples (1 correct), p2: 1 (correct); k = 1. 3 responses: python 3 calls, calculator 1, an unparsed call 1 -> 1.0, 1/3, 1/3 per response.
+    assert [r.tool_calls for r in records] == [{"python": 2, "calculator": 1}, {}, {"invalid": 2, "python": 1}]  # a misspelt name: no column
+    # p1: 2 samples (1 correct), p2: 1 (correct); k = 1. 3 responses: python 3 calls, calculator 1, calls that reached
+    # no tool 2 (unparsed, misspelt) -> 1.0, 1/3, 2/3 per response.
     math = benchmark_metrics(records)
-    assert math[eval_tool_tag("python")] == 1.0
-    assert math[eval_tool_tag("calculator")] == pytest.approx(1 / 3) == math[eval_tool_tag("invalid")]
+    assert math[eval_tool_tag("python")] == 1.0 and math[eval_tool_tag("invalid")] == pytest.approx(2 / 3)
+    assert math[eval_tool_tag("calculator")] == pytest.approx(1 / 3)
     # A second benchmark that only ran `search` (1 call in 2 responses): the others count 0 there.
     results = {"math": math, "facts": benchmark_metrics([EvalRecord("q", True, 1, tool_calls={"search": 1}),
                                                          EvalRecord("q", False)])}
@@ -183,7 +185,7 @@ def test_each_tool_gets_its_calls_per_response_in_the_metrics_the_table_and_the_
     assert lines[0].startswith("| benchmark | problems | k | avg@k % | pass@k % | code use % | calls / response | "
                                "calculator calls / response | invalid calls / response | python calls / response | "
                                "search calls / response | response tokens |")
-    assert lines[2].startswith("| math | 2 | 1 | 75.0 | 75.0 | 66.7 | 1.67 | 0.33 | 0.33 | 1.00 | 0.00 |")
+    assert lines[2].startswith("| math | 2 | 1 | 75.0 | 75.0 | 66.7 | 2.00 | 0.33 | 0.67 | 1.00 | 0.00 |")
     assert lines[3].startswith("| facts | 1 | 2 | 50.0 | 100.0 | 50.0 | 0.50 | 0.00 | 0.00 | 0.00 | 0.50 |")
-    # The mean: (0.75 + 0.5) / 2, (0.75 + 1) / 2, (2/3 + 1/2) / 2, (5/3 + 1/2) / 2, then each tool over both.
-    assert lines[4].startswith("| mean |  |  | 62.5 | 87.5 | 58.3 | 1.08 | 0.17 | 0.17 | 0.50 | 0.25 |")
+    # The mean: (0.75 + 0.5) / 2, (0.75 + 1) / 2, (2/3 + 1/2) / 2, (2 + 1/2) / 2, then each tool over both.
+    assert lines[4].startswith("| mean |  |  | 62.5 | 87.5 | 58.3 | 1.25 | 0.17 | 0.33 | 0.50 | 0.25 |")

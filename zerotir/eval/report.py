@@ -25,9 +25,9 @@ from zerotir.metric_names import (
     EVAL_RESPONSE_LENGTH,
     EVAL_SANDBOX_ERROR_RATE,
     EVAL_TOOL_CALLS,
-    INVALID_TOOL,
     eval_tool_tag,
 )
+from zerotir.tools.stats import tool_label
 
 # Extra keys of a benchmark's result dict (counts, not TensorBoard curves).
 NUM_PROBLEMS = "num_problems"
@@ -51,7 +51,8 @@ class EvalRecord:
         num_exec_errors: executions whose code raised.
         num_timeouts: executions stopped at a limit.
         truncated: the response hit the token budget.
-        tool_calls: calls per tool name (calls that named no tool under ``metric_names.INVALID_TOOL``).
+        tool_calls: calls per tool name (calls that reached no tool under ``metric_names.INVALID_TOOL``:
+            ``tools.stats.tool_label``).
     """
 
     problem_id: str
@@ -76,7 +77,7 @@ def records_from_trajectories(traj: Any, problem_ids: Sequence[str]) -> list[Eva
         EvalRecord(
             problem_id=str(problem_ids[int(g)]), correct=bool(r), num_calls=int(c), response_length=int(n),
             num_sandbox_errors=int(se), num_exec_errors=int(ee), num_timeouts=int(to), truncated=bool(tr),
-            tool_calls=dict(Counter(call.tool or INVALID_TOOL for call in calls)),
+            tool_calls=dict(Counter(tool_label(call) for call in calls)),
         )
         for g, r, c, n, se, ee, to, tr, calls in zip(
             traj.group_ids.tolist(), traj.correct.tolist(), traj.num_calls.tolist(), traj.response_lens.tolist(),

@@ -7,10 +7,18 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from zerotir import metric_names as mn
-from zerotir.tools.base import (
-    STATUS_ERROR, STATUS_INVALID, STATUS_SANDBOX_ERROR, STATUS_TOOL_ERROR, TIMEOUT_STATUSES,
-)
+from zerotir.tools.base import STATUS_ERROR, STATUS_INVALID, STATUS_SANDBOX_ERROR, STATUS_TOOL_ERROR, TIMEOUT_STATUSES
 from zerotir.types import ToolCall
+
+
+def tool_label(call: ToolCall) -> str:
+    """The name one recorded call counts under in the per-tool metrics: its tool, or ``metric_names.INVALID_TOOL``
+    for a call that reached no tool (status ``invalid``: malformed, a name no tool has, arguments off its schema).
+
+    The name a model writes is free text (a tiny model writes ``nalculator``): kept as the label, each misspelling
+    would be a tag of its own, an unbounded set. This way the labels are the configured tools and one more.
+    """
+    return mn.INVALID_TOOL if not call.tool or call.status == STATUS_INVALID else call.tool
 
 
 def tool_metrics(tool_calls: Iterable[Iterable[ToolCall]]) -> dict[str, float]:
@@ -18,13 +26,13 @@ def tool_metrics(tool_calls: Iterable[Iterable[ToolCall]]) -> dict[str, float]:
 
     ``calls`` is a count; ``errors`` (status error or invalid: the model's fault), ``timeouts`` (stopped at a limit)
     and ``failures`` (the tool or the sandbox failed: the infrastructure's) are shares of that tool's calls;
-    ``latency`` is the mean wall time of a call in seconds. A call that did not parse to a tool name counts under
-    ``metric_names.INVALID_TOOL``.
+    ``latency`` is the mean wall time of a call in seconds. A call that reached no tool counts under
+    ``metric_names.INVALID_TOOL`` (``tool_label``), whose ``errors`` are all its calls.
     """
     counts: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     for row in tool_calls:
         for call in row:
-            c = counts[call.tool or mn.INVALID_TOOL]
+            c = counts[tool_label(call)]
             c[0] += 1
             c[1] += call.status in (STATUS_ERROR, STATUS_INVALID)
             c[2] += call.status in TIMEOUT_STATUSES
