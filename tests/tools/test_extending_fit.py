@@ -1,0 +1,88 @@
+"""The worked example tool of docs/extending.md trains: its file and its config entry, as written there, in a fit of
+the module (Lightning's loop, the in-line source's tool loop, the reward, the filters, the update) for two RL steps.
+
+The model's sampling is scripted (``tests.rollout.scripted.ScriptedEngine``: a tiny random model would never write
+the call); everything after it is the run's own: the call parsed in the doc's format, checked against the tool's
+schema and run by the tool, its observation injected and masked, the answers scored, the update made, and the tool's
+calls counted in the logged per-tool metrics.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import lightning.pytorch as pl
+import yaml
+from lightning.pytorch.loggers import CSVLogger
+
+from callbacks import PassRateFilter, ScalingMetrics
+from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox
+from tests.scripted_source import Recorder, recorded
+from tests.tools.test_extending_doc import block
+from zerotir import metric_names as mn
+from zerotir.config import BaseModelConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.data.datamodule import PromptDataModule
+from zerotir.data.prompts import PLAIN_TEMPLATE
+from zerotir.module import ZeroTIRModule
+from zerotir.rewards import MathReward
+from zerotir.rollout.source import InlineSource
+
+PROBLEM = "Days from 2024-01-01 to 2024-03-01?"
+CALL = '<tool_call>{"name": "days_between", "arguments": {"start": "2024-01-01", "end": "2024-03-01"}}</tool_call>'
+RIGHT, WRONG = [CALL, "So \\boxed{60}."], ["Let me count. " + CALL, "So \\boxed{59}."]  # two samples a prompt
+
+
+class FitEngine(ScriptedEngine):
+    """The scripted engine as the in-line source holds it: nothing to load between updates."""
+
+    def load_weights_from(self, actor) -> None:
+        pass
+
+    def rest(self) -> None:
+        pass
+
+
+class ScriptedSamplingSource(InlineSource):
+    """The in-line source of the run (its real ``roll_out``: the tool loop over ``model.tool``, the reward) with a
+    scripted engine; the ``python`` entry of the doc's config gets a sandbox that is never called."""
+
+    def start(self, actor, tokenizer, device, stream) -> None:
+        self.stream, self._tokenizer = stream, tokenizer
+        self.sandbox.client = ScriptedSandbox()  # an unexpected python call fails the test
+        self.engine = FitEngine(tokenizer, {PLAIN_TEMPLATE.format(problem=PROBLEM): [RIGHT, WRONG]}, n=2)
+
+
+def test_the_example_tool_trains_in_a_fit_and_its_calls_are_logged(tiny_dir, tmp_path, monkeypatch):
+    (tmp_path / "my_tools").mkdir()
+    (tmp_path / "my_tools" / "days.py").write_text(block("tool") + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tool = ToolConfig(**yaml.safe_load(block("config"))["model"]["tool"])  # the doc's one config entry
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"id": f"q{i}", "problem": PROBLEM, "answer": "60"}) + "\n" for i in range(4)))
+    pl.seed_everything(0)
+    sampling = SamplingConfig(n=2, max_response_tokens=256)
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(micro_batch_size=2), optim=OptimConfig(lr=1e-2),
+                           tool=tool, sampling=sampling, seed=3)
+    module.source = ScriptedSamplingSource(HFRollout(), SandboxConfig(), tool, sampling, MathReward(), "unused", 3)
+    data = PromptDataModule(train_files=[str(train)], template="plain", tokenizer=str(tiny_dir), prompts_per_step=2,
+                            test_files=[])
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=CSVLogger(tmp_path, name="logs"),
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=tmp_path, callbacks=[PassRateFilter(), ScalingMetrics(histogram=False),
+                                                               Recorder()])
+    trainer.fit(module, datamodule=data)
+
+    assert module.rl_steps_done == 2
+    results = recorded(trainer)
+    calls = [c for r in results for row in r.rollout.tool_calls for c in row]
+    assert [(c.tool, c.status, c.output) for c in calls] == [("days_between", "ok", "60")] * 8  # 2 steps x 2 x 2
+    assert all(r.rollout.correct.tolist() == [True, False] * 2 for r in results)  # the reward read the answers
+    assert all(r.stats["grad_norm"] > 0 for r in results)  # each step updated the policy on its kept groups
+    rows = list(csv.DictReader((tmp_path / "logs" / "version_0" / "metrics.csv").open()))
+    logged = [float(row[mn.tool_tag("days_between", "calls")]) for row in rows if row[mn.tool_tag("days_between",
+                                                                                                  "calls")]]
+    assert logged == [4.0, 4.0]  # each step: 2 prompts x 2 samples, one call each
+    assert {float(row[mn.tool_tag("days_between", "errors")]) for row in rows
+            if row[mn.tool_tag("days_between", "errors")]} == {0.0}
+    assert not any(k.startswith("tools/python/") for k in rows[0])  # the python entry was never called
