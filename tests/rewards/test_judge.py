@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 from zerotir.rewards import JudgeReward, Sample
 
 # The judge's reply per response (the word after "Student's response:" in its prompt). "hang-once" never answers
-# its first call (the client times out) and answers CORRECT after; "fail-once" is a 503, then CORRECT.
+# its first call (the client times out) and answers CORRECT after; "fail-once" is a 503, then CORRECT; "gated..."
+# calls wait until two are in flight, then answer CORRECT a moment later (the server keeps the peak in flight).
 REPLIES = {"right": "CORRECT", "wrong": "Incorrect.", "chatty": "Hmm, hard to say.",
            "reasoned": "It is not INCORRECT at first sight... on reflection: CORRECT", "hang-once": "CORRECT",
            "fail-once": "CORRECT", "hang": "CORRECT"}
@@ -28,6 +29,8 @@ class Judge:
     def __init__(self) -> None:
         self.asked: list[str] = []
         self.release = asyncio.Event()
+        self.in_flight = self.peak = 0
+        self.two_in_flight = asyncio.Event()
         app = FastAPI()
 
         @app.get("/v1/models")
@@ -42,6 +45,8 @@ class Judge:
             self.asked.append(word)
             if word == "hang" or (word == "hang-once" and first):
                 await asyncio.sleep(3600)  # never answers: the client's timeout ends the call
+            if word.startswith("gated"):
+                return await self.gated()
             if word == "fail-once" and first:
                 return JSONResponse({"error": "overloaded"}, status_code=503)
             if body["model"] != "judge":
@@ -58,6 +63,18 @@ class Judge:
             if not self.thread.is_alive():
                 raise RuntimeError("the scripted judge did not start")
             threading.Event().wait(0.01)
+
+    async def gated(self) -> dict:
+        """A call that waits for a second one in flight (a judge called one at a time never answers it), then
+        stays in flight a moment, so that calls past the bound would overlap it."""
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight >= 2:
+            self.two_in_flight.set()
+        await self.two_in_flight.wait()
+        await asyncio.sleep(0.2)
+        self.in_flight -= 1
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "CORRECT"}}]}
 
     def close(self) -> None:
         self.server.should_exit = True
@@ -90,6 +107,13 @@ def test_verdicts_score_and_count_a_reply_without_one_as_a_parse_failure(judge):
     stats = reward.stats()
     assert stats["judge_parse_failures"] == 1 and stats["judge_calls"] == 4  # the cut response costs no call
     assert reward.stats()["judge_calls"] == 0  # read and reset
+
+
+def test_calls_run_at_most_max_concurrency_at_a_time(judge):
+    reward = JudgeReward(base_url=judge.url, max_concurrency=2)
+    reward.start()
+    assert scores(reward, [sample(f"gated{i}") for i in range(6)]) == [(1.0, True)] * 6
+    assert judge.peak == 2  # two at once (the bound is used), never more
 
 
 def test_the_cache_answers_a_repeated_question_and_response_without_a_call(judge):
