@@ -1,5 +1,6 @@
 """The worked example tool of docs/extending.md trains: its file and its config entry, as written there, in a fit of
-the module (Lightning's loop, the in-line source's tool loop, the reward, the filters, the update) for two RL steps.
+the module (Lightning's loop, the in-line source's tool loop, the reward, the filters, the update) for two RL steps;
+the doc's example rollout mode (a rollout source) generates the batches of that fit.
 
 The model's sampling is scripted (``tests.rollout.scripted.ScriptedEngine``: a tiny random model would never write
 the call); everything after it is the run's own: the call parsed in the doc's format, checked against the tool's
@@ -26,7 +27,6 @@ from zerotir.data.datamodule import PromptDataModule
 from zerotir.data.prompts import PLAIN_TEMPLATE
 from zerotir.module import ZeroTIRModule
 from zerotir.rewards import MathReward
-from zerotir.rollout.source import InlineSource
 
 PROBLEM = "Days from 2024-01-01 to 2024-03-01?"
 CALL = '<tool_call>{"name": "days_between", "arguments": {"start": "2024-01-01", "end": "2024-03-01"}}</tool_call>'
@@ -43,9 +43,9 @@ class FitEngine(ScriptedEngine):
         pass
 
 
-class ScriptedSamplingSource(InlineSource):
-    """The in-line source of the run (its real ``roll_out``: the tool loop over ``model.tool``, the reward) with a
-    scripted engine; the ``python`` entry of the doc's config gets a sandbox that is never called."""
+class ScriptedStart:
+    """A start for an in-line source of the run (its real ``roll_out``: the tool loop over ``model.tool``, the
+    reward) with a scripted engine; the ``python`` entry of the doc's config gets a sandbox that is never called."""
 
     def start(self, actor, tokenizer, device, stream) -> None:
         self.stream, self._tokenizer = stream, tokenizer
@@ -53,10 +53,16 @@ class ScriptedSamplingSource(InlineSource):
         self.engine = FitEngine(tokenizer, {PLAIN_TEMPLATE.format(problem=PROBLEM): [RIGHT, WRONG]}, n=2)
 
 
-def test_the_example_tool_trains_in_a_fit_and_its_calls_are_logged(tiny_dir, tmp_path, monkeypatch):
+def test_the_example_tool_and_rollout_mode_train_in_a_fit_and_are_logged(tiny_dir, tmp_path, monkeypatch):
     (tmp_path / "my_tools").mkdir()
     (tmp_path / "my_tools" / "days.py").write_text(block("tool") + "\n")
+    (tmp_path / "my_sources.py").write_text(block("source") + "\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    from my_sources import CountingSource
+
+    class ScriptedCounting(ScriptedStart, CountingSource):  # the doc's mode (make_rollout_source's branch stood in for)
+        pass
+
     tool = ToolConfig(**yaml.safe_load(block("config"))["model"]["tool"])  # the doc's one config entry
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"id": f"q{i}", "problem": PROBLEM, "answer": "60"}) + "\n" for i in range(4)))
@@ -64,7 +70,7 @@ def test_the_example_tool_trains_in_a_fit_and_its_calls_are_logged(tiny_dir, tmp
     sampling = SamplingConfig(n=2, max_response_tokens=256)
     module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), rl=RLConfig(micro_batch_size=2), optim=OptimConfig(lr=1e-2),
                            tool=tool, sampling=sampling, seed=3)
-    module.source = ScriptedSamplingSource(HFRollout(), SandboxConfig(), tool, sampling, MathReward(), "unused", 3)
+    module.source = ScriptedCounting(HFRollout(), SandboxConfig(), tool, sampling, MathReward(), "unused", 3)
     data = PromptDataModule(train_files=[str(train)], template="plain", tokenizer=str(tiny_dir), prompts_per_step=2,
                             test_files=[])
     trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=CSVLogger(tmp_path, name="logs"),
@@ -86,3 +92,5 @@ def test_the_example_tool_trains_in_a_fit_and_its_calls_are_logged(tiny_dir, tmp
     assert {float(row[mn.tool_tag("days_between", "errors")]) for row in rows
             if row[mn.tool_tag("days_between", "errors")]} == {0.0}
     assert not any(k.startswith("tools/python/") for k in rows[0])  # the python entry was never called
+    assert [(float(row["pipeline/tool_calls"]), float(row["pipeline/invalid_calls"])) for row in rows
+            if row.get("pipeline/tool_calls")] == [(4.0, 0.0), (4.0, 0.0)]  # the doc's rollout mode counted them
