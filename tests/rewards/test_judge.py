@@ -121,7 +121,8 @@ def test_the_cache_answers_a_repeated_question_and_response_without_a_call(judge
     before = len(judge.asked)
     assert scores(reward, [sample("right", "q1"), sample("wrong", "q1")]) == [(1.0, True), (0.0, False)]
     assert scores(reward, [sample("right", "q1"), sample("right", "q2")]) == [(1.0, True), (1.0, True)]
-    assert judge.asked[before:] == ["right", "wrong", "right"]  # q1's "right" asked once, q2's is another key
+    # q1's "right" asked once, q2's is another key (the first two calls run at once: either may arrive first)
+    assert sorted(judge.asked[before:before + 2]) == ["right", "wrong"] and judge.asked[before + 2:] == ["right"]
     assert reward.stats()["judge_cache_hits"] == 1
 
 
