@@ -11,6 +11,8 @@ trips on the engine of ``tests/e2e/test_fit_chat.py`` (one vLLM start for the th
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from tests.rollout.chat_model import call, chat_bpe, tiny_qwen2
@@ -115,10 +117,17 @@ def fences_doc() -> tuple[list[int], list[int]]:
 FENCES_DOC = fences_doc()
 
 
+@functools.cache
+def _memorised():
+    """Trained once per test process (this file's round trips and tests/e2e/test_fit_chat.py's base share it: the
+    round trips only read it, the fits train a copy they load from the folder)."""
+    return memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC, FENCES_DOC)], steps=600)
+
+
 def memorised_qwen2(folder):
-    """A tiny Qwen2 that memorised both transcripts, saved into ``folder`` with the tokenizer (vLLM and the trainer
-    load the folder)."""
-    model = memorise_ids(tiny_qwen2(TOK), TOK, [p + r for p, r in (CHAT_DOC, HERMES_DOC, FENCES_DOC)], steps=600)
+    """A tiny Qwen2 that memorised the three transcripts, saved into ``folder`` with the tokenizer (vLLM and the
+    trainer load the folder)."""
+    model = _memorised()
     model.save_pretrained(str(folder))
     TOK.save_pretrained(str(folder))
     return model
