@@ -7,6 +7,7 @@ bytes only. The same fit on the thread host (in the trainer's process) and on th
 
 from __future__ import annotations
 
+import logging
 import os
 
 import lightning.pytorch as pl
@@ -42,13 +43,16 @@ class RayHostDecodes(pl.Callback):
 
 
 @pytest.mark.timeout(600)  # a hang guard: the engine process imports torch and transformers and builds its engine
-def test_one_ray_engine_takes_the_adapters_and_decodes_as_the_merged_actor(tiny_dir, train_file, tmp_path):
+def test_one_ray_engine_takes_the_adapters_and_decodes_as_the_merged_actor(tiny_dir, train_file, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="zerotir.lora")
     module = lora_module(tiny_dir, rollout=HFRollout(), reward=EvenLength(), pipeline=PipelineConfig(max_staleness=0),
                          fleet=FleetConfig(engines=1, timeout_s=300))
     seen = RayHostDecodes()
     lora_fit(module, tiny_dir, train_file, tmp_path, [seen])
     assert seen.pid != os.getpid() and seen.paths == ["adapter"] and trained_adapters(module.actor)
     assert seen.outputs == merged_greedy(module.actor, PROMPTS)
+    assert "model.base.lora: the 1 engine host(s) of the fleet: every update pushes the adapter tensors only" in \
+        caplog.text  # said at start
     adapter_bytes = lora.push_size(module.actor, "adapter")[0]
     assert seen.push.version == 3 and seen.push.bytes == adapter_bytes  # the adapter only, over the weight group
     assert adapter_bytes * 4 < lora.push_size(module.actor, "merged")[0]
