@@ -45,3 +45,14 @@ def test_the_lora_arm_is_tested_with_its_adapters():
     assert toy_emergence.adapter_config_args("reinforce_pp_lora") == ["--config", "configs/toy_cpu_lora.yaml"]
     assert toy_emergence.adapter_config_args("reinforce_pp") == []
     assert toy_emergence.adapter_config_args("ppo") == []
+
+
+def test_every_validation_has_its_checkpoint_for_the_final_evaluation():
+    """A run stops at a validation and ``zerotir test`` reads its ``last.ckpt``: with checkpoints every 5 steps (the
+    config's) and validations every step, a stop at step 8 evaluated step 5's weights."""
+    from benchmarks.toy_emergence import fit_args, parse_args
+
+    args = parse_args(["--val_every", "3"])
+    fit = fit_args(args, "reinforce_pp_lora", 1, [])
+    assert fit[fit.index("--trainer.val_check_interval") + 1] == "3"
+    assert fit[fit.index("--checkpoint.every_n_train_steps") + 1] == "3"
