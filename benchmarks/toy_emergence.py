@@ -94,17 +94,6 @@ def config_args(algo: str) -> list[str]:
     return [arg for path in CONFIGS[algo] for arg in ("--config", path)]
 
 
-def adapter_config_args(algo: str) -> list[str]:
-    """``--config`` of the algorithm's files that set ``model.base.lora``: ``zerotir test`` rebuilds the actor with
-    the same adapters to load a LoRA run's checkpoint (it holds adapter weights; a plain actor refuses them)."""
-    import yaml
-
-    def lora(path: str) -> object:
-        return ((yaml.safe_load((REPO / path).read_text()).get("model") or {}).get("base") or {}).get("lora")
-
-    return [arg for path in CONFIGS[algo] if lora(path) for arg in ("--config", path)]
-
-
 def build_base(out: Path, seed: int, minutes: float = PretrainSettings.minutes,
                threads: int = PretrainSettings.threads, settings: dict | None = None) -> dict:
     """The toy base of ``seed`` (built unless present) and its record: training seconds and base statistics."""
@@ -182,8 +171,7 @@ def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dic
     rl_minutes = (time.time() - start) / 60
     hit = next((v for v in curve if v["accuracy"] >= args.target and v["code_rate"] >= args.target), None)
     final_dir = args.out / f"{algo}_s{seed}_final"  # its own folder: no test scalars in the training curves
-    test = ["test", "--config", "configs/eval_toy_heldout.yaml", *adapter_config_args(algo),
-            "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"),
+    test = ["test", "--config", "configs/eval_toy_heldout.yaml", "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"),
             "--data.limit_test_rows", str(args.final_rows), *common[:4], "--trainer.default_root_dir", str(final_dir),
             "--trainer.enable_progress_bar", "false"]
     zerotir(test, Path(f"{final_dir}.log"))

@@ -1,7 +1,7 @@
-"""``benchmarks/lora_toy.py``'s rule on hand-made run records, and the LoRA arm's test command: ``zerotir test``
-must rebuild the adapters to load a LoRA checkpoint."""
+"""``benchmarks/lora_toy.py``'s rule on hand-made run records, and the fit command of ``toy_emergence.train_run``
+it runs: a checkpoint at every validation, for the final evaluation."""
 
-from benchmarks import lora_toy, toy_emergence
+from benchmarks import lora_toy
 
 
 def record(arm: str, seed: int, step: int | None, max_steps: int = 60) -> dict:
@@ -39,12 +39,6 @@ def test_only_seeds_with_both_arms_are_compared():
     result = lora_toy.finding(runs([10, 10, 10], [10]))
     assert result["seeds"] == [0]
     assert lora_toy.finding(runs([10], []))["verdict"] == "not measured"
-
-
-def test_the_lora_arm_is_tested_with_its_adapters():
-    assert toy_emergence.adapter_config_args("reinforce_pp_lora") == ["--config", "configs/toy_cpu_lora.yaml"]
-    assert toy_emergence.adapter_config_args("reinforce_pp") == []
-    assert toy_emergence.adapter_config_args("ppo") == []
 
 
 def test_every_validation_has_its_checkpoint_for_the_final_evaluation():
