@@ -4,7 +4,7 @@ weight push to an engine, side by side in one run on one small Qwen2.
     python -m benchmarks.lora                      # the docs/results.md table
     python -m benchmarks.lora --rows 4 --max-len 256   # smaller and quicker
     python -m benchmarks.lora --chunk 0            # the LM head's logits whole (no logprob_chunk_tokens)
-    python -m benchmarks.lora --toy-world          # the toy world's finding instead (below; about an hour, alone)
+    python -m benchmarks.lora --toy-world          # the toy world's finding instead (benchmarks/lora_toy.py)
 
 Method. A random Qwen2 of hidden 512, 8 layers, 8 heads (2 key / value heads) and a 32k vocabulary (``--vocab``):
 the cost does not depend on what the model knows. Arms: ``full`` (every weight trained) and ``lora r8`` /
@@ -26,10 +26,9 @@ or only the adapter (``push_adapter``).
 
 Targets (issue #41): LoRA's push bytes >= 50x smaller, its peak update memory >= 2x lower.
 
-``--toy-world``: the toy world's finding instead, does LoRA RL reach 80% held-out accuracy and code use from the
-shipped recipe's base, and in how many steps against full fine-tuning: ``benchmarks.toy_emergence`` with the arms
-``reinforce_pp`` (``configs/toy_cpu.yaml``) and ``reinforce_pp_lora`` (``--config configs/toy_cpu_lora.yaml`` on
-it), seeds 0 1 2 each, into ``runs/lora_toy`` (its method, table and plot). It needs a quiet machine.
+``--toy-world``: the toy world's finding instead, ``benchmarks.lora_toy`` with its defaults: does LoRA RL reach 80%
+held-out accuracy and code use from the shipped base, and in how many steps against full fine-tuning (RL seeds 0 1 2,
+its rule and verdict, into ``runs/lora_toy``).
 """
 
 from __future__ import annotations
@@ -127,11 +126,9 @@ def main() -> None:
     parser.add_argument("--toy-world", action="store_true", help="run the toy world's 3-seed finding instead")
     args = parser.parse_args()
     if args.toy_world:
-        from benchmarks import toy_emergence
+        from benchmarks import lora_toy
 
-        seeds = ["0", "1", "2"]
-        toy_emergence.main(["--algorithms", "reinforce_pp", "reinforce_pp_lora", "--seeds", *seeds,
-                            "--other_seeds", *seeds, "--out", str(toy_emergence.REPO / "runs" / "lora_toy")])
+        lora_toy.main([])
         return
     print(f"{args.rows} rows up to {args.max_len} tokens, log-probs chunked by {args.chunk or 'none'}; load "
           f"{os.getloadavg()[0]:.1f}", flush=True)

@@ -144,14 +144,22 @@ def val_curve(run_dir: Path, start: float) -> list[dict]:
             for e in acc.Scalars(f"{VAL_NAME}/accuracy")]
 
 
+def fit_args(args: argparse.Namespace, algo: str, seed: int, common: list[str]) -> list[str]:
+    """The ``zerotir fit`` command of a run. A checkpoint at every validation: the run stops at one (early stop) and
+    the final evaluation reads ``last.ckpt``, which must then be that step's (the config's own interval, 5 in
+    ``configs/toy_cpu.yaml``, would leave an earlier one at a stop between two of its checkpoints)."""
+    return ["fit", *config_args(algo), *early_stop_args(args.target),
+            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),
+            "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every),
+            "--checkpoint.every_n_train_steps", str(args.val_every), *common]
+
+
 def train_run(args: argparse.Namespace, algo: str, seed: int, base: dict) -> dict:
     """RL from ``base`` until held-out accuracy reaches the target, then the final evaluation."""
     run_dir = args.out / f"{algo}_s{seed}"
     common = ["--model.base.path", base["path"], "--toy_base", "null",
               "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
-    fit = ["fit", *config_args(algo), *early_stop_args(args.target),
-           "--seed_everything", str(seed), "--model.seed", str(seed), "--data.seed", str(seed),
-           "--trainer.max_steps", str(args.max_steps), "--trainer.val_check_interval", str(args.val_every), *common]
+    fit = fit_args(args, algo, seed, common)
     print(f"[{algo} seed {seed}] RL from {base['path']} (log {run_dir}.log)", flush=True)
     for old in (run_dir, args.out / f"{algo}_s{seed}_final"):  # a rerun starts clean: no stale curves or reports
         shutil.rmtree(old, ignore_errors=True)

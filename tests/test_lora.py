@@ -21,9 +21,9 @@ from zerotir.rl.update import sequence_logprobs
 LORA = LoraConfig(rank=4, alpha=8.0)
 
 
-def lora_run(tiny_dir, train_file, root, max_steps=3, engine=None, lora_cfg=LORA, **rl):
+def lora_run(tiny_dir, train_file, root, max_steps=3, engine=None, lora_cfg=LORA, checkpointing=False, **rl):
     pl.seed_everything(0)
-    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir), lora=lora_cfg),
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir), lora=lora_cfg, gradient_checkpointing=checkpointing),
                            rl=RLConfig(**{"micro_batch_size": 2, "algorithm": "grpo", "kl_coef": 0.05, "use_kl_loss": True, **rl}),
                            optim=OptimConfig(lr=1e-2), sampling=SamplingConfig(n=2, max_response_tokens=16),
                            filters=FilterConfig(pass_rate=True, pass_rate_low=0.2, pass_rate_high=0.8), seed=3)
@@ -93,6 +93,43 @@ def test_ppo_trains_the_critics_adapters_and_value_head_on_a_frozen_base(tiny_di
     assert all(".lora_" in n or ".value_head." in n for n in changed)
     critic = [g for g in trainer.optimizers[0].param_groups if g["name"] == "critic"][0]
     assert sum(p.numel() for p in critic["params"]) < sum(p.numel() for p in module.critic.parameters()) / 2
+
+
+def test_a_full_critic_trains_every_weight_of_the_value_model_beside_the_actors_adapters(tiny_dir, train_file,
+                                                                                          tmp_path):
+    module, data, trainer = lora_run(tiny_dir, train_file, tmp_path, max_steps=2, algorithm="ppo",
+                                     lora_cfg=LoraConfig(rank=4, alpha=8.0, critic="full"))
+    module.configure_model()
+    assert not lora.is_adapted(module.critic.backbone) and lora.is_adapted(module.actor)
+    before = _snapshot(module)
+    trainer.fit(module, datamodule=data)
+    after = _snapshot(module)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    critic = {n for n, _ in module.named_parameters() if n.startswith("critic.")}
+    assert {n for n in critic if n.endswith(".weight") and "norm" not in n} <= changed  # the value model in full
+    assert all(".lora_" in n for n in changed - critic)  # the actor's base bit-identical
+
+
+def test_gradient_checkpointing_recomputes_and_trains_the_adapters_as_without_it(tiny_dir, train_file, tmp_path):
+    params, calls = {}, {}
+    for checkpointing in (False, True):
+        module, data, trainer = lora_run(tiny_dir, train_file, tmp_path / str(checkpointing), max_steps=2,
+                                         checkpointing=checkpointing)
+        module.configure_model()
+        mlp = module.actor.get_base_model().model.layers[0].mlp
+        count, forward = [], mlp.forward  # its forward, not a hook: torch's recomputation runs no module hooks
+
+        def counted(*args, forward=forward, count=count, **kwargs):
+            count.append(torch.is_grad_enabled())
+            return forward(*args, **kwargs)
+
+        mlp.forward = counted
+        trainer.fit(module, datamodule=data)
+        params[checkpointing], calls[checkpointing] = _snapshot(module), sum(count)  # forwards that build a graph
+    assert calls[True] == 2 * calls[False] > 0  # the checkpointed layer ran again in each backward pass
+    trained = [n for n in params[False] if ".lora_B." in n]
+    assert trained and all(torch.allclose(params[True][n], params[False][n], atol=1e-6) for n in params[False])
+    assert any(not torch.equal(params[True][n], torch.zeros_like(params[True][n])) for n in trained)
 
 
 def test_an_engine_of_its_own_gets_the_merged_weights_and_greedy_output_matches(tiny_dir, train_file, tmp_path):
