@@ -114,7 +114,10 @@ def _worker(config_path: Path, drop_flag: bool) -> dict:
 if __name__ == "__main__":  # python this_file NAME[:drop] ...: one JSON list, a result per check
     import torch.distributed as dist
 
+    from zerotir.scale.cpu_deepspeed import _without_shm_allreduce
+
     dist.init_process_group("gloo", rank=0, world_size=1)
     checks = [arg.split(":") for arg in sys.argv[1:]]
-    print(json.dumps([_worker(REPO / "configs" / "deepspeed" / c[0], c[1:] == ["drop"]) for c in checks]))
+    with _without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these checks never use (minutes)
+        print(json.dumps([_worker(REPO / "configs" / "deepspeed" / c[0], c[1:] == ["drop"]) for c in checks]))
     dist.destroy_process_group()

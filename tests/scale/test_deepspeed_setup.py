@@ -281,7 +281,10 @@ def _critic_head_worker(hidden_size: int = 256) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}))
+    from zerotir.scale.cpu_deepspeed import _without_shm_allreduce
+
+    with _without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these workers never use (minutes)
+        print(json.dumps({"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
