@@ -21,9 +21,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# The workers fork from multiprocessing's fork server, one fresh single-threaded interpreter that imported torch once
-# for the whole session, instead of each spawned process importing it again (most of a spawn's seconds).
-mp.set_forkserver_preload(["torch", "torch.distributed"])
+# The workers fork from multiprocessing's fork server, one fresh single-threaded interpreter that imported torch and
+# transformers once for the whole session, instead of each spawned process importing them again (most of a spawn's
+# seconds: the workers' modules import transformers through zerotir).
+mp.set_forkserver_preload(["torch", "torch.distributed", "transformers", "transformers.modeling_utils"])
 
 
 def _as_the_caller(rank: int, env: dict[str, str], cwd: str, worker: Callable[..., None], *args: Any) -> None:
