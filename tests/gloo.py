@@ -1,8 +1,9 @@
-"""Multi-process test plumbing: a free loopback port, and N spawned gloo ranks whose results are read back."""
+"""Multi-process test plumbing: a free loopback port, and N gloo ranks (new processes) whose results are read back."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -20,12 +21,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The workers fork from multiprocessing's fork server, one fresh single-threaded interpreter that imported torch and
+# transformers once for the whole session, instead of each spawned process importing them again (most of a spawn's
+# seconds: the workers' modules import transformers through zerotir).
+mp.set_forkserver_preload(["torch", "torch.distributed", "transformers", "transformers.modeling_utils"])
+
+
+def _as_the_caller(rank: int, env: dict[str, str], cwd: str, worker: Callable[..., None], *args: Any) -> None:
+    """``worker(rank, *args)`` with the caller's environment and working directory (the fork server has the ones of
+    the moment it started)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    worker(rank, *args)
+
+
 @contextlib.contextmanager
 def spawned(worker: Callable[..., None], args: tuple, world: int, timeout_s: float) -> Iterator[None]:
-    """``worker(rank, *args)`` on ``world`` spawned processes while the block runs (this process's part of their
-    work); after it, wait at most ``timeout_s`` for them (a rank's exception is raised with its traceback). Any
-    process still alive at the end, or when the block raises, is stopped."""
-    ctx = mp.start_processes(worker, args=args, nprocs=world, join=False, start_method="spawn")
+    """``worker(rank, *args)`` on ``world`` new processes (forked from the fork server) while the block runs (this
+    process's part of their work); after it, wait at most ``timeout_s`` for them (a rank's exception is raised with
+    its traceback). Any process still alive at the end, or when the block raises, is stopped."""
+    ctx = mp.start_processes(_as_the_caller, args=(dict(os.environ), os.getcwd(), worker, *args), nprocs=world,
+                             join=False, start_method="forkserver")
     try:
         yield
         deadline = time.monotonic() + timeout_s

@@ -144,29 +144,26 @@ def _deepspeed_importable() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def _run_worker() -> dict:
-    """This file as a one-process gloo job on DeepSpeed's CPU accelerator; the JSON its worker prints."""
-    import os
-    import socket
-    import subprocess
-    import sys
+def _run_worker(out: Path) -> dict:
+    """Both workers in one new process (``tests.gloo.spawned``) on DeepSpeed's CPU accelerator, gloo; what they
+    return, through ``out``."""
+    from tests.gloo import free_port, spawned
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=560,
-                          cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    env = {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        with spawned(_worker_process, (str(out),), 1, timeout_s=560):
+            pass
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
-def worker() -> dict:
-    """Both checks below in one worker process (one interpreter and DeepSpeed import for the two):
+def worker(tmp_path_factory) -> dict:
+    """Both checks below in one worker process (one DeepSpeed import for the two):
     ``{"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}``."""
-    return _run_worker()
+    return _run_worker(tmp_path_factory.mktemp("deepspeed_worker") / "results.json")
 
 
 @pytest.mark.timeout(600)  # a hang guard: the first test runs the worker of both (fixture)
@@ -280,8 +277,13 @@ def _critic_head_worker(hidden_size: int = 256) -> dict:
     return out
 
 
-if __name__ == "__main__":
-    print(json.dumps({"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}))
+def _worker_process(rank: int, out: str) -> None:
+    """The new process of ``_run_worker``: both workers, their results as JSON in ``out``."""
+    from zerotir.scale.cpu_deepspeed import _without_shm_allreduce
+
+    with _without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these workers never use (minutes)
+        results = {"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}
+    Path(out).write_text(json.dumps(results))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

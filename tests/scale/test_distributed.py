@@ -1,7 +1,8 @@
 """Cross-rank statistics: two gloo processes must give the numbers one process computes on the whole batch.
 
-The two ranks run every check in one spawn (process start-up dominates the cost); each rank saves its results and the
-test compares them with single-process computations on the concatenated batch and with hand-worked values.
+The two ranks run every check in one spawn, the errors raised on one rank included (process start-up dominates the
+cost); each rank saves its results and the test compares them with single-process computations on the concatenated
+batch and with hand-worked values.
 The spawned workers re-import this module, so it imports nothing heavier than torch at the top (the pass-rate filter
 lives next to a Lightning callback: it is imported inside the tests that need it, and keep masks reach the workers as
 arguments).
@@ -89,6 +90,7 @@ def _worker(rank: int, port: int, out_dir: str, keeps: list[torch.Tensor]) -> No
         results["sum"] = D.global_sum(rank + 1)
         results["max"] = D.global_max(rank * 5)
         results["gathered"] = D.gather_objects({"rank": rank, "text": "r" * (rank + 1)})
+        results["errors"] = _errors_on_one_rank(rank)  # the same ranks: one spawn (most of the tests' time)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -233,9 +235,7 @@ def test_training_share_splits_whole_groups_between_the_ranks_of_a_tp_group() ->
     assert D.training_share(groups, 5, 1).all()
 
 
-# ----- an error on one rank stops every rank with the same message (2 gloo processes) -----
-
-ERROR_TIMEOUT_S = 20  # gloo timeout of the error workers: a rank left waiting fails fast instead of hanging the test
+# ----- an error on one rank stops every rank with the same message (the same 2 gloo ranks) -----
 
 
 def _health_server() -> str:
@@ -269,7 +269,8 @@ def _outcome(fn) -> tuple[str, str] | None:
     return None
 
 
-def _error_worker(rank: int, port: int, out_dir: str) -> None:
+def _errors_on_one_rank(rank: int) -> dict:
+    """Run by ``_worker`` on each rank: an error raised on one rank, what each rank raised (or returned)."""
     from types import SimpleNamespace
 
     from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
@@ -277,37 +278,32 @@ def _error_worker(rank: int, port: int, out_dir: str) -> None:
     from zerotir.rl.update import TrainBatch
     from zerotir.rollout.source import InlineSource
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=ERROR_TIMEOUT_S))
-    try:
-        results = {}
-        # The finite-loss check: only rank 1's loss is NaN.
-        mask = torch.ones(1, 3, dtype=torch.bool)
-        batch = TrainBatch(torch.zeros(1, 3, dtype=torch.long), mask, mask, None, torch.ones(1, 3))
-        loss = torch.tensor(float("nan") if rank == 1 else 0.5)
-        results["finite"] = _outcome(lambda: check_finite(loss, {"policy_loss": loss}, 7, batch))
-        # The sandbox guard: only rank 0's sandbox fails (every execution), patience 1.
-        guard = SandboxErrorGuard(max_rate=0.5, patience=1)
-        traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]),
-                               num_tool_errors=torch.tensor([0]))
-        results["guard"] = _outcome(lambda: guard.update(traj, 3, [f"http://sandbox-of-rank-{rank}"]))
-        # The sandbox health check at start: rank 1's configured sandbox does not answer.
-        url = _health_server() if rank == 0 else f"http://127.0.0.1:{free_port()}"
-        source = InlineSource(HFRollout(), SandboxConfig(urls=[url]), ToolConfig(), SamplingConfig(), None, "unused", 0)
-        results["health"] = _outcome(lambda: source.start(None, None, "cpu", None))
-        # Nothing failed anywhere: nothing is raised, and the block's value comes back.
-        guard_ok = SandboxErrorGuard(max_rate=0.5, patience=1)
-        ok = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([1]),
-                             num_tool_errors=torch.tensor([0]))
-        results["no_error"] = guard_ok.update(ok, 1, ["u"])
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    results = {}
+    # The finite-loss check: only rank 1's loss is NaN.
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    batch = TrainBatch(torch.zeros(1, 3, dtype=torch.long), mask, mask, None, torch.ones(1, 3))
+    loss = torch.tensor(float("nan") if rank == 1 else 0.5)
+    results["finite"] = _outcome(lambda: check_finite(loss, {"policy_loss": loss}, 7, batch))
+    # The sandbox guard: only rank 0's sandbox fails (every execution), patience 1.
+    guard = SandboxErrorGuard(max_rate=0.5, patience=1)
+    traj = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([4 if rank == 0 else 0]),
+                           num_tool_errors=torch.tensor([0]))
+    results["guard"] = _outcome(lambda: guard.update(traj, 3, [f"http://sandbox-of-rank-{rank}"]))
+    # The sandbox health check at start: rank 1's configured sandbox does not answer.
+    url = _health_server() if rank == 0 else f"http://127.0.0.1:{free_port()}"
+    source = InlineSource(HFRollout(), SandboxConfig(urls=[url]), ToolConfig(), SamplingConfig(), None, "unused", 0)
+    results["health"] = _outcome(lambda: source.start(None, None, "cpu", None))
+    # Nothing failed anywhere: nothing is raised, and the block's value comes back.
+    guard_ok = SandboxErrorGuard(max_rate=0.5, patience=1)
+    ok = SimpleNamespace(num_calls=torch.tensor([4]), num_sandbox_errors=torch.tensor([1]),
+                         num_tool_errors=torch.tensor([0]))
+    results["no_error"] = guard_ok.update(ok, 1, ["u"])
+    return results
 
 
 @pytest.mark.timeout(150)
-def test_an_error_on_one_rank_stops_every_rank_with_the_same_message(tmp_path: Path) -> None:
-    r0, r1 = run_ranks(_error_worker, (free_port(), str(tmp_path)), WORLD, tmp_path, SPAWN_TIMEOUT_S)
+def test_an_error_on_one_rank_stops_every_rank_with_the_same_message(rank_results: list[dict]) -> None:
+    r0, r1 = (r["errors"] for r in rank_results)
     for key, kind, text in (("finite", "NonFiniteLossError", "RL step 7: the loss is nan"),
                             ("guard", "SandboxFailureError", "http://sandbox-of-rank-0"),
                             ("health", "SandboxUnavailable", "no sandbox server is healthy")):
