@@ -87,7 +87,11 @@ def test_two_plus_two_steps_equal_four_straight(e2e_base, e2e_data, tmp_path):
     assert f"heldout/{mn.EVAL_ACCURACY}" in read_scalars(test_run / "tensorboard")
 
 
-KILL_COMMON = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0"]
+# The killed run trains LoRA adapters (issue #41): the kill and the resume through the command line carry the adapters
+# and their optimizer state, the base stays bit-identical (full fine-tuning's kill-and-resume: test_curriculum_resume,
+# test_sandbox_failure; bit-exact resume of LoRA in one process: tests/test_lora.py).
+KILL_COMMON = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",
+               "--model.base.lora.rank", "4", "--model.base.lora.alpha", "8"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -128,3 +132,18 @@ def test_killed_after_a_checkpoint_and_resumed_leaves_one_value_per_step(e2e_bas
     assert merged[1] == dict(before[mn.REWARD_MEAN])[1] and all(merged[s] == resumed[s] for s in (3, 4))
     report = load_run("run", tensorboard).scalars[mn.REWARD_MEAN]
     assert report.to_dict() == merged
+    _assert_adapters_carried(ckpt, torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False), after)
+
+
+def _assert_adapters_carried(at_2: dict, at_4: dict, scalars: dict) -> None:
+    """The LoRA run's checkpoints: adapters only in the optimizer, every base weight of step 2 unchanged at step 4,
+    and Adam's step count that of every update of both processes (a resume that reset the optimizer counts only the
+    resumed run's)."""
+    adapters = sorted(k for k in at_4["state_dict"] if "lora_" in k)
+    assert adapters and adapters == sorted(k for k in at_2["state_dict"] if "lora_" in k)
+    base = [k for k in at_4["state_dict"] if "lora_" not in k]
+    assert base and all(torch.equal(at_4["state_dict"][k], at_2["state_dict"][k]) for k in base)
+    state = at_4["optimizer_states"][0]["state"]
+    assert len(state) <= len(adapters)  # Adam holds state for trained tensors only: the adapters
+    updates = len(scalars[mn.GRAD_NORM])
+    assert {int(s["step"]) for s in state.values()} == ({updates} if updates else set())
