@@ -79,17 +79,6 @@ def test_failed_calls_are_followed_by_a_guess_and_good_ones_by_the_value():
     assert sum(a.endswith(f"\\boxed{{{items[name]}}}") for a in others) < len(others) / 4  # guessed
 
 
-def test_text_answers_restate_the_question():
-    """Copy practice: a ``qa`` document's answer copies its question before the box (a lookup's box is a guess)."""
-    rng = random.Random(3)
-    docs = [cc.document(rng, cc.ChoiceCorpusSettings(call_share=0.5)) for _ in range(200)]
-    qa = [text for kind, text in docs if kind == "qa"]
-    assert 50 < len(qa) < 150
-    for text in qa:
-        question = text.split("Q: ", 1)[1].split(" = ?", 1)[0]
-        assert text.split("\nA: ", 1)[1].startswith(f"{question} = \\boxed{{")
-
-
 def test_packed_rows_come_from_the_tools_corpus():
     s = PretrainSettings(world="tools", probe_threshold=0.0, mixed_share=0.5, seq_len=384, heldout_n=16,
                          batch_size=4, eval_n=0)

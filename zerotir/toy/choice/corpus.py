@@ -2,11 +2,8 @@
 
 Documents, in the toy prompt (``zerotir.toy.template``) and the ``hermes`` call format (``zerotir.tools.formats``):
 
-- ``qa`` (``1 - call_share``): a question of any kind answered in text by restating it, ``Q = \\boxed{S}``: right
-  where text can know it (easy sums, products), a guess where it cannot (a lookup or combined question: no code is
-  in plain text). Restating is copy practice (the first world's lesson, ``zerotir.toy.corpus``): a base that does
-  not copy the question into a call and the observation into the box gets no reward from a right call, and RL has
-  nothing to learn the choice from;
+- ``qa`` (``1 - call_share``): a question of any kind answered in text, ``\\boxed{S}``: right where text can know
+  it (easy sums, products), a guess where it cannot (a lookup or combined question: no code is in plain text);
 - ``call`` (``call_share``): a question of any kind, then a call of a tool drawn uniformly from the three,
   **without regard to the question**, its argument the question copied (``print(question)`` for python). The
   observation is what the tool returns: the value when the tool fits, an error or an unrelated passage when it does
@@ -43,7 +40,7 @@ from zerotir.toy.choice.tasks import KINDS, LOOKUP_PREFIX, TOOLS, corpus_items, 
 from zerotir.toy.corpus import run_snippet
 from zerotir.toy.mixed.corpus import error_block
 from zerotir.toy.tasks import Question
-from zerotir.toy.template import restated_answer, toy_prompt
+from zerotir.toy.template import toy_prompt
 
 MAX_OUTPUT_CHARS = 160  # model.tool.max_output_chars of configs/toy_tools.yaml
 _ARGUMENT = {"python": "code", "calculator": "expression", "search": "query"}
@@ -163,4 +160,4 @@ def document(rng: random.Random, settings: ChoiceCorpusSettings, exclude: Collec
             break
     if rng.random() < settings.call_share:
         return "call", toy_prompt(q.problem) + call_answer(rng, q, items)
-    return "qa", toy_prompt(q.problem) + restated_answer(q.problem, guess(rng, q))
+    return "qa", toy_prompt(q.problem) + f"\\boxed{{{guess(rng, q)}}}"
