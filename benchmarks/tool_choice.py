@@ -4,11 +4,14 @@ rows of docs/findings.md.
     python -m benchmarks.tool_choice                                 # the sweep (about 60 min on a quiet 2 cores)
     python -m benchmarks.tool_choice --out /tmp/tc --report-only     # the report from the runs already there
     python -m benchmarks.tool_choice --smoke                         # 1 seed, 2 steps, tiny bases: end to end
+    python -m benchmarks.tool_choice --rebuild                       # every base pretrained here, none reused
 
 Method. ``configs/toy_tools.yaml``: three tools (python, calculator, search over a fact table found only in the
 search corpus), four kinds of questions, a base whose corpus calls tools without regard to the question. Bases of
-that config's ``toy_base`` settings, pretrained with ``--pseeds`` (2); RL runs of ``--steps`` steps, REINFORCE++,
-RL seeds ``--seeds`` (3), each arm varying one thing:
+that config's ``toy_base`` settings, pretrained with ``--pseeds`` (2): the seed-0 base is the shipped
+``data/toy_tools_base`` (its checksums verified, nothing pretrained; ``--rebuild`` pretrains it in ``--out``), the
+others are pretrained in ``--out`` in a slot of their own while the runs on the seed-0 base go on (they come first).
+RL runs of ``--steps`` steps, REINFORCE++, RL seeds ``--seeds`` (3), each arm varying one thing:
 
 - ``choice_p{p}_s{s}``: the config as it is (outcome reward, 4 calls): findings 1 (selection) and 2 (coordination),
   on both bases;
@@ -41,6 +44,7 @@ SWEEP_FILE = "sweep.json"
 CURRICULUM = {"window": 4, "stages": [{"weights": {"easy": 1.0, "arith": 1.0, "lookup": 1.0}, "pass_rate": 0.8},
                                       {"weights": {"easy": 1.0, "arith": 1.0, "lookup": 1.0, "combined": 3.0}}]}
 SMOKE_BASE = {"steps": 20, "decay_steps": 5, "warmup_steps": 2, "eval_n": 2}
+SHIPPED_BASE = REPO / "data" / "toy_tools_base"  # the config's base: pretraining seed 0 of its toy_base settings
 
 
 def cost_args(cost: float) -> list[str]:
@@ -51,26 +55,30 @@ def cost_args(cost: float) -> list[str]:
 
 
 def jobs(seeds: list[int], pseeds: list[int], cost: float, nocap_calls: int) -> list[Job]:
-    """The RL runs, the reference arm first."""
-    out = [Job(f"choice_p{p}_s{s}", size="tools", seed=s, pseed=p) for p in pseeds for s in seeds]
+    """The RL runs: the reference arm on the first base, the other arms (on that base), then the reference arm on
+    the other bases (pretrained meanwhile: a run waiting for its base holds a slot)."""
+    out = [Job(f"choice_p{pseeds[0]}_s{s}", size="tools", seed=s, pseed=pseeds[0]) for s in seeds]
     for s in seeds:
         out.append(Job(f"cost_s{s}", size="tools", seed=s, extra=tuple(cost_args(cost))))
         out.append(Job(f"nocap_s{s}", size="tools", seed=s, budget=nocap_calls,
                        extra=("--model.sampling.max_response_tokens", str(80 * nocap_calls + 320))))
         out.append(Job(f"curriculum_s{s}", size="tools", seed=s, extra=("--data.curriculum", json.dumps(CURRICULUM))))
-    return out
+    return out + [Job(f"choice_p{p}_s{s}", size="tools", seed=s, pseed=p) for p in pseeds[1:] for s in seeds]
 
 
 class ChoiceSweep(Sweep):
-    """``toy_findings.Sweep`` with this world's bases: the config's ``toy_base`` as it is, one per pretraining seed."""
+    """``toy_findings.Sweep`` with this world's bases: the config's ``toy_base`` as it is, one per pretraining seed,
+    the seed-0 one the shipped base unless ``--rebuild`` or ``--smoke``."""
 
     def base(self, size: str, pseed: int = 0) -> Path:
         settings = {**yaml.safe_load(self.config.read_text())["toy_base"], "threads": 1, "seed": pseed,
                     "minutes": self.args.base_minutes, **(SMOKE_BASE if self.args.smoke else {})}
-        out = self.args.out / f"base_p{pseed}"
+        shipped = pseed == 0 and not (self.args.rebuild or self.args.smoke)
+        out = SHIPPED_BASE if shipped else self.args.out / f"base_p{pseed}"  # toy-base reuses a matching folder
         flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-        seconds = self._run(["toy-base", "--out", str(out), "--no-progress", *flags], out.with_suffix(".log"))
-        self._log(f"base p{pseed} ready in {seconds / 60:.1f} min")
+        log = self.args.out / f"base_p{pseed}.log"
+        seconds = self._run(["toy-base", "--out", str(out), "--no-progress", *flags], log)
+        self._log(f"base p{pseed} ready in {seconds / 60:.1f} min ({out})")
         return out
 
 
@@ -86,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cost", type=float, default=0.1, help="finding 3's cost per call")
     p.add_argument("--nocap_calls", type=int, default=16, help="finding 4's call budget (4 is the reference)")
     p.add_argument("--base_minutes", type=float, default=60.0, help="safety cap of each base's pretraining")
+    p.add_argument("--rebuild", action="store_true",
+                   help="pretrain the seed-0 base in --out too, instead of reusing the shipped data/toy_tools_base")
     p.add_argument("--smoke", action="store_true",
                    help="1 RL seed, 1 pretraining seed, 2 steps, 20-step bases: proves the sweep runs end to end")
     p.add_argument("--report-only", action="store_true", help="only write the report from existing runs")

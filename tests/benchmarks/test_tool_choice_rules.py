@@ -97,7 +97,8 @@ def test_section_replaces_only_its_own_part(tmp_path, monkeypatch):
 
 def test_jobs_and_smoke_arguments():
     names = [j.name for j in tool_choice.jobs([0, 1], [0, 1], 0.1, 16)]
-    assert names[:4] == ["choice_p0_s0", "choice_p0_s1", "choice_p1_s0", "choice_p1_s1"]
+    # the runs on the shipped seed-0 base first, those on the base pretrained meanwhile last
+    assert names[:2] == ["choice_p0_s0", "choice_p0_s1"] and names[-2:] == ["choice_p1_s0", "choice_p1_s1"]
     assert "cost_s1" in names and "nocap_s0" in names and "curriculum_s1" in names
     curriculum = next(j for j in tool_choice.jobs([0], [0], 0.1, 16) if j.name == "curriculum_s0")
     assert curriculum.extra == ("--data.curriculum", json.dumps(tool_choice.CURRICULUM))
@@ -105,3 +106,17 @@ def test_jobs_and_smoke_arguments():
     assert nocap.budget == 16
     args = tool_choice.parse_args(["--smoke"])
     assert args.seeds == [0] and args.pseeds == [0] and args.steps == 2
+
+
+def test_the_seed_0_base_is_the_shipped_one_unless_rebuilt(tmp_path):
+    built = []
+
+    def sweep(*flags):
+        out = tool_choice.ChoiceSweep(tool_choice.parse_args(["--out", str(tmp_path), *flags]), tool_choice.CONFIG)
+        out._run = lambda argv, log: built.append(argv[argv.index("--out") + 1]) or 0.0
+        return out
+
+    assert sweep().base("tools", 0) == tool_choice.SHIPPED_BASE and built == [str(tool_choice.SHIPPED_BASE)]
+    assert sweep().base("tools", 1) == tmp_path / "base_p1"
+    assert sweep("--rebuild").base("tools", 0) == tmp_path / "base_p0"
+    assert sweep("--smoke").base("tools", 0) == tmp_path / "base_p0"
