@@ -95,9 +95,14 @@ def grads(model_dir: Path, report: Path, cpu: bool) -> int:
     from transformers import AutoModelForCausalLM
 
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
-    if not cpu:
+    if cpu:  # without the CPU backend's shared-memory op, which it would JIT-build for nothing (the rehearsal's way)
+        from zerotir.scale.cpu_deepspeed import without_shm_allreduce
+
+        with without_shm_allreduce():
+            deepspeed.init_distributed(dist_backend="gloo")
+    else:
         torch.cuda.set_device(device)
-    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+        deepspeed.init_distributed(dist_backend="nccl")
     base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 259, (4, 48), generator=gen).to(device)  # byte-tokenizer ids, 4 sequences

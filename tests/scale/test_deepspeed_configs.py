@@ -109,10 +109,10 @@ def _checks_process(rank: int, checks: list[tuple[str, bool]], out: str) -> None
     """The new process of ``run_checks``: one process group for every check, their results as one JSON list."""
     import torch.distributed as dist
 
-    from zerotir.scale.cpu_deepspeed import _without_shm_allreduce
+    from zerotir.scale.cpu_deepspeed import without_shm_allreduce
 
     dist.init_process_group("gloo", rank=rank, world_size=1)
-    with _without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these checks never use (minutes)
+    with without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these checks never use (minutes)
         results = [_worker(REPO / "configs" / "deepspeed" / name, drop) for name, drop in checks]
     dist.destroy_process_group()
     Path(out).write_text(json.dumps(results))

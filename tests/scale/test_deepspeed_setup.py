@@ -279,9 +279,9 @@ def _critic_head_worker(hidden_size: int = 256) -> dict:
 
 def _worker_process(rank: int, out: str) -> None:
     """The new process of ``_run_worker``: both workers, their results as JSON in ``out``."""
-    from zerotir.scale.cpu_deepspeed import _without_shm_allreduce
+    from zerotir.scale.cpu_deepspeed import without_shm_allreduce
 
-    with _without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these workers never use (minutes)
+    with without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these workers never use (minutes)
         results = {"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}
     Path(out).write_text(json.dumps(results))
 

@@ -6,7 +6,7 @@ CPU every device is ``cpu`` without an index. Three overrides lift that and noth
 CUDA check), ``setup_distributed`` (the device-index check) and ``root_device`` (``cpu:<local rank>``, the index
 DeepSpeed reads as ``device_rank``). DeepSpeed itself runs on its CPU accelerator (``DS_ACCELERATOR=cpu``, set by
 the CLI when CUDA is absent) with the gloo backend, without the shared-memory allreduce op of DeepSpeed's CPU backend
-(``_without_shm_allreduce``). Everything else (the ZeRO stages, the engine, checkpoints) is
+(``without_shm_allreduce``). Everything else (the ZeRO stages, the engine, checkpoints) is
 Lightning's and DeepSpeed's own code, so a rehearsal run executes what a GPU run executes, minus CUDA.
 """
 
@@ -40,7 +40,7 @@ class CpuDeepSpeedStrategy(DeepSpeedStrategy):
         """DeepSpeed's process group (gloo on CPU), without the check that device indices equal local ranks."""
         reset_seed()
         self.set_world_ranks()
-        with _without_shm_allreduce():
+        with without_shm_allreduce():
             self._init_deepspeed_distributed()
 
     @property
@@ -50,7 +50,7 @@ class CpuDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 @contextlib.contextmanager
-def _without_shm_allreduce() -> Iterator[None]:
+def without_shm_allreduce() -> Iterator[None]:
     """``deepspeed.init_distributed`` without DeepSpeed's CPU shared-memory allreduce op (``deepspeed_shm_comm``).
 
     Its CPU backend JIT-builds that C++ op when it starts (minutes on a loaded 2-core machine) for
