@@ -39,7 +39,7 @@ def chat_data(tmp_path_factory):
 
 
 class RoundTrips(Callback):
-    """When training starts (the engine holds the memorised base): both formats round-trip on the run's engine
+    """When training starts (the engine holds the memorised base): the chat, hermes and fences formats round-trip on the run's engine
     (``assert_round_trips``); ``path`` is written after they did."""
 
     def __init__(self, path: str) -> None:
