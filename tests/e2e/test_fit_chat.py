@@ -39,8 +39,8 @@ def chat_data(tmp_path_factory):
 
 
 class RoundTrips(Callback):
-    """When training starts (the engine holds the memorised base): the chat, hermes and fences formats round-trip on the run's engine
-    (``assert_round_trips``); ``path`` is written after they did."""
+    """When training starts (the engine holds the memorised base): the chat, hermes and fences formats round-trip on
+    the run's engine (``assert_round_trips``); ``path`` is written after they did."""
 
     def __init__(self, path: str) -> None:
         self.path = path
