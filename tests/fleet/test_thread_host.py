@@ -21,7 +21,7 @@ from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held
 from tests.fleet.test_engine_host import NO_TOOL, sender_model
 
 from zerotir.config import FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig
-from zerotir.fleet.engine_host import HostSettings
+from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadHost, ThreadTransport
 from zerotir.fleet.versioned import ProducerStopped
@@ -41,6 +41,11 @@ class BrokenRollout(HFRollout):
 class BrokenEngine:
     def __init__(self, engine: Any, backend: BrokenRollout):
         self._engine, self._backend, self.steps = engine, backend, 0
+        self.prompts: list[list[int]] = []  # the prompt of every request, in the order the engine got them
+
+    def submit(self, key: Any, ids: list[int], params: Any) -> None:
+        self.prompts.append(list(ids))
+        self._engine.submit(key, ids, params)
 
     def step(self) -> Any:
         self.steps += 1
@@ -144,6 +149,32 @@ def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) 
     host.close()
     assert isinstance(rollout.exception().__cause__, ProducerStopped)  # the tool loop names the rows it decoded
     assert host.host.engine is None  # closed: its engine too
+
+
+@pytest.mark.timeout(120)
+def test_rollout_calls_start_in_the_order_they_were_made(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streaming one group at a time, calls made one after another reach the engine in that order, the first slow
+    to queue its jobs: the host queues each call's jobs in the caller's thread, not in whichever of its executor's
+    threads gets there first (under load a later batch's group overtook an earlier one's)."""
+    queue = EngineHost.queue
+
+    def slow_first(self: EngineHost, prompts: list[list[int]], *args: Any) -> Any:
+        if prompts == [[40]]:
+            time.sleep(0.3)
+        return queue(self, prompts, *args)
+
+    monkeypatch.setattr(EngineHost, "queue", slow_first)
+    slow = BrokenRollout(broken=False, step_s=0.01)
+    settings = ThreadTransport().settings(HostSettings(str(tiny_dir), slow, NO_TOOL, max_in_flight=1), "cpu")
+    host = ThreadHost(settings)
+    try:
+        params = SamplingParams(n=1, temperature=1.0, max_new_tokens=3, seed=0)
+        calls = [ThreadTransport().roll_out(host, ([[40 + i]], None, params)) for i in range(12)]
+        for call in calls:
+            call.result(timeout=60)
+        assert host.host.engine.prompts == [[40 + i] for i in range(12)]
+    finally:
+        host.close()
 
 
 def test_the_thread_hosts_settings_are_its_own_not_the_processes() -> None:

@@ -112,11 +112,11 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     Ray restarts an actor whose process dies up to ``max_restarts`` times (building a new ``EngineHost``); the calls
     it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
 
-    A host takes calls side by side: the ``roll_out`` calls of several batches feed its stream together (which
-    admits them by ``settings.max_in_flight``; with 0, whole shares one at a time, its rollout calls run one at a
-    time, so the shares reach the stream in the order they were made), and a push (``receive_weights``) runs while
-    they wait. Its weight-group calls
-    (join, leave, receive) stay one at a time, in the order they were made (a concurrency group of one). Every
+    A host takes calls side by side: the rollout calls of several batches feed its stream together (which admits
+    them by ``settings.max_in_flight``; with 0, whole shares one at a time), each call's jobs queued by a call in a
+    group of one (``QUEUE``), so they reach the stream in the order the trainer made them and the oldest groups
+    start first, then collected in the rollouts group, and a push (``receive_weights``) runs while they wait. Its
+    weight-group calls (join, leave, receive) stay one at a time, in the order they were made (a group of one). Every
     host answers ``describe`` and ``occupancy`` in a group of their own (``QUESTIONS``): on a plain actor the
     trainer's question after taking batch k would queue behind the rollout of batch k + 1 (S >= 1), and step k
     would train only once batch k + 1 was generated (issue 46, A3).
@@ -135,7 +135,7 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"spawn_hosts(num_cpus={num_cpus}, num_gpus={num_gpus}): resources must be >= 0")
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
-    groups = {**STREAMING_GROUPS, QUESTIONS: 1, **({} if settings.max_in_flight else {"rollouts": 1})}
+    groups = {**STREAMING_GROUPS, QUESTIONS: 1, QUEUE: 1}
     actor = ray.remote(**options, concurrency_groups=groups)(_streaming_host(ray))
     return [actor.remote(replace(settings, cores=cores[k] if cores else None)) for k in range(count)]
 
@@ -144,6 +144,7 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
 # batches the capacity rule ever lets run at once).
 STREAMING_GROUPS = {"weights": 1, "rollouts": 64}
 QUESTIONS = "questions"  # every host's group of the calls answered at once: describe, occupancy
+QUEUE = "queue"  # every host's group of one that queues the jobs of its rollout calls, in the order they were made
 
 
 def _answering_host(ray: Any) -> type:
@@ -181,6 +182,14 @@ def _streaming_host(ray: Any) -> type:
         @ray.method(concurrency_group="rollouts")
         def roll_out(self, *args: Any, **kwargs: Any) -> Any:
             return super().roll_out(*args, **kwargs)
+
+        @ray.method(concurrency_group=QUEUE)
+        def queue(self, *args: Any, **kwargs: Any) -> Any:
+            return super().queue(*args, **kwargs)
+
+        @ray.method(concurrency_group="rollouts")
+        def collect(self, *args: Any, **kwargs: Any) -> Any:
+            return super().collect(*args, **kwargs)
 
     return StreamingEngineHost
 

@@ -27,6 +27,7 @@ import functools
 import itertools
 import os
 import socket
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -208,9 +209,15 @@ class EngineHost:
     def roll_out(self, prompts: list[list[int]], truths: list[str] | None,
                  params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
         """The tool loop over ``prompts`` (token ids) on this host's stream, code on its sandbox; ``params.n``
-        trajectories per prompt, rewards 0, collected in order. Returns the trajectories on the CPU, each segment's
-        tokens stamped with the weights' version when it was submitted, and the tool loop's timings (seconds; of
-        several jobs, the slowest's).
+        trajectories per prompt, rewards 0, collected in order (``queue`` then ``collect``). Returns the
+        trajectories on the CPU, each segment's tokens stamped with the weights' version when it was submitted, and
+        the tool loop's timings (seconds; of several jobs, the slowest's)."""
+        return self.collect(self.queue(prompts, truths, params))
+
+    def queue(self, prompts: list[list[int]], truths: list[str] | None, params: SamplingParams) -> list[Hashable]:
+        """Queue the jobs of one ``roll_out`` call on the host's stream, behind those queued before; their keys.
+        The stream admits jobs in the order they were queued, so a caller that queues in the order it made its
+        calls gets its groups started in that order (the thread host queues in the caller's thread).
 
         Streaming (``max_in_flight`` > 0) each prompt is a job of its own, seeded as row i of the call (trajectory k
         of a call samples with ``params.seed + k``); else the call is one job, as the in-line rollout runs it."""
@@ -223,7 +230,12 @@ class EngineHost:
         else:
             jobs = [Job((tag, 0), prompts, truths, params)]
         stream.submit(jobs)
-        parts = stream.take_timed([job.key for job in jobs], self.settings.stream_timeout_s)
+        return [job.key for job in jobs]
+
+    def collect(self, keys: list[Hashable]) -> tuple[Trajectories, dict[str, float]]:
+        """The trajectories of the jobs ``keys`` of one ``queue`` call, waiting for the last, in one batch (group
+        ids in row order) with the slowest job's timings."""
+        parts = self._stream().take_timed(keys, self.settings.stream_timeout_s)
         for i, (part, _) in enumerate(parts):
             part.group_ids = part.group_ids + i
         timings = {key: max(took[key] for _, took in parts) for key in parts[0][1]}  # the jobs ran side by side

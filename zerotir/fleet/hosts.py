@@ -64,7 +64,7 @@ class FleetHosts:
     def submit(self, shares: list[Share]) -> None:
         """One ``roll_out`` call per share on its engine; the share keeps the call's reference."""
         for share in shares:
-            share.ref = self.handles[share.engine].roll_out.remote(*share.args)
+            share.ref = self.transport.roll_out(self.handles[share.engine], share.args)
 
     def collect(self, submitted: Submitted, what: str, pad: int,
                 recover: Callable[[Exception, list[Submitted]], None]) -> tuple[Trajectories, dict[str, float]]:

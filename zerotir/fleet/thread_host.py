@@ -3,7 +3,7 @@
 schedule and capacity rule serve it unchanged (``zerotir.fleet.transport``).
 
     host = ThreadHost(settings)               # the engine built now, with weights of its own from the folder
-    host.roll_out.remote(prompts, truths, p)  # a Future; the calls side by side, admitted by the host's stream
+    host.roll_out.remote(prompts, truths, p)  # a Future; queued now, in call order; admitted by the host's stream
     host.load_weights.remote(actor, version)  # the actor's weights copied in between two engine steps
     host.close()                              # a rollout in flight ends at its next engine step
 
@@ -43,6 +43,24 @@ class _Method:
         return self._pool.submit(self._call, *args)
 
 
+class _Queued(_Method):
+    """``roll_out``: its jobs queued on the host's stream now, in the caller's thread (so they start in the order
+    the calls were made, as the schedule made them), then collected on the host's executor, a Future."""
+
+    def __init__(self, pool: cf.ThreadPoolExecutor, queue: Callable[..., Any], collect: Callable[..., Any]):
+        super().__init__(pool, collect)
+        self._queue = queue
+
+    def remote(self, *args: Any) -> cf.Future:
+        try:
+            keys = self._queue(*args)
+        except Exception as exc:  # noqa: BLE001 - raised by the transport's get, naming the engine
+            failed: cf.Future = cf.Future()
+            failed.set_exception(exc)
+            return failed
+        return super().remote(keys)
+
+
 class _Now(_Method):
     """A question (``describe``, ``occupancy``): answered at once, in the caller's thread."""
 
@@ -65,11 +83,10 @@ class ThreadHost:
 
     def __init__(self, settings: HostSettings):
         self.host = EngineHost(settings)
-        # whole shares (max_in_flight 0) reach the stream in the order they were made: one call at a time
-        self._calls = cf.ThreadPoolExecutor(ROLLOUT_CALLS if settings.max_in_flight else 1,
-                                            thread_name_prefix="zerotir-engine-host")
+        # every call's jobs reach the stream in the order the calls were made (queued in the caller's thread)
+        self._calls = cf.ThreadPoolExecutor(ROLLOUT_CALLS, thread_name_prefix="zerotir-engine-host")
         self._weights = cf.ThreadPoolExecutor(1, thread_name_prefix="zerotir-engine-weights")
-        self.roll_out = _Method(self._calls, self.host.roll_out)
+        self.roll_out = _Queued(self._calls, self.host.queue, self.host.collect)
         self.load_weights = _Method(self._weights, self.host.load_weights)
         self.describe = _Now(self._calls, self.host.describe)
         self.occupancy = _Now(self._calls, self.host.occupancy)
@@ -125,6 +142,10 @@ class ThreadTransport:
 
     def spawn(self, fleet: FleetConfig, settings: HostSettings, cores: Any) -> list[ThreadHost]:
         return [ThreadHost(settings) for _ in range(fleet.engines)]
+
+    def roll_out(self, host: ThreadHost, args: tuple) -> cf.Future:
+        """Its jobs queued in this thread, collected on the host's executor (``ThreadHost.roll_out``)."""
+        return host.roll_out.remote(*args)
 
     def get(self, refs: list[cf.Future], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
         """The results of the futures ``refs`` within ``timeout_s``, the first failure raised as it ends.

@@ -5,9 +5,10 @@
 - ``ThreadTransport`` (``zerotir.fleet.thread_host``): one host in a thread of the trainer's process, its weights
   copied from the actor between two of its engine steps; ``model.pipeline`` without ``model.fleet.engines``.
 
-Either way a host is called as ``handle.roll_out.remote(...)`` (a Ray actor method, or a future of the thread
-host's), so the source, its schedule and its recovery are one code path (``zerotir.fleet.source``); the transport
-answers what differs: starting the hosts, waiting on their calls and ending them.
+Either way a host's rollouts are one call, ``transport.roll_out(handle, args)`` (Ray actor methods, or a future of
+the thread host's), their jobs queued in the order the calls were made, so the source, its schedule and its
+recovery are one code path (``zerotir.fleet.source``); the transport answers what differs: starting the hosts,
+waiting on their calls and ending them.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class Transport(Protocol):
 
     def spawn(self, fleet: FleetConfig, settings: HostSettings, cores: tuple[tuple[int, ...], ...] | None) -> list[Any]:
         """The hosts' handles, in engine order."""
+        ...
+
+    def roll_out(self, host: Any, args: tuple) -> Any:
+        """One ``roll_out(*args)`` call on ``host``; its reference. The calls' jobs reach the host's stream in the
+        order they were made, so its groups start oldest first, as the schedule submitted them."""
         ...
 
     def get(self, refs: list[Any], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
@@ -112,6 +118,11 @@ class RayTransport:
 
         return spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine, fleet.max_restarts,
                            cores)
+
+    def roll_out(self, host: Any, args: tuple) -> Any:
+        """The jobs queued by a call in the host's ordered group (``cluster.QUEUE``: Ray runs a group of one in
+        submission order), collected by a call that waits for it in its rollouts group (side by side)."""
+        return host.collect.remote(host.queue.remote(*args))
 
     def get(self, refs: list[Any], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
         from zerotir.fleet.cluster import ray_get
