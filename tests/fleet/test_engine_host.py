@@ -15,7 +15,7 @@ import torch
 from tests.gloo import free_port, spawned
 
 from zerotir.config import HFRollout, ToolConfig
-from zerotir.fleet.engine_host import EngineHost, HostSettings
+from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
@@ -140,3 +140,21 @@ def test_calls_out_of_order_say_what_to_call_first(tiny_dir: Path) -> None:
     host.close()  # idempotent
     with pytest.raises(RuntimeError, match="EngineHost is closed"):
         host.roll_out(prompt_ids(tiny_dir), None, GREEDY)
+
+
+@pytest.mark.timeout(60)
+def test_a_host_never_collects_jobs_another_host_queued(tiny_dir: Path) -> None:
+    """A restarted actor gets a ``collect`` whose ``queue`` ran on the process that died: its keys are that
+    process's, so the call fails as lost jobs (recovered as the engine's death) instead of waiting for, or taking, a
+    job of its own that happens to have the same number."""
+    first, second = EngineHost(host_settings(tiny_dir)), EngineHost(host_settings(tiny_dir))
+    try:
+        keys = first.queue(prompt_ids(tiny_dir), None, GREEDY)
+        assert [key[1] for key in second.queue(prompt_ids(tiny_dir), None, GREEDY)] == [key[1] for key in keys]
+        with pytest.raises(JobsLost, match="queued on engine process .*, not this one"):
+            second.collect(keys)
+        traj, _ = first.collect(keys)
+        assert sampled_ids(traj) == local_greedy(load_causal_lm(tiny_dir), tiny_dir)
+    finally:
+        first.close()
+        second.close()

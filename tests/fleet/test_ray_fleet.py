@@ -196,6 +196,23 @@ def test_a_push_is_interrupted_when_an_engines_receive_dies(cluster: None) -> No
     ray.kill(alive)
 
 
+def test_lost_jobs_of_a_restarted_engine_are_its_death(cluster: None) -> None:
+    """``ray_get``: a ``collect`` that reached a restarted actor (``JobsLost``) raises ``EngineDied`` (the caller
+    recovers), any other failure of a call a ``RuntimeError`` naming the engine."""
+    from zerotir.fleet.cluster import EngineDied, ray_get
+    from zerotir.fleet.engine_host import JobsLost
+
+    @ray.remote(num_cpus=0)
+    def fail(error: Exception) -> None:
+        raise error
+
+    with pytest.raises(EngineDied, match="engine process 3 of the fleet died while collecting: .*lost") as died:
+        ray_get([fail.remote(JobsLost("the jobs were lost"))], CALL_TIMEOUT_S, "collecting", [3])
+    assert died.value.engine == 3 and died.value.restarting
+    with pytest.raises(RuntimeError, match="engine process 0 of the fleet failed while collecting: ValueError: x"):
+        ray_get([fail.remote(ValueError("x"))], CALL_TIMEOUT_S, "collecting")
+
+
 class _Receiver:
     """An engine's ``receive_weights`` that never ends (its push never comes)."""
 

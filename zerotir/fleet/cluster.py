@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
-from zerotir.fleet.engine_host import EngineHost, HostSettings
+from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost
 from zerotir.fleet.weight_group import WeightGroup, env_unless_set
 
 log = logging.getLogger(__name__)
@@ -272,6 +272,8 @@ def _result(ref: Any, k: int, doing: str) -> Any:
                          isinstance(exc, ActorUnavailableError)) from exc
     except RayTaskError as exc:
         cause = exc.cause if exc.cause is not None else exc
+        if isinstance(cause, JobsLost):  # the process that queued them died; Ray restarted the actor
+            raise EngineDied(k, f"engine process {k} of the fleet died while {doing}: {cause}", True) from exc
         raise RuntimeError(f"engine process {k} of the fleet failed while {doing}: {type(cause).__name__}: "
                            f"{cause}") from exc
 

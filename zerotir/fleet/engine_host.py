@@ -27,6 +27,7 @@ import functools
 import itertools
 import os
 import socket
+import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -106,6 +107,11 @@ class HostSettings:
             raise ValueError(f"HostSettings.max_in_flight={self.max_in_flight}: >= 1 to stream, or 0")
 
 
+class JobsLost(RuntimeError):
+    """``EngineHost.collect`` of jobs another host queued: they are gone with its process (recovered as its death:
+    ``zerotir.fleet.cluster.ray_get`` raises ``EngineDied``)."""
+
+
 class EngineHost:
     """One engine process of the fleet: engine, tool loop and sandbox client (see the module doc).
 
@@ -133,7 +139,8 @@ class EngineHost:
             threads=settings.threads, lora_rank=settings.lora_rank)  # the model loaded here is the host's own
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
-        self._calls = itertools.count()  # tags the jobs of each roll_out call
+        self._process = uuid.uuid4().hex[:12]  # this host's own: a key queued by another process is never taken here
+        self._calls = itertools.count()  # with it, tags the jobs of each roll_out call
         self.stream = GroupStream(
             self.engine, self.tokenizer, settings.tool, self.schedule,
             (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight,
@@ -223,7 +230,7 @@ class EngineHost:
         of a call samples with ``params.seed + k``); else the call is one job, as the in-line rollout runs it."""
         n, stream = params.n, self._stream()
         truths = truths if truths is not None else [""] * len(prompts)
-        tag = next(self._calls)
+        tag = (self._process, next(self._calls))
         if self.settings.max_in_flight:
             jobs = [Job((tag, i), [p], [t], params if params.seed is None else
                         replace(params, seed=params.seed + i * n)) for i, (p, t) in enumerate(zip(prompts, truths))]
@@ -234,7 +241,16 @@ class EngineHost:
 
     def collect(self, keys: list[Hashable]) -> tuple[Trajectories, dict[str, float]]:
         """The trajectories of the jobs ``keys`` of one ``queue`` call, waiting for the last, in one batch (group
-        ids in row order) with the slowest job's timings."""
+        ids in row order) with the slowest job's timings.
+
+        Raises:
+            JobsLost: the keys were queued by another host (Ray restarted this actor after its ``queue`` call ran
+                there, and sent the ``collect`` here): its jobs died with that process.
+        """
+        foreign = sorted({key[0][0] for key in keys} - {self._process})
+        if foreign:
+            raise JobsLost(f"the jobs of this call were queued on engine process {foreign[0]}, not this one "
+                           f"({self._process}): they were lost when that process died")
         parts = self._stream().take_timed(keys, self.settings.stream_timeout_s)
         for i, (part, _) in enumerate(parts):
             part.group_ids = part.group_ids + i
