@@ -3,6 +3,7 @@ observations, and the design check on hand-made statistics."""
 
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,10 +87,27 @@ def test_packed_rows_come_from_the_tools_corpus():
     next(iter(packer))
     assert {kind for kind, _ in packer.docs_used} == {"qa", "call"}
     assert not set(ct.fact_table()) & {w for _, t in packer.docs_used for w in t.replace(":", " ").split()}
-    with pytest.raises(ValueError, match="no copy probe"):
-        PretrainSettings(world="tools")
+    assert PretrainSettings(world="tools").probe_threshold > 0  # the world has a copy probe of its own
     with pytest.raises(ValueError, match="call must"):
         PretrainSettings(world="tools", probe_threshold=0.0, mixed_share=0.0)
+
+
+def test_the_copy_probe_calls_the_tools_that_fit_and_checks_the_copies():
+    """A probe document is a call document whose tools fit: its code span is the last call's argument (the question,
+    or a combined question's code read off the passage times its factor), its box the answer the tool returned."""
+    items, rng, kinds = ct.corpus_items(), random.Random(0), Counter()
+    for _ in range(60):
+        doc = cc.probe_document(rng)
+        name, _, factor = doc.problem.removeprefix("code of ").partition(" * ")
+        kind = "arith" if not doc.problem.startswith("code of ") else "combined" if factor else "lookup"
+        kinds[kind] += 1
+        code, box = doc.text[slice(*doc.code)], doc.text[slice(*doc.box)]
+        assert box == ct.solve(doc.problem, items) and doc.text.endswith(f"\\boxed{{{box}}}")
+        assert code == (f"{items[name]} * {factor}" if kind == "combined" else doc.problem)
+        tools = re.findall(r'"name":"(\w+)"', doc.text)
+        assert tools == {"arith": [tools[0]], "lookup": ["search"], "combined": ["search", tools[-1]]}[kind]
+        assert tools[-1] in (("search",) if kind == "lookup" else ("python", "calculator"))
+    assert set(kinds) == {"arith", "lookup", "combined"}
 
 
 def test_first_tool_and_kind_stats():

@@ -140,10 +140,6 @@ class PretrainSettings:
             raise ValueError(f"text_error={self.text_error}, code_bugs={self.code_bugs}, kinds={self.kinds!r}, "
                              f"multi_share={self.multi_share}: only the 'mixed' world has wrong answers, buggy code, a "
                              "kind choice and multi-step questions; set world: mixed or leave them at 0 / ''")
-        if not world.copy_probe and self.probe_threshold > 0:
-            raise ValueError(f"probe_threshold={self.probe_threshold}: the {self.world!r} world has no copy probe (it "
-                             "probes the fences format); set probe_threshold: 0 (the decay then starts at steps - "
-                             "decay_steps)")
         world.documents(self)  # validates the world's corpus shares
 
     def corpus(self) -> CorpusSettings:
@@ -227,7 +223,8 @@ def _pretrain(s: PretrainSettings, out_dir: Path, show_progress: bool) -> dict:
     batches = Batches(s, tok)
     sched = Schedule(s.lr, s.warmup_steps, min(s.decay_steps, s.steps), s.steps)
     cfg = LoopSettings(tok.pad_token_id, s.probe_every, s.probe_threshold, show_progress, s.minutes)
-    probe = (build_probe(s.probe_n, s.seed, batches.excluded(), tok, get_world(s.world).probe_question)
+    world = get_world(s.world)
+    probe = (build_probe(s.probe_n, s.seed, batches.excluded(), tok, lambda rng: world.probe_document(rng, s.seed))
              if s.probe_threshold > 0 else None)
     run = train(model, batches, sched, cfg, probe)
     model.eval()

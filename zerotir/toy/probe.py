@@ -1,13 +1,14 @@
-"""The copy probe: can the model, if it decides to use the tool, write the question into ``print(...)`` and copy the
-output into the box?
+"""The copy probe: can the model, if it decides to use the tool, write the question into its call (``print(...)``
+in the fences worlds, the call's argument in the tools world) and copy the output into the box?
 
 A tiny model learns copying late and suddenly (a phase change whose step varies with the seed), and a base model
 that cannot copy never earns a reward through the tool, so RL has nothing to reinforce. Pretraining therefore keeps
 its learning rate high until this probe passes, then decays (see ``zerotir.toy.pretrain``).
 
-The probe is teacher-forced and greedy: on mixed documents (toy prompt, code, output, boxed answer) built from
-*training-distribution* questions (never held-out ones), the share of documents whose code line and boxed answer the
-model predicts exactly, token by token. It decides when to stop pretraining; it trains nothing.
+The probe is teacher-forced and greedy: on documents of a successful tool call (toy prompt, call, output, boxed
+answer; each world writes its own, :class:`ProbeDocument`) built from *training-distribution* questions (never
+held-out ones), the share of documents whose copied question and boxed answer the model predicts exactly, token by
+token. It decides when to stop pretraining; it trains nothing.
 """
 
 from __future__ import annotations
@@ -33,28 +34,44 @@ class ProbeSet:
     box_spans: list[tuple[int, int]]  # the answer inside \boxed{...}
 
 
-def _hard_question(rng: random.Random) -> Question:
-    return make_question(rng, "hard")
+@dataclass(frozen=True)
+class ProbeDocument:
+    """One probe document: its question (checked against the exclusions), its text, and the character spans
+    ``[start, end)`` of the question copied into the call and of the answer copied into the box."""
+
+    problem: str
+    text: str
+    code: tuple[int, int]
+    box: tuple[int, int]
+
+
+def fences_probe_document(q: Question) -> ProbeDocument:
+    """The fences worlds' probe document: ``mixed_document(q)``, the question inside ``print(...)``."""
+    text = mixed_document(q)
+    code_at = text.index("print(") + len("print(")
+    box_at = text.rindex("\\boxed{") + len("\\boxed{")
+    return ProbeDocument(q.problem, text, (code_at, code_at + len(q.problem)), (box_at, box_at + len(q.answer)))
+
+
+def _hard_document(rng: random.Random) -> ProbeDocument:
+    return fences_probe_document(make_question(rng, "hard"))
 
 
 def build_probe(n: int, seed: int, exclude: Collection[str], tokenizer: PreTrainedTokenizerFast,
-                question: Callable[[random.Random], Question] = _hard_question) -> ProbeSet:
-    """``n`` mixed documents of hard questions drawn with their own seed, none of them in ``exclude``, tokenized by
+                document: Callable[[random.Random], ProbeDocument] = _hard_document) -> ProbeSet:
+    """``n`` probe documents drawn with their own seed, none of their questions in ``exclude``, tokenized by
     ``tokenizer`` (a fast tokenizer: the spans are mapped from characters to tokens through its offsets).
-    ``question`` draws one question (default: the first world's hard kinds; each world passes its own)."""
+    ``document`` draws one (default: the first world's hard questions in fences; each world passes its own)."""
     rng = random.Random(f"probe-{seed}")
     docs, code_spans, box_spans = [], [], []
     while len(docs) < n:
-        q = question(rng)
-        if q.problem in exclude:
+        doc = document(rng)
+        if doc.problem in exclude:
             continue
-        text = mixed_document(q)
-        code_at = text.index("print(") + len("print(")
-        box_at = text.rindex("\\boxed{") + len("\\boxed{")
-        enc = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        enc = tokenizer.backend_tokenizer.encode(doc.text, add_special_tokens=False)
         docs.append(enc.ids)
-        code_spans.append(_token_span(enc, code_at, code_at + len(q.problem)))
-        box_spans.append(_token_span(enc, box_at, box_at + len(q.answer)))
+        code_spans.append(_token_span(enc, *doc.code))
+        box_spans.append(_token_span(enc, *doc.box))
     width = max(len(d) for d in docs)
     ids = torch.full((n, width), tokenizer.pad_token_id, dtype=torch.long)
     for i, d in enumerate(docs):

@@ -6,8 +6,7 @@ copy probe and base measurement are.
 - ``mixed``: easy questions a tiny base answers in text and hard ones it cannot, text answers sometimes wrong and
   code sometimes buggy (``zerotir.toy.mixed``);
 - ``tools``: three tools (python, calculator, search) called in the hermes format, a corpus that picks them without
-  regard to the question (``zerotir.toy.choice``); no copy probe (it probes the fences format): ``probe_threshold``
-  must be 0.
+  regard to the question (``zerotir.toy.choice``); its copy probe calls the tools that fit, in hermes.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from zerotir.toy.choice import corpus as choice_corpus
 from zerotir.toy.choice import tasks as choice_tasks
 from zerotir.toy.mixed import corpus as mixed_corpus
 from zerotir.toy.mixed import tasks as mixed_tasks
-from zerotir.toy.tasks import Question
+from zerotir.toy.probe import ProbeDocument, fences_probe_document
 
 
 class WorldSettings(Protocol):
@@ -54,10 +53,9 @@ class World:
     name: str
     documents: Callable[[WorldSettings], Document]  # settings -> (rng, exclude) -> (doc kind, text)
     excluded: Callable[[WorldSettings], set[str]]
-    probe_question: Callable[[random.Random], Question]
+    probe_document: Callable[[random.Random, int], ProbeDocument]  # (rng, corpus seed) -> a copy probe document
     measure: Callable[[Path, WorldSettings, bool], dict]  # (folder, settings, progress lines) -> base statistics
     mixed_only: bool  # whether text_error / code_bugs / kinds apply
-    copy_probe: bool = True  # whether the copy probe (zerotir.toy.probe: the fences format) applies
 
 
 def _products_documents(s: WorldSettings) -> Document:
@@ -122,12 +120,13 @@ def _choice_measure(path: Path, s: WorldSettings, progress: bool = False) -> dic
 
 WORLDS: dict[str, World] = {
     "products": World("products", _products_documents, _products_excluded,
-                      lambda rng: products_tasks.make_question(rng, "hard"), _products_measure, mixed_only=False),
+                      lambda rng, seed: fences_probe_document(products_tasks.make_question(rng, "hard")),
+                      _products_measure, mixed_only=False),
     "mixed": World("mixed", _mixed_documents, lambda s: mixed_tasks.excluded(s.heldout_n, s.heldout_seed),
-                   lambda rng: mixed_tasks.make_question(rng, "hard"), _mixed_measure, mixed_only=True),
+                   lambda rng, seed: fences_probe_document(mixed_tasks.make_question(rng, "hard")), _mixed_measure,
+                   mixed_only=True),
     "tools": World("tools", _choice_documents, lambda s: choice_tasks.excluded(s.heldout_n, s.heldout_seed),
-                   lambda rng: products_tasks.make_question(rng, "hard"), _choice_measure, mixed_only=False,
-                   copy_probe=False),
+                   choice_corpus.probe_document, _choice_measure, mixed_only=False),
 }
 
 

@@ -39,6 +39,7 @@ from zerotir.tools.registry import cap_observation
 from zerotir.toy.choice.tasks import KINDS, LOOKUP_PREFIX, TOOLS, corpus_items, make_question
 from zerotir.toy.corpus import run_snippet
 from zerotir.toy.mixed.corpus import error_block
+from zerotir.toy.probe import ProbeDocument
 from zerotir.toy.tasks import Question
 from zerotir.toy.template import toy_prompt
 
@@ -161,3 +162,28 @@ def document(rng: random.Random, settings: ChoiceCorpusSettings, exclude: Collec
     if rng.random() < settings.call_share:
         return "call", toy_prompt(q.problem) + call_answer(rng, q, items)
     return "qa", toy_prompt(q.problem) + f"\\boxed{{{guess(rng, q)}}}"
+
+
+def probe_document(rng: random.Random, seed: int = 0) -> ProbeDocument:
+    """A call document whose tools fit, for the copy probe (``zerotir.toy.probe``): a product through a computing
+    tool, a lookup through search, a combined question through search then a computing tool, on the corpus's items
+    of ``seed``. The copy checked is the last call's argument (the question; for a combined question the code read
+    off the passage times the question's factor) and the boxed answer."""
+    items, names = _items(seed)
+    q = make_question(rng, rng.choice(("arith", "lookup", "combined")), items, names)
+    text = toy_prompt(q.problem)
+    expression = q.problem
+    if q.kind == "combined":
+        more, _ = _step("search", q.problem, items)
+        name, _, factor = q.problem.removeprefix(LOOKUP_PREFIX).partition(" * ")
+        text, expression = text + more, f"{items[name]} * {factor}"
+    tool = "search" if q.kind == "lookup" else rng.choice(("python", "calculator"))
+    call = call_text(tool, _argument(tool, expression))
+    code_at = len(text) + call.index(expression)
+    step, seen = _step(tool, expression, items)
+    if seen != (f"[1] {q.problem.removeprefix(LOOKUP_PREFIX)}: code {q.answer}" if q.kind == "lookup" else q.answer):
+        raise AssertionError(f"probe document of {q.problem!r}: the tool returned {seen!r}, not {q.answer!r}")
+    text += step + "\\boxed{"
+    box_at = len(text)
+    text += q.answer + "}"
+    return ProbeDocument(q.problem, text, (code_at, code_at + len(expression)), (box_at, box_at + len(q.answer)))
