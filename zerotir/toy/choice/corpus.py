@@ -178,9 +178,8 @@ def probe_document(rng: random.Random, seed: int = 0) -> ProbeDocument:
         name, _, factor = q.problem.removeprefix(LOOKUP_PREFIX).partition(" * ")
         text, expression = text + more, f"{items[name]} * {factor}"
     tool = "search" if q.kind == "lookup" else rng.choice(("python", "calculator"))
-    call = call_text(tool, _argument(tool, expression))
-    code_at = len(text) + call.index(expression)
     step, seen = _step(tool, expression, items)
+    code_at = len(text) + step.index(expression)  # the step opens with the call, whose argument holds it
     if seen != (f"[1] {q.problem.removeprefix(LOOKUP_PREFIX)}: code {q.answer}" if q.kind == "lookup" else q.answer):
         raise AssertionError(f"probe document of {q.problem!r}: the tool returned {seen!r}, not {q.answer!r}")
     text += step + "\\boxed{"
