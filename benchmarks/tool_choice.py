@@ -8,9 +8,10 @@ rows of docs/findings.md.
 
 Method. ``configs/toy_tools.yaml``: three tools (python, calculator, search over a fact table found only in the
 search corpus), four kinds of questions, a base whose corpus calls tools without regard to the question. Bases of
-that config's ``toy_base`` settings, pretrained with ``--pseeds`` (2): the seed-0 base is the shipped
-``data/toy_tools_base`` (its checksums verified, nothing pretrained; ``--rebuild`` pretrains it in ``--out``), the
-others are pretrained in ``--out`` in a slot of their own while the runs on the seed-0 base go on (they come first).
+that config's ``toy_base`` settings, pretrained with ``--pseeds`` (2): seeds 0 and 1 are shipped
+(``data/toy_tools_base``, ``data/toy_tools_base_p1``: their checksums verified, nothing pretrained; ``--rebuild``
+pretrains them in ``--out``, about 50 minutes each on one thread), any other seed is pretrained in ``--out`` in a slot
+of its own while the runs on the seed-0 base go on (they come first).
 RL runs of ``--steps`` steps, REINFORCE++, RL seeds ``--seeds`` (3), each arm varying one thing:
 
 - ``choice_p{p}_s{s}``: the config as it is (outcome reward, 4 calls): findings 1 (selection) and 2 (coordination),
@@ -44,7 +45,8 @@ SWEEP_FILE = "sweep.json"
 CURRICULUM = {"window": 4, "stages": [{"weights": {"easy": 1.0, "arith": 1.0, "lookup": 1.0}, "pass_rate": 0.8},
                                       {"weights": {"easy": 1.0, "arith": 1.0, "lookup": 1.0, "combined": 3.0}}]}
 SMOKE_BASE = {"steps": 20, "decay_steps": 5, "warmup_steps": 2, "eval_n": 2}
-SHIPPED_BASE = REPO / "data" / "toy_tools_base"  # the config's base: pretraining seed 0 of its toy_base settings
+# The config's toy_base settings pretrained with seeds 0 (the config's own base) and 1.
+SHIPPED_BASES = {0: REPO / "data" / "toy_tools_base", 1: REPO / "data" / "toy_tools_base_p1"}
 
 
 def cost_args(cost: float) -> list[str]:
@@ -68,13 +70,13 @@ def jobs(seeds: list[int], pseeds: list[int], cost: float, nocap_calls: int) -> 
 
 class ChoiceSweep(Sweep):
     """``toy_findings.Sweep`` with this world's bases: the config's ``toy_base`` as it is, one per pretraining seed,
-    the seed-0 one the shipped base unless ``--rebuild`` or ``--smoke``."""
+    the shipped ones (seeds 0 and 1) unless ``--rebuild`` or ``--smoke``."""
 
     def base(self, size: str, pseed: int = 0) -> Path:
         settings = {**yaml.safe_load(self.config.read_text())["toy_base"], "threads": 1, "seed": pseed,
                     "minutes": self.args.base_minutes, **(SMOKE_BASE if self.args.smoke else {})}
-        shipped = pseed == 0 and not (self.args.rebuild or self.args.smoke)
-        out = SHIPPED_BASE if shipped else self.args.out / f"base_p{pseed}"  # toy-base reuses a matching folder
+        shipped = pseed in SHIPPED_BASES and not (self.args.rebuild or self.args.smoke)
+        out = SHIPPED_BASES[pseed] if shipped else self.args.out / f"base_p{pseed}"  # toy-base reuses a matching folder
         flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
         log = self.args.out / f"base_p{pseed}.log"
         seconds = self._run(["toy-base", "--out", str(out), "--no-progress", *flags], log)
@@ -95,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nocap_calls", type=int, default=16, help="finding 4's call budget (4 is the reference)")
     p.add_argument("--base_minutes", type=float, default=60.0, help="safety cap of each base's pretraining")
     p.add_argument("--rebuild", action="store_true",
-                   help="pretrain the seed-0 base in --out too, instead of reusing the shipped data/toy_tools_base")
+                   help="pretrain the seed-0 and seed-1 bases in --out too, instead of reusing the shipped ones")
     p.add_argument("--smoke", action="store_true",
                    help="1 RL seed, 1 pretraining seed, 2 steps, 20-step bases: proves the sweep runs end to end")
     p.add_argument("--report-only", action="store_true", help="only write the report from existing runs")

@@ -108,7 +108,7 @@ def test_jobs_and_smoke_arguments():
     assert args.seeds == [0] and args.pseeds == [0] and args.steps == 2
 
 
-def test_the_seed_0_base_is_the_shipped_one_unless_rebuilt(tmp_path):
+def test_the_seed_0_and_1_bases_are_the_shipped_ones_unless_rebuilt(tmp_path):
     built = []
 
     def sweep(*flags):
@@ -116,7 +116,10 @@ def test_the_seed_0_base_is_the_shipped_one_unless_rebuilt(tmp_path):
         out._run = lambda argv, log: built.append(argv[argv.index("--out") + 1]) or 0.0
         return out
 
-    assert sweep().base("tools", 0) == tool_choice.SHIPPED_BASE and built == [str(tool_choice.SHIPPED_BASE)]
-    assert sweep().base("tools", 1) == tmp_path / "base_p1"
+    shipped = tool_choice.SHIPPED_BASES
+    assert sweep().base("tools", 0) == shipped[0] and built == [str(shipped[0])]
+    assert sweep().base("tools", 1) == shipped[1] and built[-1] == str(shipped[1])
+    assert sweep().base("tools", 2) == tmp_path / "base_p2"
+    assert sweep("--rebuild").base("tools", 1) == tmp_path / "base_p1"
     assert sweep("--rebuild").base("tools", 0) == tmp_path / "base_p0"
     assert sweep("--smoke").base("tools", 0) == tmp_path / "base_p0"
