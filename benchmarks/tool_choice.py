@@ -1,7 +1,7 @@
 """Which tool to call, learned by RL alone: the sweep of issue #44's findings 1-5 in the ``tools`` world, then its
 rows of docs/findings.md.
 
-    python -m benchmarks.tool_choice                                 # the sweep (about 60 min on a quiet 2 cores)
+    python -m benchmarks.tool_choice                                 # the sweep (23 min on a quiet 2 cores)
     python -m benchmarks.tool_choice --out /tmp/tc --report-only     # the report from the runs already there
     python -m benchmarks.tool_choice --smoke                         # 1 seed, 2 steps, tiny bases: end to end
     python -m benchmarks.tool_choice --rebuild                       # every base pretrained here, none reused
