@@ -1,7 +1,7 @@
 """Which tool to call, learned by RL alone: the sweep of issue #44's findings 1-5 in the ``tools`` world, then its
 rows of docs/findings.md.
 
-    python -m benchmarks.tool_choice                                 # the sweep (23 min on a quiet 2 cores)
+    python -m benchmarks.tool_choice                                 # the sweep (its time on 2 cores: docs/results.md)
     python -m benchmarks.tool_choice --out /tmp/tc --report-only     # the report from the runs already there
     python -m benchmarks.tool_choice --smoke                         # 1 seed, 2 steps, tiny bases: end to end
     python -m benchmarks.tool_choice --rebuild                       # every base pretrained here, none reused
@@ -10,8 +10,8 @@ Method. ``configs/toy_tools.yaml``: three tools (python, calculator, search over
 search corpus), four kinds of questions, a base whose corpus calls tools without regard to the question. Bases of
 that config's ``toy_base`` settings, pretrained with ``--pseeds`` (2): seeds 0 and 1 are shipped
 (``data/toy_tools_base``, ``data/toy_tools_base_p1``: their checksums verified, nothing pretrained; ``--rebuild``
-pretrains them in ``--out``, about 50 minutes each on one thread), any other seed is pretrained in ``--out`` in a slot
-of its own while the runs on the seed-0 base go on (they come first).
+pretrains them in ``--out``, each most of an hour on one thread: docs/toy_tools.md), any other seed is pretrained in
+``--out`` in a slot of its own while the runs on the seed-0 base go on (they come first).
 RL runs of ``--steps`` steps, REINFORCE++, RL seeds ``--seeds`` (3), each arm varying one thing:
 
 - ``choice_p{p}_s{s}``: the config as it is (outcome reward, 4 calls): findings 1 (selection) and 2 (coordination),
