@@ -6,6 +6,7 @@ of a bucketed (ZeRO-3 gathering) weight sync.
     python scripts/gpu_check.py build --out runs/gpu_check/model     # random model + byte tokenizer, no download
     python scripts/gpu_check.py grads --model runs/gpu_check/model --report runs/gpu_check/grads.json
     python scripts/gpu_check.py config --zero 3 --model runs/gpu_check/model --out runs/gpu_check/zero3.yaml
+    python scripts/gpu_check.py config --zero 3 --variant lora --model runs/gpu_check/model --out runs/gpu_check/lora.yaml
     python scripts/gpu_check.py run --config runs/gpu_check/zero3.yaml --report runs/gpu_check/zero3.json
     python scripts/gpu_check.py summary runs/gpu_check/zero2.json runs/gpu_check/zero3.json
 
@@ -89,8 +90,11 @@ def build(out: Path, tiny: bool) -> None:
     print(f"built {'tiny' if tiny else 'Qwen2.5-0.5B-shaped'} random model: {numel:,} parameters -> {out}")
 
 
-def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]:
-    """The run config: PPO (actor + critic + reference under one DeepSpeed engine), 8 prompts x 4 samples, 3 steps."""
+def make_config(model: Path, zero: int, root: Path, cpu: bool, variant: str = "ppo") -> dict[str, Any]:
+    """The run config, 3 steps. ``ppo``: actor + critic + reference under one DeepSpeed engine, 8 prompts x 4 samples;
+    under ZeRO-2 the rollouts come from the engine host in a thread (``model.pipeline.max_staleness`` 1: its own
+    transformers copy of the actor on the GPU, in the run's dtype; ZeRO-3 refuses it), under ZeRO-3 in line. ``lora``: REINFORCE++ with rank-8 adapters on the actor (``model.base.lora``),
+    the reference the base with adapters off, in line."""
     trainer: dict[str, Any] = {
         "accelerator": "cpu" if cpu else "gpu", "devices": 1, "max_steps": STEPS, "log_every_n_steps": 1,
         "default_root_dir": str(root), "limit_val_batches": 0, "precision": "32-true" if cpu else "bf16-mixed",
@@ -99,7 +103,7 @@ def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]
     if not cpu:
         trainer["strategy"] = {"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
                                "init_args": {"config": str(REPO / "configs" / "deepspeed" / f"zero{zero}.json")}}
-    return {
+    config = {
         "seed_everything": 0,
         "trainer": trainer,
         "checkpoint": {"save_top_k": 0, "save_last": False},  # a 0.5B PPO checkpoint would cost more than the steps
@@ -115,29 +119,44 @@ def make_config(model: Path, zero: int, root: Path, cpu: bool) -> dict[str, Any]
         "data": {"train_files": ["gsm8k_train"], "template": "orz_tool", "prompts_per_step": 2 if cpu else 8,
                  "max_prompt_tokens": 1024, "seed": 0},
     }
+    if variant == "ppo" and zero == 2:
+        config["model"]["pipeline"] = {"max_staleness": 1}
+        config["model"]["rl"]["off_policy_correction"] = "tis"
+    elif variant == "lora":
+        config["model"]["base"]["lora"] = {"rank": 8, "alpha": 16.0}
+        config["model"]["rl"] = {"algorithm": "reinforce_pp", "kl_coef": 0.01, "kl_estimator": "k1",
+                                 "micro_batch_size": 8}
+        config["model"]["optim"] = {"lr": 1.0e-4, "max_grad_norm": 1.0}
+        config["model"]["sampling"]["max_response_tokens"] = 32 if cpu else 128
+    elif variant != "ppo":
+        raise ValueError(f"variant={variant!r}: ppo or lora")
+    return config
 
 
 # ----- measuring a run -----
 
 class SinkEngine:
     """Receives synced weights as a colocated engine would: copies each tensor on its device, then drops it. Keeps a
-    checksum of the embedding (the first bucket) so a changed model can be told from an unchanged one."""
+    checksum of the first tensor whose name holds ``watch`` (the embedding; under LoRA, whose base is frozen, the
+    first adapter B matrix) so a changed model can be told from an unchanged one."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: str = "model.embed_tokens.weight") -> None:
+        self.watch = watch
         self.checksum: float | None = None
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in named_tensors:
             copy = tensor.detach().clone()
-            if name == "model.embed_tokens.weight":
+            if self.checksum is None and self.watch in name:
                 self.checksum = float(copy.float().sum())
 
 
 class StepRecorder(Callback):
     """Per RL step: wall time, the run's phase timings, peak GPU memory, grad norm, and a timed bucketed sync."""
 
-    def __init__(self, bucket_mb: int = 256) -> None:
+    def __init__(self, bucket_mb: int = 256, watch: str = "model.embed_tokens.weight") -> None:
         self.bucket_bytes = bucket_mb << 20
+        self.watch = watch
         self.steps: list[dict[str, Any]] = []
         self._start = 0.0
 
@@ -157,7 +176,7 @@ class StepRecorder(Callback):
                "timings": dict(outputs["step"].timings), "grad_norm": outputs["step"].stats.get("grad_norm"),
                "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None}
-        sink = SinkEngine()
+        sink = SinkEngine(self.watch)
         sync = sync_weights(trainer.model, sink, self.bucket_bytes, prefix="actor.")
         if cuda:
             torch.cuda.synchronize()
@@ -179,7 +198,7 @@ def check_steps(steps: list[dict[str, Any]]) -> list[str]:
             problems.append(f"step {row['step']}: gradient norm {norm} (expected finite and > 0)")
     sums = [row["embed_checksum"] for row in steps]
     if None in sums:
-        problems.append("the weight sync sent no model.embed_tokens.weight")
+        problems.append("the weight sync sent no tensor it watches (the embedding, or a LoRA B matrix)")
     elif any(a == b for a, b in zip(sums, sums[1:])):
         problems.append(f"the synced embedding did not change between steps (checksums {sums})")
     return problems
@@ -188,7 +207,8 @@ def check_steps(steps: list[dict[str, Any]]) -> list[str]:
 def run(config: Path, report: Path) -> int:
     from zerotir.cli import ZeroTIRCLI
 
-    recorder = StepRecorder()
+    lora = (yaml.safe_load(config.read_text())["model"]["base"].get("lora") is not None)
+    recorder = StepRecorder(watch=".lora_B." if lora else "model.embed_tokens.weight")
     start = time.perf_counter()
     ZeroTIRCLI(args=["fit", "--config", str(config)], trainer_defaults={"callbacks": [recorder]})
     problems = check_steps(recorder.steps)
@@ -210,7 +230,7 @@ REQUIRED = [("torch", "torch"), ("lightning", "lightning"), ("transformers", "tr
             ("uvicorn", "uvicorn"), ("httpx", "httpx"), ("pebble", "pebble"), ("math_verify", "math-verify"),
             ("tensorboard", "tensorboard"), ("accelerate", "accelerate"), ("deepspeed", "deepspeed"), ("yaml", "pyyaml"),
             ("sympy", "sympy"), ("rich", "rich"), ("scipy", "scipy"), ("pandas", "pandas"), ("pyarrow", "pyarrow"),
-            ("matplotlib", "matplotlib"),
+            ("matplotlib", "matplotlib"), ("peft", "peft"),
             # the project's own import chain: the CLI, the module, the sandbox service and the callbacks
             ("zerotir.cli", "zerotir"), ("zerotir.module", "zerotir"), ("sandbox.server", "zerotir"),
             ("callbacks", "zerotir")]
@@ -284,9 +304,13 @@ def summary(reports: list[Path]) -> str:
     if grads_report.is_file():
         g = json.loads(grads_report.read_text())
         lines += ["", f"Gradients on one batch (relative L2 error, tolerance {g['tolerance']}): ZeRO-2 vs full batch "
-                      f"{g['zero2_vs_full_batch']:.2e}, ZeRO-3 vs ZeRO-2 {g['zero3_vs_zero2']:.2e}"
+                      f"{g['zero2_vs_full_batch']:.2e}, ZeRO-3 vs ZeRO-2 {g['zero3_vs_zero2']:.2e}, ZeRO-3 with "
+                      f"log-probs {g['chunk_tokens']} tokens at a time vs full logits "
+                      f"{g['zero3_chunked_vs_full_logits']:.2e} (log-probs within "
+                      f"{g['zero3_chunked_logprob_max_abs']:.1e})"
                       + (f" - PROBLEMS: {'; '.join(g['problems'])}" if g["problems"] else "")]
-    lines += _vllm_lines(reports[0].parent / "vllm.json") + _fleet_lines(reports[0].parent / "fleet.json")
+    out = reports[0].parent
+    lines += _vllm_lines(out / "vllm.json") + _fleet_lines(out / "fleet.json") + _nccl_lines(out / "nccl.json")
     text = "\n".join(lines)
     print(text)
     return text
@@ -318,6 +342,18 @@ def _fleet_lines(path: Path) -> list[str]:
             + (f" - PROBLEMS: {'; '.join(data['problems'])}" if data.get("problems") else "")]
 
 
+def _nccl_lines(path: Path) -> list[str]:
+    """The nccl stage's outcome (``scripts/gpu_check_nccl.py``: a weight group of one rank over NCCL)."""
+    if not path.is_file():
+        return ["", "NCCL weight group (one rank): no report (the stage did not run or finish: stages.tsv)"]
+    data = json.loads(path.read_text())
+    done = "" if "push_buckets" not in data else (f", formed in {data['form_s']:.2f} s, a push of "
+                                                  f"{data['push_buckets']} buckets in {data['push_s']:.2f} s, "
+                                                  f"aborted: {data['aborted']}")
+    return ["", f"NCCL weight group (one rank): {data['status']}{done}"
+            + (f" - PROBLEMS: {'; '.join(data['problems'])}" if data.get("problems") else "")]
+
+
 def _num(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -335,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true")
     p = sub.add_parser("config")
     p.add_argument("--zero", type=int, choices=(2, 3), required=True)
+    p.add_argument("--variant", choices=("ppo", "lora"), default="ppo")
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cpu", action="store_true")
@@ -348,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         build(args.out, tiny=args.cpu)
     elif args.command == "config":
-        config = make_config(args.model.resolve(), args.zero, args.out.parent.resolve() / args.out.stem, args.cpu)
+        config = make_config(args.model.resolve(), args.zero, args.out.parent.resolve() / args.out.stem, args.cpu,
+                             args.variant)
         header = f"# python -m zerotir fit --config {args.out}\n# generated by scripts/gpu_check.py config\n"
         args.out.write_text(header + yaml.safe_dump(config, sort_keys=False))
         print(f"wrote {args.out}")

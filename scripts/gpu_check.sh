@@ -11,18 +11,26 @@
 #   fleet    the fleet's weight push with CUDA tensors over gloo on one GPU (scripts/gpu_check_fleet.py: bucket
 #            views, receive into a transformers engine on the GPU, versions, stop); skipped, saying why, without CUDA
 #            (the CPU plumbing run leaves it out: tests/test_gpu_check.py runs it with CPU tensors in-process);
+#   nccl     a weight group of one rank over NCCL (scripts/gpu_check_nccl.py: built under the raise-on-error setting,
+#            a broadcast, a push, the communicator aborted, a later collective raising, the environment as before);
+#            left out of the CPU plumbing run like fleet (the suite runs it over gloo in-process);
 #   grads    gradients on one fixed batch: ZeRO-2 vs plain torch, ZeRO-3 vs ZeRO-2 (two micro-batches inside one
-#            engine.forward, as under Lightning; a ZeRO-3 that keeps only the last micro-batch fails here);
+#            engine.forward, as under Lightning; a ZeRO-3 that keeps only the last micro-batch fails here), and
+#            ZeRO-3's log-probs and gradients through the chunked LM head vs its full logits;
 #   zero2, zero3  3 `fit` steps (PPO: actor + critic + reference), transformers engine, printing per-step time, peak
-#            GPU memory and the time of a bucketed weight sync;
+#            GPU memory and the time of a bucketed weight sync; zero2's rollouts come from the engine host in a
+#            thread (model.pipeline.max_staleness 1: its own copy of the actor on the GPU), zero3's in line;
+#   lora     3 `fit` steps of REINFORCE++ with rank-8 adapters (model.base.lora; peft carried as a wheel) under
+#            ZeRO-3 in bf16: the adapters' B matrices must change at every step; the CPU plumbing run writes its
+#            config only (the suite parses it; LoRA fits run in tests/e2e);
 #   summary  OUT_DIR/summary.md.
 # Time: each stage has its own limit (GPU_CHECK_LIMIT_<STAGE> seconds) and the whole run a budget (GPU_CHECK_BUDGET,
-# default 540 s, under one 600 s device call): a stage never runs past what the budget has left (the summary's share
+# default 560 s, under one 600 s device call): a stage never runs past what the budget has left (the summary's share
 # kept for it), and one that the budget would cut to less than 10 s is skipped. `GPU_CHECK_PLAN=1 bash scripts/gpu_check.sh` prints the limits and the worst case.
 # Every stage writes OUT_DIR/<stage>.log while it runs and appends a line to OUT_DIR/stages.tsv when it ends, so a
 # run cut short still leaves what it did in OUT_DIR (with the device tool: bash scripts/gpu_check.sh "$OUT").
 # The model (about 1 GB) goes to GPU_CHECK_WORK (default runs/gpu_check_work), not to OUT_DIR.
-#   bash scripts/gpu_check.sh [OUT_DIR]            # default runs/gpu_check; reports: OUT_DIR/{grads,zero2,zero3,vllm,fleet}.json
+#   bash scripts/gpu_check.sh [OUT_DIR]            # default runs/gpu_check; reports: OUT_DIR/{grads,zero2,zero3,lora,vllm,fleet,nccl}.json
 #   GPU_CHECK_CPU=1 bash scripts/gpu_check.sh      # the script's own plumbing on CPU: tiny model, DeepSpeed's CPU
 #                                                  # accelerator for the gradient check, no DeepSpeed in the fit run
 # Exit status: 0 when every stage passed (gradients within tolerance; every step finite, nonzero gradients and
@@ -35,9 +43,10 @@ PY=${PYTHON:-python3}
 CPU_FLAG=""
 [ "${GPU_CHECK_CPU:-0}" = "1" ] && CPU_FLAG="--cpu"
 KILL_AFTER=5   # seconds between a stage's SIGTERM and its SIGKILL
-STAGES=(install env build vllm fleet grads zero2 zero3 summary)
-declare -A LIMIT=([install]=40 [env]=50 [build]=60 [vllm]=20 [fleet]=25 [grads]=90 [zero2]=95 [zero3]=95 [summary]=15)
-DEFAULT_BUDGET=540
+STAGES=(install env build vllm fleet nccl grads zero2 zero3 lora summary)
+declare -A LIMIT=([install]=30 [env]=40 [build]=40 [vllm]=15 [fleet]=20 [nccl]=15 [grads]=80 [zero2]=85 [zero3]=85
+                  [lora]=80 [summary]=15)
+DEFAULT_BUDGET=560
 if [ -n "$CPU_FLAG" ]; then   # the CPU plumbing run (tests/test_gpu_check.py) on a shared 2-core machine: it checks
   # what the stages do, not how fast; under load any stage (the summary's vllm import too) may take minutes, so each
   # limit is only a hang guard there
@@ -122,12 +131,14 @@ else
 fi
 run_stage env $PY scripts/gpu_check.py env $CPU_FLAG || exit 1
 # the model, then the fit configs (small, but each python start counts against the budget too): the CPU plumbing run
-# writes zero2's only, the one config it runs
+# runs zero2's only, and writes LoRA's for the suite to parse
 ZEROS="2 3"
 [ -n "$CPU_FLAG" ] && ZEROS="2"
 run_stage build bash -c '"$1" scripts/gpu_check.py build --out "$2/model" $4 &&
   for zero in $5; do "$1" scripts/gpu_check.py config --zero $zero --model "$2/model" --out "$3/zero$zero.yaml" $4 \
-  || exit 1; done' build "$PY" "$WORK" "$OUT_DIR" "$CPU_FLAG" "$ZEROS" || exit 1
+  || exit 1; done &&
+  "$1" scripts/gpu_check.py config --zero 3 --variant lora --model "$2/model" --out "$3/lora.yaml" $4' \
+  build "$PY" "$WORK" "$OUT_DIR" "$CPU_FLAG" "$ZEROS" || exit 1
 rm -f "$OUT_DIR/vllm.json"
 run_stage vllm $PY scripts/gpu_check_vllm.py --report "$OUT_DIR/vllm.json" --timeout $(( LIMIT[vllm] - 5 ))
 rm -f "$OUT_DIR/fleet.json"
@@ -136,8 +147,14 @@ if [ -n "$CPU_FLAG" ]; then   # the suite runs the same push with CPU tensors in
 else
   run_stage fleet $PY scripts/gpu_check_fleet.py --report "$OUT_DIR/fleet.json"
 fi
+rm -f "$OUT_DIR/nccl.json"
+if [ -n "$CPU_FLAG" ]; then   # the suite runs the same steps over gloo in its own process
+  printf 'nccl\tskipped: CPU plumbing run\t0\t0\n' >> "$OUT_DIR/stages.tsv"
+else
+  run_stage nccl $PY scripts/gpu_check_nccl.py --report "$OUT_DIR/nccl.json"
+fi
 rm -f "$OUT_DIR/grads.json"
-echo "(gradients on one batch: ZeRO-2 vs full batch, ZeRO-3 vs ZeRO-2)"
+echo "(gradients on one batch: ZeRO-2 vs full batch, ZeRO-3 vs ZeRO-2, ZeRO-3 chunked log-probs vs full logits)"
 run_stage grads $PY scripts/gpu_check.py grads --model "$WORK/model" --report "$OUT_DIR/grads.json" $CPU_FLAG
 reports=()
 for zero in $ZEROS; do
@@ -145,4 +162,11 @@ for zero in $ZEROS; do
   reports+=("$OUT_DIR/zero$zero.json")
   run_stage "zero$zero" $PY scripts/gpu_check.py run --config "$OUT_DIR/zero$zero.yaml" --report "$OUT_DIR/zero$zero.json"
 done   # on CPU zero2 only: without DeepSpeed the two stages are the same run
+rm -f "$OUT_DIR/lora.json"
+if [ -n "$CPU_FLAG" ]; then   # without DeepSpeed on CPU it would be a plain LoRA fit, which tests/e2e runs
+  printf 'lora\tskipped: CPU plumbing run (config written)\t0\t0\n' >> "$OUT_DIR/stages.tsv"
+else
+  reports+=("$OUT_DIR/lora.json")
+  run_stage lora $PY scripts/gpu_check.py run --config "$OUT_DIR/lora.yaml" --report "$OUT_DIR/lora.json"
+fi
 finish "${reports[@]}"
