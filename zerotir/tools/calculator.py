@@ -35,7 +35,8 @@ class CalculatorTool(Tool):
 
     Args:
         max_exponent: the largest exponent of ``**`` in absolute value (and the largest argument of factorial).
-        max_digits: the largest integer, in decimal digits, of any intermediate result.
+        max_digits: the largest integer, in decimal digits, of any intermediate result; at most Python's limit on
+            writing an integer as text (``sys.get_int_max_str_digits``, 4300 by default), or no answer could be read.
         max_chars: the longest expression accepted.
     """
 
