@@ -52,6 +52,16 @@ def test_choice_metrics_hand_worked():
         choice_metrics(_batch(), ["lookup"])
 
 
+def test_two_tools_in_correct_counts_different_tools_only():
+    # Four correct answers of one kind: calculator twice (one tool), search then calculator (two), a misspelt name
+    # that reached no tool then calculator (one: status invalid is no tool), python then search (two) -> 2 of 4.
+    misspelt = ToolCall("{}", "invalid", "Error: there is no tool named 'nalculator'", "nalculator", 0.0)
+    batch = make_batch([1.0] * 4, [0, 0, 0, 0], num_calls=[2] * 4)
+    batch.tool_calls = [[_call("calculator"), _call("calculator")], [_call("search"), _call("calculator")],
+                        [misspelt, _call("calculator")], [_call("python"), _call("search")]]
+    assert choice_metrics(batch, ["lookup"])["kinds/lookup/two_tools_in_correct"] == 0.5
+
+
 def test_kind_goes_from_the_data_row_to_the_step_tags(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"problem": "code of kavemi", "answer": "482", "kind": "lookup"}) + "\n"

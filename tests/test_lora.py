@@ -55,6 +55,16 @@ def test_a_target_that_matches_no_module_names_the_field(tiny_dir):
         lora.add_adapters(models.load_causal_lm(tiny_dir), LoraConfig(target_modules=["no_such_proj"]))
 
 
+def test_the_actors_adapters_are_scaled_by_alpha_over_rank(tiny_dir):
+    import peft
+
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir), lora=LORA))  # rank 4, alpha 8
+    module.configure_model()
+    layers = [m for m in module.actor.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    assert layers and {layer.scaling[lora.ADAPTER] for layer in layers} == {2.0}  # 8 / 4
+    assert {layer.lora_alpha[lora.ADAPTER] for layer in layers} == {8.0}
+
+
 def test_three_steps_train_only_the_adapters_and_the_reference_is_the_base(tiny_dir, train_file, tmp_path):
     module, data, trainer = lora_run(tiny_dir, train_file, tmp_path)
     module.configure_model()

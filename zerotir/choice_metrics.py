@@ -25,6 +25,12 @@ def first_call(calls: Sequence[ToolCall]) -> str:
     return tool_label(calls[0])  # the per-tool metrics' label: the same tools/invalid/... for both
 
 
+def tools_reached(calls: Sequence[ToolCall]) -> set[str]:
+    """The distinct tools an answer's calls reached: a call that reached none (``invalid``: a misspelt name, say)
+    names no tool, so ``nalculator`` then ``calculator`` is one tool, not two."""
+    return {label for label in map(tool_label, calls) if label != mn.INVALID_TOOL}
+
+
 def choice_metrics(batch: Trajectories, kinds: Sequence[str]) -> dict[str, float]:
     """``tools/<label>/first`` over the batch, and the ``kinds/<kind>/...`` tags for each kind of ``kinds`` (one per
     group id; "" for a row without a kind, left out of the per-kind tags; empty: no per-kind tags)."""
@@ -49,7 +55,7 @@ def choice_metrics(batch: Trajectories, kinds: Sequence[str]) -> dict[str, float
         out[mn.kind_tag(kind, "calls_per_response")] = sum(calls[i] for i in members) / n
         out[mn.kind_tag(kind, "answers")] = float(n)
         right = [i for i in members if correct[i]]
-        two = sum(len({c.tool for c in batch.tool_calls[i] if c.tool}) >= 2 for i in right)
+        two = sum(len(tools_reached(batch.tool_calls[i])) >= 2 for i in right)
         out[mn.kind_tag(kind, "two_tools_in_correct")] = two / len(right) if right else 0.0
         for label, count in sorted(Counter(firsts[i] for i in members).items()):
             out[mn.kind_tag(kind, f"first_{label}")] = count / n

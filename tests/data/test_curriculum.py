@@ -102,6 +102,32 @@ def test_the_state_round_trips_and_a_resumed_stream_draws_the_same_batches(tok, 
     assert fresh._stream.weights(0) != resumed._stream.weights(0)  # the window's results decide the weights
 
 
+def test_a_resumed_window_holds_at_most_window_batches_and_switches_at_the_same_batch(tok, tmp_path):  # noqa: F811
+    stages = (Stage({"add": 1.0}, pass_rate=0.75), Stage({"mul": 1.0}))
+    first = data(tok, tmp_path, *stages, window=2)
+    for b, correct in enumerate((4, 0)):
+        first.observe(results(b, add=(correct, 4)))
+    resumed = data(tok, tmp_path, *stages, window=2)
+    resumed.load_state_dict(first.state_dict())
+    # Batch 2: the window is batches 1 and 2, (0 + 4) / 8 = 0.5. Batch 3: batches 2 and 3, 8 / 8 = 1.0: the switch.
+    for run in (first, resumed):
+        run.observe(results(2, add=(4, 4)))
+        assert len(run._stream.results) == 2 and run.state_dict()["curriculum"]["stage"] == 0
+        run.observe(results(3, add=(4, 4)))
+        assert run.state_dict()["curriculum"]["stage"] == 1 and run.train_batch(4)[0]["kind"] == "mul"
+
+
+def test_a_stage_a_steps_rule_began_starts_with_an_empty_window(tok, tmp_path):  # noqa: F811
+    dm = data(tok, tmp_path, Stage({"add": 1.0}, steps=2), Stage({"mul": 1.0}, pass_rate=0.5), Stage({"mix": 1.0}),
+              window=2)
+    dm.observe(results(0, add=(4, 4)))
+    dm.observe(results(1, add=(4, 4)))
+    dm.observe(results(2, mul=(4, 4)))  # stage 1's first batch: its window holds it alone, not stage 0's batch 1
+    state = dm.state_dict()["curriculum"]
+    assert (state["stage"], state["start"], state["results"]) == (1, 2, [{"mul": [4, 4]}])
+    assert dm.train_batch(3)[0]["kind"] == "mul"  # one batch of a window of 2: no switch on it
+
+
 def test_a_curriculum_cannot_resume_a_stream_without_one_nor_the_reverse(tok, tmp_path):  # noqa: F811
     plain = module(tok, train_files=[str(kinds_file(tmp_path / "kinds.jsonl"))], prompts_per_step=4, seed=3)
     plain.setup("fit")

@@ -3,6 +3,7 @@ ties drawn from the step's seed (the same step, the same rows)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.callbacks.helpers import make_batch
@@ -27,6 +28,18 @@ def test_the_penalty_is_the_error_share_plus_the_format_share():
     # p_err: 0/1, 1/1, 0.5 (no call: rStar2-Agent's value), 0.5; p_format: one answer -> 0. Failed rows 4, 5: no
     # valid answer -> p_format 1, plus 0.5 without a call. Group 1: two answers over two turns -> (2 - 1) / 2.
     assert roc_penalty(group_batch(), M).tolist() == [0.0, 1.0, 0.5, 0.5, 1.5, 1.5, 0.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("fmt, output", [
+    ("hermes", "\n<tool_response>\n2\n</tool_response>\n"),
+    ("chat", "<|im_end|>\n<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n")])
+def test_the_turns_are_counted_at_the_runs_call_format(fmt, output):
+    # Two answers over two turns (a call, its response, then the answers): p_format (2 - 1) / 2 = 0.5; p_err 0 / 1.
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+    batch = make_batch([1.0], [0], num_calls=[1], texts=[call + output + "\\boxed{1} or \\boxed{2}"])
+    markers = Markers.of(ToolConfig(format=fmt, tools=[{"class_path": "calculator"}]))
+    assert roc_penalty(batch, markers).tolist() == [0.5]
+    assert roc_penalty(batch, M).tolist() == [1.0]  # with the fences' markers: one turn, (2 - 1) / 1
 
 
 def dropped(batch, keep=None, fraction=0.5, seed=0):

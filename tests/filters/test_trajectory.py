@@ -90,3 +90,24 @@ def test_void_turn_removes_a_turn_that_ended_without_code_or_answer():
 ])
 def test_void_turn_edge_cases(text, truncated, void):
     assert has_void_turn(text, truncated, CTX.markers) is void
+
+
+# The same responses in the JSON call formats: hermes injects its <tool_response> block inside the assistant's turn;
+# chat (a Qwen-style chat template) ends the turn, puts the observation in a tool turn and opens a new one.
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+HERMES_RAN = CALL + "\n<tool_response>\n2\n</tool_response>\n"
+CHAT_RAN = (CALL + "<|im_end|>\n<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("fmt, ran", [("hermes", HERMES_RAN), ("chat", CHAT_RAN)])
+def test_the_rules_read_the_markers_of_the_runs_call_format(fmt, ran):
+    ctx = FilterContext.of(ToolConfig(format=fmt, tools=[{"class_path": "calculator"}]), max_response_tokens=16)
+    # Row 0: correct, a second call written after the budget (no response after it) -> shortcut. Row 1: every call
+    # answered -> kept. Row 2: a turn after the response with neither a call nor an answer -> void turn.
+    texts = [ran + "check: " + CALL + "\\boxed{2}", ran + "so \\boxed{2}", ran + "I am not sure."]
+    batch = make_batch([1.0, 1.0, 0.0], [0, 0, 0], num_calls=[1, 1, 1], texts=texts)
+    assert RULES["shortcut"](batch, CFG, ctx).tolist() == [True, False, False]
+    assert RULES["void_turn"](batch, CFG, ctx).tolist() == [False, False, True]
+    # Read with the fences' markers, these responses hold no block at all: nothing would be matched.
+    assert RULES["shortcut"](batch, CFG, CTX).tolist() == [False, False, False]

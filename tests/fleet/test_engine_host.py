@@ -8,7 +8,9 @@ settings and calls out of order are refused in this process, naming the setting 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from zerotir.fleet.weight_push import WeightSender
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engines import _hf_engine, create_engine
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.scale.weight_sync import sync_weights
 from zerotir.types import Trajectories
@@ -31,6 +34,29 @@ NO_TOOL = ToolConfig(max_tool_calls=0)  # no sandbox: nothing to start or reach
 GROUP_TIMEOUT_S = 240.0  # hang guards: the spawned host imports torch and builds its engine first
 SPAWN_TIMEOUT_S = 300.0
 VERSION = 7
+
+
+@dataclass(frozen=True)
+class SeedRecordingRollout(HFRollout):
+    """The transformers engine, recording the prompt and the seed of every request it gets."""
+
+
+class SeedRecordingEngine:
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self.seeds: dict[tuple[int, ...], set[int]] = {}  # prompt ids -> the seeds of its requests
+
+    def submit(self, key: Any, ids: list[int], params: SamplingParams) -> None:
+        self.seeds.setdefault(tuple(ids), set()).add(params.seed)
+        self._engine.submit(key, ids, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+@create_engine.register
+def _seed_recording_engine(backend: SeedRecordingRollout, *args: Any, **kwargs: Any) -> SeedRecordingEngine:
+    return SeedRecordingEngine(_hf_engine(backend, *args, **kwargs))
 
 
 def host_settings(folder: Path | str) -> HostSettings:
@@ -158,3 +184,20 @@ def test_a_host_never_collects_jobs_another_host_queued(tiny_dir: Path) -> None:
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_streaming_host_samples_each_prompt_of_a_call_with_its_rows_seed(tiny_dir: Path) -> None:
+    """Three prompts in one call, n = 2, seed 100: prompt i is a job of its own, and its trajectories sample with
+    the seeds its rows have in the batch, 100 + 2i and 100 + 2i + 1; no two prompts share one."""
+    host = EngineHost(HostSettings(str(tiny_dir), SeedRecordingRollout(), NO_TOOL, threads=1, max_in_flight=8,
+                                   own_process=False))
+    tok = load_tokenizer(tiny_dir)
+    prompts = [tok.encode(p) for p in ("Hello", "2+3=", "x")]
+    try:
+        traj, _ = host.roll_out(prompts, None, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=100))
+    finally:
+        seeds = host.engine.seeds
+        host.close()
+    assert traj.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    assert [seeds[tuple(p)] for p in prompts] == [{100, 101}, {102, 103}, {104, 105}]

@@ -13,6 +13,7 @@ from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import Sample, SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
+from zerotir.toy.tokenizer import build_byte_tokenizer
 
 PROMPTS = ["Hello", "2+3=", "The sum of 12 and 30 is", "x"]
 TIMEOUT_S = 120.0
@@ -73,6 +74,49 @@ def test_the_samples_of_a_shared_engine_go_to_the_share_that_submitted_them():
     assert [k for k, _ in a.step()] == [0]  # b's request 1 is still running
     assert [k for k, _ in a.step()] == [] and b.num_running == 1  # a's step finished b's: it waits in b
     assert [k for k, _ in b.step()] == [1] and b.num_running == 0
+
+
+class _CountingEngine:
+    """Ends every request after ``steps`` engine steps, and records the most requests it ever held at once."""
+
+    context_length = 1 << 20
+
+    def __init__(self, eos: int, steps: int = 3):
+        self.eos, self.steps = eos, steps
+        self.running: dict = {}
+        self.peak = self.submitted = 0
+
+    def submit(self, key, ids, params):
+        self.running[key] = self.steps
+        self.submitted += 1
+        self.peak = max(self.peak, len(self.running))
+
+    def step(self):
+        done = []
+        for key in list(self.running):
+            self.running[key] -= 1
+            if self.running[key] == 0:
+                del self.running[key]
+                done.append((key, Sample([self.eos], [0.0], "eos")))
+        return done
+
+    def release(self, key):
+        self.running.pop(key, None)
+
+
+def test_the_room_is_counted_in_trajectories_prompts_times_n():
+    tokenizer = build_byte_tokenizer()
+    engine = _CountingEngine(tokenizer.eos_token_id)
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), None, max_in_flight=4)
+    two, one = [[65], [66]], [[67]]
+    jobs = [Job(k, two, ["", ""], greedy(n=2)) for k in range(3)] + [Job(k, one, [""], greedy(n=2)) for k in (3, 4)]
+    try:
+        stream.submit(jobs)  # one call: the stream sees every job at once and admits what fits
+        got = stream.take([job.key for job in jobs], TIMEOUT_S)
+    finally:
+        stream.close()
+    assert [len(traj) for traj in got] == [4, 4, 4, 2, 2] and engine.submitted == 16
+    assert engine.peak == 4  # a job of 2 prompts x 2 samples fills the room alone; two of 1 x 2 share it
 
 
 def test_streamed_groups_equal_their_rollouts_alone(world):

@@ -42,6 +42,13 @@ def test_the_weighted_sum_prices_each_call_by_its_tool_and_keeps_the_correctness
     assert [s.correct for s in asyncio.run(cost_only.score(samples))] == [True, False, True, False]
 
 
+def test_a_tool_priced_zero_costs_nothing_whatever_the_default():
+    free = ToolCallCost(cost=0.5, per_tool={"calculator": 0.0})
+    samples = [Sample("q", "4", "x", tool_calls=calls("calculator", "calculator")),  # 0 + 0
+               Sample("q", "4", "x", tool_calls=calls("calculator", "search"))]      # 0 + 0.5 (the default)
+    assert [s.score for s in asyncio.run(free.score(samples))] == [0.0, -0.5]
+
+
 def test_bad_terms_are_errors_naming_the_setting():
     with pytest.raises(ValueError, match=r"terms\[1\].class_path='nowhere.Reward' does not import"):
         WeightedReward(terms=[MATH, {"class_path": "nowhere.Reward"}])

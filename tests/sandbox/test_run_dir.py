@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sandbox import ExecStatus, SandboxClient, local_sandbox
-from tests.sandbox.conftest import BYPASS, TEST_IMPORTS
+from tests.sandbox.conftest import BYPASS, TEST_IMPORTS, _process_table
 
 #: Where the first snippet tries to leave files: its cwd (relative names), HOME, TMPDIR, and the shared temp folders.
 PLACES = ("CWD", "HOME", "TMPDIR", "/tmp", "/var/tmp", "/dev/shm")
@@ -128,3 +128,31 @@ def test_unseeded_random_draws_differ_between_snippets_on_one_worker(one_worker:
     draw = "import random, numpy\nprint(random.random(), numpy.random.random(), numpy.random.randint(1 << 30))"
     first, second = (_run(url, draw).split() for _ in range(2))
     assert all(a != b for a, b in zip(first, second)), (first, second)
+
+
+def _worker_mounts(server_pid: int) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of each mount of the server's one worker, in its own mount namespace, but its
+    ``proc`` mounts: those of finished children pile up on /proc by design and are detached in batches
+    (``sandbox.rootfs.PROC_BATCH``)."""
+    children = [pid for pid, (ppid, _) in _process_table().items() if ppid == server_pid]
+    assert len(children) == 1, f"the server {server_pid} should have one worker, it has {children}"
+    with open(f"/proc/{children[0]}/mountinfo") as f:
+        mounts = [(line.split()[4], line.split(" - ")[1].split()[0]) for line in f]
+    return [(point, kind) for point, kind in mounts if kind != "proc"]
+
+
+def test_a_finished_snippets_tmpfs_is_gone_from_its_worker(one_worker: tuple[str, dict]) -> None:
+    """Each snippet gets a tmpfs on the run dir; the worker detaches it when the snippet ends (before it answers), so
+    the worker's mounts do not grow with the snippets it ran (a leak would keep every snippet's files in memory)."""
+    url, protections = one_worker
+    if protections.get("fresh_run_dir_tmpfs") != "on":
+        pytest.skip(f"no tmpfs per snippet on this machine (needs root and a mount namespace): "
+                    f"fresh_run_dir_tmpfs {protections.get('fresh_run_dir_tmpfs')}")
+    server_pid = httpx.get(url + "/health", timeout=10, trust_env=False).json()["server_pid"]
+    run_dir = _run(url, "import os\nprint(os.getcwd())").strip()
+    before = _worker_mounts(server_pid)
+    for _ in range(4):
+        assert _run(url, "open('kept.txt', 'w').write('x')\nprint('ok')") == "ok\n"
+    after = _worker_mounts(server_pid)
+    assert after == before, (run_dir, before, after)
+    assert not [point for point, _ in after if point == run_dir or point.startswith(run_dir + "/")]

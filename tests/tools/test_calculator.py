@@ -51,3 +51,16 @@ def test_the_length_cap_and_the_observation():
     assert bad.status == "error" and bad.text.startswith("Error: ZeroDivisionError")
     with pytest.raises(ValueError, match="calculator init_args.max_exponent=0"):
         CalculatorTool(max_exponent=0)
+
+
+def test_the_digit_cap_counts_decimal_digits():
+    calc = CalculatorTool()  # the defaults: max_exponent 1000, max_digits 4000
+    answer = asyncio.run(calc.call({"expression": "factorial(800)"}))  # 1977 digits: well under the cap
+    assert answer.status == "ok" and len(answer.text) == 1977
+    assert len(str(calc.evaluate("10 ** 1000 * 10 ** 1000 * 10 ** 1000 * 10 ** 999 * 9"))) == 4000  # at the cap
+    refused = asyncio.run(calc.call({"expression": "10 ** 1000 * 10 ** 1000 * 10 ** 1000 * 10 ** 1000"}))
+    assert refused.status == "error" and "more than 4000 digits" in refused.text  # 4001 digits: past it
+    with pytest.raises(CalculatorError, match="more than 3 digits"):
+        CalculatorTool(max_digits=3).evaluate("999 + 1")
+    with pytest.raises(ValueError, match="init_args.max_digits=5000: above Python's limit of 4300"):
+        CalculatorTool(max_digits=5000)  # its answers could not be written as text

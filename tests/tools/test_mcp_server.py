@@ -64,13 +64,27 @@ def call(box: Toolbox, name: str, **arguments):
 
 def test_the_servers_tools_are_listed_with_their_schemas_and_called():
     box = Toolbox.build(config("listed"))
-    assert box.names == ["calculator", "add", "wait", "die"]
+    assert box.names == ["calculator", "add", "wait", "die", "refuse"]
     add = box.tools["add"]
     assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
     assert Toolbox.build(config("listed")).tools["add"].server is add.server  # started once per process
     assert (call(box, "add", a=2, b=3).text, call(box, "add", a=2, b=3).status) == ("5", "ok")
     off = call(box, "add", a="two", b=3)  # the server's schema says integer: refused before the server sees it
     assert off.status == "invalid" and "'two' is not of type 'integer'" in off.text
+
+
+def test_a_call_the_server_answers_as_an_error_is_an_error_observation_counted_in_errors():
+    turns = ['<tool_call>{"name": "refuse", "arguments": {"reason": "no"}}</tool_call>',
+             '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "\\boxed{5}"]
+    traj, _ = rollout_sync(ScriptedEngine(TOK, {PROMPT: [turns]}), TOK, ScriptedSandbox(),
+                           [TOK.encode(PROMPT, add_special_tokens=False)],
+                           SamplingParams(temperature=0.0, max_new_tokens=2048), config("refusing"))
+    refused = traj.tool_calls[0][0]
+    assert (refused.tool, refused.status) == ("refuse", "error") and "refuse" in refused.output
+    assert traj.num_exec_errors.tolist() == [1] and traj.num_tool_errors.tolist() == [0]  # the call's, not the tool's
+    metrics = tool_metrics(traj.tool_calls)
+    assert (metrics["tools/refuse/errors"], metrics["tools/refuse/failures"]) == (1.0, 0.0)
+    assert (metrics["tools/add/errors"], metrics["tools/add/calls"]) == (0.0, 1.0)
 
 
 def test_a_call_past_its_timeout_is_a_timeout_observation():
@@ -84,7 +98,7 @@ def test_over_http_the_tools_are_listed_called_and_timed_out(http_server):
     tool = yaml.safe_load(block("mcp-http"))["model"]["tool"]
     tool["tools"][1]["init_args"].update(url=http_server, timeout=2.0)
     box = Toolbox.build(ToolConfig(**tool))
-    assert box.names == ["calculator", "add", "wait", "die"]
+    assert box.names == ["calculator", "add", "wait", "die", "refuse"]
     assert box.tools["add"].parameters["required"] == ["a", "b"]
     assert (call(box, "add", a=2, b=3).text, call(box, "add", a=40, b=2).text) == ("5", "42")
     late = call(box, "wait", seconds=30)

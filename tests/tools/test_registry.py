@@ -31,6 +31,15 @@ class Long(Tool):
         return Observation("x" * 500)
 
 
+class LongError(Tool):
+    """A tool whose answer is a long error with metrics: capping must keep both."""
+
+    name = "long_error"
+
+    async def call(self, arguments):
+        return Observation("Error: " + "y" * 500, "error", {"passages": 3.0})
+
+
 def call(box: Toolbox, name: str, arguments: dict):
     return asyncio.run(box.call(name, arguments))
 
@@ -67,6 +76,12 @@ def test_a_tool_that_raises_is_a_tool_error_and_long_text_is_capped():
     assert failed.status == "tool_error" and "RuntimeError: kaput" in failed.text
     capped = call(box, "long", {}).observation.text
     assert len(capped) <= 100 and "500 characters in all" in capped
+
+
+def test_a_capped_observation_keeps_its_status_and_metrics():
+    capped = call(Toolbox([LongError()], max_chars=100), "long_error", {}).observation
+    assert len(capped.text) <= 100 and "507 characters in all" in capped.text  # it was cut
+    assert capped.status == "error" and capped.metrics == {"passages": 3.0}  # a long error stays an error
 
 
 @pytest.mark.parametrize("entry, says", [

@@ -1,4 +1,5 @@
-"""A tiny MCP server for tests/tools/test_mcp_server.py: add, wait (sleeps) and die (exits).
+"""A tiny MCP server for tests/tools/test_mcp_server.py: add, wait (sleeps), die (exits) and refuse (raises: the
+server answers with ``isError``).
 
 ``python tiny_mcp_server.py <name>`` serves over stdio (``<name>`` is ignored: it gives a test a server of its own);
 ``python tiny_mcp_server.py http`` serves over streamable HTTP on a free loopback port, bound here before serving
@@ -35,6 +36,12 @@ def wait(seconds: float) -> str:
 def die() -> str:
     """Exit the server process at once."""
     os._exit(1)
+
+
+@app.tool()
+def refuse(reason: str) -> str:
+    """Raise: the SDK's server answers the call as an error (``isError``)."""
+    raise ValueError(f"refused: {reason}")
 
 
 def serve_http() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import sys
 from typing import Any
 
 from zerotir.tools.base import STATUS_ERROR, Observation, Tool
@@ -34,7 +35,8 @@ class CalculatorTool(Tool):
 
     Args:
         max_exponent: the largest exponent of ``**`` in absolute value (and the largest argument of factorial).
-        max_digits: the largest integer, in decimal digits, of any intermediate result.
+        max_digits: the largest integer, in decimal digits, of any intermediate result; at most Python's limit on
+            writing an integer as text (``sys.get_int_max_str_digits``, 4300 by default), or no answer could be read.
         max_chars: the longest expression accepted.
     """
 
@@ -49,7 +51,12 @@ class CalculatorTool(Tool):
         for key, value in (("max_exponent", max_exponent), ("max_digits", max_digits), ("max_chars", max_chars)):
             if value < 1:
                 raise ValueError(f"calculator init_args.{key}={value}: must be >= 1")
+        limit = sys.get_int_max_str_digits()
+        if limit and max_digits > limit:
+            raise ValueError(f"calculator init_args.max_digits={max_digits}: above Python's limit of {limit} digits "
+                             "on turning an integer into text (sys.set_int_max_str_digits); set it <= that")
         self.max_exponent, self.max_digits, self.max_chars = max_exponent, max_digits, max_chars
+        self._bound = 10 ** max_digits  # the least integer with more than max_digits decimal digits
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
         try:
@@ -96,7 +103,7 @@ class CalculatorTool(Tool):
     def _bounded(self, value: Any) -> int | float:
         if isinstance(value, complex):
             raise CalculatorError("the result is a complex number")
-        if isinstance(value, int) and value.bit_length() > self.max_digits * 3.33:
+        if isinstance(value, int) and abs(value) >= self._bound:  # decimal digits, counted exactly
             raise CalculatorError(f"an intermediate result has more than {self.max_digits} digits")
         return value
 
