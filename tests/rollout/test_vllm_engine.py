@@ -384,3 +384,25 @@ def test_the_engine_refuses_the_old_toy_shape_before_loading(tmp_path):
     build_tiny_model(tok, save_dir=tmp_path, hidden_size=128, num_layers=1, num_heads=8)  # heads of 16
     with pytest.raises(ValueError, match="heads of size 16"):
         VLLMEngine(tmp_path, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25)
+
+
+@pytest.mark.vllm
+def test_building_the_engine_gives_the_caller_back_its_cuda_device_and_stream(monkeypatch):
+    """vLLM's GPU worker makes its device and its own stream current in the calling thread (a trainer's): both are
+    the caller's again once the engine is built. CUDA is faked here (torch.cuda's device and stream calls)."""
+    import vllm
+
+    current = {"device": 0, "stream": "the caller's stream"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["device"])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.update(device=device))
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.update(stream=stream))
+
+    def llm_taking_the_thread(**kwargs):
+        current.update(device=1, stream="vLLM's stream")
+        return "llm"
+
+    monkeypatch.setattr(vllm, "LLM", llm_taking_the_thread)
+    assert _create_llm({"model": "m"}) == "llm"
+    assert current == {"device": 0, "stream": "the caller's stream"}

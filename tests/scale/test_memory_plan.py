@@ -286,3 +286,18 @@ def test_lora_rows_count_the_adapters_peft_makes_and_the_frozen_base_once(tiny_d
     assert four["critic: frozen base (bf16)"].update == 2 * seven.critic_params / 4
     with pytest.raises(ValueError, match="zero=0 .* LoRA runs only"):
         PlanSettings(zero=0)
+
+
+def test_a_lora_engine_sleeps_at_level_one_with_its_base_in_cpu_memory_and_level_two_is_refused():
+    # A LoRA push carries the adapter only, so vLLM must keep the base through sleep: level 1, one bf16 copy of the
+    # weights (2P) per engine in CPU memory; full fine-tuning drops them (level 2, nothing on the CPU).
+    seven = KNOWN["qwen2.5-7b"]
+    s = PlanSettings(gpus=2, zero=0, lora_rank=64, seq_len=4)
+    rows = {r.component: r for r in plan_rows(seven, s)}
+    assert s.sleep_level == 1 and "vLLM: asleep (level 1)" in rows
+    assert rows["vLLM: weights (bf16)"].cpu_per_node == 2 * 2 * seven.num_params  # 2 engines of TP 1
+    assert rows["vLLM: weights (bf16)"].note == "TP 1; on CPU while asleep"
+    full = {r.component: r for r in plan_rows(seven, PlanSettings(gpus=2, zero=3, seq_len=4))}
+    assert "vLLM: asleep (level 2)" in full and full["vLLM: weights (bf16)"].cpu_per_node == 0
+    with pytest.raises(ValueError, match="vllm_sleep_level=2 with lora_rank=64: .* Set vllm_sleep_level 1, or leave"):
+        replace(s, vllm_sleep_level=2)

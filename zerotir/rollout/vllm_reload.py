@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from zerotir.rollout.vllm_lora import registered_adapter, restore_adapter
+
 # vLLM's reload logs these for every layer *outside* the tensors of one call; partial calls are our normal case.
 _RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
                    "vllm.model_executor.model_loader.reload.inplace")
@@ -24,7 +26,9 @@ _RELOAD_NOISE = ("%s: Failed to load weights", "Following weights were not loade
 def reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Run inside the worker: vLLM's in-place ``reload_weights``; if loading fails half way (a bad name or shape),
     finish the reload before re-raising, so that the layers are not left on the meta device (which would break
-    every later ``generate``) and a following full ``update_weights`` repairs the engine."""
+    every later ``generate``) and a following full ``update_weights`` repairs the engine. A LoRA engine's adapter,
+    which vLLM's reload unregisters, is registered again either way (``vllm_lora.restore_adapter``)."""
+    adapter = registered_adapter(worker)
     try:
         worker.reload_weights(weights_iterator=weights)
     except BaseException:
@@ -35,6 +39,8 @@ def reload_in_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -
         with set_current_vllm_config(worker.vllm_config):
             finalize_layerwise_reload(runner.get_model(), runner.model_config)
         raise
+    finally:
+        restore_adapter(worker, adapter)
 
 
 def packed_modules(llm: Any) -> dict[str, list[str]]:

@@ -3,8 +3,9 @@ The command line is ``python -m zerotir.scale.memory_plan_cli`` (flags, or the s
 
 Two phases share each GPU. *Rollout*: vLLM is awake and holds its whole budget (``gpu_memory_utilization`` x GPU
 memory: weights, activations and CUDA graphs, and the KV cache in what is left), while the training states stay where
-DeepSpeed keeps them. *Update*: vLLM sleeps (KV cache dropped; weights copied to CPU at level 1, dropped at level 2)
-and the training states plus activations use the GPU. A plan fits when both phase totals stay below the GPU memory.
+DeepSpeed keeps them. *Update*: vLLM sleeps (KV cache dropped; weights copied to CPU at level 1, the LoRA engine's
+level, dropped at level 2) and the training states plus activations use the GPU. A plan fits when both phase totals
+stay below the GPU memory.
 
 Accounting (P = parameters of a trained model, N = data-parallel GPUs = gpus x nodes, bf16 mixed precision with Adam,
 as DeepSpeed does it; numbers are per GPU):
@@ -46,6 +47,13 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
+def sleep_level(lora_rank: int | None) -> Literal[1, 2]:
+    """vLLM's sleep level of an engine in sleep mode (``VLLMEngine.rest``): 1 (weights copied to CPU memory and
+    restored on wake) when it serves a LoRA adapter, whose pushes never resend the base; 2 (weights freed) for full
+    weights, which every push rewrites."""
+    return 1 if lora_rank is not None else 2
+
+
 @dataclass(frozen=True)
 class PlanSettings:
     """How a run is laid out over its GPUs (see the module docstring for what each number feeds).
@@ -76,8 +84,9 @@ class PlanSettings:
         overhead_gib: CUDA context, NCCL buffers, allocator slack per GPU.
         vllm_overhead_gib: vLLM activation peak and CUDA graphs per GPU.
         vllm_sleep_gib: what a sleeping vLLM engine still holds per GPU.
-        vllm_sleep_level: 1 (weights copied to CPU memory) or 2 (weights dropped; right for RL, where the weight sync
-            overwrites them after every update anyway).
+        vllm_sleep_level: 1 (weights copied to CPU memory and restored on wake) or 2 (weights dropped: full
+            fine-tuning, where the weight sync overwrites them after every update anyway); None: the engine's own
+            choice, ``sleep_level``. Level 2 under LoRA is refused: the push carries the adapter only.
         sync_bucket_mb: one gathered bucket of the weight sync.
     """
 
@@ -103,7 +112,7 @@ class PlanSettings:
     overhead_gib: float = 2.0
     vllm_overhead_gib: float = 2.0
     vllm_sleep_gib: float = 1.0
-    vllm_sleep_level: Literal[1, 2] = 2
+    vllm_sleep_level: Literal[1, 2] | None = None
     sync_bucket_mb: float = 256.0
 
     def __post_init__(self) -> None:
@@ -122,12 +131,22 @@ class PlanSettings:
                              "needs DeepSpeed's fp32 master weights for bf16 (zero=2 or 3)")
         if self.lora_rank is not None and self.lora_rank < 1:
             raise ValueError(f"lora_rank={self.lora_rank}: must be >= 1 (or None: full fine-tuning)")
+        if self.lora_rank is not None and self.vllm_sleep_level == 2:
+            raise ValueError(f"vllm_sleep_level=2 with lora_rank={self.lora_rank}: level 2 frees vLLM's weights and a "
+                             "LoRA push sends the adapter only, so the engine would decode with the adapter on freed "
+                             "memory; the engine sleeps at level 1 under LoRA (base copied to CPU memory). Set "
+                             "vllm_sleep_level 1, or leave it unset")
         if self.offload_params and self.zero != 3:
             raise ValueError("offload_params=True needs zero=3 (ZeRO-2 keeps full parameters on every GPU)")
         if not 0 < self.gpu_memory_utilization < 1:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1)")
         if self.gpus % self.vllm_tp:
             raise ValueError(f"vllm_tp={self.vllm_tp} must divide gpus={self.gpus} (an engine stays inside a node)")
+
+    @property
+    def sleep_level(self) -> Literal[1, 2]:
+        """The level vLLM sleeps at during the update: ``vllm_sleep_level``, or the engine's (``sleep_level``)."""
+        return self.vllm_sleep_level or sleep_level(self.lora_rank)
 
     @property
     def world_size(self) -> int:
@@ -228,14 +247,15 @@ def vllm_rows(arch: Architecture, s: PlanSettings) -> list[Row]:
     work = s.vllm_overhead_gib * GIB
     kv = budget - weights - work
     engines_per_node = s.gpus // s.vllm_tp
-    # Level 1 keeps a CPU copy of the weights; level 2 drops them (the weight sync refills them after each update).
-    cpu = 2 * arch.num_params * engines_per_node if s.vllm_sleep_level == 1 else 0.0
+    # Level 1 keeps a CPU copy of the weights (LoRA: the push sends the adapter only); level 2 drops them (the full
+    # weight sync rewrites them after each update).
+    cpu = 2 * arch.num_params * engines_per_node if s.sleep_level == 1 else 0.0
     return [
         Row("vLLM: weights (bf16)", weights, 0.0, cpu,
             f"TP {s.vllm_tp}; " + ("on CPU while asleep" if cpu else "dropped while asleep, re-synced")),
         Row("vLLM: activations + CUDA graphs", work, 0.0, 0.0, "assumed"),
         Row("vLLM: KV cache", kv, 0.0, 0.0, "rest of the vLLM budget" if kv > 0 else "NEGATIVE: budget too small"),
-        Row(f"vLLM: asleep (level {s.vllm_sleep_level})", 0.0, s.vllm_sleep_gib * GIB, 0.0, "assumed"),
+        Row(f"vLLM: asleep (level {s.sleep_level})", 0.0, s.vllm_sleep_gib * GIB, 0.0, "assumed"),
     ]
 
 
