@@ -52,7 +52,8 @@ def http_server(tmp_path):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
-    server = uvicorn.Server(uvicorn.Config(build(str(calls)).streamable_http_app(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(build(str(calls)).streamable_http_app(), log_level="warning",
+                                           timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
