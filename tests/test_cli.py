@@ -19,6 +19,7 @@ from callbacks.progress import RLStepProgressBar, rl_step_description
 from zerotir import models
 from zerotir.cli import ZeroTIRCLI
 from zerotir.config import HFRollout
+from zerotir.tools.mcp_server import RUN_DIR_ENV
 from zerotir.toy.pretrain import PretrainSettings
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -57,6 +58,7 @@ def test_tokenizer_is_linked_not_set_twice(capsys, monkeypatch):
 
 def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
+    monkeypatch.setenv(RUN_DIR_ENV, "elsewhere")  # restored after the test
     cli = ZeroTIRCLI(args=["--config", CONFIG, "--model.base.path", str(tiny_dir),
                            "--toy_base", "null", "--trainer.default_root_dir", str(tmp_path)],
                      run=False)
@@ -65,6 +67,7 @@ def test_instantiation_links_and_defaults(tiny_dir, tmp_path, monkeypatch):
     assert cli.trainer.checkpoint_callback.dirpath == str(tmp_path / "checkpoints")
     assert cli.trainer.checkpoint_callback.save_last is True
     assert Path(cli.trainer.logger.log_dir) == tmp_path / "tensorboard"  # fixed folder: a resume appends to it
+    assert os.environ[RUN_DIR_ENV] == str(tmp_path)  # where an MCP server's stderr goes (tools/mcp_server.py)
     assert cli.model.rl.algorithm == "ppo" and cli.trainer.max_steps == 20
     assert cli.model.hparams.rl["algorithm"] == "ppo"  # plain data in checkpoints
     assert isinstance(cli.trainer.progress_bar_callback, RLStepProgressBar)

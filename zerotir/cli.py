@@ -61,6 +61,7 @@ from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import new_run_dir
 from zerotir.module import ZeroTIRModule
+from zerotir.tools.mcp_server import RUN_DIR_ENV
 from zerotir.toy.base_path import check_toy_base_path
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
@@ -145,6 +146,7 @@ class ZeroTIRCLI(LightningCLI):
             root = new_run_dir(root / self.subcommand)
             config.trainer.default_root_dir = str(root)
             log.info("%s: this run's reports and logs go to %s", self.subcommand, root)
+        os.environ[RUN_DIR_ENV] = str(root)  # where tools started in this process or its hosts put their logs
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",

@@ -1,6 +1,7 @@
 """The judge reward against a local OpenAI-compatible server (FastAPI on a loopback port, real HTTP), its verdicts
-scripted by the response it is shown: scores, the cache, a timeout then a retry, server errors, parse failures, the
-fallback mode, and the check at start."""
+scripted by the response it is shown: scores, the bounded cache, a timeout then a retry, a 429 and its Retry-After,
+server errors, a request too long for the judge, parse failures and their one line per step, the fallback mode, and
+the check at start (the model served, a chat template, the key), each failure naming its setting."""
 
 from __future__ import annotations
 
@@ -18,28 +19,50 @@ from zerotir.rewards import JudgeReward, Sample
 # The judge's reply per response (the word after "Student's response:" in its prompt). "hang-once" never answers
 # its first call (the client times out) and answers CORRECT after; "fail-once" is a 503, then CORRECT; "gated..."
 # calls wait until two are in flight, then answer CORRECT a moment later (the server keeps the peak in flight).
+# "rate-once" is a 429 asking to wait 7 s, then CORRECT; "down" is always a 503; "long" is vLLM's 400 for a prompt
+# past the judge's context. A word with digits after it answers as the word ("chatty3": "chatty").
 REPLIES = {"right": "CORRECT", "wrong": "Incorrect.", "chatty": "Hmm, hard to say.",
            "reasoned": "It is not INCORRECT at first sight... on reflection: CORRECT", "hang-once": "CORRECT",
-           "fail-once": "CORRECT", "hang": "CORRECT"}
+           "fail-once": "CORRECT", "hang": "CORRECT", "rate-once": "CORRECT"}
+# vLLM's own messages (vllm/renderers): a base model served without --chat-template, a prompt past max_model_len.
+NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
+               "template if the tokenizer does not define one.")
+TOO_LONG = ("This model's maximum context length is 2048 tokens. However, your prompt contains 3100 input tokens, "
+            "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.")
+
+
+def vllm_error(message: str, status: int) -> JSONResponse:
+    """An error as vLLM's OpenAI server writes it."""
+    return JSONResponse({"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}},
+                        status_code=status)
 
 
 class Judge:
     """The scripted server: its URL and every response it was asked about, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str | None = None, chat_template: bool = True) -> None:
         self.asked: list[str] = []
         self.release = asyncio.Event()
         self.in_flight = self.peak = 0
         self.two_in_flight = asyncio.Event()
         app = FastAPI()
 
+        def refused(request: Request) -> JSONResponse | None:
+            if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+                return vllm_error("Unauthorized", 401)
+            return None
+
         @app.get("/v1/models")
-        async def models() -> dict:
-            return {"object": "list", "data": [{"id": "judge", "object": "model"}]}
+        async def models(request: Request):
+            return refused(request) or {"object": "list", "data": [{"id": "judge", "object": "model"}]}
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             body = await request.json()
+            if refused(request) or not chat_template:
+                return refused(request) or vllm_error(NO_TEMPLATE, 400)
+            if "Student's response:" not in body["messages"][0]["content"]:  # the check at start
+                return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "CORRECT"}}]}
             word = body["messages"][0]["content"].split("Student's response:\n")[1].split("\n")[0]
             first = word not in self.asked
             self.asked.append(word)
@@ -47,11 +70,16 @@ class Judge:
                 await asyncio.sleep(3600)  # never answers: the client's timeout ends the call
             if word.startswith("gated"):
                 return await self.gated()
-            if word == "fail-once" and first:
+            if (word == "fail-once" and first) or word == "down":
                 return JSONResponse({"error": "overloaded"}, status_code=503)
+            if word == "rate-once" and first:
+                return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "7"})
+            if word == "long":
+                return vllm_error(TOO_LONG, 400)
             if body["model"] != "judge":
-                return JSONResponse({"error": f"no model {body['model']}"}, status_code=404)
-            return {"choices": [{"index": 0, "message": {"role": "assistant", "content": REPLIES[word]}}]}
+                return vllm_error(f"The model `{body['model']}` does not exist.", 404)
+            reply = REPLIES[word.rstrip("0123456789")]
+            return {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]}
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -127,10 +155,11 @@ def test_the_cache_answers_a_repeated_question_and_response_without_a_call(judge
 
 
 def test_a_timed_out_or_failed_call_is_retried_then_scores_zero_when_every_try_fails(judge):
-    reward = JudgeReward(base_url=judge.url, timeout_s=2.0, retries=1)
+    reward = JudgeReward(base_url=judge.url, timeout_s=2.0, retries=1, backoff_s=0.01)
     assert scores(reward, [sample("hang-once"), sample("fail-once")]) == [(1.0, True), (1.0, True)]
-    assert reward.stats() == {"judge_calls": 4.0, "judge_cache_hits": 0.0, "judge_parse_failures": 0.0,
-                              "judge_errors": 0.0}
+    assert reward.stats() == {"judge_asked": 2.0, "judge_calls": 4.0, "judge_cache_hits": 0.0,
+                              "judge_parse_failures": 0.0, "judge_overlong": 0.0, "judge_errors": 0.0,
+                              "judge_failures": 0.0}
     no_retry = JudgeReward(base_url=judge.url, timeout_s=0.5, retries=0)
     assert scores(no_retry, [sample("hang")]) == [(0.0, False)]
     assert no_retry.stats()["judge_errors"] == 1

@@ -113,7 +113,7 @@ def test_exactly_one_of_command_and_url_is_set(entry):
 
 
 def test_a_url_with_the_settings_of_a_stdio_server_is_an_error():
-    with pytest.raises(ValueError, match="args and env start a stdio server .* drop them"):
+    with pytest.raises(ValueError, match="args, env and log_file belong to a stdio server .* drop them"):
         Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "mcp", "init_args": {
             "url": "http://127.0.0.1:9/mcp", "args": ["server.py"]}}]))
 

@@ -8,24 +8,35 @@ counts as correct, INCORRECT 0; a reply with neither is a parse failure: 0, not 
 
 ``mode: fallback`` asks the judge only where math-verify cannot read the final answer (no boxed answer, or one it
 does not parse): math-verify's verdict stands wherever it can give one, the judge covers the rest (text answers,
-unusual notation). Calls run at most ``max_concurrency`` at a time; a call that times out or meets a server error
-is retried ``retries`` times, then scores 0 (``pipeline/judge_errors``). Verdicts are cached by (question, response):
-a repeated response (greedy evaluation, a collapsed group) costs no call. ``start`` asks the endpoint's model list
-once before step 1: an unreachable judge stops the run there, naming the setting.
+unusual notation). Calls run at most ``max_concurrency`` at a time. A call that times out or meets a busy or broken
+server (408, 429, 5xx) is tried again up to ``retries`` times after an exponential backoff with jitter (or the
+server's ``Retry-After``), then scores 0 (``pipeline/judge_errors``); a request too long for the judge's context
+scores 0 (``pipeline/judge_overlong``); a refusal no retry fixes (a key, a model name, a chat template) stops the
+run naming the setting (``zerotir.rewards.judge_http``). The scores given without a verdict are the step's
+``pipeline/judge_failures``, said in one line per step, never one per call.
+
+Verdicts are kept in a bounded LRU cache (``cache_size`` entries, keyed by a hash of question and response): a
+repeated response (greedy evaluation, a collapsed group) costs no call, and a reply without a verdict or a request
+too long is not asked again. ``start`` checks the endpoint before step 1: it answers, serves ``model``, and
+completes one token of a chat; each failure names its cause and setting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
+import random
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from zerotir.rollout.scoring import Reward, Sample, Score
+from zerotir.rewards.judge_http import backoff_wait, check_endpoint, over_long, passing, refusal, retry_after_s
 from zerotir.rewards.math import MathReward
+from zerotir.rollout.scoring import Reward, Sample, Score
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +45,11 @@ DEFAULT_TEMPLATE = (
     "Problem:\n{question}\n\nReference answer:\n{answer}\n\nStudent's response:\n{response}\n\n"
     "Is the student's final answer equivalent to the reference answer? Reply with one word: CORRECT or INCORRECT.")
 _VERDICT = re.compile(r"\b(CORRECT|INCORRECT)\b", re.IGNORECASE)
-_COUNTERS = ("judge_calls", "judge_cache_hits", "judge_parse_failures", "judge_errors")
+_COUNTERS = ("judge_asked", "judge_calls", "judge_cache_hits", "judge_parse_failures", "judge_overlong",
+             "judge_errors")
+_FAILURES = ("judge_parse_failures", "judge_overlong", "judge_errors")  # scored 0 without a verdict
+_OVERLONG, _FAILED = object(), object()  # a call's outcome without a reply: too long for the judge; every try failed
+_sleep = asyncio.sleep  # the backoff's wait (a test records the waits instead of spending them)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,7 +71,13 @@ class JudgeReward(Reward):
     timeout_s: float = 60.0
     """Seconds one call may take."""
     retries: int = 2
-    """Further tries of a call that timed out or met a server error (5xx, connection lost)."""
+    """Further tries of a call that timed out or met a busy or broken server (408, 429, 5xx, connection lost)."""
+    backoff_s: float = 1.0
+    """The wait before the first retry, doubled at each next one, with jitter (half to all of it)."""
+    max_backoff_s: float = 30.0
+    """The longest wait before a retry, a server's ``Retry-After`` included."""
+    cache_size: int = 10000
+    """Verdicts kept (least recently used dropped first; a few dozen bytes each); 0: no cache."""
     max_tokens: int = 16
     """The judge's reply budget (the verdict is one word; more for a judge that reasons first)."""
 
@@ -67,35 +88,38 @@ class JudgeReward(Reward):
                              "problem, the reference and the response")
         if self.mode not in ("always", "fallback"):
             raise ValueError(f"model.reward.init_args.mode={self.mode!r}: choose 'always' or 'fallback'")
-        for name, low in (("max_concurrency", 1), ("retries", 0), ("max_tokens", 1)):
+        for name, low in (("max_concurrency", 1), ("retries", 0), ("max_tokens", 1), ("cache_size", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"model.reward.init_args.{name}={getattr(self, name)}: must be >= {low}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"model.reward.init_args.timeout_s={self.timeout_s}: must be > 0 seconds")
+        for name in ("timeout_s", "backoff_s", "max_backoff_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.reward.init_args.{name}={getattr(self, name)}: must be > 0 seconds")
         if self.api_key_env is not None and self.api_key_env not in os.environ:
             raise ValueError(f"model.reward.init_args.api_key_env={self.api_key_env!r}: that environment variable "
                              "is not set; export it or set api_key_env to null")
-        object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_cache", OrderedDict())
+        object.__setattr__(self, "_rng", random.Random())
         object.__setattr__(self, "_counts", dict.fromkeys(_COUNTERS, 0))
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {os.environ[self.api_key_env]}"} if self.api_key_env else {}
 
     def start(self) -> None:
-        """One ``GET /models`` before step 1: an endpoint that does not answer is an error now."""
-        import httpx
-
-        url = self.base_url.rstrip("/") + "/models"
-        try:
-            httpx.get(url, headers=self._headers(), timeout=self.timeout_s).raise_for_status()
-        except httpx.HTTPError as error:
-            raise RuntimeError(f"the judge at model.reward.init_args.base_url={self.base_url!r} does not answer "
-                               f"({type(error).__name__}: {error}): start the server (e.g. `vllm serve <model> "
-                               "--served-model-name judge`) or point base_url at it") from error
+        """Before step 1: the endpoint answers, serves ``model`` and completes a chat (``judge_http.check_endpoint``);
+        each failure is an error naming its cause and setting."""
+        check_endpoint(self.base_url, self.model, self.api_key_env, self._headers(), self.timeout_s)
 
     def stats(self) -> dict[str, float]:
-        """The judge's counts since the last call (calls made, cache hits, parse failures, failed calls)."""
+        """The judge's counts since the last call (one step): responses asked, calls made (retries included), cache
+        hits, and the scores given without a verdict (``judge_failures``: no verdict word, too long, every try
+        failed), said in one line when there are any."""
         counts = {name: float(value) for name, value in self._counts.items()}
+        counts["judge_failures"] = failures = sum(counts[name] for name in _FAILURES)
+        if failures:
+            log.warning("judge: %d of %d responses asked scored 0 without a verdict (%d replies without "
+                        "CORRECT / INCORRECT, %d too long for the judge, %d failed after %d tries; %d calls)",
+                        failures, counts["judge_asked"], counts["judge_parse_failures"], counts["judge_overlong"],
+                        counts["judge_errors"], self.retries + 1, counts["judge_calls"])
         self._counts.update(dict.fromkeys(_COUNTERS, 0))
         return counts
 
@@ -121,25 +145,34 @@ class JudgeReward(Reward):
 
     async def _verdict(self, client: Any, gate: asyncio.Semaphore, sample: Sample) -> bool:
         """Whether the judge says ``sample`` is correct: from the cache, else one call (retried)."""
-        key = (sample.question, sample.response)
+        key = hashlib.sha256(f"{sample.question}\0{sample.response}".encode()).digest()
         if key in self._cache:
             self._counts["judge_cache_hits"] += 1
+            self._cache.move_to_end(key)
             return self._cache[key]
+        self._counts["judge_asked"] += 1
         prompt = self.template.format(question=sample.question, answer=sample.answer, response=sample.response)
         async with gate:
             reply = await self._call(client, prompt)
-        if reply is None:
+        if reply is _FAILED:  # a passing failure: asked again when the response comes back
             return False
-        found = _VERDICT.findall(reply)
-        if not found:
+        found = _VERDICT.findall(reply) if isinstance(reply, str) else []
+        if reply is not _OVERLONG and not found:
             self._counts["judge_parse_failures"] += 1
-            log.warning("judge: no CORRECT / INCORRECT in its reply %r; scored 0", reply[:200])
-            return False
-        self._cache[key] = verdict = found[-1].upper() == "CORRECT"
+            log.debug("judge: no CORRECT / INCORRECT in its reply %r; scored 0", reply[:200])
+        verdict = bool(found) and found[-1].upper() == "CORRECT"
+        self._remember(key, verdict)  # a reply without a verdict, a request too long: the same again if asked
         return verdict
 
-    async def _call(self, client: Any, prompt: str) -> str | None:
-        """The judge's reply text, or None when every try timed out or met a server error."""
+    def _remember(self, key: bytes, verdict: bool) -> None:
+        if self.cache_size:
+            self._cache[key] = verdict
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    async def _call(self, client: Any, prompt: str) -> Any:
+        """The judge's reply text; ``_OVERLONG`` when the request is too long for it; ``_FAILED`` when every try
+        timed out or met a busy or broken server. Raises ``RuntimeError`` for a refusal no retry fixes."""
         import httpx
 
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
@@ -147,18 +180,23 @@ class JudgeReward(Reward):
         url = self.base_url.rstrip("/") + "/chat/completions"
         for attempt in range(self.retries + 1):
             self._counts["judge_calls"] += 1
+            wait_asked = None
             try:
                 response = await client.post(url, json=body)
             except httpx.TransportError as error:  # timeouts, refused or lost connections
-                log.warning("judge: try %d of %d failed (%s)", attempt + 1, self.retries + 1, type(error).__name__)
-                continue
-            if response.status_code >= 500:
-                log.warning("judge: try %d of %d: status %d", attempt + 1, self.retries + 1, response.status_code)
-                continue
-            if response.status_code >= 400:
-                raise RuntimeError(f"the judge at {url} refused the call ({response.status_code}: "
-                                   f"{response.text[:200]}): check model.reward.init_args.model={self.model!r} "
-                                   "and api_key_env")
-            return str(response.json()["choices"][0]["message"]["content"] or "")
+                log.debug("judge: try %d of %d failed (%s)", attempt + 1, self.retries + 1, type(error).__name__)
+            else:
+                status = response.status_code
+                if status < 400:
+                    return str(response.json()["choices"][0]["message"]["content"] or "")
+                if over_long(status, response.text):
+                    self._counts["judge_overlong"] += 1
+                    return _OVERLONG
+                if not passing(status):
+                    raise RuntimeError(refusal(status, response.text, self.model, self.base_url, self.api_key_env))
+                wait_asked = retry_after_s(response.headers.get("Retry-After"))
+                log.debug("judge: try %d of %d: status %d", attempt + 1, self.retries + 1, status)
+            if attempt < self.retries:
+                await _sleep(backoff_wait(attempt, wait_asked, self.backoff_s, self.max_backoff_s, self._rng))
         self._counts["judge_errors"] += 1
-        return None
+        return _FAILED

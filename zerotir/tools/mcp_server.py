@@ -12,18 +12,37 @@ call with a ``tool_error`` observation (at once once the session has ended, with
 stuck server never hangs the rollout. The connection stays up until the process ends or ``close_all`` runs (a later
 rollout reuses it; a dead one is connected again when the tools are built again; an HTTP server must then be up
 again).
+
+The model need not write the server's names: ``include`` / ``exclude`` keep or drop tools by the server's names,
+``rename`` maps a server's name to the name the model writes, and ``prefix`` goes before every other name (e.g.
+``calc_``), so two servers with a tool of one name can sit in one toolbox. A name in ``include``, ``exclude`` or
+``rename`` that the server does not list is an error at start naming the field, the server's tools and the closest
+name. A stdio server's stderr (its log lines, one per call for many servers) goes to a log file, not the trainer's
+console: ``log_file``, by default ``<run folder>/mcp/<script>-<hash>.log`` (the run folder is the run's
+``trainer.default_root_dir``, which ``python -m zerotir`` puts in ``$ZEROTIR_RUN_DIR``; outside a run, the system's
+temporary folder); its path is logged once, when the server starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import difflib
+import hashlib
+import logging
+import os
+import tempfile
 import threading
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from zerotir.tools.base import STATUS_ERROR, STATUS_TIMEOUT, STATUS_TOOL_ERROR, Observation, Tool
+
+log = logging.getLogger(__name__)
+
+RUN_DIR_ENV = "ZEROTIR_RUN_DIR"  # the run's trainer.default_root_dir, set by ``python -m zerotir``
 
 _SERVERS: dict[tuple, MCPConnection] = {}  # ("stdio", command, args, env) or ("http", url) -> this process's session
 _LOCK = threading.Lock()
@@ -31,14 +50,27 @@ _LOCK = threading.Lock()
 Transport = Callable[[], AbstractAsyncContextManager]  # opens the SDK's (read, write) streams to one server
 
 
-def stdio_transport(command: str, args: list[str], env: dict[str, str] | None) -> Transport:
-    """The server started as ``command`` ``args`` (with ``env``), spoken to over its stdio."""
-    def open_streams() -> AbstractAsyncContextManager:
+def stdio_transport(command: str, args: list[str], env: dict[str, str] | None, log_file: Path) -> Transport:
+    """The server started as ``command`` ``args`` (with ``env``), spoken to over its stdio; its stderr appended to
+    ``log_file`` (a server run again, or by another process of the run, adds to the same file)."""
+    @asynccontextmanager
+    async def open_streams() -> AsyncIterator[Any]:
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
-        return stdio_client(StdioServerParameters(command=command, args=args, env=env))
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a", encoding="utf-8") as errlog:
+            async with stdio_client(StdioServerParameters(command=command, args=args, env=env),
+                                    errlog=errlog) as streams:
+                yield streams
     return open_streams
+
+
+def default_log_file(command: str, args: list[str], key: tuple) -> Path:
+    """``<run folder>/mcp/<script>-<hash of the server's settings>.log`` (module doc): one file per server."""
+    folder = Path(os.environ.get(RUN_DIR_ENV) or Path(tempfile.gettempdir()) / "zerotir") / "mcp"
+    stem = Path(args[0] if args else command).stem or "server"
+    return folder / f"{stem}-{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}.log"
 
 
 def http_transport(url: str, timeout: float) -> Transport:
@@ -126,16 +158,17 @@ def _first_cause(error: BaseException) -> BaseException:
 
 
 class MCPTool(Tool):
-    """One tool of an MCP server (built by ``MCPTools.expand``)."""
+    """One tool of an MCP server (built by ``MCPTools.expand``): called on the server as ``listed.name``, written
+    by the model as ``name``."""
 
-    def __init__(self, server: MCPConnection, listed: Any, timeout: float):
-        self.server, self.timeout = server, timeout
-        self.name, self.description = listed.name, listed.description or ""
+    def __init__(self, server: MCPConnection, listed: Any, timeout: float, name: str):
+        self.server, self.timeout, self.remote = server, timeout, listed.name
+        self.name, self.description = name, listed.description or ""
         self.parameters = dict(listed.input_schema)
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
         try:
-            result = await self.server.call(self.name, arguments, self.timeout)
+            result = await self.server.call(self.remote, arguments, self.timeout)
         except asyncio.TimeoutError:
             return Observation(f"Error: the tool {self.name!r} did not answer within {self.timeout} s.",
                                STATUS_TIMEOUT)
@@ -148,28 +181,62 @@ class MCPTool(Tool):
         return Observation(text, STATUS_ERROR if result.is_error else "ok")
 
 
+def model_names(listed: list[str], where: str, rename: dict[str, str] | None, prefix: str,
+                include: list[str] | None, exclude: list[str] | None) -> dict[str, str]:
+    """The server's tools the model gets, each server name -> the name the model writes, in the server's order
+    (module doc). Raises ``ValueError`` naming the field for a name the server does not list."""
+    if include is not None and exclude is not None:
+        raise ValueError(f"mcp init_args ({where}): set one of include (the tools kept) and exclude (the tools "
+                         "dropped), not both")
+    if include is not None and not include:
+        raise ValueError(f"mcp init_args.include ({where}) is empty: list the server's tools to keep, or drop it "
+                         "to keep them all")
+    for field, names in (("include", include), ("exclude", exclude), ("rename", list(rename or {}))):
+        for name in names or ():
+            if name not in listed:
+                close = difflib.get_close_matches(name, listed, n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"mcp init_args.{field}: {name!r} is not a tool of the server {where}{hint} "
+                                 f"(its tools: {', '.join(listed)}; use the server's names)")
+    kept = [n for n in listed if (include is None or n in include) and n not in (exclude or ())]
+    dropped = [n for n in rename or {} if n not in kept]
+    if dropped:
+        raise ValueError(f"mcp init_args.rename: {', '.join(map(repr, dropped))} renamed but not kept (include / "
+                         f"exclude drop it): rename only the tools the model gets")
+    rename = rename or {}
+    return {n: rename[n] if n in rename else prefix + n for n in kept}
+
+
 class MCPTools(Tool):
-    """Every tool of one MCP server: started by ``command`` ``args`` (stdio) or running at ``url`` (streamable
-    HTTP); exactly one of the two is set (module doc).
+    """Every tool of one MCP server (or those selected): started by ``command`` ``args`` (stdio) or running at
+    ``url`` (streamable HTTP); exactly one of the two is set (module doc).
 
     Args:
-        command: the program that runs the server over stdio (e.g. ``python``).
+        command: the program that runs the server over stdio (e.g. ``python``, or another environment's
+            ``/path/to/venv/bin/python``).
         args: its arguments (e.g. the server script); with ``command`` only.
         env: the server's environment (None: the SDK's default, a few safe variables); with ``command`` only.
         url: the endpoint of a server over streamable HTTP (e.g. ``http://127.0.0.1:8000/mcp``).
         timeout: seconds one call may take (over HTTP also the bound of connecting and writing).
         start_timeout: seconds the server may take to start (or answer) and list its tools.
+        rename: server tool name -> the name the model writes (as is: ``prefix`` is not added to it).
+        prefix: put before the name of every tool not in ``rename`` (e.g. ``calc_``).
+        include: the server's tools to keep (by the server's names; None: all).
+        exclude: the server's tools to drop (by the server's names); not with ``include``.
+        log_file: where a stdio server's stderr goes (None: ``<run folder>/mcp/<script>-<hash>.log``); with
+            ``command`` only.
     """
 
     def __init__(self, command: str | None = None, args: list[str] | None = None,
                  env: dict[str, str] | None = None, url: str | None = None, timeout: float = 30.0,
-                 start_timeout: float = 30.0):
+                 start_timeout: float = 30.0, rename: dict[str, str] | None = None, prefix: str = "",
+                 include: list[str] | None = None, exclude: list[str] | None = None, log_file: str | None = None):
         if (command is None) == (url is None):
             raise ValueError(f"mcp init_args: set exactly one of command (a server started over stdio) and url (a "
                              f"server over streamable HTTP); got {'both' if command else 'neither'}")
-        if url is not None and (args or env):
-            raise ValueError("mcp init_args: args and env start a stdio server (command); a server at url runs "
-                             "already: drop them")
+        if url is not None and (args or env or log_file):
+            raise ValueError("mcp init_args: args, env and log_file belong to a stdio server (command); a server "
+                             "at url runs already and keeps its own log: drop them")
         if timeout <= 0 or start_timeout <= 0:
             raise ValueError(f"mcp init_args: timeout={timeout} and start_timeout={start_timeout} must be > 0")
         if url is not None:
@@ -177,15 +244,20 @@ class MCPTools(Tool):
         else:
             argv = list(args or ())
             key = ("stdio", command, tuple(argv), tuple(sorted((env or {}).items())))
-            where, transport = f"command={command!r} {argv}", stdio_transport(command, argv, env)
+            log_path = Path(log_file) if log_file else default_log_file(command, argv, key)
+            where, transport = f"command={command!r} {argv}", stdio_transport(command, argv, env, log_path)
         with _LOCK:
             server = _SERVERS.get(key)
             if server is None or not server.alive:
                 server = _SERVERS[key] = MCPConnection(transport, where, start_timeout)
+                if url is None:
+                    log.info("mcp: the server %s writes its stderr to %s", where, log_path)
         self.server, self.timeout, self.name = server, timeout, f"mcp:{url or command}"
+        self.names = model_names([t.name for t in server.tools], where, rename, prefix, include, exclude)
 
     def expand(self) -> list[Tool]:
-        return [MCPTool(self.server, listed, self.timeout) for listed in self.server.tools]
+        return [MCPTool(self.server, listed, self.timeout, self.names[listed.name])
+                for listed in self.server.tools if listed.name in self.names]
 
 
 @atexit.register
