@@ -131,13 +131,18 @@ class _StopAtStart(Callback):
 
 def as_written_model(files: list[str]) -> bool:
     """The merged ``files`` run on their own model in a fresh clone: a folder that is there, or a toy base that
-    needs no pretraining (``toy_base`` of the shipped base's settings, its heads widened for vLLM at most:
-    ``zerotir.toy.build``, a second). A base that needs minutes of pretraining (the mixed worlds') or a model a
-    previous command writes (``runs/export/...``) is not."""
+    needs no pretraining: ``toy_base`` of the shipped base's settings (its heads widened for vLLM at most:
+    ``zerotir.toy.build``, a second), or a base shipped under data/ with exactly the config's settings (the mixed
+    and tools worlds'). A model a previous command writes (``runs/export/...``) is not."""
+    from zerotir.toy.pretrain import PretrainSettings, read_info, settings_differ
+
     toy = file_setting(files, "toy_base")
-    if toy not in (UNSET, None):
-        return set(toy) <= {"serve_head_dim"}
     path = file_setting(files, "model", "base", "path")
+    if toy not in (UNSET, None):
+        if set(toy) <= {"serve_head_dim"}:
+            return True
+        shipped = path is not UNSET and (REPO / str(path) / "toy_base.json").is_file()
+        return shipped and not settings_differ(read_info(REPO / str(path)), PretrainSettings(**toy))
     return path is not UNSET and (REPO / str(path)).exists()
 
 
