@@ -106,6 +106,7 @@ def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dic
         mn.TIMEOUT_RATE: _ratio(batch.num_timeouts, calls),
         mn.SANDBOX_ERROR_RATE: _ratio(batch.num_sandbox_errors, calls),
         mn.TRUNCATION_RATE: float(batch.truncated.double().mean().item()),
+        mn.TOOLS_INFRA_FAILED: float(batch.infra_failed.double().mean().item()),
     }
     buckets = (calls == 0, calls == 1, calls == 2, calls >= 3)
     for name, bucket in zip(mn.CORRECT_BY_CALLS, buckets):

@@ -24,6 +24,10 @@ CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollo
 # has, arguments off its schema) count under INVALID_TOOL (zerotir.tools.stats.tool_label), whatever name they wrote.
 TOOL_METRICS = ("calls", "errors", "timeouts", "failures", "latency")
 INVALID_TOOL = "invalid"
+# The share of the step's trajectories with a tool call or a score that failed for infrastructure reasons (a dead
+# sandbox, a tool that raised, a judge that did not answer: Trajectories.infra_failed), whether or not
+# model.filters.infra_failed keeps them out of the loss.
+TOOLS_INFRA_FAILED = "tools/infra_failed_fraction"
 
 
 def tool_tag(tool: str, metric: str) -> str:
@@ -50,7 +54,7 @@ def kind_tag(kind: str, metric: str) -> str:
 KEPT_FRACTION = "filter/kept_fraction"  # share of prompt groups kept by the pass-rate rule
 # Share of the step's trajectories each removal rule matched (model.filters; zerotir.filters.decide.REMOVAL_NAMES):
 # "filter/<name>_fraction".
-FILTER_NAMES = ("pass_rate", "overlong_wrong", "shortcut", "code_mismatch", "void_repetition", "void_turn",
+FILTER_NAMES = ("infra_failed", "pass_rate", "overlong_wrong", "shortcut", "code_mismatch", "void_repetition", "void_turn",
                 "truncated", "roc", "perplexity")
 FILTER_FRACTIONS = {name: f"filter/{name}_fraction" for name in FILTER_NAMES}
 # How the step's batch was filled (model.filters.refill), per step: generation rounds, prompts drawn from the stream,

@@ -103,6 +103,8 @@ class Trajectories:
         corrects:       (B,) bool     or None: whether the answer counts as correct, as the run's reward
                                       (``model.reward``) judged it, apart from its score; None before scoring (or
                                       in a batch built by hand): ``correct`` reads it as ``rewards > 0``.
+        reward_failed:  (B,) bool     the reward could not judge the trajectory (``Score.infra_failed``: a judge
+                                      that did not answer); False before scoring or in a batch built by hand.
 
     Per-trajectory Python lists (length B):
         finish_reasons: "stop" or "length".
@@ -128,6 +130,7 @@ class Trajectories:
     versions: torch.Tensor | None = None
     num_tool_errors: torch.Tensor | None = None
     corrects: torch.Tensor | None = None
+    reward_failed: torch.Tensor | None = None
     finish_reasons: list[str] = field(default_factory=list)
     response_texts: list[str] = field(default_factory=list)
     ground_truths: list[str] = field(default_factory=list)
@@ -138,6 +141,8 @@ class Trajectories:
             self.tool_calls = [[] for _ in range(self.input_ids.shape[0])]
         if self.num_tool_errors is None:
             self.num_tool_errors = torch.zeros_like(self.num_calls)
+        if self.reward_failed is None:
+            self.reward_failed = torch.zeros_like(self.num_calls, dtype=torch.bool)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -189,6 +194,13 @@ class Trajectories:
     def used_code(self) -> torch.Tensor:
         """(B,) bool: the trajectory executed at least one code block."""
         return self.num_calls > 0
+
+    @property
+    def infra_failed(self) -> torch.Tensor:
+        """(B,) bool: a tool call or the score failed for a reason that is not the model's: the sandbox service or a
+        tool failed (``num_sandbox_errors``, ``num_tool_errors``), or the reward could not judge (``reward_failed``).
+        The model's own errors and timeouts are not among them."""
+        return (self.num_sandbox_errors > 0) | (self.num_tool_errors > 0) | self.reward_failed.to(self.num_calls.device)
 
     @property
     def correct(self) -> torch.Tensor:

@@ -60,7 +60,8 @@ def test_a_step_without_a_decision_is_not_counted():
     callback = PassRateFilter()
     module = FakeModule()
     batch = three_groups()
-    assert run_step(callback, FakeTrainer(), module, batch) is batch  # every rule off: no decision, all trains
+    # every rule off: no decision, all trains
+    assert run_step(callback, FakeTrainer(), module, batch, infra_failed=False) is batch
     assert module.logged == {} and callback.steps_seen == 0
 
 

@@ -39,6 +39,7 @@ def test_rollout_metrics_hand_worked():
         mn.TIMEOUT_RATE: 0.25,  # 1 / 4
         mn.SANDBOX_ERROR_RATE: 0.25,  # 1 / 4
         mn.TRUNCATION_RATE: 0.25,  # row 1
+        mn.TOOLS_INFRA_FAILED: 0.25,  # row 3: its sandbox failed
         "rollout/correct_calls_0": 1.0,  # row 2
         "rollout/correct_calls_1": 1.0,  # row 0
         "rollout/correct_calls_2": 0.0,
@@ -55,7 +56,8 @@ def test_rollout_metrics_carry_the_per_tool_metrics_of_the_tools_called():
     m = rollout_metrics(batch)
     assert m[mn.tool_tag("calculator", "calls")] == 1 and m[mn.tool_tag("python", "calls")] == 3
     assert m[mn.tool_tag("python", "timeouts")] == 1.0 and m[mn.tool_tag("python", "latency")] == 2.0
-    assert not any(k.startswith("tools/") for k in rollout_metrics(four_trajectories()))  # no call, no tag
+    # no call, no tag (the step's share of infrastructure failures is logged whatever was called)
+    assert [k for k in rollout_metrics(four_trajectories()) if k.startswith("tools/")] == [mn.TOOLS_INFRA_FAILED]
 
 
 def test_rollout_metrics_without_calls_or_correct_answers_are_zero_not_nan():
@@ -106,7 +108,8 @@ def test_each_removal_rule_logs_the_share_of_trajectories_it_matched():
     assert metrics["filter/roc_fraction"] == 0.0
     trainer = FakeTrainer()
     ScalingMetrics().on_train_batch_end(trainer, FakeModule(), step_outputs(four_trajectories()), None, 0)
-    assert not [name for name in trainer.loggers[0].calls[0][0] if name.endswith("_fraction")]
+    assert not [name for name in trainer.loggers[0].calls[0][0]
+                if name.endswith("_fraction") and name != mn.TOOLS_INFRA_FAILED]
 
 
 def test_bad_settings_are_named():

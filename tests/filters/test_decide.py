@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from dataclasses import replace
+
 import torch
 
 from callbacks.scaling_metrics import filter_fractions
@@ -31,7 +33,7 @@ def pass_rate_gives(monkeypatch):
     """The pass-rate rule's decision set by hand (its own tests: tests/filters/test_pass_rate.py), and a
     ``model.filters`` with the rule on plus ``rules``."""
     def give(group: FilterDecision, **rules) -> FilterConfig:
-        monkeypatch.setattr(decide_module, "pass_rate", lambda cfg, traj: group)
+        monkeypatch.setattr(decide_module, "pass_rate", lambda cfg, traj, counted=None: group)
         return FilterConfig(pass_rate=True, **rules)
     return give
 
@@ -39,11 +41,15 @@ def pass_rate_gives(monkeypatch):
 def test_with_only_the_pass_rate_rule_the_decision_is_its_own(pass_rate_gives):
     group = FilterDecision(torch.tensor([True, True, False, False]), 1, 2)
     decision = decide(pass_rate_gives(group), batch(), CTX, step=1, seed=0)
-    assert decision.keep is group.keep and (decision.kept_groups, decision.groups) == (1, 2)
+    assert decision.keep.tolist() == group.keep.tolist() and (decision.kept_groups, decision.groups) == (1, 2)
     # the rows the pass rate dropped are recorded under its name (the rollout dump shows it)
-    assert list(decision.removed) == ["pass_rate"]
+    assert list(decision.removed) == ["infra_failed", "pass_rate"]  # the infrastructure rule is on by default
     assert decision.removed["pass_rate"].tolist() == [False, False, True, True]
-    assert decide(FilterConfig(), batch(), CTX, step=1, seed=0) is None  # every rule off: everything trains
+    assert not decision.removed["infra_failed"].any()
+    off = FilterConfig(infra_failed=False)
+    assert decide(off, batch(), CTX, step=1, seed=0) is None  # every rule off: everything trains
+    assert list(decide(replace(off, pass_rate=True, infra_failed=False), batch(), CTX, step=1, seed=0).removed) == \
+        ["pass_rate"]
 
 
 def test_the_pass_rate_rule_reads_the_rewards_of_each_group():
@@ -57,7 +63,7 @@ def test_the_pass_rate_rule_reads_the_rewards_of_each_group():
 def test_the_rules_remove_rows_from_what_the_pass_rate_kept(pass_rate_gives):
     group = FilterDecision(torch.tensor([True, True, True, False]), 2, 2)  # the rule dropped row 3's group
     out = decide(pass_rate_gives(group, void_turn=True, overlong="mask"), batch(), CTX, step=1, seed=0)
-    assert list(out.removed) == ["pass_rate", "void_turn", "truncated"]  # in the order they apply
+    assert list(out.removed) == ["infra_failed", "pass_rate", "void_turn", "truncated"]  # in the order they apply
     assert out.removed["pass_rate"].tolist() == [False, False, False, True]
     assert out.removed["void_turn"].tolist() == [True, False, False, False]
     assert out.removed["truncated"].tolist() == [False, False, True, False]
@@ -83,7 +89,8 @@ def test_the_soft_penalty_and_the_perplexity_threshold_travel_to_the_step():
     cfg = FilterConfig(overlong="soft_penalty", overlong_buffer=4, perplexity=True, perplexity_threshold=3.0)
     out = decide(cfg, batch(), CTX, step=1, seed=0)
     assert out.reward_shaping.tolist() == [0.0, 0.0, -1.0, -0.5] and out.keep.all()
-    assert out.perplexity_threshold == 3.0 and out.removed == {}
+    assert out.perplexity_threshold == 3.0 and list(out.removed) == ["infra_failed"]
+    assert not out.removed["infra_failed"].any()
 
 
 def test_roc_downsamples_among_the_rows_still_kept():

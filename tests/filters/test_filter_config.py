@@ -10,9 +10,11 @@ from zerotir.cli import ZeroTIRCLI
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 
 
-def test_everything_is_off_by_default():
+def test_everything_but_the_infrastructure_rule_is_off_by_default():
     cfg = FilterConfig()
-    assert not cfg.row_rules and not cfg.pass_rate and cfg.trajectory_rules == () and cfg.overlong == "none"
+    assert cfg.infra_failed and cfg.row_rules  # infrastructure failures never train as wrong answers
+    assert not cfg.pass_rate and cfg.trajectory_rules == () and cfg.overlong == "none"
+    assert not FilterConfig(infra_failed=False).row_rules
     assert not cfg.refill.enabled
 
 

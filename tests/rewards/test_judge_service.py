@@ -146,3 +146,17 @@ def test_the_documented_judge_entry_builds_with_the_settings_it_shows():
     entry = yaml.safe_load(block)["model"]["reward"]
     reward = JudgeReward(**entry["init_args"])
     assert (reward.retries, reward.backoff_s, reward.max_backoff_s, reward.cache_size) == (2, 1.0, 30.0, 10000)
+
+
+def test_a_score_without_a_verdict_is_marked_an_infrastructure_failure_and_a_verdict_is_not(judge, waits):
+    """Every try failed, too long for the judge, a reply without a verdict: the sample's score is a stand-in
+    (``Score.infra_failed``: it leaves the loss, ``model.filters.infra_failed``); a verdict, right or wrong, is the
+    model's, cached or not."""
+    import asyncio
+
+    reward = JudgeReward(base_url=judge.url, retries=1, backoff_s=0.01)
+    asked = [sample("down"), sample("long"), sample("chatty-infra"), sample("right"), sample("wrong")]
+    for _ in range(2):  # the second time from the cache (but the failed tries, which are asked again)
+        got = asyncio.run(reward.score(asked))
+        assert [s.infra_failed for s in got] == [True, True, True, False, False]
+        assert [s.score for s in got] == [0.0, 0.0, 0.0, 1.0, 0.0]

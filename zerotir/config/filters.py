@@ -27,6 +27,13 @@ class FilterConfig:
     (``model.filters``); a removed trajectory leaves the loss and its group's baseline (docs/training.md, "Trajectory
     filters")."""
 
+    infra_failed: bool = True
+    """Remove a trajectory whose tool call or score failed for a reason that is not the model's (the sandbox service
+    or a tool failed: status sandbox_error / tool_error; the reward could not judge it: a judge that did not answer),
+    so it is neither trained on as a wrong answer nor counted in its group's baseline or pass rate; a group it leaves
+    with fewer than 2 trajectories is removed too. Counted as filter/infra_failed_fraction; the sandbox guard still
+    stops a run whose failures persist (model.tool.sandbox.max_error_rate). false: such trajectories train with the
+    score they got."""
     pass_rate: bool = False
     """Drop the prompt groups whose pass rate (the share of correct samples, as model.reward judges them: the mean
     reward with the math reward's 0 / 1 scores, over all n samples of the prompt) lies outside
@@ -130,9 +137,10 @@ class FilterConfig:
 
     @property
     def row_rules(self) -> bool:
-        """Any rule that judges single trajectories is on: a trajectory rule, perplexity, overlong handling or
-        downsampling (else the step's decision is the pass-rate rule's, or none)."""
-        return bool(self.trajectory_rules) or self.perplexity or self.overlong != "none" or self.roc
+        """Any rule that judges single trajectories is on: a trajectory rule, infrastructure failures, perplexity,
+        overlong handling or downsampling (else the step's decision is the pass-rate rule's, or none)."""
+        return (bool(self.trajectory_rules) or self.infra_failed or self.perplexity or self.overlong != "none"
+                or self.roc)
 
     def check_run(self, rl: RLConfig, sampling: SamplingConfig, tool: ToolConfig) -> None:
         """The cross-group checks: each rule that cannot apply with the other groups fails here, naming the fix.

@@ -59,12 +59,20 @@ def pass_rate_decision(keep: torch.Tensor, kept_groups: int, groups: int, min_ke
     return FilterDecision(keep, kept_groups, groups)
 
 
-def pass_rate(cfg: FilterConfig, traj: Trajectories) -> FilterDecision:
-    """The pass-rate decision of ``model.filters`` on this rank's ``traj``. A collective under a process group: every
-    rank calls it at the same step."""
+def pass_rate(cfg: FilterConfig, traj: Trajectories, counted: torch.Tensor | None = None) -> FilterDecision:
+    """The pass-rate decision of ``model.filters`` on this rank's ``traj``, the rates taken over the rows ``counted``
+    ((B,) bool; None: all of them): a row outside it (an infrastructure failure) neither counts in its group's rate
+    nor is kept, and a group with none counted is not seen. A collective under a process group: every rank calls it
+    at the same step."""
     # the share of correct answers (the reward's verdict): a graded or composed score keeps the rule's meaning; with
     # the math reward's 0 / 1 scores it is the group's mean reward
-    keep = pass_rate_keep_mask(traj.correct.cpu().float(), traj.group_ids.cpu(), cfg.pass_rate_low,
-                               cfg.pass_rate_high)
-    kept_groups, groups = global_group_counts(keep, traj.group_ids.cpu())  # all-reduce over the ranks
+    correct, group_ids = traj.correct.cpu().float(), traj.group_ids.cpu()
+    if counted is None:
+        keep = pass_rate_keep_mask(correct, group_ids, cfg.pass_rate_low, cfg.pass_rate_high)
+        kept_groups, groups = global_group_counts(keep, group_ids)  # all-reduce over the ranks
+    else:
+        rows = counted.cpu().bool()
+        keep = torch.zeros(len(rows), dtype=torch.bool)
+        keep[rows] = pass_rate_keep_mask(correct[rows], group_ids[rows], cfg.pass_rate_low, cfg.pass_rate_high)
+        kept_groups, groups = global_group_counts(keep[rows], group_ids[rows])
     return pass_rate_decision(keep, kept_groups, groups, cfg.min_keep_groups)

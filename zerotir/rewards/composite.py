@@ -99,5 +99,6 @@ class WeightedReward(Reward):
     async def score(self, samples: Sequence[Sample]) -> list[Score]:
         each = await asyncio.gather(*(reward.score(samples) for _, reward in self._built))
         weights = [weight for weight, _ in self._built]
-        return [Score(sum(w * scores[i].score for w, scores in zip(weights, each)), each[self.correct_from][i].correct)
+        return [Score(sum(w * scores[i].score for w, scores in zip(weights, each)), each[self.correct_from][i].correct,
+                      any(scores[i].infra_failed for scores in each))  # one term that could not judge: no score
                 for i in range(len(samples))]

@@ -139,12 +139,16 @@ class JudgeReward(Reward):
         found = iter(verdicts)  # in the order of the asked samples
         out = []
         for score, asked in zip(scores, ask):
-            verdict = next(found) if asked else None
-            out.append(score if verdict is None else Score(float(verdict), verdict))
+            if not asked:
+                out.append(score)
+                continue
+            verdict = next(found)  # None: the judge gave no verdict, which is no fault of the model's
+            out.append(Score(0.0, False, infra_failed=True) if verdict is None else Score(float(verdict), verdict))
         return out
 
-    async def _verdict(self, client: Any, gate: asyncio.Semaphore, sample: Sample) -> bool:
-        """Whether the judge says ``sample`` is correct: from the cache, else one call (retried)."""
+    async def _verdict(self, client: Any, gate: asyncio.Semaphore, sample: Sample) -> bool | None:
+        """Whether the judge says ``sample`` is correct: from the cache, else one call (retried); None when it gave
+        no verdict (every try failed, the request was too long for it, its reply named none)."""
         key = hashlib.sha256(f"{sample.question}\0{sample.response}".encode()).digest()
         if key in self._cache:
             self._counts["judge_cache_hits"] += 1
@@ -155,16 +159,16 @@ class JudgeReward(Reward):
         async with gate:
             reply = await self._call(client, prompt)
         if reply is _FAILED:  # a passing failure: asked again when the response comes back
-            return False
+            return None
         found = _VERDICT.findall(reply) if isinstance(reply, str) else []
         if reply is not _OVERLONG and not found:
             self._counts["judge_parse_failures"] += 1
             log.debug("judge: no CORRECT / INCORRECT in its reply %r; scored 0", reply[:200])
-        verdict = bool(found) and found[-1].upper() == "CORRECT"
+        verdict = found[-1].upper() == "CORRECT" if found else None
         self._remember(key, verdict)  # a reply without a verdict, a request too long: the same again if asked
         return verdict
 
-    def _remember(self, key: bytes, verdict: bool) -> None:
+    def _remember(self, key: bytes, verdict: bool | None) -> None:
         if self.cache_size:
             self._cache[key] = verdict
             while len(self._cache) > self.cache_size:

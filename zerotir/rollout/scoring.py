@@ -53,10 +53,13 @@ class Sample:
 @dataclass(frozen=True)
 class Score:
     """What a reward says of one sample: ``score`` (trained on) and ``correct`` (what filters and evaluation
-    count)."""
+    count). ``infra_failed``: the reward could not judge the sample for a reason that is not the model's (a judge that
+    did not answer, answered without a verdict, or could not take the request): the score is a stand-in, and the
+    trajectory leaves the loss and its group's baseline (``model.filters.infra_failed``)."""
 
     score: float
     correct: bool
+    infra_failed: bool = False
 
 
 class Reward:
@@ -114,6 +117,7 @@ def score_trajectories(reward: Reward | None, traj: Trajectories, rows: Sequence
             if samples else []
     traj.rewards = torch.tensor([s.score for s in scores], dtype=torch.float32)
     traj.corrects = torch.tensor([bool(s.correct) for s in scores], dtype=torch.bool)
+    traj.reward_failed = torch.tensor([bool(s.infra_failed) for s in scores], dtype=torch.bool)
     return time.perf_counter() - start
 
 
