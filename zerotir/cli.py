@@ -27,7 +27,8 @@ What the subclass adds to Lightning's CLI:
       from a ``--config`` file names the file;
     * the checks Lightning answers late or vaguely (``zerotir.cli_checks``): ``--key -1e-4`` is a value, a GPU
       without CUDA and ``trainer.max_steps 0`` fail before anything is built, a resume of a finished run says to
-      raise ``trainer.max_steps``; a run that fails before its first RL step removes the log folder it created;
+      raise ``trainer.max_steps``, ``--ckpt_path last`` with no ``last.ckpt`` names the folder it looked in; a run
+      that fails before its first RL step removes the log folder it created;
     * the model table printed when training starts (``LateModelSummary``), after the sandbox and the engine started.
 """
 
@@ -54,7 +55,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
-from zerotir.cli_checks import (check_not_finished, check_run_settings, join_negative_values,
+from zerotir.cli_checks import (check_last_exists, check_not_finished, check_run_settings, join_negative_values,
                                 use_cpu_deepspeed_without_cuda)
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
@@ -137,6 +138,7 @@ class ZeroTIRCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         root = Path(config.trainer.default_root_dir or DEFAULT_ROOT)
+        self._dirpath_given = config.get("checkpoint") is not None and config.checkpoint.dirpath is not None
         if config.get("checkpoint") is not None and config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(root / "checkpoints")
         if self.subcommand in ("validate", "test"):
@@ -191,22 +193,29 @@ class ZeroTIRCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
-        event file and config.yaml) is removed if this run created it. Rank 0 alone removes it: the logger writes
-        it there only, and two ranks sharing one file system would race on the same folder."""
+        event file and config.yaml) is removed if this run created it, and so is the run folder
+        (``trainer.default_root_dir``) when this run created it and it is left empty. Rank 0 alone removes them: the
+        logger writes there only, and two ranks sharing one file system would race on the same folder."""
         logger = self.trainer.logger  # TensorBoard's and CSV's declare their folder; other loggers keep theirs
         log_dir = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else None
         created = log_dir is not None and not Path(log_dir).exists()
+        root = Path(self.trainer.default_root_dir)
+        root_created = not root.exists()
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            if (created and self.trainer.is_global_zero and self.trainer.global_step == 0
-                    and Path(log_dir).is_dir()):
-                shutil.rmtree(log_dir)
+            if self.trainer.is_global_zero and self.trainer.global_step == 0:
+                if created and Path(log_dir).is_dir():
+                    shutil.rmtree(log_dir)
+                if root_created and root.is_dir() and not any(root.iterdir()):
+                    root.rmdir()
             raise
 
     def before_fit(self) -> None:
         """A resume of a finished run is an error naming the fix, before the sandbox and the engine start."""
         config = self.config["fit"]
+        check_last_exists(config.ckpt_path, config.get("checkpoint") and config.checkpoint.dirpath,
+                          self._dirpath_given)
         check_not_finished(config.ckpt_path, config.get("checkpoint") and config.checkpoint.dirpath,
                            self.trainer.max_steps)
 

@@ -8,7 +8,8 @@ fix (used by ``zerotir.cli``):
 * ``use_cpu_deepspeed_without_cuda``: DeepSpeed's accelerator warning kept off stdout (``--print_config``,
   ``export``);
 * ``check_not_finished``: ``--ckpt_path`` of a run that already reached ``trainer.max_steps`` (Lightning sets up
-  everything, then exits having done nothing).
+  everything, then exits having done nothing);
+* ``check_last_exists``: ``--ckpt_path last`` where no ``last.ckpt`` is (Lightning warns and trains from step 0).
 """
 
 from __future__ import annotations
@@ -77,6 +78,23 @@ def check_not_finished(ckpt_path: str | None, dirpath: str | None, max_steps: in
             f"--ckpt_path {ckpt_path} ({path}): the run is finished, its checkpoint is at RL step {step} and "
             f"trainer.max_steps={max_steps}. To train on, raise trainer.max_steps "
             f"(e.g. --trainer.max_steps {step + max(max_steps, 1)})")
+
+
+def check_last_exists(ckpt_path: str | None, dirpath: str | None, dirpath_given: bool) -> None:
+    """Raise ``ValueError`` for ``--ckpt_path last`` when the checkpoint folder ``dirpath`` holds no ``last*.ckpt``
+    (a file, or a DeepSpeed checkpoint's folder): a resume that finds nothing must not train from step 0.
+
+    ``dirpath_given``: the folder was set as ``checkpoint.dirpath`` (else it is ``<trainer.default_root_dir>/
+    checkpoints``), which decides the setting the fix names."""
+    if ckpt_path != "last" or dirpath is None:
+        return
+    folder = Path(dirpath)
+    if folder.is_dir() and any(folder.glob("last*.ckpt")):
+        return
+    where = "--checkpoint.dirpath" if dirpath_given else "--trainer.default_root_dir (its checkpoints/ folder is read)"
+    raise ValueError(
+        f"--ckpt_path last: no last.ckpt in {folder}, so there is nothing to resume. To start a fresh run, drop "
+        f"--ckpt_path last; to resume an earlier run, point {where} at that run's folder")
 
 
 def use_cpu_deepspeed_without_cuda() -> None:
