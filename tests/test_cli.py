@@ -391,3 +391,35 @@ def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(c
     err = parse_error(["fit", "--config", CONFIG, "--config", str(typo), "--print_config"], capsys)
     assert f"in the config file {typo}" in err and "did you mean: --model.rl.kl_coef" in err
     assert "(every option with its meaning: python -m zerotir fit --help)" in err
+
+
+# ``python -m zerotir`` in a fresh interpreter, ended at its first line of output: the line, and whether Lightning
+# and torch were imported when it was written.
+FIRST_LINE = """import os, sys
+from zerotir.__main__ import main
+class Probe:
+    def __init__(self, stream):
+        self.stream = stream
+    def write(self, text):
+        if text.strip():
+            print([text.strip(), 'lightning' in sys.modules, 'torch' in sys.modules], file=sys.__stdout__, flush=True)
+            os._exit(0)
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+sys.stdout, sys.stderr = Probe(sys.stdout), Probe(sys.stderr)
+sys.argv = ['zerotir'] + sys.argv[1:]
+main()
+"""
+
+
+def test_a_run_says_its_first_line_before_torch_and_lightning_load():
+    """Importing torch, Lightning and transformers takes tens of seconds under load: the command's first line comes
+    before them. (Should no line come first, the run would fail its GPU check after the parse.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIRST_LINE, "fit", "--config", "configs/toy_cpu.yaml",
+                           "--trainer.accelerator", "gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == ("['zerotir fit: config configs/toy_cpu.yaml, starting (loading torch and "
+                                   "Lightning)...', False, False]"), done.stdout + done.stderr[-2000:]

@@ -9,8 +9,9 @@ Commands:
 
 A bad config or a failed check prints its message and exits non-zero without a traceback; ``--debug`` anywhere on
 the command line (or ``ZEROTIR_DEBUG=1``) shows the traceback (``zerotir.cli_errors``). A mistyped key of
-fit / validate / test / predict (typed, or in a ``--config`` file) is answered before torch loads
-(``zerotir.cli_keys``).
+fit / validate / test / predict (typed, or in a ``--config`` file), and a value of the wrong type or outside its
+choices, are answered before torch loads (``zerotir.cli_keys``, ``zerotir.cli_values``); a run's first line (the
+command and its config files) comes before torch loads too.
 """
 
 from __future__ import annotations
@@ -34,6 +35,25 @@ def export_main(args: list[str]) -> None:
     print(f"exported policy to {out}")
 
 
+# The subcommands of the LightningCLI, and the options that print and exit (no run starts).
+RUN_COMMANDS = ("fit", "validate", "test", "predict")
+_PRINT_ONLY = ("-h", "--help", "--print_config")
+
+
+def say_starting(argv: list[str]) -> None:
+    """For a run of ``fit`` / ``validate`` / ``test`` / ``predict``, one line on stderr naming the command and its
+    ``--config`` files, printed before the heavy imports: loading torch, Lightning and transformers takes seconds on
+    a quiet machine and tens of seconds under load, and a command that prints nothing meanwhile looks hung. Nothing
+    for ``--help`` or ``--print_config`` (their output is all they print)."""
+    if not argv or argv[0] not in RUN_COMMANDS or any(a.split("=", 1)[0] in _PRINT_ONLY for a in argv):
+        return
+    files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
+    files += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    config = f"config {', '.join(files)}" if files else "no config file"
+    sys.stderr.write(f"zerotir {argv[0]}: {config}, starting (loading torch and Lightning)...\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     from zerotir.cli_errors import reported_errors, take_debug_flag
 
@@ -44,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     from zerotir.cli_keys import check_keys
 
     check_keys(argv)  # a mistyped key of fit/validate/test/predict answers here, before torch loads
+    say_starting(argv)  # a first line within a second, before torch, Lightning and transformers load
     from zerotir.console import quiet_library_output
 
     quiet_library_output()  # library noise filtered unless --debug / ZEROTIR_DEBUG (zerotir.console)

@@ -27,6 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from zerotir.cli_values import check_values, value_spec
+
 INDEX_FILE = Path(__file__).with_name("cli_keys.json")
 # The libraries whose signatures shape the parser: an index made with other versions of them is not used (a Trainer
 # argument added by a newer Lightning would otherwise be refused), and the real parser judges every key.
@@ -67,6 +69,7 @@ def check_keys(argv: list[str], index: dict[str, dict[str, list[str]]] | None = 
         for key in _unknown_file_keys(path, known):
             _fail(argv[0], key, path, known)
         _check_callback_settings(argv[0], path)
+    check_values(argv[0], args, index[argv[0]].get("values", {}), PROG)  # a bad value as fast as a bad key
 
 
 class _Known:
@@ -194,7 +197,7 @@ def generate_index() -> dict[str, Any]:
 
 
 def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
-    keys, open_keys, hints = set(), set(), {}
+    keys, open_keys, hints, values = set(), set(), {}, {}
     for action in parser._actions:
         target = getattr(action, "target", None)
         if isinstance(target, tuple) and isinstance(target[0], str):  # a link's target (data.tokenizer)
@@ -202,11 +205,14 @@ def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
         names = [o[2:].removesuffix("+") for o in action.option_strings if o.startswith("--")]
         keys.update(names)
         hint = getattr(action, "_typehint", None)
+        spec = value_spec(hint) if hint is not None and names else None
+        if spec is not None:
+            values[names[0]] = spec
         if hint is not None and not names[0].endswith(".help") and not _is_leaf(hint):
             open_keys.add(names[0])
             hints[names[0]] = hint
     classes = {key: _subclass_keys(hint) for key, hint in hints.items() if _own_base_class(hint)}
-    return {"keys": sorted(keys), "open": sorted(open_keys), "classes": classes}
+    return {"keys": sorted(keys), "open": sorted(open_keys), "classes": classes, "values": values}
 
 
 def _own_base_class(hint: Any) -> bool:
@@ -226,6 +232,7 @@ def _subclass_keys(base: type) -> dict[str, dict[str, list[str]]]:
         parser.add_class_arguments(cls)
         entry = _parser_keys(parser)
         entry.pop("classes")
+        entry.pop("values")
         module, names = cls.__module__, {cls.__name__, f"{cls.__module__}.{cls.__name__}"}
         while "." in module:
             module = module.rpartition(".")[0]
