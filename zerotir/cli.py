@@ -67,8 +67,9 @@ from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"
 # The callbacks every run needs, added unless the config lists them: named by class_path, since nothing of zerotir/
-# imports callbacks/ (docs/architecture.md). PurgeResumedSteps: one value per step on a resumed run's curves.
-RUN_CALLBACKS = ("callbacks.PurgeResumedSteps",)
+# imports callbacks/ (docs/architecture.md). PurgeResumedSteps: one value per step on a resumed run's curves;
+# SaveOnInterrupt: Ctrl-C saves last.ckpt at the last completed RL step and says where a resume starts.
+RUN_CALLBACKS = ("callbacks.PurgeResumedSteps", "callbacks.SaveOnInterrupt")
 log = logging.getLogger(__name__)
 
 # Two Lightning notices that are expected here, not problems: the frozen reference model is in eval mode on purpose,

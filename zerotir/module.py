@@ -123,6 +123,7 @@ class ZeroTIRModule(LightningModule):
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
+        self.step_changing_state = False  # the step in progress changes saved state: no checkpoint of half a step
         self._hf_zero3: Any = None  # transformers' ZeRO-3 switch, held while the run lasts (see configure_model)
 
     def _plain_hparams(self) -> None:
@@ -276,7 +277,7 @@ class ZeroTIRModule(LightningModule):
                          pipeline={**{key: staleness[key] for key in ("staleness_mean", "staleness_max")},
                                    **self.source.stats(), **self.reward.stats()}, refill=refill,
                          data=datamodule.step_metrics() if isinstance(datamodule, PromptDataModule) else {})
-        self.rl_steps_done = step
+        self.rl_steps_done, self.step_changing_state = step, False
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
 
@@ -290,6 +291,7 @@ class ZeroTIRModule(LightningModule):
             release_for_push(self.trainer)  # the source may push (its first batch, an engine recovered)
             rolled = self.source.batch(step)
             traj = rolled.trajectories
+            self.step_changing_state = True  # from here on the step's results enter saved state
             self._observe(rolled.rows, traj)
             fill = fill or BatchFill(len(rolled.taken), self.refill.max_rounds)
             taken += rolled.taken
