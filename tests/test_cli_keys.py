@@ -220,3 +220,14 @@ def test_the_value_that_wins_is_checked_where_it_was_given(capsys, tmp_path):
     ["--trainer.precision", "bf16-mixed"], ["--trainer.precision", "32"]])
 def test_the_spellings_the_parser_accepts_pass_the_value_check(args):
     check_keys(["fit", "--config", BASE, *args])  # no exit
+
+
+def test_a_mistyped_class_name_of_zerotir_says_did_you_mean(capsys, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  reward:\n    class_path: MathRewrd\n")
+    err = key_error(["fit", "--config", BASE, "--config", str(mine)], capsys)
+    assert "error: model.reward.class_path='MathRewrd': no such class (did you mean MathReward?)" in err
+    assert "JudgeReward" in err
+    err = key_error(["fit", "--config", BASE, "--model.rollout", "VLLMRolout"], capsys)
+    assert "model.rollout.class_path='VLLMRolout': no such class (did you mean VLLMRollout?)" in err
+    check_keys(["fit", "--config", BASE, "--model.reward", "my_rewards.Mine", "--model.rollout", "HFRollout"])

@@ -71,6 +71,7 @@ def test_a_tool_that_raises_is_a_tool_error_and_long_text_is_capped():
 
 @pytest.mark.parametrize("entry, says", [
     ({"class_path": "nope"}, "not a built-in tool"),
+    ({"class_path": "calculater"}, r"not a built-in tool .*module.Class \(did you mean 'calculator'\?\)"),
     ({"class_path": "zerotir.tools.nothing.Tool"}, "cannot import"),
     ({"class_path": "zerotir.config.ToolConfig"}, "not a subclass of zerotir.tools.Tool"),
     ({"class_path": "calculator", "init_args": {"digits": 3}}, "'calculator' init_args"),

@@ -14,6 +14,7 @@ characters (head and tail with a marker) and carries its wall time.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import time
@@ -46,7 +47,9 @@ def resolve(class_path: str) -> type[Tool]:
     module, _, attr = path.rpartition(".")
     where = f"model.tool.tools class_path {class_path!r}"
     if not module:
-        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path module.Class")
+        close = difflib.get_close_matches(class_path, list(BUILT_IN), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path module.Class{hint}")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as error:
