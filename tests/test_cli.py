@@ -423,3 +423,14 @@ def test_a_run_says_its_first_line_before_torch_and_lightning_load():
                            "--trainer.accelerator", "gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == ("['zerotir fit: config configs/toy_cpu.yaml, starting (loading torch and "
                                    "Lightning)...', False, False]"), done.stdout + done.stderr[-2000:]
+
+
+def test_the_progress_bar_is_given_the_runs_tools(tiny_dir, tmp_path, no_toy_build):
+    tools = json.dumps([{"class_path": "python"}, {"class_path": "calculator"}])
+    cli = toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.format", "hermes",
+                  "--model.tool.tools", tools, root=tmp_path)
+    (bar,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, RLStepProgressBar)]
+    assert bar.tools == ["python", "calculator"]
+    cli = toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.max_tool_calls", "0",
+                  "--model.tool.sandbox.workers", "null", root=tmp_path)
+    assert [cb.tools for cb in cli.trainer.callbacks if isinstance(cb, RLStepProgressBar)] == [[]]

@@ -62,6 +62,7 @@ from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import new_run_dir
 from zerotir.module import ZeroTIRModule
+from zerotir.tools.registry import tool_names
 from zerotir.toy.base_path import check_toy_base_path
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
@@ -161,7 +162,7 @@ class ZeroTIRCLI(LightningCLI):
         if config.trainer.enable_progress_bar is not False and not any(
                 _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
-                Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+                Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace(tools=_tools(config)))]
         named = {_class_name(cb) for cb in _as_list(config.trainer.callbacks)}
         config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
             Namespace(class_path=path, init_args=Namespace()) for path in RUN_CALLBACKS
@@ -233,6 +234,12 @@ def prompt_tools(call_format: str, tools: list[dict[str, Any]]) -> list[dict[str
     """``data.tools``: the tools the data's prompt describes, ``model.tool.tools`` under a format that calls tools
     by name (hermes, chat), else None (the fences' prompt speaks of code blocks)."""
     return tools if call_format != "fences" else None
+
+
+def _tools(config: Namespace) -> list[str]:
+    """The names of the run's tools (none when ``model.tool.max_tool_calls`` is 0)."""
+    tool = config.model.tool
+    return tool_names(tool.tools) if tool.max_tool_calls > 0 else []
 
 
 def _file_model_path(path: Path) -> str | None:

@@ -171,7 +171,7 @@ class StepDisplay:
         return "eta " + ("?" if eta is None else clock_text(eta))
 
     def status(self, done: int, total: int | None, fields: dict[str, str]) -> str:
-        """``"name 12/40 | reward 0.41 | code use 62% | 0:25 elapsed, eta 1:03"``."""
+        """``"name 12/40 | reward 0.41 | tool use 62% | 0:25 elapsed, eta 1:03"``."""
         timing = f"{clock_text(self.rate.elapsed())} elapsed, {self._eta_text(total)}"
         count = f"{self.name} {done}" + ("" if total is None else f"/{total}")
         return " | ".join([count, *(f"{k} {v}" for k, v in fields.items()), timing])

@@ -127,3 +127,11 @@ def test_each_format_renders_its_own_block_and_markers():
     assert fences.parse("\nx=1\n") == Call("python", {"code": "\nx=1\n"})
     assert hermes.render("5") == "\n<tool_response>\n5\n</tool_response>\n"
     assert (hermes.call_start, hermes.call_end) == ("<tool_call>", "</tool_call>")
+
+
+def test_tool_names_come_from_the_classes_without_building_them():
+    from zerotir.tools.registry import tool_names
+
+    entries = [{"class_path": "python"}, {"class_path": "search", "init_args": {"corpus": "no/such/file.jsonl"}},
+               {"class_path": "mcp", "init_args": {"command": ["no-such-server"]}}]
+    assert tool_names(entries) == ["python", "search"]  # an MCP server's tools are named once it runs

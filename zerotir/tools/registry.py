@@ -27,7 +27,7 @@ from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_schemas"]
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_names", "tool_schemas"]
 
 BUILT_IN = {
     "python": "zerotir.tools.python.PythonTool",
@@ -71,6 +71,13 @@ def tool_schemas(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The function-calling schemas of the tools of ``model.tool.tools`` ``entries``, in order, without binding them
     to a run (what a chat template shows the model: ``zerotir.data.prompts``)."""
     return [tool.schema() for entry in entries for tool in _expanded(entry)]
+
+
+def tool_names(entries: list[dict[str, Any]]) -> list[str]:
+    """The names of the tools of ``model.tool.tools`` ``entries`` that their class names, in order, without building
+    them; an entry whose tools are named only once built (an MCP server's) gives none."""
+    classes = [resolve(entry["class_path"]) for entry in entries]
+    return [cls.name for cls in classes if cls.name]
 
 
 def _expanded(entry: dict[str, Any]) -> list[Tool]:
