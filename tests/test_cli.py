@@ -434,3 +434,12 @@ def test_the_progress_bar_is_given_the_runs_tools(tiny_dir, tmp_path, no_toy_bui
     cli = toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.max_tool_calls", "0",
                   "--model.tool.sandbox.workers", "null", root=tmp_path)
     assert [cb.tools for cb in cli.trainer.callbacks if isinstance(cb, RLStepProgressBar)] == [[]]
+
+
+def test_the_start_line_names_the_tools_and_the_call_format(tiny_dir, tmp_path, no_toy_build, caplog):
+    tools = json.dumps([{"class_path": "python"}, {"class_path": "calculator"}])
+    with caplog.at_level("INFO", logger="zerotir.cli"):
+        toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.format", "hermes",
+                "--model.tool.tools", tools, "--model.tool.max_tool_calls", "3", root=tmp_path)
+    assert (f"zerotir fit: tools python, calculator (call format hermes, up to 3 calls per response); run folder "
+            f"{tmp_path}") in caplog.messages

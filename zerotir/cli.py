@@ -149,6 +149,8 @@ class ZeroTIRCLI(LightningCLI):
             root = new_run_dir(root / self.subcommand)
             config.trainer.default_root_dir = str(root)
             log.info("%s: this run's reports and logs go to %s", self.subcommand, root)
+        if self.subcommand in ("fit", "validate", "test", None):  # None: the CLI built without a subcommand (a fit)
+            log.info("zerotir %s: %s; run folder %s", self.subcommand or "fit", _tools_line(config.model.tool), root)
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
@@ -234,6 +236,14 @@ def prompt_tools(call_format: str, tools: list[dict[str, Any]]) -> list[dict[str
     """``data.tools``: the tools the data's prompt describes, ``model.tool.tools`` under a format that calls tools
     by name (hermes, chat), else None (the fences' prompt speaks of code blocks)."""
     return tools if call_format != "fences" else None
+
+
+def _tools_line(tool: Any) -> str:
+    """The run's tools and call format as its start line says them (``model.tool``, parsed)."""
+    if tool.max_tool_calls == 0:
+        return "no tools (model.tool.max_tool_calls 0)"
+    names = ", ".join(str(entry["class_path"]) for entry in tool.tools)
+    return f"tools {names} (call format {tool.format}, up to {tool.max_tool_calls} calls per response)"
 
 
 def _tools(config: Namespace) -> list[str]:
