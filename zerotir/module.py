@@ -120,7 +120,7 @@ class ZeroTIRModule(LightningModule):
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
                                           self.model_path, seed, base.lora.rank if base.lora else None)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
-        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
+        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, tool.format)
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
         self.step_changing_state = False  # the step in progress changes saved state: no checkpoint of half a step
