@@ -443,3 +443,21 @@ def test_the_start_line_names_the_tools_and_the_call_format(tiny_dir, tmp_path, 
                 "--model.tool.tools", tools, "--model.tool.max_tool_calls", "3", root=tmp_path)
     assert (f"zerotir fit: tools python, calculator (call format hermes, up to 3 calls per response); run folder "
             f"{tmp_path}") in caplog.messages
+
+
+def test_export_names_both_folders_of_a_lora_export(tmp_path, capsys, monkeypatch):
+    written = []
+
+    def export_policy(ckpt_path: str, out_dir: str, model_path: str | None = None,
+                      merged_dir: str | None = None) -> Path:  # the real one's signature, which the parser reads
+        written.append((out_dir, merged_dir))
+        return Path(out_dir)
+
+    monkeypatch.setattr(models, "export_policy", export_policy)
+    entry.main(["export", "--ckpt_path", "x.ckpt", "--out_dir", str(tmp_path / "adapters"),
+                f"--merged_dir={tmp_path / 'merged'}"])
+    assert written == [(str(tmp_path / "adapters"), str(tmp_path / "merged"))]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"exported policy to {tmp_path / 'adapters'} and the merged model (base + adapters) to {tmp_path / 'merged'}")
+    entry.main(["export", "--ckpt_path", "x.ckpt", "--out_dir", str(tmp_path / "policy")])
+    assert capsys.readouterr().out.splitlines()[-1] == f"exported policy to {tmp_path / 'policy'}"

@@ -23,7 +23,8 @@ USAGE = __doc__
 
 def export_main(args: list[str]) -> None:
     """``export --ckpt_path CKPT --out_dir DIR [--model_path BASE] [--merged_dir DIR]``: the policy of a checkpoint
-    as a HF folder (a LoRA run's: its adapters as a peft folder, and with ``--merged_dir`` the merged model)."""
+    as a HF folder in ``--out_dir`` (a LoRA run's: its adapters as a peft folder there, and with ``--merged_dir``
+    also the merged model, a second folder); the last line names every folder written."""
     from jsonargparse import CLI
 
     from zerotir.cli_checks import use_cpu_deepspeed_without_cuda
@@ -32,7 +33,19 @@ def export_main(args: list[str]) -> None:
     use_cpu_deepspeed_without_cuda()  # before DeepSpeed loads: no "Setting accelerator to CPU" warning
 
     out = CLI(export_policy, args=args, as_positional=False)
-    print(f"exported policy to {out}")
+    merged = _option_value(args, "--merged_dir")
+    print(f"exported policy to {out}" + (f" and the merged model (base + adapters) to {merged}" if merged else ""))
+
+
+def _option_value(args: list[str], option: str) -> str | None:
+    """The value of ``option`` in ``args`` (``--option VALUE`` or ``--option=VALUE``; the last one), or None."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(option + "="):
+            found = arg.split("=", 1)[1]
+    return None if found in (None, "null") else found
 
 
 # The subcommands of the LightningCLI, and the options that print and exit (no run starts).
