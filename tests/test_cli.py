@@ -461,3 +461,12 @@ def test_export_names_both_folders_of_a_lora_export(tmp_path, capsys, monkeypatc
         f"exported policy to {tmp_path / 'adapters'} and the merged model (base + adapters) to {tmp_path / 'merged'}")
     entry.main(["export", "--ckpt_path", "x.ckpt", "--out_dir", str(tmp_path / "policy")])
     assert capsys.readouterr().out.splitlines()[-1] == f"exported policy to {tmp_path / 'policy'}"
+
+
+def test_testing_an_exported_model_with_a_toy_config_says_evaluate_not_train(no_toy_build, tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"not a toy base.*To evaluate this model as it is, add --toy_base null"):
+        ZeroTIRCLI(args=["test", "--config", CONFIG, "--model.base.path", str(tiny_dir),
+                         "--trainer.default_root_dir", str(tmp_path)])
+    assert list((tmp_path / "test").iterdir()) == []  # the test run's own folder, empty, is gone
+    with pytest.raises(ValueError, match=r"To train this model as it is, add --toy_base null"):
+        toy_cli("--model.base.path", str(tiny_dir), root=tmp_path)

@@ -118,7 +118,13 @@ class ZeroTIRCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)  # the module builds its one optimizer itself
         kwargs.setdefault("parser_class", ZeroTIRArgumentParser)  # short errors, "did you mean" for a mistyped key
         kwargs.setdefault("parser_kwargs", {"prog": "python -m zerotir"})
-        super().__init__(ZeroTIRModule, PromptDataModule, *args, **kwargs)
+        self._eval_dir: Path | None = None  # the folder of this validate / test run, once created
+        try:
+            super().__init__(ZeroTIRModule, PromptDataModule, *args, **kwargs)
+        except BaseException:
+            if self._eval_dir is not None and not any(p.is_file() for p in self._eval_dir.rglob("*")):
+                shutil.rmtree(self._eval_dir)  # a run that failed having written nothing leaves no empty folder
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -146,7 +152,7 @@ class ZeroTIRCLI(LightningCLI):
         if self.subcommand in ("validate", "test"):
             # A run of its own (reports, events, config.yaml, rollouts), never in the training run's folders or over
             # another evaluation's; --ckpt_path last still finds the training run's checkpoints (set above).
-            root = new_run_dir(root / self.subcommand)
+            root = self._eval_dir = new_run_dir(root / self.subcommand)
             config.trainer.default_root_dir = str(root)
             log.info("%s: this run's reports and logs go to %s", self.subcommand, root)
         if self.subcommand in ("fit", "validate", "test", None):  # None: the CLI built without a subcommand (a fit)
@@ -180,7 +186,8 @@ class ZeroTIRCLI(LightningCLI):
             settings = config.toy_base
             settings = asdict(settings) if isinstance(settings, PretrainSettings) else settings.as_dict()
             check_toy_base_path(config.model.base.path, self._model_path_of_config_files(config),
-                                PretrainSettings(**settings))
+                                PretrainSettings(**settings),
+                                "evaluate" if self.subcommand in ("validate", "test") else "train")
             ensure_toy_base(config.model.base.path, **settings)
 
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
