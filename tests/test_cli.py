@@ -303,15 +303,18 @@ def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path,
 
 
 def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
-    """docs/usage.md's override of model.tool.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
+    """docs/usage.md's override of model.tool.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2):
+    the servers named on the command line unset the file's embedded settings; both in one file stay an error."""
     line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.tool.sandbox.urls"))
     example = shlex.split(line)
     monkeypatch.chdir(REPO)
     common = ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
-    with pytest.raises(ValueError, match=r"model.tool.sandbox.workers=2.*--model.tool.sandbox.workers null"):
-        toy_cli(*common, *example[:2], root=tmp_path)  # the urls alone: the fix is named
     cli = toy_cli(*common, *example, root=tmp_path)
     assert cli.model.sandbox_config.urls == ["http://127.0.0.1:8080"] and cli.model.sandbox_config.workers is None
+    both = tmp_path / "both.yaml"
+    both.write_text("model:\n  tool:\n    sandbox:\n      urls: [http://127.0.0.1:8080]\n      workers: 2\n")
+    with pytest.raises(ValueError, match=r"model.tool.sandbox.workers=2.*--model.tool.sandbox.workers null"):
+        toy_cli(*common, "--config", str(both), root=tmp_path)
 
 
 def test_a_mistyped_key_says_did_you_mean_and_the_groups_keys_not_the_usage(capsys, monkeypatch):

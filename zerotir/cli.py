@@ -56,7 +56,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
 from zerotir.cli_checks import (check_last_exists, check_not_finished, check_run_settings, join_negative_values,
-                                use_cpu_deepspeed_without_cuda)
+                                urls_unset_the_embedded_server, use_cpu_deepspeed_without_cuda)
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
@@ -118,6 +118,10 @@ class ZeroTIRCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)  # the module builds its one optimizer itself
         kwargs.setdefault("parser_class", ZeroTIRArgumentParser)  # short errors, "did you mean" for a mistyped key
         kwargs.setdefault("parser_kwargs", {"prog": "python -m zerotir"})
+        if kwargs.get("args") is None:  # the command line: LightningCLI reads sys.argv
+            sys.argv[1:] = urls_unset_the_embedded_server(sys.argv[1:])
+        elif isinstance(kwargs["args"], list):
+            kwargs["args"] = urls_unset_the_embedded_server([str(a) for a in kwargs["args"]])
         self._eval_dir: Path | None = None  # the folder of this validate / test run, once created
         try:
             super().__init__(ZeroTIRModule, PromptDataModule, *args, **kwargs)

@@ -3,6 +3,8 @@ fix (used by ``zerotir.cli``):
 
 * ``join_negative_values``: ``--model.optim.lr -1e-4`` is read as a value (argparse takes ``-1e-4`` for an option:
   its negative-number rule knows no exponent);
+* ``urls_unset_the_embedded_server``: ``--model.tool.sandbox.urls`` on the command line also unsets the embedded
+  server's settings a config file gave (``workers: 2`` of the toy configs), unless the command line sets them too;
 * ``check_run_settings``: a GPU asked for on a machine without CUDA (Lightning says only "No supported gpu backend
   found!") and ``trainer.max_steps 0`` for ``fit`` (it would start the sandbox and write a run that trains nothing);
 * ``use_cpu_deepspeed_without_cuda``: DeepSpeed's accelerator warning kept off stdout (``--print_config``,
@@ -35,6 +37,26 @@ def join_negative_values(argv: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+_URLS = "--model.tool.sandbox.urls"
+# The embedded server's settings, and what unsets each (``SandboxConfig``: an error beside urls).
+_EMBEDDED = {"--model.tool.sandbox.workers": "null", "--model.tool.sandbox.server_options": "{}"}
+
+
+def urls_unset_the_embedded_server(argv: list[str]) -> list[str]:
+    """``argv`` with the embedded server's settings unset after it when it gives ``--model.tool.sandbox.urls`` (not
+    null) and none of them: servers named on the command line override a config file's embedded server, whose
+    settings cannot apply beside them. Settings given in one place with urls (both in a file, both typed) stay an
+    error (``SandboxConfig``)."""
+    keys = [a.split("=", 1)[0] for a in argv]
+    if _URLS not in keys:
+        return argv
+    at = len(keys) - 1 - keys[::-1].index(_URLS)
+    value = argv[at].split("=", 1)[1] if "=" in argv[at] else (argv[at + 1] if at + 1 < len(argv) else "null")
+    if value.strip().lower() in ("null", "none") or any(k in keys for k in _EMBEDDED):
+        return argv
+    return argv + [word for key, unset in _EMBEDDED.items() for word in (key, unset)]
 
 
 def check_run_settings(config: Any, subcommand: str | None) -> None:
