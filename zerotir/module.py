@@ -50,6 +50,7 @@ from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
 from zerotir.scale.distributed import gather_objects
 from zerotir.scale.peer_watch import CloseOnException, WatchPeers
+from zerotir.tools.formats import FormatWatch
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class ZeroTIRModule(LightningModule):
                                           self.model_path, seed, base.lora.rank if base.lora else None)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, tool.format)
+        self.format_watch = FormatWatch(tool)  # warns once: calls written in the other format
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
         self.step_changing_state = False  # the step in progress changes saved state: no checkpoint of half a step
@@ -257,6 +259,7 @@ class ZeroTIRModule(LightningModule):
         filled, sandbox, taken = self._fill(step)
         traj, timings = filled.trajectories, filled.timings
         self.sandbox_guard.update(traj, step, sandbox)
+        self.format_watch.update(step, traj.response_texts, traj.num_calls)
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self._reference),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
