@@ -10,9 +10,9 @@ step was slow nor zero right after a resume. Without a terminal (a pipe, ``nohup
 ``quiet_library_output`` (called by ``python -m zerotir``) filters, each by its message and source, never all
 warnings: Lightning's advertising tips, its TPU / HPU availability lines and its note that a model summary callback
 is configured, the "checkpoint directory exists" warning (a resumed run writes into its own folder on purpose), its
-warning that a resumed checkpoint holds callbacks this run does not list, Lightning's ``sync_dist`` advice for the evaluation
-tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
-helper, transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
+warning that a resumed checkpoint holds callbacks this run does not list, Lightning's ``sync_dist`` advice for the
+evaluation tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside
+Lightning's pytree helper, transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
 local cluster, and vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set).
 ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build)
 go to stderr.
@@ -39,7 +39,8 @@ def debug_requested() -> bool:
 
 # Lightning's rank-zero messages that say nothing to a zerotir user (matched at the start of the message).
 # "Trainer already configured with model summary callbacks": the CLI's own ``LateModelSummary`` is that callback.
-LIGHTNING_INFO_NOISE = ("💡 Tip:", "TPU available:", "HPU available:", "Trainer already configured with model summary")
+LIGHTNING_INFO_NOISE = ("💡 Tip:", "TPU available:", "HPU available:",
+                        "Trainer already configured with model summary")
 # Ray's note, at every start of a local cluster (the fleet's), that it turned token authentication on by default. Its
 # warning that authentication is *disabled* (a cluster anyone on the network may use) is kept.
 RAY_NOISE = ("Token authentication is enabled for this Ray cluster",)
