@@ -1,15 +1,17 @@
-"""The progress of a ZeroTIR run as a person reads it: RL step k of N with its reward and code use.
+"""The progress of a ZeroTIR run as a person reads it: RL step k of N with its reward and tool use.
 
 Lightning's bars describe the training loop by epoch ("Epoch 0/-2" for a run bounded by ``trainer.max_steps``) and
 by batches of the current epoch (``14/3`` right after a resume), show only what was logged to the bar, and, without
 a terminal, print once at the end. A ZeroTIR run's prompt stream has no epochs that mean anything to its user: one
-RL step is one training batch, and what the user watches is whether the reward and the code use go up.
+RL step is one training batch, and what the user watches is whether the reward and the tool use go up.
 
 This bar counts RL steps from each step's ``StepResult`` (``outputs["step"]``), so a resumed run goes on from its
 checkpoint's step, and the ETA is measured on this process's steps (``zerotir.console.StepDisplay``). In a terminal
 it is a live bar, ended before a validation (whose report then prints on lines of its own); without one (a pipe,
-``nohup``, CI) it prints one line per RL step and per evaluation batch. Reward and code use are rank 0's
-trajectories. The CLI adds this bar unless the config names another progress bar or turns the bar off.
+``nohup``, CI) it prints one line per RL step and per evaluation batch. Reward and tool use (the share of responses
+that called a tool) are rank 0's trajectories; with several tools, each tool's share follows, the configured ones
+(``tools``) and any other called so far shown every step, 0% when not called. The CLI adds this bar, given the
+run's tools, unless the config names another progress bar or turns the bar off.
 """
 
 from __future__ import annotations
@@ -38,25 +40,39 @@ def rl_step_total(max_steps: int, global_step: int, rl_step: int) -> int | None:
     return max_steps * rl_step // global_step
 
 
-def step_fields(result: StepResult) -> dict[str, str]:
-    """What the bar shows of a step: mean reward and the share of responses that ran code."""
+def with_called_tools(tools: list[str], rollout: Any) -> list[str]:
+    """``tools`` followed by any other tool name that a call of ``rollout`` (``Trajectories``) went to."""
+    return list(dict.fromkeys([*tools, *(call.tool for row in rollout.tool_calls for call in row if call.tool)]))
+
+
+def step_fields(result: StepResult, tools: list[str] | None = None) -> dict[str, str]:
+    """What the bar shows of a step: mean reward, the share of responses that called a tool, and with more than one
+    tool (``tools``, and any other the step called) each one's share of the responses that called it."""
     rollout = result.rollout
     if len(rollout) == 0:
         return {}
-    return {"reward": f"{float(rollout.rewards.float().mean()):.2f}",
-            "code use": percent(float((rollout.num_calls > 0).float().mean()))}
+    fields = {"reward": f"{float(rollout.rewards.float().mean()):.2f}",
+              "tool use": percent(float((rollout.num_calls > 0).float().mean()))}
+    names = with_called_tools(list(tools or []), rollout)
+    if len(names) > 1:
+        rows = rollout.tool_calls
+        fields.update({name: percent(sum(any(c.tool == name for c in row) for row in rows) / len(rows))
+                       for name in names})
+    return fields
 
 
 class RLStepProgressBar(ProgressBar):
-    """RL step k of N, reward and code use: a live bar in a terminal, a line per step otherwise.
+    """RL step k of N, reward and tool use: a live bar in a terminal, a line per step otherwise.
 
     Args:
         lines: True prints lines, False draws a live bar; default: lines unless ``stream`` is a terminal.
         stream: where the progress goes (default: stderr).
+        tools: the names of the run's tools: with more than one, each is shown every step (0% when not called).
     """
 
-    def __init__(self, lines: bool | None = None, stream: TextIO | None = None) -> None:
+    def __init__(self, lines: bool | None = None, stream: TextIO | None = None, tools: list[str] | None = None) -> None:
         super().__init__()
+        self.tools = list(tools or [])  # grows with any other tool a step called (an MCP server's)
         self._enabled = True
         self._terminal = None if lines is None else not lines
         self._stream = stream
@@ -98,7 +114,8 @@ class RLStepProgressBar(ProgressBar):
             return
         result = outputs["step"]
         total = rl_step_total(trainer.max_steps, trainer.global_step, result.rl_step)
-        self._train.update(result.rl_step, total, step_fields(result))
+        self.tools = with_called_tools(self.tools, result.rollout)
+        self._train.update(result.rl_step, total, step_fields(result, self.tools))
         if total is not None and result.rl_step >= total:
             self._train.close()  # Lightning's "max_steps reached" line comes next, on a line of its own
 

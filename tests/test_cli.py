@@ -306,15 +306,18 @@ def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path,
 
 
 def test_the_usage_docs_sandbox_urls_example_works_on_the_toy_configs(tiny_dir, tmp_path, monkeypatch):
-    """docs/usage.md's override of model.tool.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2)."""
+    """docs/usage.md's override of model.tool.sandbox.urls, on a config that sizes its embedded sandbox (workers: 2):
+    the servers named on the command line unset the file's embedded settings; both in one file stay an error."""
     line = next(t for t in (REPO / "docs" / "usage.md").read_text().split("`") if t.startswith("--model.tool.sandbox.urls"))
     example = shlex.split(line)
     monkeypatch.chdir(REPO)
     common = ["--model.base.path", str(tiny_dir), "--toy_base", "null"]
-    with pytest.raises(ValueError, match=r"model.tool.sandbox.workers=2.*--model.tool.sandbox.workers null"):
-        toy_cli(*common, *example[:2], root=tmp_path)  # the urls alone: the fix is named
     cli = toy_cli(*common, *example, root=tmp_path)
     assert cli.model.sandbox_config.urls == ["http://127.0.0.1:8080"] and cli.model.sandbox_config.workers is None
+    both = tmp_path / "both.yaml"
+    both.write_text("model:\n  tool:\n    sandbox:\n      urls: [http://127.0.0.1:8080]\n      workers: 2\n")
+    with pytest.raises(ValueError, match=r"model.tool.sandbox.workers=2.*--model.tool.sandbox.workers null"):
+        toy_cli(*common, "--config", str(both), root=tmp_path)
 
 
 def test_a_mistyped_key_says_did_you_mean_and_the_groups_keys_not_the_usage(capsys, monkeypatch):
@@ -394,3 +397,82 @@ def test_a_mistyped_key_in_a_yaml_file_names_the_file_and_the_subcommands_help(c
     err = parse_error(["fit", "--config", CONFIG, "--config", str(typo), "--print_config"], capsys)
     assert f"in the config file {typo}" in err and "did you mean: --model.rl.kl_coef" in err
     assert "(every option with its meaning: python -m zerotir fit --help)" in err
+
+
+# ``python -m zerotir`` in a fresh interpreter, ended at its first line of output: the line, and whether Lightning
+# and torch were imported when it was written.
+FIRST_LINE = """import os, sys
+from zerotir.__main__ import main
+class Probe:
+    def __init__(self, stream):
+        self.stream = stream
+    def write(self, text):
+        if text.strip():
+            print([text.strip(), 'lightning' in sys.modules, 'torch' in sys.modules], file=sys.__stdout__, flush=True)
+            os._exit(0)
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+sys.stdout, sys.stderr = Probe(sys.stdout), Probe(sys.stderr)
+sys.argv = ['zerotir'] + sys.argv[1:]
+main()
+"""
+
+
+def test_a_run_says_its_first_line_before_torch_and_lightning_load():
+    """Importing torch, Lightning and transformers takes tens of seconds under load: the command's first line comes
+    before them. (Should no line come first, the run would fail its GPU check after the parse.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIRST_LINE, "fit", "--config", "configs/toy_cpu.yaml",
+                           "--trainer.accelerator", "gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == ("['zerotir fit: config configs/toy_cpu.yaml, starting (loading torch and "
+                                   "Lightning)...', False, False]"), done.stdout + done.stderr[-2000:]
+
+
+def test_the_progress_bar_is_given_the_runs_tools(tiny_dir, tmp_path, no_toy_build):
+    tools = json.dumps([{"class_path": "python"}, {"class_path": "calculator"}])
+    cli = toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.format", "hermes",
+                  "--model.tool.tools", tools, root=tmp_path)
+    (bar,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, RLStepProgressBar)]
+    assert bar.tools == ["python", "calculator"]
+    cli = toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.max_tool_calls", "0",
+                  "--model.tool.sandbox.workers", "null", root=tmp_path)
+    assert [cb.tools for cb in cli.trainer.callbacks if isinstance(cb, RLStepProgressBar)] == [[]]
+
+
+def test_the_start_line_names_the_tools_and_the_call_format(tiny_dir, tmp_path, no_toy_build, caplog):
+    tools = json.dumps([{"class_path": "python"}, {"class_path": "calculator"}])
+    with caplog.at_level("INFO", logger="zerotir.cli"):
+        toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.format", "hermes",
+                "--model.tool.tools", tools, "--model.tool.max_tool_calls", "3", root=tmp_path)
+    assert (f"zerotir fit: tools python, calculator (call format hermes, up to 3 calls per response); run folder "
+            f"{tmp_path}") in caplog.messages
+
+
+def test_export_names_both_folders_of_a_lora_export(tmp_path, capsys, monkeypatch):
+    written = []
+
+    def export_policy(ckpt_path: str, out_dir: str, model_path: str | None = None,
+                      merged_dir: str | None = None) -> Path:  # the real one's signature, which the parser reads
+        written.append((out_dir, merged_dir))
+        return Path(out_dir)
+
+    monkeypatch.setattr(models, "export_policy", export_policy)
+    entry.main(["export", "--ckpt_path", "x.ckpt", "--out_dir", str(tmp_path / "adapters"),
+                f"--merged_dir={tmp_path / 'merged'}"])
+    assert written == [(str(tmp_path / "adapters"), str(tmp_path / "merged"))]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"exported policy to {tmp_path / 'adapters'} and the merged model (base + adapters) to {tmp_path / 'merged'}")
+    entry.main(["export", "--ckpt_path", "x.ckpt", "--out_dir", str(tmp_path / "policy")])
+    assert capsys.readouterr().out.splitlines()[-1] == f"exported policy to {tmp_path / 'policy'}"
+
+
+def test_testing_an_exported_model_with_a_toy_config_says_evaluate_not_train(no_toy_build, tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"not a toy base.*To evaluate this model as it is, add --toy_base null"):
+        ZeroTIRCLI(args=["test", "--config", CONFIG, "--model.base.path", str(tiny_dir),
+                         "--trainer.default_root_dir", str(tmp_path)])
+    assert list((tmp_path / "test").iterdir()) == []  # the test run's own folder, empty, is gone
+    with pytest.raises(ValueError, match=r"To train this model as it is, add --toy_base null"):
+        toy_cli("--model.base.path", str(tiny_dir), root=tmp_path)

@@ -191,3 +191,43 @@ def test_the_index_holds_zerotirs_own_classes_whatever_else_is_imported():
 
     classes = generate_index()["subcommands"]["fit"]["classes"]["model.reward"]
     assert UsersReward.__name__ not in classes and "MathReward" in classes
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model.rl.kl_coef", "abc"], "error: model.rl.kl_coef='abc' (on the command line): expected a float\n"),
+    (["--trainer.max_steps=0"], "error: trainer.max_steps='0' (on the command line): trains no RL step"),
+    (["--model.rl.algorithm", "gpro"], "one of reinforce_pp, ppo, reinforce_baseline, rloo, grpo (did you mean grpo?)"),
+])
+def test_a_bad_value_errors_before_torch_is_imported(args, message):
+    done = subprocess.run([sys.executable, "-c", ENTRY, "fit", "--config", BASE, *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert message in done.stderr and "(every option with its meaning: python -m zerotir fit --help)" in done.stderr
+
+
+def test_the_value_that_wins_is_checked_where_it_was_given(capsys, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  rl:\n    algorithm: dpo\n  sampling:\n    n: 2.5\n")
+    err = key_error(["fit", "--config", BASE, "--config", str(mine), "--model.rl.algorithm", "grpo"], capsys)
+    assert f"error: model.sampling.n=2.5 (in the config file {mine}): expected an int" in err  # the file's wins
+    # the command line's value wins over the file's bad one; the base file's over nothing
+    check_keys(["fit", "--config", str(mine), "--model.rl.algorithm", "rloo", "--model.sampling.n", "4"])
+
+
+@pytest.mark.parametrize("args", [
+    ["--model.optim.lr", "-1e-4"], ["--model.optim.lr=1e-4"], ["--model.rl.dual_clip", "null"],
+    ["--model.rl.kl_coef", "0"], ["--trainer.max_steps", "-1"], ["--model.filters.pass_rate", "True"],
+    ["--trainer.precision", "bf16-mixed"], ["--trainer.precision", "32"]])
+def test_the_spellings_the_parser_accepts_pass_the_value_check(args):
+    check_keys(["fit", "--config", BASE, *args])  # no exit
+
+
+def test_a_mistyped_class_name_of_zerotir_says_did_you_mean(capsys, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  reward:\n    class_path: MathRewrd\n")
+    err = key_error(["fit", "--config", BASE, "--config", str(mine)], capsys)
+    assert "error: model.reward.class_path='MathRewrd': no such class (did you mean MathReward?)" in err
+    assert "JudgeReward" in err
+    err = key_error(["fit", "--config", BASE, "--model.rollout", "VLLMRolout"], capsys)
+    assert "model.rollout.class_path='VLLMRolout': no such class (did you mean VLLMRollout?)" in err
+    check_keys(["fit", "--config", BASE, "--model.reward", "my_rewards.Mine", "--model.rollout", "HFRollout"])

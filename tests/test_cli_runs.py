@@ -34,7 +34,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(tiny_dir, t
         ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
                          "--data.train_files", f"[{tmp_path / 'missing.jsonl'}]",
                          "--trainer.default_root_dir", str(tmp_path / "run")])
-    assert not (tmp_path / "run" / "tensorboard").exists()
+    assert not (tmp_path / "run").exists()  # the run folder it created, left empty, is gone too
 
 
 def test_only_rank_zero_removes_the_log_folder_of_a_failed_run(tiny_dir, tmp_path, monkeypatch):
@@ -108,3 +108,20 @@ def test_resuming_a_finished_deepspeed_run_says_to_raise_max_steps(tmp_path, sta
     with pytest.raises(ValueError, match=r"the run is finished.*RL step 6.*--trainer.max_steps 12"):
         check_not_finished("last", str(tmp_path), 6)
     check_not_finished("last", str(tmp_path), 7)  # a run with steps left resumes
+
+
+def test_resuming_last_where_no_checkpoint_is_names_the_folder_and_the_fix(tiny_dir, tmp_path, monkeypatch, capsys):
+    """``fit --ckpt_path last`` with nothing to resume: Lightning warned and trained from step 0 with exit status 0."""
+    import zerotir.__main__ as entry
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("ZEROTIR_DEBUG", "0")
+    with pytest.raises(SystemExit) as exited:
+        entry.main(["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",
+                    "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.max_steps", "1", "--ckpt_path",
+                    "last"])  # a bounded run should the check fail to stop it
+    err = capsys.readouterr().err
+    assert exited.value.code == 1
+    assert f"--ckpt_path last: no last.ckpt in {tmp_path / 'run' / 'checkpoints'}" in err
+    assert "drop --ckpt_path last" in err and "--trainer.default_root_dir" in err
+    assert not (tmp_path / "run").exists()  # nothing of the run that never started stays behind

@@ -67,6 +67,15 @@ def test_the_toy_variants_are_overlays_on_the_toy_config():
     assert "toy_cpu.yaml" not in names
 
 
+def test_every_whole_toy_config_dumps_its_rollouts():
+    """``python -m zerotir rollouts <run folder>`` works on a run of any toy world (its overlays inherit the list)."""
+    whole = [p for p in CONFIGS if p.name.startswith("toy_") and p not in OVERLAYS]
+    lists = {p.name: (yaml.safe_load(p.read_text())["trainer"].get("callbacks") or []) for p in whole}
+    assert {"toy_cpu.yaml", "toy_tools.yaml", "toy_mixed.yaml", "toy_multi.yaml"} <= set(lists)
+    assert [name for name, callbacks in lists.items()
+            if "callbacks.RolloutDumper" not in [c["class_path"] for c in callbacks]] == []
+
+
 @pytest.mark.parametrize("path", OVERLAYS, ids=lambda p: str(p.relative_to(REPO)))
 def test_an_overlay_holds_only_what_differs_from_its_base(path):
     """A key an overlay sets to its base's value says nothing, and goes stale when the base changes."""

@@ -143,3 +143,27 @@ def test_each_vllm_noise_prefix_starts_a_message_of_the_installed_vllm():
                    if isinstance(node, ast.Constant) and isinstance(node.value, str)]
         for prefix in prefixes:
             assert any(s.startswith(prefix) for s in strings), f"{name} logs no message starting {prefix!r}"
+
+
+def test_lightnings_summary_note_and_resume_callback_warning_are_filtered(monkeypatch, caplog):
+    """Said by Lightning itself: the CLI's ``LateModelSummary`` is the summary callback it notes, and a checkpoint
+    holding a callback this run does not list is restored all the same."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelSummary
+    from lightning.pytorch.trainer import call
+
+    lightning_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    monkeypatch.setattr(lightning_log, "filters", [])
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))
+    monkeypatch.delenv("ZEROTIR_DEBUG", raising=False)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        console.quiet_library_output()  # its filters go in front of "always"
+        trainer = Trainer(callbacks=[ModelSummary()], logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False)
+        call._call_callbacks_on_load_checkpoint(trainer, {"callbacks": {"Gone": {}},
+                                                          "pytorch-lightning_version": "2.6.6"})
+    assert "GPU available" in caplog.text  # Lightning's lines are captured; the note among them is not
+    assert "model summary callbacks" not in caplog.text
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +193,19 @@ def test_require_single_boxed_holds_on_the_batch_paths(scorer: RewardScorer) -> 
     assert got == [0.0, 1.0]
     with RewardScorer(max_workers=1, timeout_s=2, require_single_boxed=True) as single:
         assert single.score_batch_sync([twice, once], truths, cut) == [0.0, 1.0]
+
+
+def test_an_unguarded_script_gets_the_main_guard_named_not_a_broken_pool(tmp_path) -> None:
+    """A script whose top level scores without ``if __name__ == "__main__":``: the spawned workers re-run it and die
+    at start; the error names the guard instead of pebble's "All workers expired"."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text("from zerotir.reward import RewardScorer\n"
+                      "print(RewardScorer(max_workers=1).score_batch_sync(['\\\\boxed{0.5}'], ['1/2'], [False]))\n")
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode != 0
+    assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]

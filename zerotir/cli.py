@@ -27,7 +27,8 @@ What the subclass adds to Lightning's CLI:
       from a ``--config`` file names the file;
     * the checks Lightning answers late or vaguely (``zerotir.cli_checks``): ``--key -1e-4`` is a value, a GPU
       without CUDA and ``trainer.max_steps 0`` fail before anything is built, a resume of a finished run says to
-      raise ``trainer.max_steps``; a run that fails before its first RL step removes the log folder it created;
+      raise ``trainer.max_steps``, ``--ckpt_path last`` with no ``last.ckpt`` names the folder it looked in; a run
+      that fails before its first RL step removes the log folder it created;
     * the model table printed when training starts (``LateModelSummary``), after the sandbox and the engine started.
 """
 
@@ -54,21 +55,23 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
-from zerotir.cli_checks import (check_not_finished, check_run_settings, join_negative_values,
-                                use_cpu_deepspeed_without_cuda)
+from zerotir.cli_checks import (check_last_exists, check_not_finished, check_run_settings, join_negative_values,
+                                urls_unset_the_embedded_server, use_cpu_deepspeed_without_cuda)
 from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import new_run_dir
 from zerotir.module import ZeroTIRModule
 from zerotir.tools.mcp_server import RUN_DIR_ENV
+from zerotir.tools.registry import tool_names
 from zerotir.toy.base_path import check_toy_base_path
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base
 
 DEFAULT_ROOT = "runs/zerotir"
 # The callbacks every run needs, added unless the config lists them: named by class_path, since nothing of zerotir/
-# imports callbacks/ (docs/architecture.md). PurgeResumedSteps: one value per step on a resumed run's curves.
-RUN_CALLBACKS = ("callbacks.PurgeResumedSteps",)
+# imports callbacks/ (docs/architecture.md). PurgeResumedSteps: one value per step on a resumed run's curves;
+# SaveOnInterrupt: Ctrl-C saves last.ckpt at the last completed RL step and says where a resume starts.
+RUN_CALLBACKS = ("callbacks.PurgeResumedSteps", "callbacks.SaveOnInterrupt")
 log = logging.getLogger(__name__)
 
 # Two Lightning notices that are expected here, not problems: the frozen reference model is in eval mode on purpose,
@@ -116,7 +119,17 @@ class ZeroTIRCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)  # the module builds its one optimizer itself
         kwargs.setdefault("parser_class", ZeroTIRArgumentParser)  # short errors, "did you mean" for a mistyped key
         kwargs.setdefault("parser_kwargs", {"prog": "python -m zerotir"})
-        super().__init__(ZeroTIRModule, PromptDataModule, *args, **kwargs)
+        if kwargs.get("args") is None:  # the command line: LightningCLI reads sys.argv
+            sys.argv[1:] = urls_unset_the_embedded_server(sys.argv[1:])
+        elif isinstance(kwargs["args"], list):
+            kwargs["args"] = urls_unset_the_embedded_server([str(a) for a in kwargs["args"]])
+        self._eval_dir: Path | None = None  # the folder of this validate / test run, once created
+        try:
+            super().__init__(ZeroTIRModule, PromptDataModule, *args, **kwargs)
+        except BaseException:
+            if self._eval_dir is not None and not any(p.is_file() for p in self._eval_dir.rglob("*")):
+                shutil.rmtree(self._eval_dir)  # a run that failed having written nothing leaves no empty folder
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -138,15 +151,18 @@ class ZeroTIRCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         root = Path(config.trainer.default_root_dir or DEFAULT_ROOT)
+        self._dirpath_given = config.get("checkpoint") is not None and config.checkpoint.dirpath is not None
         if config.get("checkpoint") is not None and config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(root / "checkpoints")
         if self.subcommand in ("validate", "test"):
             # A run of its own (reports, events, config.yaml, rollouts), never in the training run's folders or over
             # another evaluation's; --ckpt_path last still finds the training run's checkpoints (set above).
-            root = new_run_dir(root / self.subcommand)
+            root = self._eval_dir = new_run_dir(root / self.subcommand)
             config.trainer.default_root_dir = str(root)
             log.info("%s: this run's reports and logs go to %s", self.subcommand, root)
         os.environ[RUN_DIR_ENV] = str(root)  # where tools started in this process or its hosts put their logs
+        if self.subcommand in ("fit", "validate", "test", None):  # None: the CLI built without a subcommand (a fit)
+            log.info("zerotir %s: %s; run folder %s", self.subcommand or "fit", _tools_line(config.model.tool), root)
         if config.trainer.logger in (None, True):
             config.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.TensorBoardLogger",
@@ -160,7 +176,7 @@ class ZeroTIRCLI(LightningCLI):
         if config.trainer.enable_progress_bar is not False and not any(
                 _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
-                Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace())]
+                Namespace(class_path="callbacks.RLStepProgressBar", init_args=Namespace(tools=_tools(config)))]
         named = {_class_name(cb) for cb in _as_list(config.trainer.callbacks)}
         config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
             Namespace(class_path=path, init_args=Namespace()) for path in RUN_CALLBACKS
@@ -176,7 +192,8 @@ class ZeroTIRCLI(LightningCLI):
             settings = config.toy_base
             settings = asdict(settings) if isinstance(settings, PretrainSettings) else settings.as_dict()
             check_toy_base_path(config.model.base.path, self._model_path_of_config_files(config),
-                                PretrainSettings(**settings))
+                                PretrainSettings(**settings),
+                                "evaluate" if self.subcommand in ("validate", "test") else "train")
             ensure_toy_base(config.model.base.path, **settings)
 
     def _model_path_of_config_files(self, config: Namespace) -> str | None:
@@ -193,22 +210,29 @@ class ZeroTIRCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Lightning's, leaving nothing behind when the run fails before its first RL step: the log folder (an empty
-        event file and config.yaml) is removed if this run created it. Rank 0 alone removes it: the logger writes
-        it there only, and two ranks sharing one file system would race on the same folder."""
+        event file and config.yaml) is removed if this run created it, and so is the run folder
+        (``trainer.default_root_dir``) when this run created it and it is left empty. Rank 0 alone removes them: the
+        logger writes there only, and two ranks sharing one file system would race on the same folder."""
         logger = self.trainer.logger  # TensorBoard's and CSV's declare their folder; other loggers keep theirs
         log_dir = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else None
         created = log_dir is not None and not Path(log_dir).exists()
+        root = Path(self.trainer.default_root_dir)
+        root_created = not root.exists()
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            if (created and self.trainer.is_global_zero and self.trainer.global_step == 0
-                    and Path(log_dir).is_dir()):
-                shutil.rmtree(log_dir)
+            if self.trainer.is_global_zero and self.trainer.global_step == 0:
+                if created and Path(log_dir).is_dir():
+                    shutil.rmtree(log_dir)
+                if root_created and root.is_dir() and not any(root.iterdir()):
+                    root.rmdir()
             raise
 
     def before_fit(self) -> None:
         """A resume of a finished run is an error naming the fix, before the sandbox and the engine start."""
         config = self.config["fit"]
+        check_last_exists(config.ckpt_path, config.get("checkpoint") and config.checkpoint.dirpath,
+                          self._dirpath_given)
         check_not_finished(config.ckpt_path, config.get("checkpoint") and config.checkpoint.dirpath,
                            self.trainer.max_steps)
 
@@ -225,6 +249,20 @@ def prompt_tools(call_format: str, tools: list[dict[str, Any]]) -> list[dict[str
     """``data.tools``: the tools the data's prompt describes, ``model.tool.tools`` under a format that calls tools
     by name (hermes, chat), else None (the fences' prompt speaks of code blocks)."""
     return tools if call_format != "fences" else None
+
+
+def _tools_line(tool: Any) -> str:
+    """The run's tools and call format as its start line says them (``model.tool``, parsed)."""
+    if tool.max_tool_calls == 0:
+        return "no tools (model.tool.max_tool_calls 0)"
+    names = ", ".join(str(entry["class_path"]) for entry in tool.tools)
+    return f"tools {names} (call format {tool.format}, up to {tool.max_tool_calls} calls per response)"
+
+
+def _tools(config: Namespace) -> list[str]:
+    """The names of the run's tools (none when ``model.tool.max_tool_calls`` is 0)."""
+    tool = config.model.tool
+    return tool_names(tool.tools) if tool.max_tool_calls > 0 else []
 
 
 def _file_model_path(path: Path) -> str | None:

@@ -3,12 +3,15 @@ fix (used by ``zerotir.cli``):
 
 * ``join_negative_values``: ``--model.optim.lr -1e-4`` is read as a value (argparse takes ``-1e-4`` for an option:
   its negative-number rule knows no exponent);
+* ``urls_unset_the_embedded_server``: ``--model.tool.sandbox.urls`` on the command line also unsets the embedded
+  server's settings a config file gave (``workers: 2`` of the toy configs), unless the command line sets them too;
 * ``check_run_settings``: a GPU asked for on a machine without CUDA (Lightning says only "No supported gpu backend
   found!") and ``trainer.max_steps 0`` for ``fit`` (it would start the sandbox and write a run that trains nothing);
 * ``use_cpu_deepspeed_without_cuda``: DeepSpeed's accelerator warning kept off stdout (``--print_config``,
   ``export``);
 * ``check_not_finished``: ``--ckpt_path`` of a run that already reached ``trainer.max_steps`` (Lightning sets up
-  everything, then exits having done nothing).
+  everything, then exits having done nothing);
+* ``check_last_exists``: ``--ckpt_path last`` where no ``last.ckpt`` is (Lightning warns and trains from step 0).
 """
 
 from __future__ import annotations
@@ -34,6 +37,26 @@ def join_negative_values(argv: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+_URLS = "--model.tool.sandbox.urls"
+# The embedded server's settings, and what unsets each (``SandboxConfig``: an error beside urls).
+_EMBEDDED = {"--model.tool.sandbox.workers": "null", "--model.tool.sandbox.server_options": "{}"}
+
+
+def urls_unset_the_embedded_server(argv: list[str]) -> list[str]:
+    """``argv`` with the embedded server's settings unset after it when it gives ``--model.tool.sandbox.urls`` (not
+    null) and none of them: servers named on the command line override a config file's embedded server, whose
+    settings cannot apply beside them. Settings given in one place with urls (both in a file, both typed) stay an
+    error (``SandboxConfig``)."""
+    keys = [a.split("=", 1)[0] for a in argv]
+    if _URLS not in keys:
+        return argv
+    at = len(keys) - 1 - keys[::-1].index(_URLS)
+    value = argv[at].split("=", 1)[1] if "=" in argv[at] else (argv[at + 1] if at + 1 < len(argv) else "null")
+    if value.strip().lower() in ("null", "none") or any(k in keys for k in _EMBEDDED):
+        return argv
+    return argv + [word for key, unset in _EMBEDDED.items() for word in (key, unset)]
 
 
 def check_run_settings(config: Any, subcommand: str | None) -> None:
@@ -77,6 +100,23 @@ def check_not_finished(ckpt_path: str | None, dirpath: str | None, max_steps: in
             f"--ckpt_path {ckpt_path} ({path}): the run is finished, its checkpoint is at RL step {step} and "
             f"trainer.max_steps={max_steps}. To train on, raise trainer.max_steps "
             f"(e.g. --trainer.max_steps {step + max(max_steps, 1)})")
+
+
+def check_last_exists(ckpt_path: str | None, dirpath: str | None, dirpath_given: bool) -> None:
+    """Raise ``ValueError`` for ``--ckpt_path last`` when the checkpoint folder ``dirpath`` holds no ``last*.ckpt``
+    (a file, or a DeepSpeed checkpoint's folder): a resume that finds nothing must not train from step 0.
+
+    ``dirpath_given``: the folder was set as ``checkpoint.dirpath`` (else it is ``<trainer.default_root_dir>/
+    checkpoints``), which decides the setting the fix names."""
+    if ckpt_path != "last" or dirpath is None:
+        return
+    folder = Path(dirpath)
+    if folder.is_dir() and any(folder.glob("last*.ckpt")):
+        return
+    where = "--checkpoint.dirpath" if dirpath_given else "--trainer.default_root_dir (its checkpoints/ folder is read)"
+    raise ValueError(
+        f"--ckpt_path last: no last.ckpt in {folder}, so there is nothing to resume. To start a fresh run, drop "
+        f"--ckpt_path last; to resume an earlier run, point {where} at that run's folder")
 
 
 def use_cpu_deepspeed_without_cuda() -> None:

@@ -138,14 +138,25 @@ def _files_with_key(args: list[str], name: str) -> list[str]:
     return [f for f in files if Path(f).is_file() and pattern.search(Path(f).read_text())]
 
 
+# The modules of the reported exception types beside the builtins, with the names of those types. An exception of a
+# module that was never imported cannot have been raised, so only the imported ones are looked at: an exit (a
+# command's ``sys.exit``, a ``ValueError`` of the config) never imports Lightning or torch just to compare types.
+_REPORTED_ELSEWHERE = {
+    "lightning.fabric.utilities.exceptions": ("MisconfigurationException",),
+    "sandbox.client": ("SandboxUnavailable",),
+    "zerotir.rl.guards": ("SandboxFailureError", "NonFiniteLossError", "EmptyStepsError"),
+}
+
+
 def _reported_types() -> tuple[type[BaseException], ...]:
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from sandbox.client import SandboxUnavailable
-    from zerotir.rl.guards import EmptyStepsError, NonFiniteLossError, SandboxFailureError
-
-    return (ValueError, FileNotFoundError, FileExistsError, MisconfigurationException, SandboxUnavailable,
-            SandboxFailureError, NonFiniteLossError, EmptyStepsError)
+    """The exception types reported as a message: the builtins, and those of ``_REPORTED_ELSEWHERE`` whose module is
+    imported (``sys.modules``; nothing is imported here)."""
+    found: list[type[BaseException]] = [ValueError, FileNotFoundError, FileExistsError]
+    for module_name, names in _REPORTED_ELSEWHERE.items():
+        module = sys.modules.get(module_name)
+        if module is not None:
+            found += [vars(module)[name] for name in names]
+    return tuple(found)
 
 
 def _where(exc: BaseException) -> str:

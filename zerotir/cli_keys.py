@@ -19,6 +19,7 @@ accepts, and never changes what it parses.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import types
@@ -26,6 +27,8 @@ import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from zerotir.cli_values import check_values, value_spec
 
 INDEX_FILE = Path(__file__).with_name("cli_keys.json")
 # The libraries whose signatures shape the parser: an index made with other versions of them is not used (a Trainer
@@ -60,13 +63,17 @@ def check_keys(argv: list[str], index: dict[str, dict[str, list[str]]] | None = 
         return
     known = _Known(index[argv[0]])
     args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
-    for token in args:
+    for i, token in enumerate(args):
         if token.startswith("--") and not known.accepts(_token_key(token)):
             _fail(argv[0], _token_key(token), None, known)
+        key = _token_key(token).removesuffix(".class_path") if token.startswith("--") else ""
+        if key in known.classes and ("=" in token or i + 1 < len(args)):
+            _check_class_name(key, token.split("=", 1)[1] if "=" in token else args[i + 1], known)
     for path in _config_files(args):
         for key in _unknown_file_keys(path, known):
             _fail(argv[0], key, path, known)
         _check_callback_settings(argv[0], path)
+    check_values(argv[0], args, index[argv[0]].get("values", {}), PROG)  # a bad value as fast as a bad key
 
 
 class _Known:
@@ -127,6 +134,8 @@ def _unknown_keys(data: dict[Any, Any], prefix: str, known: _Known) -> list[str]
         if name == "class_path":
             continue
         key = prefix if name == "init_args" else f"{prefix}.{name}" if prefix else str(name)
+        if key in known.classes and isinstance(value, dict):
+            _check_class_name(key, value.get("class_path"), known)
         if key in known.classes and isinstance(value, dict) and str(value.get("class_path")) in known.classes[key]:
             inner = _Known(known.classes[key][str(value["class_path"])])
             unknown += [f"{key}.{k}" for k in _unknown_keys(value.get("init_args") or {}, "", inner)]
@@ -138,6 +147,20 @@ def _unknown_keys(data: dict[Any, Any], prefix: str, known: _Known) -> list[str]
         elif isinstance(value, dict) and key in known.groups:
             unknown += _unknown_keys(value, key, known)
     return unknown
+
+
+def _check_class_name(key: str, class_path: Any, known: _Known) -> None:
+    """Exit naming the closest of zerotir's classes for ``key`` (``model.reward``, ``model.rollout``) when
+    ``class_path`` is a short name (no dot) close to one of them but none of them; a dotted path, or a short name
+    close to none, is the parser's to judge (a class of the user's own)."""
+    if not isinstance(class_path, str) or "." in class_path or class_path in known.classes[key]:
+        return
+    names = sorted(n for n in known.classes[key] if "." not in n)
+    close = difflib.get_close_matches(class_path, names, n=1, cutoff=0.6)
+    if close:
+        sys.stderr.write(f"error: {key}.class_path={class_path!r}: no such class (did you mean {close[0]}?); "
+                         f"zerotir's: {', '.join(names)}, or the dotted path of your own\n")
+        sys.exit(2)
 
 
 def _check_callback_settings(subcommand: str, path: str) -> None:
@@ -194,7 +217,7 @@ def generate_index() -> dict[str, Any]:
 
 
 def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
-    keys, open_keys, hints = set(), set(), {}
+    keys, open_keys, hints, values = set(), set(), {}, {}
     for action in parser._actions:
         target = getattr(action, "target", None)
         if isinstance(target, tuple) and isinstance(target[0], str):  # a link's target (data.tokenizer)
@@ -202,11 +225,14 @@ def _parser_keys(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
         names = [o[2:].removesuffix("+") for o in action.option_strings if o.startswith("--")]
         keys.update(names)
         hint = getattr(action, "_typehint", None)
+        spec = value_spec(hint) if hint is not None and names else None
+        if spec is not None:
+            values[names[0]] = spec
         if hint is not None and not names[0].endswith(".help") and not _is_leaf(hint):
             open_keys.add(names[0])
             hints[names[0]] = hint
     classes = {key: _subclass_keys(hint) for key, hint in hints.items() if _own_base_class(hint)}
-    return {"keys": sorted(keys), "open": sorted(open_keys), "classes": classes}
+    return {"keys": sorted(keys), "open": sorted(open_keys), "classes": classes, "values": values}
 
 
 def _own_base_class(hint: Any) -> bool:
@@ -226,6 +252,7 @@ def _subclass_keys(base: type) -> dict[str, dict[str, list[str]]]:
         parser.add_class_arguments(cls)
         entry = _parser_keys(parser)
         entry.pop("classes")
+        entry.pop("values")
         module, names = cls.__module__, {cls.__name__, f"{cls.__module__}.{cls.__name__}"}
         while "." in module:
             module = module.rpartition(".")[0]

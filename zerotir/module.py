@@ -50,6 +50,7 @@ from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
 from zerotir.scale.distributed import gather_objects
 from zerotir.scale.peer_watch import CloseOnException, WatchPeers
+from zerotir.tools.formats import FormatWatch
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -120,9 +121,11 @@ class ZeroTIRModule(LightningModule):
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
                                           self.model_path, seed, base.lora.rank if base.lora else None, base.dtype)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
-        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill)
+        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, tool.format)
+        self.format_watch = FormatWatch(tool)  # warns once: calls written in the other format
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1
+        self.step_changing_state = False  # the step in progress changes saved state: no checkpoint of half a step
         self._hf_zero3: Any = None  # transformers' ZeRO-3 switch, held while the run lasts (see configure_model)
 
     def _plain_hparams(self) -> None:
@@ -256,6 +259,7 @@ class ZeroTIRModule(LightningModule):
         filled, sandbox, taken = self._fill(step)
         traj, timings = filled.trajectories, filled.timings
         self.sandbox_guard.update(traj, step, sandbox)
+        self.format_watch.update(step, traj.response_texts, traj.num_calls)
         update_start = time.perf_counter()
         result = rl_step(self.rl, traj, filled.decision, Models(self.actor, self.critic, self._reference),
                          StepOptimizer(self._backward, self._optimizer_step), step, self.seed, self.device,
@@ -276,7 +280,7 @@ class ZeroTIRModule(LightningModule):
                          pipeline={**{key: staleness[key] for key in ("staleness_mean", "staleness_max")},
                                    **self.source.stats(), **self.reward.stats()}, refill=refill,
                          data=datamodule.step_metrics() if isinstance(datamodule, PromptDataModule) else {})
-        self.rl_steps_done = step
+        self.rl_steps_done, self.step_changing_state = step, False
         self.log("rl_step", float(step), prog_bar=True, logger=False, batch_size=1)
         return {"step": result}
 
@@ -290,6 +294,7 @@ class ZeroTIRModule(LightningModule):
             release_for_push(self.trainer)  # the source may push (its first batch, an engine recovered)
             rolled = self.source.batch(step)
             traj = rolled.trajectories
+            self.step_changing_state = True  # from here on the step's results enter saved state
             self._observe(rolled.rows, traj)
             fill = fill or BatchFill(len(rolled.taken), self.refill.max_rounds)
             taken += rolled.taken

@@ -23,6 +23,7 @@ import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures.process import BrokenProcessPool
 
 from zerotir.rollout.sync import run_sync
 
@@ -221,6 +222,11 @@ class RewardScorer:
             self.num_killed += 1
             logger.warning("reward: verification of %r stopped (%s); scored 0", pred[:80], type(result).__name__)
             return 0.0
+        if isinstance(result, BrokenProcessPool):
+            raise RuntimeError(
+                "reward: the verification workers could not start (their pool is broken). They start by re-importing "
+                "the main script (start method 'spawn'): a script run by path must keep its top level under "
+                "`if __name__ == \"__main__\":` (docs/usage.md, 'From Python')") from result
         if isinstance(result, BaseException):
             raise result  # a real bug (e.g. an import error in the worker) must not turn into a silent 0
         return 1.0 if result else 0.0

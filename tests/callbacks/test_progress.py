@@ -1,4 +1,4 @@
-"""The RL-step progress bar through a pipe: one line per RL step with its reward and code use, the right k of N
+"""The RL-step progress bar through a pipe: one line per RL step with its reward and tool use, the right k of N
 after a resume, and each line ended (nothing glued to what prints next)."""
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ def fit(stream: io.StringIO, max_rl_steps: int, ckpt_path=None, val_every: int |
     return trainer
 
 
-STEP_LINE = re.compile(r"^RL step (\d+)/(\d+) \| reward 0\.75 \| code use 50% \| \d+:\d\d elapsed, eta (\?|\d+:\d\d)$")
+STEP_LINE = re.compile(r"^RL step (\d+)/(\d+) \| reward 0\.75 \| tool use 50% \| \d+:\d\d elapsed, eta (\?|\d+:\d\d)$")
 
 
 def step_lines(text: str) -> list[tuple[int, int]]:
     return [(int(m.group(1)), int(m.group(2))) for m in map(STEP_LINE.match, text.splitlines()) if m]
 
 
-def test_one_line_per_rl_step_with_reward_and_code_use_and_k_of_n_after_resume(tmp_path):
+def test_one_line_per_rl_step_with_reward_and_tool_use_and_k_of_n_after_resume(tmp_path):
     first = io.StringIO()
     trainer = fit(first, max_rl_steps=2)
     assert step_lines(first.getvalue()) == [(1, 4 // 2), (2, 2)]
@@ -89,3 +89,23 @@ def test_totals_and_description():
     assert rl_step_total(40, 0, 0) == 40 and rl_step_total(-1, 5, 5) is None
     assert rl_step_total(80, 6, 3) == 40  # two optimizer steps per RL step
     assert rl_step_description(40) == "RL steps (of 40)" and rl_step_description(-1) == "RL steps"
+
+
+def test_with_several_tools_each_is_shown_every_step_a_tool_never_called_at_0():
+    from zerotir.types import ToolCall
+
+    rollout = make_batch([1, 0, 1, 0], [0, 0, 1, 1], num_calls=[1, 0, 2, 0])
+    rollout.tool_calls = [[ToolCall(code="1+1", output="2", status="ok", tool="python")], [],
+                          [ToolCall(code="x", output="", status="ok", tool="lookup"),
+                           ToolCall(code="2+2", output="4", status="ok", tool="python")], []]
+    out = io.StringIO()
+    bar = RLStepProgressBar(lines=True, stream=out, tools=["python", "calculator"])
+    bar.on_train_start(pl.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False), None)
+    trainer = type("T", (), {"max_steps": 4, "global_step": 1})()
+    bar.on_train_batch_end(trainer, None, step_outputs(rollout, rl_step=1), None, 0)
+    rollout.tool_calls = [[], [], [], []]
+    bar.on_train_batch_end(trainer, None, step_outputs(rollout, rl_step=2), None, 1)
+    first, second = out.getvalue().splitlines()
+    assert "| reward 0.50 | tool use 50% | python 50% | calculator 0% | lookup 25% |" in first
+    assert "| python 0% | calculator 0% | lookup 0% |" in second  # a tool called before stays, at 0
+    assert "code use" not in first

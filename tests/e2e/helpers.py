@@ -279,3 +279,24 @@ class SaveEngineWeights(Callback):
 
         host = pl_module.source.hosts[self.engine]
         torch.save(ray.get(host.__ray_call__.remote(weights), timeout=120), self.path)
+
+
+class PauseBeforeStep(Callback):
+    """Before RL step ``step`` starts, print ``paused before RL step <step>`` on stdout and sleep until the process is
+    signalled: a Ctrl-C (SIGINT) sent after that line lands at a known point, between two steps, never in an update.
+
+    Args:
+        step: the RL step before which to pause.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if pl_module.rl_steps_done + 1 != self.step:
+            return
+        import time
+
+        print(f"paused before RL step {self.step}", flush=True)
+        while True:  # until signalled
+            time.sleep(60)

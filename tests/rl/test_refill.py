@@ -81,9 +81,9 @@ def test_without_a_filter_one_round_is_the_batch():
     assert out.kept == 2  # without a filter every group trains
 
 
-def filled(kept: int, target: int = 4, rounds: int = 1) -> FilledBatch:
+def filled(kept: int, target: int = 4, rounds: int = 1, rewards: tuple[float, float] = (1.0, 0.0)) -> FilledBatch:
     """A merged batch whose decision kept ``kept`` of ``target * rounds`` groups."""
-    traj = make_traj([1.0, 0.0], [0, 0])
+    traj = make_traj(list(rewards), [0, 0])
     decision = decide_round(traj)
     decision.kept_groups, decision.groups = kept, target * rounds
     return FilledBatch([], traj, decision, kept, rounds, target)
@@ -99,6 +99,7 @@ def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):
     assert "RL step 2: the filters kept no trajectory of the 4 prompt groups (1 generation round): no update, 2 " \
            "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=3" in caplog.messages[1]
     assert "model.filters.pass_rate_low / high" in caplog.messages[1]
+    assert "scored 0" not in caplog.messages[1]  # a right response was there: the filters' business
     caplog.clear()
     assert watch.update(3, filled(3), skipped=False)["empty_steps_in_a_row"] == 0.0  # an update resets the count
     assert caplog.records == []  # without refill a step that kept 3 of 4 is the filter's normal work
@@ -108,6 +109,16 @@ def test_fill_watch_warns_counts_and_stops_after_max_empty_steps(caplog):
     with pytest.raises(EmptyStepsError, match=r"RL step 9: 3 consecutive steps without an update \(model.filters.refill."
                                               r"max_empty_steps=3\).*kept no trajectory of the 4 prompt groups"):
         resumed.update(9, filled(0), skipped=True)
+
+
+def test_an_empty_step_where_every_response_scored_0_points_at_the_reward_and_the_format(caplog):
+    watch = FillWatch(RefillConfig(max_rounds=1, max_empty_steps=2), call_format="hermes")
+    with caplog.at_level(logging.WARNING, logger="zerotir.rl.refill"):
+        watch.update(1, filled(0, rewards=(0.0, 0.0)), skipped=True)
+    assert ("Every response of the step scored 0: check the reward (model.reward) and that the model writes its calls "
+            "in the configured format (model.tool.format=hermes)") in caplog.messages[0]
+    with pytest.raises(EmptyStepsError, match=r"scored 0: check the reward .*model.tool.format=hermes"):
+        watch.update(2, filled(0, rewards=(0.0, 0.0)), skipped=True)
 
 
 def test_fill_watch_counts_steps_whose_refill_rounds_ran_out(caplog):

@@ -116,3 +116,33 @@ def test_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as code:
         zerotir_main(["rollouts", str(tmp_path), "--step", "9"])
     assert code.value.code == 2 and "--step 9" in capsys.readouterr().err
+
+
+def test_a_filter_without_a_match_at_the_step_names_the_steps_with_one(tmp_path):
+    folder = tmp_path / "rollouts"
+    R.write_records(folder / R.file_name("train", 1), records(1))  # row 2's call failed: an "error" match
+    R.write_records(folder / R.file_name("train", 2), [r for r in records(2) if not R.matches(r, "error")])
+    out = io.StringIO()
+    assert show(tmp_path, filters=["error"], console=Console(file=out, width=100, color_system=None)) == 0
+    assert "step 2: 0 of 2 trajectories matching error" in out.getvalue()
+    assert "matching error: steps 1 (--step 1)" in out.getvalue()
+    out = io.StringIO()
+    show(tmp_path, step=1, filters=["correct", "error"], console=Console(file=out, width=100, color_system=None))
+    assert "matching correct + error: no other step either" in out.getvalue()
+
+
+def test_the_command_exits_without_importing_lightning_or_torch(tmp_path):
+    """Its exit compared the exception types of the error report and imported Lightning and torch to do it (tens
+    of seconds under load after the output); nothing of the command needs them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    R.write_records(tmp_path / "rollouts" / R.file_name("train", 1), records(1))
+    code = ("import sys\nfrom zerotir.__main__ import main\ntry:\n    main(['rollouts', sys.argv[1]])\n"
+            "except SystemExit as done:\n    print('exit', done.code, sorted(m for m in ('lightning', 'torch') "
+            "if m in sys.modules))\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=repo, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.splitlines()[-1] == "exit 0 []", done.stderr[-2000:]

@@ -86,6 +86,7 @@ def test_a_capped_observation_keeps_its_status_and_metrics():
 
 @pytest.mark.parametrize("entry, says", [
     ({"class_path": "nope"}, "not a built-in tool"),
+    ({"class_path": "calculater"}, r"not a built-in tool .*module.Class \(did you mean 'calculator'\?\)"),
     ({"class_path": "zerotir.tools.nothing.Tool"}, "cannot import"),
     ({"class_path": "zerotir.config.ToolConfig"}, "not a subclass of zerotir.tools.Tool"),
     ({"class_path": "calculator", "init_args": {"digits": 3}}, "'calculator' init_args"),
@@ -141,3 +142,11 @@ def test_each_format_renders_its_own_block_and_markers():
     assert fences.parse("\nx=1\n") == Call("python", {"code": "\nx=1\n"})
     assert hermes.render("5") == "\n<tool_response>\n5\n</tool_response>\n"
     assert (hermes.call_start, hermes.call_end) == ("<tool_call>", "</tool_call>")
+
+
+def test_tool_names_come_from_the_classes_without_building_them():
+    from zerotir.tools.registry import tool_names
+
+    entries = [{"class_path": "python"}, {"class_path": "search", "init_args": {"corpus": "no/such/file.jsonl"}},
+               {"class_path": "mcp", "init_args": {"command": ["no-such-server"]}}]
+    assert tool_names(entries) == ["python", "search"]  # an MCP server's tools are named once it runs

@@ -148,12 +148,16 @@ class FillWatch:
     rounds ran out short and for a step that trained nothing (with the count in a row), and ``EmptyStepsError`` after
     ``max_empty_steps`` of those in a row. Its counters survive resume (``state_dict``, in the module's checkpoint).
 
+    When every response of such a step scored 0 (no group has one right), the filters are not the cause: the warning
+    points at the reward and the call format instead.
+
     Args:
         config: the ``model.filters.refill`` group.
+        call_format: ``model.tool.format``, named when every response scored 0.
     """
 
-    def __init__(self, config: RefillConfig) -> None:
-        self.config = config
+    def __init__(self, config: RefillConfig, call_format: str = "fences") -> None:
+        self.config, self.call_format = config, call_format
         self.empty_in_a_row = 0  # consecutive steps without an update
         self.exhausted_steps = 0  # steps whose rounds ran out before the batch was full
 
@@ -172,14 +176,14 @@ class FillWatch:
                 f"max_empty_steps={cfg.max_empty_steps}); the filters kept no trajectory of the {seen} prompt groups "
                 f"of the last one ({rounds}). Fix: widen the pass-rate bounds (model.filters.pass_rate_low / high), "
                 f"let a step draw more prompts (model.filters.refill.max_rounds={cfg.max_rounds}), or use easier "
-                "data; then resume with `fit --ckpt_path last`")
+                f"data; then resume with `fit --ckpt_path last`{self._all_zero_hint(filled)}")
         if rank_and_world_size()[0] == 0:
             if skipped:
                 log.warning("RL step %d: the filters kept no trajectory of the %d prompt groups (%s): no update, %d "
                             "consecutive steps without one; the run stops at model.filters.refill.max_empty_steps=%d. "
                             "Fix: widen the pass-rate bounds (model.filters.pass_rate_low / high) or raise "
-                            "model.filters.refill.max_rounds=%d", step, seen, rounds, self.empty_in_a_row,
-                            cfg.max_empty_steps, cfg.max_rounds)
+                            "model.filters.refill.max_rounds=%d%s", step, seen, rounds, self.empty_in_a_row,
+                            cfg.max_empty_steps, cfg.max_rounds, self._all_zero_hint(filled))
             elif exhausted:
                 log.warning("RL step %d: %s (model.filters.refill.max_rounds=%d) kept %d of the %d prompt groups of a "
                             "full batch (data.prompts_per_step); the step trains on %d (%d short steps so far)", step,
@@ -189,6 +193,15 @@ class FillWatch:
         if cfg.enabled:
             metrics["exhausted_steps"] = float(self.exhausted_steps)
         return metrics
+
+    def _all_zero_hint(self, filled: FilledBatch) -> str:
+        """A sentence for a step whose every response scored 0 (this rank's), else ""."""
+        rewards = filled.trajectories.rewards
+        if rewards.numel() == 0 or bool((rewards != 0).any()):
+            return ""
+        return (f". Every response of the step scored 0: check the reward (model.reward) and that the model writes "
+                f"its calls in the configured format (model.tool.format={self.call_format}) and its answer as the "
+                "reward reads it; `python -m zerotir rollouts <run folder>` shows what it wrote")
 
     def state_dict(self) -> dict[str, int]:
         return {"empty_in_a_row": self.empty_in_a_row, "exhausted_steps": self.exhausted_steps}

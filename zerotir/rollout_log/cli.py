@@ -74,6 +74,11 @@ def show(run_dir: str | Path, step: int | None = None, split: str = "train", fil
     for record in kept[:limit]:
         console.print(rich_trajectory(record))
         console.print()
+    if filters and not kept:
+        others = [k for k, records in records_of.items()
+                  if k != chosen and any(all(matches(r, f) for f in filters) for r in records)]
+        console.print(f"matching {' + '.join(filters)}: " + (f"steps {_ranges(others)} (--step {others[-1]})"
+                                                              if others else "no other step either"), highlight=False)
     return min(limit, len(kept))
 
 

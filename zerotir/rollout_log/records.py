@@ -23,12 +23,14 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from zerotir.reward import extract_boxed
-from zerotir.types import Trajectories
+
+if TYPE_CHECKING:  # annotations only: reading a run's rollouts imports no torch
+    from torch import Tensor
+
+    from zerotir.types import Trajectories
 
 SPLITS = ("train", "val", "test")
 FILTERS = ("correct", "wrong", "error", "code", "no-code")

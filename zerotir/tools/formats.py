@@ -21,10 +21,11 @@ markers of that rendered block, which the trajectory filters count (``zerotir.fi
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FORMATS", "Call", "CallFormat", "Chat", "Fences", "Hermes", "call_format", "markers"]
+__all__ = ["FORMATS", "Call", "CallFormat", "Chat", "Fences", "FormatWatch", "Hermes", "call_format", "markers"]
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,35 @@ def markers(tool: Any) -> tuple[str, str, str, str]:
     needed: chat's are hermes's)."""
     fmt = Fences(tool) if tool.format == "fences" else Hermes()
     return fmt.call_start, fmt.call_end, fmt.output_start, fmt.output_end
+
+
+class FormatWatch:
+    """Warns, once per run, after an RL step in which no response called a tool in ``model.tool.format`` but some
+    wrote the other format's call marker (a base that writes ```` ```python ```` blocks run under hermes, or
+    ``<tool_call>`` under fences): nothing fails then, the calls are plain text, tool use is 0 and so, mostly, is the
+    reward.
+
+    Args:
+        tool: the ``model.tool`` group.
+    """
+
+    def __init__(self, tool: Any) -> None:
+        self.tool = tool
+        other = "hermes" if tool.format == "fences" else "fences"
+        self.other, self.other_marker = other, (Hermes.call_start if other == "hermes" else tool.code_start)
+        self.warned = False
+
+    def update(self, step: int, texts: list[str], num_calls: Any) -> str | None:
+        """Check one step's responses (``num_calls``: their calls in the configured format); the warning logged."""
+        if self.warned or self.tool.max_tool_calls == 0 or not texts or bool((num_calls > 0).any()):
+            return None
+        seen = sum(self.other_marker in text for text in texts)
+        if seen == 0:
+            return None
+        self.warned = True
+        message = (f"RL step {step}: no response called a tool in model.tool.format={self.tool.format}, but {seen} of "
+                   f"{len(texts)} wrote {self.other_marker!r}, a call of the {self.other} format: the model writes "
+                   f"its calls in another format than the configured one, so none runs and tool use stays 0. Set "
+                   f"--model.tool.format {self.other} (a base that writes them), or start from a base of this format")
+        logging.getLogger(__name__).warning(message)
+        return message

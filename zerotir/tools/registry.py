@@ -14,6 +14,7 @@ characters (head and tail with a marker) and carries its wall time.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import time
@@ -26,7 +27,7 @@ from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_schemas"]
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_names", "tool_schemas"]
 
 BUILT_IN = {
     "python": "zerotir.tools.python.PythonTool",
@@ -46,7 +47,9 @@ def resolve(class_path: str) -> type[Tool]:
     module, _, attr = path.rpartition(".")
     where = f"model.tool.tools class_path {class_path!r}"
     if not module:
-        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path module.Class")
+        close = difflib.get_close_matches(class_path, list(BUILT_IN), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path module.Class{hint}")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as error:
@@ -68,6 +71,13 @@ def tool_schemas(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The function-calling schemas of the tools of ``model.tool.tools`` ``entries``, in order, without binding them
     to a run (what a chat template shows the model: ``zerotir.data.prompts``)."""
     return [tool.schema() for entry in entries for tool in _expanded(entry)]
+
+
+def tool_names(entries: list[dict[str, Any]]) -> list[str]:
+    """The names of the tools of ``model.tool.tools`` ``entries`` that their class names, in order, without building
+    them; an entry whose tools are named only once built (an MCP server's) gives none."""
+    classes = [resolve(entry["class_path"]) for entry in entries]
+    return [cls.name for cls in classes if cls.name]
 
 
 def _expanded(entry: dict[str, Any]) -> list[Tool]:
