@@ -7,6 +7,13 @@ semaphores, ``memfd_create`` (memory outside the address-space limit), ``ptrace`
 ``perf_event_open``, ``userfaultfd`` and io_uring. ``clone3`` answers ``ENOSYS``, so the C library falls back to
 ``clone``, whose flags the filter can read.
 
+Sockets: only ``AF_UNIX`` (pipes between a snippet's own processes, asyncio's self-pipe) and ``AF_NETLINK`` with
+``NETLINK_ROUTE`` (the worker's own network namespace: ``socket.if_nameindex`` lists its ``lo``). Every other
+family is refused, whatever the network namespace would make of it: ``AF_VSOCK`` reaches the hypervisor and the
+host's vsock services from outside any network namespace, ``AF_INET``/``AF_INET6`` find only a loopback that is down
+(refused all the same), and the rarer families are kernel attack surface math never needs. A family is an ``int``
+while the filter sees 64 bits, so every value of 17 or more (upper bits set included) is refused outright.
+
 libseccomp (``libseccomp.so.2``, installed wherever Docker or systemd are) resolves the names for the running
 architecture and compiles the rules; it is called through ctypes because the Python bindings are packaged only for
 the system interpreter. The worker builds the program once (:func:`build_filter`, :class:`Filter`) and each child
@@ -35,8 +42,11 @@ REFUSED = (
 #: clone flags that make a namespace (user, uts, ipc, cgroup, time too): a clone with any of them is refused.
 _NEW_NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC, 0x10000000, 0x04000000, 0x02000000,
                         0x00000080)
+AF_UNIX, AF_NETLINK, NETLINK_ROUTE = 1, 16, 0
+#: Every socket family below 17 but the allowed ones (17 and above are refused by one rule).
+_REFUSED_FAMILIES = tuple(f for f in range(AF_NETLINK) if f != AF_UNIX)
 _ACT_ALLOW = 0x7FFF0000
-_SCMP_CMP_MASKED_EQ = 7
+_SCMP_CMP_NE, _SCMP_CMP_EQ, _SCMP_CMP_GE, _SCMP_CMP_MASKED_EQ = 1, 4, 5, 7
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 
 
@@ -76,20 +86,28 @@ def build_filter() -> bytes:
     if not ctx:
         raise OSError("seccomp_init failed")
     try:
-        def add(action: int, name: str, *masks: int) -> None:
+        def add(action: int, name: str, *cmps: tuple[int, int, int]) -> None:
+            """One rule: ``name`` gets ``action`` when every (argument, operator, value) comparison holds."""
             number = lib.seccomp_syscall_resolve_name(name.encode())
             if number < 0:
                 return  # unknown on this architecture (e.g. memfd_secret on an old libseccomp): nothing to refuse
-            cmps = (_ArgCmp * 1)(_ArgCmp(0, _SCMP_CMP_MASKED_EQ, masks[0], masks[0])) if masks else None
-            rc = lib.seccomp_rule_add_array(ctx, action, number, len(masks), cmps)
+            array = (_ArgCmp * len(cmps))(*(_ArgCmp(arg, op, value, value) for arg, op, value in cmps))
+            rc = lib.seccomp_rule_add_array(ctx, action, number, len(cmps), array if cmps else None)
             if rc < 0:
                 raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
 
+        eperm = _act_errno(errno.EPERM)
         for name in REFUSED:
-            add(_act_errno(errno.EPERM), name)
+            add(eperm, name)
         for flag in _NEW_NAMESPACE_FLAGS:
-            add(_act_errno(errno.EPERM), "clone", flag)
+            add(eperm, "clone", (0, _SCMP_CMP_MASKED_EQ, flag))
         add(_act_errno(errno.ENOSYS), "clone3")
+        for name in ("socket", "socketpair"):
+            add(eperm, name, (0, _SCMP_CMP_GE, AF_NETLINK + 1))
+            for family in _REFUSED_FAMILIES:
+                add(eperm, name, (0, _SCMP_CMP_EQ, family))
+        add(eperm, "socket", (0, _SCMP_CMP_EQ, AF_NETLINK), (2, _SCMP_CMP_NE, NETLINK_ROUTE))
+        add(eperm, "socketpair", (0, _SCMP_CMP_EQ, AF_NETLINK))
         read_fd, write_fd = os.pipe()
         try:
             rc = lib.seccomp_export_bpf(ctx, write_fd)

@@ -311,3 +311,34 @@ def test_a_snippets_spinning_forks_end_with_it_at_its_time_limit(sandbox_server:
     assert result.status is ExecStatus.TIMEOUT and result.stdout.count("spinning") == 4, result
     assert result.limits_hit[:1] == ("time",)  # and "cpu" after it where a cgroup throttled the four
     assert wait_for_no_leftovers(sandbox_server, timeout=1.0) == []
+
+
+#: Each socket family a snippet might reach past its network namespace with, and the errno socket() gives (1 is
+#: EPERM). A vsock with its upper 32 bits set checks that the filter does not compare only the low half the kernel
+#: reads. AF_UNIX and netlink's NETLINK_ROUTE (its own namespace's interfaces) stay allowed.
+SOCKET_FAMILIES = BYPASS + """
+import ctypes, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(family, kind, proto=0):
+    try:
+        socket.socket(family, kind, proto).close()
+        return 0
+    except OSError as e:
+        return e.errno
+rc = libc.syscall(41, ctypes.c_long(0x100000000 + socket.AF_VSOCK), socket.SOCK_STREAM, 0)
+print({"vsock": errno_of(socket.AF_VSOCK, socket.SOCK_STREAM), "vsock_dgram": errno_of(socket.AF_VSOCK, 2),
+       "vsock_upper_bits": ctypes.get_errno() if rc == -1 else 0,
+       "inet": errno_of(socket.AF_INET, socket.SOCK_STREAM), "inet6": errno_of(socket.AF_INET6, socket.SOCK_DGRAM),
+       "packet": errno_of(17, socket.SOCK_RAW), "alg": errno_of(38, socket.SOCK_SEQPACKET),
+       "netlink_uevent": errno_of(socket.AF_NETLINK, socket.SOCK_DGRAM, 15),
+       "unix": errno_of(socket.AF_UNIX, socket.SOCK_STREAM), "netlink_route": errno_of(socket.AF_NETLINK, 3, 0)})
+"""
+
+
+def test_socket_families_but_unix_and_netlink_route_are_refused(sandbox_server: Server) -> None:
+    sandbox_server.require("seccomp")
+    result = sandbox_server.run(SOCKET_FAMILIES)
+    assert result.ok, result
+    refused = ("vsock", "vsock_dgram", "vsock_upper_bits", "inet", "inet6", "packet", "alg", "netlink_uevent")
+    assert ast.literal_eval(result.stdout) == {**dict.fromkeys(refused, 1), "unix": 0, "netlink_route": 0}, result
+    assert sandbox_server.run("print(1+1)").stdout == "2\n"
