@@ -342,3 +342,27 @@ def test_socket_families_but_unix_and_netlink_route_are_refused(sandbox_server: 
     refused = ("vsock", "vsock_dgram", "vsock_upper_bits", "inet", "inet6", "packet", "alg", "netlink_uevent")
     assert ast.literal_eval(result.stdout) == {**dict.fromkeys(refused, 1), "unix": 0, "netlink_route": 0}, result
     assert sandbox_server.run("print(1+1)").stdout == "2\n"
+
+
+#: Every int held by a local of a frame above the snippet's own: what a snippet reaches by walking up its stack.
+FRAME_WALK = """
+import sys
+frame, found = sys._getframe().f_back, []
+while frame is not None:
+    found += [(frame.f_code.co_name, name, value) for name, value in frame.f_locals.items()
+              if type(value) is int]
+    frame = frame.f_back
+print(found)
+"""
+
+
+def test_a_snippet_walking_its_frames_finds_nothing_of_the_previous_snippet(sandbox_server: Server) -> None:
+    """The zygote's loop frame once kept the previous child's wait status: an exit code read by the next snippet."""
+    for _ in range(WORKERS):  # sequential requests take the idle workers in turn: each one's last child exits 123
+        assert sandbox_server.run("raise SystemExit(123)").return_code == 123
+    for _ in range(WORKERS):
+        result = sandbox_server.run(FRAME_WALK)
+        assert result.ok, result
+        found = ast.literal_eval(result.stdout)
+        assert found and not [hit for hit in found if hit[2] in (123, 123 << 8)], found
+    assert sandbox_server.run("print(1+1)").stdout == "2\n"
