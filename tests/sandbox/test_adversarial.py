@@ -6,12 +6,15 @@ The last test checks the server after all the others ran (pytest keeps file orde
 from __future__ import annotations
 
 import ast
+import asyncio
+import fcntl
 import os
 import socket
+import sys
 import tempfile
 import time
 
-from sandbox import ExecStatus, format_for_model
+from sandbox import ExecResult, ExecStatus, SandboxClient, format_for_model
 from tests.sandbox.conftest import BYPASS, MAX_OUTPUT_BYTES, SECRET_VALUE, WORKERS, Server, wait_for_no_leftovers
 
 LIMIT_SLACK_S = 0.5
@@ -365,4 +368,91 @@ def test_a_snippet_walking_its_frames_finds_nothing_of_the_previous_snippet(sand
         assert result.ok, result
         found = ast.literal_eval(result.stdout)
         assert found and not [hit for hit in found if hit[2] in (123, 123 << 8)], found
+    assert sandbox_server.run("print(1+1)").stdout == "2\n"
+
+
+#: Snippet A of two running at once: locks the Python binary and watches a stdlib file for opens, then waits.
+LOCK_AND_WATCH = BYPASS + """
+import ctypes, fcntl, os, select, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(step):
+    try:
+        step()
+        return 0
+    except OSError as e:
+        return e.errno
+binary = open(sys.executable, "rb")
+seen = {"flock": errno_of(lambda: fcntl.flock(binary, fcntl.LOCK_EX))}
+watch = libc.inotify_init1(0)
+seen["inotify_init1"] = ctypes.get_errno() if watch == -1 else 0
+if watch >= 0:
+    libc.inotify_add_watch(watch, os.__file__.encode(), 0x20)  # IN_OPEN
+    seen["saw_an_open"] = bool(select.select([watch], [], [], 1.5)[0])
+print(seen)
+"""
+#: Snippet B: opens that stdlib file for a second and tests the lock without waiting.
+OPEN_AND_TEST = BYPASS + """
+import fcntl, os, sys, time
+binary = open(sys.executable, "rb")
+try:
+    fcntl.flock(binary, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    lock = 0
+except OSError as e:
+    lock = e.errno
+for _ in range(100):
+    open(os.__file__, "rb").close()
+    time.sleep(0.01)
+print({"flock": lock})
+"""
+
+
+def test_two_snippets_at_once_can_neither_lock_nor_watch_a_shared_file(sandbox_server: Server) -> None:
+    """flock on the Python binary was a channel between workers (held or not); inotify showed the other's opens."""
+    sandbox_server.require("seccomp")
+
+    async def both() -> list[ExecResult]:
+        async with SandboxClient(sandbox_server.url, retries=0) as client:
+            return list(await asyncio.gather(client.run(LOCK_AND_WATCH), client.run(OPEN_AND_TEST)))
+
+    watcher, opener = asyncio.run(both())
+    assert watcher.ok and opener.ok, (watcher, opener)
+    assert ast.literal_eval(watcher.stdout) == {"flock": 1, "inotify_init1": 1}, watcher
+    assert ast.literal_eval(opener.stdout) == {"flock": 1}, opener
+    assert sandbox_server.run("print(1+1)").stdout == "2\n"
+
+
+#: Every other lock or watch on the Python binary: fcntl record locks (classic and OFD), F_GETLK (which reports
+#: another process's lock), a lease, dnotify, inotify_init, fanotify; (return value, errno) of each.
+OTHER_LOCKS = BYPASS + """
+import ctypes, fcntl, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.executable, os.O_RDONLY)
+folder = os.open(os.path.dirname(os.__file__), os.O_RDONLY)
+lock = struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0)
+probe = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)
+def call(fd, command, arg):
+    rc = libc.fcntl(fd, command, ctypes.c_char_p(arg) if isinstance(arg, bytes) else arg)
+    return ctypes.get_errno() if rc == -1 else 0
+def upper_bits(fd, command, arg):  # the raw syscall (x86_64's 72): the C wrapper would cut the command to an int
+    rc = libc.syscall(72, fd, ctypes.c_long(0x100000000 + command), ctypes.c_char_p(arg))
+    return ctypes.get_errno() if rc == -1 else 0
+print({"F_SETLK": call(fd, fcntl.F_SETLK, lock), "F_SETLK_upper_bits": upper_bits(fd, fcntl.F_SETLK, lock),
+       "F_GETLK": call(fd, fcntl.F_GETLK, probe), "F_OFD_SETLK": call(fd, 37, lock), "F_OFD_GETLK": call(fd, 36, probe),
+       "F_SETLEASE": call(fd, 1024, fcntl.F_RDLCK), "F_NOTIFY": call(folder, 1026, 0x1),
+       "inotify_init": (libc.inotify_init() == -1) and ctypes.get_errno(),
+       "fanotify_init": (libc.fanotify_init(0x4, 0) == -1) and ctypes.get_errno()})
+"""
+
+
+def test_record_locks_leases_dnotify_and_fanotify_are_refused_while_the_host_holds_locks(
+        sandbox_server: Server) -> None:
+    sandbox_server.require("seccomp")
+    with open(os.path.realpath(sys.executable), "rb") as binary:
+        fcntl.flock(binary, fcntl.LOCK_SH)  # what a snippet on another worker would hold ...
+        fcntl.lockf(binary, fcntl.LOCK_SH)  # ... and the record lock F_GETLK would report
+        result = sandbox_server.run(OTHER_LOCKS)
+    assert result.ok, result
+    assert ast.literal_eval(result.stdout) == dict.fromkeys(
+        ("F_SETLK", "F_SETLK_upper_bits", "F_GETLK", "F_OFD_SETLK", "F_OFD_GETLK", "F_SETLEASE", "F_NOTIFY",
+         "inotify_init", "fanotify_init"), 1), result
     assert sandbox_server.run("print(1+1)").stdout == "2\n"
