@@ -10,14 +10,18 @@ Order matters: resource limits are set while still root (an unprivileged process
 uid is dropped (which also makes the process non-dumpable: its /proc entries become unreadable to itself), then
 ``no_new_privs`` and the parent-death signal (the uid change clears a parent-death signal set earlier), and the
 seccomp filter last (it refuses ``unshare`` and ``mount``, which the set-up uses: its own IPC namespace and /proc).
+
+The child, not the worker, parses, checks and compiles the snippet, after all of that: a hostile source (1 MB of
+``a;a;a;...`` costs the compiler seconds and most of a gigabyte) then spends its own time and memory budget, and
+the worker, which must answer the next job, never runs the compiler on model-written text.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import io
-import marshal
 import os
 import random
 import resource
@@ -31,12 +35,14 @@ from types import CodeType, TracebackType
 from typing import Any
 
 from sandbox.isolation import CLONE_NEWIPC, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, prctl, unshare
-from sandbox.policy import SNIPPET_FILENAME
+from sandbox.policy import SNIPPET_FILENAME, Policy
 from sandbox.rootfs import mount_fresh_proc
 from sandbox.seccomp import Filter
 
 #: Bytes the child writes on its status pipe when the snippet died of a MemoryError.
 STATUS_MEMORY = b"memory"
+#: Bytes the child writes on its status pipe when the static check refused the snippet (nothing of it ran).
+STATUS_REFUSED = b"refused"
 _STATUS_FD = 3
 _JOB_HEADER = struct.Struct("<dI")  # run_timeout (s), memory_limit_mb
 
@@ -54,19 +60,20 @@ class ChildPlan:
     proc_options: str | None = None  # mount a fresh /proc (the minimal root) with these options; None: mount none
     ipc_namespace: bool = False  # enter a new IPC namespace (SysV and POSIX IPC of its own, gone when it ends)
     seccomp: Filter | None = None  # loaded last: refuses namespaces, mounts, keyrings, IPC, memfd, ptrace, ...
+    policy: Policy | None = None  # the static check run on the snippet's syntax tree before it is compiled
 
 
 @dataclass
 class ChildJob:
-    """One job as its child reads it from its own pipe: the compiled code and the job's limits."""
+    """One job as its child reads it from its own pipe: the snippet's source and the job's limits."""
 
-    code: CodeType
+    source: str
     run_timeout: float
     memory_limit_mb: int
 
     def encode(self) -> bytes:
-        """The bytes the worker writes on the child's job pipe."""
-        return _JOB_HEADER.pack(self.run_timeout, self.memory_limit_mb) + marshal.dumps(self.code)
+        """The bytes the worker writes on the child's job pipe (a lone surrogate passes through, as in JSON)."""
+        return _JOB_HEADER.pack(self.run_timeout, self.memory_limit_mb) + self.source.encode("utf-8", "surrogatepass")
 
 
 def read_job(fd: int) -> ChildJob:
@@ -77,7 +84,7 @@ def read_job(fd: int) -> ChildJob:
     os.close(fd)
     data = b"".join(chunks)
     run_timeout, memory_limit_mb = _JOB_HEADER.unpack_from(data)
-    return ChildJob(marshal.loads(data[_JOB_HEADER.size:]), run_timeout, memory_limit_mb)
+    return ChildJob(data[_JOB_HEADER.size:].decode("utf-8", "surrogatepass"), run_timeout, memory_limit_mb)
 
 
 def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, status_fd: int) -> None:
@@ -86,7 +93,7 @@ def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, stat
     try:
         job = read_job(job_fd)
         _enter_sandbox(plan, job, stdout_fd, stderr_fd, status_fd)
-        exit_code = _run_snippet(plan, job)
+        exit_code = _compile_and_run(plan, job.source)
     except BaseException:  # a failure of the set-up itself: report it, never return to the zygote
         with contextlib.suppress(OSError):
             os.write(2, f"sandbox child set-up failed:\n{traceback.format_exc()}".encode(errors="replace"))
@@ -184,9 +191,34 @@ def _set_limits(plan: ChildPlan, job: ChildJob) -> None:
         resource.setrlimit(which, value)
 
 
-def _run_snippet(plan: ChildPlan, job: ChildJob) -> int:
+def _compile_and_run(plan: ChildPlan, source: str) -> int:
+    """Parse, check and compile ``source`` under the child's limits, then run it; returns the exit code.
+
+    Anything the parser, the static check or the compiler raises is the snippet's error, reported as ``python``
+    would (a 2000-term sum makes the compiler raise RecursionError); a refusal is marked on the status pipe.
+    """
     try:
-        exec(job.code, plan.namespace)  # this is the sandbox (the dict is this child's own copy)
+        tree = ast.parse(source, filename=SNIPPET_FILENAME)
+        if plan.policy is not None:
+            refusals = plan.policy.check(tree)
+            if refusals:
+                os.write(_STATUS_FD, STATUS_REFUSED)
+                sys.stderr.write(plan.policy.report(refusals))
+                return 1
+        code = compile(tree, SNIPPET_FILENAME, "exec")
+        del tree
+    except Exception as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError, ...
+        if isinstance(e, MemoryError):
+            with contextlib.suppress(OSError):
+                os.write(_STATUS_FD, STATUS_MEMORY)
+        sys.stderr.write("".join(traceback.format_exception_only(type(e), e)))
+        return 1
+    return _run_snippet(plan, code)
+
+
+def _run_snippet(plan: ChildPlan, code: CodeType) -> int:
+    try:
+        exec(code, plan.namespace)  # this is the sandbox (the dict is this child's own copy)
         return 0
     except SystemExit as e:
         return _exit_code_of(e)

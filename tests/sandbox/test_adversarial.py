@@ -216,7 +216,7 @@ def test_a_sum_too_deep_to_compile_is_the_snippets_error_not_the_sandboxes(sandb
 def test_a_1mb_refusal_flood_answers_briefly_and_the_service_goes_on(sandbox_server: Server) -> None:
     restarts = sandbox_server.metrics()["worker_restarts"]
     for _ in range(1):  # one such request used to lose a worker for good (two: every later request hung)
-        result = sandbox_server.run("import " + ",".join(["a"] * 499_000))  # just under the 1 MB code limit
+        result = sandbox_server.run("import " + ",".join(["a"] * 499_000), run_timeout=10.0)  # under the 1 MB cap
         assert result.status is ExecStatus.ERROR, result
         assert result.stderr.count("Allowed modules:") == 1 and len(result.stderr) < 4096, result.stderr[:300]
         assert result.stderr.endswith("(499000 in all)\n"), result.stderr[-300:]
@@ -456,3 +456,14 @@ def test_record_locks_leases_dnotify_and_fanotify_are_refused_while_the_host_hol
         ("F_SETLK", "F_SETLK_upper_bits", "F_GETLK", "F_OFD_SETLK", "F_OFD_GETLK", "F_SETLEASE", "F_NOTIFY",
          "inotify_init", "fanotify_init"), 1), result
     assert sandbox_server.run("print(1+1)").stdout == "2\n"
+
+
+def test_a_megabyte_of_statements_spends_its_own_time_limit_not_the_workers(sandbox_server: Server) -> None:
+    """1 MB of ``a;a;a;...`` took the worker's parser and compiler 10-18 s and ~900 MB, with no bound: the worker
+    was declared hung and replaced. Compiled in the child, it ends at its own time limit (or memory budget)."""
+    restarts = sandbox_server.metrics()["worker_restarts"]
+    result = sandbox_server.run(";".join(["a"] * 499_000), run_timeout=1.0, memory_limit_mb=256)
+    assert result.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY), result
+    assert result.wall_time <= 1.0 + LIMIT_SLACK_S + 1.0, result  # + sending and reading 1 MB
+    assert sandbox_server.run("print(1+1)").stdout == "2\n"
+    assert sandbox_server.metrics()["worker_restarts"] == restarts
