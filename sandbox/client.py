@@ -2,7 +2,7 @@
 
 One shared httpx connection pool, one global concurrency limit, retries with exponential backoff only on connection
 errors and 429 (the code never runs twice because of a slow answer), and several server URLs used round-robin.
-``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks no larger than the server's queue, spread
+``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks of a quarter of the server's queue, spread
 over the URLs) and falls back to one ``/run_code`` per snippet on a server without that endpoint (SandboxFusion).
 
     async with SandboxClient("http://127.0.0.1:8080") as client:
@@ -29,8 +29,12 @@ from sandbox.result import ExecResult, ExecStatus, parse_run_code_response
 #: server closed a kept-alive connection under it.
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
              httpx.WriteError, httpx.PoolTimeout)
-#: Chunk size of ``run_many`` for a server whose ``/health`` does not report its ``queue_size``.
+#: Queue size assumed for a server whose ``/health`` does not report its ``queue_size``.
 DEFAULT_BATCH_SIZE = 256
+#: ``run_many`` sends chunks of ``queue_size // BATCH_SHARE_OF_QUEUE`` snippets: a server that admits a batch whole
+#: (older versions of this one) fits one beside other traffic, where a chunk of the whole queue got 429 as long as
+#: anything else was queued.
+BATCH_SHARE_OF_QUEUE = 4
 _FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave "
         "model.tool.sandbox.urls unset (null) so a local server is started for you (sandbox.local_sandbox).")
 
@@ -155,8 +159,8 @@ class SandboxClient:
                        memory_limit_mb: int | None = None) -> list[ExecResult]:
         """Run snippets, results in the same order as ``codes``; never raises for a failure of the service.
 
-        Sends one ``POST /run_batch`` per chunk of at most the servers' smallest ``queue_size`` (from ``/health``,
-        else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch alone never fills a queue. Chunks are spread over the
+        Sends one ``POST /run_batch`` per chunk of a quarter of the servers' smallest ``queue_size`` (from
+        ``/health``, else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch never needs the whole queue. Chunks are spread over the
         URLs, one in flight per URL at a time; retries (connection errors, 429) work as in :meth:`run`. A server
         that answers 404/405 for ``/run_batch`` (SandboxFusion) is remembered, and its snippets go one
         ``/run_code`` request each.
@@ -168,7 +172,8 @@ class SandboxClient:
         batch_urls = [url for url in self.urls if url not in self._no_batch]
         if not batch_urls:
             return await self._one_by_one(codes, run_timeout, memory_limit_mb)
-        size = min(self._servers.get(url, (DEFAULT_BATCH_SIZE, 1))[0] for url in batch_urls)
+        queue = min(self._servers.get(url, (DEFAULT_BATCH_SIZE, 1))[0] for url in batch_urls)
+        size = max(1, queue // BATCH_SHARE_OF_QUEUE)
         chunks = [list(range(i, min(i + size, len(codes)))) for i in range(0, len(codes), size)]
         results: list[ExecResult | None] = [None] * len(codes)
         first = next(self._next_url)

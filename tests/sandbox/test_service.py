@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sandbox import ExecStatus, local_sandbox
-from sandbox.bounds import MAX_BODY_BYTES
+from sandbox.bounds import MAX_BODY_BYTES, batch_share
 from tests.sandbox.conftest import BYPASS, QUEUE_SIZE, WORKERS, Server
 
 RUN_RESULT_KEYS = {"status", "execution_time", "return_code", "stdout", "stderr"}
@@ -233,6 +233,25 @@ def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> N
         return busy
 
     assert max(asyncio.run(busy_while_a_batch_runs())) == WORKERS - 1
+
+
+def test_a_batch_of_queue_size_entries_leaves_room_for_run_code(sandbox_server: Server) -> None:
+    """A batch takes queue room one entry at a time as each runs: it once reserved the whole queue, and every
+    /run_code got 429 while a worker sat idle."""
+    async def run_code_while_a_full_batch_runs() -> tuple[int, httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * QUEUE_SIZE
+            batch = asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
+            in_flight = 0
+            while not in_flight:  # the batch is running
+                in_flight = (await http.get(sandbox_server.url + "/metrics")).json()["in_flight"]
+            single = await http.post(sandbox_server.url + "/run_code", json={"code": "print(1+1)"})
+            return in_flight, single, await batch
+
+    in_flight, single, batch = asyncio.run(run_code_while_a_full_batch_runs())
+    assert single.status_code == 200 and single.json()["run_result"]["stdout"] == "2\n", single.text
+    assert in_flight <= batch_share(WORKERS), in_flight
+    assert batch.status_code == 200 and [r["status"] for r in batch.json()["results"]] == ["Success"] * QUEUE_SIZE
 
 
 def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server: Server) -> None:
