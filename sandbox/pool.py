@@ -16,6 +16,7 @@ from typing import Any
 
 from sandbox.cgroup import remove_subtree, server_subtree
 from sandbox.config import ExecConfig, WorkerSpec
+from sandbox.uids import UidRange, reserve
 
 log = logging.getLogger("sandbox")
 
@@ -169,10 +170,17 @@ class WorkerPool:
         self._closing = False
         self.cgroup_subtree: str | None = None
         self.cgroup_off: str | None = "disabled by --isolate false"
+        self.uid_range: UidRange | None = None
 
     async def start(self) -> None:
         """Set up the per-snippet cgroups (or say why not), then start every worker in parallel; raises RuntimeError
         (and cleans up) if any fails, or if ``require_cgroup`` is set and there are no cgroups."""
+        if self.config.isolate and os.geteuid() == 0:  # the uid drop needs root: reserve this server's uids
+            try:
+                self.uid_range = reserve(self.size, self.config.uid_base)
+            except (OSError, ValueError) as e:
+                self._remove_base_dir()
+                raise RuntimeError(str(e)) from None
         if self.config.isolate:
             self.cgroup_subtree, self.cgroup_off = server_subtree(self.config.cgroup_root)
         if self.cgroup_off is not None and self.config.require_cgroup:
@@ -220,7 +228,8 @@ class WorkerPool:
         work_dir = os.path.join(self.base_dir, f"w{index}")
         os.makedirs(work_dir, exist_ok=True)
         spec = WorkerSpec(index=index, exec_config=self.config, work_dir=work_dir, server_pid=os.getpid(),
-                          cgroup_subtree=self.cgroup_subtree, cgroup_off=self.cgroup_off)
+                          cgroup_subtree=self.cgroup_subtree, cgroup_off=self.cgroup_off,
+                          uid_base=self.uid_range.base if self.uid_range is not None else None)
         return WorkerProcess(spec, self.startup_timeout)
 
     @property
@@ -377,6 +386,9 @@ class WorkerPool:
 
     def _remove_base_dir(self) -> None:
         shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self.uid_range is not None:
+            self.uid_range.release()
+            self.uid_range = None
         if self.cgroup_subtree is not None:
             try:
                 remove_subtree(self.cgroup_subtree)
