@@ -316,3 +316,20 @@ def test_oversized_bodies_do_not_grow_the_servers_memory(sandbox_server: Server)
     growth = _peak_rss_bytes(sandbox_server.pid) - before
     assert growth < 40 * 2**20, f"the server's peak RSS grew by {growth / 2**20:.1f} MiB"
     assert statuses == [b"413"] * 4
+
+
+def test_a_connection_that_sends_no_whole_head_is_closed_and_a_slow_answer_is_not_cut() -> None:
+    """uvicorn never closed a connection that sent nothing (or half a head): each held a capped connection."""
+    with local_sandbox(workers=1, preload=[], preamble=None, allow_imports=["*"], head_timeout=1.0,
+                       startup_timeout=90, log_level="warning") as urls:
+        port = int(urls[0].rsplit(":", 1)[1])
+        silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+        half = socket.create_connection(("127.0.0.1", port), timeout=30)
+        half.sendall(b"POST /run_code HTTP/1.1\r\nHost: sandbox\r\n")
+        slow = httpx.post(urls[0] + "/run_code", json={"code": "import time\ntime.sleep(2.0)\nprint(1+1)"},
+                          timeout=30, trust_env=False)  # answered after the head timeout: not cut
+        with silent, half:
+            assert (silent.recv(1024), half.recv(1024)) == (b"", b"")  # closed by the server, not by our timeout
+        assert slow.status_code == 200 and slow.json()["run_result"]["stdout"] == "2\n", slow.text
+        benign = httpx.post(urls[0] + "/run_code", json={"code": "print(1+1)"}, timeout=30, trust_env=False)
+        assert benign.json()["run_result"]["stdout"] == "2\n"
