@@ -1,7 +1,8 @@
 """The asynchronous client of the sandbox service (and of SandboxFusion, whose ``/run_code`` shape it speaks).
 
-One shared httpx connection pool, one global concurrency limit, retries with exponential backoff only on connection
-errors and 429 (the code never runs twice because of a slow answer), and several server URLs used round-robin.
+One shared httpx connection pool, one global concurrency limit, retries with exponential backoff and jitter only on
+connection errors, 429 and 503 (answers sent before any code ran: the code never runs twice because of a slow
+answer), and several server URLs used round-robin.
 ``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks of a quarter of the server's queue, spread
 over the URLs) and falls back to one ``/run_code`` per snippet on a server without that endpoint (SandboxFusion).
 
@@ -29,6 +30,9 @@ from sandbox.result import ExecResult, ExecStatus, parse_run_code_response
 #: server closed a kept-alive connection under it.
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
              httpx.WriteError, httpx.PoolTimeout)
+#: Answers sent before any code ran, worth another try (with backoff and jitter, on the next URL): a full queue,
+#: and the server's connection cap (uvicorn answers 503 beyond ``limit_concurrency`` before reading the request).
+RETRY_STATUSES = {429: "queue full", 503: "service unavailable (connection limit)"}
 #: Queue size assumed for a server whose ``/health`` does not report its ``queue_size``.
 DEFAULT_BATCH_SIZE = 256
 #: ``run_many`` sends chunks of ``queue_size // BATCH_SHARE_OF_QUEUE`` snippets: a server that admits a batch whole
@@ -88,7 +92,7 @@ class SandboxClient:
         urls: Base URL(s) of the servers (a list, or one string with commas); a trailing ``/run_code`` is accepted.
         max_concurrency: Most requests in flight at once, over all servers (also the connection-pool size).
         request_timeout: Seconds to wait for one HTTP answer (raised to ``run_timeout + 10`` when that is larger).
-        retries: Further attempts after a connection error or a 429, each on the next URL, with backoff.
+        retries: Further attempts after a connection error, a 429 or a 503, each on the next URL, with backoff.
         run_timeout: Default wall-time limit of a snippet in seconds.
         memory_limit_mb: Default memory budget of a snippet, or None for the server's default.
         backoff: First backoff delay in seconds (doubled per attempt, with jitter; a 429's Retry-After wins).
@@ -248,7 +252,8 @@ class SandboxClient:
 
     async def _post(self, http: httpx.AsyncClient, path: str, payload: dict[str, Any], timeout: float,
                     urls: list[str] | None = None) -> _Reply:
-        """POST with retries on connection errors and 429, each on the next URL (of ``urls``, else round-robin)."""
+        """POST with retries on connection errors, 429 and 503, each on the next URL (of ``urls``, else
+        round-robin)."""
         failures = []
         url = ""
         for attempt in range(self.retries + 1):
@@ -272,10 +277,11 @@ class SandboxClient:
                         return _Reply(None, f"{url}: answered 200 with JSON that is not an object: "
                                             f"{response.text[:200]!r}", url, status)
                     return _Reply(answer, "", url, status)
-                if status != 429:
+                if status not in RETRY_STATUSES:
                     return _Reply(None, f"{url}: HTTP {status}: {response.text[:300]}", url, status)
-                failures.append(f"{url}: 429 queue full")
-                delay = max(delay, _retry_after(response))
+                failures.append(f"{url}: {status} {RETRY_STATUSES[status]}")
+                if status == 429 or "retry-after" in response.headers:
+                    delay = max(delay, _retry_after(response))
             if attempt < self.retries:
                 await asyncio.sleep(delay)
         return _Reply(None, f"no sandbox server accepted the request after {self.retries + 1} attempts: "

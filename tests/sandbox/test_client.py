@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandbox import client as client_module
 from sandbox import CodeSession, ExecStatus, SandboxClient, SandboxUnavailable, local_sandbox
 from tests.sandbox.conftest import Server
 
@@ -57,6 +58,23 @@ def test_429_is_retried_after_its_retry_after() -> None:
     answers = [httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200, json=OK_BODY)]
     result, seen = run_with(answers, ["http://a:1"])
     assert result.ok and len(seen) == 2
+
+
+def test_503_of_the_connection_cap_is_retried_on_the_next_url_after_a_jittered_backoff(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn answers 503 beyond its connection cap, before the request is read: safe to send again."""
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded(delay: float) -> None:
+        delays.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(client_module.asyncio, "sleep", recorded)
+    answers = [httpx.Response(503, text="Service Unavailable"), httpx.Response(200, json=OK_BODY)]
+    result, seen = run_with(answers, ["http://a:1", "http://b:2"])
+    assert result.ok and seen == ["http://a:1/run_code", "http://b:2/run_code"]
+    assert len(delays) == 1 and 0.0005 <= delays[0] <= 0.0015, delays  # backoff 0.001 x (0.5 + random())
 
 
 def test_read_timeout_is_not_retried_and_gives_sandbox_error() -> None:
