@@ -1,8 +1,9 @@
 """Run one snippet in a forked child and supervise it: drain output, enforce the wall time, clean up everything.
 
 Used inside a worker process (:mod:`sandbox.worker`), one job at a time. The worker has already imported the heavy
-modules, so ``fork`` gives the child a warm interpreter in a few milliseconds. The worker never parses or compiles
-a snippet: the child does, under the snippet's own limits (:mod:`sandbox.child`).
+modules, so ``fork`` gives the child a warm interpreter in a few milliseconds. The worker compiles only short
+snippets (:data:`sandbox.child.WORKER_COMPILE_MAX_CHARS`, at a bounded cost); a longer one the child compiles,
+under the snippet's own limits (:mod:`sandbox.child`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import select
 import signal
 import time
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from sandbox.cgroup import SnippetCgroups
-from sandbox.child import STATUS_MEMORY, STATUS_REFUSED, ChildJob, ChildPlan, build_namespace
+from sandbox.child import (STATUS_MEMORY, STATUS_REFUSED, WORKER_COMPILE_MAX_CHARS, ChildJob, ChildPlan,
+                           build_namespace, compile_snippet)
 from sandbox.config import ExecConfig
 from sandbox.isolation import PidNamespaces
 from sandbox.policy import Policy
@@ -111,24 +114,30 @@ class Executor:
 
     def run(self, job: Job) -> dict[str, Any]:
         """Run ``job`` and return the result message (``reason``, ``return_code``, ``stdout``, ``stderr``, ...)."""
+        code: CodeType | str = job.code  # a long source goes to the child as it is: the child compiles it
+        if len(job.code) <= WORKER_COMPILE_MAX_CHARS:
+            compiled, message, reason = compile_snippet(job.code, self.plan.policy)
+            if compiled is None:  # answered without a fork
+                return _result(job, "error" if reason == "memory" else reason, 1, "", message, 0.0)
+            code = compiled
         self.run_dir.prepare()
         try:
-            return self._run_in_cgroup(job)
+            return self._run_in_cgroup(job, code)
         finally:
             self.run_dir.clear()
 
-    def _run_in_cgroup(self, job: Job) -> dict[str, Any]:
+    def _run_in_cgroup(self, job: Job, code: CodeType | str) -> dict[str, Any]:
         """Run in a cgroup of its own where there are cgroups: made before the child exists, and removed after
         (``cgroup.kill`` first: whatever the snippet left, at its end or its time limit, dies with it)."""
         if self.cgroups is None:
-            return self._run_child(job, None)
+            return self._run_child(job, code, None)
         cgroup = self.cgroups.create(job.id, job.memory_limit_mb, self.config.max_processes)
         try:
-            return self._run_child(job, cgroup)
+            return self._run_child(job, code, cgroup)
         finally:
             self.cgroups.remove(cgroup)
 
-    def _run_child(self, job: Job, cgroup: str | None) -> dict[str, Any]:
+    def _run_child(self, job: Job, code: CodeType | str, cgroup: str | None) -> dict[str, Any]:
         assert self.zygote is not None, "start_zygote() before the first job"
         job_r, job_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -147,7 +156,7 @@ class Executor:
         try:
             if cgroup is not None:
                 self._enter_or_kill(cgroup, pid, job_w)
-            _write_all(job_w, ChildJob(job.code, job.run_timeout, job.memory_limit_mb).encode())
+            _write_all(job_w, ChildJob(code, job.run_timeout, job.memory_limit_mb).encode())
             status, timed_out, out, err = self._supervise(pid, out_r, err_r, start + job.run_timeout)
             elapsed = time.monotonic() - start
             claim = _read_status(st_r)

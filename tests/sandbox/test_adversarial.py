@@ -14,6 +14,9 @@ import sys
 import tempfile
 import time
 
+import httpx
+import pytest
+
 from sandbox import ExecResult, ExecStatus, SandboxClient, format_for_model
 from tests.sandbox.conftest import BYPASS, MAX_OUTPUT_BYTES, SECRET_VALUE, WORKERS, Server, wait_for_no_leftovers
 
@@ -467,3 +470,17 @@ def test_a_megabyte_of_statements_spends_its_own_time_limit_not_the_workers(sand
     assert result.wall_time <= 1.0 + LIMIT_SLACK_S + 1.0, result  # + sending and reading 1 MB
     assert sandbox_server.run("print(1+1)").stdout == "2\n"
     assert sandbox_server.metrics()["worker_restarts"] == restarts
+
+
+@pytest.mark.parametrize("padding", ["", "#" * 2000 + "\n"], ids=["compiled-by-the-worker", "compiled-by-the-child"])
+def test_a_refusal_a_syntax_error_and_a_run_answer_alike_however_long_the_source(sandbox_server: Server,
+                                                                                padding: str) -> None:
+    def details(code: str) -> tuple[str, str, str]:
+        body = httpx.post(sandbox_server.url + "/run_code", json={"code": padding + code}, timeout=30,
+                          trust_env=False).json()
+        return body["details"]["reason"], body["run_result"]["stdout"], body["run_result"]["stderr"]
+
+    refused, syntax, ran = details("import shutil"), details("1 +"), details("print(6 * 7)")
+    assert refused[:2] == ("refused", "") and "import of module 'shutil' is not allowed" in refused[2], refused
+    assert syntax[:2] == ("error", "") and "SyntaxError" in syntax[2], syntax
+    assert ran == ("ok", "42\n", ""), ran
