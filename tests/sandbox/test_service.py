@@ -254,6 +254,33 @@ def test_a_batch_of_queue_size_entries_leaves_room_for_run_code(sandbox_server: 
     assert batch.status_code == 200 and [r["status"] for r in batch.json()["results"]] == ["Success"] * QUEUE_SIZE
 
 
+def test_two_batches_at_once_leave_a_worker_for_run_code(sandbox_server: Server) -> None:
+    """Each batch alone held all workers but one, so two at once held every worker and /run_code waited on both."""
+    async def while_two_batches_run() -> tuple[set[int], httpx.Response, list[httpx.Response]]:
+        busy: set[int] = set()
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            async def metrics() -> dict:
+                return (await http.get(sandbox_server.url + "/metrics")).json()
+
+            done_before = sum((await metrics())["results"].values())
+            sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * (QUEUE_SIZE // 2)
+            batches = [asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
+                       for _ in range(2)]
+            while True:  # sampled until three batch entries have ended: both batches are under way
+                now = await metrics()
+                busy.add(now["busy_workers"])
+                if sum(now["results"].values()) - done_before >= 3:
+                    break
+                await asyncio.sleep(0.02)
+            single = await http.post(sandbox_server.url + "/run_code", json={"code": "print(1+1)"})
+            return busy, single, list(await asyncio.gather(*batches))
+
+    busy, single, batches = asyncio.run(while_two_batches_run())
+    assert max(busy) <= batch_share(WORKERS), busy
+    assert single.status_code == 200 and single.json()["run_result"]["stdout"] == "2\n", single.text
+    assert all(b.status_code == 200 for b in batches)
+
+
 def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server: Server) -> None:
     restarts = sandbox_server.metrics()["worker_restarts"]
     with open(f"/proc/{sandbox_server.pid}/task/{sandbox_server.pid}/children") as f:
