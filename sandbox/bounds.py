@@ -4,8 +4,8 @@ A request the server will refuse must cost it little: a 50 MB ``/run_code`` body
 before its code field was found too long. :class:`BodyLimit` answers 413 from the ``Content-Length`` header before
 reading a byte, and stops a body sent without one (chunked) as soon as it passes the limit. uvicorn's own settings
 (:func:`uvicorn_limits`) cap the open connections and the size of an incomplete request head. uvicorn closes an
-idle kept-alive connection, but has no timeout for a request head: a connection that never sent a byte (or sends
-its head a byte a minute) stayed open for good, holding one of the capped connections. :func:`head_timeout_protocol`
+idle kept-alive connection, but has no timeout for a request head: a connection that never sends a byte (or sends
+its head a byte a minute) would stay open for good, holding one of the capped connections. :func:`head_timeout_protocol`
 adds that timeout.
 """
 

@@ -36,8 +36,8 @@ RETRY_STATUSES = {429: "queue full", 503: "service unavailable (connection limit
 #: Queue size assumed for a server whose ``/health`` does not report its ``queue_size``.
 DEFAULT_BATCH_SIZE = 256
 #: ``run_many`` sends chunks of ``queue_size // BATCH_SHARE_OF_QUEUE`` snippets: a server that admits a batch whole
-#: (older versions of this one) fits one beside other traffic, where a chunk of the whole queue got 429 as long as
-#: anything else was queued.
+#: (older versions of this one) fits one beside other traffic, where a chunk of the whole queue would get 429 as
+#: long as anything else is queued.
 BATCH_SHARE_OF_QUEUE = 4
 _FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave "
         "model.tool.sandbox.urls unset (null) so a local server is started for you (sandbox.local_sandbox).")
@@ -164,8 +164,9 @@ class SandboxClient:
         """Run snippets, results in the same order as ``codes``; never raises for a failure of the service.
 
         Sends one ``POST /run_batch`` per chunk of a quarter of the servers' smallest ``queue_size`` (from
-        ``/health``, else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch never needs the whole queue. Chunks are spread over the
-        URLs, one in flight per URL at a time; retries (connection errors, 429) work as in :meth:`run`. A server
+        ``/health``, else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch never needs the whole queue. Chunks are
+        spread over the URLs, one in flight per URL at a time; retries (connection errors, 429, 503) work as in
+        :meth:`run`. A server
         that answers 404/405 for ``/run_batch`` (SandboxFusion) is remembered, and its snippets go one
         ``/run_code`` request each.
         """

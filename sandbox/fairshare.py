@@ -1,8 +1,8 @@
 """The workers ``/run_batch`` entries may hold, shared between every batch and taken by their clients in turn.
 
-A cap per batch (all workers but one) still let two batches at once hold every worker: a ``/run_code`` then waited
-behind both (3.7 s measured). So the cap is one for all batches together, and a slot that frees goes to the clients
-waiting for one in turn (round robin by client address; first come, first served within a client), so one client's
+With a cap per batch (all workers but one), two batches at once would hold every worker and a ``/run_code`` would
+wait behind both. So the cap is one for all batches together, and a slot that frees goes to the clients waiting
+for one in turn (round robin by client address; first come, first served within a client), so one client's
 long batch does not make another's wait for its end.
 """
 

@@ -6,8 +6,8 @@ keyring would otherwise carry a key from one snippet to the next), SysV and POSI
 semaphores, ``memfd_create`` (memory outside the address-space limit), ``ptrace`` and ``process_vm_*``, ``bpf``,
 ``perf_event_open``, ``userfaultfd`` and io_uring; file locks and file watches (``flock``, ``fcntl`` record locks,
 leases and ``F_NOTIFY``, ``inotify_*``, ``fanotify_*``): every worker exposes the same host files (the Python
-installation), so two snippets running at once on different workers signalled each other by locking the Python
-binary and saw each other's opens through inotify. ``clone3`` answers ``ENOSYS``, so the C library falls back to
+installation), so two snippets running at once on different workers could signal each other by locking the
+Python binary, or see each other's opens through inotify. ``clone3`` answers ``ENOSYS``, so the C library falls back to
 ``clone``, whose flags the filter can read.
 
 Sockets: only ``AF_UNIX`` (pipes between a snippet's own processes, asyncio's self-pipe) and ``AF_NETLINK`` with
@@ -44,7 +44,8 @@ REFUSED = (
     "flock", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
 )
 #: fcntl commands refused: record locks (classic and open-file-description), leases and dnotify.
-_REFUSED_FCNTL = (5, 6, 7, 36, 37, 38, 1024, 1026)  # F_GETLK, F_SETLK(W), F_OFD_GETLK, F_OFD_SETLK(W), F_SETLEASE, F_NOTIFY
+#: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY.
+_REFUSED_FCNTL = (5, 6, 7, 36, 37, 38, 1024, 1026)
 #: clone flags that make a namespace (user, uts, ipc, cgroup, time too): a clone with any of them is refused.
 _NEW_NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC, 0x10000000, 0x04000000, 0x02000000,
                         0x00000080)

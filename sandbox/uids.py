@@ -1,9 +1,9 @@
 """Each server's own range of snippet uids, reserved on the host for the server's lifetime.
 
 A snippet runs as an unprivileged uid whose ``RLIMIT_NPROC`` (``max_processes``) is its process budget, and the
-kernel counts that limit per uid across the whole host. Two servers on one host that used the same uids shared
-one budget: a snippet of one holding its 16 processes made ``fork()`` fail with EAGAIN in the other's snippets,
-and each server counted the other's snippets as its own leftovers. So every server reserves its uids: one lock
+kernel counts that limit per uid across the whole host. Two servers on one host using the same uids would share
+one budget: a snippet of one holding its 16 processes makes ``fork()`` fail with EAGAIN in the other's snippets,
+and each server would count the other's snippets as its own leftovers. So every server reserves its uids: one lock
 file per uid under :data:`LOCK_DIR`, held with ``flock`` until the server exits (the kernel drops the locks of a
 killed server, so nothing stale is left to clean up).
 

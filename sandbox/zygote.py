@@ -96,7 +96,7 @@ def _serve(sock: socket.socket, plan: ChildPlan, pidns: PidNamespaces) -> int:
 
     Each message is handled in a frame of its own that is gone before the next one arrives, so the loop's frame
     holds no value of any job: a child walking up its frames (``sys._getframe().f_back``) reaches this frame, and
-    the wait status of the previous child kept here was an 8-bit channel from one snippet to the next.
+    the previous child's wait status kept here would be an 8-bit channel from one snippet to the next.
     """
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker's death takes the zygote down
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # without PID namespaces, a snippet's orphans come back to us to be killed

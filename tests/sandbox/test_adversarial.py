@@ -363,7 +363,7 @@ print(found)
 
 
 def test_a_snippet_walking_its_frames_finds_nothing_of_the_previous_snippet(sandbox_server: Server) -> None:
-    """The zygote's loop frame once kept the previous child's wait status: an exit code read by the next snippet."""
+    """A previous child's wait status kept in the zygote's loop frame is an exit code the next snippet can read."""
     for _ in range(WORKERS):  # sequential requests take the idle workers in turn: each one's last child exits 123
         assert sandbox_server.run("raise SystemExit(123)").return_code == 123
     for _ in range(WORKERS):
@@ -410,7 +410,7 @@ print({"flock": lock})
 
 
 def test_two_snippets_at_once_can_neither_lock_nor_watch_a_shared_file(sandbox_server: Server) -> None:
-    """flock on the Python binary was a channel between workers (held or not); inotify showed the other's opens."""
+    """flock on the Python binary is a channel between workers (held or not); inotify shows the other's opens."""
     sandbox_server.require("seccomp")
 
     async def both() -> list[ExecResult]:
@@ -462,8 +462,8 @@ def test_record_locks_leases_dnotify_and_fanotify_are_refused_while_the_host_hol
 
 
 def test_a_megabyte_of_statements_spends_its_own_time_limit_not_the_workers(sandbox_server: Server) -> None:
-    """1 MB of ``a;a;a;...`` took the worker's parser and compiler 10-18 s and ~900 MB, with no bound: the worker
-    was declared hung and replaced. Compiled in the child, it ends at its own time limit (or memory budget)."""
+    """1 MB of ``a;a;a;...`` costs a parser and compiler 10-18 s and ~900 MB: in the worker, with no bound, it would
+    be declared hung and replaced. Compiled in the child, it ends at its own time limit (or memory budget)."""
     restarts = sandbox_server.metrics()["worker_restarts"]
     result = sandbox_server.run(";".join(["a"] * 499_000), run_timeout=1.0, memory_limit_mb=256)
     assert result.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY), result

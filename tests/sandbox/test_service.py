@@ -236,8 +236,8 @@ def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> N
 
 
 def test_a_batch_of_queue_size_entries_leaves_room_for_run_code(sandbox_server: Server) -> None:
-    """A batch takes queue room one entry at a time as each runs: it once reserved the whole queue, and every
-    /run_code got 429 while a worker sat idle."""
+    """A batch takes queue room one entry at a time as each runs: reserving the whole queue at once would make
+    every /run_code a 429 while a worker sits idle."""
     async def run_code_while_a_full_batch_runs() -> tuple[int, httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
             sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * QUEUE_SIZE
@@ -255,7 +255,7 @@ def test_a_batch_of_queue_size_entries_leaves_room_for_run_code(sandbox_server: 
 
 
 def test_two_batches_at_once_leave_a_worker_for_run_code(sandbox_server: Server) -> None:
-    """Each batch alone held all workers but one, so two at once held every worker and /run_code waited on both."""
+    """With a cap per batch (all workers but one), two batches at once would hold every worker; /run_code would wait."""
     async def while_two_batches_run() -> tuple[set[int], httpx.Response, list[httpx.Response]]:
         busy: set[int] = set()
         async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
@@ -346,7 +346,7 @@ def test_oversized_bodies_do_not_grow_the_servers_memory(sandbox_server: Server)
 
 
 def test_a_connection_that_sends_no_whole_head_is_closed_and_a_slow_answer_is_not_cut() -> None:
-    """uvicorn never closed a connection that sent nothing (or half a head): each held a capped connection."""
+    """uvicorn alone never closes a connection that sends nothing (or half a head): each holds a capped connection."""
     with local_sandbox(workers=1, preload=[], preamble=None, allow_imports=["*"], head_timeout=1.0,
                        startup_timeout=90, log_level="warning") as urls:
         port = int(urls[0].rsplit(":", 1)[1])

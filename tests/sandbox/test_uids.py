@@ -67,7 +67,7 @@ except OSError as e:
 
 def test_a_snippet_holding_its_process_budget_on_one_server_leaves_another_servers_fork_alone(
         sandbox_server: Server, host_files: HostFiles) -> None:
-    """Two servers once shared uid 61000: a snippet of one at its 16 processes made the other's fork() EAGAIN."""
+    """Two servers sharing uid 61000: a snippet of one at its 16 processes makes the other's fork() fail (EAGAIN)."""
     sandbox_server.require("uid_drop")
     release = os.path.join(host_files.extra_ro, "release-the-budget")
     held: list[ExecResult] = []
