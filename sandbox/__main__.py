@@ -45,6 +45,9 @@ def build_parser() -> ArgumentParser:
     serve.add_argument("--exit_with_parent", type=int | None, default=None,
                        help="Shut down when this process (our parent) exits, even if it is killed "
                             "(used by sandbox.local_sandbox).")
+    serve.add_argument("--head_timeout", type=float, default=10.0,
+                       help="Seconds a connection may take to send a whole request head (from its opening or its "
+                            "last response); a connection that sends nothing is closed after it.")
     serve.add_argument("--log_level", type=str, default="info", help="Logging level of the service.")
     serve.add_argument("--extra-ro", type=str, action="append", default=[], metavar="PATH",
                        help="Expose this host folder (or file) read-only to the snippets, at the same path; repeat "
@@ -75,7 +78,8 @@ def serve(cfg: Namespace) -> None:
     workers = cfg.workers if cfg.workers is not None else default_workers()
     app = create_app(limits, workers=workers, queue_size=cfg.queue_size, startup_timeout=cfg.startup_timeout)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="on", **uvicorn_limits(cfg.queue_size))
+                            timeout_graceful_shutdown=5, lifespan="on",
+                            **uvicorn_limits(cfg.queue_size, cfg.head_timeout))
     server = uvicorn.Server(config)
     if cfg.exit_with_parent is not None:
         threading.Thread(target=_exit_with_parent, args=(cfg.exit_with_parent, server), daemon=True).start()

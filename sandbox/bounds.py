@@ -3,8 +3,10 @@
 A request the server will refuse must cost it little: a 50 MB ``/run_code`` body used to be read and parsed whole
 before its code field was found too long. :class:`BodyLimit` answers 413 from the ``Content-Length`` header before
 reading a byte, and stops a body sent without one (chunked) as soon as it passes the limit. uvicorn's own settings
-(:func:`uvicorn_limits`) cap the open connections and the size of an incomplete request head; uvicorn has no
-timeout for a slowly sent request head, so the connection cap is what bounds slow senders.
+(:func:`uvicorn_limits`) cap the open connections and the size of an incomplete request head. uvicorn closes an
+idle kept-alive connection, but has no timeout for a request head: a connection that never sends a byte (or sends
+its head a byte a minute) would stay open for good, holding one of the capped connections. :func:`head_timeout_protocol`
+adds that timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ MAX_BODY_BYTES = 16 * 2**20
 MAX_HEAD_BYTES = 64 * 2**10
 #: Seconds an idle keep-alive connection stays open.
 KEEP_ALIVE_S = 5
+#: Seconds a connection may take to send a whole request head, from its opening or the end of its last response.
+HEAD_TIMEOUT_S = 10.0
 
 
 def batch_share(workers: int) -> int:
@@ -35,11 +39,62 @@ async def validation_error(_: Any, exc: Any) -> Any:
     return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
-def uvicorn_limits(queue_size: int) -> dict[str, Any]:
+def uvicorn_limits(queue_size: int, head_timeout: float = HEAD_TIMEOUT_S) -> dict[str, Any]:
     """uvicorn settings: connections beyond ``limit_concurrency`` get 503 at once (room for every admitted request,
-    their clients' retries and health checks), request heads over ``MAX_HEAD_BYTES`` are refused."""
+    their clients' retries and health checks), request heads over ``MAX_HEAD_BYTES`` are refused, and a connection
+    that has not sent a whole request head ``head_timeout`` seconds after it opened (or after its last response) is
+    closed."""
+    if head_timeout <= 0:
+        raise ValueError(f"--head_timeout must be > 0 seconds, got {head_timeout}")
     return {"limit_concurrency": 4 * queue_size + 64, "timeout_keep_alive": KEEP_ALIVE_S,
-            "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES, "http": head_timeout_protocol(head_timeout)}
+
+
+def head_timeout_protocol(seconds: float) -> type:
+    """uvicorn's HTTP protocol (the one ``http="auto"`` picks) closing a connection whose request head is not
+    complete ``seconds`` after the connection opened or its last response ended. A request being answered is never
+    cut: the timer stops as soon as its head is parsed (uvicorn then has a request cycle that is not complete)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _head_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._answering():
+                self._stop_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self._answering():
+                self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def _answering(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _arm_head_timer(self) -> None:
+            self._stop_head_timer()
+            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self._answering() and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeoutProtocol
 
 
 class BodyLimit:

@@ -1,8 +1,9 @@
 """The asynchronous client of the sandbox service (and of SandboxFusion, whose ``/run_code`` shape it speaks).
 
-One shared httpx connection pool, one global concurrency limit, retries with exponential backoff only on connection
-errors and 429 (the code never runs twice because of a slow answer), and several server URLs used round-robin.
-``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks no larger than the server's queue, spread
+One shared httpx connection pool, one global concurrency limit, retries with exponential backoff and jitter only on
+connection errors, 429 and 503 (answers sent before any code ran: the code never runs twice because of a slow
+answer), and several server URLs used round-robin.
+``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks of a quarter of the server's queue, spread
 over the URLs) and falls back to one ``/run_code`` per snippet on a server without that endpoint (SandboxFusion).
 
     async with SandboxClient("http://127.0.0.1:8080") as client:
@@ -29,8 +30,15 @@ from sandbox.result import ExecResult, ExecStatus, parse_run_code_response
 #: server closed a kept-alive connection under it.
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
              httpx.WriteError, httpx.PoolTimeout)
-#: Chunk size of ``run_many`` for a server whose ``/health`` does not report its ``queue_size``.
+#: Answers sent before any code ran, worth another try (with backoff and jitter, on the next URL): a full queue,
+#: and the server's connection cap (uvicorn answers 503 beyond ``limit_concurrency`` before reading the request).
+RETRY_STATUSES = {429: "queue full", 503: "service unavailable (connection limit)"}
+#: Queue size assumed for a server whose ``/health`` does not report its ``queue_size``.
 DEFAULT_BATCH_SIZE = 256
+#: ``run_many`` sends chunks of ``queue_size // BATCH_SHARE_OF_QUEUE`` snippets: a server that admits a batch whole
+#: (older versions of this one) fits one beside other traffic, where a chunk of the whole queue would get 429 as
+#: long as anything else is queued.
+BATCH_SHARE_OF_QUEUE = 4
 _FIX = ("Fix: start a server with `python -m sandbox serve --port 8080` and pass its URL, or leave "
         "model.tool.sandbox.urls unset (null) so a local server is started for you (sandbox.local_sandbox).")
 
@@ -84,7 +92,7 @@ class SandboxClient:
         urls: Base URL(s) of the servers (a list, or one string with commas); a trailing ``/run_code`` is accepted.
         max_concurrency: Most requests in flight at once, over all servers (also the connection-pool size).
         request_timeout: Seconds to wait for one HTTP answer (raised to ``run_timeout + 10`` when that is larger).
-        retries: Further attempts after a connection error or a 429, each on the next URL, with backoff.
+        retries: Further attempts after a connection error, a 429 or a 503, each on the next URL, with backoff.
         run_timeout: Default wall-time limit of a snippet in seconds.
         memory_limit_mb: Default memory budget of a snippet, or None for the server's default.
         backoff: First backoff delay in seconds (doubled per attempt, with jitter; a 429's Retry-After wins).
@@ -155,9 +163,10 @@ class SandboxClient:
                        memory_limit_mb: int | None = None) -> list[ExecResult]:
         """Run snippets, results in the same order as ``codes``; never raises for a failure of the service.
 
-        Sends one ``POST /run_batch`` per chunk of at most the servers' smallest ``queue_size`` (from ``/health``,
-        else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch alone never fills a queue. Chunks are spread over the
-        URLs, one in flight per URL at a time; retries (connection errors, 429) work as in :meth:`run`. A server
+        Sends one ``POST /run_batch`` per chunk of a quarter of the servers' smallest ``queue_size`` (from
+        ``/health``, else ``DEFAULT_BATCH_SIZE``) snippets, so that a batch never needs the whole queue. Chunks are
+        spread over the URLs, one in flight per URL at a time; retries (connection errors, 429, 503) work as in
+        :meth:`run`. A server
         that answers 404/405 for ``/run_batch`` (SandboxFusion) is remembered, and its snippets go one
         ``/run_code`` request each.
         """
@@ -168,7 +177,8 @@ class SandboxClient:
         batch_urls = [url for url in self.urls if url not in self._no_batch]
         if not batch_urls:
             return await self._one_by_one(codes, run_timeout, memory_limit_mb)
-        size = min(self._servers.get(url, (DEFAULT_BATCH_SIZE, 1))[0] for url in batch_urls)
+        queue = min(self._servers.get(url, (DEFAULT_BATCH_SIZE, 1))[0] for url in batch_urls)
+        size = max(1, queue // BATCH_SHARE_OF_QUEUE)
         chunks = [list(range(i, min(i + size, len(codes)))) for i in range(0, len(codes), size)]
         results: list[ExecResult | None] = [None] * len(codes)
         first = next(self._next_url)
@@ -243,7 +253,8 @@ class SandboxClient:
 
     async def _post(self, http: httpx.AsyncClient, path: str, payload: dict[str, Any], timeout: float,
                     urls: list[str] | None = None) -> _Reply:
-        """POST with retries on connection errors and 429, each on the next URL (of ``urls``, else round-robin)."""
+        """POST with retries on connection errors, 429 and 503, each on the next URL (of ``urls``, else
+        round-robin)."""
         failures = []
         url = ""
         for attempt in range(self.retries + 1):
@@ -267,10 +278,11 @@ class SandboxClient:
                         return _Reply(None, f"{url}: answered 200 with JSON that is not an object: "
                                             f"{response.text[:200]!r}", url, status)
                     return _Reply(answer, "", url, status)
-                if status != 429:
+                if status not in RETRY_STATUSES:
                     return _Reply(None, f"{url}: HTTP {status}: {response.text[:300]}", url, status)
-                failures.append(f"{url}: 429 queue full")
-                delay = max(delay, _retry_after(response))
+                failures.append(f"{url}: {status} {RETRY_STATUSES[status]}")
+                if status == 429 or "retry-after" in response.headers:
+                    delay = max(delay, _retry_after(response))
             if attempt < self.retries:
                 await asyncio.sleep(delay)
         return _Reply(None, f"no sandbox server accepted the request after {self.retries + 1} attempts: "

@@ -67,7 +67,10 @@ class ExecConfig:
         refused_calls: Dotted call names the static check refuses (``"eval"``, ``"os.system"``).
         static_check: Run the static check at all (it is a courtesy to the model, not the security boundary).
         preload: Modules each worker imports before forking; missing ones are logged and skipped.
-        uid_base: Snippets of worker ``i`` run as uid/gid ``uid_base + i`` (when the server runs as root).
+        uid_base: Snippets of worker ``i`` run as uid/gid ``uid_base + i`` (when the server runs as root); each
+            server reserves its uids on the host (:mod:`sandbox.uids`), so two servers never share a process budget.
+            None (the default) takes the first free block of 256 uids from 61000; a set value that another server
+            holds is a start-up error.
         extra_ro: Host paths (folders or files) the minimal root exposes read-only, at the same path, on purpose
             (a data folder the snippets should read); each must exist. ``--extra-ro PATH`` adds one.
         isolate: Try the kernel layers (namespaces, minimal root, uid drop); False runs with rlimits only.
@@ -94,7 +97,7 @@ class ExecConfig:
     refused_calls: list[str] = field(default_factory=lambda: list(DEFAULT_REFUSED_CALLS))
     static_check: bool = True
     preload: list[str] = field(default_factory=lambda: list(DEFAULT_PRELOAD))
-    uid_base: int = 61000
+    uid_base: int | None = None
     extra_ro: list[str] = field(default_factory=list)
     isolate: bool = True
     require_isolation: bool = False
@@ -114,7 +117,7 @@ class ExecConfig:
         if self.memory_limit_mb > self.max_memory_limit_mb:
             raise ValueError(f"ExecConfig.memory_limit_mb ({self.memory_limit_mb}) exceeds max_memory_limit_mb "
                              f"({self.max_memory_limit_mb}); raise --max_memory_limit_mb or lower --memory_limit_mb")
-        if not 0 < self.uid_base < 2**31 - 1024:
+        if self.uid_base is not None and not 0 < self.uid_base < 2**31 - 1024:
             raise ValueError(f"ExecConfig.uid_base must be a positive unprivileged uid, got {self.uid_base}")
         if self.require_cgroup and not self.isolate:
             raise ValueError("ExecConfig.require_cgroup needs isolate: per-snippet cgroups are an isolation layer; "
@@ -147,6 +150,7 @@ class WorkerSpec:
     server_pid: int
     cgroup_subtree: str | None = None  # the server's cgroup subtree for per-snippet cgroups, or None ...
     cgroup_off: str | None = None  # ... and why not
+    uid_base: int | None = None  # the server's reserved snippet uids start here (None: no uid drop)
 
     def to_json(self) -> str:
         """Serialise for the worker's command line."""

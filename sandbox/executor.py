@@ -1,27 +1,28 @@
 """Run one snippet in a forked child and supervise it: drain output, enforce the wall time, clean up everything.
 
 Used inside a worker process (:mod:`sandbox.worker`), one job at a time. The worker has already imported the heavy
-modules, so ``fork`` gives the child a warm interpreter in a few milliseconds.
+modules, so ``fork`` gives the child a warm interpreter in a few milliseconds. The worker compiles only short
+snippets (:data:`sandbox.child.WORKER_COMPILE_MAX_CHARS`, at a bounded cost); a longer one the child compiles,
+under the snippet's own limits (:mod:`sandbox.child`).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import os
 import select
 import signal
 import time
-import traceback
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
 from sandbox.cgroup import SnippetCgroups
-from sandbox.child import STATUS_MEMORY, ChildJob, ChildPlan, build_namespace
+from sandbox.child import (STATUS_MEMORY, STATUS_REFUSED, WORKER_COMPILE_MAX_CHARS, ChildJob, ChildPlan,
+                           build_namespace, compile_snippet)
 from sandbox.config import ExecConfig
 from sandbox.isolation import PidNamespaces
-from sandbox.policy import SNIPPET_FILENAME, Policy
+from sandbox.policy import Policy
 from sandbox.rootfs import FreshProc
 from sandbox.rundir import RunDir
 from sandbox.zygote import Zygote
@@ -100,11 +101,11 @@ class Executor:
         self.pidns = pid_namespaces
         self.fresh_proc = fresh_proc
         self.cgroups = cgroups
-        self.policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
+        policy = Policy(config.allow_imports, config.refused_calls) if config.static_check else None
         self.plan = ChildPlan(namespace=build_namespace(config.preamble),  # raises here if the preamble is broken
                               run_dir=run_dir.path, uid=uid, max_processes=config.max_processes,
                               max_open_files=config.max_open_files, max_file_size_mb=config.max_file_size_mb,
-                              proc_options=fresh_proc.options if fresh_proc else None)
+                              proc_options=fresh_proc.options if fresh_proc else None, policy=policy)
         self.zygote: Zygote | None = None
 
     def start_zygote(self, close_in_zygote: tuple[int, ...]) -> None:
@@ -113,33 +114,19 @@ class Executor:
 
     def run(self, job: Job) -> dict[str, Any]:
         """Run ``job`` and return the result message (``reason``, ``return_code``, ``stdout``, ``stderr``, ...)."""
-        code, message, reason = self._compile(job.code)
-        if code is None:
-            return _result(job, reason, 1, "", message, 0.0)
+        code: CodeType | str = job.code  # a long source goes to the child as it is: the child compiles it
+        if len(job.code) <= WORKER_COMPILE_MAX_CHARS:
+            compiled, message, reason = compile_snippet(job.code, self.plan.policy)
+            if compiled is None:  # answered without a fork
+                return _result(job, "error" if reason == "memory" else reason, 1, "", message, 0.0)
+            code = compiled
         self.run_dir.prepare()
         try:
-            return self._run_compiled(job, code)
+            return self._run_in_cgroup(job, code)
         finally:
             self.run_dir.clear()
 
-    def _compile(self, source: str) -> tuple[CodeType | None, str, str]:
-        """(code object or None, error message, reason): reason is "error" for code Python cannot compile, "refused"
-        when the static check refuses the snippet.
-
-        Any exception here is the snippet's, never the worker's: a 1500-term sum makes the compiler raise
-        RecursionError, which the model reads as it would from ``python``.
-        """
-        try:
-            tree = ast.parse(source, filename=SNIPPET_FILENAME)
-            if self.policy is not None:
-                refusals = self.policy.check(tree)
-                if refusals:
-                    return None, self.policy.report(refusals), "refused"
-            return compile(tree, SNIPPET_FILENAME, "exec"), "", "ok"
-        except Exception as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError, ...
-            return None, "".join(traceback.format_exception_only(type(e), e)), "error"
-
-    def _run_compiled(self, job: Job, code: CodeType) -> dict[str, Any]:
+    def _run_in_cgroup(self, job: Job, code: CodeType | str) -> dict[str, Any]:
         """Run in a cgroup of its own where there are cgroups: made before the child exists, and removed after
         (``cgroup.kill`` first: whatever the snippet left, at its end or its time limit, dies with it)."""
         if self.cgroups is None:
@@ -150,7 +137,7 @@ class Executor:
         finally:
             self.cgroups.remove(cgroup)
 
-    def _run_child(self, job: Job, code: CodeType, cgroup: str | None) -> dict[str, Any]:
+    def _run_child(self, job: Job, code: CodeType | str, cgroup: str | None) -> dict[str, Any]:
         assert self.zygote is not None, "start_zygote() before the first job"
         job_r, job_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -172,7 +159,7 @@ class Executor:
             _write_all(job_w, ChildJob(code, job.run_timeout, job.memory_limit_mb).encode())
             status, timed_out, out, err = self._supervise(pid, out_r, err_r, start + job.run_timeout)
             elapsed = time.monotonic() - start
-            claims_memory = _read_status(st_r) == STATUS_MEMORY
+            claim = _read_status(st_r)
             hit = self.cgroups.limits_hit(cgroup) if self.cgroups is not None and cgroup is not None else []
         finally:
             for fd in (out_r, err_r, st_r):
@@ -182,10 +169,12 @@ class Executor:
         return_code = os.waitstatus_to_exitcode(status)
         if timed_out:
             reason, hit = "timeout", ["time", *hit]
-        elif "memory" in hit or (claims_memory and return_code == 1 and _ends_in_memory_error(err)):
+        elif "memory" in hit or (claim == STATUS_MEMORY and return_code == 1 and _ends_in_memory_error(err)):
             reason, hit = "memory", sorted({"memory", *hit})
         elif return_code < 0:
             reason = "signal"
+        elif claim == STATUS_REFUSED and return_code == 1 and not out.head:  # the snippet's own label, if it wrote it
+            reason = "refused"
         else:
             reason = "ok" if return_code == 0 else "error"
         truncated = bool(out.dropped or err.dropped)

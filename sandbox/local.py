@@ -22,7 +22,7 @@ import httpx
 
 from sandbox.config import ExecConfig
 
-_SERVER_OPTIONS = {"queue_size", "startup_timeout", "log_level"}
+_SERVER_OPTIONS = {"queue_size", "startup_timeout", "log_level", "head_timeout"}
 _LIMIT_OPTIONS = {f.name for f in dataclasses.fields(ExecConfig)}
 
 
@@ -54,9 +54,9 @@ def local_sandbox(workers: int | None = None, port: int | None = None,
     Args:
         workers: Worker processes (default: one per core).
         port: TCP port; None binds a free one here and hands the listening socket to the server (no race).
-        **server_options: ``queue_size``, ``startup_timeout``, ``log_level``, or any :class:`ExecConfig` field
-            (``run_timeout=10``, ``allow_imports=["*"]``, ``extra_ro=["/data/tables"]`` to expose a folder
-            read-only, ...).
+        **server_options: ``queue_size``, ``startup_timeout``, ``log_level``, ``head_timeout``, or any
+            :class:`ExecConfig` field (``run_timeout=10``, ``allow_imports=["*"]``, ``extra_ro=["/data/tables"]``
+            to expose a folder read-only, ...).
 
     Raises:
         RuntimeError: The server did not answer ``/health`` in time or exited; the message holds its output.

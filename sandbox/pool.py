@@ -11,11 +11,12 @@ import os
 import shutil
 import sys
 import tempfile
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 from sandbox.cgroup import remove_subtree, server_subtree
 from sandbox.config import ExecConfig, WorkerSpec
+from sandbox.uids import UidRange, reserve
 
 log = logging.getLogger("sandbox")
 
@@ -162,16 +163,24 @@ class WorkerPool:
         _remove_stale_base_dirs()
         self.base_dir = tempfile.mkdtemp(prefix=f"{_BASE_PREFIX}{os.getpid()}-")
         os.chmod(self.base_dir, 0o755)
+        self._waiting: deque[asyncio.Future[None]] = deque()  # batch entries waiting for room, first come first
         self._idle: asyncio.Queue[WorkerProcess] = asyncio.Queue()
         self._busy = 0
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self.cgroup_subtree: str | None = None
         self.cgroup_off: str | None = "disabled by --isolate false"
+        self.uid_range: UidRange | None = None
 
     async def start(self) -> None:
         """Set up the per-snippet cgroups (or say why not), then start every worker in parallel; raises RuntimeError
         (and cleans up) if any fails, or if ``require_cgroup`` is set and there are no cgroups."""
+        if self.config.isolate and os.geteuid() == 0:  # the uid drop needs root: reserve this server's uids
+            try:
+                self.uid_range = reserve(self.size, self.config.uid_base)
+            except (OSError, ValueError) as e:
+                self._remove_base_dir()
+                raise RuntimeError(str(e)) from None
         if self.config.isolate:
             self.cgroup_subtree, self.cgroup_off = server_subtree(self.config.cgroup_root)
         if self.cgroup_off is not None and self.config.require_cgroup:
@@ -219,7 +228,8 @@ class WorkerPool:
         work_dir = os.path.join(self.base_dir, f"w{index}")
         os.makedirs(work_dir, exist_ok=True)
         spec = WorkerSpec(index=index, exec_config=self.config, work_dir=work_dir, server_pid=os.getpid(),
-                          cgroup_subtree=self.cgroup_subtree, cgroup_off=self.cgroup_off)
+                          cgroup_subtree=self.cgroup_subtree, cgroup_off=self.cgroup_off,
+                          uid_base=self.uid_range.base if self.uid_range is not None else None)
         return WorkerProcess(spec, self.startup_timeout)
 
     @property
@@ -233,11 +243,44 @@ class WorkerPool:
         return max(0, self.pending - self.busy)
 
     def try_admit(self, n: int = 1) -> bool:
-        """Reserve room for ``n`` snippets; False when the bounded queue is full (the caller answers 429)."""
-        if self._closing or self.pending + n > self.queue_size:
+        """Reserve room for ``n`` snippets; False when the bounded queue is full (the caller answers 429).
+
+        Batch entries waiting for room (:meth:`admit`) come first: room freed is handed to them as it is freed.
+        """
+        if not self.has_room(n):
             return False
         self.pending += n
         return True
+
+    def has_room(self, n: int = 1) -> bool:
+        """Whether ``n`` snippets would be admitted now."""
+        return not self._closing and self.pending + n <= self.queue_size
+
+    async def admit(self) -> None:
+        """Reserve room for one snippet, waiting (first come, first served) while the queue is full.
+
+        A batch admits its entries one at a time with this, as each is about to run, so it holds no more of the
+        queue than it runs: a batch of ``queue_size`` entries no longer makes every ``/run_code`` a 429.
+        """
+        if self.try_admit():
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # room was handed over just as we were cancelled
+                self._release()
+            raise
+
+    def _release(self) -> None:
+        """One admitted snippet is done: hand its room to the first waiting batch entry, if any."""
+        self.pending -= 1
+        while self._waiting and self.pending < self.queue_size:
+            granted = self._waiting.popleft()
+            if not granted.done():
+                self.pending += 1
+                granted.set_result(None)
 
     async def run_admitted(self, job: dict[str, Any]) -> dict[str, Any]:
         """Run one admitted job (see :meth:`try_admit`). Never raises for a snippet's failure.
@@ -273,7 +316,7 @@ class WorkerPool:
                 return result
             return {"reason": "sandbox_error", "error": "every sandbox worker was found dead"}
         finally:
-            self.pending -= 1
+            self._release()
 
     async def _next_idle(self) -> WorkerProcess | None:
         """The next idle worker, or None when no worker has been alive for a whole start-up timeout."""
@@ -343,6 +386,9 @@ class WorkerPool:
 
     def _remove_base_dir(self) -> None:
         shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self.uid_range is not None:
+            self.uid_range.release()
+            self.uid_range = None
         if self.cgroup_subtree is not None:
             try:
                 remove_subtree(self.cgroup_subtree)

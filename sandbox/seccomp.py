@@ -4,8 +4,18 @@ Refused (``EPERM``): making or entering namespaces and mounting (``unshare``, ``
 API, ``clone`` with a namespace flag), keyrings (``add_key``, ``request_key``, ``keyctl``: the sandbox uid's user
 keyring would otherwise carry a key from one snippet to the next), SysV and POSIX message queues, shared memory and
 semaphores, ``memfd_create`` (memory outside the address-space limit), ``ptrace`` and ``process_vm_*``, ``bpf``,
-``perf_event_open``, ``userfaultfd`` and io_uring. ``clone3`` answers ``ENOSYS``, so the C library falls back to
+``perf_event_open``, ``userfaultfd`` and io_uring; file locks and file watches (``flock``, ``fcntl`` record locks,
+leases and ``F_NOTIFY``, ``inotify_*``, ``fanotify_*``): every worker exposes the same host files (the Python
+installation), so two snippets running at once on different workers could signal each other by locking the
+Python binary, or see each other's opens through inotify. ``clone3`` answers ``ENOSYS``, so the C library falls back to
 ``clone``, whose flags the filter can read.
+
+Sockets: only ``AF_UNIX`` (pipes between a snippet's own processes, asyncio's self-pipe) and ``AF_NETLINK`` with
+``NETLINK_ROUTE`` (the worker's own network namespace: ``socket.if_nameindex`` lists its ``lo``). Every other
+family is refused, whatever the network namespace would make of it: ``AF_VSOCK`` reaches the hypervisor and the
+host's vsock services from outside any network namespace, ``AF_INET``/``AF_INET6`` find only a loopback that is down
+(refused all the same), and the rarer families are kernel attack surface math never needs. A family is an ``int``
+while the filter sees 64 bits, so every value of 17 or more (upper bits set included) is refused outright.
 
 libseccomp (``libseccomp.so.2``, installed wherever Docker or systemd are) resolves the names for the running
 architecture and compiles the rules; it is called through ctypes because the Python bindings are packaged only for
@@ -31,12 +41,19 @@ REFUSED = (
     "semtimedop", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
     "memfd_create", "memfd_secret", "ptrace", "process_vm_readv", "process_vm_writev", "bpf", "perf_event_open",
     "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
 )
+#: fcntl commands refused: record locks (classic and open-file-description), leases and dnotify.
+#: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY.
+_REFUSED_FCNTL = (5, 6, 7, 36, 37, 38, 1024, 1026)
 #: clone flags that make a namespace (user, uts, ipc, cgroup, time too): a clone with any of them is refused.
 _NEW_NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC, 0x10000000, 0x04000000, 0x02000000,
                         0x00000080)
+AF_UNIX, AF_NETLINK, NETLINK_ROUTE = 1, 16, 0
+#: Every socket family below 17 but the allowed ones (17 and above are refused by one rule).
+_REFUSED_FAMILIES = tuple(f for f in range(AF_NETLINK) if f != AF_UNIX)
 _ACT_ALLOW = 0x7FFF0000
-_SCMP_CMP_MASKED_EQ = 7
+_SCMP_CMP_NE, _SCMP_CMP_EQ, _SCMP_CMP_GE, _SCMP_CMP_MASKED_EQ = 1, 4, 5, 7
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 
 
@@ -76,20 +93,30 @@ def build_filter() -> bytes:
     if not ctx:
         raise OSError("seccomp_init failed")
     try:
-        def add(action: int, name: str, *masks: int) -> None:
+        def add(action: int, name: str, *cmps: tuple[int, ...]) -> None:
+            """One rule: ``name`` gets ``action`` when every (argument, operator, value[, mask]) comparison holds."""
             number = lib.seccomp_syscall_resolve_name(name.encode())
             if number < 0:
                 return  # unknown on this architecture (e.g. memfd_secret on an old libseccomp): nothing to refuse
-            cmps = (_ArgCmp * 1)(_ArgCmp(0, _SCMP_CMP_MASKED_EQ, masks[0], masks[0])) if masks else None
-            rc = lib.seccomp_rule_add_array(ctx, action, number, len(masks), cmps)
+            array = (_ArgCmp * len(cmps))(*(_ArgCmp(arg, op, *_datums(rest)) for arg, op, *rest in cmps))
+            rc = lib.seccomp_rule_add_array(ctx, action, number, len(cmps), array if cmps else None)
             if rc < 0:
                 raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
 
+        eperm = _act_errno(errno.EPERM)
         for name in REFUSED:
-            add(_act_errno(errno.EPERM), name)
+            add(eperm, name)
         for flag in _NEW_NAMESPACE_FLAGS:
-            add(_act_errno(errno.EPERM), "clone", flag)
+            add(eperm, "clone", (0, _SCMP_CMP_MASKED_EQ, flag, flag))
         add(_act_errno(errno.ENOSYS), "clone3")
+        for command in _REFUSED_FCNTL:  # the kernel reads a 32-bit command: compare only those bits
+            add(eperm, "fcntl", (1, _SCMP_CMP_MASKED_EQ, command, 0xFFFFFFFF))
+        for name in ("socket", "socketpair"):
+            add(eperm, name, (0, _SCMP_CMP_GE, AF_NETLINK + 1))
+            for family in _REFUSED_FAMILIES:
+                add(eperm, name, (0, _SCMP_CMP_EQ, family))
+        add(eperm, "socket", (0, _SCMP_CMP_EQ, AF_NETLINK), (2, _SCMP_CMP_NE, NETLINK_ROUTE))
+        add(eperm, "socketpair", (0, _SCMP_CMP_EQ, AF_NETLINK))
         read_fd, write_fd = os.pipe()
         try:
             rc = lib.seccomp_export_bpf(ctx, write_fd)
@@ -107,6 +134,11 @@ def build_filter() -> bytes:
     finally:
         lib.seccomp_release(ctx)
     return program
+
+
+def _datums(rest: list[int]) -> tuple[int, int]:
+    """libseccomp's two operands: (value, unused) for a comparison, (mask, value) for ``SCMP_CMP_MASKED_EQ``."""
+    return (rest[1], rest[0]) if len(rest) == 2 else (rest[0], 0)
 
 
 class Filter:

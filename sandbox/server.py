@@ -17,13 +17,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.bounds import BodyLimit, batch_share, validation_error
 from sandbox.config import ExecConfig
+from sandbox.fairshare import FairShare
 from sandbox.metrics import Metrics
 from sandbox.pool import WorkerPool
 
@@ -113,6 +114,7 @@ class SandboxService:
         self.config = config
         self.pool = pool
         self.metrics = metrics
+        self.batch_slots = FairShare(batch_share(pool.size))  # all batches together never hold every worker
 
     def _busy(self) -> JSONResponse:
         self.metrics.record_rejected()
@@ -121,9 +123,13 @@ class SandboxService:
         return JSONResponse({"detail": f"sandbox queue is full ({self.pool.queue_size} snippets admitted); "
                                        "retry later"}, status_code=429, headers={"Retry-After": str(retry_after)})
 
-    async def _execute(self, req: RunCodeRequest, job: dict[str, Any] | None, message: str) -> dict[str, Any]:
+    async def _execute(self, req: RunCodeRequest, job: dict[str, Any] | None, message: str,
+                       admit: bool = False) -> dict[str, Any]:
+        """Run an admitted job (``admit``: take its room in the queue first, waiting for it if need be)."""
         if job is None:
             return to_sandboxfusion({"reason": "sandbox_error", "error": message}, req.request_id)
+        if admit:
+            await self.pool.admit()
         start = time.perf_counter()
         result = await self.pool.run_admitted(job)
         self.metrics.record_result(result["reason"], time.perf_counter() - start)
@@ -137,22 +143,29 @@ class SandboxService:
             return self._busy()
         return JSONResponse(await self._execute(req, job, message))
 
-    async def run_batch(self, batch: RunBatchRequest) -> JSONResponse:
-        """``POST /run_batch``: several snippets admitted together, answered in the same order."""
+    async def run_batch(self, batch: RunBatchRequest, request: Request) -> JSONResponse:
+        """``POST /run_batch``: several snippets, answered in the same order.
+
+        Accepted when the queue has room for one snippet now (429 otherwise, 413 beyond ``queue_size`` entries);
+        its entries then take room one at a time as each is about to run, so a batch holds no more of the queue
+        than the workers it uses and ``/run_code`` requests still fit beside it. All batches together run at most
+        :func:`batch_share` entries at once, the clients taking freed slots in turn (:class:`FairShare`).
+        """
         self.metrics.record_request("run_batch")
         if len(batch.requests) > self.pool.queue_size:  # every entry counts, the refused ones too
             return JSONResponse({"detail": f"batch of {len(batch.requests)} entries exceeds the server queue "
                                            f"(queue_size={self.pool.queue_size}); split it or raise --queue_size"},
                                 status_code=413)
         resolved = [_resolve(req, self.config) for req in batch.requests]
-        runnable = sum(job is not None for job, _ in resolved)
-        if runnable and not self.pool.try_admit(runnable):
+        if any(job is not None for job, _ in resolved) and not self.pool.has_room():
             return self._busy()
-        share = asyncio.Semaphore(batch_share(self.pool.size))  # a batch never holds every worker
+        client = request.client.host if request.client is not None else ""
 
         async def one(req: RunCodeRequest, job: dict[str, Any] | None, message: str) -> dict[str, Any]:
-            async with share:
+            if job is None:  # answered at once: takes no slot
                 return await self._execute(req, job, message)
+            async with self.batch_slots.slot(client):
+                return await self._execute(req, job, message, admit=True)
 
         pairs = zip(batch.requests, resolved, strict=True)
         results = await asyncio.gather(*(one(req, job, msg) for req, (job, msg) in pairs))

@@ -90,7 +90,7 @@ def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, d
     if "numpy" in sys.modules and "sympy" in sys.modules:
         exec(compile(WARMUP, "<warmup>", "exec"), {})  # fixed trusted code
     layers: dict[str, str | None] = {"rlimits": None, "no_new_privs": None}
-    uid = config.uid_base + spec.index if (config.isolate and os.geteuid() == 0) else None
+    uid = spec.uid_base + spec.index if (spec.uid_base is not None and os.geteuid() == 0) else None
     pidns = PidNamespaces(enabled=config.isolate)
     layers["pid_namespace"] = pidns.error
     cgroups = (SnippetCgroups(spec.cgroup_subtree, spec.index, config.cgroup_cpu_cores)  # before the pivot hides it

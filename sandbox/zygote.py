@@ -92,32 +92,50 @@ class Zygote:
 
 
 def _serve(sock: socket.socket, plan: ChildPlan, pidns: PidNamespaces) -> int:
-    """The zygote's loop: fork on ``F``, reap on ``R``, exit on end of file."""
+    """The zygote's loop: fork on ``F``, reap on ``R``, exit on end of file.
+
+    Each message is handled in a frame of its own that is gone before the next one arrives, so the loop's frame
+    holds no value of any job: a child walking up its frames (``sys._getframe().f_back``) reaches this frame, and
+    the previous child's wait status kept here would be an 8-bit channel from one snippet to the next.
+    """
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker's death takes the zygote down
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # without PID namespaces, a snippet's orphans come back to us to be killed
     while True:
-        message, fds, _, _ = socket.recv_fds(sock, 64, _FDS)
-        if not message:
-            return 0
-        if message[:1] == b"F" and len(fds) == _FDS:
-            pidns.before_fork()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child never returns from run_child
-                sock.close()
-                run_child(plan, *fds)
-            pidns.after_fork()
-            for fd in fds:
-                os.close(fd)
-            sock.send(b"P" + _PID.pack(pid))
-        elif message[:1] == b"R" and len(message) == 1 + _PID.size:
-            pid = _PID.unpack(message[1:])[0]
-            _, status = os.waitpid(pid, 0)
-            if not pidns.enabled:
-                _kill_adopted_orphans()
-            sock.send(b"S" + _PID.pack(status))
-        else:
-            print(f"sandbox zygote: unexpected message {message[:16]!r} with {len(fds)} fds", file=sys.stderr)
-            return 1
+        done = _handle_one(sock, plan, pidns)
+        if done is not None:
+            return done
+
+
+def _handle_one(sock: socket.socket, plan: ChildPlan, pidns: PidNamespaces) -> int | None:
+    """Answer one message; None to go on, else the zygote's exit code. A child forked here sees only its own
+    message and fds in this frame."""
+    message, fds, _, _ = socket.recv_fds(sock, 64, _FDS)
+    if not message:
+        return 0
+    if message[:1] == b"F" and len(fds) == _FDS:
+        pidns.before_fork()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns from run_child
+            sock.close()
+            run_child(plan, *fds)
+        pidns.after_fork()
+        for fd in fds:
+            os.close(fd)
+        sock.send(b"P" + _PID.pack(pid))
+        return None
+    if message[:1] == b"R" and len(message) == 1 + _PID.size:
+        _reap(sock, _PID.unpack(message[1:])[0], pidns.enabled)
+        return None
+    print(f"sandbox zygote: unexpected message {message[:16]!r} with {len(fds)} fds", file=sys.stderr)
+    return 1
+
+
+def _reap(sock: socket.socket, pid: int, pid_namespaces: bool) -> None:
+    """Wait for child ``pid`` (and, without PID namespaces, kill its orphans); send its wait status."""
+    _, status = os.waitpid(pid, 0)
+    if not pid_namespaces:
+        _kill_adopted_orphans()
+    sock.send(b"S" + _PID.pack(status))
 
 
 def _kill_adopted_orphans() -> None:

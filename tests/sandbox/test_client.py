@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandbox import client as client_module
 from sandbox import CodeSession, ExecStatus, SandboxClient, SandboxUnavailable, local_sandbox
 from tests.sandbox.conftest import Server
 
@@ -56,6 +58,23 @@ def test_429_is_retried_after_its_retry_after() -> None:
     answers = [httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200, json=OK_BODY)]
     result, seen = run_with(answers, ["http://a:1"])
     assert result.ok and len(seen) == 2
+
+
+def test_503_of_the_connection_cap_is_retried_on_the_next_url_after_a_jittered_backoff(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn answers 503 beyond its connection cap, before the request is read: safe to send again."""
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded(delay: float) -> None:
+        delays.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(client_module.asyncio, "sleep", recorded)
+    answers = [httpx.Response(503, text="Service Unavailable"), httpx.Response(200, json=OK_BODY)]
+    result, seen = run_with(answers, ["http://a:1", "http://b:2"])
+    assert result.ok and seen == ["http://a:1/run_code", "http://b:2/run_code"]
+    assert len(delays) == 1 and 0.0005 <= delays[0] <= 0.0015, delays  # backoff 0.001 x (0.5 + random())
 
 
 def test_read_timeout_is_not_retried_and_gives_sandbox_error() -> None:
@@ -214,12 +233,28 @@ def run_many_with(handler, urls: list[str], codes: list[str], calls: int = 1, **
     return asyncio.run(many())
 
 
+def test_run_many_sends_chunks_of_a_quarter_of_the_queue() -> None:
+    """A chunk of the whole queue could only be admitted by an empty server (a server that admits a batch whole)."""
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json={"status": "ok", "queue_size": 8, "workers": 2})
+        body = json.loads(request.content)
+        sizes.append(len(body["requests"]))
+        return httpx.Response(200, json=batch_answer(body))
+
+    (results,) = run_many_with(httpx.MockTransport(handler), ["http://a:1"], [str(i) for i in range(7)])
+    assert sizes == [2, 2, 2, 1]
+    assert [r.stdout for r in results] == [str(i) for i in range(7)]
+
+
 def test_run_many_batch_429_is_retried_and_request_ids_are_checked() -> None:
     posts: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
-            return httpx.Response(200, json={"status": "ok", "queue_size": 4, "workers": 1})
+            return httpx.Response(200, json={"status": "ok", "queue_size": 12, "workers": 1})  # chunks of 3
         posts.append(request.url.path)
         body = json.loads(request.content)
         if len(posts) == 1:
@@ -298,7 +333,7 @@ def metric_counts(server: Server) -> tuple[int, int, int]:
     return m["requests"].get("run_batch", 0), m["requests"].get("run_code", 0), m["rejected_429"]
 
 
-def test_run_many_one_batch_keeps_order_of_ok_error_and_timeout(sandbox_server: Server) -> None:
+def test_run_many_batches_keep_order_of_ok_error_and_timeout(sandbox_server: Server) -> None:
     codes = ["print('first')", "raise ValueError('bad')", "while True:\n    pass", "print(6 * 7)",
              "import sys\nsys.exit(3)", "print('last')"]
     before = metric_counts(sandbox_server)
@@ -313,7 +348,8 @@ def test_run_many_one_batch_keeps_order_of_ok_error_and_timeout(sandbox_server: 
                                            ExecStatus.ERROR, ExecStatus.OK]
     assert [results[0].stdout, results[3].stdout, results[5].stdout] == ["first\n", "42\n", "last\n"]
     assert "ValueError: bad" in results[1].stderr and results[4].return_code == 3
-    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)  # one /run_batch, no /run_code
+    chunks = math.ceil(len(codes) / (sandbox_server.health["queue_size"] // 4))
+    assert (after[0] - before[0], after[1] - before[1]) == (chunks, 0)  # only /run_batch, no /run_code
 
 
 def test_run_many_splits_a_batch_larger_than_the_server_queue(sandbox_server: Server) -> None:
@@ -328,4 +364,5 @@ def test_run_many_splits_a_batch_larger_than_the_server_queue(sandbox_server: Se
     results = asyncio.run(many())
     after = metric_counts(sandbox_server)
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(len(codes))]
-    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (3, 0, 0)  # 3 chunks, no 429
+    chunks = math.ceil(len(codes) / (queue // 4))  # chunks of a quarter of the queue
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (chunks, 0, 0)  # no 429

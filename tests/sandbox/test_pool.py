@@ -33,3 +33,28 @@ def test_a_protocol_exception_retires_and_replaces_the_worker(monkeypatch: pytes
     broken, fine, restarts = asyncio.run(scenario())
     assert broken["reason"] == "sandbox_error" and "ValueError" in broken["error"], broken
     assert (fine["reason"], fine["stdout"], restarts) == ("ok", "42\n", 1)
+
+
+def test_a_batch_entry_waits_for_room_and_nothing_jumps_ahead_of_it() -> None:
+    config = ExecConfig(isolate=False, preload=[], preamble=None)
+
+    async def scenario() -> tuple[bool, bool, bool, dict, dict, int]:
+        pool = WorkerPool(config, workers=1, queue_size=1, startup_timeout=60)
+        await pool.start()
+        try:
+            job = {"code": "print(1)", "run_timeout": 5.0, "memory_limit_mb": 256}
+            assert pool.try_admit()  # the queue is now full
+            waiter = asyncio.ensure_future(pool.admit())
+            await asyncio.sleep(0)
+            waiting, barged = not waiter.done(), pool.try_admit()  # the queue stays full while it waits
+            first = await asyncio.wait_for(pool.run_admitted(job), 60)
+            await asyncio.wait_for(waiter, 60)  # handed the room the first job freed
+            granted = pool.pending == 1
+            second = await asyncio.wait_for(pool.run_admitted(dict(job, code="print(2)")), 60)
+            return waiting, barged, granted, first, second, pool.pending
+        finally:
+            await pool.stop()
+
+    waiting, barged, granted, first, second, pending = asyncio.run(scenario())
+    assert (waiting, barged, granted) == (True, False, True)
+    assert (first["stdout"], second["stdout"], pending) == ("1\n", "2\n", 0)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sandbox import ExecStatus, local_sandbox
-from sandbox.bounds import MAX_BODY_BYTES
+from sandbox.bounds import MAX_BODY_BYTES, batch_share
 from tests.sandbox.conftest import BYPASS, QUEUE_SIZE, WORKERS, Server
 
 RUN_RESULT_KEYS = {"status", "execution_time", "return_code", "stdout", "stderr"}
@@ -235,6 +235,52 @@ def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> N
     assert max(asyncio.run(busy_while_a_batch_runs())) == WORKERS - 1
 
 
+def test_a_batch_of_queue_size_entries_leaves_room_for_run_code(sandbox_server: Server) -> None:
+    """A batch takes queue room one entry at a time as each runs: reserving the whole queue at once would make
+    every /run_code a 429 while a worker sits idle."""
+    async def run_code_while_a_full_batch_runs() -> tuple[int, httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * QUEUE_SIZE
+            batch = asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
+            in_flight = 0
+            while not in_flight:  # the batch is running
+                in_flight = (await http.get(sandbox_server.url + "/metrics")).json()["in_flight"]
+            single = await http.post(sandbox_server.url + "/run_code", json={"code": "print(1+1)"})
+            return in_flight, single, await batch
+
+    in_flight, single, batch = asyncio.run(run_code_while_a_full_batch_runs())
+    assert single.status_code == 200 and single.json()["run_result"]["stdout"] == "2\n", single.text
+    assert in_flight <= batch_share(WORKERS), in_flight
+    assert batch.status_code == 200 and [r["status"] for r in batch.json()["results"]] == ["Success"] * QUEUE_SIZE
+
+
+def test_two_batches_at_once_leave_a_worker_for_run_code(sandbox_server: Server) -> None:
+    """With a cap per batch (all workers but one), two batches at once would hold every worker; /run_code would wait."""
+    async def while_two_batches_run() -> tuple[set[int], httpx.Response, list[httpx.Response]]:
+        busy: set[int] = set()
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            async def metrics() -> dict:
+                return (await http.get(sandbox_server.url + "/metrics")).json()
+
+            done_before = sum((await metrics())["results"].values())
+            sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * (QUEUE_SIZE // 2)
+            batches = [asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
+                       for _ in range(2)]
+            while True:  # sampled until three batch entries have ended: both batches are under way
+                now = await metrics()
+                busy.add(now["busy_workers"])
+                if sum(now["results"].values()) - done_before >= 3:
+                    break
+                await asyncio.sleep(0.02)
+            single = await http.post(sandbox_server.url + "/run_code", json={"code": "print(1+1)"})
+            return busy, single, list(await asyncio.gather(*batches))
+
+    busy, single, batches = asyncio.run(while_two_batches_run())
+    assert max(busy) <= batch_share(WORKERS), busy
+    assert single.status_code == 200 and single.json()["run_result"]["stdout"] == "2\n", single.text
+    assert all(b.status_code == 200 for b in batches)
+
+
 def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server: Server) -> None:
     restarts = sandbox_server.metrics()["worker_restarts"]
     with open(f"/proc/{sandbox_server.pid}/task/{sandbox_server.pid}/children") as f:
@@ -297,3 +343,20 @@ def test_oversized_bodies_do_not_grow_the_servers_memory(sandbox_server: Server)
     growth = _peak_rss_bytes(sandbox_server.pid) - before
     assert growth < 40 * 2**20, f"the server's peak RSS grew by {growth / 2**20:.1f} MiB"
     assert statuses == [b"413"] * 4
+
+
+def test_a_connection_that_sends_no_whole_head_is_closed_and_a_slow_answer_is_not_cut() -> None:
+    """uvicorn alone never closes a connection that sends nothing (or half a head): each holds a capped connection."""
+    with local_sandbox(workers=1, preload=[], preamble=None, allow_imports=["*"], head_timeout=1.0,
+                       startup_timeout=90, log_level="warning") as urls:
+        port = int(urls[0].rsplit(":", 1)[1])
+        silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+        half = socket.create_connection(("127.0.0.1", port), timeout=30)
+        half.sendall(b"POST /run_code HTTP/1.1\r\nHost: sandbox\r\n")
+        slow = httpx.post(urls[0] + "/run_code", json={"code": "import time\ntime.sleep(2.0)\nprint(1+1)"},
+                          timeout=30, trust_env=False)  # answered after the head timeout: not cut
+        with silent, half:
+            assert (silent.recv(1024), half.recv(1024)) == (b"", b"")  # closed by the server, not by our timeout
+        assert slow.status_code == 200 and slow.json()["run_result"]["stdout"] == "2\n", slow.text
+        benign = httpx.post(urls[0] + "/run_code", json={"code": "print(1+1)"}, timeout=30, trust_env=False)
+        assert benign.json()["run_result"]["stdout"] == "2\n"

@@ -23,9 +23,9 @@ class SandboxConfig:
     workers: int | None = None
     """Worker processes of the embedded server (None: one per core). Embedded server only."""
     server_options: dict[str, Any] = field(default_factory=dict)
-    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level`` or any field of
-    ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders exposed read-only,
-    ...). Embedded server only."""
+    """Further options of the embedded server: ``queue_size``, ``startup_timeout``, ``log_level``, ``head_timeout``
+    or any field of ``sandbox.config.ExecConfig`` (``memory_limit_mb``, ``allow_imports``, ``extra_ro`` folders
+    exposed read-only, ...). Embedded server only."""
     max_concurrency: int = 64
     """Requests in flight from the trainer to the sandbox."""
     request_timeout: float = 60.0
