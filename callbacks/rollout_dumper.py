@@ -210,7 +210,7 @@ def _step_outputs(result: StepResult, token_samples: int | None) -> dict[str, An
     return {"step": result.rl_step, "rollout": result.rollout, "prompts": info.prompts,
             "problem_ids": info.problem_ids, "sources": info.sources, "weight_version": info.weight_version,
             "removed": result.filter.removed if result.filter is not None else None,
-            "tokens": T.capture(result, rows) if rows else None, "advantages": T.row_advantages(result)}
+            "tokens": T.capture(result, rows) if rows else None, "advantages": T.advantage_sums(result)}
 
 
 def _part_records(part: dict[str, Any], tokenizer: Any, step: int, split: str, rank: int) -> list[dict[str, Any]]:
@@ -219,8 +219,8 @@ def _part_records(part: dict[str, Any], tokenizer: Any, step: int, split: str, r
     records = R.trajectory_records(part["rollout"], part["prompts"], part["problem_ids"], part["sources"], step=step,
                                    split=split, weight_version=part["weight_version"], rank=rank,
                                    removed=part["removed"])
-    for record, advantage in zip(records, part["advantages"]):
-        record["advantage"] = advantage
+    for record, total in zip(records, part["advantages"]):  # the mean over the row's action tokens
+        record["advantage"] = None if total is None else round(total / max(record["sampled_tokens"], 1), 4)
     captured = part["tokens"]
     if captured is not None:
         for j, row in enumerate(captured["rows"]):

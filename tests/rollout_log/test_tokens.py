@@ -115,3 +115,26 @@ def test_pick_rows_is_a_seeded_sample_in_row_order():
     picked = T.pick_rows(100, 4, 7)
     assert picked == sorted(picked) and len(set(picked)) == 4 and picked == T.pick_rows(100, 4, 7)
     assert picked != T.pick_rows(100, 4, 8)
+
+
+def test_the_terminal_colours_each_sampled_token_by_the_overlay(tmp_path):
+    from rich.console import Console
+
+    from zerotir.rollout_log.cli import show
+    from zerotir.rollout_log.render import overlay_strength, rich_tokens
+
+    rows = dump(tmp_path, trained_step(), token_samples=None)
+    tokens = rows[0]["tokens"]
+    assert overlay_strength(tokens, 0, "logprob") is None  # a prompt token has no log-prob
+    assert overlay_strength(tokens, 2, "logprob") == pytest.approx(min(-tokens["trainer_logprob"][2] / 5, 1))
+    assert [overlay_strength(tokens, i, "weight") for i in range(6)] == [0, 0, 1, 1, 1, 0]
+    text = rich_tokens(rows[0], "weight")
+    styles = [str(span.style) for span in text.spans]
+    assert styles[0].startswith("dim on rgb(") and styles[2] != styles[0]  # trained tokens darker than the prompt
+    with pytest.raises(ValueError, match="overlay 'loss'"):
+        overlay_strength(tokens, 2, "loss")
+    console = Console(record=True, width=100, color_system="truecolor")
+    show(tmp_path / "rollouts", 1, limit=1, console=console, color="mismatch")
+    assert "tokens, coloured by mismatch" in console.export_text()
+    assert "on #" in console.export_html(inline_styles=True) or "background-color" in console.export_html(
+        inline_styles=True)

@@ -137,16 +137,14 @@ def token_fields(captured: dict[str, Any], j: int, tokenizer: Any) -> dict[str, 
     }
 
 
-def row_advantages(result: StepResult) -> list[float | None]:
-    """Each rollout row's advantage for display: the mean over its action tokens in the update (None: the update did
-    not keep the row). Two row sums and a copy of B numbers on the training thread."""
+def advantage_sums(result: StepResult) -> list[float | None]:
+    """Each rollout row's advantage summed over its tokens (they are 0 off the action mask; None: the update did not
+    keep the row): one row sum and a copy of B numbers on the training thread. Divided by the row's action tokens
+    (its record's ``sampled_tokens``) on the writer thread, it is the row's mean advantage."""
     out: list[float | None] = [None] * len(result.rollout)
     trained = result.trained
     if trained is None:
         return out
-    # the advantages are 0 off the action mask: one sum per row over them, divided by the row's action count
-    counts = result.rollout.action_mask.sum(1).cpu()[trained.rows.cpu()].clamp(min=1)
-    means = (trained.advantages.sum(1, dtype=torch.float32).cpu() / counts).tolist()
-    for row, value in zip(trained.rows.tolist(), means):
-        out[row] = round(value, 4)
+    for row, value in zip(trained.rows.tolist(), trained.advantages.sum(1, dtype=torch.float32).cpu().tolist()):
+        out[row] = value
     return out

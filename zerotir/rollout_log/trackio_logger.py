@@ -5,7 +5,8 @@ Trackio (``pip install 'zerotir[traces]'``) is local-first: a run's data go to a
 ``trackio show`` opens the dashboard; no account, nothing sent anywhere. ``--trainer.logger`` takes it beside
 TensorBoard (the default), CSV and W&B::
 
-    --trainer.logger zerotir.rollout_log.trackio_logger.TrackioLogger --trainer.logger.project my-project
+    --trainer.logger zerotir.rollout_log.trackio_logger.TrackioLogger --trainer.logger.project my-project \
+        --trainer.logger.save_dir runs/my-run
 
 Besides every scalar the run logs, the ``RolloutDumper`` hands it the best, the worst and a failed-execution
 trajectory of each written step (``log_samples``), logged as Markdown under ``samples/<kind>`` (``val_samples/...``
@@ -32,10 +33,14 @@ class TrackioLogger(Logger):
         project: the Trackio project (a dashboard groups the runs of a project).
         name: the run's name (None: Trackio picks a readable one).
         group: a group of runs inside the project (None: none).
+        save_dir: where the command line saves the run's ``config.yaml`` (Trackio's own data go under
+            ``TRACKIO_DIR``).
     """
 
-    def __init__(self, project: str = "zerotir", name: str | None = None, group: str | None = None) -> None:
+    def __init__(self, project: str = "zerotir", name: str | None = None, group: str | None = None,
+                 save_dir: str = ".") -> None:
         super().__init__()
+        self._save_dir = save_dir
         if not project or not isinstance(project, str):
             raise ValueError(f"TrackioLogger: project must be a non-empty name, got {project!r}")
         self._project, self._name, self._group = project, name, group
@@ -46,6 +51,10 @@ class TrackioLogger(Logger):
     @property
     def name(self) -> str:
         return self._project
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
 
     @property
     def version(self) -> str:
