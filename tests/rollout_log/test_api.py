@@ -110,3 +110,20 @@ def test_a_taken_port_and_a_port_without_serve_are_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--port", "8000"])
     assert "--port is the web viewer's: add --serve" in capsys.readouterr().err
+
+
+def test_serve_prints_the_url_of_a_free_port_and_answers_there(tmp_path):
+    import subprocess
+    import sys
+
+    write_step(tmp_path / "rollouts", 1)
+    process = subprocess.Popen([sys.executable, "-m", "zerotir", "rollouts", str(tmp_path), "--serve"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # printed once the server listens
+        assert "serving" in line and "http://127.0.0.1:" in line, process.stderr.read() if not line else line
+        url = line.split(" at ")[1].split()[0]
+        assert json.loads(get(url + "api/steps?split=train")[2])[0]["step"] == 1
+    finally:
+        process.terminate()
+        process.wait(30)
