@@ -69,10 +69,13 @@ class FakeTrainer:
 
 
 class FakeModule:
-    """The module's side of the callbacks' protocol: ``log`` (recorded)."""
+    """The module's side of the callbacks' protocol: ``log`` (recorded) and the ``tokenizer`` (the byte tokenizer)."""
 
     def __init__(self) -> None:
+        from zerotir.toy.tokenizer import build_byte_tokenizer
+
         self.logged: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.tokenizer = build_byte_tokenizer()
 
     def log(self, name: str, value: float, **kwargs: Any) -> None:
         self.logged[name] = (value, kwargs)

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from zerotir.config import RLConfig
 from zerotir.rl.perplexity import reference_logprobs, sequence_perplexity
-from zerotir.rl.update import check_temperature, placeholder, ppo_update, prepare_batch
+from zerotir.rl.update import TrainBatch, check_temperature, placeholder, ppo_update, prepare_batch
 from zerotir.scale.distributed import global_sum
 from zerotir.types import Trajectories
 
@@ -102,6 +102,22 @@ class BatchInfo:
 
 
 @dataclass
+class TrainedTokens:
+    """The per-token values the update trained on, for the rows of ``StepResult.rollout`` it kept (what the rollout
+    dump shows token by token; references to the update's tensors, on the models' device).
+
+    ``rows`` (K,) long: the rollout rows, in the order of the other tensors' rows; ``old_logp`` (K, T): the actor's
+    log-probs at the update (the old log-probs; in a single pass, those of the update's own forward pass);
+    ``advantages`` (K, T), 0 off the action mask; ``entropy`` (K, T): the entropy of the actor's tempered
+    distribution at each token in the update's first epoch."""
+
+    rows: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    entropy: Tensor
+
+
+@dataclass
 class StepResult:
     """What one RL step did, handed to the callbacks through ``on_train_batch_end``'s ``outputs["step"]`` (an
     evaluation batch returns one too, without an update)."""
@@ -116,6 +132,7 @@ class StepResult:
     pipeline: dict[str, float] = field(default_factory=dict)  # staleness_mean / _max of the batch's tokens (versions)
     refill: dict[str, float] = field(default_factory=dict)  # the batch's generation rounds, ... (rl.refill.FillWatch)
     data: dict[str, float] = field(default_factory=dict)  # data/stage, data/kind_share/<kind>, ... (data.curriculum)
+    trained: TrainedTokens | None = None  # the update's per-token values of the kept rows; None: no update
 
     @property
     def skipped(self) -> bool:
@@ -157,6 +174,7 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
     if decision is not None and decision.reward_shaping is not None:
         kept.rewards = kept.rewards + decision.reward_shaping.cpu()[keep].to(kept.rewards)
     stats: dict[str, float] = {}
+    trained = None
     if global_sum(len(kept)) > 0:  # else no rank kept anything: skip
         batch = (kept if len(kept) else placeholder(rollout)).to(device)
         ref_logp = None
@@ -165,12 +183,17 @@ def rl_step(cfg: RLConfig, rollout: Trajectories, decision: FilterDecision | Non
                                                               temperature)
             keep = decision.keep
         if decision is None or decision.perplexity_threshold is None or global_sum(int(keep.sum())) > 0:
-            stats = _update(cfg, batch, models, optimizer, step, seed, max_response_tokens, temperature, top_p,
-                            ref_logp)
+            seen: dict[str, Tensor] = {}
+            stats, train_batch = _update(cfg, batch, models, optimizer, step, seed, max_response_tokens,
+                                         temperature, top_p, ref_logp, seen)
+            rows = keep.cpu().nonzero(as_tuple=True)[0]
+            if len(rows):  # else this rank trained a zero-weight placeholder
+                old = train_batch.old_logp if train_batch.old_logp is not None else seen["logp"]
+                trained = TrainedTokens(rows, old, train_batch.advantages, seen["entropy"])
     if not stats:
         for _ in range(cfg.optimizer_steps_per_rl_step):
             optimizer.step(False)
-    return StepResult(step, rollout, keep, decision, stats)
+    return StepResult(step, rollout, keep, decision, stats, trained=trained)
 
 
 def _drop_high_perplexity(cfg: RLConfig, batch: Trajectories, real: bool, decision: FilterDecision,
@@ -198,7 +221,7 @@ def _drop_high_perplexity(cfg: RLConfig, batch: Trajectories, real: bool, decisi
 
 def _update(cfg: RLConfig, batch_traj: Trajectories, models: Models, optimizer: StepOptimizer, step: int,
             seed: int, max_response_tokens: int | None, temperature: float, top_p: float,
-            ref_logp: Tensor | None) -> dict[str, float]:
+            ref_logp: Tensor | None, seen: dict[str, Tensor]) -> tuple[dict[str, float], TrainBatch]:
     trained = [m for m in (models.actor, models.critic) if m is not None]
     for m in trained:
         m.eval()  # old log-probs / values without dropout, as the rollout saw them
@@ -208,5 +231,5 @@ def _update(cfg: RLConfig, batch_traj: Trajectories, models: Models, optimizer: 
         m.train()  # gradient checkpointing is only active in train mode
     gen = torch.Generator().manual_seed(seed + step)
     stats.update(ppo_update(cfg, batch, models.actor, models.critic, optimizer.backward, optimizer.step, step, gen,
-                            max_response_tokens, temperature=temperature))
-    return stats
+                            max_response_tokens, temperature=temperature, seen=seen))
+    return stats, batch

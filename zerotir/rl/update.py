@@ -242,15 +242,18 @@ def prepare_batch(
 def micro_batch_loss(
     cfg: RLConfig, mb: TrainBatch, actor: nn.Module, critic: nn.Module | None,
     max_response_tokens: int | None = None, *, temperature: float,
+    record: Callable[[Tensor, Tensor], None] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch: clipped policy loss + vf_coef * value loss (+ kl_coef * KL, - entropy bonus),
     each aggregated over the micro-batch by ``loss_agg_mode`` (token mean by default). ``max_response_tokens`` is the
     response budget (``model.sampling.max_response_tokens``), the divisor of ``seq-mean-token-sum-norm``;
     ``temperature`` is ``model.sampling.temperature`` (see ``sequence_logprobs``). Returns the loss and detached
-    statistics."""
+    statistics. ``record``, given, is handed the pass's per-token log-probs and entropies (detached)."""
     logp, entropy = sequence_logprobs(actor, mb.input_ids, mb.attention_mask, temperature=temperature,
                                       with_entropy=True, entropy_grad=cfg.entropy_coef != 0,
                                       chunk_tokens=cfg.logprob_chunk_tokens, packed=cfg.pack_rows)
+    if record is not None:
+        record(logp.detach(), entropy.detach())
     mask = mb.action_mask
     single_pass = mb.old_logp is None
     old_logp = logp.detach() if single_pass else mb.old_logp
@@ -317,6 +320,7 @@ def ppo_update(
     max_response_tokens: int | None = None,
     *,
     temperature: float,
+    seen: dict[str, Tensor] | None = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, each split into ``num_mini_batches`` optimizer steps, each accumulated
     over micro-batches of the mini-batch's rows: ``micro_batch_size`` trajectories, or bins under
@@ -327,7 +331,8 @@ def ppo_update(
     the partition into micro-batches. Exactly ``optimizer_steps_per_rl_step``
     calls of ``optimizer_step(has_grad)`` are made; an empty mini-batch calls it with ``has_grad=False`` (the step is
     then a no-op that keeps Lightning's step count in line with the RL step). ``max_response_tokens``,
-    ``temperature``: see ``micro_batch_loss``.
+    ``temperature``: see ``micro_batch_loss``. ``seen``, given, receives ``logp`` and ``entropy`` ``(B, T)``: the
+    actor's values of every token in the first epoch's passes (in a single pass: the old log-probs).
 
     Returns:
         Means of the micro-batch statistics, weighted like the loss, and the mean gradient norm of the real steps.
@@ -337,7 +342,10 @@ def ppo_update(
     weight_total = 0.0
     world = rank_and_world_size()[1]
     lengths = row_lengths(batch.attention_mask)
-    for _ in range(cfg.ppo_epochs):
+    if seen is not None:
+        seen.update(logp=torch.zeros_like(batch.attention_mask, dtype=torch.float32),
+                    entropy=torch.zeros_like(batch.attention_mask, dtype=torch.float32))
+    for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         # tensor_split gives exactly num_mini_batches parts (some empty when the batch is small).
         for mini_rows in torch.tensor_split(order, cfg.num_mini_batches):
@@ -350,7 +358,11 @@ def ppo_update(
             passes = int(global_max(len(chunks)))  # collective, as `units`: every rank runs as many passes
             for rows, padding in aligned(chunks, passes):
                 mb = batch.select(order[:1] if padding or not len(mini_rows) else mini_rows[rows])
-                loss, stats = micro_batch_loss(cfg, mb, actor, critic, max_response_tokens, temperature=temperature)
+                record = None
+                if seen is not None and epoch == 0 and not padding:
+                    record = _recorder(seen, mini_rows[rows])
+                loss, stats = micro_batch_loss(cfg, mb, actor, critic, max_response_tokens, temperature=temperature,
+                                               record=record)
                 check_finite(loss, stats, rl_step, mb)
                 # Data-parallel backends average gradients over ranks, hence * world: the sum is the mini-batch's
                 # aggregate (its token mean, or its sequence mean with the seq-mean modes).
@@ -363,3 +375,12 @@ def ppo_update(
     out = {k: v / max(weight_total, 1e-12) for k, v in sums.items()}
     out["grad_norm"] = sum(norms) / max(len(norms), 1)
     return out
+
+
+def _recorder(seen: dict[str, Tensor], rows: Tensor) -> Callable[[Tensor, Tensor], None]:
+    """Writes a micro-batch's ``(b, t)`` log-probs and entropies into ``seen``'s ``(B, T)`` at its ``rows``."""
+    def record(logp: Tensor, entropy: Tensor) -> None:
+        index = rows.to(seen["logp"].device)
+        seen["logp"][index, :logp.shape[1]] = logp.float()
+        seen["entropy"][index, :entropy.shape[1]] = entropy.float()
+    return record

@@ -1,9 +1,12 @@
-"""``python -m zerotir rollouts <run dir> [--step K] [--split S] [--filter F ...] [--limit N]``: what the model wrote.
+"""``python -m zerotir rollouts <run dir> [--step K] [--split S] [--filter F ...] [--limit N] [--color O] [--serve]``:
+what the model wrote.
 
 Prints a summary line for every step on disk, then the trajectories of one step (``--step``, default the latest),
 filtered and capped: code syntax-highlighted, outputs in yellow (red when the execution failed), answers green when
-correct and red when wrong. ``<run dir>`` is the run's ``trainer.default_root_dir`` (its ``rollouts/`` folder is
-read) or a rollouts folder itself.
+correct and red when wrong. ``--color`` shows the trajectories written with their tokens token by token under an
+overlay (log-prob, entropy, engine/trainer mismatch, loss weight, weight version). ``--serve`` starts the web viewer
+instead (``zerotir.rollout_log.server``) on 127.0.0.1 and prints its URL. ``<run dir>`` is the run's
+``trainer.default_root_dir`` (its ``rollouts/`` folder is read) or a rollouts folder itself.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sys
 from pathlib import Path
 
 from zerotir.rollout_log.records import FILTERS, SPLITS, matches, read_step, step_files
-from zerotir.rollout_log.render import rich_trajectory, summary_line
+from zerotir.rollout_log.render import OVERLAYS, rich_tokens, rich_trajectory, summary_line
 
 
 class RolloutsInputError(ValueError):
@@ -40,16 +43,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "code / used none; repeat to combine (all must hold)")
     parser.add_argument("--limit", type=int, default=5, help="trajectories shown at most (0: only the summaries)")
     parser.add_argument("--width", type=int, default=None, help="terminal width (default: detected)")
+    parser.add_argument("--color", choices=OVERLAYS, default=None,
+                        help="show the trajectories written with their tokens token by token, coloured by this "
+                             "(the others as usual)")
+    parser.add_argument("--serve", action="store_true", help="start the web viewer on 127.0.0.1 instead")
+    parser.add_argument("--port", type=int, default=None, help="the web viewer's port (default: a free one)")
     args = parser.parse_args(argv)
+    if args.port is not None and not args.serve:
+        parser.error("--port is the web viewer's: add --serve")
     if args.limit < 0:
         parser.error(f"--limit must be >= 0, got {args.limit}")
     return args
 
 
 def show(run_dir: str | Path, step: int | None = None, split: str = "train", filters: list[str] | None = None,
-         limit: int = 5, console: object | None = None) -> int:
-    """Print the step summaries and the chosen trajectories to ``console`` (a ``rich.console.Console``);
-    returns how many trajectories were shown."""
+         limit: int = 5, console: object | None = None, color: str | None = None) -> int:
+    """Print the step summaries and the chosen trajectories to ``console`` (a ``rich.console.Console``), those
+    with tokens under the overlay ``color`` when given; returns how many trajectories were shown."""
     from rich.console import Console
     from rich.rule import Rule
 
@@ -73,6 +83,11 @@ def show(run_dir: str | Path, step: int | None = None, split: str = "train", fil
                        f"showing {min(limit, len(kept))}"))
     for record in kept[:limit]:
         console.print(rich_trajectory(record))
+        if color is not None:
+            console.print(Rule(f"tokens, coloured by {color}", style="dim") if "tokens" in record else
+                          Rule("no per-token record (not in this step's sample)", style="dim"))
+            if "tokens" in record:
+                console.print(rich_tokens(record, color))
         console.print()
     if filters and not kept:
         others = [k for k, records in records_of.items()
@@ -80,6 +95,21 @@ def show(run_dir: str | Path, step: int | None = None, split: str = "train", fil
         console.print(f"matching {' + '.join(filters)}: " + (f"steps {_ranges(others)} (--step {others[-1]})"
                                                               if others else "no other step either"), highlight=False)
     return min(limit, len(kept))
+
+
+def _serve(run_dir: str | Path, port: int) -> int:
+    """Run the web viewer until interrupted (Ctrl-C)."""
+    from zerotir.rollout_log.server import make_server, url_of
+
+    server = make_server(rollouts_folder(run_dir), port)
+    print(f"zerotir rollouts: serving {run_dir} at {url_of(server)} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
 
 
 def _ranges(steps: list[int]) -> str:
@@ -92,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parse_args(argv)
     try:
-        show(args.run_dir, args.step, args.split, args.filters, args.limit, Console(width=args.width))
-    except RolloutsInputError as err:
+        if args.serve:
+            return _serve(args.run_dir, args.port or 0)
+        show(args.run_dir, args.step, args.split, args.filters, args.limit, Console(width=args.width), args.color)
+    except (RolloutsInputError, OSError) as err:
         print(f"zerotir rollouts: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -4,6 +4,10 @@ Both read the records of ``zerotir.rollout_log.records``; the response is split 
 (``records.segments``), so code and tool output show as blocks of their own. The k-th output block of a response is
 the result of its k-th call (``tool_calls[k]``), labelled with its tool's name and coloured by its status; the
 headline names the tools called, so a format whose calls are not fenced blocks still shows which tool ran.
+
+A record with its tokens (``zerotir.rollout_log.tokens``) can be shown token by token under an overlay
+(``OVERLAYS``): each token's background says its log-prob, entropy, engine/trainer mismatch, loss weight or weight
+version, as the web viewer's overlays do.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from typing import Any
 from zerotir.rollout_log.records import FAILED_STATUSES, has_failed_call, segments, summary, tool_of
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|])")
+OVERLAYS = ("logprob", "entropy", "mismatch", "weight", "version")
+_HUES = {"logprob": (229, 57, 53), "entropy": (142, 36, 170), "mismatch": (245, 124, 0), "weight": (67, 160, 71),
+         "version": (30, 136, 229)}
 
 
 def pick_samples(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -119,3 +126,45 @@ def rich_trajectory(record: dict[str, Any]) -> Any:
                            ("   reference ", "bold"), (str(record["reference"]), "green"))
     parts.append(answer)
     return Group(*parts)
+
+
+def overlay_strength(tokens: dict[str, Any], i: int, overlay: str, max_version: int = 0) -> float | None:
+    """How strongly token ``i`` is coloured under ``overlay`` (0..1; None: no value there): log-prob from 0 to -5
+    (the trainer's, else the engine's), entropy from 0 to 3 nats, |trainer - engine| from 0 to 0.5, loss weight 0 or
+    1, and staleness (``max_version`` - version + 1, over 4)."""
+    engine = tokens["engine_logprob"][i]
+    trainer = tokens["trainer_logprob"][i] if tokens["trainer_logprob"] else None
+    if overlay == "logprob":
+        value = trainer if trainer is not None else engine
+        return None if value is None else min(-value / 5, 1.0)
+    if overlay == "entropy":
+        value = tokens["entropy"][i] if tokens["entropy"] else None
+        return None if value is None else min(value / 3, 1.0)
+    if overlay == "mismatch":
+        return None if engine is None or trainer is None else min(abs(trainer - engine) / 0.5, 1.0)
+    if overlay == "weight":
+        return float(tokens["loss_weight"][i])
+    if overlay == "version":
+        value = tokens["weight_version"][i] if tokens["weight_version"] else None
+        return None if value is None else min((max_version - value + 1) / 4, 1.0)
+    raise ValueError(f"overlay {overlay!r}: choose one of {OVERLAYS}")
+
+
+def rich_tokens(record: dict[str, Any], overlay: str) -> Any:
+    """The response of a record with tokens, token by token on a background of ``overlay``'s colour (the prompt
+    dim, tool calls blue, tool outputs yellow, all uncoloured where the token has no value)."""
+    from rich.text import Text
+
+    tokens = record["tokens"]
+    versions = [v for v in tokens["weight_version"] or [] if v is not None]
+    top = max(versions, default=0)
+    red, green, blue = _HUES[overlay]
+    text = Text()
+    for i, (piece, span) in enumerate(zip(tokens["pieces"], tokens["span"])):
+        style = {"prompt": "dim", "call": "blue", "output": "yellow", "answer": "bold"}.get(span, "")
+        strength = overlay_strength(tokens, i, overlay, top)
+        if strength is not None:
+            mix = [int(255 - (255 - c) * (0.15 + 0.85 * strength)) for c in (red, green, blue)]
+            style = f"{style} on rgb({mix[0]},{mix[1]},{mix[2]})".strip()
+        text.append(piece, style=style or None)
+    return text
