@@ -69,8 +69,8 @@ class CallFormat:
     """The fields of the ``model.tool`` group this format reads besides its ``init_args`` (``from_tool``)."""
 
     @classmethod
-    def from_tool(cls, tool: Any, **init_args: Any) -> CallFormat:
-        """This format with its ``init_args`` for the ``model.tool`` group ``tool`` (None: for a prompt only)."""
+    def from_tool(cls, group: Any, /, **init_args: Any) -> CallFormat:
+        """This format with its ``init_args`` for the ``model.tool`` group ``group`` (None: for a prompt only)."""
         return cls(**init_args)
 
     def bind(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -122,11 +122,11 @@ class Fences(CallFormat):
         self.output_start, self.output_end = head.strip(), tail.strip()
 
     @classmethod
-    def from_tool(cls, tool: Any, **init_args: Any) -> CallFormat:
+    def from_tool(cls, group: Any, /, **init_args: Any) -> CallFormat:
         if init_args:
             raise ValueError(f"model.tool.format: fences takes no init_args (got {sorted(init_args)}): its markers "
                              "are model.tool.code_start, code_end and output_template; set those instead")
-        return cls() if tool is None else cls(*(getattr(tool, name) for name in FENCE_FIELDS))
+        return cls() if group is None else cls(*(getattr(group, name) for name in FENCE_FIELDS))
 
     def parse(self, block: str) -> Call:
         return Call("python", {"code": block})
