@@ -40,6 +40,10 @@ class Angle(CallFormat):
 
 class NotAFormat:
     pass
+
+
+class NoMarkers(CallFormat):
+    output_start, output_end = "<out>", "</out>"
 '''
 
 
@@ -85,10 +89,12 @@ def test_an_entry_that_cannot_apply_is_refused_naming_the_setting(spec, says):
         ToolConfig(format=spec, tools=[{"class_path": "calculator"}])
 
 
-def test_a_path_to_something_else_and_the_fences_markers_beside_another_format_are_refused(user_module):
+def test_a_path_to_no_format_a_format_without_markers_and_the_fences_markers_elsewhere_are_refused(user_module):
     with pytest.raises(ValueError, match=rf"{user_module}.NotAFormat is not a subclass of zerotir.tools.formats."
                                          "CallFormat"):
         ToolConfig(format=f"{user_module}.NotAFormat", tools=[{"class_path": "calculator"}])
+    with pytest.raises(ValueError, match=rf"{user_module}.NoMarkers sets no string call_start, call_end "):
+        ToolConfig(format=f"{user_module}.NoMarkers", tools=[{"class_path": "calculator"}])
     with pytest.raises(ValueError, match=rf"model.tool.output_template set with model.tool.format="
                                          rf"'{user_module}.Angle'"):
         ToolConfig(format=f"{user_module}.Angle", output_template="<o>{output}</o>", tools=[{"class_path": "python"}])

@@ -35,8 +35,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BUILT_IN", "Call", "CallFormat", "Chat", "Fences", "Hermes", "build_format", "call_format",
-           "FormatWatch", "format_class", "format_label", "markers"]
+__all__ = ["BUILT_IN", "Call", "CallFormat", "Chat", "Fences", "FormatWatch", "Hermes", "build_format", "call_format",
+           "format_class", "format_label", "markers"]
 
 _ENTRY_KEYS = {"class_path", "init_args"}
 FENCE_FIELDS = ("code_start", "code_end", "output_template")  # the fences' markers in the model.tool group
@@ -55,8 +55,9 @@ class Call:
 class CallFormat:
     """A call format (the module doc): its markers, parser, renderer and part of the prompt.
 
-    A subclass sets the four markers and implements ``parse``, ``render`` and ``describe``; its settings are its
-    ``__init__`` arguments, given as the ``init_args`` of ``model.tool.format``.
+    A subclass sets the four markers (``call_start`` and ``call_end`` are the tool loop's stop strings: non-empty)
+    and implements ``parse``, ``render`` and ``describe``; its settings are its ``__init__`` arguments, given as the
+    ``init_args`` of ``model.tool.format``.
     """
 
     call_start: str
@@ -269,10 +270,18 @@ def build_format(spec: Any, tool: Any = None) -> CallFormat:
     group ``tool`` (None: for a prompt only), not yet bound to a tokenizer."""
     cls, (_, init_args) = format_class(spec), _entry(spec)
     try:
-        return cls.from_tool(tool, **init_args)
+        fmt = cls.from_tool(tool, **init_args)
     except TypeError as error:
         raise ValueError(f"model.tool.format {format_label(spec)!r} init_args {init_args}: {error}; the settings are "
                          f"the arguments of {cls.__module__}.{cls.__qualname__}") from error
+    found = {name: getattr(fmt, name, None) for name in ("call_start", "call_end", "output_start", "output_end")}
+    bad = [name for name, value in found.items()
+           if not isinstance(value, str) or (not value and name in ("call_start", "call_end"))]
+    if bad:
+        raise ValueError(f"model.tool.format {format_label(spec)!r}: {cls.__module__}.{cls.__qualname__} sets no "
+                         f"string {', '.join(bad)} (call_start and call_end, the loop's stop strings, non-empty): "
+                         "set them as class attributes or in __init__")
+    return fmt
 
 
 def format_label(spec: Any) -> str:
