@@ -79,8 +79,8 @@ def test_a_format_of_your_own_takes_its_settings_from_init_args(user_module):
     ("Fences", r"did you mean 'fences'\?"),
     ("no_such_module.Format", r"model.tool.format='no_such_module.Format': cannot import"),
     ({"class_path": "hermes", "args": {}}, r"model.tool.format=.*: write a built-in name .* \{class_path: "),
-    ({"class_path": "hermes", "init_args": {"strict": True}}, r"model.tool.format 'hermes' init_args \{'strict': "
-                                                              r"True\}: .*the arguments of zerotir.tools.formats.Hermes"),
+    ({"class_path": "hermes", "init_args": {"strict": True}},
+     r"model.tool.format 'hermes' init_args \{'strict': True\}: .*the arguments of zerotir.tools.formats.Hermes"),
     ({"class_path": "fences", "init_args": {"code_start": "<code>"}}, r"fences takes no init_args .* "
                                                                       r"model.tool.code_start"),
 ])
