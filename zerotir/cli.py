@@ -10,9 +10,9 @@ What the subclass adds to Lightning's CLI:
     * the module's settings are typed groups (``model.base``, ``model.rl``, ``model.optim``, ``model.tool``,
       ``model.sampling``, ``model.eval``, ``model.rollout``, ``model.tool.sandbox``...: ``zerotir.config``); ``--help``
       shows each field's docstring;
-    * shared arguments are set once: ``model.base.path`` also names the data module's tokenizer; under
-      ``model.tool.format`` hermes or chat the data's prompt describes ``model.tool.tools`` (``prompt_tools``) in
-      that format (``data.tool_format``);
+    * shared arguments are set once: ``model.base.path`` also names the data module's tokenizer; the data's prompt
+      is written by ``model.tool.format`` (``data.tool_format``), with ``model.tool.tools`` when the format's calls
+      name their tool (``prompt_tools``: hermes, chat) and ``model.tool.chat_template_kwargs``;
     * a ``checkpoint`` group (a ``ModelCheckpoint``; ``save_last`` on) whose folder defaults to
       ``<trainer.default_root_dir>/checkpoints``, so ``--ckpt_path last`` finds the previous run's ``last.ckpt``;
       it follows ``trainer.enable_checkpointing`` (false: no checkpoint callback at all);
@@ -62,6 +62,7 @@ from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import new_run_dir
 from zerotir.module import ZeroTIRModule
+from zerotir.tools.formats import format_class, format_label
 from zerotir.tools.mcp_server import RUN_DIR_ENV
 from zerotir.tools.registry import tool_names
 from zerotir.toy.base_path import check_toy_base_path
@@ -143,6 +144,7 @@ class ZeroTIRCLI(LightningCLI):
         parser.link_arguments("model.base.path", "data.tokenizer")
         parser.link_arguments(("model.tool.format", "model.tool.tools"), "data.tools", compute_fn=prompt_tools)
         parser.link_arguments("model.tool.format", "data.tool_format")
+        parser.link_arguments("model.tool.chat_template_kwargs", "data.chat_template_kwargs")
         parser.add_argument("--toy_base", type=PretrainSettings | None, default=None,
                             help="Build the toy base model at model.base.path first (unless one with these settings "
                                  "is there, its checksums verified); {} = the toy world's defaults, the base shipped "
@@ -245,10 +247,10 @@ class ZeroTIRCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, callbacks)
 
 
-def prompt_tools(call_format: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """``data.tools``: the tools the data's prompt describes, ``model.tool.tools`` under a format that calls tools
-    by name (hermes, chat), else None (the fences' prompt speaks of code blocks)."""
-    return tools if call_format != "fences" else None
+def prompt_tools(call_format: Any, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``data.tools``: the tools the data's prompt describes, ``model.tool.tools`` under a format whose calls name
+    their tool (``CallFormat.calls_by_name``: hermes, chat), else None (the fences' prompt speaks of code blocks)."""
+    return tools if format_class(call_format).calls_by_name else None
 
 
 def _tools_line(tool: Any) -> str:
@@ -256,7 +258,7 @@ def _tools_line(tool: Any) -> str:
     if tool.max_tool_calls == 0:
         return "no tools (model.tool.max_tool_calls 0)"
     names = ", ".join(str(entry["class_path"]) for entry in tool.tools)
-    return f"tools {names} (call format {tool.format}, up to {tool.max_tool_calls} calls per response)"
+    return f"tools {names} (call format {format_label(tool.format)}, up to {tool.max_tool_calls} calls per response)"
 
 
 def _tools(config: Namespace) -> list[str]:

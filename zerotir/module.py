@@ -50,7 +50,7 @@ from zerotir.scale.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
 from zerotir.scale.distributed import gather_objects
 from zerotir.scale.peer_watch import CloseOnException, WatchPeers
-from zerotir.tools.formats import FormatWatch
+from zerotir.tools.formats import FormatWatch, format_label
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class ZeroTIRModule(LightningModule):
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
                                           self.model_path, seed, base.lora.rank if base.lora else None, base.dtype)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
-        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, tool.format)
+        self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, format_label(tool.format))
         self.format_watch = FormatWatch(tool)  # warns once: calls written in the other format
         self.evaluator = EvalAccumulator()
         self.rl_steps_done = 0  # RL steps finished (saved in checkpoints); the step in progress is rl_steps_done + 1

@@ -53,6 +53,7 @@ class ScriptedEngine:
         n: samples per prompt of the rollout (to find a trajectory's sample index from its key).
         tokens_per_step: tokens per request and step.
         context_length: the context the engine reports.
+        injected: what an injected output block looks like (fences' and hermes's by default), to tell turns apart.
     """
 
     tokenizer: object
@@ -60,6 +61,7 @@ class ScriptedEngine:
     n: int = 1
     tokens_per_step: int = 1
     context_length: int = 1 << 20
+    injected: re.Pattern = _INJECTED
     calls: list[Submission] = field(default_factory=list)
     returned: list[tuple[Hashable, Sample]] = field(default_factory=list)
     released: list[Hashable] = field(default_factory=list)
@@ -117,7 +119,7 @@ class ScriptedEngine:
     def _sample(self, context: str, params: SamplingParams, j: int) -> Sample:
         prompt = max((p for p in self.scripts if context.startswith(p)), key=len)
         response = context[len(prompt) :]
-        written = _INJECTED.split(response)  # model-written parts, one per turn so far
+        written = self.injected.split(response)  # model-written parts, one per turn so far
         turn = len(written) - 1
         alternatives = self.scripts[prompt]
         if response:  # a continuation: the transcript whose earlier turns match what is already there

@@ -59,7 +59,7 @@ def test_a_tokenizer_without_a_chat_template_is_refused_naming_the_setting_and_t
 def test_a_template_that_does_not_write_tool_call_json_is_refused():
     tok = build_byte_tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    for build in (lambda: Chat(tok), lambda: build_prompts([{"id": "a", "problem": "1?", "answer": "1"}], "s",
+    for build in (lambda: Chat().bind(tok), lambda: build_prompts([{"id": "a", "problem": "1?", "answer": "1"}], "s",
                                                            "chat", tok, None, CHAT.tools, "chat")):
         with pytest.raises(ValueError, match="model.tool.format: chat parses <tool_call> JSON calls, and the chat "
                                              "template .* does not use them"):

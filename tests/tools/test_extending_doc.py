@@ -64,13 +64,12 @@ def test_the_example_format_calls_in_the_tool_loop_with_merges_across_its_marker
     monkeypatch.syspath_prepend(str(tmp_path))
     from my_formats import Tagged
 
-    # The doc's registration (FORMATS, CallFormatName, call_format) stood in for: the loop gets the doc's class.
-    monkeypatch.setattr(agent_loop, "call_format", lambda tool, tokenizer=None: Tagged())
+    tool = ToolConfig(**yaml.safe_load(block("format-config"))["model"]["tool"])  # the doc's entry, nothing else
     tok = tagged_bpe()
     engine = TurnEngine(tok, ["Let me compute <calc>2*3</calc><result>", "\nSo \\boxed{6}."])
     prompt = tok.encode("Q: 2*3?\n", add_special_tokens=False)
     traj, _ = rollout_sync(engine, tok, None, [prompt], SamplingParams(temperature=0.0, max_new_tokens=256),
-                           ToolConfig(format="hermes", tools=[{"class_path": "calculator"}]), None, Schedule("lockstep"))
+                           tool, None, Schedule("lockstep"))
     closing = tok.decode(engine.emitted[1][-1:])
     assert closing.endswith("</calc><result>"), closing  # one token: the stop and the output's opening after it
     assert [(c.tool, c.status, c.output) for c in traj.tool_calls[0]] == [("calculator", "ok", "6")]
@@ -80,5 +79,6 @@ def test_the_example_format_calls_in_the_tool_loop_with_merges_across_its_marker
     assert [t for t, a in zip(response, action) if a] == [t for seg in engine.emitted for t in seg]  # token-out
     assert tok.decode(response, skip_special_tokens=True) == \
         "Let me compute <calc>2*3</calc><result>6</result>\nSo \\boxed{6}."  # the opening the model wrote kept once
-    with pytest.raises(ValueError, match="tagged calls the calculator"):
-        Tagged().check_tools(["python"])
+    with pytest.raises(ValueError, match="tagged calls the calculator tool"):
+        ToolConfig(**{**tool.__dict__, "tools": [{"class_path": "python"}]})  # refused when the group is built
+    assert isinstance(agent_loop.call_format(tool), Tagged)

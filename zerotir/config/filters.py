@@ -162,7 +162,12 @@ class FilterConfig:
             raise ValueError(f"model.filters.{'/'.join(block_rules)}=true with model.tool.max_tool_calls=0: these "
                              f"rules count executed code blocks and their outputs, and no code runs; turn them off "
                              f"or allow tool calls")
-        if block_rules and not tool.output_template.split("{output}")[0].strip():
-            raise ValueError(f"model.filters.{'/'.join(block_rules)}=true with model.tool.output_template="
-                             f"{tool.output_template!r}: an output block must open with a marker (e.g. ```output) "
-                             f"for its blocks to be counted; add one or turn the rules off")
+        if block_rules:
+            from zerotir.tools.formats import format_label, markers  # the tools import no config: no cycle
+
+            if not markers(tool)[2]:
+                raise ValueError(f"model.filters.{'/'.join(block_rules)}=true with model.tool.format="
+                                 f"{format_label(tool.format)!r}, whose output block has no opening marker "
+                                 f"(model.tool.output_template={tool.output_template!r} with fences): an output block "
+                                 f"must open with a marker (e.g. ```output) for its blocks to be counted; add one or "
+                                 f"turn the rules off")

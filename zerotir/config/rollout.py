@@ -4,12 +4,10 @@ with the evaluation's report folder: ``model.eval``) and where code runs (``mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 from zerotir.config.checks import check_min, check_sampling
 
-
-CallFormatName = Literal["fences", "hermes", "chat"]
 _TOOL_ENTRY_KEYS = {"class_path", "init_args"}
 
 
@@ -89,13 +87,19 @@ class ToolConfig:
     """The stop string that closes it (second phase)."""
     output_template: str = "\n```output\n{output}\n```\n"
     """The injected block; ``{output}`` is replaced by the formatted result."""
-    format: CallFormatName = "fences"
-    """How the model writes a call (``zerotir.tools.formats``): "fences" (the paper's ```python block, its output in
+    format: str | dict[str, Any] = "fences"
+    """How the model writes a call, the format's markers read by the tool loop and the filters and its part of the
+    prompt (``zerotir.tools.formats``): a built-in name, "fences" (the paper's ```python block, its output in
     ``output_template``; calls the python tool only) or "hermes" (``<tool_call>{"name": ..., "arguments": {...}}
     </tool_call>``, the observation in ``<tool_response>``; any of ``tools`` by name) or "chat" (an instruct /
     thinking model's own chat template: the prompt with the tools' schemas, needs data.template: chat; hermes's
-    calls; each observation as the template's tool turn). code_start, code_end and output_template are the fences'
-    markers: with hermes and chat they must keep their defaults."""
+    calls; each observation as the template's tool turn); or a format of your own, ``{class_path: module.Class,
+    init_args: {...}}`` (a ``CallFormat`` subclass, docs/extending.md). code_start, code_end and output_template are
+    the fences' markers: with another format they must keep their defaults."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the tokenizer's ``apply_chat_template`` wherever zerotir applies the chat template (the
+    data's ``chat`` prompt, the ``chat`` format's tool turn), e.g. ``{enable_thinking: false}``: Qwen3's non-thinking
+    mode. A key the template never reads is refused; needs data.template: chat."""
     tools: list[dict[str, Any]] = field(default_factory=lambda: [{"class_path": "python"}])
     """The tools the model may call: ``class_path`` entries with their ``init_args`` (``zerotir.tools.registry``):
     a built-in name (python, calculator, search) or the dotted path of a ``zerotir.tools.Tool`` subclass. They live
@@ -121,32 +125,32 @@ class ToolConfig:
         self._check_format_and_tools()
 
     def _check_format_and_tools(self) -> None:
-        if self.format not in get_args(CallFormatName):
-            raise ValueError(f"model.tool.format={self.format!r}: choose one of "
-                             + ", ".join(repr(k) for k in get_args(CallFormatName)))
-        if self.format != "fences":
-            fences = ToolConfig.__dataclass_fields__
-            changed = [k for k in ("code_start", "code_end", "output_template")
-                       if getattr(self, k) != fences[k].default]
-            if changed:
-                raise ValueError(f"model.tool.{', '.join(changed)} set with model.tool.format={self.format!r}: those "
-                                 "are the fences' markers, which this format does not use; unset them or use format: "
-                                 "fences")
+        from zerotir.tools.formats import build_format, format_class, format_label  # the tools import no config
+        from zerotir.tools.registry import resolve
+
+        fmt = format_class(self.format)  # an unknown name, or a path naming no format, is refused here
+        fences = ToolConfig.__dataclass_fields__
+        changed = [k for k in ("code_start", "code_end", "output_template")
+                   if k not in fmt.tool_fields and getattr(self, k) != fences[k].default]
+        if changed:
+            raise ValueError(f"model.tool.{', '.join(changed)} set with model.tool.format="
+                             f"{format_label(self.format)!r}: those are the fences' markers, which this format does "
+                             "not use; unset them or use format: fences")
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise ValueError(f"model.tool.chat_template_kwargs={self.chat_template_kwargs!r}: write a mapping, e.g. "
+                             "{enable_thinking: false}")
         if self.enabled and not self.tools:
             raise ValueError("model.tool.tools is empty: list at least one tool (e.g. [{class_path: python}]), or set "
                              "model.tool.max_tool_calls=0 for no tool")
-        from zerotir.tools.registry import resolve  # the tools import no config: no cycle (docs/architecture.md)
-
         for entry in self.tools:
             if (not isinstance(entry, dict) or not isinstance(entry.get("class_path"), str)
                     or set(entry) - _TOOL_ENTRY_KEYS):
                 raise ValueError(f"model.tool.tools entry {entry!r}: write {{class_path: <name or module.Class>, "
                                  "init_args: {...}}} (only those two keys)")
             resolve(entry["class_path"])  # a path that does not import, or names no Tool, is refused here
-        if self.enabled and self.format == "fences":  # a code block calls python: refused now, not at the rollout
-            from zerotir.tools.formats import Fences
-
-            Fences(self).check_tools([resolve(entry["class_path"]).name for entry in self.tools])
+        built = build_format(self.format, self)  # its init_args checked now, not at the rollout
+        if self.enabled:  # a format that cannot call these tools (fences: python only) is refused now too
+            built.check_tools([resolve(entry["class_path"]).name for entry in self.tools])
 
     @property
     def enabled(self) -> bool:

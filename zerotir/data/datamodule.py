@@ -155,8 +155,12 @@ class PromptDataModule(LightningDataModule):
             sentence), "chat" (the tokenizer's chat template, for an instruct model), "toy" (the toy world's), or
             "package.module:function" of your own (docs/data.md).
         tokenizer: path of a tokenizer (an HF model folder); or call ``set_tokenizer`` before ``setup``.
-        tools: the tools the prompt describes (``model.tool.tools`` under format hermes or chat, linked), else None.
-        tool_format: the call format the prompt describes (``model.tool.format``, linked by ``zerotir.cli``).
+        tools: the tools the prompt describes (``model.tool.tools`` under a format whose calls name their tool,
+            hermes or chat: linked), else None.
+        tool_format: the call format that writes its part of the prompt (``model.tool.format``, linked by
+            ``zerotir.cli``): a built-in name or a ``{class_path, init_args}`` entry.
+        chat_template_kwargs: given to the chat template of a ``chat`` prompt (``model.tool.chat_template_kwargs``,
+            linked).
         prompts_per_step: prompts per training batch.
         eval_prompts_per_batch: prompts per validation / test batch.
         max_prompt_tokens: prompts with more tokens are dropped with a warning (counts in ``dropped``); None = keep all.
@@ -170,7 +174,8 @@ class PromptDataModule(LightningDataModule):
     def __init__(self, train_files: list[str] | None = None, val_files: list[str] | None = None,
                  test_files: list[str] | None = None, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str = "id", template: str = "orz_tool", tokenizer: str | None = None,
-                 tools: list[dict[str, Any]] | None = None, tool_format: str = "fences", prompts_per_step: int = 128,
+                 tools: list[dict[str, Any]] | None = None, tool_format: str | dict[str, Any] = "fences",
+                 chat_template_kwargs: dict[str, Any] | None = None, prompts_per_step: int = 128,
                  eval_prompts_per_batch: int = 64, max_prompt_tokens: int | None = 1024, seed: int = 0,
                  limit_val_rows: int | None = None, limit_test_rows: int | None = None,
                  curriculum: CurriculumConfig | None = None) -> None:
@@ -182,12 +187,14 @@ class PromptDataModule(LightningDataModule):
         self.save_hyperparameters(ignore=["seed"])
         if prompts_per_step < 1 or eval_prompts_per_batch < 1:
             raise ValueError("prompts_per_step and eval_prompts_per_batch must be >= 1")
-        check_template(template, tools, tool_format)  # fail at construction: an unknown name, tools it cannot show
+        # Fail at construction: an unknown name, tools it cannot show, a format it cannot write, kwargs it ignores.
+        check_template(template, tools, tool_format, chat_template_kwargs)
         self.train_files = list(train_files or [])
         self.val_files = list(val_files or [])
         self.test_files = list(test_files) if test_files is not None else list(BENCHMARKS)
         self.fields = {"problem_field": problem_field, "answer_field": answer_field, "id_field": id_field}
         self.template, self.tokenizer_path, self.tools, self.tool_format = template, tokenizer, tools, tool_format
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.prompts_per_step, self.eval_prompts_per_batch = prompts_per_step, eval_prompts_per_batch
         self.max_prompt_tokens, self.seed = max_prompt_tokens, seed
         self.limits = {"val": limit_val_rows, "test": limit_test_rows}
@@ -230,7 +237,7 @@ class PromptDataModule(LightningDataModule):
         rows = load_rows(spec, default_split=split, limit=limit, **self.fields)
         name = source_name(spec)
         kept, dropped = build_prompts(rows, name, self.template, self._get_tokenizer(), self.max_prompt_tokens,
-                                      self.tools, self.tool_format)
+                                      self.tools, self.tool_format, self.chat_template_kwargs)
         self.dropped[name] = dropped
         return kept
 

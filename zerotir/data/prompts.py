@@ -7,10 +7,11 @@ Built in:
     ``plain``: the problem and a request for a boxed answer, nothing else (no tool mention).
     ``chat``: the tokenizer's own chat template, with a system prompt about tool use (instruct models); under
         ``model.tool.format: chat`` with the tools' schemas instead (``render_prompts``). Both through
-        ``zerotir.tools.chat``, the one place a chat template is applied.
+        ``zerotir.tools.chat``, the one place a chat template is applied, with ``model.tool.chat_template_kwargs``.
 
-``orz_tool`` and ``chat`` describe the call format in use: code fences by default, hermes's ``<tool_call>`` JSON and
-the tools under ``model.tool.format: hermes`` (``render_prompts``).
+The call format (``model.tool.format``, ``zerotir.tools.formats``) writes its part of the prompt: ``orz_tool`` and
+``chat`` speak of code fences by default, and a format that calls tools by name (hermes, or one of your own) puts
+its own description of its calls and the tools in place of those sentences (``TemplateText``, ``render_prompts``).
 
 More can be added with ``register_template(name, fn)`` (e.g. the toy world's ``toy``), or named in config as
 ``"package.module:function"``, imported on first use.
@@ -23,6 +24,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from zerotir.tools.formats import CallFormat, Fences, build_format
 
 TemplateFn = Callable[[str, Any], str]  # (problem, tokenizer or None) -> prompt text
 
@@ -43,6 +46,9 @@ class PromptTemplate:
     name: str
     render: TemplateFn
     add_special_tokens: bool = True
+    chat_template: bool = False
+    """Whether ``render`` applies the tokenizer's chat template: then it is called with a third argument,
+    ``model.tool.chat_template_kwargs``."""
 
 
 _REGISTRY: dict[str, PromptTemplate] = {}
@@ -62,7 +68,7 @@ ORZ_TOOL_TEMPLATE = (
     "Assistant: <think>"
 )
 # The same prompt for a format that calls tools by name: the fences' sentences give way to ``{tool_use}``, the
-# format's own description of its calls and the tools (``zerotir.tools.formats.Hermes.describe``).
+# format's own description of its calls and the tools (``zerotir.tools.formats.CallFormat.describe``).
 _ORZ_CALLS_TEMPLATE = ORZ_TOOL_TEMPLATE.replace(f" {_ORZ_FENCES}", "").replace(f"{_ORZ_FENCES_HINT} ", "{tool_use}\n")
 
 PLAIN_TEMPLATE = (
@@ -71,11 +77,7 @@ PLAIN_TEMPLATE = (
 
 _CHAT_ROLE = "You are a careful mathematician."
 _CHAT_ANSWER = "Reason step by step and put your final answer within \\boxed{}."
-CHAT_SYSTEM_PROMPT = (
-    f"{_CHAT_ROLE} You may write Python code in a block that starts with ```python and ends "
-    "with ```; it is executed right away and its printed output is returned to you in a ```output block. "
-    f"{_CHAT_ANSWER}"
-)
+CHAT_SYSTEM_PROMPT = f"{_CHAT_ROLE} {Fences().describe(None)} {_CHAT_ANSWER}"
 
 
 def _orz_tool(problem: str, tokenizer: Any = None) -> str:
@@ -86,77 +88,115 @@ def _plain(problem: str, tokenizer: Any = None) -> str:
     return PLAIN_TEMPLATE.format(problem=problem)
 
 
-def _chat(problem: str, tokenizer: Any = None) -> str:
+def _chat(problem: str, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    return _chat_prompt(tokenizer, CHAT_SYSTEM_PROMPT, problem, None, chat_template_kwargs)
+
+
+def _chat_prompt(tokenizer: Any, system: str, problem: str, schemas: list[dict[str, Any]] | None,
+                 chat_template_kwargs: dict[str, Any] | None) -> str:
     from zerotir.tools.chat import chat_prompt, check_chat_template
 
     check_chat_template(tokenizer, "data.template: chat", "for a base model use template 'orz_tool' or 'plain'")
-    return chat_prompt(tokenizer, CHAT_SYSTEM_PROMPT, problem)
+    return chat_prompt(tokenizer, system, problem, schemas, chat_template_kwargs)
+
+
+@dataclass(frozen=True)
+class TemplateText:
+    """What a call format writes its prompt with (``CallFormat.prompt``): the data's template ``name``, the
+    tokenizer and ``model.tool.chat_template_kwargs``."""
+
+    name: str
+    tokenizer: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def own(self, problem: str) -> str:
+        """The template's own text (``orz_tool`` and ``chat``: the paper's, about code fences)."""
+        template = get_template(self.name)
+        if template.chat_template:
+            return template.render(problem, self.tokenizer, self.chat_template_kwargs)
+        return template.render(problem, self.tokenizer)
+
+    def with_instructions(self, problem: str, instructions: str) -> str:
+        """``orz_tool`` and ``chat`` with the fences' sentences replaced by ``instructions`` (a format's own
+        ``describe``); ``plain`` mentions no tool under any format; a template of your own renders its own text."""
+        if self.name == "orz_tool":
+            return _ORZ_CALLS_TEMPLATE.format(problem=problem, tool_use=instructions)
+        if self.name == "chat":
+            system = f"{_CHAT_ROLE} {instructions}\n{_CHAT_ANSWER}"
+            return _chat_prompt(self.tokenizer, system, problem, None, self.chat_template_kwargs)
+        return self.own(problem)
+
+    def chat(self, problem: str, system: str, schemas: list[dict[str, Any]] | None) -> str:
+        """The model's chat template with a ``system`` turn and the tools' ``schemas`` (``tools=``: the template
+        says how to call them)."""
+        return _chat_prompt(self.tokenizer, system, problem, schemas, self.chat_template_kwargs)
 
 
 def render_prompts(name: str, problems: list[str], tokenizer: Any, tools: list[dict[str, Any]] | None = None,
-                   tool_format: str = "fences") -> list[str]:
-    """The prompt texts of ``problems`` under template ``name``, describing the call format ``tool_format``
-    (``model.tool.format``) and its ``tools`` (``model.tool.tools`` entries; None under ``fences``):
+                   tool_format: Any = "fences", chat_template_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """The prompt texts of ``problems`` under template ``name``, as the call format ``tool_format``
+    (``model.tool.format``) writes them (``CallFormat.prompt``) with its ``tools`` (``model.tool.tools`` entries;
+    None under a format whose calls name no tool, as fences'):
 
     * ``fences``: the template's own text (``orz_tool`` and ``chat`` speak of code fences, as the paper's);
-    * ``hermes``: ``orz_tool`` and ``chat`` with the fences' sentences replaced by hermes's description of its
-      ``<tool_call>`` JSON calls and the tools' schemas (``Hermes.describe``); ``plain`` mentions no tool under any
-      format; a template of your own renders its own text;
+    * ``hermes`` (a format's default): ``orz_tool`` and ``chat`` with the fences' sentences replaced by the format's
+      description of its calls and the tools' schemas (``describe``); ``plain`` mentions no tool under any format;
+      a template of your own renders its own text;
     * ``chat``: the model's chat template with the tools' schemas (``tools=``: the template says how to call them).
     """
-    if tools is None:
-        template = get_template(name)
-        return [template.render(problem, tokenizer) for problem in problems]
-    from zerotir.tools.chat import CHAT_TOOLS_SYSTEM_PROMPT, chat_prompt, check_chat_format
-    from zerotir.tools.formats import Hermes
+    fmt = _format_of(name, tools, tool_format, tokenizer, chat_template_kwargs)
     from zerotir.tools.registry import tool_schemas
 
-    schemas = tool_schemas(tools)  # built once per source (an MCP server is started once per process)
-    if tool_format == "chat":
-        check_chat_format(tokenizer)  # at start: the data is set up before the first rollout
-        return [chat_prompt(tokenizer, CHAT_TOOLS_SYSTEM_PROMPT, problem, schemas) for problem in problems]
-    tool_use = Hermes().describe(schemas)
-    return [_with_calls(name, problem, tokenizer, tool_use) for problem in problems]
+    schemas = tool_schemas(tools) if tools is not None else None  # built once per source (an MCP server: once)
+    text = TemplateText(name, tokenizer, chat_template_kwargs)
+    return [fmt.prompt(text, problem, schemas) for problem in problems]
 
 
-def _with_calls(name: str, problem: str, tokenizer: Any, tool_use: str) -> str:
-    """``problem`` under template ``name`` for a format that calls tools by name, described by ``tool_use``."""
-    if name == "orz_tool":
-        return _ORZ_CALLS_TEMPLATE.format(problem=problem, tool_use=tool_use)
-    if name == "chat":
-        from zerotir.tools.chat import chat_prompt, check_chat_template
-
-        check_chat_template(tokenizer, "data.template: chat", "for a base model use template 'orz_tool' or 'plain'")
-        return chat_prompt(tokenizer, f"{_CHAT_ROLE} {tool_use}\n{_CHAT_ANSWER}", problem)
-    return get_template(name).render(problem, tokenizer)
+def _format_of(name: str, tools: list[dict[str, Any]] | None, tool_format: Any, tokenizer: Any,
+               chat_template_kwargs: dict[str, Any] | None) -> CallFormat:
+    """The format ``tool_format`` checked against the template and bound to ``tokenizer`` (a format that writes
+    with the chat template checks it here, at start: the data is set up before the first rollout)."""
+    check_template(name, tools, tool_format, chat_template_kwargs)
+    fmt = build_format(tool_format)
+    fmt.bind(tokenizer, chat_template_kwargs)
+    return fmt
 
 
-def check_template(name: str, tools: list[dict[str, Any]] | None = None, tool_format: str = "fences") -> None:
+def check_template(name: str, tools: list[dict[str, Any]] | None = None, tool_format: Any = "fences",
+                   chat_template_kwargs: dict[str, Any] | None = None) -> None:
     """Raise ``ValueError`` for an unknown template name, for ``tools`` that do not go with ``tool_format`` (given
-    exactly when the format calls tools by name), or for ``tool_format: chat`` with a template other than ``chat``."""
-    get_template(name)
-    if (tools is not None) != (tool_format != "fences"):
-        raise ValueError(f"data.tools lists the tools the prompt describes under model.tool.format hermes or chat, "
-                         f"and model.tool.format is {tool_format!r} (data.tool_format) with data.tools "
-                         f"{'set' if tools is not None else 'unset'}: the CLI links both from model.tool; set "
-                         "data.tools only with format hermes or chat")
-    if tool_format == "chat" and name != "chat":
-        raise ValueError(f"model.tool.format: chat builds the prompts with the model's chat template and the "
-                         f"tools' schemas, and data.template is {name!r}: set data.template: chat")
+    exactly when the format's calls name their tool), for a format that cannot write its prompt with this template
+    (``chat`` with one other than ``chat``), or for ``chat_template_kwargs`` with a template that applies no chat
+    template."""
+    from zerotir.tools.formats import format_class, format_label
+
+    template, fmt = get_template(name), format_class(tool_format)
+    if (tools is not None) != fmt.calls_by_name:
+        raise ValueError(f"data.tools lists the tools the prompt describes under a model.tool.format whose calls name "
+                         f"their tool (hermes, chat), and model.tool.format is {format_label(tool_format)!r} "
+                         f"(data.tool_format) with data.tools {'set' if tools is not None else 'unset'}: the CLI "
+                         "links both from model.tool; set data.tools only with such a format")
+    build_format(tool_format).check_template(name)
+    if chat_template_kwargs and not template.chat_template:
+        raise ValueError(f"model.tool.chat_template_kwargs={chat_template_kwargs} with data.template {name!r}, "
+                         "which applies no chat template, so they would change nothing: use data.template: chat "
+                         "(an instruct / thinking model) or unset them")
 
 
-def register_template(name: str, fn: TemplateFn, *, add_special_tokens: bool = True, overwrite: bool = False) -> None:
+def register_template(name: str, fn: TemplateFn, *, add_special_tokens: bool = True, chat_template: bool = False,
+                      overwrite: bool = False) -> None:
     """Make template ``fn`` available under ``name``.
 
     Args:
         name: the config name.
         fn: ``(problem, tokenizer_or_None) -> prompt text``.
         add_special_tokens: see ``PromptTemplate``.
+        chat_template: see ``PromptTemplate`` (then ``fn`` takes ``chat_template_kwargs`` as a third argument).
         overwrite: replace an existing template of that name (otherwise that is an error).
     """
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"prompt template {name!r} is already registered; pass overwrite=True to replace it")
-    _REGISTRY[name] = PromptTemplate(name, fn, add_special_tokens)
+    _REGISTRY[name] = PromptTemplate(name, fn, add_special_tokens, chat_template)
 
 
 def template_names() -> list[str]:
@@ -186,15 +226,17 @@ def get_template(name: str) -> PromptTemplate:
                      "(or 'package.module:function')")
 
 
-def render_prompt(name: str, problem: str, tokenizer: Any = None) -> str:
-    """The prompt text of ``problem`` under template ``name``.
+def render_prompt(name: str, problem: str, tokenizer: Any = None,
+                  chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text of ``problem`` under template ``name``, its own text (no call format's).
 
     Args:
         name: a registered template name (see ``template_names()``) or ``"package.module:function"``.
         problem: the problem statement.
         tokenizer: a transformers tokenizer; required by ``chat``, ignored by the text templates.
+        chat_template_kwargs: ``model.tool.chat_template_kwargs``, for a template that applies the chat template.
     """
-    return get_template(name).render(problem, tokenizer)
+    return TemplateText(name, tokenizer, chat_template_kwargs).own(problem)
 
 
 def tokenize_prompts(name: str, prompt_texts: list[str], tokenizer: Any) -> list[list[int]]:
@@ -208,15 +250,18 @@ def tokenize_prompts(name: str, prompt_texts: list[str], tokenizer: Any) -> list
 
 register_template("orz_tool", _orz_tool)
 register_template("plain", _plain)
-register_template("chat", _chat, add_special_tokens=False)
+register_template("chat", _chat, add_special_tokens=False, chat_template=True)
 
 
 def build_prompts(rows: list[dict[str, str]], source: str, template: str, tokenizer: Any,
                   max_prompt_tokens: int | None, tools: list[dict[str, Any]] | None = None,
-                  tool_format: str = "fences") -> tuple[list[dict], int]:
-    """Render (``tools``, ``tool_format``: ``render_prompts``) and tokenize ``rows``; returns the kept rows (with
-    ``prompt_text``, ``prompt_ids``, ``source``) and the number dropped for exceeding ``max_prompt_tokens``."""
-    texts = render_prompts(template, [row["problem"] for row in rows], tokenizer, tools, tool_format)
+                  tool_format: Any = "fences",
+                  chat_template_kwargs: dict[str, Any] | None = None) -> tuple[list[dict], int]:
+    """Render (``tools``, ``tool_format``, ``chat_template_kwargs``: ``render_prompts``) and tokenize ``rows``;
+    returns the kept rows (with ``prompt_text``, ``prompt_ids``, ``source``) and the number dropped for exceeding
+    ``max_prompt_tokens``."""
+    texts = render_prompts(template, [row["problem"] for row in rows], tokenizer, tools, tool_format,
+                           chat_template_kwargs)
     ids = tokenize_prompts(template, texts, tokenizer)
     kept = [{**row, "prompt_text": text, "prompt_ids": tok_ids, "source": source}
             for row, text, tok_ids in zip(rows, texts, ids)
