@@ -91,6 +91,8 @@ def assert_matches_golden(traj: Trajectories, engine_name: str) -> None:
     want, got = json.loads(GOLDEN.read_text())[engine_name], as_json(traj)
     # ``corrects`` came with the reward plug-ins (the reward's own verdict): the math reward's is rewards > 0
     assert got.pop("corrects") == [r > 0 for r in want["rewards"]]
+    # ``reward_failed`` came with the infrastructure rule (the math reward never fails for infrastructure reasons)
+    assert got.pop("reward_failed") == [False] * len(want["rewards"])
     assert sorted(got) == sorted(want), "the fields of Trajectories changed"
     assert sum(want["num_calls"]) >= 4 and len({c[1] for row in want["tool_calls"] for c in row}) >= 3
     for name in want:
