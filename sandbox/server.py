@@ -1,4 +1,5 @@
-"""The HTTP service: ``POST /run_code`` (SandboxFusion's shape), ``POST /run_batch``, ``GET /health``, ``GET /metrics``.
+"""The HTTP service: ``POST /run_code`` and ``GET /v1/ping`` (SandboxFusion's API), ``POST /run_batch``,
+``GET /health``, ``GET /metrics``.
 
 A SandboxFusion client can point at this server unchanged, and :class:`sandbox.client.SandboxClient` can point at a
 real SandboxFusion. The response adds two keys SandboxFusion does not have and its clients ignore: ``request_id``
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sandbox.bounds import BodyLimit, batch_share, validation_error
 from sandbox.config import ExecConfig
 from sandbox.fairshare import FairShare
+from sandbox.files import check_io
 from sandbox.metrics import Metrics
 from sandbox.pool import WorkerPool
 
@@ -40,14 +42,17 @@ class RunCodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     code: str = Field(max_length=MAX_CODE_CHARS, description="The Python source to run.")
-    language: str = Field("python", description="Only 'python' (or 'python3') is supported.")
+    language: str | None = Field(None, description="Required, as in SandboxFusion: only 'python' (or 'python3') "
+                                                    "runs here.")
     compile_timeout: float | None = Field(None, description="Ignored (Python needs no compile step).")
     run_timeout: float | None = Field(None, description="Wall-time limit in seconds; null or <= 0 for the default.")
     memory_limit_MB: int | None = Field(None, description="Memory budget in MB; null or <= 0 (SandboxFusion's -1) "
                                                           "for the default.")
-    stdin: str | None = Field(None, description="Not supported: must be empty (snippets get a closed stdin).")
-    files: dict[str, str | None] = Field(default_factory=dict, description="Not supported: must be empty.")
-    fetch_files: list[str] = Field(default_factory=list, description="Not supported: must be empty.")
+    stdin: str | None = Field(None, description="The snippet's standard input (null: empty).")
+    files: dict[str, str | None] = Field(default_factory=dict, description="Input files: name relative to the "
+                                         "snippet's cwd -> base64 content (null: skipped).")
+    fetch_files: list[str] = Field(default_factory=list, description="Files read back after the run, returned "
+                                   "base64 in the response's files (a missing one is left out).")
     request_id: str | int | None = Field(None, description="Echoed in the response.")
 
     @field_validator("request_id")
@@ -70,11 +75,13 @@ class RunBatchRequest(BaseModel):
 
 def _resolve(req: RunCodeRequest, config: ExecConfig) -> tuple[dict[str, Any] | None, str]:
     """(job for the pool or None, message): the message explains a refusal, or notes a clamped limit."""
+    if req.language is None:
+        return None, "language: missing; SandboxFusion's API requires it: send \"language\": \"python\""
     if req.language.lower() not in _PYTHON:
         return None, f"language {req.language!r} is not supported by this sandbox; use 'python'"
-    for name in ("stdin", "files", "fetch_files"):
-        if getattr(req, name):
-            return None, f"field {name!r} is not supported by this sandbox: leave it empty and put the data in code"
+    why = check_io(req.stdin, req.files, req.fetch_files, config.max_stdin_mb << 20, config.tmpfs_size_mb << 20)
+    if why is not None:
+        return None, why
     notes = []
     timeout = req.run_timeout if req.run_timeout and req.run_timeout > 0 else config.run_timeout
     if timeout > config.max_run_timeout:
@@ -85,26 +92,46 @@ def _resolve(req: RunCodeRequest, config: ExecConfig) -> tuple[dict[str, Any] | 
         notes.append(f"memory_limit_MB {memory} clamped to the server's max_memory_limit_mb "
                      f"{config.max_memory_limit_mb}")
         memory = config.max_memory_limit_mb
-    return {"code": req.code, "run_timeout": timeout, "memory_limit_mb": memory}, "; ".join(notes)
+    job: dict[str, Any] = {"code": req.code, "run_timeout": timeout, "memory_limit_mb": memory}
+    if req.stdin is not None:
+        job["stdin"] = req.stdin
+    if req.files:
+        job["files"] = req.files
+    if req.fetch_files:
+        job["fetch_files"] = req.fetch_files
+    return job, "; ".join(notes)
 
 
 def to_sandboxfusion(result: dict[str, Any], request_id: str | int | None, message: str = "") -> dict[str, Any]:
-    """Turn a worker's result into SandboxFusion's ``/run_code`` response."""
+    """Turn a worker's result into SandboxFusion's ``/run_code`` response.
+
+    A request that cannot run (another language, no language, a bad file name, too much input) is ``Failed``
+    with the reason in ``message`` and neither ``compile_result`` nor ``run_result``, as SandboxFusion answers
+    what it will not run: ``SandboxError`` would make SandboxFusion's client retry it. A timeout's ``return_code``
+    is null, as in SandboxFusion.
+    """
     reason = result["reason"]
     base = {"compile_result": None, "executor_pod_name": None, "files": {}, "request_id": request_id}
-    if reason == "sandbox_error":
-        return {**base, "status": "SandboxError", "message": result.get("error") or message, "run_result": None,
-                "details": {"reason": "sandbox_error", "output_truncated": False, "limits_hit": []}}
+    if reason in ("sandbox_error", "invalid_request"):
+        status = "SandboxError" if reason == "sandbox_error" else "Failed"
+        return {**base, "status": status, "message": result.get("error") or message, "run_result": None,
+                "details": {"reason": reason, "output_truncated": False, "limits_hit": []}}
+    timed_out = reason == "timeout"
     run_result = {
-        "status": "TimeLimitExceeded" if reason == "timeout" else "Finished",
+        "status": "TimeLimitExceeded" if timed_out else "Finished",
         "execution_time": result["execution_time"],
-        "return_code": result["return_code"],
+        "return_code": None if timed_out else result["return_code"],
         "stdout": result["stdout"],
         "stderr": result["stderr"],
     }
-    return {**base, "status": "Success" if reason == "ok" else "Failed", "message": message,
-            "run_result": run_result, "details": {"reason": reason, "output_truncated": result["output_truncated"],
-                                                  "limits_hit": result["limits_hit"]}}
+    problems = result.get("fetch_problems") or []
+    if problems:
+        message = "; ".join([*filter(None, [message]), "fetch_files: not fetched: " + "; ".join(problems)])
+    status = "Success" if reason == "ok" and not problems else "Failed"
+    return {**base, "status": status, "message": message, "run_result": run_result,
+            "files": result.get("files") or {},
+            "details": {"reason": reason, "output_truncated": result["output_truncated"],
+                        "limits_hit": result["limits_hit"]}}
 
 
 class SandboxService:
@@ -127,7 +154,7 @@ class SandboxService:
                        admit: bool = False) -> dict[str, Any]:
         """Run an admitted job (``admit``: take its room in the queue first, waiting for it if need be)."""
         if job is None:
-            return to_sandboxfusion({"reason": "sandbox_error", "error": message}, req.request_id)
+            return to_sandboxfusion({"reason": "invalid_request", "error": message}, req.request_id)
         if admit:
             await self.pool.admit()
         start = time.perf_counter()
@@ -190,7 +217,8 @@ class SandboxService:
             "limits": {"run_timeout": config.run_timeout, "max_run_timeout": config.max_run_timeout,
                        "memory_limit_mb": config.memory_limit_mb, "max_memory_limit_mb": config.max_memory_limit_mb,
                        "max_output_bytes": config.max_output_bytes, "max_processes": config.max_processes,
-                       "max_file_size_mb": config.max_file_size_mb, "tmpfs_size_mb": config.tmpfs_size_mb},
+                       "max_file_size_mb": config.max_file_size_mb, "tmpfs_size_mb": config.tmpfs_size_mb,
+                       "max_stdin_mb": config.max_stdin_mb, "max_fetch_mb": config.max_fetch_mb},
             "static_check": config.static_check, "preamble": config.preamble is not None,
         }
 
@@ -228,7 +256,13 @@ def create_app(config: ExecConfig, workers: int, queue_size: int, startup_timeou
     app.add_api_route("/run_batch", service.run_batch, methods=["POST"])
     app.add_api_route("/health", service.health, methods=["GET"])
     app.add_api_route("/metrics", service.metrics_view, methods=["GET"])
+    app.add_api_route("/v1/ping", ping, methods=["GET"])
     return app
+
+
+async def ping() -> str:
+    """``GET /v1/ping``: SandboxFusion's liveness check, answered ``"pong"`` (``/health`` says more)."""
+    return "pong"
 
 
 def _report_layers(pool: WorkerPool, config: ExecConfig) -> None:

@@ -205,8 +205,8 @@ def test_on_a_cgroup_v2_host_forked_children_share_one_memory_budget() -> None:
         layer = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()["protections"]["cgroup_budget"]
         if layer != "on":
             pytest.skip(f"per-snippet cgroups are unavailable on this host: {layer}")
-        answer = httpx.post(urls[0] + "/run_code", json={"code": code, "memory_limit_MB": 256, "run_timeout": 10},
-                            timeout=60, trust_env=False).json()
+        answer = httpx.post(urls[0] + "/run_code", json={"language": "python", "code": code, "memory_limit_MB": 256,
+                                                        "run_timeout": 10}, timeout=60, trust_env=False).json()
     assert answer["details"]["reason"] == "memory" and "memory" in answer["details"]["limits_hit"], answer
 
 
