@@ -70,14 +70,14 @@ def check_io(stdin: str | None, files: dict[str, str | None], fetch: list[str], 
 
 
 def decode_inputs(files: dict[str, str | None]) -> tuple[dict[str, bytes], str | None]:
-    """(name -> content, None), or ({}, why) for content that is not base64. A null content is skipped, as in
-    SandboxFusion."""
+    """(name -> content, None), or ({}, why) for content that is not base64 (whitespace aside: line-wrapped base64
+    decodes). A null content is skipped, as in SandboxFusion."""
     decoded = {}
     for name, content in files.items():
         if content is None:
             continue
         try:
-            decoded[name] = base64.b64decode(content, validate=True)
+            decoded[name] = base64.b64decode("".join(content.split()), validate=True)  # line breaks allowed
         except (binascii.Error, ValueError) as e:
             return {}, f"files[{name!r:.80}]: not valid base64 ({e}); encode each file's bytes with base64"
     return decoded, None

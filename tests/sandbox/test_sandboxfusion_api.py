@@ -32,7 +32,8 @@ def test_stdin_reaches_the_snippet(sandbox_server: Server) -> None:
 def test_files_in_and_fetch_files_out(sandbox_server: Server) -> None:
     code = ("import os\nx, y = map(int, open('data/in.txt').read().split())\n"
             "os.makedirs('out', exist_ok=True)\nopen('out/sum.txt', 'w').write(str(x + y))\nprint('done')")
-    answer = run(sandbox_server, code=code, files={"data/in.txt": b64("3 4"), "skipped.txt": None},
+    wrapped = base64.encodebytes(b"3 4").decode()  # line-wrapped base64 (ends in a newline)
+    answer = run(sandbox_server, code=code, files={"data/in.txt": wrapped, "skipped.txt": None},
                  fetch_files=["out/sum.txt", "never/written.txt"])
     assert (answer.status, answer.run_result.stdout) == (RunStatus.Success, "done\n")
     assert answer.files == {"out/sum.txt": b64("7")}  # a file the snippet did not write is left out
@@ -93,6 +94,6 @@ def test_fetched_files_are_bounded_with_the_setting_named(sandbox_server: Server
 
 
 def test_invalid_base64_is_refused_naming_the_file(sandbox_server: Server) -> None:
-    answer = run(sandbox_server, code="print(1)", files={"in.txt": "not base64!"})
+    answer = run(sandbox_server, code="print(1)", files={"in.txt": "aGk=!!"})  # lenient decoding: b"hi"
     assert (answer.status, answer.run_result) == (RunStatus.Failed, None)
     assert answer.message.startswith("files['in.txt']: not valid base64")
