@@ -154,7 +154,7 @@ class WorkerSpec:
     exec_config: ExecConfig
     work_dir: str
     server_pid: int
-    cgroup_subtree: str | None = None  # the server's cgroup subtree for per-snippet cgroups, or None ...
+    cgroup_subtree: dict[str, str] | None = None  # the server's budget spec (sandbox.budget), or None ...
     cgroup_off: str | None = None  # ... and why not
     uid_base: int | None = None  # the server's reserved snippet uids start here (None: no uid drop)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
 
+from sandbox.budget import SnippetCgroupsV1
 from sandbox.cgroup import SnippetCgroups
 from sandbox.child import (STATUS_MEMORY, STATUS_REFUSED, WORKER_COMPILE_MAX_CHARS, ChildJob, ChildPlan,
                            build_namespace, compile_snippet)
@@ -99,7 +100,7 @@ class Executor:
     """
 
     def __init__(self, config: ExecConfig, run_dir: RunDir, uid: int | None, pid_namespaces: PidNamespaces,
-                 fresh_proc: FreshProc | None = None, cgroups: SnippetCgroups | None = None) -> None:
+                 fresh_proc: FreshProc | None = None, cgroups: SnippetCgroups | SnippetCgroupsV1 | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.uid = uid

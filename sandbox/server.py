@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.bounds import BodyLimit, batch_share, validation_error
+from sandbox.budget import budget_kind
 from sandbox.config import ExecConfig
 from sandbox.fairshare import FairShare
 from sandbox.files import check_io
@@ -213,7 +214,7 @@ class SandboxService:
             "protections_off": sorted(k for k, v in layers.items() if v is not None),
             "filesystem_view": view["view"], "filesystem_view_reason": view["reason"],
             "exposed_paths": {"read_only": view["read_only"], "writable": view["writable"]},
-            "sandbox_uids": pool.uids(), "server_pid": os.getpid(),
+            "sandbox_uids": pool.uids(), "server_pid": os.getpid(), "budget": budget_kind(pool.cgroup_subtree),
             "limits": {"run_timeout": config.run_timeout, "max_run_timeout": config.max_run_timeout,
                        "memory_limit_mb": config.memory_limit_mb, "max_memory_limit_mb": config.max_memory_limit_mb,
                        "max_output_bytes": config.max_output_bytes, "max_processes": config.max_processes,

@@ -6,9 +6,9 @@ printed. So after warm-up the worker forks the zygote once, before it has seen a
 for each child over a Unix socket. The zygote never reads a job: it receives the child's four pipe ends
 (``SCM_RIGHTS``; a fifth, its stdin, when the job has one), forks, gives them to the child, closes its copies
 and answers the child's pid. The child reads its code and limits from its own pipe
-(:func:`sandbox.child.read_job`) and writes its output to pipes whose read ends only the worker holds. The zygote also reaps the child (it is its parent) when the worker asks, after the worker
-saw the exit or killed it, and without PID namespaces kills the orphans the child left (the zygote is their
-subreaper).
+(:func:`sandbox.child.read_job`) and writes its output to pipes whose read ends only the worker holds. The
+zygote also reaps the child (it is its parent) when the worker asks, after the worker saw the exit or killed it,
+and without PID namespaces kills the orphans the child left (the zygote is their subreaper).
 
 Messages, one datagram each (``SOCK_SEQPACKET``): ``F`` with four or five fds -> ``P<pid>``; ``R<pid>`` ->
 ``S<status>``.

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 import sandbox.cgroup as cgroup_module
+from sandbox.budget import remove_budget, server_budget
 from sandbox.cgroup import CgroupFs, SnippetCgroups, server_subtree
 from sandbox.config import ExecConfig
 from sandbox.executor import Executor, Job
@@ -219,8 +220,10 @@ def test_without_cgroups_health_says_why_and_what_holds_instead(sandbox_server: 
 def test_require_cgroup_refuses_to_start_without_them_naming_the_setting() -> None:
     from sandbox import local_sandbox
 
-    if server_subtree("/sys/fs/cgroup")[1] is None:
-        pytest.skip("this host has per-snippet cgroups: require_cgroup starts")
+    spec, _ = server_budget("/sys/fs/cgroup")
+    if spec is not None:
+        remove_budget(spec)
+        pytest.skip("this host has per-snippet cgroups (v2 or v1): require_cgroup starts")
     with pytest.raises(RuntimeError, match=r"--limits\.require_cgroup is set but per-snippet cgroups are "
                                            r"unavailable: no cgroup v2 hierarchy"):
         with local_sandbox(workers=1, require_cgroup=True, startup_timeout=30, log_level="warning"):

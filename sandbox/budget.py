@@ -1,0 +1,190 @@
+"""Which layer holds a snippet's budget as a whole: cgroup v2, else cgroup v1's ``memory`` and ``pids``, else rlimits.
+
+Rlimits alone are per process: four forks of 200 MB each live under a 256 MB budget, and kernel memory (socket
+buffers: one snippet queued 375-500 MB in socketpairs under a 128 MB budget) is in no process's address space.
+A memory cgroup counts both. cgroup v2 is :mod:`sandbox.cgroup`; hosts without it often have cgroup v1's
+``memory`` and ``pids`` hierarchies mounted writable (``/sys/fs/cgroup/memory``, ``/sys/fs/cgroup/pids``), and
+this module uses them the same way: one cgroup per snippet in each, made before the child gets its code (so all
+it forks is counted) and removed after.
+
+cgroup v1 per snippet: ``memory.limit_in_bytes`` = the budget, and where the files exist the same value in
+``memory.memsw.limit_in_bytes`` (no swapping past it), ``memory.kmem.limit_in_bytes`` (kernel memory, socket
+buffers included: older kernels count it only once it is limited) and ``memory.kmem.tcp.limit_in_bytes``;
+``pids.max`` = ``max_processes``. v1 has no ``cgroup.kill`` and no ``memory.oom.group``: an out-of-memory kill takes
+one process, and at the end the worker kills every process still listed until the cgroups can be removed (with PID
+namespaces the snippet's end has already killed them). No ``cpu.max`` under v1.
+
+The budget spec the server hands its workers: ``{"v2": subtree}`` or ``{"memory": subtree, "pids": subtree}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+
+from sandbox.cgroup import (REMOVE_WAIT_S, CgroupFs, SnippetCgroups, control_field, remove_subtree,
+                            server_subtree)
+
+V1_CONTROLLERS = ("memory", "pids")
+#: Files of the memory controller set to the budget where the kernel has them (the first one always).
+V1_MEMORY_LIMITS = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.kmem.limit_in_bytes",
+                    "memory.kmem.tcp.limit_in_bytes")
+
+
+def server_budget(root: str) -> tuple[dict[str, str] | None, str | None]:
+    """Server side, once at start: (the budget spec, None) or (None, why neither cgroup version is usable)."""
+    subtree, why_v2 = server_subtree(root)
+    if subtree is not None:
+        return {"v2": subtree}, None
+    spec, why_v1 = _v1_subtrees(root)
+    if spec is not None:
+        return spec, None
+    return None, f"{why_v2}; and no usable cgroup v1 memory and pids hierarchies: {why_v1}"
+
+
+def budget_kind(spec: dict[str, str] | None) -> str:
+    """What ``/health`` says holds the budget: ``cgroup v2``, ``cgroup v1`` or ``rlimits only``."""
+    if spec is None:
+        return "rlimits only (per process)"
+    return "cgroup v2" if "v2" in spec else "cgroup v1 (memory, pids)"
+
+
+def remove_budget(spec: dict[str, str]) -> None:
+    """Server side, at stop: remove the server's subtrees."""
+    if "v2" in spec:
+        remove_subtree(spec["v2"])
+        return
+    for controller in V1_CONTROLLERS:
+        parent, name = os.path.split(spec[controller])
+        fs = CgroupFs(parent)
+        try:
+            for entry in os.scandir(spec[controller]):
+                if entry.is_dir(follow_symlinks=False):
+                    _kill_and_remove_v1([fs], f"{name}/{entry.name}")
+            fs.rmdir(name)
+        finally:
+            fs.close()
+
+
+def snippet_cgroups(spec: dict[str, str], worker: int, cpu_cores: float) -> SnippetCgroups | SnippetCgroupsV1:
+    """Worker side, before the pivot: the per-snippet cgroups of the spec's version."""
+    if "v2" in spec:
+        return SnippetCgroups(spec["v2"], worker, cpu_cores)
+    return SnippetCgroupsV1(spec, worker)
+
+
+def _own_v1_path(controller: str) -> str | None:
+    """This process's cgroup in the v1 hierarchy of ``controller``, from /proc/self/cgroup (None: not mounted)."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in controllers.split(","):
+                return path
+    return None
+
+
+def _v1_subtrees(root: str) -> tuple[dict[str, str] | None, str | None]:
+    parents = {}
+    for controller in V1_CONTROLLERS:
+        own = _own_v1_path(controller)
+        mount = os.path.join(root, controller)
+        parent = os.path.normpath(os.path.join(mount, (own or "").lstrip("/")))
+        if own is None or not os.path.exists(os.path.join(parent, "tasks")):  # ``tasks``: only v1 has it
+            return None, f"no cgroup v1 {controller} hierarchy at {mount} holding this process ({own})"
+        parents[controller] = parent
+    spec: dict[str, str] = {}
+    try:
+        for controller, parent in parents.items():
+            spec[controller] = os.path.join(parent, f"zerotir-sandbox-{os.getpid()}")
+            os.mkdir(spec[controller], 0o755)
+        return spec, None
+    except OSError as e:
+        for path in spec.values():
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        return None, f"cannot make the sandbox's cgroups: {e}"
+
+
+class SnippetCgroupsV1:
+    """A worker's per-snippet cgroups in the v1 ``memory`` and ``pids`` hierarchies (the interface of
+    :class:`sandbox.cgroup.SnippetCgroups`).
+
+    Args:
+        spec: The server's subtrees, ``{"memory": path, "pids": path}``; opened here, so build this before the pivot.
+        worker: The worker's index (part of each cgroup's name).
+        fs: The file interface (a fake in tests).
+    """
+
+    def __init__(self, spec: dict[str, str], worker: int, fs: type[CgroupFs] = CgroupFs) -> None:
+        self.memory = fs(spec["memory"])
+        self.pids = fs(spec["pids"])
+        self.prefix = f"w{worker}-{os.getpid()}"
+
+    def create(self, job_id: int, memory_limit_mb: int, max_processes: int) -> str:
+        """Make the cgroups of one snippet with its limits; returns their name."""
+        name = f"{self.prefix}-{job_id}"
+        self.memory.mkdir(name)
+        try:
+            self.pids.mkdir(name)
+        except BaseException:
+            self.memory.rmdir(name)
+            raise
+        try:
+            budget = str(memory_limit_mb * 2**20)
+            for i, control in enumerate(V1_MEMORY_LIMITS):
+                try:
+                    self.memory.write(f"{name}/{control}", budget)
+                except FileNotFoundError:
+                    if i == 0:
+                        raise
+            self.pids.write(f"{name}/pids.max", str(max_processes))
+        except BaseException:
+            self.memory.rmdir(name)
+            self.pids.rmdir(name)
+            raise
+        return name
+
+    def enter(self, name: str, pid: int) -> None:
+        """Move ``pid`` (a child that has not started its snippet yet) into both cgroups; its forks stay in them."""
+        self.memory.write(f"{name}/cgroup.procs", str(pid))
+        self.pids.write(f"{name}/cgroup.procs", str(pid))
+
+    def limits_hit(self, name: str) -> list[str]:
+        """``memory`` (an out-of-memory kill in the cgroup) and ``pids`` (a fork refused), as the snippet hit them."""
+        hit = []
+        oom = self.memory.read(f"{name}/memory.oom_control")
+        if control_field(oom, "oom_kill") > 0 or ("oom_kill" not in oom and int(self.memory.read(
+                f"{name}/memory.failcnt") or 0) > 0):
+            hit.append("memory")
+        if control_field(self.pids.read(f"{name}/pids.events"), "max") > 0:
+            hit.append("pids")
+        return hit
+
+    def remove(self, name: str) -> None:
+        """Kill what is left in the cgroups and remove them."""
+        _kill_and_remove_v1([self.memory, self.pids], name)
+
+    def close(self) -> None:
+        """Close the subtrees' folder fds."""
+        self.memory.close()
+        self.pids.close()
+
+
+def _kill_and_remove_v1(hierarchies: list[CgroupFs], name: str) -> None:
+    """v1 has no ``cgroup.kill``: SIGKILL every process listed, until the kernel lets each cgroup be removed."""
+    deadline = time.monotonic() + REMOVE_WAIT_S
+    for fs in hierarchies:
+        while True:
+            for pid in fs.read(f"{name}/cgroup.procs").split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            try:
+                fs.rmdir(name)
+                break
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise OSError(e.errno, f"cannot remove the snippet cgroup {name}: {e.strerror}") from e
+            time.sleep(0.002)
