@@ -21,8 +21,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandbox.body import BodyParser, RunCodeRequest
 from sandbox.bounds import BodyLimit, batch_share, validation_error
 from sandbox.budget import budget_kind
 from sandbox.config import ExecConfig
@@ -32,46 +32,9 @@ from sandbox.metrics import Metrics
 from sandbox.pool import WorkerPool
 
 log = logging.getLogger("sandbox")
-MAX_CODE_CHARS = 1_000_000
 _PYTHON = {"python", "python3"}
 #: Layers ``--require_isolation`` does not require: the cgroup budget has a setting of its own (``require_cgroup``).
 REQUIRED_SEPARATELY = frozenset({"cgroup_budget"})
-
-
-class RunCodeRequest(BaseModel):
-    """SandboxFusion's ``/run_code`` request (fields it has and this server does not use are accepted and ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-    code: str = Field(max_length=MAX_CODE_CHARS, description="The Python source to run.")
-    language: str | None = Field(None, description="Required, as in SandboxFusion: only 'python' (or 'python3') "
-                                                    "runs here.")
-    compile_timeout: float | None = Field(None, description="Ignored (Python needs no compile step).")
-    run_timeout: float | None = Field(None, description="Wall-time limit in seconds; null or <= 0 for the default.")
-    memory_limit_MB: int | None = Field(None, description="Memory budget in MB; null or <= 0 (SandboxFusion's -1) "
-                                                          "for the default.")
-    stdin: str | None = Field(None, description="The snippet's standard input (null: empty).")
-    files: dict[str, str | None] = Field(default_factory=dict, description="Input files: name relative to the "
-                                         "snippet's cwd -> base64 content (null: skipped).")
-    fetch_files: list[str] = Field(default_factory=list, description="Files read back after the run, returned "
-                                   "base64 in the response's files (a missing one is left out).")
-    request_id: str | int | None = Field(None, description="Echoed in the response.")
-
-    @field_validator("request_id")
-    @classmethod
-    def _encodable(cls, value: str | int | None) -> str | int | None:
-        """A request_id the response cannot carry (a lone surrogate) is refused before the snippet runs."""
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"request_id must be valid UTF-8 text: {e.reason} at index {e.start}") from None
-        return value
-
-
-class RunBatchRequest(BaseModel):
-    """``/run_batch``: several ``/run_code`` requests, answered in the same order."""
-
-    requests: list[RunCodeRequest]
 
 
 def _resolve(req: RunCodeRequest, config: ExecConfig) -> tuple[dict[str, Any] | None, str]:
@@ -143,6 +106,7 @@ class SandboxService:
         self.pool = pool
         self.metrics = metrics
         self.batch_slots = FairShare(batch_share(pool.size))  # all batches together never hold every worker
+        self.parser = BodyParser()
 
     def _busy(self) -> JSONResponse:
         self.metrics.record_rejected()
@@ -163,15 +127,26 @@ class SandboxService:
         self.metrics.record_result(result["reason"], time.perf_counter() - start)
         return to_sandboxfusion(result, req.request_id, message)
 
-    async def run_code(self, req: RunCodeRequest) -> JSONResponse:
+    async def _parse(self, kind: str, request: Request) -> Any:
+        """The body as ``kind``'s request model, or a 413 response; a 422 is raised, as FastAPI would
+        (:class:`sandbox.body.BodyParser`: a large body is parsed off the event loop)."""
+        status, value = await self.parser.parse(kind, await request.body(), self.pool.queue_size)
+        if status == 422:
+            raise RequestValidationError(value)
+        return JSONResponse({"detail": value}, status_code=413) if status == 413 else value
+
+    async def run_code(self, request: Request) -> JSONResponse:
         """``POST /run_code``: one snippet, SandboxFusion's shape; 429 with Retry-After when the queue is full."""
         self.metrics.record_request("run_code")
+        req = await self._parse("run_code", request)
+        if isinstance(req, JSONResponse):
+            return req
         job, message = _resolve(req, self.config)
         if job is not None and not self.pool.try_admit():
             return self._busy()
         return JSONResponse(await self._execute(req, job, message))
 
-    async def run_batch(self, batch: RunBatchRequest, request: Request) -> JSONResponse:
+    async def run_batch(self, request: Request) -> JSONResponse:
         """``POST /run_batch``: several snippets, answered in the same order.
 
         Accepted when the queue has room for one snippet now (429 otherwise, 413 beyond ``queue_size`` entries);
@@ -180,10 +155,9 @@ class SandboxService:
         :func:`batch_share` entries at once, the clients taking freed slots in turn (:class:`FairShare`).
         """
         self.metrics.record_request("run_batch")
-        if len(batch.requests) > self.pool.queue_size:  # every entry counts, the refused ones too
-            return JSONResponse({"detail": f"batch of {len(batch.requests)} entries exceeds the server queue "
-                                           f"(queue_size={self.pool.queue_size}); split it or raise --queue_size"},
-                                status_code=413)
+        batch = await self._parse("run_batch", request)  # 413 beyond queue_size entries, before validating one
+        if isinstance(batch, JSONResponse):
+            return batch
         resolved = [_resolve(req, self.config) for req in batch.requests]
         if any(job is not None for job, _ in resolved) and not self.pool.has_room():
             return self._busy()
@@ -247,6 +221,7 @@ def create_app(config: ExecConfig, workers: int, queue_size: int, startup_timeou
             _report_layers(pool, config)
             yield
         finally:
+            service.parser.close()
             await pool.stop()
 
     app = FastAPI(title="zerotir sandbox", lifespan=lifespan)
