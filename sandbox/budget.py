@@ -137,8 +137,8 @@ class SnippetCgroupsV1:
             for i, control in enumerate(V1_MEMORY_LIMITS):
                 try:
                     self.memory.write(f"{name}/{control}", budget)
-                except FileNotFoundError:
-                    if i == 0:
+                except OSError as e:  # the extra limits where this kernel has (and still takes) them
+                    if i == 0 or e.errno not in (errno.ENOENT, errno.EOPNOTSUPP):
                         raise
             self.pids.write(f"{name}/pids.max", str(max_processes))
         except BaseException:
