@@ -80,5 +80,6 @@ def test_the_snippet_as_a_whole_stays_under_its_budget(budget_server: str, code:
     details = answer["details"]
     assert "memory" in details["limits_hit"] and details["reason"] in ("memory", "signal", "error"), answer
     assert answer["run_result"]["stdout"] in ("", *(f"lived {n}\n" for n in range(4))), answer  # not 4, not queued
-    benign = run(budget_server, "print(1+1)", 128)
-    assert (benign["status"], benign["run_result"]["stdout"]) == ("Success", "2\n")
+    benign = run(budget_server, "print(1+1)", 128)  # after the socketpairs: the same limits, the same v1 cgroups
+    assert (benign["status"], benign["run_result"]["stdout"], benign["details"]["limits_hit"]) == ("Success", "2\n",
+                                                                                                   [])
