@@ -4,10 +4,11 @@ Rlimits alone are per process: four forks of 200 MB each live under a 256 MB bud
 buffers: one snippet queued 375-500 MB in socketpairs under a 128 MB budget) is in no process's address space.
 A memory cgroup counts both. cgroup v2 is :mod:`sandbox.cgroup`; hosts without it often have cgroup v1's
 ``memory`` and ``pids`` hierarchies mounted writable (``/sys/fs/cgroup/memory``, ``/sys/fs/cgroup/pids``), and
-this module uses them the same way: one cgroup per snippet in each, made before the child gets its code (so all
-it forks is counted) and removed after.
+this module uses them much the same way: the child enters a cgroup in each before it gets its code (so all it
+forks is counted), and nothing of the snippet is left in them after; a worker keeps its cgroups from one snippet
+to the next while the limits stay the same (:class:`SnippetCgroupsV1`).
 
-cgroup v1 per snippet: ``memory.limit_in_bytes`` = the budget, and where the files exist the same value in
+cgroup v1 limits: ``memory.limit_in_bytes`` = the budget, and where the files exist the same value in
 ``memory.memsw.limit_in_bytes`` (no swapping past it), ``memory.kmem.limit_in_bytes`` (kernel memory, socket
 buffers included: older kernels count it only once it is limited) and ``memory.kmem.tcp.limit_in_bytes``;
 ``pids.max`` = ``max_processes``. v1 has no ``cgroup.kill`` and no ``memory.oom.group``: an out-of-memory kill takes
