@@ -195,11 +195,11 @@ class SnippetCgroups:
         """Which of the cgroup's limits the snippet hit: ``memory`` (an out-of-memory kill), ``pids`` (a fork
         refused), ``cpu`` (throttled to ``cpu.max``)."""
         hit = []
-        if _field(self.fs.read(f"{name}/memory.events"), "oom_kill") > 0:
+        if control_field(self.fs.read(f"{name}/memory.events"), "oom_kill") > 0:
             hit.append("memory")
-        if _field(self.fs.read(f"{name}/pids.events"), "max") > 0:
+        if control_field(self.fs.read(f"{name}/pids.events"), "max") > 0:
             hit.append("pids")
-        if _field(self.fs.read(f"{name}/cpu.stat"), "nr_throttled") > 0:
+        if control_field(self.fs.read(f"{name}/cpu.stat"), "nr_throttled") > 0:
             hit.append("cpu")
         return hit
 
@@ -226,7 +226,7 @@ class SnippetCgroups:
         self.fs.close()
 
 
-def _field(text: str, key: str) -> int:
+def control_field(text: str, key: str) -> int:
     """The value of ``key`` in a flat-keyed control file (``memory.events``, ``pids.events``, ``cpu.stat``)."""
     for line in text.splitlines():
         parts = line.split()

@@ -99,12 +99,14 @@ def read_job(fd: int) -> ChildJob:
     return ChildJob(code, run_timeout, memory_limit_mb)
 
 
-def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, status_fd: int) -> None:
-    """Set up the child and run the snippet; exits the process with the snippet's exit code."""
+def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, status_fd: int,
+              stdin_fd: int | None = None) -> None:
+    """Set up the child and run the snippet (``stdin_fd`` its stdin, else /dev/null); exits the process with the
+    snippet's exit code."""
     exit_code = 1
     try:
         job = read_job(job_fd)
-        _enter_sandbox(plan, job, stdout_fd, stderr_fd, status_fd)
+        _enter_sandbox(plan, job, (stdin_fd, stdout_fd, stderr_fd), status_fd)
         exit_code = (_run_snippet(plan, job.code) if isinstance(job.code, CodeType)
                      else _compile_and_run(plan, job.code))
     except BaseException:  # a failure of the set-up itself: report it, never return to the zygote
@@ -119,15 +121,16 @@ def run_child(plan: ChildPlan, job_fd: int, stdout_fd: int, stderr_fd: int, stat
         os._exit(exit_code)
 
 
-def _enter_sandbox(plan: ChildPlan, job: ChildJob, stdout_fd: int, stderr_fd: int, status_fd: int) -> None:
+def _enter_sandbox(plan: ChildPlan, job: ChildJob, std_fds: tuple[int | None, int, int],
+                   status_fd: int) -> None:
     os.setsid()  # own session and process group: the worker kills the group at the time limit
     if plan.ipc_namespace:
         unshare(CLONE_NEWIPC)
     reseed()  # forked from the zygote, every child would draw what the first one drew
     if plan.proc_options is not None:
         mount_fresh_proc(plan.proc_options)  # as root, before the limits read /proc/self/statm
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+    stdin_fd, stdout_fd, stderr_fd = std_fds
+    os.dup2(os.open(os.devnull, os.O_RDONLY) if stdin_fd is None else stdin_fd, 0)
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
     os.dup2(status_fd, _STATUS_FD)

@@ -61,7 +61,10 @@ class ExecConfig:
             cgroup.
         max_open_files: RLIMIT_NOFILE.
         max_file_size_mb: RLIMIT_FSIZE (largest file a snippet may write).
-        tmpfs_size_mb: Size of each worker's private writable temp dir (a tmpfs when the mount layer is on).
+        tmpfs_size_mb: Size of each worker's private writable temp dir (a tmpfs when the mount layer is on); a
+            request's ``files`` must fit in it.
+        max_stdin_mb: Largest ``stdin`` a request may send (held in a sealed memfd while its snippet runs).
+        max_fetch_mb: Most bytes of ``fetch_files`` one answer carries (before base64), all files together.
         preamble: Code run before each snippet in the same namespace, or None for no preamble.
         allow_imports: Top-level modules the static check lets a snippet import; ``["*"]`` allows all.
         refused_calls: Dotted call names the static check refuses (``"eval"``, ``"os.system"``).
@@ -92,6 +95,8 @@ class ExecConfig:
     max_open_files: int = 256
     max_file_size_mb: int = 16
     tmpfs_size_mb: int = 64
+    max_stdin_mb: int = 4
+    max_fetch_mb: int = 4
     preamble: str | None = DEFAULT_PREAMBLE
     allow_imports: list[str] = field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     refused_calls: list[str] = field(default_factory=lambda: list(DEFAULT_REFUSED_CALLS))
@@ -107,7 +112,8 @@ class ExecConfig:
 
     def __post_init__(self) -> None:
         positive = ("run_timeout", "max_run_timeout", "memory_limit_mb", "max_memory_limit_mb", "max_output_bytes",
-                    "max_processes", "max_open_files", "max_file_size_mb", "tmpfs_size_mb", "cgroup_cpu_cores")
+                    "max_processes", "max_open_files", "max_file_size_mb", "tmpfs_size_mb", "cgroup_cpu_cores",
+                    "max_stdin_mb", "max_fetch_mb")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ExecConfig.{name} must be > 0, got {getattr(self, name)!r}")
@@ -148,7 +154,7 @@ class WorkerSpec:
     exec_config: ExecConfig
     work_dir: str
     server_pid: int
-    cgroup_subtree: str | None = None  # the server's cgroup subtree for per-snippet cgroups, or None ...
+    cgroup_subtree: dict[str, str] | None = None  # the server's budget spec (sandbox.budget), or None ...
     cgroup_off: str | None = None  # ... and why not
     uid_base: int | None = None  # the server's reserved snippet uids start here (None: no uid drop)
 

@@ -13,14 +13,16 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
 
+from sandbox.budget import SnippetCgroupsV1
 from sandbox.cgroup import SnippetCgroups
 from sandbox.child import (STATUS_MEMORY, STATUS_REFUSED, WORKER_COMPILE_MAX_CHARS, ChildJob, ChildPlan,
                            build_namespace, compile_snippet)
 from sandbox.config import ExecConfig
+from sandbox.files import decode_inputs, read_outputs, stdin_fd, write_inputs
 from sandbox.isolation import PidNamespaces
 from sandbox.policy import Policy
 from sandbox.rootfs import FreshProc
@@ -73,12 +75,16 @@ class Job:
     code: str
     run_timeout: float
     memory_limit_mb: int
+    stdin: str | None = None  # the child's fd 0 (a sealed memfd); None: /dev/null
+    files: dict[str, str | None] = field(default_factory=dict)  # name -> base64, written into the run dir
+    fetch_files: list[str] = field(default_factory=list)  # names read back from the run dir after the run
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Job:
         """Build from the JSON message the server sends."""
         return cls(id=int(raw["id"]), code=str(raw["code"]), run_timeout=float(raw["run_timeout"]),
-                   memory_limit_mb=int(raw["memory_limit_mb"]))
+                   memory_limit_mb=int(raw["memory_limit_mb"]), stdin=raw.get("stdin"),
+                   files=dict(raw.get("files") or {}), fetch_files=list(raw.get("fetch_files") or []))
 
 
 class Executor:
@@ -94,7 +100,7 @@ class Executor:
     """
 
     def __init__(self, config: ExecConfig, run_dir: RunDir, uid: int | None, pid_namespaces: PidNamespaces,
-                 fresh_proc: FreshProc | None = None, cgroups: SnippetCgroups | None = None) -> None:
+                 fresh_proc: FreshProc | None = None, cgroups: SnippetCgroups | SnippetCgroupsV1 | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.uid = uid
@@ -120,9 +126,19 @@ class Executor:
             if compiled is None:  # answered without a fork
                 return _result(job, "error" if reason == "memory" else reason, 1, "", message, 0.0)
             code = compiled
+        inputs, why = decode_inputs(job.files)
+        if why is not None:
+            return {"id": job.id, "reason": "invalid_request", "error": why}
         self.run_dir.prepare()
         try:
-            return self._run_in_cgroup(job, code)
+            why = write_inputs(self.run_dir.path, inputs, self.uid) if inputs else None
+            if why is not None:
+                return {"id": job.id, "reason": "invalid_request", "error": why}
+            result = self._run_in_cgroup(job, code)
+            if job.fetch_files:  # the snippet and all it started are gone: nothing changes the files any more
+                result["files"], result["fetch_problems"] = read_outputs(self.run_dir.path, job.fetch_files,
+                                                                         self.config.max_fetch_mb << 20)
+            return result
         finally:
             self.run_dir.clear()
 
@@ -143,15 +159,18 @@ class Executor:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
+        child_fds = [job_r, out_w, err_w, st_w]
         start = time.monotonic()
         try:
-            pid = self.zygote.fork_child([job_r, out_w, err_w, st_w])
+            if job.stdin is not None:
+                child_fds.append(stdin_fd(job.stdin))
+            pid = self.zygote.fork_child(child_fds)
         except BaseException:
             for fd in (job_w, out_r, err_r, st_r):
                 os.close(fd)
             raise
         finally:
-            for fd in (job_r, out_w, err_w, st_w):
+            for fd in child_fds:
                 os.close(fd)
         try:
             if cgroup is not None:

@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter, deque
 from typing import Any
 
-from sandbox.cgroup import remove_subtree, server_subtree
+from sandbox.budget import remove_budget, server_budget
 from sandbox.config import ExecConfig, WorkerSpec
 from sandbox.uids import UidRange, reserve
 
@@ -168,7 +168,7 @@ class WorkerPool:
         self._busy = 0
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
-        self.cgroup_subtree: str | None = None
+        self.cgroup_subtree: dict[str, str] | None = None  # the budget spec (sandbox.budget)
         self.cgroup_off: str | None = "disabled by --isolate false"
         self.uid_range: UidRange | None = None
 
@@ -182,7 +182,7 @@ class WorkerPool:
                 self._remove_base_dir()
                 raise RuntimeError(str(e)) from None
         if self.config.isolate:
-            self.cgroup_subtree, self.cgroup_off = server_subtree(self.config.cgroup_root)
+            self.cgroup_subtree, self.cgroup_off = server_budget(self.config.cgroup_root)
         if self.cgroup_off is not None and self.config.require_cgroup:
             self._remove_base_dir()
             raise RuntimeError(f"--limits.require_cgroup is set but per-snippet cgroups are unavailable: "
@@ -391,7 +391,7 @@ class WorkerPool:
             self.uid_range = None
         if self.cgroup_subtree is not None:
             try:
-                remove_subtree(self.cgroup_subtree)
+                remove_budget(self.cgroup_subtree)
             except OSError as e:
                 log.error("sandbox: could not remove the cgroup subtree %s: %s", self.cgroup_subtree, e)
             self.cgroup_subtree = None

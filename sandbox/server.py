@@ -1,4 +1,5 @@
-"""The HTTP service: ``POST /run_code`` (SandboxFusion's shape), ``POST /run_batch``, ``GET /health``, ``GET /metrics``.
+"""The HTTP service: ``POST /run_code`` and ``GET /v1/ping`` (SandboxFusion's API), ``POST /run_batch``,
+``GET /health``, ``GET /metrics``.
 
 A SandboxFusion client can point at this server unchanged, and :class:`sandbox.client.SandboxClient` can point at a
 real SandboxFusion. The response adds two keys SandboxFusion does not have and its clients ignore: ``request_id``
@@ -20,61 +21,31 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandbox.body import BodyParser, RunCodeRequest
 from sandbox.bounds import BodyLimit, batch_share, validation_error
+from sandbox.budget import budget_kind
 from sandbox.config import ExecConfig
 from sandbox.fairshare import FairShare
+from sandbox.files import check_io
 from sandbox.metrics import Metrics
 from sandbox.pool import WorkerPool
 
 log = logging.getLogger("sandbox")
-MAX_CODE_CHARS = 1_000_000
 _PYTHON = {"python", "python3"}
 #: Layers ``--require_isolation`` does not require: the cgroup budget has a setting of its own (``require_cgroup``).
 REQUIRED_SEPARATELY = frozenset({"cgroup_budget"})
 
 
-class RunCodeRequest(BaseModel):
-    """SandboxFusion's ``/run_code`` request (fields it has and this server does not use are accepted and ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-    code: str = Field(max_length=MAX_CODE_CHARS, description="The Python source to run.")
-    language: str = Field("python", description="Only 'python' (or 'python3') is supported.")
-    compile_timeout: float | None = Field(None, description="Ignored (Python needs no compile step).")
-    run_timeout: float | None = Field(None, description="Wall-time limit in seconds; null or <= 0 for the default.")
-    memory_limit_MB: int | None = Field(None, description="Memory budget in MB; null or <= 0 (SandboxFusion's -1) "
-                                                          "for the default.")
-    stdin: str | None = Field(None, description="Not supported: must be empty (snippets get a closed stdin).")
-    files: dict[str, str | None] = Field(default_factory=dict, description="Not supported: must be empty.")
-    fetch_files: list[str] = Field(default_factory=list, description="Not supported: must be empty.")
-    request_id: str | int | None = Field(None, description="Echoed in the response.")
-
-    @field_validator("request_id")
-    @classmethod
-    def _encodable(cls, value: str | int | None) -> str | int | None:
-        """A request_id the response cannot carry (a lone surrogate) is refused before the snippet runs."""
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"request_id must be valid UTF-8 text: {e.reason} at index {e.start}") from None
-        return value
-
-
-class RunBatchRequest(BaseModel):
-    """``/run_batch``: several ``/run_code`` requests, answered in the same order."""
-
-    requests: list[RunCodeRequest]
-
-
 def _resolve(req: RunCodeRequest, config: ExecConfig) -> tuple[dict[str, Any] | None, str]:
     """(job for the pool or None, message): the message explains a refusal, or notes a clamped limit."""
+    if req.language is None:
+        return None, "language: missing; SandboxFusion's API requires it: send \"language\": \"python\""
     if req.language.lower() not in _PYTHON:
         return None, f"language {req.language!r} is not supported by this sandbox; use 'python'"
-    for name in ("stdin", "files", "fetch_files"):
-        if getattr(req, name):
-            return None, f"field {name!r} is not supported by this sandbox: leave it empty and put the data in code"
+    why = check_io(req.stdin, req.files, req.fetch_files, config.max_stdin_mb << 20, config.tmpfs_size_mb << 20)
+    if why is not None:
+        return None, why
     notes = []
     timeout = req.run_timeout if req.run_timeout and req.run_timeout > 0 else config.run_timeout
     if timeout > config.max_run_timeout:
@@ -85,26 +56,46 @@ def _resolve(req: RunCodeRequest, config: ExecConfig) -> tuple[dict[str, Any] | 
         notes.append(f"memory_limit_MB {memory} clamped to the server's max_memory_limit_mb "
                      f"{config.max_memory_limit_mb}")
         memory = config.max_memory_limit_mb
-    return {"code": req.code, "run_timeout": timeout, "memory_limit_mb": memory}, "; ".join(notes)
+    job: dict[str, Any] = {"code": req.code, "run_timeout": timeout, "memory_limit_mb": memory}
+    if req.stdin is not None:
+        job["stdin"] = req.stdin
+    if req.files:
+        job["files"] = req.files
+    if req.fetch_files:
+        job["fetch_files"] = req.fetch_files
+    return job, "; ".join(notes)
 
 
 def to_sandboxfusion(result: dict[str, Any], request_id: str | int | None, message: str = "") -> dict[str, Any]:
-    """Turn a worker's result into SandboxFusion's ``/run_code`` response."""
+    """Turn a worker's result into SandboxFusion's ``/run_code`` response.
+
+    A request that cannot run (another language, no language, a bad file name, too much input) is ``Failed``
+    with the reason in ``message`` and neither ``compile_result`` nor ``run_result``, as SandboxFusion answers
+    what it will not run: ``SandboxError`` would make SandboxFusion's client retry it. A timeout's ``return_code``
+    is null, as in SandboxFusion.
+    """
     reason = result["reason"]
     base = {"compile_result": None, "executor_pod_name": None, "files": {}, "request_id": request_id}
-    if reason == "sandbox_error":
-        return {**base, "status": "SandboxError", "message": result.get("error") or message, "run_result": None,
-                "details": {"reason": "sandbox_error", "output_truncated": False, "limits_hit": []}}
+    if reason in ("sandbox_error", "invalid_request"):
+        status = "SandboxError" if reason == "sandbox_error" else "Failed"
+        return {**base, "status": status, "message": result.get("error") or message, "run_result": None,
+                "details": {"reason": reason, "output_truncated": False, "limits_hit": []}}
+    timed_out = reason == "timeout"
     run_result = {
-        "status": "TimeLimitExceeded" if reason == "timeout" else "Finished",
+        "status": "TimeLimitExceeded" if timed_out else "Finished",
         "execution_time": result["execution_time"],
-        "return_code": result["return_code"],
+        "return_code": None if timed_out else result["return_code"],
         "stdout": result["stdout"],
         "stderr": result["stderr"],
     }
-    return {**base, "status": "Success" if reason == "ok" else "Failed", "message": message,
-            "run_result": run_result, "details": {"reason": reason, "output_truncated": result["output_truncated"],
-                                                  "limits_hit": result["limits_hit"]}}
+    problems = result.get("fetch_problems") or []
+    if problems:
+        message = "; ".join([*filter(None, [message]), "fetch_files: not fetched: " + "; ".join(problems)])
+    status = "Success" if reason == "ok" and not problems else "Failed"
+    return {**base, "status": status, "message": message, "run_result": run_result,
+            "files": result.get("files") or {},
+            "details": {"reason": reason, "output_truncated": result["output_truncated"],
+                        "limits_hit": result["limits_hit"]}}
 
 
 class SandboxService:
@@ -115,6 +106,7 @@ class SandboxService:
         self.pool = pool
         self.metrics = metrics
         self.batch_slots = FairShare(batch_share(pool.size))  # all batches together never hold every worker
+        self.parser = BodyParser()
 
     def _busy(self) -> JSONResponse:
         self.metrics.record_rejected()
@@ -127,7 +119,7 @@ class SandboxService:
                        admit: bool = False) -> dict[str, Any]:
         """Run an admitted job (``admit``: take its room in the queue first, waiting for it if need be)."""
         if job is None:
-            return to_sandboxfusion({"reason": "sandbox_error", "error": message}, req.request_id)
+            return to_sandboxfusion({"reason": "invalid_request", "error": message}, req.request_id)
         if admit:
             await self.pool.admit()
         start = time.perf_counter()
@@ -135,15 +127,26 @@ class SandboxService:
         self.metrics.record_result(result["reason"], time.perf_counter() - start)
         return to_sandboxfusion(result, req.request_id, message)
 
-    async def run_code(self, req: RunCodeRequest) -> JSONResponse:
+    async def _parse(self, kind: str, request: Request) -> Any:
+        """The body as ``kind``'s request model, or a 413 response; a 422 is raised, as FastAPI would
+        (:class:`sandbox.body.BodyParser`: a large body is parsed off the event loop)."""
+        status, value = await self.parser.parse(kind, await request.body(), self.pool.queue_size)
+        if status == 422:
+            raise RequestValidationError(value)
+        return JSONResponse({"detail": value}, status_code=413) if status == 413 else value
+
+    async def run_code(self, request: Request) -> JSONResponse:
         """``POST /run_code``: one snippet, SandboxFusion's shape; 429 with Retry-After when the queue is full."""
         self.metrics.record_request("run_code")
+        req = await self._parse("run_code", request)
+        if isinstance(req, JSONResponse):
+            return req
         job, message = _resolve(req, self.config)
         if job is not None and not self.pool.try_admit():
             return self._busy()
         return JSONResponse(await self._execute(req, job, message))
 
-    async def run_batch(self, batch: RunBatchRequest, request: Request) -> JSONResponse:
+    async def run_batch(self, request: Request) -> JSONResponse:
         """``POST /run_batch``: several snippets, answered in the same order.
 
         Accepted when the queue has room for one snippet now (429 otherwise, 413 beyond ``queue_size`` entries);
@@ -152,10 +155,9 @@ class SandboxService:
         :func:`batch_share` entries at once, the clients taking freed slots in turn (:class:`FairShare`).
         """
         self.metrics.record_request("run_batch")
-        if len(batch.requests) > self.pool.queue_size:  # every entry counts, the refused ones too
-            return JSONResponse({"detail": f"batch of {len(batch.requests)} entries exceeds the server queue "
-                                           f"(queue_size={self.pool.queue_size}); split it or raise --queue_size"},
-                                status_code=413)
+        batch = await self._parse("run_batch", request)  # 413 beyond queue_size entries, before validating one
+        if isinstance(batch, JSONResponse):
+            return batch
         resolved = [_resolve(req, self.config) for req in batch.requests]
         if any(job is not None for job, _ in resolved) and not self.pool.has_room():
             return self._busy()
@@ -186,11 +188,12 @@ class SandboxService:
             "protections_off": sorted(k for k, v in layers.items() if v is not None),
             "filesystem_view": view["view"], "filesystem_view_reason": view["reason"],
             "exposed_paths": {"read_only": view["read_only"], "writable": view["writable"]},
-            "sandbox_uids": pool.uids(), "server_pid": os.getpid(),
+            "sandbox_uids": pool.uids(), "server_pid": os.getpid(), "budget": budget_kind(pool.cgroup_subtree),
             "limits": {"run_timeout": config.run_timeout, "max_run_timeout": config.max_run_timeout,
                        "memory_limit_mb": config.memory_limit_mb, "max_memory_limit_mb": config.max_memory_limit_mb,
                        "max_output_bytes": config.max_output_bytes, "max_processes": config.max_processes,
-                       "max_file_size_mb": config.max_file_size_mb, "tmpfs_size_mb": config.tmpfs_size_mb},
+                       "max_file_size_mb": config.max_file_size_mb, "tmpfs_size_mb": config.tmpfs_size_mb,
+                       "max_stdin_mb": config.max_stdin_mb, "max_fetch_mb": config.max_fetch_mb},
             "static_check": config.static_check, "preamble": config.preamble is not None,
         }
 
@@ -218,6 +221,7 @@ def create_app(config: ExecConfig, workers: int, queue_size: int, startup_timeou
             _report_layers(pool, config)
             yield
         finally:
+            service.parser.close()
             await pool.stop()
 
     app = FastAPI(title="zerotir sandbox", lifespan=lifespan)
@@ -228,7 +232,13 @@ def create_app(config: ExecConfig, workers: int, queue_size: int, startup_timeou
     app.add_api_route("/run_batch", service.run_batch, methods=["POST"])
     app.add_api_route("/health", service.health, methods=["GET"])
     app.add_api_route("/metrics", service.metrics_view, methods=["GET"])
+    app.add_api_route("/v1/ping", ping, methods=["GET"])
     return app
+
+
+async def ping() -> str:
+    """``GET /v1/ping``: SandboxFusion's liveness check, answered ``"pong"`` (``/health`` says more)."""
+    return "pong"
 
 
 def _report_layers(pool: WorkerPool, config: ExecConfig) -> None:

@@ -21,7 +21,8 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
-from sandbox.cgroup import SnippetCgroups, budget_layer
+from sandbox.budget import snippet_cgroups
+from sandbox.cgroup import budget_layer
 from sandbox.child import prepare_worker_process
 from sandbox.config import WorkerSpec
 from sandbox.executor import Executor, Job
@@ -93,7 +94,7 @@ def _start(spec: WorkerSpec, protocol_fds: tuple[int, int]) -> tuple[Executor, d
     uid = spec.uid_base + spec.index if (spec.uid_base is not None and os.geteuid() == 0) else None
     pidns = PidNamespaces(enabled=config.isolate)
     layers["pid_namespace"] = pidns.error
-    cgroups = (SnippetCgroups(spec.cgroup_subtree, spec.index, config.cgroup_cpu_cores)  # before the pivot hides it
+    cgroups = (snippet_cgroups(spec.cgroup_subtree, spec.index, config.cgroup_cpu_cores)  # before the pivot hides it
                if spec.cgroup_subtree is not None else None)
     layers["cgroup_budget"] = budget_layer(cgroups, spec.cgroup_off, config.max_processes)
     view = _isolate(spec, uid, pidns, layers)

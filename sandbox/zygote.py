@@ -4,13 +4,14 @@ A child forked from the worker itself inherits the worker's memory, and with it 
 code, their output, freed but not overwritten): a snippet scanning its own memory found the number the previous one
 printed. So after warm-up the worker forks the zygote once, before it has seen any job, and from then on asks it
 for each child over a Unix socket. The zygote never reads a job: it receives the child's four pipe ends
-(``SCM_RIGHTS``), forks, gives them to the child, closes its copies and answers the child's pid. The child reads its
-code and limits from its own pipe (:func:`sandbox.child.read_job`) and writes its output to pipes whose read ends
-only the worker holds. The zygote also reaps the child (it is its parent) when the worker asks, after the worker
-saw the exit or killed it, and without PID namespaces kills the orphans the child left (the zygote is their
-subreaper).
+(``SCM_RIGHTS``; a fifth, its stdin, when the job has one), forks, gives them to the child, closes its copies
+and answers the child's pid. The child reads its code and limits from its own pipe
+(:func:`sandbox.child.read_job`) and writes its output to pipes whose read ends only the worker holds. The
+zygote also reaps the child (it is its parent) when the worker asks, after the worker saw the exit or killed it,
+and without PID namespaces kills the orphans the child left (the zygote is their subreaper).
 
-Messages, one datagram each (``SOCK_SEQPACKET``): ``F`` with four fds -> ``P<pid>``; ``R<pid>`` -> ``S<status>``.
+Messages, one datagram each (``SOCK_SEQPACKET``): ``F`` with four or five fds -> ``P<pid>``; ``R<pid>`` ->
+``S<status>``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from sandbox.child import ChildPlan, run_child
 from sandbox.isolation import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PidNamespaces, prctl
 
 _PID = struct.Struct("<q")
-_FDS = 4  # the child's job pipe (read end), stdout, stderr and status pipes (write ends)
+_FDS = 4  # the child's job pipe (read end), stdout, stderr and status pipes (write ends) ...
+_MAX_FDS = 5  # ... and its stdin, when the job has one
 
 
 class ZygoteGone(RuntimeError):
@@ -63,7 +65,8 @@ class Zygote:
         self.sock = worker_end
 
     def fork_child(self, fds: list[int]) -> int:
-        """A new child holding ``fds`` (job read end, stdout, stderr, status write ends); returns its pid."""
+        """A new child holding ``fds`` (job read end, stdout, stderr, status write ends, and the stdin when
+        there is one); returns its pid."""
         self._ask(b"F", fds)
         return self._answer(b"P")
 
@@ -109,10 +112,10 @@ def _serve(sock: socket.socket, plan: ChildPlan, pidns: PidNamespaces) -> int:
 def _handle_one(sock: socket.socket, plan: ChildPlan, pidns: PidNamespaces) -> int | None:
     """Answer one message; None to go on, else the zygote's exit code. A child forked here sees only its own
     message and fds in this frame."""
-    message, fds, _, _ = socket.recv_fds(sock, 64, _FDS)
+    message, fds, _, _ = socket.recv_fds(sock, 64, _MAX_FDS)
     if not message:
         return 0
-    if message[:1] == b"F" and len(fds) == _FDS:
+    if message[:1] == b"F" and _FDS <= len(fds) <= _MAX_FDS:
         pidns.before_fork()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns from run_child

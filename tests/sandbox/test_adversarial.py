@@ -476,8 +476,8 @@ def test_a_megabyte_of_statements_spends_its_own_time_limit_not_the_workers(sand
 def test_a_refusal_a_syntax_error_and_a_run_answer_alike_however_long_the_source(sandbox_server: Server,
                                                                                 padding: str) -> None:
     def details(code: str) -> tuple[str, str, str]:
-        body = httpx.post(sandbox_server.url + "/run_code", json={"code": padding + code}, timeout=30,
-                          trust_env=False).json()
+        body = httpx.post(sandbox_server.url + "/run_code", json={"language": "python", "code": padding + code},
+                          timeout=30, trust_env=False).json()
         return body["details"]["reason"], body["run_result"]["stdout"], body["run_result"]["stderr"]
 
     refused, syntax, ran = details("import shutil"), details("1 +"), details("print(6 * 7)")

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 import sandbox.cgroup as cgroup_module
+from sandbox.budget import remove_budget, server_budget
 from sandbox.cgroup import CgroupFs, SnippetCgroups, server_subtree
 from sandbox.config import ExecConfig
 from sandbox.executor import Executor, Job
@@ -205,8 +206,8 @@ def test_on_a_cgroup_v2_host_forked_children_share_one_memory_budget() -> None:
         layer = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()["protections"]["cgroup_budget"]
         if layer != "on":
             pytest.skip(f"per-snippet cgroups are unavailable on this host: {layer}")
-        answer = httpx.post(urls[0] + "/run_code", json={"code": code, "memory_limit_MB": 256, "run_timeout": 10},
-                            timeout=60, trust_env=False).json()
+        answer = httpx.post(urls[0] + "/run_code", json={"language": "python", "code": code, "memory_limit_MB": 256,
+                                                        "run_timeout": 10}, timeout=60, trust_env=False).json()
     assert answer["details"]["reason"] == "memory" and "memory" in answer["details"]["limits_hit"], answer
 
 
@@ -219,8 +220,10 @@ def test_without_cgroups_health_says_why_and_what_holds_instead(sandbox_server: 
 def test_require_cgroup_refuses_to_start_without_them_naming_the_setting() -> None:
     from sandbox import local_sandbox
 
-    if server_subtree("/sys/fs/cgroup")[1] is None:
-        pytest.skip("this host has per-snippet cgroups: require_cgroup starts")
+    spec, _ = server_budget("/sys/fs/cgroup")
+    if spec is not None:
+        remove_budget(spec)
+        pytest.skip("this host has per-snippet cgroups (v2 or v1): require_cgroup starts")
     with pytest.raises(RuntimeError, match=r"--limits\.require_cgroup is set but per-snippet cgroups are "
                                            r"unavailable: no cgroup v2 hierarchy"):
         with local_sandbox(workers=1, require_cgroup=True, startup_timeout=30, log_level="warning"):

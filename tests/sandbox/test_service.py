@@ -21,6 +21,11 @@ RESPONSE_KEYS = {"status", "message", "compile_result", "run_result", "executor_
                  "details"}
 
 
+def py(code: str, **fields: object) -> dict:
+    """A ``/run_code`` request body: SandboxFusion's API requires ``language``."""
+    return {"language": "python", "code": code, **fields}
+
+
 def post(server: Server, path: str, body: dict) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=30, trust_env=False)
 
@@ -47,18 +52,19 @@ def test_failing_snippet_is_failed_finished_with_its_traceback(sandbox_server: S
 
 
 def test_timeout_is_time_limit_exceeded(sandbox_server: Server) -> None:
-    body = post(sandbox_server, "/run_code", {"code": "while True: pass", "run_timeout": 0.3}).json()
+    body = post(sandbox_server, "/run_code", py("while True: pass", run_timeout=0.3)).json()
     assert (body["status"], body["run_result"]["status"]) == ("Failed", "TimeLimitExceeded")
+    assert body["run_result"]["return_code"] is None  # SandboxFusion's null, not the kill's -9
 
 
-def test_unsupported_language_is_a_sandbox_error_naming_it(sandbox_server: Server) -> None:
+def test_unsupported_language_is_failed_naming_it(sandbox_server: Server) -> None:
     body = post(sandbox_server, "/run_code", {"code": "console.log(1)", "language": "nodejs"}).json()
-    assert body["status"] == "SandboxError" and body["run_result"] is None
+    assert (body["status"], body["run_result"], body["details"]["reason"]) == ("Failed", None, "invalid_request")
     assert "'nodejs' is not supported" in body["message"]
 
 
 def test_run_timeout_above_the_server_max_is_clamped_and_said(sandbox_server: Server) -> None:
-    body = post(sandbox_server, "/run_code", {"code": "print(3)", "run_timeout": 10_000}).json()
+    body = post(sandbox_server, "/run_code", {"language": "python", "code": "print(3)", "run_timeout": 10_000}).json()
     assert body["status"] == "Success"
     assert "clamped to the server's max_run_timeout 60 s" in body["message"]
 
@@ -71,7 +77,7 @@ def test_missing_code_is_rejected_naming_the_field(sandbox_server: Server) -> No
 
 def test_run_batch_answers_in_request_order(sandbox_server: Server) -> None:
     codes = [f"import time\ntime.sleep({0.05 * (5 - i)})\nprint({i})" for i in range(5)]
-    answer = post(sandbox_server, "/run_batch", {"requests": [{"code": c, "request_id": i} for i, c in
+    answer = post(sandbox_server, "/run_batch", {"requests": [py(c, request_id=i) for i, c in
                                                               enumerate(codes)]})
     results = answer.json()["results"]
     assert [r["run_result"]["stdout"] for r in results] == [f"{i}\n" for i in range(5)]
@@ -79,7 +85,7 @@ def test_run_batch_answers_in_request_order(sandbox_server: Server) -> None:
 
 
 def test_batch_larger_than_the_queue_is_refused_with_the_fix(sandbox_server: Server) -> None:
-    answer = post(sandbox_server, "/run_batch", {"requests": [{"code": "pass"}] * (QUEUE_SIZE + 1)})
+    answer = post(sandbox_server, "/run_batch", {"requests": [py("pass")] * (QUEUE_SIZE + 1)})
     assert answer.status_code == 413
     assert "split it or raise --queue_size" in answer.json()["detail"]
 
@@ -91,8 +97,8 @@ def test_overload_gives_429s_no_5xx_and_answers_every_accepted_request(sandbox_s
     async def fire() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=n)
         async with httpx.AsyncClient(limits=limits, timeout=60, trust_env=False) as http:
-            return await asyncio.gather(*(http.post(sandbox_server.url + "/run_code", json={
-                "code": f"import time\ntime.sleep(1.0)\nprint({i})", "request_id": i}) for i in range(n)))
+            return await asyncio.gather(*(http.post(sandbox_server.url + "/run_code", json=py(
+                f"import time\ntime.sleep(1.0)\nprint({i})", request_id=i)) for i in range(n)))
 
     answers = asyncio.run(fire())
     codes = [a.status_code for a in answers]
@@ -124,8 +130,8 @@ def test_health_lists_every_protection_and_the_ones_that_are_off(sandbox_server:
 
 def test_metrics_count_results_and_kills_by_reason(sandbox_server: Server) -> None:
     before = sandbox_server.metrics()
-    post(sandbox_server, "/run_code", {"code": "import time\ntime.sleep(5)", "run_timeout": 0.2})
-    post(sandbox_server, "/run_code", {"code": "print(1)"})
+    post(sandbox_server, "/run_code", {"language": "python", "code": "import time\ntime.sleep(5)", "run_timeout": 0.2})
+    post(sandbox_server, "/run_code", {"language": "python", "code": "print(1)"})
     after = sandbox_server.metrics()
     assert after["kills"].get("timeout", 0) - before["kills"].get("timeout", 0) == 1
     assert after["results"].get("ok", 0) - before["results"].get("ok", 0) == 1
@@ -157,11 +163,11 @@ def test_without_isolation_the_service_starts_and_health_names_what_is_off() -> 
                        allow_imports=["*"], log_level="warning") as urls:
         health = httpx.get(urls[0] + "/health", timeout=10, trust_env=False).json()
         server = Server(urls[0], health)
-        answer = post(server, "/run_code", {"code": "print(6 * 7)"}).json()
+        answer = post(server, "/run_code", {"language": "python", "code": "print(6 * 7)"}).json()
         nest = ("import os\nos.chmod('.', 0o500)\nos.chmod('.', 0o700)\n"
                 "for _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')")
         check = "import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'))"
-        answers = [post(server, "/run_code", {"code": code}).json()["run_result"] for code in (nest, check)]
+        answers = [post(server, "/run_code", py(code)).json()["run_result"] for code in (nest, check)]
     assert [a["stdout"] for a in answers] == ["", "0o700 []\n"], answers  # rm -rf, not a recursive walk
     assert health["protections"]["fresh_run_dir_tmpfs"] == "off: disabled by --isolate false"
     assert {"network_namespace", "pid_namespace", "readonly_root", "uid_drop"} <= set(health["protections_off"])
@@ -224,7 +230,7 @@ def test_a_batch_leaves_a_worker_for_other_requests(sandbox_server: Server) -> N
     async def busy_while_a_batch_runs() -> set[int]:
         busy: set[int] = set()
         async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
-            sleepy = [{"code": "import time\ntime.sleep(0.2)"}] * (QUEUE_SIZE - 2)
+            sleepy = [{"language": "python", "code": "import time\ntime.sleep(0.2)"}] * (QUEUE_SIZE - 2)
             task = asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
             while not task.done():  # sampled until the batch is answered: it holds at most all workers but one
                 busy.add((await http.get(sandbox_server.url + "/metrics")).json()["busy_workers"])
@@ -240,12 +246,12 @@ def test_a_batch_of_queue_size_entries_leaves_room_for_run_code(sandbox_server: 
     every /run_code a 429 while a worker sits idle."""
     async def run_code_while_a_full_batch_runs() -> tuple[int, httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
-            sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * QUEUE_SIZE
+            sleepy = [{"language": "python", "code": "import time\ntime.sleep(0.3)"}] * QUEUE_SIZE
             batch = asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
             in_flight = 0
             while not in_flight:  # the batch is running
                 in_flight = (await http.get(sandbox_server.url + "/metrics")).json()["in_flight"]
-            single = await http.post(sandbox_server.url + "/run_code", json={"code": "print(1+1)"})
+            single = await http.post(sandbox_server.url + "/run_code", json=py("print(1+1)"))
             return in_flight, single, await batch
 
     in_flight, single, batch = asyncio.run(run_code_while_a_full_batch_runs())
@@ -263,7 +269,7 @@ def test_two_batches_at_once_leave_a_worker_for_run_code(sandbox_server: Server)
                 return (await http.get(sandbox_server.url + "/metrics")).json()
 
             done_before = sum((await metrics())["results"].values())
-            sleepy = [{"code": "import time\ntime.sleep(0.3)"}] * (QUEUE_SIZE // 2)
+            sleepy = [{"language": "python", "code": "import time\ntime.sleep(0.3)"}] * (QUEUE_SIZE // 2)
             batches = [asyncio.ensure_future(http.post(sandbox_server.url + "/run_batch", json={"requests": sleepy}))
                        for _ in range(2)]
             while True:  # sampled until three batch entries have ended: both batches are under way
@@ -272,7 +278,7 @@ def test_two_batches_at_once_leave_a_worker_for_run_code(sandbox_server: Server)
                 if sum(now["results"].values()) - done_before >= 3:
                     break
                 await asyncio.sleep(0.02)
-            single = await http.post(sandbox_server.url + "/run_code", json={"code": "print(1+1)"})
+            single = await http.post(sandbox_server.url + "/run_code", json=py("print(1+1)"))
             return busy, single, list(await asyncio.gather(*batches))
 
     busy, single, batches = asyncio.run(while_two_batches_run())
@@ -353,10 +359,10 @@ def test_a_connection_that_sends_no_whole_head_is_closed_and_a_slow_answer_is_no
         silent = socket.create_connection(("127.0.0.1", port), timeout=30)
         half = socket.create_connection(("127.0.0.1", port), timeout=30)
         half.sendall(b"POST /run_code HTTP/1.1\r\nHost: sandbox\r\n")
-        slow = httpx.post(urls[0] + "/run_code", json={"code": "import time\ntime.sleep(2.0)\nprint(1+1)"},
+        slow = httpx.post(urls[0] + "/run_code", json=py("import time\ntime.sleep(2.0)\nprint(1+1)"),
                           timeout=30, trust_env=False)  # answered after the head timeout: not cut
         with silent, half:
             assert (silent.recv(1024), half.recv(1024)) == (b"", b"")  # closed by the server, not by our timeout
         assert slow.status_code == 200 and slow.json()["run_result"]["stdout"] == "2\n", slow.text
-        benign = httpx.post(urls[0] + "/run_code", json={"code": "print(1+1)"}, timeout=30, trust_env=False)
+        benign = httpx.post(urls[0] + "/run_code", json=py("print(1+1)"), timeout=30, trust_env=False)
         assert benign.json()["run_result"]["stdout"] == "2\n"
