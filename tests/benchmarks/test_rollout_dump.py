@@ -4,7 +4,7 @@ from benchmarks import rollout_dump
 
 
 def test_a_small_step_is_dumped(capsys):
-    rollout_dump.measure("tiny", rows=16, chars=120, repeats=1)
+    rollout_dump.measure("tiny", rows=16, chars=120, repeats=1, token_samples=4)  # with per-token records
     line = capsys.readouterr().out
     assert line.startswith("tiny") and "hook" in line and "MiB" in line
 
