@@ -68,6 +68,9 @@ RECORD_FIELDS = {"step", "split", "rank", "index", "group", "problem_id", "sourc
                  "reference", "reward", "correct", "calls", "exec_errors", "timeouts", "sandbox_errors",
                  "tool_errors", "finish_reason", "truncated", "response_tokens", "sampled_tokens", "tool_calls",
                  "weight_version", "filtered_by"}
+# advantage: the rows that trained; tokens: the per-token records of the step's sampled rows (the dumper's
+# token_samples, 4 by default)
+OPTIONAL_FIELDS = {"advantage", "tokens"}
 
 
 def check_rollouts(root, module, validated: bool) -> None:
@@ -77,7 +80,8 @@ def check_rollouts(root, module, validated: bool) -> None:
     per_step = module.sampling.n * 4  # prompts_per_step of the tiny configs
     for step in (1, 2):
         rows = R.read_step(folder, step)
-        assert len(rows) == per_step and all(set(r) == RECORD_FIELDS for r in rows)
+        assert len(rows) == per_step and all(RECORD_FIELDS <= set(r) <= RECORD_FIELDS | OPTIONAL_FIELDS for r in rows)
+        assert sum("tokens" in r for r in rows) == 4 and any("advantage" in r for r in rows)
         assert {r["step"] for r in rows} == {step} and {r["weight_version"] for r in rows} == {step - 1}
         assert all(r["prompt"].startswith("Q: ") and r["reference"] for r in rows)
         assert all(len(r["tool_calls"]) == r["calls"] for r in rows)
