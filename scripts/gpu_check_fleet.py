@@ -12,8 +12,6 @@ must equal the sender's bit for bit, and its greedy tokens the sender model's.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import threading
 from pathlib import Path
@@ -21,6 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared command line: gpu_check_stage
+
+from gpu_check_stage import device_check_main  # noqa: E402
 
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group, free_port  # noqa: E402
 from zerotir.fleet.weight_push import WeightSender, receive_push  # noqa: E402
@@ -70,21 +71,10 @@ def check(device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report", type=Path, required=True)
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        report = {"device": args.device, "status": "skipped: no CUDA device (the check pushes CUDA tensors)"}
-        print("fleet push with CUDA tensors: SKIPPED (no CUDA device)")
-    else:
-        report = check(args.device)
-        report["status"] = "passed" if not report["problems"] else "failed"
-        print(f"fleet push on {args.device} over gloo: {report['buckets']} buckets, {report['bytes'] / 2**20:.1f} "
-              f"MiB in {report['seconds']:.2f} s: {report['status']} {report['problems'] or ''}")
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(json.dumps(report, indent=1))
-    return 0 if report["status"] != "failed" else 1
+    return device_check_main(
+        argv, __doc__.splitlines()[0], check, "the check pushes CUDA tensors", "fleet push with CUDA tensors",
+        lambda r: f"fleet push on {r['device']} over gloo: {r['buckets']} buckets, {r['bytes'] / 2**20:.1f} MiB in "
+                  f"{r['seconds']:.2f} s")
 
 
 if __name__ == "__main__":

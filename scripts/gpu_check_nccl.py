@@ -13,8 +13,6 @@ environment as it was before: nothing of the group's settings leaks into the tra
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -23,6 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared command line: gpu_check_stage
+
+from gpu_check_stage import device_check_main  # noqa: E402
 
 from zerotir.fleet.weight_group import (  # noqa: E402
     GroupAddress, WeightGroupError, form_weight_group, free_port,
@@ -70,22 +71,11 @@ def check(device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report", type=Path, required=True)
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        report = {"device": args.device, "status": "skipped: no CUDA device (an NCCL group needs one)"}
-        print("NCCL weight group: SKIPPED (no CUDA device)")
-    else:
-        report = check(args.device)
-        report["status"] = "passed" if not report["problems"] else "failed"
-        print(f"weight group of one rank over {report['backend']} on {args.device}: formed in {report['form_s']:.2f} s, "
-              f"push of {report['push_buckets']} buckets ({report['push_bytes'] / 2**20:.1f} MiB) in "
-              f"{report['push_s']:.2f} s, aborted {report['aborted']}: {report['status']} {report['problems'] or ''}")
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(json.dumps(report, indent=1))
-    return 0 if report["status"] != "failed" else 1
+    return device_check_main(
+        argv, __doc__.splitlines()[0], check, "an NCCL group needs one", "NCCL weight group",
+        lambda r: f"weight group of one rank over {r['backend']} on {r['device']}: formed in {r['form_s']:.2f} s, "
+                  f"push of {r['push_buckets']} buckets ({r['push_bytes'] / 2**20:.1f} MiB) in {r['push_s']:.2f} s, "
+                  f"aborted {r['aborted']}")
 
 
 if __name__ == "__main__":
