@@ -14,6 +14,9 @@ is recorded as a ``tool_error`` (``zerotir.tools.registry.Toolbox.call``).
 
 from __future__ import annotations
 
+import difflib
+import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,3 +85,26 @@ class Tool:
         """The tool as a function-calling schema (the shape Qwen / Hermes chat templates take in ``tools=``)."""
         return {"type": "function",
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+def close_match_hint(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``names`` to a mistyped ``name``, or ""."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def import_subclass(path: str, base: type, base_name: str, where: str) -> type:
+    """The class at the dotted ``path`` (``module.Class``), which must subclass ``base`` (called ``base_name`` in
+    the errors): the one import of a ``class_path`` that the tool and call-format registries share.
+
+    Raises:
+        ValueError: ``path`` cannot be imported, or is not a subclass of ``base``; ``where`` names the setting.
+    """
+    module, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{where}: cannot import {path} ({type(error).__name__}: {error})") from error
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{where}: {path} is not a subclass of {base_name}")
+    return cls

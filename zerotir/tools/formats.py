@@ -28,12 +28,12 @@ A format of your own is a subclass in any importable module, named by its dotted
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+
+from zerotir.tools.base import close_match_hint, import_subclass
 
 __all__ = ["BUILT_IN", "Call", "CallFormat", "Chat", "Fences", "FormatWatch", "Hermes", "build_format", "call_format",
            "format_class", "format_label", "markers"]
@@ -249,20 +249,11 @@ def format_class(spec: Any) -> type[CallFormat]:
     class_path, _ = _entry(spec)
     if class_path in BUILT_IN:
         return BUILT_IN[class_path]
-    module, _, attr = class_path.rpartition(".")
     where = f"model.tool.format={class_path!r}"
-    if not module:
-        close = difflib.get_close_matches(class_path, list(BUILT_IN), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if "." not in class_path:
         raise ValueError(f"{where}: not a built-in format ({', '.join(BUILT_IN)}) nor the dotted path module.Class "
-                         f"of a zerotir.tools.formats.CallFormat subclass{hint}")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"{where}: cannot import {class_path} ({type(error).__name__}: {error})") from error
-    if not (isinstance(cls, type) and issubclass(cls, CallFormat)):
-        raise ValueError(f"{where}: {class_path} is not a subclass of zerotir.tools.formats.CallFormat")
-    return cls
+                         f"of a zerotir.tools.formats.CallFormat subclass{close_match_hint(class_path, BUILT_IN)}")
+    return import_subclass(class_path, CallFormat, "zerotir.tools.formats.CallFormat", where)
 
 
 def build_format(spec: Any, tool: Any = None) -> CallFormat:

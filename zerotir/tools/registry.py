@@ -14,15 +14,15 @@ characters (head and tail with a marker) and carries its wall time.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from zerotir.tools.base import STATUS_INVALID, STATUS_TOOL_ERROR, Observation, Tool, ToolEnv
+from zerotir.tools.base import (
+    STATUS_INVALID, STATUS_TOOL_ERROR, Observation, Tool, ToolEnv, close_match_hint, import_subclass,
+)
 from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
@@ -44,19 +44,11 @@ def resolve(class_path: str) -> type[Tool]:
         ValueError: the path does not import, or does not name a ``Tool`` subclass.
     """
     path = BUILT_IN.get(class_path, class_path)
-    module, _, attr = path.rpartition(".")
     where = f"model.tool.tools class_path {class_path!r}"
-    if not module:
-        close = difflib.get_close_matches(class_path, list(BUILT_IN), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path module.Class{hint}")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"{where}: cannot import {path} ({type(error).__name__}: {error})") from error
-    if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        raise ValueError(f"{where}: {path} is not a subclass of zerotir.tools.Tool")
-    return cls
+    if "." not in path:
+        raise ValueError(f"{where}: not a built-in tool ({', '.join(BUILT_IN)}) nor a dotted path "
+                         f"module.Class{close_match_hint(class_path, BUILT_IN)}")
+    return import_subclass(path, Tool, "zerotir.tools.Tool", where)
 
 
 def build_tools(entry: dict[str, Any], env: ToolEnv) -> list[Tool]:
