@@ -27,7 +27,7 @@ import signal
 import time
 
 from sandbox.cgroup import (REMOVE_WAIT_S, CgroupFs, SnippetCgroups, control_field, remove_subtree,
-                            server_subtree)
+                            rmdir_when_released, server_subtree)
 
 V1_CONTROLLERS = ("memory", "pids")
 #: Files of the memory controller set to the budget where the kernel has them (the first one always).
@@ -212,17 +212,14 @@ def _empty(fs: CgroupFs, name: str) -> None:
 
 
 def _kill_and_remove_v1(hierarchies: list[CgroupFs], name: str) -> None:
-    """v1 has no ``cgroup.kill``: SIGKILL every process listed, until the kernel lets each cgroup be removed."""
+    """v1 has no ``cgroup.kill``: SIGKILL every process listed, until the kernel lets each cgroup be removed (one
+    ``REMOVE_WAIT_S`` for them all)."""
     deadline = time.monotonic() + REMOVE_WAIT_S
     for fs in hierarchies:
-        while True:
-            for pid in fs.read(f"{name}/cgroup.procs").split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-            try:
-                fs.rmdir(name)
-                break
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise OSError(e.errno, f"cannot remove the snippet cgroup {name}: {e.strerror}") from e
-            time.sleep(0.002)
+        rmdir_when_released(fs, name, lambda fs=fs: _kill_listed(fs, name), deadline)
+
+
+def _kill_listed(fs: CgroupFs, name: str) -> None:
+    for pid in fs.read(f"{name}/cgroup.procs").split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)

@@ -25,12 +25,30 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 
 CONTROLLERS = ("cpu", "memory", "pids")
 #: cpu.max's period in microseconds (the kernel's default).
 CPU_PERIOD_US = 100_000
 #: How long :meth:`SnippetCgroups.remove` waits for the killed processes of a cgroup to be gone before it gives up.
 REMOVE_WAIT_S = 2.0
+
+
+def rmdir_when_released(fs: CgroupFs, name: str, each_try: Callable[[], None] = lambda: None,
+                        deadline: float | None = None) -> None:
+    """``rmdir`` the cgroup ``name`` once the kernel has let its processes go (it answers EBUSY until then), trying
+    until ``deadline`` (``time.monotonic``; None: ``REMOVE_WAIT_S`` from now); ``each_try`` runs before every try
+    (cgroup v1, without ``cgroup.kill``: kill what is listed)."""
+    deadline = time.monotonic() + REMOVE_WAIT_S if deadline is None else deadline
+    while True:
+        each_try()
+        try:
+            fs.rmdir(name)
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise OSError(e.errno, f"cannot remove the snippet cgroup {name}: {e.strerror}") from e
+        time.sleep(0.002)
 
 
 class CgroupFs:
@@ -211,15 +229,7 @@ class SnippetCgroups:
     def kill_and_remove(fs: CgroupFs, name: str) -> None:
         """``cgroup.kill``, then ``rmdir`` once the kernel has taken the processes out (it refuses until then)."""
         fs.write(f"{name}/cgroup.kill", "1")
-        deadline = time.monotonic() + REMOVE_WAIT_S
-        while True:
-            try:
-                fs.rmdir(name)
-                return
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise OSError(e.errno, f"cannot remove the snippet cgroup {name}: {e.strerror}") from e
-            time.sleep(0.002)
+        rmdir_when_released(fs, name)
 
     def close(self) -> None:
         """Close the subtree's folder fd."""
