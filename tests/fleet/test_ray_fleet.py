@@ -41,10 +41,14 @@ VERSION = 4
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
+    """A local cluster of this module's own, started while ``RAY_ADDRESS`` names another: ``start_cluster`` without
+    an address never joins a cluster the environment or an earlier ``ray start`` names (Ray's own default does)."""
     import signal
 
     before = signal.getsignal(signal.SIGTERM)
-    start_cluster(num_cpus=2, num_gpus=0, object_store_memory=100 << 20)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens there: joining it would fail the start
+        start_cluster(num_cpus=2, num_gpus=0, object_store_memory=100 << 20)
     try:
         yield
     finally:

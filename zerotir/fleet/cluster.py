@@ -51,6 +51,10 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
     """Start a local Ray cluster with ``num_cpus`` / ``num_gpus`` (None: what the machine has), or join the running
     one at ``address`` (its resources are its own: then give neither). No dashboard; Ray's logs at warnings only.
 
+    Without ``address`` the cluster is always a new one of this run: ``ray.init()`` alone would join whatever cluster
+    ``RAY_ADDRESS`` or the last ``ray start`` on this machine names (another user's, another run's), with its
+    resources and its failures; joining one is what ``model.fleet.address`` says.
+
     A local cluster's workers run at the trainer's priority: Ray starts its workers at niceness 15 by default
     (``RAY_worker_niceness``), where every busy process of normal priority starves them (an engine host's import
     and start took tens of times longer beside a CPU-bound job). A value the user set in the environment is kept;
@@ -83,8 +87,9 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if value is not None and value < 0:
             raise ValueError(f"start_cluster({name}={value}): must be >= 0, or None for what the machine has")
-    with env_unless_set(NICENESS, "0"):
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory, **quiet)
+    with env_unless_set(NICENESS, "0"):  # "local": a new cluster, never one RAY_ADDRESS or `ray start` left here
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory,
+                 **quiet)
 
 
 REACH_TIMEOUT_S = 10.0  # how long a cluster's head may take to accept a connection
