@@ -109,3 +109,22 @@ def test_an_embedded_sandbox_is_refused_once_the_cluster_has_other_nodes(urls, t
             fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)
     else:
         fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)
+
+
+@pytest.mark.parametrize(("fleet", "urls", "tool", "expected"), [
+    (FleetConfig(engines=2, address="10.0.0.1:6379"), None, ToolConfig(), True),
+    (FleetConfig(engines=2, address="10.0.0.1:6379", sandbox_per_node=False), None, ToolConfig(), False),
+    (FleetConfig(engines=2, address="10.0.0.1:6379"), ["http://10.0.0.9:8080"], ToolConfig(), False),  # urls win
+    (FleetConfig(engines=2, address="10.0.0.1:6379"), None, NO_TOOLS, False),  # no code runs
+    (FleetConfig(engines=2), None, ToolConfig(), False),  # a local cluster: one node, the embedded server
+    (FleetConfig(engines=0, address="10.0.0.1:6379"), None, ToolConfig(), False),  # no fleet
+])
+def test_a_sandbox_on_each_node_only_on_a_joined_cluster_with_tools_and_no_urls(fleet, urls, tool, expected):
+    assert fleet.sandbox_on_each_node(SandboxConfig(urls=urls), tool) is expected
+
+
+def test_a_sandbox_on_each_node_refuses_engines_that_ask_for_no_resource():
+    fleet = FleetConfig(engines=2, address="10.0.0.1:6379", cpus_per_engine=0)
+    with pytest.raises(ValueError, match=r"sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
+                                         r"gpus_per_engine=0.*cpus_per_engine > 0.*sandbox_per_node: false"):
+        fleet.sandbox_on_each_node(SandboxConfig(), ToolConfig())

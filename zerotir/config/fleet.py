@@ -111,9 +111,19 @@ class FleetConfig:
 
     def sandbox_on_each_node(self, sandbox: SandboxConfig, tool: ToolConfig) -> bool:
         """Whether the run starts a sandbox server on each node (``sandbox_per_node``): engines on a joined cluster,
-        with tools, and no servers of the user's own (``model.tool.sandbox.urls``, which win)."""
-        return (self.enabled and self.sandbox_per_node and self.address is not None and tool.enabled
-                and sandbox.urls is None)
+        with tools, and no servers of the user's own (``model.tool.sandbox.urls``, which win).
+
+        Raises:
+            ValueError: it applies, but an engine asks for no resource, so nothing places it on a node.
+        """
+        applies = (self.enabled and self.sandbox_per_node and self.address is not None and tool.enabled
+                   and sandbox.urls is None)
+        if applies and self.cpus_per_engine == 0 and self.gpus_per_engine == 0:
+            raise ValueError("model.fleet.sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
+                             "gpus_per_engine=0: an engine is placed on a node by the resources it asks for; give "
+                             "cpus_per_engine > 0, set model.tool.sandbox.urls to servers the engines reach, or set "
+                             "sandbox_per_node: false")
+        return applies
 
     def check_trainer_device(self, device_type: str) -> None:
         """Before a local cluster starts: one on a GPU node would hand the engines GPUs 0..K-1, the trainer's

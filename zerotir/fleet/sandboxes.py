@@ -112,17 +112,13 @@ class NodeSandboxes:
         got a bundle and on the trainer's; each within ``fleet.timeout_s``.
 
         Raises:
-            ValueError: an engine asks for no resource (Ray would place it anywhere, apart from its bundle).
             TimeoutError: the cluster cannot fit the engines, or a server did not start, in time.
         """
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
+        # some resource is asked for: FleetConfig.sandbox_on_each_node refuses engines that ask for none
         bundle = {k: v for k, v in (("CPU", fleet.cpus_per_engine), ("GPU", fleet.gpus_per_engine)) if v > 0}
-        if not bundle:
-            raise ValueError("model.fleet.sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
-                             "gpus_per_engine=0: an engine is placed on a node by the resources it asks for; give "
-                             "cpus_per_engine > 0, or set model.tool.sandbox.urls to servers the engines reach")
         group = placement_group([bundle] * fleet.engines, strategy="PACK")
         try:
             ready, _ = ray.wait([group.ready()], timeout=fleet.timeout_s)
