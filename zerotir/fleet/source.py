@@ -143,7 +143,7 @@ class FleetSource:
     def close(self) -> None:
         """End the engine processes (a batch in flight is dropped: it was never trained), the weight group, the
         cluster (a local one) and the sandbox; idempotent."""
-        started = bool(self.hosts)
+        started = bool(self.hosts) or self.transport.trainer_sandbox is not None  # the cluster is up
         self._actor = None
         self.schedule.clear()
         try:
