@@ -2,7 +2,9 @@
 
 One shared httpx connection pool, one global concurrency limit, retries with exponential backoff and jitter only on
 connection errors, 429 and 503 (answers sent before any code ran: the code never runs twice because of a slow
-answer), and several server URLs used round-robin.
+answer), and several server URLs taken as one pool (``sandbox.client_pool``): each request goes to the server with
+the fewest of this client's requests in flight, at most ``max_per_server`` on one, and a retry goes to a server that
+has not failed it yet while one is left.
 ``run_many`` sends one ``POST /run_batch`` per chunk of snippets (chunks of a quarter of the server's queue, spread
 over the URLs) and falls back to one ``/run_code`` per snippet on a server without that endpoint (SandboxFusion).
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import math
 import random
 import time
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from sandbox.client_pool import ServerPool
 from sandbox.result import ExecResult, ExecStatus, parse_run_code_response
 
 #: Connection-level failures worth another try (on the next URL): the request never reached a server, or the
@@ -92,19 +94,23 @@ class SandboxClient:
         urls: Base URL(s) of the servers (a list, or one string with commas); a trailing ``/run_code`` is accepted.
         max_concurrency: Most requests in flight at once, over all servers (also the connection-pool size).
         request_timeout: Seconds to wait for one HTTP answer (raised to ``run_timeout + 10`` when that is larger).
-        retries: Further attempts after a connection error, a 429 or a 503, each on the next URL, with backoff.
+        retries: Further attempts after a connection error, a 429 or a 503, each on the least-loaded server that
+            has not failed this request yet (while one is left), with backoff.
         run_timeout: Default wall-time limit of a snippet in seconds.
         memory_limit_mb: Default memory budget of a snippet, or None for the server's default.
         backoff: First backoff delay in seconds (doubled per attempt, with jitter; a 429's Retry-After wins).
         transport: An httpx transport to use instead of the network (tests).
         trust_env: Let httpx read proxy settings from the environment (off: a sandbox is usually on the LAN).
+        max_per_server: Most requests of this client in flight on one server (None: only ``max_concurrency``);
+            a request finding every server at its bound waits for a slot.
     """
 
     def __init__(self, urls: str | list[str], max_concurrency: int = 64, request_timeout: float = 60.0,
                  retries: int = 3, run_timeout: float = 5.0, memory_limit_mb: int | None = None, *,
                  backoff: float = 0.25, transport: httpx.AsyncBaseTransport | None = None,
-                 trust_env: bool = False) -> None:
+                 trust_env: bool = False, max_per_server: int | None = None) -> None:
         self.urls = _normalise_urls(urls)
+        ServerPool(self.urls, max_per_server)  # refuses a bad bound now, not at the first call
         for name, value in (("max_concurrency", max_concurrency), ("request_timeout", request_timeout),
                             ("run_timeout", run_timeout)):
             if value <= 0:
@@ -116,10 +122,11 @@ class SandboxClient:
         self.retries = retries
         self.run_timeout = run_timeout
         self.memory_limit_mb = memory_limit_mb
+        self.max_per_server = max_per_server
         self.backoff = backoff
         self._transport = transport
         self._trust_env = trust_env
-        self._next_url = itertools.count()
+        self._pool: ServerPool | None = None
         self._http: httpx.AsyncClient | None = None
         self._limit: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,11 +139,18 @@ class SandboxClient:
                                  trust_env=self._trust_env)
 
     def _shared(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
-        """The connection pool and concurrency limit of the running loop (rebuilt if the client moves loops)."""
+        """The connection pool and concurrency limit of the running loop (rebuilt, with the server pool, if the
+        client moves loops)."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._loop is not loop:
             self._http, self._limit, self._loop = self._new_http(), asyncio.Semaphore(self.max_concurrency), loop
+            self._pool = ServerPool(self.urls, self.max_per_server)
         return self._http, self._limit
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """This client's requests in flight per server URL (all 0 before the first request)."""
+        return dict(self._pool.in_flight) if self._pool is not None else dict.fromkeys(self.urls, 0)
 
     def _payload(self, code: str, run_timeout: float | None, memory_limit_mb: int | None) -> dict[str, Any]:
         """The ``/run_code`` request of one snippet (SandboxFusion's fields), with a fresh ``request_id``."""
@@ -181,12 +195,10 @@ class SandboxClient:
         size = max(1, queue // BATCH_SHARE_OF_QUEUE)
         chunks = [list(range(i, min(i + size, len(codes)))) for i in range(0, len(codes), size)]
         results: list[ExecResult | None] = [None] * len(codes)
-        first = next(self._next_url)
 
-        async def lane(k: int) -> None:  # chunks k, k + len(urls), ... go to one URL, one after another
-            url = batch_urls[(first + k) % len(batch_urls)]
+        async def lane(k: int) -> None:  # chunks k, k + len(urls), ... one after another, each to the least loaded
             for idx in chunks[k :: len(batch_urls)]:
-                part = await self._run_chunk(http, limit, url, [codes[i] for i in idx], run_timeout, memory_limit_mb)
+                part = await self._run_chunk(http, limit, [codes[i] for i in idx], run_timeout, memory_limit_mb)
                 for i, result in zip(idx, part, strict=True):
                     results[i] = result
 
@@ -199,20 +211,19 @@ class SandboxClient:
         return list(await asyncio.gather(*(self.run(code, run_timeout=run_timeout, memory_limit_mb=memory_limit_mb)
                                            for code in codes)))
 
-    async def _run_chunk(self, http: httpx.AsyncClient, limit: asyncio.Semaphore, url: str, codes: list[str],
+    async def _run_chunk(self, http: httpx.AsyncClient, limit: asyncio.Semaphore, codes: list[str],
                          run_timeout: float | None, memory_limit_mb: int | None) -> list[ExecResult]:
-        """One ``/run_batch`` request for ``codes``, first to ``url`` (retries go on to the other batch URLs)."""
+        """One ``/run_batch`` request for ``codes`` to the least-loaded server that has that endpoint."""
         batch_urls = [u for u in self.urls if u not in self._no_batch]
-        if url not in batch_urls:  # found out during this call that it has no /run_batch
+        if not batch_urls:  # found out during this call that none has /run_batch
             return await self._one_by_one(codes, run_timeout, memory_limit_mb)
-        order = batch_urls[batch_urls.index(url):] + batch_urls[: batch_urls.index(url)]
         payloads = [self._payload(code, run_timeout, memory_limit_mb) for code in codes]
         workers = min(self._servers.get(u, (0, 1))[1] for u in batch_urls)
         # The server runs the chunk on its workers: allow for every snippet running to its time limit.
         timeout = max(self.request_timeout, math.ceil(len(codes) / workers) * payloads[0]["run_timeout"] + 10)
         start = time.monotonic()
         async with limit:
-            reply = await self._post(http, "/run_batch", {"requests": payloads}, timeout, urls=order)
+            reply = await self._post(http, "/run_batch", {"requests": payloads}, timeout, among=batch_urls)
         wall = time.monotonic() - start
         if reply.status in (404, 405):
             self._no_batch.add(reply.url)
@@ -221,8 +232,8 @@ class SandboxClient:
             half = len(codes) // 2
             queue, workers_there = self._servers.get(reply.url, (DEFAULT_BATCH_SIZE, 1))
             self._servers[reply.url] = (min(queue, half), workers_there)
-            return [*await self._run_chunk(http, limit, url, codes[:half], run_timeout, memory_limit_mb),
-                    *await self._run_chunk(http, limit, url, codes[half:], run_timeout, memory_limit_mb)]
+            return [*await self._run_chunk(http, limit, codes[:half], run_timeout, memory_limit_mb),
+                    *await self._run_chunk(http, limit, codes[half:], run_timeout, memory_limit_mb)]
         if reply.body is None:
             return [_sandbox_error(reply.error, wall) for _ in codes]
         answers = reply.body.get("results")
@@ -252,41 +263,54 @@ class SandboxClient:
         await asyncio.gather(*(ask(u) for u in self.urls if u not in self._servers and u not in self._no_batch))
 
     async def _post(self, http: httpx.AsyncClient, path: str, payload: dict[str, Any], timeout: float,
-                    urls: list[str] | None = None) -> _Reply:
-        """POST with retries on connection errors, 429 and 503, each on the next URL (of ``urls``, else
-        round-robin)."""
-        failures = []
+                    among: list[str] | None = None) -> _Reply:
+        """POST with retries on connection errors, 429 and 503, each to the least-loaded server of ``among``
+        (default: all) that has not failed this request yet, while one is left (``ServerPool``)."""
+        assert self._pool is not None  # built by _shared, which every caller ran first
+        servers = among if among is not None else self.urls
+        failures: list[str] = []
+        failed: set[str] = set()
         url = ""
         for attempt in range(self.retries + 1):
-            url = urls[attempt % len(urls)] if urls else self.urls[next(self._next_url) % len(self.urls)]
             delay = self.backoff * (2**attempt) * (0.5 + random.random())
-            try:
-                response = await http.post(url + path, json=payload, timeout=timeout)
-            except RETRYABLE as e:
-                failures.append(f"{url}: {type(e).__name__}: {e}")
-            except httpx.HTTPError as e:  # a read timeout: the code may be running, so do not send it again
-                return _Reply(None, f"{url}: {type(e).__name__}: {e or 'no answer'} (after {timeout:g} s)", url, None)
-            else:
-                status = response.status_code
-                if status == 200:
-                    try:
-                        answer = response.json()
-                    except ValueError:
-                        return _Reply(None, f"{url}: answered 200 with a body that is not JSON: "
-                                            f"{response.text[:200]!r}", url, status)
-                    if not isinstance(answer, dict):
-                        return _Reply(None, f"{url}: answered 200 with JSON that is not an object: "
-                                            f"{response.text[:200]!r}", url, status)
-                    return _Reply(answer, "", url, status)
-                if status not in RETRY_STATUSES:
-                    return _Reply(None, f"{url}: HTTP {status}: {response.text[:300]}", url, status)
-                failures.append(f"{url}: {status} {RETRY_STATUSES[status]}")
-                if status == 429 or "retry-after" in response.headers:
-                    delay = max(delay, _retry_after(response))
+            async with self._pool.slot(servers, avoid=failed) as url:
+                reply, failure, wait = await self._post_once(http, url, path, payload, timeout)
+            if reply is not None:
+                return reply
+            failures.append(failure)
+            failed.add(url)
             if attempt < self.retries:
-                await asyncio.sleep(delay)
-        return _Reply(None, f"no sandbox server accepted the request after {self.retries + 1} attempts: "
-                            + "; ".join(failures), url, None)
+                await asyncio.sleep(max(delay, wait))
+        untried = [u for u in servers if u not in failed]
+        return _Reply(None, f"no sandbox server accepted the request after {self.retries + 1} attempts (servers: "
+                            f"{', '.join(servers)}): " + "; ".join(failures)
+                            + (f"; not tried: {', '.join(untried)}" if untried else ""), url, None)
+
+    @staticmethod
+    async def _post_once(http: httpx.AsyncClient, url: str, path: str, payload: dict[str, Any],
+                         timeout: float) -> tuple[_Reply | None, str, float]:
+        """One POST to ``url``: (the final reply, "", 0), or (None, why it is worth another try, least delay)."""
+        try:
+            response = await http.post(url + path, json=payload, timeout=timeout)
+        except RETRYABLE as e:
+            return None, f"{url}: {type(e).__name__}: {e}", 0.0
+        except httpx.HTTPError as e:  # a read timeout: the code may be running, so do not send it again
+            return _Reply(None, f"{url}: {type(e).__name__}: {e or 'no answer'} (after {timeout:g} s)", url, None), "", 0
+        status = response.status_code
+        if status in RETRY_STATUSES:
+            wait = _retry_after(response) if status == 429 or "retry-after" in response.headers else 0.0
+            return None, f"{url}: {status} {RETRY_STATUSES[status]}", wait
+        if status != 200:
+            return _Reply(None, f"{url}: HTTP {status}: {response.text[:300]}", url, status), "", 0
+        try:
+            answer = response.json()
+        except ValueError:
+            return _Reply(None, f"{url}: answered 200 with a body that is not JSON: {response.text[:200]!r}", url,
+                          status), "", 0
+        if not isinstance(answer, dict):
+            return _Reply(None, f"{url}: answered 200 with JSON that is not an object: {response.text[:200]!r}",
+                          url, status), "", 0
+        return _Reply(answer, "", url, status), "", 0
 
     async def health(self) -> dict[str, Any]:
         """Ask every server for its health. Raises SandboxUnavailable naming every URL tried when none is healthy.

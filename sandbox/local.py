@@ -26,8 +26,9 @@ _SERVER_OPTIONS = {"queue_size", "startup_timeout", "log_level", "head_timeout"}
 _LIMIT_OPTIONS = {f.name for f in dataclasses.fields(ExecConfig)}
 
 
-def _argv_for(workers: int | None, port: int, listen_fd: int | None, options: dict[str, Any]) -> list[str]:
-    argv = [sys.executable, "-m", "sandbox", "serve", "--host", "127.0.0.1", "--port", str(port),
+def _argv_for(workers: int | None, port: int, listen_fd: int | None, options: dict[str, Any],
+              host: str = "127.0.0.1") -> list[str]:
+    argv = [sys.executable, "-m", "sandbox", "serve", "--host", host, "--port", str(port),
             "--exit_with_parent", str(os.getpid())]  # no orphaned server if this process is killed
     if listen_fd is not None:
         argv += ["--listen_fd", str(listen_fd)]
@@ -61,31 +62,52 @@ def local_sandbox(workers: int | None = None, port: int | None = None,
     Raises:
         RuntimeError: The server did not answer ``/health`` in time or exited; the message holds its output.
     """
-    startup_timeout = float(server_options.get("startup_timeout", 120.0))
-    sock = None
-    if port is None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1024)
-        sock.set_inheritable(True)
-        port = sock.getsockname()[1]
-    argv = _argv_for(workers, port, sock.fileno() if sock else None, server_options)
-    env = dict(os.environ)
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    url = f"http://127.0.0.1:{port}"
+    _argv_for(workers, 0, None, server_options)  # an unknown option is refused before anything starts
+    sock = listening_socket("127.0.0.1", 0) if port is None else None
+    url = f"http://127.0.0.1:{sock.getsockname()[1] if sock is not None else port}"
     with tempfile.TemporaryFile() as log:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, pass_fds=(sock.fileno(),) if sock else ())
+            proc = start_server(sock, workers, server_options, log, port=port)
         finally:
             if sock is not None:
                 sock.close()  # the server holds its own copy
         try:
-            _wait_until_healthy(proc, url, startup_timeout, log)
             yield [url]
         finally:
             stop_process_group(proc)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (0: a free port) that a server started by :func:`start_server`
+    inherits. Whoever keeps it open keeps the address: a server started again on it answers at the same URL, and
+    connections made while none runs wait in its backlog instead of being refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+def start_server(sock: socket.socket | None, workers: int | None, options: dict[str, Any], log: IO[bytes], *,
+                 port: int | None = None) -> subprocess.Popen:
+    """Start ``python -m sandbox serve`` on ``sock`` (or on ``port`` of 127.0.0.1 when ``sock`` is None) and wait
+    until it answers ``/health``; its output goes to ``log``. The process is its own session's leader, exits with
+    this one, and is stopped by :func:`stop_process_group`.
+
+    Raises:
+        RuntimeError: The server did not answer ``/health`` in time or exited; the message holds its output.
+    """
+    startup_timeout = float(options.get("startup_timeout", 120.0))
+    host, bound = sock.getsockname()[:2] if sock is not None else ("127.0.0.1", port)
+    argv = _argv_for(workers, bound, sock.fileno() if sock is not None else None, options, host)
+    env = dict(os.environ)
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, pass_fds=(sock.fileno(),) if sock is not None else ())
+    _wait_until_healthy(proc, f"http://{host}:{bound}", startup_timeout, log)
+    return proc
 
 
 def _wait_until_healthy(proc: subprocess.Popen, url: str, timeout: float, log: IO[bytes]) -> None:

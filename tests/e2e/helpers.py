@@ -300,3 +300,57 @@ class PauseBeforeStep(Callback):
         print(f"paused before RL step {self.step}", flush=True)
         while True:  # until signalled
             time.sleep(60)
+
+
+class KillNodeSandbox(Callback):
+    """Record the fleet's sandbox servers (one per node: ``zerotir.fleet.sandboxes``) with the code requests each
+    answered (``/metrics``) just before the optimizer step of RL step ``step``, then SIGKILL the server of engine
+    ``engine``'s node: the next batch, submitted after the update, runs on the server started again. Record them
+    again when training ends (before the fleet closes), and after every step its infrastructure-failed trajectories
+    and how many of them were trained. One JSON line per record in ``path``.
+
+    Args:
+        path: the JSONL file written.
+        step: the RL step before whose optimizer step the server is killed.
+        engine: whose node's server is killed.
+    """
+
+    def __init__(self, path: str, step: int = 1, engine: int = 0) -> None:
+        self.path, self.step, self.engine, self.done = Path(path), step, engine, False
+
+    def _write(self, record: dict) -> dict:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
+    def _servers(self, pl_module, when: str) -> dict:
+        import httpx
+
+        placed = pl_module.source.transport.sandboxes
+        servers = placed.describe(60.0)
+        for server in servers:
+            counts = httpx.get(server["url"] + "/metrics", timeout=10, trust_env=False).json()["requests"]
+            server["code_requests"] = counts.get("run_code", 0) + counts.get("run_batch", 0)
+        return self._write({"when": when, "servers": servers, "trainer": placed.trainer_urls[0],
+                            "engines": [placed.urls_of(k)[0] for k in range(len(placed.engine_nodes))],
+                            "engine_nodes": placed.engine_nodes, "trainer_node": placed.trainer_node})
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if pl_module.rl_steps_done + 1 != self.step or self.done:
+            return
+        import os
+        import signal
+
+        self.done = True
+        record = self._servers(pl_module, "killed")
+        target = next(s for s in record["servers"] if s["url"] == record["engines"][self.engine])
+        os.killpg(target["pid"], signal.SIGKILL)  # the server leads its process group: its workers go with it
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        result = outputs["step"]
+        failed = result.rollout.infra_failed.bool().cpu()
+        self._write({"when": "step", "step": result.rl_step, "rows": int(failed.numel()),
+                     "infra_failed": int(failed.sum()), "infra_trained": int((failed & result.kept.bool().cpu()).sum())})
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._servers(pl_module, "end")

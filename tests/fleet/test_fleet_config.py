@@ -92,18 +92,39 @@ def test_a_local_cluster_beside_a_cuda_trainer_is_refused_naming_ray_start_head(
     assert not source.hosts and source.sandbox.urls == []
 
 
-@pytest.mark.parametrize(("urls", "tool", "nodes", "refused"), [
-    (None, ToolConfig(), ["10.0.0.2"], True),  # engines on another node, the sandbox on 127.0.0.1 of this one
-    (["http://10.0.0.9:8080"], ToolConfig(), ["10.0.0.2"], False),  # servers the engines reach
-    (None, NO_TOOLS, ["10.0.0.2"], False),  # no code runs
-    (None, ToolConfig(), [], False),  # one node: `ray start --head` on the trainer's (address: auto)
+@pytest.mark.parametrize(("urls", "tool", "nodes", "per_node", "refused"), [
+    (None, ToolConfig(), ["10.0.0.2"], False, True),  # engines on another node, the sandbox on 127.0.0.1 of this one
+    (None, ToolConfig(), ["10.0.0.2"], True, False),  # a server on each node (the default)
+    (["http://10.0.0.9:8080"], ToolConfig(), ["10.0.0.2"], False, False),  # servers the engines reach
+    (None, NO_TOOLS, ["10.0.0.2"], False, False),  # no code runs
+    (None, ToolConfig(), [], False, False),  # one node: `ray start --head` on the trainer's (address: auto)
 ])
-def test_an_embedded_sandbox_is_refused_once_the_cluster_has_other_nodes(urls, tool, nodes, refused):
-    fleet = FleetConfig(engines=4, address="auto")
+def test_an_embedded_sandbox_is_refused_once_the_cluster_has_other_nodes(urls, tool, nodes, per_node, refused):
+    fleet = FleetConfig(engines=4, address="auto", sandbox_per_node=per_node)
     if refused:
         with pytest.raises(ValueError, match=r"model.fleet.address='auto' with model.tool.sandbox.urls: null: the cluster "
                                              r"has nodes other than the trainer's \(10.0.0.2\).*127.0.0.1.*python -m "
-                                             r"sandbox serve --host .* set model.tool.sandbox.urls"):
+                                             r"sandbox serve --host .* set model.tool.sandbox.urls.*sandbox_per_node: "
+                                             r"true"):
             fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)
     else:
         fleet.check_sandbox_reach(SandboxConfig(urls=urls), tool, nodes)
+
+
+@pytest.mark.parametrize(("fleet", "urls", "tool", "expected"), [
+    (FleetConfig(engines=2, address="10.0.0.1:6379"), None, ToolConfig(), True),
+    (FleetConfig(engines=2, address="10.0.0.1:6379", sandbox_per_node=False), None, ToolConfig(), False),
+    (FleetConfig(engines=2, address="10.0.0.1:6379"), ["http://10.0.0.9:8080"], ToolConfig(), False),  # urls win
+    (FleetConfig(engines=2, address="10.0.0.1:6379"), None, NO_TOOLS, False),  # no code runs
+    (FleetConfig(engines=2), None, ToolConfig(), False),  # a local cluster: one node, the embedded server
+    (FleetConfig(engines=0, address="10.0.0.1:6379"), None, ToolConfig(), False),  # no fleet
+])
+def test_a_sandbox_on_each_node_only_on_a_joined_cluster_with_tools_and_no_urls(fleet, urls, tool, expected):
+    assert fleet.sandbox_on_each_node(SandboxConfig(urls=urls), tool) is expected
+
+
+def test_a_sandbox_on_each_node_refuses_engines_that_ask_for_no_resource():
+    fleet = FleetConfig(engines=2, address="10.0.0.1:6379", cpus_per_engine=0)
+    with pytest.raises(ValueError, match=r"sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
+                                         r"gpus_per_engine=0.*cpus_per_engine > 0.*sandbox_per_node: false"):
+        fleet.sandbox_on_each_node(SandboxConfig(), ToolConfig())

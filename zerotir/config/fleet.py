@@ -69,6 +69,13 @@ class FleetConfig:
     consumed. 0 (the default): each engine rolls out one batch share at a time, and each step trains its own
     batch. At least model.sampling.n when set (a group runs whole). With engines 0 it sets the stream of the
     pipeline's thread host (model.pipeline.max_staleness) alike."""
+    sandbox_per_node: bool = True
+    """On a cluster joined at address, with tools and model.tool.sandbox.urls null: a sandbox server on every node
+    that hosts engines and on the trainer's node, each started and watched by a Ray actor of its node (a server that
+    dies is started again on the same address), bound to the node's IP with its own snippet uids; each engine sends
+    its code to its own node's server, the trainer's validation to its node's. Set urls to use servers of your own
+    instead. false: the embedded server on the trainer's node only (engines on other nodes cannot reach it). A
+    local cluster (address null) is one node: the embedded server is its server."""
     timeout_s: float = 600.0
     """Bound on every wait for the fleet: an engine's start, the weight group forming, one push, one batch of
     rollouts (a batch generated ahead counts from when the trainer starts to wait for it)."""
@@ -102,6 +109,22 @@ class FleetConfig:
         """Torch threads of each engine process."""
         return self.threads or max(1, int(self.cpus_per_engine))
 
+    def sandbox_on_each_node(self, sandbox: SandboxConfig, tool: ToolConfig) -> bool:
+        """Whether the run starts a sandbox server on each node (``sandbox_per_node``): engines on a joined cluster,
+        with tools, and no servers of the user's own (``model.tool.sandbox.urls``, which win).
+
+        Raises:
+            ValueError: it applies, but an engine asks for no resource, so nothing places it on a node.
+        """
+        applies = (self.enabled and self.sandbox_per_node and self.address is not None and tool.enabled
+                   and sandbox.urls is None)
+        if applies and self.cpus_per_engine == 0 and self.gpus_per_engine == 0:
+            raise ValueError("model.fleet.sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
+                             "gpus_per_engine=0: an engine is placed on a node by the resources it asks for; give "
+                             "cpus_per_engine > 0, set model.tool.sandbox.urls to servers the engines reach, or set "
+                             "sandbox_per_node: false")
+        return applies
+
     def check_trainer_device(self, device_type: str) -> None:
         """Before a local cluster starts: one on a GPU node would hand the engines GPUs 0..K-1, the trainer's
         among them (vLLM's free-memory check fails, NCCL refuses two ranks on one GPU)."""
@@ -114,13 +137,14 @@ class FleetConfig:
         """Once the cluster is joined, before any engine starts: the embedded sandbox listens on 127.0.0.1 of the
         trainer's node, so it serves only engines on that node. ``other_nodes``: the addresses of the cluster's
         nodes other than the trainer's (``zerotir.fleet.cluster.other_nodes``)."""
-        if tool.enabled and sandbox.urls is None and other_nodes:
+        if tool.enabled and sandbox.urls is None and other_nodes and not self.sandbox_per_node:
             raise ValueError(f"model.fleet.address={self.address!r} with model.tool.sandbox.urls: null: the cluster has "
                              f"nodes other than the trainer's ({', '.join(other_nodes)}), and the embedded sandbox "
                              "listens on 127.0.0.1 of the trainer's node, which their engines cannot reach; start "
                              "sandbox servers the engines reach (`python -m sandbox serve --host <an address the "
                              "engine nodes reach> --port 8080` on each) and set model.tool.sandbox.urls to them, or run "
-                             "the engines on the trainer's node only (docs/fleet.md, \"Several nodes\")")
+                             "the engines on the trainer's node only, or set model.fleet.sandbox_per_node: true (a "
+                             "server on each node, docs/fleet.md, \"Several nodes\")")
 
     def check_groups(self, pipeline: PipelineConfig, backend: RolloutBackend) -> None:
         """The cross-group checks with ``model.pipeline`` and ``model.rollout``, naming both sides."""

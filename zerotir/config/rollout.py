@@ -30,6 +30,10 @@ class SandboxConfig:
     """Seconds one HTTP request may take."""
     retries: int = 3
     """Retries of a request that failed to reach a server (another server is tried first)."""
+    max_per_server: int | None = None
+    """Most requests of one client (the trainer's, each engine's) in flight on one sandbox server; a request finding
+    every server at the bound waits for a slot. With several servers each request goes to the one with the fewest
+    in flight. None: only max_concurrency bounds them."""
     max_error_rate: float = 0.5
     """Highest tolerated share of tool calls that failed in the sandbox or in their tool (not the model's errors)."""
     error_patience: int = 3
@@ -49,6 +53,7 @@ class SandboxConfig:
                              f"(on the command line: {unset}), or set urls to null")
         check_min("tool.sandbox", self, ("workers", "max_concurrency", "error_patience"), 1)
         check_min("tool.sandbox", self, ("retries",), 0)
+        check_min("tool.sandbox", self, ("max_per_server",), 1, " (or null: no bound per server)")
         if self.request_timeout <= 0:
             raise ValueError(f"model.tool.sandbox.request_timeout={self.request_timeout}: must be > 0 seconds")
         if not 0 <= self.max_error_rate <= 1:
@@ -58,7 +63,7 @@ class SandboxConfig:
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments of ``sandbox.SandboxClient``."""
         return {"max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
-                "retries": self.retries}
+                "retries": self.retries, "max_per_server": self.max_per_server}
 
     @property
     def local_options(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any
 
 from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost
+from zerotir.fleet.sandboxes import NodeSandboxes
 from zerotir.fleet.weight_group import WeightGroup, env_unless_set
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,11 @@ def _check_reachable(address: str) -> None:
 
 
 def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0,
-                max_restarts: int = 0, cores: tuple[tuple[int, ...], ...] | None = None) -> list[Any]:
+                max_restarts: int = 0, cores: tuple[tuple[int, ...], ...] | None = None,
+                placed: NodeSandboxes | None = None) -> list[Any]:
     """``count`` Ray actors, each an ``EngineHost(settings)`` with ``num_cpus`` CPUs and ``num_gpus`` GPUs (and,
-    given ``cores``, pinned to ``cores[k]``: ``zerotir.fleet.cores``); their handles. An actor starts in the
+    given ``cores``, pinned to ``cores[k]``: ``zerotir.fleet.cores``; given ``placed``, started in bundle k of its
+    placement with its node's sandbox URL: ``zerotir.fleet.sandboxes``); their handles. An actor starts in the
     background: its first method call waits for it (and raises its start error).
     Ray restarts an actor whose process dies up to ``max_restarts`` times (building a new ``EngineHost``); the calls
     it held fail (``EngineDied``) and are never retried by Ray: the caller decides what to run again.
@@ -142,7 +145,10 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
     groups = {**STREAMING_GROUPS, QUESTIONS: 1, QUEUE: 1}
     actor = ray.remote(**options, concurrency_groups=groups)(_streaming_host(ray))
-    return [actor.remote(replace(settings, cores=cores[k] if cores else None)) for k in range(count)]
+    if placed is None:
+        return [actor.remote(replace(settings, cores=cores[k] if cores else None)) for k in range(count)]
+    return [actor.options(scheduling_strategy=placed.strategy(k)).remote(
+        replace(settings, cores=cores[k] if cores else None, sandbox_urls=placed.urls_of(k))) for k in range(count)]
 
 
 # A host's concurrency groups: its weight-group calls one at a time, its rollout calls side by side (more than the

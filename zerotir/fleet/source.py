@@ -4,7 +4,8 @@ group (docs/fleet.md). Three parts, each of one idea, composed here: the engines
 restart and the calls made again), their weights (``fleet.weights``: the weight group, pushes, versions) and the
 schedule (``fleet.schedule``: the capacity rule, the groups that have ended, staleness drops). The source scores
 what the engines return and checks it against the staleness bound. Rank 0 drives the fleet for every training rank
-(``zerotir.fleet.ranks``). The sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs.
+(``zerotir.fleet.ranks``). The sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs, or
+on a cluster of several nodes one server per node (``zerotir.fleet.sandboxes``), each engine reaching its node's.
 Every wait is bounded by ``model.fleet.timeout_s``; an error names the engine, what it was doing and the step.
 """
 
@@ -112,8 +113,12 @@ class FleetSource:
         fleet = self.fleet
         fleet.check_trainer_device(torch.device(device).type)
         cores, apply, plan = self.transport.plan(fleet, self.ranks.world)
-        self.sandbox.start()
+        on_nodes = fleet.sandbox_on_each_node(self.sandbox.config, self.tool)
+        if not on_nodes:
+            self.sandbox.start()
         self.transport.up(fleet, self.sandbox.config, self.tool)
+        if on_nodes:
+            self._start_trainer_sandbox()
         settings = self.transport.settings(HostSettings(
             self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
             self.sandbox.config.client_options, fleet.engine_threads, fleet.device, fleet.max_in_flight,
@@ -126,10 +131,19 @@ class FleetSource:
         log.info("rollout fleet: %d engine hosts up in %.1f s, weight group at %s; %s", len(self.hosts),
                  time.perf_counter() - started, address, plan)
 
+    def _start_trainer_sandbox(self) -> None:
+        """The trainer's client on its node's server (started by ``transport.up``); the cluster stopped if it
+        does not answer."""
+        try:
+            self.sandbox.start(self.transport.trainer_sandbox)
+        except BaseException:
+            self.transport.down()
+            raise
+
     def close(self) -> None:
         """End the engine processes (a batch in flight is dropped: it was never trained), the weight group, the
         cluster (a local one) and the sandbox; idempotent."""
-        started = bool(self.hosts)
+        started = bool(self.hosts) or self.transport.trainer_sandbox is not None  # the cluster is up
         self._actor = None
         self.schedule.clear()
         try:

@@ -134,6 +134,8 @@ class ThreadTransport:
         threads = self.threads if self.threads is not None else "its engine's default"
         return None, lambda: (lambda: None), f"one engine host in a thread of the trainer's process ({threads} threads)"
 
+    trainer_sandbox = None  # the hosts reach the trainer's sandbox
+
     def up(self, fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
         pass
 

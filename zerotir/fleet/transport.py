@@ -28,6 +28,7 @@ class Transport(Protocol):
     returned."""
 
     timeout_setting: str  # the setting that bounds every wait, named by a timeout
+    trainer_sandbox: list[str] | None  # after ``up``: the sandbox it started for the trainer (None: none)
 
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """Refuse a trainer the transport cannot serve, naming the fix."""
@@ -47,7 +48,8 @@ class Transport(Protocol):
         ...
 
     def up(self, fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
-        """Whatever the hosts run on (a Ray cluster; nothing for threads)."""
+        """Whatever the hosts run on (a Ray cluster, and a sandbox server on each of its nodes where
+        ``FleetConfig.sandbox_on_each_node``; nothing for threads)."""
         ...
 
     def down(self) -> None:
@@ -86,6 +88,14 @@ class RayTransport:
 
     timeout_setting = "model.fleet.timeout_s"
 
+    def __init__(self) -> None:
+        self.sandboxes: Any = None  # zerotir.fleet.sandboxes.NodeSandboxes, while they run
+
+    @property
+    def trainer_sandbox(self) -> list[str] | None:
+        """The trainer's node's server, where ``up`` started one on each node."""
+        return self.sandboxes.trainer_urls if self.sandboxes is not None else None
+
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """Any trainer: rank 0 drives the fleet for every rank, the engines have weights of their own."""
 
@@ -104,20 +114,32 @@ class RayTransport:
         return FleetWeights(fleet, ranks)
 
     def up(self, fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
-        from zerotir.fleet.cluster import fleet_cluster
+        from zerotir.fleet.cluster import fleet_cluster, stop_cluster
+        from zerotir.fleet.sandboxes import NodeSandboxes
 
         fleet_cluster(fleet, sandbox, tool)
+        if fleet.sandbox_on_each_node(sandbox, tool):
+            try:
+                self.sandboxes = NodeSandboxes.start(fleet, sandbox)
+            except BaseException:
+                stop_cluster()
+                raise
 
     def down(self) -> None:
         from zerotir.fleet.cluster import stop_cluster
 
-        stop_cluster()
+        sandboxes, self.sandboxes = self.sandboxes, None
+        try:
+            if sandboxes is not None:
+                sandboxes.close()
+        finally:
+            stop_cluster()
 
     def spawn(self, fleet: FleetConfig, settings: HostSettings, cores: tuple[tuple[int, ...], ...] | None) -> list[Any]:
         from zerotir.fleet.cluster import spawn_hosts
 
         return spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine, fleet.max_restarts,
-                           cores)
+                           cores, self.sandboxes)
 
     def roll_out(self, host: Any, args: tuple) -> Any:
         """The jobs queued by a call in the host's ordered group (``cluster.QUEUE``: Ray runs a group of one in

@@ -1,7 +1,8 @@
 """Where a run's code executes: the sandbox of the ``model.tool.sandbox`` group, reached once at start.
 
 ``model.tool.sandbox.urls`` set: those servers, checked with a health call (``SandboxUnavailable`` names every URL
-tried and the fix). Unset: an embedded local server (``sandbox.local_sandbox``) with the group's options, stopped at ``close``.
+tried and the fix). Unset: an embedded local server (``sandbox.local_sandbox``) with the group's options, stopped at ``close``,
+or, given to ``start``, servers someone else started (the fleet's servers of each node, ``zerotir.fleet.sandboxes``).
 Without tools (``model.tool.max_tool_calls: 0``, the paper's ZeroRL baseline) nothing is started or reached, and the
 rollouts get no client: a dead sandbox never quietly turns into a no-tool run, because a run with tools always starts
 one here first.
@@ -36,15 +37,22 @@ class SandboxService:
         self.client: Any = None  # the trainer thread's client (None without tools or before start)
         self._stack = contextlib.ExitStack()
 
-    def start(self) -> None:
-        """Reach the sandbox, failing fast when it does not answer; start the embedded one when no URL is set."""
+    def start(self, started: list[str] | None = None) -> None:
+        """Reach the sandbox, failing fast when it does not answer; start the embedded one when no URL is set.
+
+        Args:
+            started: servers already running for this run (the trainer's node's server of the fleet), used
+                instead of the embedded one; ``model.tool.sandbox.urls`` win over them.
+        """
         if self.client is not None or not self.tool.enabled:
             return
         from sandbox import SandboxUnavailable, local_sandbox
 
         from zerotir.tools.python import connect_sandbox
 
-        if self.config.urls is None:
+        if self.config.urls is None and started:
+            self.urls = list(started)
+        elif self.config.urls is None:
             self.urls = list(self._stack.enter_context(local_sandbox(**self.config.local_options)))
             log.info("started an embedded local sandbox at %s", ", ".join(self.urls))
         else:
