@@ -231,3 +231,15 @@ def test_a_mistyped_class_name_of_zerotir_says_did_you_mean(capsys, tmp_path):
     err = key_error(["fit", "--config", BASE, "--model.rollout", "VLLMRolout"], capsys)
     assert "model.rollout.class_path='VLLMRolout': no such class (did you mean VLLMRollout?)" in err
     check_keys(["fit", "--config", BASE, "--model.reward", "my_rewards.Mine", "--model.rollout", "HFRollout"])
+
+
+def test_a_settings_types_come_in_one_order_whatever_the_hints_spelling():
+    """The index (and the message naming what a value should be) must not depend on which spelling of a union the
+    process met first: typing caches a union, so the committed index went stale whenever another test imported first."""
+    import typing
+
+    from zerotir.cli_values import value_spec
+
+    for hint in (typing.Union[float, int, None], typing.Optional[typing.Union[int, float]], None | float | int):
+        assert value_spec(hint)["types"] == ["int", "float", "null"]
+    assert value_spec(typing.Union[float, bool])["types"] == ["bool", "float"]

@@ -130,6 +130,9 @@ def _flatten(data: dict[Any, Any], prefix: str) -> dict[str, Any]:
     return flat
 
 
+_TYPE_ORDER = ("bool", "int", "float", "null")
+
+
 def value_spec(hint: Any) -> dict[str, list[Any]] | None:
     """The spec of a setting typed ``hint`` when it is made only of int, float, bool, None and Literal choices
     (``{"types": [...], "choices": [...]}``); None for any other type (left to the parser)."""
@@ -146,4 +149,6 @@ def value_spec(hint: Any) -> dict[str, list[Any]] | None:
             names.append({int: "int", float: "float", bool: "bool", type(None): "null"}[member])
         else:
             return None
-    return {"types": names, "choices": choices}
+    # One order whatever the hint's: typing caches a Union by its members' set, so the first spelling made in the
+    # process (``int | float`` or ``float | int``) would otherwise decide both the index and the message.
+    return {"types": sorted(names, key=_TYPE_ORDER.index), "choices": choices}
