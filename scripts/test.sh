@@ -12,4 +12,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v chromiu
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
     || echo "could not install chromium: the browser test will be skipped"
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# Two pytest workers (pytest-xdist), a test file kept whole on one of them (its module fixtures built once): the
+# suite's unit tests use one core each, and 2 cores is the machine it is sized for. ZEROTIR_TEST_WORKERS=0 runs it in
+# this one process (a debugger, -x, -s), any other number that many workers.
+exec .venv/bin/python -m pytest -q -n "${ZEROTIR_TEST_WORKERS:-2}" --dist loadfile "$@"
