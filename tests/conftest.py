@@ -3,7 +3,8 @@
 ``HF_HUB_OFFLINE=1`` (inherited by the subprocesses the e2e tests start) makes a hub id that slipped into a test fail
 at once instead of probing the hub; the tests of ``zerotir.models`` that check the online paths unset it themselves.
 ``tiny_dir`` and ``train_file`` are the scripted-rollout module tests' model folder and prompts
-(``tests/scripted_source.py``).
+(``tests/scripted_source.py``). The files holding a ``slow`` test run first (``pytest_collection_modifyitems``): on
+the suite's two workers (scripts/test.sh) a minute-long file met last would leave one worker alone at the end.
 """
 
 import json
@@ -12,6 +13,12 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with a test marked ``slow`` first, each file's tests in their order (the sort is stable)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")

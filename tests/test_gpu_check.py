@@ -43,6 +43,7 @@ def _assert_grads(path: Path) -> None:
     assert grads["zero3_chunked_logprob_max_abs"] < grads["tolerance"] and grads["chunk_tokens"] < 48
 
 
+@pytest.mark.slow
 def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
     done = _run_check(tmp_path, cpu=True, timeout=5400)  # a hang guard: the run's time depends on the machine's load
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

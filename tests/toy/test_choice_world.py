@@ -159,6 +159,7 @@ CI_BASE = dict(world="tools", mixed_share=0.9, probe_threshold=0.0, steps=200, d
                threads=1, minutes=30.0)
 
 
+@pytest.mark.slow
 def test_small_base_meets_the_design(tmp_path):
     """Issue #44's acceptance: the world's design check passes on a base built in CI (calls made, the tool picked
     at chance, lookups and combined questions rarely right)."""

@@ -130,6 +130,7 @@ CI_BASE = dict(world="mixed", kinds="add_1d,mul_1d,dsum_3x3", text_error=0.25, c
                heldout_n=128, eval_n=64, threads=1, minutes=60.0)
 
 
+@pytest.mark.slow
 def test_small_base_meets_the_design(tmp_path):
     """The design, multi-step part included: headroom on multi-step questions and some answers with two calls."""
     path = ensure_toy_base(tmp_path / "base", show_progress=False, **CI_BASE)
