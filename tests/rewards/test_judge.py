@@ -157,6 +157,22 @@ def test_calls_run_at_most_max_concurrency_at_a_time(judge):
     assert judge.peak == 2  # two at once (the bound is used), never more
 
 
+def test_calls_side_by_side_share_one_bound():
+    """``EarlyScores`` calls the judge for each group as it ends, several calls in flight: together they stay within
+    ``max_concurrency``."""
+    server = Judge()
+    try:
+        reward = JudgeReward(base_url=server.url, max_concurrency=2)
+
+        async def two_calls():
+            return await asyncio.gather(*(reward.score([sample(f"gated{k}{i}") for i in range(3)]) for k in (1, 2)))
+
+        assert [(s.score, s.correct) for call in asyncio.run(two_calls()) for s in call] == [(1.0, True)] * 6
+        assert server.peak == 2
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("bound", [None, 120])
 def test_as_many_calls_as_max_concurrency_are_in_flight_at_once(bound):
     """The default (64) holds a batch's calls 64 at a time, and a bound past httpx's own pool of 100 connections is

@@ -4,7 +4,9 @@ scoring it after the rollout (``score_trajectories``, the one scoring path)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 import torch
@@ -98,3 +100,32 @@ def test_stream_groups_are_scored_by_their_place_and_a_group_made_again_replaces
     assert batch.rewards.tolist() == [0.0, 1.0, 1.0, 0.0] and batch.corrects.tolist() == [False, True, True, False]
     assert [texts for texts, _ in reward.calls] == [["{5}", "{4}", "{4}", "{4}", "{4}", "{5}"]]  # none asked again
     assert early.scores == {}  # what a batch took is forgotten
+
+
+@dataclass(frozen=True, eq=False)
+class SideBySide(Reward):
+    """Takes concurrent calls: a call whose first response starts with "slow" answers only once a later call has
+    answered (scored one at a time, it never would: a TimeoutError)."""
+
+    concurrent_calls: ClassVar[bool] = True
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list = field(default_factory=list)
+
+    async def score(self, samples):
+        self.calls.append([s.response for s in samples])
+        if samples[0].response.startswith("slow"):
+            await asyncio.wait_for(self.answered.wait(), 10.0)
+        self.answered.set()
+        return [Score(float(s.response.endswith("{5}")), s.response.endswith("{5}")) for s in samples]
+
+
+def test_a_reward_taking_concurrent_calls_gets_a_call_per_group_and_a_stale_answer_arriving_last_is_dropped():
+    reward = SideBySide()
+    early = EarlyScores(reward)
+    row = {"problem": "Q: 2+3?\n", "answer": "5", "batch_index": 0, "position": 0}
+    early.ended(row, group(["slow \\boxed{5}", "\\boxed{5}"]))  # stale: its call answers after the next one's
+    early.ended(row, group(["\\boxed{4}", "\\boxed{5}"]))  # the group generated again
+    batch = group(["\\boxed{4}", "\\boxed{5}"])
+    score_trajectories(reward, batch, [row], early)
+    assert reward.calls == [["slow \\boxed{5}", "\\boxed{5}"], ["\\boxed{4}", "\\boxed{5}"]]  # one call per group
+    assert batch.rewards.tolist() == [0.0, 1.0]  # the group generated again, though the stale call answered last

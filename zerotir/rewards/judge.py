@@ -30,10 +30,11 @@ import logging
 import os
 import random
 import re
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from zerotir.rewards.judge_http import backoff_wait, check_endpoint, over_long, passing, refusal, retry_after_s
 from zerotir.rewards.math import MathReward
@@ -56,6 +57,8 @@ _sleep = asyncio.sleep  # the backoff's wait (a test records the waits instead o
 @dataclass(frozen=True, eq=False)
 class JudgeReward(Reward):
     """An LLM judge over an OpenAI-compatible endpoint (docs/rewards.md)."""
+
+    concurrent_calls: ClassVar[bool] = True  # its calls share one bound, ``max_concurrency``, per event loop
 
     base_url: str = "http://127.0.0.1:8000/v1"
     """The endpoint, up to ``/v1`` (``/chat/completions`` and ``/models`` are appended)."""
@@ -103,6 +106,7 @@ class JudgeReward(Reward):
         object.__setattr__(self, "_cache", OrderedDict())
         object.__setattr__(self, "_rng", random.Random())
         object.__setattr__(self, "_counts", dict.fromkeys(_COUNTERS, 0))
+        object.__setattr__(self, "_gates", weakref.WeakKeyDictionary())  # per event loop: its calls' bound
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {os.environ[self.api_key_env]}"} if self.api_key_env else {}
@@ -136,7 +140,10 @@ class JudgeReward(Reward):
             scores = await math.score(samples)
             readable = await math.parses(samples)
             ask = [a and not read for a, read in zip(ask, readable)]
-        gate = asyncio.Semaphore(self.max_concurrency)
+        loop = asyncio.get_running_loop()
+        if loop not in self._gates:
+            self._gates[loop] = asyncio.Semaphore(self.max_concurrency)
+        gate = self._gates[loop]
         pool = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers(), limits=pool) as client:
             verdicts = await asyncio.gather(*(self._verdict(client, gate, s) for s, a in zip(samples, ask) if a))

@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -72,6 +72,10 @@ class Reward:
     ``score``. ``start`` runs once before step 1 (reach a service here: an unreachable one is an error then, not at
     the first batch); ``close`` at teardown.
     """
+
+    concurrent_calls: ClassVar[bool] = False
+    """Whether ``score`` may be called again before an earlier call returned (``EarlyScores`` then calls it for each
+    trajectory or group as it ends, side by side); a reward that says so bounds its work across all its calls."""
 
     async def score(self, samples: Sequence[Sample]) -> list[Score]:
         raise NotImplementedError(f"{type(self).__qualname__}.score: a Reward subclass must implement it")
@@ -133,8 +137,11 @@ class EarlyScores:
     over each prompt group as it comes back from an engine (``ended``), keyed by its row's place in the stream, and
     waits for the next through ``wait``, so that the scoring goes on meanwhile on the trainer's event loop
     (``sync.thread_loop``); one ``EarlyScores`` serves every batch of the run, as a group may end long before the
-    step that trains it. One ``reward.score`` call is in flight at a time, over every trajectory that ended since
-    the previous one, so the reward keeps its own bound on concurrency (the judge's ``max_concurrency``).
+    step that trains it.
+
+    A reward that takes concurrent calls (``Reward.concurrent_calls``: the judge, whose ``max_concurrency`` bounds
+    all its calls together) gets a call per trajectory or group as it ends, side by side, so its bound stays full;
+    any other gets one call at a time, over everything that ended since the previous one.
 
     Args:
         reward: the ``model.reward`` plug-in (None: nothing is scored).
@@ -146,69 +153,84 @@ class EarlyScores:
     def __init__(self, reward: Reward | None, rows: Sequence[PromptRow] | None = None, tokenizer: Any = None):
         self.reward, self.rows, self.tokenizer = reward, rows, tokenizer
         self.scores: dict[Hashable, Score] = {}
-        self._queue: list[tuple[Hashable, Sample]] = []
-        self._task: asyncio.Future | None = None
+        self._queue: list[tuple[Hashable, int, Sample]] = []  # (key, the key's hand-over count, sample)
+        self._latest: dict[Hashable, int] = {}  # per key, its last hand-over: an earlier one's score is stale
+        self._tasks: list[asyncio.Future] = []
 
     def finished(self, key: int, row: Any) -> None:
-        """Trajectory ``key`` of the batch (a ``rows.Row``) has ended: queue it."""
+        """Trajectory ``key`` of the batch (a ``rows.Row``) has ended: score it."""
         from zerotir.rollout.trajectories import to_trajectories
 
-        if self.reward is None:
-            return
-        one = to_trajectories([row], self.tokenizer, [r["answer"] for r in self.rows])
-        self.add(key, samples_of(one, self.rows)[0])
+        if self.reward is not None:
+            one = to_trajectories([row], self.tokenizer, [r["answer"] for r in self.rows])
+            self.add([(key, samples_of(one, self.rows)[0])])
 
     def ended(self, row: PromptRow, group: Trajectories) -> None:
-        """The prompt group of stream row ``row`` (its trajectories, group id 0) came back from an engine: queue
+        """The prompt group of stream row ``row`` (its trajectories, group id 0) came back from an engine: score
         each trajectory under its ``stream_keys`` key (a group generated again replaces the first one's scores)."""
         if self.reward is not None:
-            for key, sample in zip(stream_keys(group, [row]), samples_of(group, [row])):
-                self.add(key, sample)
+            self.add(list(zip(stream_keys(group, [row]), samples_of(group, [row]))))
 
-    def add(self, key: Hashable, sample: Sample) -> None:
-        """Queue ``sample`` under ``key``, and start scoring unless a call is in flight (a failed call is kept:
-        ``rest`` raises its error)."""
-        self._queue.append((key, sample))
-        if self._task is None or (self._task.done() and not self._task.cancelled()
-                                  and self._task.exception() is None):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # the trainer between two waits: the task goes on at the next one
-                loop = thread_loop()
-            self._task = loop.create_task(self._drain())
+    def add(self, keyed: list[tuple[Hashable, Sample]]) -> None:
+        """Queue the ``(key, sample)`` pairs and start scoring them (a failed call stops it: ``rest`` raises its
+        error)."""
+        for key, sample in keyed:
+            self._latest[key] = self._latest.get(key, -1) + 1
+            self._queue.append((key, self._latest[key], sample))
+        self._tasks = [t for t in self._tasks if not t.done() or t.cancelled() or t.exception() is not None]
+        if any(t.done() for t in self._tasks):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # the trainer between two waits: the task goes on at the next one
+            loop = thread_loop()
+        if self.reward.concurrent_calls:
+            batch, self._queue = self._queue, []
+            self._tasks.append(loop.create_task(self._score(batch)))
+        elif not self._tasks:
+            self._tasks.append(loop.create_task(self._drain()))
 
     def wait(self, blocking: Callable[..., T], *args: Any) -> T:
         """``blocking(*args)`` (a wait for engines) in a worker thread while this thread's event loop goes on
         scoring what was queued; its result."""
-        if self._task is None or self._task.done():
+        if all(t.done() for t in self._tasks):
             return blocking(*args)
         return run_sync(asyncio.to_thread(blocking, *args), "EarlyScores.wait")
 
     async def _drain(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            scores = _checked(self.reward, await self.reward.score([s for _, s in batch]), len(batch))
-            self.scores.update(zip((key for key, _ in batch), scores))
+            await self._score(batch)
+
+    async def _score(self, batch: list[tuple[Hashable, int, Sample]]) -> None:
+        scores = _checked(self.reward, await self.reward.score([s for _, _, s in batch]), len(batch))
+        for (key, handed, _), score in zip(batch, scores):
+            if self._latest.get(key) == handed:
+                self.scores[key] = score
 
     async def rest(self, traj: Trajectories, rows: Sequence[PromptRow]) -> list[Score]:
         """Every trajectory's score, in order: the calls in flight awaited, the trajectories not yet scored (all
         of them on a rank that only replayed the loop) scored now. The scores returned are forgotten."""
-        if self._task is not None:
-            await self._task
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await task
         keys = list(range(len(traj.group_ids))) if self.rows is not None else stream_keys(traj, rows)
         missing = [i for i, key in enumerate(keys) if key not in self.scores]
         if missing:
             samples = samples_of(traj, rows)
             scores = _checked(self.reward, await self.reward.score([samples[i] for i in missing]), len(missing))
             self.scores.update((keys[i], score) for i, score in zip(missing, scores))
+        for key in keys:
+            self._latest.pop(key, None)
         return [self.scores.pop(key) for key in keys]
 
     def cancel(self) -> None:
-        """Stop the call in flight (the rollout failed, the source closed) and forget what was queued and scored."""
-        if self._task is not None:
-            self._task.cancel()
-        self._task, self._queue = None, []
+        """Stop the calls in flight (the rollout failed, the source closed) and forget what was queued and scored."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks, self._queue = [], []
         self.scores.clear()
+        self._latest.clear()
 
 
 def stream_keys(traj: Trajectories, rows: Sequence[PromptRow]) -> list[tuple[int, int, int]]:
