@@ -45,6 +45,8 @@ class Judge:
         self.release = asyncio.Event()
         self.in_flight = self.peak = 0
         self.two_in_flight = asyncio.Event()
+        self.crowd, self.crowding = 0, 0  # "crowd..." calls wait until ``crowd`` of them are in flight at once
+        self.crowd_in = asyncio.Event()
         app = FastAPI()
 
         def refused(request: Request) -> JSONResponse | None:
@@ -70,6 +72,8 @@ class Judge:
                 await asyncio.sleep(3600)  # never answers: the client's timeout ends the call
             if word.startswith("gated"):
                 return await self.gated()
+            if word.startswith("crowd"):
+                return await self.crowded()
             if (word == "fail-once" and first) or word == "down":
                 return JSONResponse({"error": "overloaded"}, status_code=503)
             if word == "rate-once" and first:
@@ -102,6 +106,15 @@ class Judge:
         await self.two_in_flight.wait()
         await asyncio.sleep(0.2)
         self.in_flight -= 1
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "CORRECT"}}]}
+
+    async def crowded(self) -> dict:
+        """A call that answers once ``crowd`` calls are in flight together (a judge holding fewer at once never
+        gets an answer to any of them)."""
+        self.crowding += 1
+        if self.crowding >= self.crowd:
+            self.crowd_in.set()
+        await self.crowd_in.wait()
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "CORRECT"}}]}
 
     def close(self) -> None:
@@ -142,6 +155,36 @@ def test_calls_run_at_most_max_concurrency_at_a_time(judge):
     reward.start()
     assert scores(reward, [sample(f"gated{i}") for i in range(6)]) == [(1.0, True)] * 6
     assert judge.peak == 2  # two at once (the bound is used), never more
+
+
+def test_calls_side_by_side_share_one_bound():
+    """``EarlyScores`` calls the judge for each group as it ends, several calls in flight: together they stay within
+    ``max_concurrency``."""
+    server = Judge()
+    try:
+        reward = JudgeReward(base_url=server.url, max_concurrency=2)
+
+        async def two_calls():
+            return await asyncio.gather(*(reward.score([sample(f"gated{k}{i}") for i in range(3)]) for k in (1, 2)))
+
+        assert [(s.score, s.correct) for call in asyncio.run(two_calls()) for s in call] == [(1.0, True)] * 6
+        assert server.peak == 2
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("bound", [None, 120])
+def test_as_many_calls_as_max_concurrency_are_in_flight_at_once(bound):
+    """The default (64) holds a batch's calls 64 at a time, and a bound past httpx's own pool of 100 connections is
+    the bound: ``bound`` calls that each answer only once all of them are in flight all score."""
+    server = Judge()
+    try:
+        reward = JudgeReward(base_url=server.url, timeout_s=10.0, retries=0,
+                             **({} if bound is None else {"max_concurrency": bound}))
+        server.crowd = bound or 64
+        assert scores(reward, [sample(f"crowd{i}") for i in range(server.crowd)]) == [(1.0, True)] * server.crowd
+    finally:
+        server.close()
 
 
 def test_the_cache_answers_a_repeated_question_and_response_without_a_call(judge):

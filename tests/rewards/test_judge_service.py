@@ -129,7 +129,8 @@ def test_a_failed_parse_is_cached_and_failures_are_one_line_per_step(judge, capl
     assert reward.stats()["judge_failures"] == 0 and caplog.records == []  # a step without failures says nothing
 
 
-@pytest.mark.parametrize(("name", "value"), [("cache_size", -1), ("backoff_s", 0), ("max_backoff_s", -1.0)])
+@pytest.mark.parametrize(("name", "value"), [("cache_size", -1), ("backoff_s", 0), ("max_backoff_s", -1.0),
+                                             ("max_concurrency", 0)])
 def test_a_bad_setting_is_an_error_naming_it(name, value):
     with pytest.raises(ValueError, match=f"model.reward.init_args.{name}={value}"):
         JudgeReward(**{name: value})

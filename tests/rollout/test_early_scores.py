@@ -4,9 +4,12 @@ scoring it after the rollout (``score_trajectories``, the one scoring path)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
+import torch
 
 from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox
 from zerotir.config import ToolConfig
@@ -14,6 +17,7 @@ from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.scoring import EarlyScores, Reward, Score, score_trajectories
 from zerotir.toy.tokenizer import build_byte_tokenizer
+from zerotir.types import Trajectories
 
 TOK = build_byte_tokenizer()
 SCRIPTS = {"Q: 2+3?\n": [["\\boxed{5}"]], "Q: 2*3?\n": [["Let me check this once more, slowly. \\boxed{6}"]]}
@@ -70,3 +74,58 @@ def test_a_trajectory_the_loop_did_not_report_is_scored_after_and_a_wrong_count_
     short = Short(engine)
     with pytest.raises(RuntimeError, match="Short.score returned 0 scores for 2 samples"):
         score_trajectories(short, traj, ROWS, EarlyScores(short, ROWS, TOK))
+
+
+def group(texts: list[str]) -> Trajectories:
+    """One prompt group's trajectories (group id 0) with the responses ``texts``: only the text is scored."""
+    n = len(texts)
+    ones, counts = torch.ones(n, 1, dtype=torch.long), torch.zeros(n, dtype=torch.long)
+    return Trajectories(ones, ones, ones.bool(), ones.float(), counts, counts + 1, counts, counts.float(), counts,
+                        counts, counts, counts, counts.bool(), finish_reasons=["stop"] * n, response_texts=texts,
+                        ground_truths=["5"] * n)
+
+
+def test_stream_groups_are_scored_by_their_place_and_a_group_made_again_replaces_the_first():
+    """The fleet's way: groups handed over as they come back, in any order; a group dropped over the staleness bound
+    and generated again is handed over again, and its new trajectories' scores are the ones the batch gets."""
+    reward = Watched(ScriptedEngine(TOK, SCRIPTS))
+    early = EarlyScores(reward)
+    rows = [{"problem": "Q: 2+3?\n", "answer": "5", "batch_index": 3, "position": p} for p in range(2)]
+    early.ended(rows[1], group(["\\boxed{5}", "\\boxed{4}"]))
+    early.ended(rows[0], group(["\\boxed{4}", "\\boxed{4}"]))  # stale: dropped, then generated again
+    early.ended(rows[0], group(["\\boxed{4}", "\\boxed{5}"]))
+    batch = Trajectories.cat([group(["\\boxed{4}", "\\boxed{5}"]), group(["\\boxed{5}", "\\boxed{4}"])], 0)
+    batch.group_ids = torch.tensor([0, 0, 1, 1])
+    score_trajectories(reward, batch, rows, early)
+    assert batch.rewards.tolist() == [0.0, 1.0, 1.0, 0.0] and batch.corrects.tolist() == [False, True, True, False]
+    assert [texts for texts, _ in reward.calls] == [["{5}", "{4}", "{4}", "{4}", "{4}", "{5}"]]  # none asked again
+    assert early.scores == {}  # what a batch took is forgotten
+
+
+@dataclass(frozen=True, eq=False)
+class SideBySide(Reward):
+    """Takes concurrent calls: a call whose first response starts with "slow" answers only once a later call has
+    answered (scored one at a time, it never would: a TimeoutError)."""
+
+    concurrent_calls: ClassVar[bool] = True
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list = field(default_factory=list)
+
+    async def score(self, samples):
+        self.calls.append([s.response for s in samples])
+        if samples[0].response.startswith("slow"):
+            await asyncio.wait_for(self.answered.wait(), 10.0)
+        self.answered.set()
+        return [Score(float(s.response.endswith("{5}")), s.response.endswith("{5}")) for s in samples]
+
+
+def test_a_reward_taking_concurrent_calls_gets_a_call_per_group_and_a_stale_answer_arriving_last_is_dropped():
+    reward = SideBySide()
+    early = EarlyScores(reward)
+    row = {"problem": "Q: 2+3?\n", "answer": "5", "batch_index": 0, "position": 0}
+    early.ended(row, group(["slow \\boxed{5}", "\\boxed{5}"]))  # stale: its call answers after the next one's
+    early.ended(row, group(["\\boxed{4}", "\\boxed{5}"]))  # the group generated again
+    batch = group(["\\boxed{4}", "\\boxed{5}"])
+    score_trajectories(reward, batch, [row], early)
+    assert reward.calls == [["slow \\boxed{5}", "\\boxed{5}"], ["\\boxed{4}", "\\boxed{5}"]]  # one call per group
+    assert batch.rewards.tolist() == [0.0, 1.0]  # the group generated again, though the stale call answered last

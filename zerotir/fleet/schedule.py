@@ -22,9 +22,13 @@ from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.shares import Ended, EndedGroups, Submitted, collect_ended, cut_shares, merge
 from zerotir.rl.staleness import StreamCursor
 from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.scoring import EarlyScores
 from zerotir.rollout.source import TrainStream, batch_seed, sampling_params
 from zerotir.types import PromptRow, Trajectories
 
+# The longest single wait for the engines, seconds: a wait in a worker thread (``EarlyScores.wait``) then never holds
+# up an interrupted trainer for longer, and the deadline is checked between two.
+WAIT_SLICE_S = 1.0
 Recover = Callable[[Exception, list[Submitted]], None]  # after an engine died: restart, push, submit again
 
 
@@ -70,11 +74,12 @@ class FleetSchedule:
         while self.cursor.may_start(self._next_submit, version, self.max_staleness):
             self._submit_next()
 
-    def ended_batch(self, step: int, index: int, size: int, version: int | None, pad: int,
-                    recover: Recover) -> tuple[list[PromptRow], Trajectories, dict[str, float]]:
+    def ended_batch(self, step: int, index: int, size: int, version: int | None, pad: int, recover: Recover,
+                    early: EarlyScores | None = None) -> tuple[list[PromptRow], Trajectories, dict[str, float]]:
         """The first ``size`` prompt groups in stream order among those that have ended (batch shares: before the
         first row still rolling out), not scored. One over the bound for ``step`` is generated again with the
-        newest weights; a dead engine recovered."""
+        newest weights; a dead engine recovered. ``early``: each group handed over as it comes back, and scored
+        while the engines are waited for (``EarlyScores.ended``, ``EarlyScores.wait``)."""
         deadline, took = time.monotonic() + self.fleet.timeout_s, {}
         doing = f"rolling out the batch of step {step} (stream batch {index})"
         while True:
@@ -91,9 +96,12 @@ class FleetSchedule:
                 raise TimeoutError(f"the engines did not finish {doing} within {self.fleet.timeout_s:g} s "
                                    f"({self.hosts.transport.timeout_setting}): {len(self._ended)} of its {size} "
                                    "prompt groups had ended")
-            ended, died = collect_ended(self.submitted, left, doing, self.hosts.transport)
+            wait = (self.submitted, min(left, WAIT_SLICE_S), doing, self.hosts.transport)
+            ended, died = early.wait(collect_ended, *wait) if early is not None else collect_ended(*wait)
             for row, traj, timings in ended:
                 self._ended.add(Ended.of(row, traj))
+                if early is not None:
+                    early.ended(row, traj)
                 took = {key: max(took.get(key, 0.0), value) for key, value in timings.items()}
             if died is not None:
                 recover(died, [])

@@ -3,7 +3,8 @@ their own (Ray actors running ``EngineHost``), and every update's weights are br
 group (docs/fleet.md). Three parts, each of one idea, composed here: the engines (``fleet.hosts``: start, health,
 restart and the calls made again), their weights (``fleet.weights``: the weight group, pushes, versions) and the
 schedule (``fleet.schedule``: the capacity rule, the groups that have ended, staleness drops). The source scores
-what the engines return and checks it against the staleness bound. Rank 0 drives the fleet for every training rank
+each prompt group on the trainer as it comes back from an engine, while the others generate (``EarlyScores``), and
+checks the batch against the staleness bound. Rank 0 drives the fleet for every training rank
 (``zerotir.fleet.ranks``). The sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs, or
 on a cluster of several nodes one server per node (``zerotir.fleet.sandboxes``), each engine reaching its node's.
 Every wait is bounded by ``model.fleet.timeout_s``; an error names the engine, what it was doing and the step.
@@ -31,7 +32,7 @@ from zerotir.lora import is_adapted, log_weight_path
 from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rollout.engine import SamplingParams, pad_id
 from zerotir.rollout.sandbox_service import SandboxService
-from zerotir.rollout.scoring import Reward, score_trajectories
+from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
 from zerotir.rollout.source import RolloutBatch, TrainStream
 from zerotir.types import PromptRow
 
@@ -47,7 +48,8 @@ class FleetSource:
         fleet: the ``model.fleet`` group (``engines`` >= 1).
         pipeline: the ``model.pipeline`` group (``max_staleness`` set: the schedule).
         backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
-        reward: the ``model.reward`` plug-in, scoring the trajectories the engines return (``score_trajectories``).
+        reward: the ``model.reward`` plug-in, scoring on the trainer each prompt group as an engine returns it, while
+            the others generate (``EarlyScores``, ``score_trajectories``).
         model_path: the HF folder every engine process loads.
         seed: the run's seed (training batch b samples with ``batch_seed``).
         transport: how the hosts run (``zerotir.fleet.transport``); None: Ray actors.
@@ -79,6 +81,7 @@ class FleetSource:
         self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
         self._occupancy: dict[str, float] = {}  # the engines', as of the last training batch
         self._restore = lambda: None  # puts the trainer's threads and cores back (zerotir.fleet.cores)
+        self._early = EarlyScores(reward)  # each group scored on the trainer as it comes back from an engine
 
     @property
     def hosts(self) -> list[Any]:
@@ -146,6 +149,7 @@ class FleetSource:
         started = bool(self.hosts) or self.transport.trainer_sandbox is not None  # the cluster is up
         self._actor = None
         self.schedule.clear()
+        self._early.cancel()
         try:
             self.pool.kill()
             self.weights.close()
@@ -199,9 +203,9 @@ class FleetSource:
         schedule.top_up(self.version)
         pad = pad_id(self._tokenizer)
         rows, traj, timings = schedule.ended_batch(step, index, self._stream.prompts_per_step, self.version, pad,
-                                                   self._recover)
+                                                   self._recover, self._early)
         taken = [(r["batch_index"], r["position"]) for r in rows]
-        timings["reward"] = score_trajectories(self.reward, traj, rows)
+        timings["reward"] = score_trajectories(self.reward, traj, rows, self._early)
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
         self._occupancy = self.pool.occupancy()
         schedule.cursor.handed(step)

@@ -8,24 +8,26 @@ overlong and correct-with-errors rules, GRPO-RoC) and the evaluation (avg@k, pas
 or composed reward (a tool-call cost, a judge's partial credit) never silently changes what "correct" means.
 
 ``score_trajectories`` is the only place a reward is applied: the in-line source, the thread host and the fleet
-all call it on the trainer once a batch's trajectories are back (rewards never cross to an engine host); the in-line
-source starts it early (``EarlyScores``: each trajectory scored as it finishes, while the others generate). It lives
-here, beside the sources, so that the rollout imports no reward implementation (``zerotir.rewards`` imports this).
+all call it on the trainer once a batch's trajectories are back (rewards never cross to an engine host), and each
+starts it early (``EarlyScores``: each trajectory scored as it ends, or each prompt group as it comes back from an
+engine, while the others generate). It lives here, beside the sources, so that the rollout imports no reward
+implementation (``zerotir.rewards`` imports this).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from zerotir.rollout.sync import run_sync
+from zerotir.rollout.sync import run_sync, thread_loop
 from zerotir.types import PromptRow, ToolCall, Trajectories
 
+T = TypeVar("T")
 _ROW_TEXT_KEYS = ("problem", "answer", "prompt_ids")  # the row keys a Sample holds as fields, not metadata
 
 
@@ -71,6 +73,10 @@ class Reward:
     the first batch); ``close`` at teardown.
     """
 
+    concurrent_calls: ClassVar[bool] = False
+    """Whether ``score`` may be called again before an earlier call returned (``EarlyScores`` then calls it for each
+    trajectory or group as it ends, side by side); a reward that says so bounds its work across all its calls."""
+
     async def score(self, samples: Sequence[Sample]) -> list[Score]:
         raise NotImplementedError(f"{type(self).__qualname__}.score: a Reward subclass must implement it")
 
@@ -110,7 +116,7 @@ def score_trajectories(reward: Reward | None, traj: Trajectories, rows: Sequence
         return 0.0
     start = time.perf_counter()
     if early is not None:
-        scores = run_sync(early.rest(traj), "score_trajectories")
+        scores = run_sync(early.rest(traj, rows), "score_trajectories")
     else:
         samples = samples_of(traj, rows)
         scores = _checked(reward, run_sync(reward.score(samples), "score_trajectories"), len(samples)) \
@@ -122,62 +128,120 @@ def score_trajectories(reward: Reward | None, traj: Trajectories, rows: Sequence
 
 
 class EarlyScores:
-    """Scores a batch's trajectories as they finish, while the others still generate (the in-line source: a slow
-    reward such as the judge overlaps generation instead of waiting after the batch); ``score_trajectories`` takes
-    what it scored and scores the rest.
+    """Scores a batch's trajectories as they end, while the others still generate (a slow reward such as the judge
+    overlaps generation instead of waiting after the batch); ``score_trajectories`` takes what it scored and scores
+    the rest. Every source uses it, on the trainer (rewards never cross to an engine host).
 
-    The tool loop calls ``finished`` on its event loop as each trajectory ends (``rollout(on_end=...)``); the
-    samples are those ``samples_of`` gives the batch (the trajectory as ``to_trajectories`` writes it). One
-    ``reward.score`` call is in flight at a time, over every trajectory that ended since the previous one, so the
-    reward keeps its own bound on concurrency (the judge's ``max_concurrency``).
+    The in-line source: the tool loop calls ``finished`` on its event loop as each trajectory ends
+    (``rollout(on_end=...)``), keyed by its index in the batch. The fleet and the thread host: the schedule hands
+    over each prompt group as it comes back from an engine (``ended``), keyed by its row's place in the stream, and
+    waits for the next through ``wait``, so that the scoring goes on meanwhile on the trainer's event loop
+    (``sync.thread_loop``); one ``EarlyScores`` serves every batch of the run, as a group may end long before the
+    step that trains it.
+
+    A reward that takes concurrent calls (``Reward.concurrent_calls``: the judge, whose ``max_concurrency`` bounds
+    all its calls together) gets a call per trajectory or group as it ends, side by side, so its bound stays full;
+    any other gets one call at a time, over everything that ended since the previous one.
 
     Args:
         reward: the ``model.reward`` plug-in (None: nothing is scored).
-        rows: the batch's prompt rows.
-        tokenizer: the tokenizer of the rollout (decodes a finished trajectory as the batch's does).
+        rows: the batch's prompt rows (the in-line source; trajectories keyed by their index in the batch); None:
+            the stream's groups (``ended``; trajectories keyed by ``stream_keys``).
+        tokenizer: the tokenizer of the rollout (``finished`` decodes a trajectory as the batch's does).
     """
 
-    def __init__(self, reward: Reward | None, rows: Sequence[PromptRow], tokenizer: Any):
+    def __init__(self, reward: Reward | None, rows: Sequence[PromptRow] | None = None, tokenizer: Any = None):
         self.reward, self.rows, self.tokenizer = reward, rows, tokenizer
-        self.scores: dict[int, Score] = {}
-        self._queue: list[tuple[int, Sample]] = []
-        self._task: asyncio.Future | None = None
+        self.scores: dict[Hashable, Score] = {}
+        self._queue: list[tuple[Hashable, int, Sample]] = []  # (key, the key's hand-over count, sample)
+        self._latest: dict[Hashable, int] = {}  # per key, its last hand-over: an earlier one's score is stale
+        self._tasks: list[asyncio.Future] = []
 
     def finished(self, key: int, row: Any) -> None:
-        """Trajectory ``key`` (a ``rows.Row``) has ended: queue it, and start scoring unless a call is in flight
-        (a failed call is kept: ``rest`` raises its error)."""
+        """Trajectory ``key`` of the batch (a ``rows.Row``) has ended: score it."""
         from zerotir.rollout.trajectories import to_trajectories
 
-        if self.reward is None:
+        if self.reward is not None:
+            one = to_trajectories([row], self.tokenizer, [r["answer"] for r in self.rows])
+            self.add([(key, samples_of(one, self.rows)[0])])
+
+    def ended(self, row: PromptRow, group: Trajectories) -> None:
+        """The prompt group of stream row ``row`` (its trajectories, group id 0) came back from an engine: score
+        each trajectory under its ``stream_keys`` key (a group generated again replaces the first one's scores)."""
+        if self.reward is not None:
+            self.add(list(zip(stream_keys(group, [row]), samples_of(group, [row]))))
+
+    def add(self, keyed: list[tuple[Hashable, Sample]]) -> None:
+        """Queue the ``(key, sample)`` pairs and start scoring them (a failed call stops it: ``rest`` raises its
+        error)."""
+        for key, sample in keyed:
+            self._latest[key] = self._latest.get(key, -1) + 1
+            self._queue.append((key, self._latest[key], sample))
+        self._tasks = [t for t in self._tasks if not t.done() or t.cancelled() or t.exception() is not None]
+        if any(t.done() for t in self._tasks):
             return
-        one = to_trajectories([row], self.tokenizer, [r["answer"] for r in self.rows])
-        self._queue.append((key, samples_of(one, self.rows)[0]))
-        if self._task is None or (self._task.done() and not self._task.cancelled()
-                                  and self._task.exception() is None):
-            self._task = asyncio.ensure_future(self._drain())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # the trainer between two waits: the task goes on at the next one
+            loop = thread_loop()
+        if self.reward.concurrent_calls:
+            batch, self._queue = self._queue, []
+            self._tasks.append(loop.create_task(self._score(batch)))
+        elif not self._tasks:
+            self._tasks.append(loop.create_task(self._drain()))
+
+    def wait(self, blocking: Callable[..., T], *args: Any) -> T:
+        """``blocking(*args)`` (a wait for engines) in a worker thread while this thread's event loop goes on
+        scoring what was queued; its result."""
+        if all(t.done() for t in self._tasks):
+            return blocking(*args)
+        return run_sync(asyncio.to_thread(blocking, *args), "EarlyScores.wait")
 
     async def _drain(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            scores = _checked(self.reward, await self.reward.score([s for _, s in batch]), len(batch))
-            self.scores.update(zip((key for key, _ in batch), scores))
+            await self._score(batch)
 
-    async def rest(self, traj: Trajectories) -> list[Score]:
+    async def _score(self, batch: list[tuple[Hashable, int, Sample]]) -> None:
+        scores = _checked(self.reward, await self.reward.score([s for _, _, s in batch]), len(batch))
+        for (key, handed, _), score in zip(batch, scores):
+            if self._latest.get(key) == handed:
+                self.scores[key] = score
+
+    async def rest(self, traj: Trajectories, rows: Sequence[PromptRow]) -> list[Score]:
         """Every trajectory's score, in order: the calls in flight awaited, the trajectories not yet scored (all
-        of them on a rank that only replayed the loop) scored now."""
-        if self._task is not None:
-            await self._task
-        missing = [i for i in range(len(traj.group_ids)) if i not in self.scores]
+        of them on a rank that only replayed the loop) scored now. The scores returned are forgotten."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await task
+        keys = list(range(len(traj.group_ids))) if self.rows is not None else stream_keys(traj, rows)
+        missing = [i for i, key in enumerate(keys) if key not in self.scores]
         if missing:
-            samples = samples_of(traj, self.rows)
+            samples = samples_of(traj, rows)
             scores = _checked(self.reward, await self.reward.score([samples[i] for i in missing]), len(missing))
-            self.scores.update(zip(missing, scores))
-        return [self.scores[i] for i in range(len(traj.group_ids))]
+            self.scores.update((keys[i], score) for i, score in zip(missing, scores))
+        for key in keys:
+            self._latest.pop(key, None)
+        return [self.scores.pop(key) for key in keys]
 
     def cancel(self) -> None:
-        """Stop the call in flight (the rollout failed)."""
-        if self._task is not None:
-            self._task.cancel()
+        """Stop the calls in flight (the rollout failed, the source closed) and forget what was queued and scored."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks, self._queue = [], []
+        self.scores.clear()
+        self._latest.clear()
+
+
+def stream_keys(traj: Trajectories, rows: Sequence[PromptRow]) -> list[tuple[int, int, int]]:
+    """Each trajectory's place in the training stream: its row's ``(batch_index, position)`` (``rows`` indexed by
+    the group ids) and its rank among its group's trajectories."""
+    seen: dict[int, int] = {}
+    keys = []
+    for group in traj.group_ids.tolist():
+        rank = seen[group] = seen.get(group, -1) + 1
+        keys.append((rows[group]["batch_index"], rows[group]["position"], rank))
+    return keys
 
 
 def _checked(reward: Reward, scores: list[Score], n: int) -> list[Score]:

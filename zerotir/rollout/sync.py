@@ -37,7 +37,13 @@ def run_sync(coro: Coroutine[Any, Any, T], what: str = "this call") -> T:
     else:
         coro.close()
         raise RuntimeError(f"{what} was called from a running event loop; await the coroutine there instead")
+    return thread_loop().run_until_complete(coro)
+
+
+def thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, the one ``run_sync`` runs coroutines on (made now if it has none): a task created
+    on it while it is not running goes on at the next ``run_sync`` of this thread."""
     loop = _THREAD.loop
     if loop is None or loop.is_closed():
         loop = _THREAD.loop = asyncio.new_event_loop()
-    return loop.run_until_complete(coro)
+    return loop
