@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README and CI run exactly this): install into ./.venv if needed, then the whole suite on CPU.
 #   bash scripts/test.sh [extra pytest args]
+#   bash scripts/test.sh --fast [extra pytest args]   # the fast lane: every test but those marked e2e or slow
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -15,4 +16,9 @@ fi
 # Two pytest workers (pytest-xdist), a test file kept whole on one of them (its module fixtures built once): the
 # suite's unit tests use one core each, and 2 cores is the machine it is sized for. ZEROTIR_TEST_WORKERS=0 runs it in
 # this one process (a debugger, -x, -s), any other number that many workers.
-exec .venv/bin/python -m pytest -q -n "${ZEROTIR_TEST_WORKERS:-2}" --dist loadfile "$@"
+LANE=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  LANE=(-m "not e2e and not slow")
+fi
+exec .venv/bin/python -m pytest -q -n "${ZEROTIR_TEST_WORKERS:-2}" --dist loadfile "${LANE[@]}" "$@"

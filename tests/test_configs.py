@@ -248,6 +248,7 @@ RUN_AS_WRITTEN_BY = {"configs/toy_cpu.yaml": "tests/e2e/test_emergence.py",
 RUN_WITH_ONE_OPTION_BY_DOCS = {"configs/toy_cpu_fleet.yaml": "--model.fleet.max_in_flight 128"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_runs_one_step(path, tiny_dir, tmp_path, monkeypatch):
     """A config that any check of its command rejects (a new validation included), or whose first RL step fails,

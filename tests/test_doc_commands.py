@@ -137,6 +137,7 @@ def _subcommand_options(command: str, capsys) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", sorted(COMMANDS), ids=lambda c: c[:90])
 def test_the_documented_command_runs(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)  # the commands are written for the repository root

@@ -43,6 +43,7 @@ def _assert_grads(path: Path) -> None:
     assert grads["zero3_chunked_logprob_max_abs"] < grads["tolerance"] and grads["chunk_tokens"] < 48
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
     done = _run_check(tmp_path, cpu=True, timeout=5400)  # a hang guard: the run's time depends on the machine's load
@@ -103,6 +104,7 @@ esac
 """
 
 
+@pytest.mark.e2e
 def test_hung_stages_are_cut_to_the_budget_and_their_logs_are_already_in_out(tmp_path):
     """A stage that hangs is killed at its limit, the last ones at what the budget leaves (the summary's share kept),
     and what each stage printed before it was killed is in OUT_DIR: a run cut short still reports."""

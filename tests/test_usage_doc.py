@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
 def test_the_python_example_trains_one_step_run_as_a_script(tmp_path):
     text = (REPO / "docs" / "usage.md").read_text()
     section = text[text.index("## From Python, without the command line"):]

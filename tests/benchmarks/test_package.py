@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import benchmarks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +50,7 @@ def test_every_module_imports_quietly(capsys):
     assert capsys.readouterr().out == ""  # import does no work: nothing runs, nothing prints
 
 
+@pytest.mark.e2e
 def test_every_command_has_help():
     assert {"toy_emergence", "toy_findings", "train_step", "rollout_overhead"} <= set(COMMANDS)
     done = subprocess.run([sys.executable, "-c", CHILD, *COMMANDS], cwd=REPO, capture_output=True, text=True,

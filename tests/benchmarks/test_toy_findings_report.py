@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.toy_findings_report import markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +32,7 @@ def test_runs_without_a_record_say_the_time_is_unknown(tmp_path):
     assert "recorded no wall time" in header and "min of sweep" not in header
 
 
+@pytest.mark.e2e
 def test_run_as_a_script_from_elsewhere_it_runs_as_the_module(tmp_path):
     """``python benchmarks/toy_findings.py`` (the issue's command) re-executes itself as ``python -m``; with no runs
     under ``--out`` the report says every finding is not measured, and relative paths keep the caller's directory."""

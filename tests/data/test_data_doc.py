@@ -9,6 +9,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.test_configs import in_a_clone, run_one_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,6 +22,7 @@ def example_lines() -> list[str]:
     return block.strip().splitlines()
 
 
+@pytest.mark.e2e
 def test_the_own_dataset_example_reads_its_rows(tmp_path, monkeypatch):
     write, command = example_lines()
     clone = in_a_clone(tmp_path)  # the command is written for the repository root

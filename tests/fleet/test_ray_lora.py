@@ -42,6 +42,7 @@ class RayHostDecodes(pl.Callback):
         self.push, self.paths = source.weights.last(), source.pool.adapter_paths
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)  # a hang guard: the engine process imports torch and transformers and builds its engine
 def test_one_ray_engine_takes_the_adapters_and_decodes_as_the_merged_actor(tiny_dir, train_file, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="zerotir.lora")

@@ -41,6 +41,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_scalars_config_and_sampled_trajectories_reach_the_trackio_project(tmp_path):
     env = dict(os.environ, TRACKIO_DIR=str(tmp_path / "trackio"), PYTHONPATH=str(REPO))
     code = f"ROOT = {str(tmp_path)!r}\n" + CHILD

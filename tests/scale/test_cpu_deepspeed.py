@@ -19,7 +19,11 @@ class _Trainer:
 
 def test_root_device_is_the_cpu_of_the_local_rank_and_the_module_sees_deepspeed(monkeypatch):
     from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    # set_global_rank sets the process-wide rank_zero_only.rank: put back after the test, or every later trainer of
+    # this process would take itself for rank 1 and write no log (its CSV and TensorBoard files never appear).
+    monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
     environment = LightningEnvironment()
     environment.set_world_size(2)
     environment.set_global_rank(1)

@@ -80,6 +80,7 @@ def _run(root: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)  # a hang guard
 def test_zero2_trains_the_adapters_and_value_head_and_keeps_the_base(tmp_path):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed")
