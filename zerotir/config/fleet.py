@@ -114,7 +114,9 @@ class FleetConfig:
         """Once the cluster is joined, before any engine starts: the embedded sandbox listens on 127.0.0.1 of the
         trainer's node, so it serves only engines on that node. ``other_nodes``: the addresses of the cluster's
         nodes other than the trainer's (``zerotir.fleet.cluster.other_nodes``)."""
-        if tool.enabled and sandbox.urls is None and other_nodes:
+        from zerotir.tools.python import sandbox_needed  # the tools import no config
+
+        if sandbox_needed(tool) and sandbox.urls is None and other_nodes:
             raise ValueError(f"model.fleet.address={self.address!r} with model.tool.sandbox.urls: null: the cluster has "
                              f"nodes other than the trainer's ({', '.join(other_nodes)}), and the embedded sandbox "
                              "listens on 127.0.0.1 of the trainer's node, which their engines cannot reach; start "
