@@ -27,7 +27,7 @@ from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_names", "tool_schemas"]
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tool", "resolve", "tool_names", "tool_schemas"]
 
 BUILT_IN = {
     "python": "zerotir.tools.python.PythonTool",
@@ -51,7 +51,7 @@ def resolve(class_path: str) -> type[Tool]:
     return import_subclass(path, Tool, "zerotir.tools.Tool", where)
 
 
-def build_tools(entry: dict[str, Any], env: ToolEnv) -> Tool:
+def build_tool(entry: dict[str, Any], env: ToolEnv) -> Tool:
     """The tool of one ``{class_path, init_args}`` entry (one, or an MCP server's), bound to ``env``, not started."""
     tool = _built(entry)
     tool.bind(env)
@@ -137,7 +137,7 @@ class Toolbox:
         if not tool_config.enabled:
             return cls([], tool_config.max_output_chars)
         env = ToolEnv(tool_config, sandbox, sandbox_urls)
-        return cls([build_tools(entry, env) for entry in tool_config.tools], tool_config.max_output_chars)
+        return cls([build_tool(entry, env) for entry in tool_config.tools], tool_config.max_output_chars)
 
     def start(self) -> None:
         """Start every tool, in order, and index the tools they stand for by name; idempotent. A tool that fails to
@@ -151,6 +151,7 @@ class Toolbox:
                 started.append(entry)
             self._index([one for entry in self.entries for one in _named(entry.expand(), entry)])
         except BaseException:
+            self.tools, self._validators = {}, {}
             for entry in reversed(started):
                 entry.close()
             raise
