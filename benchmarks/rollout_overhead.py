@@ -27,8 +27,8 @@ with the same ``--prompts`` x ``--n`` rows and seeds:
 * ``direct sandbox call``: the ``trajectory`` loop with each code block sent straight to ``sandbox.run`` and its
   result formatted as the loop did before the tools were plug-ins (``benchmarks.tool_dispatch.DirectSandbox``: no
   registry, no schema check,
-  no tool object), against the plug-in path the trainer runs (``zerotir.tools``: ``Toolbox.build`` per rollout, the
-  ``python`` tool over the same client);
+  no tool object), against the plug-in path the trainer runs (``zerotir.tools``: the toolbox built and started once,
+  as a source or engine host keeps it, the ``python`` tool over the same client);
 * ``plain``: the same engine decoding exactly the tokens each row sampled in the ``trajectory`` run, without tools,
   in one batch (HF: ``generate`` with EOS off and per-row budgets; vLLM: its own ``LLM.generate`` with
   ``ignore_eos`` and per-row ``max_tokens``, the engine's fastest batch path).
@@ -52,7 +52,7 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.tool_dispatch import DirectSandbox, dispatch_cost
+from benchmarks.tool_dispatch import DirectSandbox, dispatch_cost, started
 from sandbox import SandboxClient, local_sandbox
 from zerotir.config import DEFAULT_TOKENS_PER_CALL, ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
@@ -157,11 +157,11 @@ def sandbox_cpu(url: str) -> float:
     return total
 
 
-def tool_run(engine, tok, sandbox, prompts, params, tool, schedule, tools=None) -> dict:
-    """One tool-loop rollout (``tools`` None: the plug-in tools, built as the trainer builds them): wall time,
+def tool_run(engine, tok, prompts, params, tool, schedule, tools) -> dict:
+    """One tool-loop rollout over ``tools`` (the plug-in toolbox, started once, or ``DirectSandbox``): wall time,
     sampled tokens per row, calls per row, the loop's timings."""
     start = time.perf_counter()
-    traj, timings = rollout_sync(engine, tok, sandbox, prompts, params, tool, schedule=schedule, tools=tools)
+    traj, timings = rollout_sync(engine, tok, None, prompts, params, tool, schedule=schedule, tools=tools)
     wall = time.perf_counter() - start
     sampled = traj.action_mask.sum(1).tolist()
     return {"wall": wall, "sampled": sampled, "tok_s": sum(sampled) / wall, "calls": float(traj.num_calls.float().mean()),
@@ -241,18 +241,19 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
     results: dict[tuple[str, str], list[dict]] = {}
     with local_sandbox(workers=args.sandbox_workers) as urls:
         sandbox = SandboxClient(urls)
+        plugin = started(tool, sandbox)  # built and started once, as the source keeps it
         for engine in [*engines.values(), *([no_cache] if no_cache else [])]:  # warm-up: sandbox pool, engines
-            rollout_sync(engine, tok, sandbox, prompts[:2], SamplingParams(n=2, max_new_tokens=32), ToolConfig())
+            rollout_sync(engine, tok, None, prompts[:2], SamplingParams(n=2, max_new_tokens=32), tool, tools=plugin)
         for r in range(args.repeats):
             params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=budget, seed=args.seed + r)
             for name, engine in (engines.items() if r % 2 == 0 else reversed(engines.items())):
-                runs = [(kind, engine, schedule, None) for kind, schedule in schedules.items()]
+                runs = [(kind, engine, schedule, plugin) for kind, schedule in schedules.items()]
                 runs.insert(1 if r % 2 == 0 else 0, (DIRECT, engine, Schedule(), DirectSandbox(sandbox, tool)))
                 if name == "vllm":
-                    runs.append((NO_CACHE, no_cache, Schedule(), None))
+                    runs.append((NO_CACHE, no_cache, Schedule(), plugin))
                 for kind, run_engine, schedule, tools in runs:
                     cpu0, hits0 = sandbox_cpu(urls[0]), (run_engine.prefix_hits if name == "vllm" else 0)
-                    run = tool_run(run_engine, tok, sandbox, prompts, params, tool, schedule, tools)
+                    run = tool_run(run_engine, tok, prompts, params, tool, schedule, tools)
                     run["prefix_hits"] = (run_engine.prefix_hits - hits0) if name == "vllm" else 0
                     run["sandbox_cpu"], run["load"] = sandbox_cpu(urls[0]) - cpu0, os.getloadavg()[0]
                     results.setdefault((name, kind), []).append(run)
@@ -265,6 +266,7 @@ def overhead(args: argparse.Namespace, profile: str) -> dict[str, float]:
                                   results[(name, "trajectory")][-1]["sampled"], args.seed + r)
                 results.setdefault((name, "plain"), []).append({"tok_s": plain, "load": os.getloadavg()[0]})
                 print(f"  run {r} {name} plain decoding of the same tokens: {plain:.0f} tok/s", flush=True)
+        plugin.close()
     for engine in [*engines.values(), fixed, *([no_cache] if no_cache else [])]:
         engine.close()  # before the next profile's engines (vLLM's process-wide state goes with its engine)
     return report(results, args, rows, profile, budget)
@@ -368,11 +370,10 @@ def main() -> None:
     ratios = {p: overhead(args, p) for p in profiles}
     cost = dispatch_cost()
     print(f"\nthe tools' own cost: {cost['plug-in'] * 1e6:.0f} us per call plug-in, {cost['direct'] * 1e6:.0f} us "
-          f"direct, Toolbox.build {cost['build'] * 1e6:.0f} us per rollout")
-    rows = args.prompts * args.n
+          f"direct, Toolbox build + start {cost['build'] * 1e6:.0f} us once per source and engine host")
     for p, r in ratios.items():
         for name in args.engines:
-            extra = (cost["plug-in"] - cost["direct"]) * r[f"{name} calls/row"] + cost["build"] / rows
+            extra = (cost["plug-in"] - cost["direct"]) * r[f"{name} calls/row"]
             print(f"  {p} {name}: {extra * 1e6:.0f} us more per trajectory of {r[f'{name} s/trajectory']:.3f} s = "
                   f"{extra / r[f'{name} s/trajectory']:.3%}")
     print("\nsummary:")

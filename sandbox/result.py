@@ -181,14 +181,15 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return text[:head] + marker + text[len(text) - (budget - head):]
 
 
-def format_for_model(result: ExecResult, max_chars: int = 1024) -> str:
+def format_for_model(result: ExecResult, max_chars: int | None = 1024) -> str:
     """The text that goes inside the model's ```output block.
 
     stdout, then (for a failure) the traceback reduced to its useful last lines with server paths removed and long
     source lines cut around their caret, then a
-    clear sentence for a timeout, memory or sandbox error; head and tail with a marker when longer than ``max_chars``.
+    clear sentence for a timeout, memory or sandbox error; head and tail with a marker when longer than ``max_chars``
+    (None: whole, for a caller that caps it itself; the server already bounds each stream at ``max_output_bytes``).
     """
-    if max_chars < 80:
+    if max_chars is not None and max_chars < 80:
         raise ValueError(f"max_chars must be >= 80 so a message and the truncation marker fit, got {max_chars}")
     parts = [result.stdout.rstrip("\n")]
     if result.status is ExecStatus.SANDBOX_ERROR:
@@ -202,4 +203,5 @@ def format_for_model(result: ExecResult, max_chars: int = 1024) -> str:
             parts.append(f"Killed: the process was terminated{f' by signal {-code}' if code and code < 0 else ''}.")
     else:
         parts.append(_MESSAGES.get(result.status, ""))
-    return truncate_middle("\n".join(p for p in parts if p), max_chars)
+    text = "\n".join(p for p in parts if p)
+    return text if max_chars is None else truncate_middle(text, max_chars)

@@ -22,7 +22,6 @@ from zerotir.config import (
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.scoring import Reward, Score
 from zerotir.rollout.source import InlineSource
 
@@ -77,7 +76,7 @@ class EngineScriptedSource(ScriptedSource):
         super().__init__(module)
         self.backend, self.lora_rank, self.engine = module.backend, module.base.lora.rank, None
         self.model_path = module.model_path
-        self.sandbox = SandboxService(SandboxConfig(), NO_TOOL)
+        self.tool = NO_TOOL  # start builds its toolbox: no tool, no sandbox
 
     start = InlineSource.start
 

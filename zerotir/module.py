@@ -230,7 +230,7 @@ class ZeroTIRModule(LightningModule):
             norm = float(self.trainer.model.get_global_grad_norm() or 0.0)
         return norm
 
-    # ----- the rollout source (sandbox + engine): started before the loops, so a dead sandbox fails before step 1 -----
+    # ----- the rollout source (tools + engine): started before the loops, so a dead sandbox fails before step 1 ------
     def _start_source(self) -> None:
         datamodule = self.trainer.datamodule  # the training stream the source reads its batches from
         stream = datamodule if isinstance(datamodule, PromptDataModule) else None
@@ -380,15 +380,12 @@ class ZeroTIRModule(LightningModule):
 
     def close_run(self) -> None:
         """Release what the run started, on every exit path (``teardown``; ``on_exception`` when fit, validate or
-        test raises, where Lightning calls no teardown): the source's sandbox and engine, the reward (once per
-        start: a judge's client) and this process's MCP connections."""
-        from zerotir.tools.mcp_server import close_all
-
+        test raises, where Lightning calls no teardown): the source's tools (its MCP servers, its sandbox) and engine,
+        and the reward (once per start: a judge's client)."""
         self.source.close()
         if self._reward_open:
             self._reward_open = False
             self.reward.close()
-        close_all()
 
     def configure_callbacks(self) -> list[Callback]:
         """The module's own callbacks, on what it owns (the source); those of ``callbacks/`` are the CLI's

@@ -145,7 +145,7 @@ def test_the_senders_stop_ends_the_hosts_group(pushed: tuple[dict, torch.nn.Modu
 
 
 def test_bad_settings_are_refused_naming_them(tiny_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"HostSettings.sandbox_urls is empty but model.tool.max_tool_calls=4"):
+    with pytest.raises(ValueError, match=r"HostSettings.sandbox_urls is empty but model.tool.tools include python"):
         EngineHost(HostSettings(str(tiny_dir), HFRollout(), ToolConfig(max_tool_calls=4)))
     with pytest.raises(FileNotFoundError, match=r"HostSettings.model_path=.*no config.json"):
         EngineHost(host_settings(tmp_path))

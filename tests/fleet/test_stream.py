@@ -14,6 +14,7 @@ from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import Sample, SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tokenizer import build_byte_tokenizer
+from zerotir.tools import Toolbox
 
 PROMPTS = ["Hello", "2+3=", "The sum of 12 and 30 is", "x"]
 TIMEOUT_S = 120.0
@@ -107,7 +108,7 @@ class _CountingEngine:
 def test_the_room_is_counted_in_trajectories_prompts_times_n():
     tokenizer = build_byte_tokenizer()
     engine = _CountingEngine(tokenizer.eos_token_id)
-    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), None, max_in_flight=4)
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=4)
     two, one = [[65], [66]], [[67]]
     jobs = [Job(k, two, ["", ""], greedy(n=2)) for k in range(3)] + [Job(k, one, [""], greedy(n=2)) for k in (3, 4)]
     try:
@@ -122,7 +123,7 @@ def test_the_room_is_counted_in_trajectories_prompts_times_n():
 def test_streamed_groups_equal_their_rollouts_alone(world):
     tokenizer, _, prompts = world
     params = greedy(n=2)
-    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=4)
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=4)
     try:
         stream.submit([Job(("b", i), [p], [""], params) for i, p in enumerate(prompts)])
         got = stream.take([("b", i) for i in range(len(prompts))], TIMEOUT_S)
@@ -142,7 +143,7 @@ def test_a_group_that_samples_otherwise_waits_for_those_in_flight(world):
     training groups starts once they have ended, and they after it."""
     tokenizer, _, prompts = world
     sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=5)
-    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=8)
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=8)
     try:
         stream.submit([Job("train0", [prompts[0]], [""], sampled), Job("eval", [prompts[1]], [""], greedy(n=1)),
                        Job("train1", [prompts[2]], [""], sampled)])
@@ -155,7 +156,7 @@ def test_a_group_that_samples_otherwise_waits_for_those_in_flight(world):
 
 def test_a_push_lands_between_engine_steps_and_stamps_what_follows(world):
     tokenizer, model, prompts = world
-    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=2)
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2)
     loads = []
 
     def load(engine):
@@ -174,7 +175,7 @@ def test_a_push_lands_between_engine_steps_and_stamps_what_follows(world):
 
 def test_a_failed_group_is_named_and_the_stream_goes_on(world):
     tokenizer, _, prompts = world
-    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=2)
+    stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2)
     try:
         bad = SamplingParams(n=1, temperature=0.0, max_new_tokens=10, seed=0, stop=[""])  # refused by validate
         stream.submit([Job("bad", [prompts[0]], [""], bad), Job("good", [prompts[1]], [""], greedy(n=1))])
@@ -192,4 +193,4 @@ def test_a_failed_group_is_named_and_the_stream_goes_on(world):
 def test_a_stream_refuses_a_negative_room(world):
     tokenizer, _, _ = world
     with pytest.raises(ValueError, match=r"max_in_flight=-1\): >= 1 to stream groups, or 0 for one job at a time"):
-        GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), None, max_in_flight=-1)
+        GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=-1)

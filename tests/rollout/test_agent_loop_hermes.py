@@ -130,9 +130,11 @@ def test_a_real_tiny_model_calls_search_calculator_and_python_on_the_transformer
 
 
 def test_a_toolbox_built_by_the_caller_is_used_as_given():
-    """A caller that keeps its tools between rollouts passes them (``tools=``): they are used instead of building
-    ``model.tool.tools`` (here python, which would need a sandbox), and the format still checks them."""
+    """A caller that keeps its tools between rollouts (a source, an engine host) passes them started (``tools=``):
+    they are used instead of building ``model.tool.tools`` (here python, which would start a sandbox), and the format
+    still checks them."""
     box = Toolbox([CalculatorTool()], max_chars=512)
+    box.start()
     engine = ScriptedEngine(TOK, {PROMPT: [[tool_call("calculator", expression="2*3"), "\\boxed{6}"]]})
     traj, _ = rollout_sync(engine, TOK, None, [TOK.encode(PROMPT, add_special_tokens=False)], GREEDY,
                            ToolConfig(format="hermes"), tools=box)

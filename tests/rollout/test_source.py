@@ -1,6 +1,8 @@
 """The rollout sources' calls around a step, with a fake engine: the in-line source gives the engine the actor's
 weights at start, lets it rest after a training batch (not after an evaluation batch) and gives it the new weights
-after each update, stamping versions; its start reaches no sandbox without tools and checks a vLLM engine's free
+after each update, stamping versions; its tools are built and started once, and closed with it; its start reaches no
+sandbox without the python tool (and fails fast when the python tool's sandbox does not answer) and checks a vLLM
+engine's free
 memory before building it, and a start that fails on one of two gloo ranks stops both with one message. The
 pipeline's thread host refuses the trainers it cannot serve, naming the fix."""
 
@@ -59,12 +61,15 @@ class Actor(nn.Module):
         self.layer = nn.Linear(2, 2)
 
 
-def started_source(monkeypatch, tool: ToolConfig = NO_TOOLS) -> tuple[InlineSource, FakeEngine, Actor, list]:
+def started_source(monkeypatch, tool: ToolConfig = NO_TOOLS, toolboxes: list | None = None,
+                   ) -> tuple[InlineSource, FakeEngine, Actor, list]:
     seeds: list[int] = []
 
-    def rollout_sync(engine, tokenizer, sandbox, prompts, params, *args, on_end=None):
+    def rollout_sync(engine, tokenizer, sandbox, prompts, params, *args, tools=None, on_end=None):
         engine.calls.append(("rollout",))
         seeds.append(params.seed)
+        if toolboxes is not None:
+            toolboxes.append(tools)
         return make_traj([1.0, 0.0], [0, 0]), {"generation": 0.0}
 
     engine = FakeEngine()
@@ -85,7 +90,7 @@ def test_inline_source_rests_after_a_training_batch_and_loads_the_update(monkeyp
     assert seeds == [10 + 5 + 1 + 2 * 2]  # the run's seed + the batch index + 1 + the first row's place x n
     versions = batch.trajectories.versions[batch.trajectories.action_mask]
     assert versions.numel() and bool((versions == 2).all())  # in line: the trainer's weights, 2 updates done
-    assert batch.rows == ROWS and batch.sandbox == ["<embedded local sandbox>"]  # no tools: no sandbox started
+    assert batch.rows == ROWS and batch.sandbox == []  # no tools: no sandbox started, none named
     assert batch.taken == [(5, p) for p in range(4)]  # every rank's rows of the batch: the data position
     engine.calls.clear()
     assert source.after_update(actor, 3) >= 0.0
@@ -105,8 +110,76 @@ def test_without_tools_no_sandbox_is_started(monkeypatch):
 
     monkeypatch.setattr(sandbox, "local_sandbox", refuse)
     source, _, _, _ = started_source(monkeypatch)
-    assert source.sandbox.client is None and source.sandbox.urls == []
+    assert source.toolbox.entries == [] and source.sandbox_names == []
     source.close()
+
+
+CALCULATOR = ToolConfig(format="hermes", tools=[{"class_path": "calculator"}])
+
+
+def test_a_calculator_only_run_starts_no_sandbox(monkeypatch):
+    """Only the python tool starts or reaches a sandbox: with the calculator alone no server starts, none is
+    reached, and none is named."""
+    import sandbox
+
+    from zerotir.tools.sandbox_service import SandboxService
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a sandbox was started or reached for a run without the python tool")
+
+    monkeypatch.setattr(sandbox, "local_sandbox", refuse)
+    monkeypatch.setattr(SandboxService, "start", refuse)
+    source, _, _, _ = started_source(monkeypatch, CALCULATOR)
+    assert source.toolbox.names == ["calculator"]
+    assert source.batch(1).sandbox == [] and source.sandbox_names == []
+    source.close()
+
+
+def test_the_toolbox_is_built_and_started_once_per_source_and_closed_with_it(monkeypatch):
+    """Two steps and an evaluation roll out over the one toolbox the source built and started at start."""
+    from zerotir.tools import Toolbox
+
+    life: list[str] = []
+
+    class Counted(Toolbox):
+        @classmethod
+        def build(cls, *args, **kwargs):
+            life.append("build")
+            return super().build(*args, **kwargs)
+
+        def start(self):
+            life.append("start")
+            super().start()
+
+        def close(self):
+            life.append("close")
+            super().close()
+
+    monkeypatch.setattr(source_module, "Toolbox", Counted)
+    used: list = []
+    source, _, actor, _ = started_source(monkeypatch, CALCULATOR, used)
+    source.batch(1)
+    source.after_update(actor, 1)
+    source.batch(2)
+    source.evaluate(ROWS, SamplingParams(n=2, seed=0))
+    assert life == ["build", "start"] and len(used) == 3 and all(box is source.toolbox for box in used)
+    assert used[0].started and used[0].names == ["calculator"]
+    source.close()
+    source.close()
+    assert life == ["build", "start", "close"] and not used[0].started
+
+
+def test_the_python_tool_fails_fast_when_its_sandbox_does_not_answer():
+    """``model.tool.sandbox.urls`` pointing nowhere: the source's start raises the sandbox's own message, naming
+    the URL and the fix, before any engine is built."""
+    from sandbox import SandboxUnavailable
+
+    url = f"http://127.0.0.1:{free_port()}"
+    tool = ToolConfig(sandbox=SandboxConfig(urls=[url], retries=0))
+    source = InlineSource(HFRollout(), tool.sandbox, tool, SamplingConfig(), None, "unused", 0)
+    with pytest.raises(SandboxUnavailable, match=rf"{url}.*python -m sandbox serve"):
+        source.start(Actor(), None, "cpu", None)
+    assert source.engine is None and source.toolbox is None
 
 
 def test_engine_memory_check_names_the_field_and_a_utilization_that_fits():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import ExecResult, ExecStatus, format_for_model
+from sandbox import ExecResult, ExecStatus
 from zerotir.rollout.tool_block import (
-    ToolConfig, code_after_start, code_before_end, format_result, open_block_head, status_of,
+    code_after_start, code_before_end, open_block_head, status_of,
     injection_text, straddling_stop, text_after_end,
 )
 from zerotir.tools.python import failed_call_result
@@ -49,11 +49,9 @@ def test_straddling_stop_finds_a_stop_split_by_a_call_boundary():
     assert straddling_stop(TOK, ids("``` x"), 3, 4, ["```"]) is None
 
 
-def test_status_and_formatting():
+def test_status_and_a_failed_call():
     result = ExecResult(ExecStatus.TIMEOUT, "", "", 5.0)
     assert status_of(result) == "timeout"
-    tool = ToolConfig(output_template="[{output}]")
-    assert format_result(result, tool) == "[" + format_for_model(result, 1024) + "]"
     failed = failed_call_result(ConnectionError("refused"))
     assert status_of(failed) == "sandbox_error" and "refused" in failed.stderr
 

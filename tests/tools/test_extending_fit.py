@@ -32,6 +32,7 @@ from zerotir.data.prompts import PLAIN_TEMPLATE
 from zerotir.module import ZeroTIRModule
 from zerotir.rewards import MathReward
 from zerotir.rollout.source import InlineSource
+from zerotir.tools import Toolbox
 
 PROBLEM = "Days from 2024-01-01 to 2024-03-01?"
 CALL = '<tool_call>{"name": "days_between", "arguments": {"start": "2024-01-01", "end": "2024-03-01"}}</tool_call>'
@@ -54,7 +55,8 @@ class ScriptedStart:
 
     def start(self, actor, tokenizer, device, stream) -> None:
         self.stream, self._tokenizer = stream, tokenizer
-        self.sandbox.client = ScriptedSandbox()  # an unexpected python call fails the test
+        self.toolbox = Toolbox.build(self.tool, ScriptedSandbox())  # an unexpected python call fails the test
+        self.toolbox.start()
         self.engine = FitEngine(tokenizer, {PLAIN_TEMPLATE.format(problem=PROBLEM): [RIGHT, WRONG]}, n=2)
 
 

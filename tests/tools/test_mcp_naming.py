@@ -20,7 +20,7 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.tools import Toolbox
-from zerotir.tools.mcp_server import RUN_DIR_ENV, close_all
+from zerotir.tools.mcp_server import RUN_DIR_ENV
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 SERVER = str(Path(__file__).with_name("named_mcp_server.py"))
@@ -30,10 +30,14 @@ PROMPT = "Q: 6*7?\n"
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(autouse=True, scope="module")
+OPEN: list[Toolbox] = []  # the toolboxes a test started (box_of), closed after it
+
+
+@pytest.fixture(autouse=True)
 def servers_stopped_after():
     yield
-    close_all()
+    while OPEN:
+        OPEN.pop().close()
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,7 @@ def http_server(tmp_path):
     thread.start()
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", calls
-    finally:
-        close_all()  # the client's session ends first, so the server has no open stream to wait on
+    finally:  # the rollouts' toolboxes closed their sessions already: the server has no open stream to wait on
         server.should_exit = True
         thread.join(10)
         sock.close()
@@ -73,7 +76,11 @@ def entry(calls: Path | str, **init_args) -> dict:
 
 
 def box_of(*entries: dict) -> Toolbox:
-    return Toolbox.build(ToolConfig(format="hermes", max_tool_calls=4, tools=list(entries)))
+    """A started toolbox of ``entries`` (closed after the test)."""
+    box = Toolbox.build(ToolConfig(format="hermes", max_tool_calls=4, tools=list(entries)))
+    box.start()
+    OPEN.append(box)
+    return box
 
 
 def call(box: Toolbox, name: str, **arguments):
@@ -146,7 +153,7 @@ def test_the_servers_stderr_goes_to_the_log_file_in_the_run_folder_not_the_conso
     with caplog.at_level(logging.INFO, logger="zerotir.tools.mcp_server"):
         box = box_of(entry(tmp_path / "calls.txt"))
     assert [call(box, "echo", text=str(i)).text for i in range(3)] == ["0", "1", "2"]
-    close_all()  # the server process ends: all it wrote is in the file
+    box.close()  # the server process ends: all it wrote is in the file
     logs = list((tmp_path / "run" / "mcp").glob("named_mcp_server-*.log"))
     assert len(logs) == 1
     assert logs[0].read_text().count(STDERR_LINE.format(tool="echo")) == 3

@@ -20,7 +20,6 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.tools import Toolbox
-from zerotir.tools.mcp_server import close_all
 from zerotir.tools.stats import tool_metrics
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -31,10 +30,21 @@ PROMPT = "Q: 2+3?\n"
 pytestmark = pytest.mark.timeout(60)  # what this guards against is a hang
 
 
-@pytest.fixture(autouse=True, scope="module")
-def servers_stopped_after():
-    yield
-    close_all()  # the later tests of the suite run without these servers
+@pytest.fixture
+def opened():
+    """Builds and starts a toolbox (its servers connected); every one is closed after the test (its servers
+    ended), as a source closes its toolbox."""
+    boxes: list[Toolbox] = []
+
+    def open_box(tool: ToolConfig) -> Toolbox:
+        box = Toolbox.build(tool)
+        boxes.append(box)
+        box.start()
+        return box
+
+    yield open_box
+    for box in boxes:
+        box.close()
 
 
 @pytest.fixture
@@ -62,12 +72,16 @@ def call(box: Toolbox, name: str, **arguments):
     return asyncio.run(box.call(name, arguments)).observation
 
 
-def test_the_servers_tools_are_listed_with_their_schemas_and_called():
-    box = Toolbox.build(config("listed"))
+def test_the_servers_tools_are_listed_with_their_schemas_and_called(opened):
+    box = opened(config("listed"))
     assert box.names == ["calculator", "add", "wait", "die", "refuse"]
     add = box.tools["add"]
     assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
-    assert Toolbox.build(config("listed")).tools["add"].server is add.server  # started once per process
+    other = opened(config("listed"))  # another source's toolbox: a session of its own, closed with it
+    server = other.tools["add"].server
+    assert server is not add.server and server.alive
+    other.close()
+    assert not server.alive and add.server.alive
     assert (call(box, "add", a=2, b=3).text, call(box, "add", a=2, b=3).status) == ("5", "ok")
     off = call(box, "add", a="two", b=3)  # the server's schema says integer: refused before the server sees it
     assert off.status == "invalid" and "'two' is not of type 'integer'" in off.text
@@ -87,17 +101,17 @@ def test_a_call_the_server_answers_as_an_error_is_an_error_observation_counted_i
     assert (metrics["tools/add/errors"], metrics["tools/add/calls"]) == (0.0, 1.0)
 
 
-def test_a_call_past_its_timeout_is_a_timeout_observation():
-    box = Toolbox.build(config("slow", timeout=0.5))
+def test_a_call_past_its_timeout_is_a_timeout_observation(opened):
+    box = opened(config("slow", timeout=0.5))
     late = call(box, "wait", seconds=30)
     assert late.status == "timeout" and "did not answer within 0.5 s" in late.text
 
 
-def test_over_http_the_tools_are_listed_called_and_timed_out(http_server):
+def test_over_http_the_tools_are_listed_called_and_timed_out(http_server, opened):
     """The entry of docs/extending.md as written, pointed at the test's server, with a shorter timeout."""
     tool = yaml.safe_load(block("mcp-http"))["model"]["tool"]
     tool["tools"][1]["init_args"].update(url=http_server, timeout=2.0)
-    box = Toolbox.build(ToolConfig(**tool))
+    box = opened(ToolConfig(**tool))
     assert box.names == ["calculator", "add", "wait", "die", "refuse"]
     assert box.tools["add"].parameters["required"] == ["a", "b"]
     assert (call(box, "add", a=2, b=3).text, call(box, "add", a=40, b=2).text) == ("5", "42")
@@ -122,7 +136,7 @@ def test_a_url_where_no_server_answers_is_an_error_at_start():
     free = socket.socket()
     free.bind(("127.0.0.1", 0))  # bound, never listening: a refused connection, not a hang
     with free, pytest.raises(ValueError, match=r"mcp init_args.url='http://127.0.0.1:\d+/mcp': the server did not"):
-        Toolbox.build(config(f"http://127.0.0.1:{free.getsockname()[1]}/mcp", timeout=2.0))
+        Toolbox.build(config(f"http://127.0.0.1:{free.getsockname()[1]}/mcp", timeout=2.0)).start()
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

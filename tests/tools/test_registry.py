@@ -44,21 +44,26 @@ def call(box: Toolbox, name: str, arguments: dict):
     return asyncio.run(box.call(name, arguments))
 
 
+def started(box: Toolbox) -> Toolbox:
+    box.start()
+    return box
+
+
 def test_built_in_names_and_dotted_paths_build_bound_tools():
     sandbox = ScriptedSandbox(default=ok("4\n"))
-    box = Toolbox.build(HERMES, sandbox)
+    box = started(Toolbox.build(HERMES, sandbox))
     assert box.names == ["python", "calculator"]
     assert [s["function"]["name"] for s in box.schemas()] == ["python", "calculator"]
     used = call(box, "python", {"code": "print(2+2)"})
     assert (used.tool, used.observation.text, used.observation.status) == ("python", "4", "ok")
     assert sandbox.codes == ["print(2+2)"] and sandbox.timeouts == [5.0]
-    own = Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "tests.tools.test_registry.Long"}]))
+    own = started(Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "tests.tools.test_registry.Long"}])))
     assert call(own, "long", {}).observation.text.startswith("xxx")
     assert Toolbox.build(ToolConfig(max_tool_calls=0)).names == []  # no tools: nothing built, no sandbox needed
 
 
 def test_bad_calls_are_invalid_observations_that_name_the_problem():
-    box = Toolbox.build(HERMES, ScriptedSandbox(default=ok("")))
+    box = started(Toolbox.build(HERMES, ScriptedSandbox(default=ok(""))))
     unknown = call(box, "shell", {"cmd": "ls"}).observation
     assert unknown.status == "invalid" and "no tool named 'shell'" in unknown.text
     assert "the tools are: python, calculator" in unknown.text
@@ -71,7 +76,7 @@ def test_bad_calls_are_invalid_observations_that_name_the_problem():
 
 
 def test_a_tool_that_raises_is_a_tool_error_and_long_text_is_capped():
-    box = Toolbox([Boom(), Long()], max_chars=100)
+    box = started(Toolbox([Boom(), Long()], max_chars=100))
     failed = call(box, "boom", {}).observation
     assert failed.status == "tool_error" and "RuntimeError: kaput" in failed.text
     capped = call(box, "long", {}).observation.text
@@ -79,7 +84,7 @@ def test_a_tool_that_raises_is_a_tool_error_and_long_text_is_capped():
 
 
 def test_a_capped_observation_keeps_its_status_and_metrics():
-    capped = call(Toolbox([LongError()], max_chars=100), "long_error", {}).observation
+    capped = call(started(Toolbox([LongError()], max_chars=100)), "long_error", {}).observation
     assert len(capped.text) <= 100 and "507 characters in all" in capped.text  # it was cut
     assert capped.status == "error" and capped.metrics == {"passages": 3.0}  # a long error stays an error
 
@@ -98,9 +103,7 @@ def test_tool_entries_that_cannot_be_built_are_named(entry, says):
 
 def test_settings_that_cannot_apply_are_refused():
     with pytest.raises(ValueError, match="two tools are named 'calculator'"):
-        Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "calculator"}] * 2))
-    with pytest.raises(ValueError, match="needs a sandbox client"):
-        Toolbox.build(ToolConfig())
+        Toolbox.build(ToolConfig(format="hermes", tools=[{"class_path": "calculator"}] * 2)).start()
     with pytest.raises(ValueError, match="fences calls the python tool only"):
         ToolConfig(tools=[{"class_path": "python"}, {"class_path": "calculator"}])
     assert ToolConfig(max_tool_calls=0, tools=[{"class_path": "calculator"}]).tools  # no tool at all: not checked

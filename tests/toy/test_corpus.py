@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from sandbox.result import ExecResult, ExecStatus
+from sandbox.result import ExecResult, ExecStatus, format_for_model
 from zerotir.reward import extract_boxed
 from zerotir.config import ToolConfig
-from zerotir.rollout.tool_block import code_after_start, code_before_end, format_result
+from zerotir.rollout.tool_block import code_after_start, code_before_end
 from zerotir.toy.corpus import DOC_KINDS, CorpusSettings, build_corpus, code_document, mixed_document, qa_document
 from zerotir.toy.tasks import Question
 from zerotir.toy.template import CODE_CLOSE, CODE_OPEN, toy_prompt
@@ -51,7 +51,7 @@ def test_mixed_document_parses_like_a_rollout():
     second = text.index(tool.code_end, first) + len(tool.code_end)  # phase 2 ends on the code_end stop
     code = code_before_end(code_after_start(text[:second], tool.code_start), tool.code_end)
     assert code == "\nprint(482 * 917)\n"
-    injected = format_result(ExecResult(ExecStatus.OK, "441994\n", "", 0.01), tool)
+    injected = tool.output_template.format(output=format_for_model(ExecResult(ExecStatus.OK, "441994\n", "", 0.01)))
     assert text[second:] == injected + "\\boxed{441994}"
     assert extract_boxed(text) == "441994"
 

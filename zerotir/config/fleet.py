@@ -111,12 +111,14 @@ class FleetConfig:
 
     def sandbox_on_each_node(self, sandbox: SandboxConfig, tool: ToolConfig) -> bool:
         """Whether the run starts a sandbox server on each node (``sandbox_per_node``): engines on a joined cluster,
-        with tools, and no servers of the user's own (``model.tool.sandbox.urls``, which win).
+        tools that include python, and no servers of the user's own (``model.tool.sandbox.urls``, which win).
 
         Raises:
             ValueError: it applies, but an engine asks for no resource, so nothing places it on a node.
         """
-        applies = (self.enabled and self.sandbox_per_node and self.address is not None and tool.enabled
+        from zerotir.tools.python import sandbox_needed  # the tools import no config
+
+        applies = (self.enabled and self.sandbox_per_node and self.address is not None and sandbox_needed(tool)
                    and sandbox.urls is None)
         if applies and self.cpus_per_engine == 0 and self.gpus_per_engine == 0:
             raise ValueError("model.fleet.sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
@@ -137,7 +139,9 @@ class FleetConfig:
         """Once the cluster is joined, before any engine starts: the embedded sandbox listens on 127.0.0.1 of the
         trainer's node, so it serves only engines on that node. ``other_nodes``: the addresses of the cluster's
         nodes other than the trainer's (``zerotir.fleet.cluster.other_nodes``)."""
-        if tool.enabled and sandbox.urls is None and other_nodes and not self.sandbox_per_node:
+        from zerotir.tools.python import sandbox_needed  # the tools import no config
+
+        if sandbox_needed(tool) and sandbox.urls is None and other_nodes and not self.sandbox_per_node:
             raise ValueError(f"model.fleet.address={self.address!r} with model.tool.sandbox.urls: null: the cluster has "
                              f"nodes other than the trainer's ({', '.join(other_nodes)}), and the embedded sandbox "
                              "listens on 127.0.0.1 of the trainer's node, which their engines cannot reach; start "

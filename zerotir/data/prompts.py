@@ -147,7 +147,7 @@ def render_prompts(name: str, problems: list[str], tokenizer: Any, tools: list[d
     fmt = _format_of(name, tools, tool_format, tokenizer, chat_template_kwargs)
     from zerotir.tools.registry import tool_schemas
 
-    schemas = tool_schemas(tools) if tools is not None else None  # built once per source (an MCP server: once)
+    schemas = tool_schemas(tools) if tools is not None else None  # once per source (an MCP server: started to list)
     text = TemplateText(name, tokenizer, chat_template_kwargs)
     return [fmt.prompt(text, problem, schemas) for problem in problems]
 

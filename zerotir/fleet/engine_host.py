@@ -1,5 +1,5 @@
-"""What one engine process of the rollout fleet runs: an engine with weights of its own, the tool loop on it and a
-sandbox client, fed new weights by the trainer's pushes.
+"""What one engine process of the rollout fleet runs: an engine with weights of its own, the tool loop on it and the
+tools (a ``Toolbox`` built and started once per host, closed with it), fed new weights by the trainer's pushes.
 
 ``EngineHost`` is a plain class, so it runs in any process: a Ray actor of the fleet (``zerotir.fleet.cluster``
 wraps it with ``ray.remote``), threads of the trainer's process (``zerotir.fleet.thread_host``) or a spawned
@@ -7,7 +7,8 @@ process in a test. It is built from ``HostSettings`` alone (plain,
 picklable values: the model folder, the ``model.rollout`` group, the ``model.tool`` group, the seed, the sandbox's
 URLs, torch threads, the device), because a Ray actor receives its arguments pickled and loads everything else
 itself: the tokenizer and the engine from the model folder (weights of its own, apart from the trainer's), and its
-own sandbox client.
+own tools: its python tool reaches the sandbox at ``HostSettings.sandbox_urls`` (the trainer's), the one seam where
+a host is told where code runs.
 
     host = EngineHost(settings)
     host.join_weights(address, rank, world_size, timeout_s)   # rank 1..K of the trainer's weight group
@@ -46,6 +47,8 @@ from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule
 from zerotir.rollout.engine import RolloutEngine, SamplingParams, pad_id
 from zerotir.rollout.engines import create_engine
+from zerotir.tools.python import sandbox_needed
+from zerotir.tools.registry import Toolbox
 from zerotir.types import Trajectories
 
 
@@ -56,9 +59,9 @@ class HostSettings:
     Attributes:
         model_path: the HF folder (config, weights, tokenizer) the engine and the tokenizer load.
         rollout: the ``model.rollout`` group (``HFRollout`` / ``VLLMRollout``): the engine and its settings.
-        tool: the ``model.tool`` group; with tools (``max_tool_calls > 0``) ``sandbox_urls`` must be given.
+        tool: the ``model.tool`` group; with the python tool among its tools ``sandbox_urls`` must be given.
         seed: the engine's own seed (each rollout's requests carry theirs, ``SamplingParams.seed``).
-        sandbox_urls: the sandbox servers (``python -m sandbox serve``) the host's client sends code to.
+        sandbox_urls: the sandbox servers (``python -m sandbox serve``) the host's python tool sends code to.
         sandbox_options: further ``sandbox.SandboxClient`` keywords (``SandboxConfig.client_options``).
         threads: torch intra-op threads of the process (None: torch's); also a transformers engine's when its group
             leaves ``num_threads`` unset.
@@ -100,10 +103,10 @@ class HostSettings:
         if not isinstance(self.rollout, RolloutBackend):
             raise TypeError(f"HostSettings.rollout={self.rollout!r}: give the model.rollout group "
                             "(zerotir.config.HFRollout or zerotir.config.VLLMRollout)")
-        if self.tool.enabled and not self.sandbox_urls:
-            raise ValueError(f"HostSettings.sandbox_urls is empty but model.tool.max_tool_calls="
-                             f"{self.tool.max_tool_calls}: give the URLs of the sandbox servers the engine processes "
-                             "reach (python -m sandbox serve), or set model.tool.max_tool_calls=0 (no tool)")
+        if sandbox_needed(self.tool) and not self.sandbox_urls:
+            raise ValueError("HostSettings.sandbox_urls is empty but model.tool.tools include python: give the URLs "
+                             "of the sandbox servers the engine processes reach (python -m sandbox serve), or drop "
+                             "python from model.tool.tools (or set model.tool.max_tool_calls=0: no tool)")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"HostSettings.threads={self.threads}: must be >= 1, or None for torch's setting")
         if self.max_in_flight < 0:
@@ -116,14 +119,15 @@ class JobsLost(RuntimeError):
 
 
 class EngineHost:
-    """One engine process of the fleet: engine, tool loop and sandbox client (see the module doc).
+    """One engine process of the fleet: engine, tool loop and tools (see the module doc).
 
     Args:
         settings: what to load and how; checked first (``HostSettings.check``).
 
     Raises:
         FileNotFoundError, TypeError, ValueError: bad settings, naming the setting and the fix.
-        sandbox.SandboxUnavailable: with tools, no sandbox server answered (every URL named).
+        sandbox.SandboxUnavailable: with the python tool, no sandbox server answered (every URL named).
+        ValueError: another tool failed to start (an MCP server), naming the setting.
     """
 
     def __init__(self, settings: HostSettings):
@@ -135,7 +139,16 @@ class EngineHost:
             torch.set_num_threads(settings.threads)  # the process is the host's own
         self.tokenizer = load_tokenizer(settings.model_path)
         self.schedule = Schedule(settings.rollout.schedule, settings.rollout.round_tokens)
-        self.sandbox = _sandbox_client(settings)
+        self.toolbox = Toolbox.build(settings.tool, sandbox_urls=settings.sandbox_urls)
+        self.toolbox.start()  # once per host: a dead sandbox or server fails the host now, naming it
+        try:
+            self._build(settings)
+        except BaseException:
+            self.toolbox.close()
+            raise
+
+    def _build(self, settings: HostSettings) -> None:
+        """The engine and the stream that runs the tool loop on it."""
         actor = _engine_model(settings.rollout, settings.model_path, settings.dtype)
         self.engine: RolloutEngine | None = create_engine(
             settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
@@ -144,10 +157,8 @@ class EngineHost:
         self.version: int | None = None  # of the last push received; None: the folder's weights
         self._process = uuid.uuid4().hex[:12]  # this host's own: a key queued by another process is never taken here
         self._calls = itertools.count()  # with it, tags the jobs of each roll_out call
-        self.stream = GroupStream(
-            self.engine, self.tokenizer, settings.tool, self.schedule,
-            (lambda: _sandbox_client(settings)) if settings.tool.enabled else None, settings.max_in_flight,
-            settings.device)
+        self.stream = GroupStream(self.engine, self.tokenizer, settings.tool, self.schedule, self.toolbox,
+                                  settings.max_in_flight, settings.device)
 
     def describe(self) -> dict[str, Any]:
         """What the host runs: its engine's type, context length, how a LoRA actor's pushes reach it
@@ -272,7 +283,7 @@ class EngineHost:
         return {**busy, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight)}
 
     def close(self) -> None:
-        """Close the engine and leave the weight group; idempotent."""
+        """Close the engine, leave the weight group and close the tools; idempotent."""
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.close()
@@ -284,7 +295,7 @@ class EngineHost:
         finally:
             if group is not None:
                 group.close()
-            self.sandbox = None
+            self.toolbox.close()
 
     def _stream(self) -> GroupStream:
         self._engine()
@@ -294,15 +305,6 @@ class EngineHost:
         if self.engine is None:
             raise RuntimeError("EngineHost is closed (close() ran); start a new host")
         return self.engine
-
-
-def _sandbox_client(settings: HostSettings) -> Any:
-    """The host's own sandbox client, checked once (``SandboxUnavailable`` names every URL); None without tools."""
-    if not settings.tool.enabled:
-        return None
-    from zerotir.tools.python import connect_sandbox
-
-    return connect_sandbox(settings.sandbox_urls, settings.sandbox_options)
 
 
 @functools.singledispatch

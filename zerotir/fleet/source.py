@@ -5,7 +5,8 @@ restart and the calls made again), their weights (``fleet.weights``: the weight 
 schedule (``fleet.schedule``: the capacity rule, the groups that have ended, staleness drops). The source scores
 each prompt group on the trainer as it comes back from an engine, while the others generate (``EarlyScores``), and
 checks the batch against the staleness bound. Rank 0 drives the fleet for every training rank
-(``zerotir.fleet.ranks``). The sandbox is the trainer's (``SandboxService``), reached by the engines at its URLs, or
+(``zerotir.fleet.ranks``). Each engine host builds and starts its tools once; where their python tool runs code is
+the trainer's sandbox (``SandboxService``, started only when the tools include python), reached at its URLs, or
 on a cluster of several nodes one server per node (``zerotir.fleet.sandboxes``), each engine reaching its node's.
 Every wait is bounded by ``model.fleet.timeout_s``; an error names the engine, what it was doing and the step.
 """
@@ -31,9 +32,10 @@ from zerotir.fleet.weight_group import WeightGroupError
 from zerotir.lora import is_adapted, log_weight_path
 from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rollout.engine import SamplingParams, pad_id
-from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
 from zerotir.rollout.source import RolloutBatch, TrainStream
+from zerotir.tools.python import sandbox_needed
+from zerotir.tools.sandbox_service import SandboxService
 from zerotir.types import PromptRow
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,8 @@ class FleetSource:
         self.fleet, self.max_staleness = fleet, pipeline.max_staleness
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
         self.model_path, self.seed, self.lora_rank, self.dtype = model_path, seed, lora_rank, dtype
-        self.sandbox = SandboxService(sandbox, tool)
+        self.sandbox = SandboxService(sandbox)  # the engines' python tool's: started only when the tools include it
+        self.needs_sandbox = sandbox_needed(tool)
         self.transport = transport if transport is not None else RayTransport()
         self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
         self.pool = FleetHosts(fleet, self.transport)
@@ -98,6 +101,11 @@ class FleetSource:
         """Engine processes that died and were restarted."""
         return self.pool.restarts
 
+    @property
+    def sandbox_names(self) -> list[str]:
+        """Where the engines' python tool runs code (the sandbox's URLs), named when it fails; [] without it."""
+        return self.sandbox.names if self.needs_sandbox else []
+
     # ------------------------------------------------------------------------------------------- start and stop
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """The transport's: Ray serves any trainer (rank 0 drives the fleet for every rank), a thread one process."""
@@ -105,7 +113,8 @@ class FleetSource:
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
               stream: TrainStream | None) -> None:
-        """The sandbox, the cluster, the engine processes and the weight group; idempotent. The first push happens
+        """The sandbox (with the python tool), the cluster, the engine processes (each starts its tools) and the
+        weight group; idempotent. The first push happens
         with the first batch (its step gives the version) or evaluation batch."""
         if self.hosts or self._actor is not None:
             return
@@ -117,7 +126,7 @@ class FleetSource:
         fleet.check_trainer_device(torch.device(device).type)
         cores, apply, plan = self.transport.plan(fleet, self.ranks.world)
         on_nodes = fleet.sandbox_on_each_node(self.sandbox.config, self.tool)
-        if not on_nodes:
+        if self.needs_sandbox and not on_nodes:
             self.sandbox.start()
         self.transport.up(fleet, self.sandbox.config, self.tool)
         if on_nodes:
@@ -210,7 +219,7 @@ class FleetSource:
         self._occupancy = self.pool.occupancy()
         schedule.cursor.handed(step)
         schedule.top_up(self.version)  # the next batches generate while this one trains (S >= 1)
-        return RolloutBatch(rows, traj, timings, self.sandbox.names, taken)
+        return RolloutBatch(rows, traj, timings, self.sandbox_names, taken)
 
     def evaluate(self, rows: list[PromptRow], params: SamplingParams) -> RolloutBatch:
         """An evaluation batch on the engines, after the batches submitted before it, with the latest weights: the
@@ -228,7 +237,7 @@ class FleetSource:
             traj, timings = self.pool.collect(submitted, "an evaluation batch", pad_id(self._tokenizer),
                                               self._recover)
             timings["reward"] = score_trajectories(self.reward, traj, merged)
-        whole = RolloutBatch(merged, traj, timings, self.sandbox.names)
+        whole = RolloutBatch(merged, traj, timings, self.sandbox_names)
         return self.ranks.scatter(self._parts(whole, [len(r) for r in every], params.n))[0]
 
     def after_update(self, actor: nn.Module, version: int) -> float:

@@ -21,7 +21,7 @@ A batch share is a stream too: with ``max_in_flight`` 0 every job is a whole sha
 as the in-line rollout runs them) admitted alone, once the one before it has ended, so a share samples as it would
 in line while pushes still land between engine steps.
 
-Everything runs in one thread with one event loop (the tool loops, the sandbox client, the engine's steps); the
+Everything runs in one thread with one event loop (the tool loops, the host's tools, the engine's steps); the
 trainer's calls come from other threads (a Ray actor with concurrent calls) and meet it through one condition.
 """
 
@@ -40,6 +40,7 @@ from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout
 from zerotir.rollout.engine import Sample, SamplingParams
 from zerotir.fleet.versioned import ProducerStopped, VersionedEngine, synchronize_devices
+from zerotir.tools.registry import Toolbox
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
@@ -144,19 +145,18 @@ class GroupStream:
         tokenizer: the model's tokenizer.
         tool: the ``model.tool`` group.
         schedule: how each group's tool loop drives the engine.
-        sandbox: builds the stream's sandbox client, in its thread (a client belongs to one event loop); None
-            without tools.
+        tools: the host's started toolbox (``zerotir.tools.Toolbox``), shared by every group's tool loop.
         max_in_flight: trajectories in flight at most (a job larger than that runs alone); 0: every job alone.
         device: the engine's device, synchronized around each push's copy (``versioned.synchronize_devices``).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
-                 sandbox: Callable[[], Any] | None, max_in_flight: int, device: str = "cpu"):
+                 tools: Toolbox, max_in_flight: int, device: str = "cpu"):
         if max_in_flight < 0:
             raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): >= 1 to stream groups, or 0 for one job "
                              "at a time (model.fleet.max_in_flight)")
         self.tokenizer, self.tool, self.schedule, self.max_in_flight = tokenizer, tool, schedule, max_in_flight
-        self._make_sandbox = sandbox
+        self.tools = tools
         self._cond = threading.Condition()
         self._inbox: list[Job] = []
         self._outbox: dict[Hashable, _Done] = {}
@@ -293,7 +293,6 @@ class GroupStream:
                     self._cond.notify_all()
 
     async def _main(self) -> None:
-        sandbox = self._make_sandbox() if self._make_sandbox is not None else None
         hub = EngineHub(self.engine)
         tasks: set[asyncio.Task] = set()
         while True:
@@ -305,7 +304,7 @@ class GroupStream:
                     self._account()
                     self._in_flight += job.size
                     self._kind = _kind(job.params)
-                    tasks.add(asyncio.ensure_future(self._group(job, hub, sandbox)))
+                    tasks.add(asyncio.ensure_future(self._group(job, hub)))
             if tasks:
                 done, tasks = await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -315,12 +314,12 @@ class GroupStream:
         for task in tasks:
             task.cancel()
 
-    async def _group(self, job: Job, hub: EngineHub, sandbox: Any) -> None:
+    async def _group(self, job: Job, hub: EngineHub) -> None:
         """One group's tool loop on its share of the engine; its outcome to the outbox."""
         share = hub.share()
         try:
-            traj, timings = await rollout(share, self.tokenizer, sandbox, job.prompts, job.params, self.tool,
-                                          job.truths, self.schedule)
+            traj, timings = await rollout(share, self.tokenizer, None, job.prompts, job.params, self.tool,
+                                          job.truths, self.schedule, self.tools)
             done = _Done(traj.to("cpu"), timings=timings)
         except (ProducerStopped, asyncio.CancelledError):
             raise

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import closing
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, get_args
@@ -120,9 +121,9 @@ async def rollout(
     Args:
         engine: any ``RolloutEngine``.
         tokenizer: the model's tokenizer (decodes the calls, encodes the injected observations).
-        sandbox: the python tool's sandbox client, anything with ``async run(code, *, run_timeout=None) ->
-            ExecResult`` (``sandbox.SandboxClient``); None where no tool needs one. Each call is its own task, sent
-            when its block closes.
+        sandbox: with ``tools`` None, the python tool's sandbox client, anything with ``async run(code, *,
+            run_timeout=None) -> ExecResult`` (``sandbox.SandboxClient``, a test's scripted one); None where no tool
+            needs one. Each call is its own task, sent when its block closes.
         prompts: prompt token ids.
         params: sampling settings; ``n`` samples per prompt. ``params.max_new_tokens`` is the response budget
             (sampled + injected tokens); ``params.stop`` are extra stop strings that end the response (e.g.
@@ -130,8 +131,9 @@ async def rollout(
         tool: the tool-call settings: the call format, the tools (``model.tool``).
         ground_truths: the reference answer of each prompt, copied to its trajectories ("" when None).
         schedule: how the engine is driven.
-        tools: the tools, built once by a caller that keeps them between rollouts; None builds ``tool.tools`` here
-            with ``sandbox`` (``zerotir.tools.Toolbox.build``).
+        tools: the run's started toolbox, built once by the source or engine host that keeps it between rollouts
+            (``zerotir.tools.Toolbox``); None, for a one-off rollout (a test, a script): ``tool.tools`` built with
+            ``sandbox``, started and closed around this rollout.
         on_end: called on this event loop with each trajectory's index and row the moment it finishes (the in-line
             source scores it then, while the others generate: ``zerotir.rollout.scoring.EarlyScores``).
 
@@ -144,7 +146,11 @@ async def rollout(
     """
     _check_inputs(prompts, params, ground_truths)
     truths = ground_truths if ground_truths is not None else [""] * len(prompts)
-    fmt, tools = call_format(tool, tokenizer), tools if tools is not None else Toolbox.build(tool, sandbox)
+    if tools is None:  # a one-off rollout: its own toolbox, for this rollout alone
+        with closing(Toolbox.build(tool, sandbox)) as own:
+            own.start()
+            return await rollout(engine, tokenizer, None, prompts, params, tool, ground_truths, schedule, own, on_end)
+    fmt = call_format(tool, tokenizer)
     if tool.enabled:
         fmt.check_tools(tools.names)
     run = _Run(engine, tokenizer, tools, fmt, _initial_rows(tokenizer, prompts, params.n, fmt, tool.max_tool_calls),

@@ -1,6 +1,6 @@
 """Where a training step's rollouts come from: one interface, one implementation per mode.
 
-    source.start(actor, tokenizer, device, stream)   before the first rollout (the sandbox, the engine, its weights)
+    source.start(actor, tokenizer, device, stream)   before the first rollout (the tools, the engine, its weights)
     source.batch(step)                               the step's next batch of the stream, rolled out and scored
     source.evaluate(rows, params)                    an evaluation batch, on the same engine
     source.after_update(actor, version)              the new weights, as ``version`` (updates done); seconds taken
@@ -16,7 +16,8 @@ hosts with weights of their own generated ahead, under the capacity rule: one in
 (``model.pipeline`` alone) or Ray actors (``model.fleet``). ``zerotir.sources.make_rollout_source`` picks one from
 the ``model.pipeline`` and ``model.fleet`` groups; nothing outside the sources asks which mode runs.
 
-What both share lives in ``EngineSource``: the sandbox (``SandboxService``), the engine (built by the typed factory
+What both share lives in ``EngineSource``: the run's tools (a ``Toolbox`` built and started once, at ``start``, and
+closed at ``close``: the python tool reaches or starts its sandbox there), the engine (built by the typed factory
 ``engines.create_engine`` from the ``model.rollout`` group; the engine owns how new weights reach it,
 ``load_weights_from``) and the tensor-parallel group of a sharded vLLM engine (``tp_group``).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -38,11 +39,12 @@ from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.lora import is_adapted, log_weight_path
 from zerotir.rollout.engines import check_engine_fits, create_engine
-from zerotir.rollout.sandbox_service import SandboxService
 from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
 from zerotir.scale.deepspeed_setup import check_rollout_backend
 from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts
+from zerotir.tools.python import sandbox_urls
+from zerotir.tools.registry import Toolbox
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)
@@ -101,8 +103,8 @@ class RolloutSource(Protocol):
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
               stream: TrainStream | None) -> None:
-        """Reach the sandbox, build the engine and give it ``actor``'s weights; idempotent. ``stream``: the run's
-        training stream (None: no ``PromptDataModule``, nothing to train on)."""
+        """Start the tools (the python tool's sandbox), build the engine and give it ``actor``'s weights; idempotent.
+        ``stream``: the run's training stream (None: no ``PromptDataModule``, nothing to train on)."""
         ...
 
     def batch(self, step: int) -> RolloutBatch:
@@ -156,12 +158,12 @@ def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
 
 
 class EngineSource:
-    """The sandbox, the engine and the tensor-parallel group of a source, with the in-line rollout on them.
+    """The tools, the engine and the tensor-parallel group of a source, with the in-line rollout on them.
 
     Args:
         backend: the ``model.rollout`` group (the engine and its settings).
-        sandbox: the ``model.tool.sandbox`` group.
-        tool: the ``model.tool`` group.
+        sandbox: the ``model.tool.sandbox`` group (where the python tool's code runs).
+        tool: the ``model.tool`` group (the tools, built once at ``start``).
         sampling: the ``model.sampling`` group (training rollouts).
         reward: the ``model.reward`` plug-in, scoring each trajectory as it finishes (``EarlyScores``).
         model_path: the HF folder a separate engine loads at start.
@@ -173,7 +175,9 @@ class EngineSource:
                  reward: Reward | None, model_path: str, seed: int, lora_rank: int | None = None):
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
         self.model_path, self.seed, self.lora_rank = model_path, seed, lora_rank
-        self.sandbox = SandboxService(sandbox, tool)
+        if sandbox != tool.sandbox:  # the group given is where the python tool's code runs
+            self.tool = replace(tool, sandbox=sandbox)
+        self.toolbox: Toolbox | None = None  # built and started by start, closed by close
         self.schedule = Schedule(backend.schedule, backend.round_tokens)
         self.engine: RolloutEngine | None = None
         self.tp_group = TensorParallelGroup(1)  # the ranks sharing this rank's engine: built by start
@@ -188,8 +192,9 @@ class EngineSource:
 
     def start(self, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
               stream: TrainStream | None) -> None:
-        """The sandbox, then the engine with ``actor``'s weights; ``stream`` (the training stream) kept. Each phase is
-        a collective under a process group (``fail_together``): a sandbox that does not answer one rank, too little
+        """The tools (built once; the python tool reaches or starts its sandbox), then the engine with ``actor``'s
+        weights; ``stream`` (the training stream) kept. Each phase is
+        a collective under a process group (``fail_together``): a tool or sandbox that fails on one rank, too little
         free memory on one rank's GPU or an engine that fails to build on one rank stops every rank with that rank's
         error, instead of leaving the others waiting in their next collective (the memory check runs on every rank
         before any builds, as vLLM's own start-up all-reduces memory figures over the ranks)."""
@@ -197,7 +202,7 @@ class EngineSource:
             return
         self.stream = stream
         with fail_together(Exception):
-            self.sandbox.start()
+            self._start_tools()
             check_engine_fits(self.backend, device)
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
         engine = None
@@ -208,6 +213,18 @@ class EngineSource:
         if is_adapted(actor):  # a LoRA run: how the actor's weights reach the engine, said at start
             log_weight_path(engine.adapter_path(actor), f"the in-line {type(engine).__name__}")
         engine.load_weights_from(actor)  # a resumed actor, or a separate engine loaded from model_path
+
+    def _start_tools(self) -> None:
+        """The run's toolbox, built and started once (a retried start builds it again only after a failure)."""
+        if self.toolbox is None:
+            toolbox = Toolbox.build(self.tool)
+            toolbox.start()  # closes what it started before raising
+            self.toolbox = toolbox
+
+    @property
+    def sandbox_names(self) -> list[str]:
+        """Where the python tool's code runs (its sandbox's URLs), named when it fails; [] without it."""
+        return sandbox_urls(self.toolbox) if self.toolbox is not None else []
 
     def roll_out(self, rows: list[PromptRow], params: SamplingParams) -> tuple[Trajectories, dict[str, float]]:
         """The tool loop over ``rows`` on this source's engine, each trajectory scored as it finishes and the rest
@@ -220,8 +237,8 @@ class EngineSource:
         early = EarlyScores(self.reward, rows, self._tokenizer)  # each trajectory scored as it finishes
         try:
             traj, timings = self.tp_group.rollout(self.engine, lambda engine: rollout_sync(
-                engine, self._tokenizer, self.sandbox.client, prompts, params, self.tool, truths, self.schedule,
-                on_end=early.finished))
+                engine, self._tokenizer, None, prompts, params, self.tool, truths, self.schedule,
+                tools=self.toolbox, on_end=early.finished))
         except BaseException:
             early.cancel()
             raise
@@ -234,7 +251,7 @@ class EngineSource:
         group_rows, own = self.tp_group.share_rows(rows)
         traj, timings = self.roll_out(group_rows, params)
         traj = own_trajectories(traj, own, len(group_rows), params.n)  # group ids index ``group_rows``
-        return RolloutBatch(group_rows, traj, timings, self.sandbox.names)
+        return RolloutBatch(group_rows, traj, timings, self.sandbox_names)
 
     def load_weights(self, actor: nn.Module) -> float:
         """``actor``'s weights into this source's engine, in line; the seconds it took."""
@@ -249,7 +266,9 @@ class EngineSource:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.close()  # now, not whenever the garbage collector gets to it (RolloutEngine.close)
-        self.sandbox.close()
+        toolbox, self.toolbox = self.toolbox, None
+        if toolbox is not None:
+            toolbox.close()
 
 
 class InlineSource(EngineSource):
@@ -273,7 +292,7 @@ class InlineSource(EngineSource):
         if self.tp_group.shared:  # the ranks of an engine rolled out the same prompts: each trains on its share
             traj = traj.select(self.tp_group.training_share(traj.group_ids))
         taken = [(row["batch_index"], row["position"]) for row in batch]
-        return RolloutBatch(rows, traj, timings, self.sandbox.names, taken)
+        return RolloutBatch(rows, traj, timings, self.sandbox_names, taken)
 
     def after_update(self, actor: nn.Module, version: int) -> float:
         return self.load_weights(actor)

@@ -1,5 +1,5 @@
-"""Text side of a tool call: finding the code of a block, and the block injected back (``ToolConfig`` is the
-``model.tool`` group of ``zerotir.config``).
+"""Text side of a tool call: finding the code of a block, and the block injected back (cut to
+``model.tool.max_output_tokens`` tokens; its characters are capped once, by ``zerotir.tools.Toolbox.call``).
 
 The tool loop (``agent_loop``) works on token ids; this module holds the few string rules it needs, each a pure
 function tested on its own.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from zerotir.config import ToolConfig
 
 
 def open_block_head(prompt_text: str, code_start: str, code_end: str) -> str | None:
@@ -87,22 +86,6 @@ def status_of(result: Any) -> str:
     """The status value ("ok", "error", "timeout", ...) of an ``ExecResult``-like object."""
     status = result.status
     return str(status.value if isinstance(status, enum.Enum) else status)
-
-
-def format_result(result: Any, tool: ToolConfig, tokenizer: Any = None) -> str:
-    """The injected text for one execution: ``tool.output_template`` around ``format_output``."""
-    return tool.output_template.format(output=format_output(result, tool, tokenizer))
-
-
-def format_output(result: Any, tool: ToolConfig, tokenizer: Any = None) -> str:
-    """What goes inside the output block: ``sandbox.format_for_model``, cut to ``tool.max_output_tokens`` tokens of
-    ``tokenizer`` when both are given."""
-    from sandbox.result import format_for_model
-
-    output = format_for_model(result, tool.max_output_chars)
-    if tokenizer is not None and tool.max_output_tokens is not None:
-        output = truncate_tokens(output, tokenizer, tool.max_output_tokens)
-    return output
 
 
 def truncate_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:

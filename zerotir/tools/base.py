@@ -4,8 +4,10 @@ A tool has a ``name`` (what the model writes), a ``description`` and a JSON sche
 (``parameters``: what a call format shows the model and what the arguments are checked against), and an async
 ``call(arguments)`` that returns an ``Observation``: the text the model reads, a status, and numbers for the logs.
 Tools are configured as ``model.tool.tools``: a list of ``class_path`` entries with their ``init_args``
-(``zerotir.tools.registry``); the run's runtime parts (the sandbox client, the ``model.tool`` group) reach a tool
-through ``bind(env)``, called once before its first call.
+(``zerotir.tools.registry``); the run's runtime parts (the ``model.tool`` group, where the sandbox is) reach a tool
+through ``bind(env)``. A tool has a life of its own: the run's ``Toolbox`` builds it once per source and per engine
+host, calls ``start()`` once before the first rollout (connect to a server, load an index, reach a sandbox: the
+slow and failing part, done once and failing fast) and ``close()`` once at teardown; both do nothing by default.
 
 A tool never raises for the model's mistakes (bad code, a division by zero, a timeout): it returns an observation
 with that status, so the model reads what went wrong. An exception that escapes ``call`` is the tool's own fault and
@@ -52,14 +54,17 @@ class ToolEnv:
     """The run's parts a tool may need, handed to ``Tool.bind``.
 
     Attributes:
-        tool: the ``model.tool`` group (output caps, the python tool's ``run_timeout``).
-        sandbox: the sandbox client of this thread (``sandbox.SandboxClient`` or anything with ``async run(code, *,
-            run_timeout)``), built where it is today (``SandboxService`` on the trainer, the fleet host's own);
-            None where the run has no sandbox.
+        tool: the ``model.tool`` group (the python tool's ``run_timeout`` and ``sandbox`` group).
+        sandbox: a sandbox client handed in (``sandbox.SandboxClient`` or anything with ``async run(code, *,
+            run_timeout)``: a test's scripted one, a benchmark's); None: the python tool reaches or starts its own
+            at ``start`` (``zerotir.tools.sandbox_service``).
+        sandbox_urls: the sandbox servers the python tool reaches in place of ``model.tool.sandbox``'s (an engine
+            host reaches the trainer's: ``HostSettings.sandbox_urls``); None: ``model.tool.sandbox`` decides.
     """
 
     tool: Any
     sandbox: Any = None
+    sandbox_urls: tuple[str, ...] | None = None
 
 
 class Tool:
@@ -69,13 +74,23 @@ class Tool:
     name: str = ""
     description: str = ""
     parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    # True where the tools this entry stands for are known only once started (an MCP server lists them): reading
+    # their schemas for a prompt (``registry.tool_schemas``) starts and closes it.
+    listed_at_start: bool = False
 
     def expand(self) -> list[Tool]:
-        """The tools this entry stands for: itself (the ``mcp`` entry: each tool its server lists)."""
+        """The tools this entry stands for: itself (the ``mcp`` entry: each tool its server lists, once started)."""
         return [self]
 
     def bind(self, env: ToolEnv) -> None:
         """Take what the run provides (default: nothing). Raises ``ValueError`` when the tool cannot run there."""
+
+    def start(self) -> None:
+        """Acquire what the tool holds for the run (a server's session, a corpus index, a sandbox client), once,
+        before its first call (default: nothing). Raises when the tool cannot run, naming the setting and the fix."""
+
+    def close(self) -> None:
+        """Release what ``start`` acquired (default: nothing); idempotent, and safe after a failed ``start``."""
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
         """Run one call with ``arguments`` (already checked against ``parameters``)."""

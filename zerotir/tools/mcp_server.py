@@ -4,14 +4,14 @@ The server is reached one of two ways, exactly one set: ``command`` (with ``args
 process and speaks over its stdio; ``url`` (e.g. ``http://127.0.0.1:8000/mcp``) reaches a running one over
 streamable HTTP. Both go through one connection class; only the transport that yields the SDK's read and write
 streams differs. The entry ``{class_path: mcp, init_args: {command: ..., args: [...]}}`` (or ``{url: ...}``)
-connects once per process, lists its tools at start (their names, descriptions and input schemas, which the registry
-checks arguments against) and stands for all of them (``expand``). The session lives on an event loop of its own in
+connects at ``start`` (once per toolbox: one per source and per engine host), lists its tools there (their names,
+descriptions and input schemas, which the registry checks arguments against) and stands for all of them
+(``expand``). The session lives on an event loop of its own in
 a daemon thread: the tool loop's event loop is only driven between engine steps, and an MCP session must keep
 reading its server. A call waits at most ``timeout`` seconds (status ``timeout``); a server that died answers every
 call with a ``tool_error`` observation (at once once the session has ended, within ``timeout`` before), so a dead or
-stuck server never hangs the rollout. The connection stays up until the process ends or ``close_all`` runs (a later
-rollout reuses it; a dead one is connected again when the tools are built again; an HTTP server must then be up
-again).
+stuck server never hangs the rollout. The connection stays up until the toolbox closes (``close``: a stdio server's
+process ends with its session).
 
 The model need not write the server's names: ``include`` / ``exclude`` keep or drop tools by the server's names,
 ``rename`` maps a server's name to the name the model writes, and ``prefix`` goes before every other name (e.g.
@@ -26,7 +26,6 @@ temporary folder); its path is logged once, when the server starts.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import difflib
 import hashlib
 import logging
@@ -43,9 +42,6 @@ from zerotir.tools.base import STATUS_ERROR, STATUS_TIMEOUT, STATUS_TOOL_ERROR, 
 log = logging.getLogger(__name__)
 
 RUN_DIR_ENV = "ZEROTIR_RUN_DIR"  # the run's trainer.default_root_dir, set by ``python -m zerotir``
-
-_SERVERS: dict[tuple, MCPConnection] = {}  # ("stdio", command, args, env) or ("http", url) -> this process's session
-_LOCK = threading.Lock()
 
 Transport = Callable[[], AbstractAsyncContextManager]  # opens the SDK's (read, write) streams to one server
 
@@ -209,7 +205,7 @@ def model_names(listed: list[str], where: str, rename: dict[str, str] | None, pr
 
 class MCPTools(Tool):
     """Every tool of one MCP server (or those selected): started by ``command`` ``args`` (stdio) or running at
-    ``url`` (streamable HTTP); exactly one of the two is set (module doc).
+    ``url`` (streamable HTTP); exactly one of the two is set (module doc). Connected at ``start``, ended at ``close``.
 
     Args:
         command: the program that runs the server over stdio (e.g. ``python``, or another environment's
@@ -227,6 +223,8 @@ class MCPTools(Tool):
             ``command`` only.
     """
 
+    listed_at_start = True  # its tools are the server's, known once connected
+
     def __init__(self, command: str | None = None, args: list[str] | None = None,
                  env: dict[str, str] | None = None, url: str | None = None, timeout: float = 30.0,
                  start_timeout: float = 30.0, rename: dict[str, str] | None = None, prefix: str = "",
@@ -240,31 +238,42 @@ class MCPTools(Tool):
         if timeout <= 0 or start_timeout <= 0:
             raise ValueError(f"mcp init_args: timeout={timeout} and start_timeout={start_timeout} must be > 0")
         if url is not None:
-            key, where, transport = ("http", url), f"url={url!r}", http_transport(url, timeout)
+            where, transport = f"url={url!r}", http_transport(url, timeout)
+            self.log_path: Path | None = None
         else:
             argv = list(args or ())
             key = ("stdio", command, tuple(argv), tuple(sorted((env or {}).items())))
-            log_path = Path(log_file) if log_file else default_log_file(command, argv, key)
-            where, transport = f"command={command!r} {argv}", stdio_transport(command, argv, env, log_path)
-        with _LOCK:
-            server = _SERVERS.get(key)
-            if server is None or not server.alive:
-                server = _SERVERS[key] = MCPConnection(transport, where, start_timeout)
-                if url is None:
-                    log.info("mcp: the server %s writes its stderr to %s", where, log_path)
-        self.server, self.timeout, self.name = server, timeout, f"mcp:{url or command}"
-        self.names = model_names([t.name for t in server.tools], where, rename, prefix, include, exclude)
+            self.log_path = Path(log_file) if log_file else default_log_file(command, argv, key)
+            where, transport = f"command={command!r} {argv}", stdio_transport(command, argv, env, self.log_path)
+        self.where, self.transport, self.start_timeout = where, transport, start_timeout
+        self.selection = (rename, prefix, include, exclude)
+        self.server: MCPConnection | None = None  # connected by start
+        self.names: dict[str, str] = {}  # the server's name -> the model's, of the tools kept (start)
+        self.timeout, self.name = timeout, f"mcp:{url or command}"
+
+    def start(self) -> None:
+        """Start (stdio) or reach (HTTP) the server, list its tools and choose those the model gets; raises
+        ``ValueError`` naming the field when it does not answer or a chosen name is not the server's."""
+        if self.server is not None:
+            return
+        server = MCPConnection(self.transport, self.where, self.start_timeout)
+        try:
+            self.names = model_names([t.name for t in server.tools], self.where, *self.selection)
+        except ValueError:
+            server.close()
+            raise
+        self.server = server
+        if self.log_path is not None:
+            log.info("mcp: the server %s writes its stderr to %s", self.where, self.log_path)
 
     def expand(self) -> list[Tool]:
+        if self.server is None:
+            raise RuntimeError(f"mcp {self.where}: its tools are listed once started (Toolbox.start)")
         return [MCPTool(self.server, listed, self.timeout, self.names[listed.name])
                 for listed in self.server.tools if listed.name in self.names]
 
-
-@atexit.register
-def close_all() -> None:
-    """Stop every MCP server this process started (at exit; a test's teardown)."""
-    with _LOCK:
-        servers = list(_SERVERS.values())
-        _SERVERS.clear()
-    for server in servers:
-        server.close()
+    def close(self) -> None:
+        """End the session (a stdio server's process ends with it)."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()

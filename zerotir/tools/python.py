@@ -1,10 +1,14 @@
 """``python``: the paper's code interpreter behind the tool protocol.
 
-The code runs in the sandbox (``sandbox.SandboxClient``, or anything with ``async run(code, *, run_timeout)``) that
-the run built with ``connect_sandbox`` (below; ``SandboxService`` on the trainer, each fleet host its own), and hands in
-through ``ToolEnv.sandbox``. The observation is the sandbox's own formatting of the result
-(``sandbox.format_for_model``, capped at ``model.tool.max_output_chars``) with the sandbox's status; a client that
-raises (instead of returning a ``sandbox_error`` result) is recorded as a sandbox error, as before.
+The tool owns its sandbox: ``start`` reaches the servers it is given (an engine host's, the trainer's sandbox) or
+``model.tool.sandbox.urls``, or starts an embedded local server when neither is set (``SandboxService``), checked
+with one health call, so a dead sandbox fails the run at start with ``SandboxUnavailable`` naming every URL;
+``close`` stops what it started. A run whose tools do not include python starts no sandbox (``sandbox_needed``). A
+client handed in through ``ToolEnv.sandbox`` (a test's, a benchmark's) is used as is and never closed here.
+
+The observation is the sandbox's own formatting of the result (``sandbox.format_for_model``, uncut: the model-facing
+cap is ``Toolbox.call``'s alone) with the sandbox's status; a client that raises (instead of returning a
+``sandbox_error`` result) is recorded as a sandbox error.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import logging
 from typing import Any
 
 from zerotir.tools.base import Observation, Tool, ToolEnv
+from zerotir.tools.registry import resolve
+from zerotir.tools.sandbox_service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -27,27 +33,47 @@ class PythonTool(Tool):
                   "required": ["code"], "additionalProperties": False}
 
     def __init__(self) -> None:
+        self._env: ToolEnv | None = None
+        self._service: SandboxService | None = None  # the sandbox this tool reached or started (None: handed in)
         self._sandbox: Any = None
-        self._run_timeout = 5.0
-        self._max_chars = 512
 
     def bind(self, env: ToolEnv) -> None:
-        if env.sandbox is None:
-            raise ValueError("the python tool (model.tool.tools) needs a sandbox client, and this run has none: "
-                             "start one (zerotir.rollout.sandbox_service.SandboxService) or drop python from "
-                             "model.tool.tools")
-        self._sandbox, self._run_timeout, self._max_chars = env.sandbox, env.tool.run_timeout, env.tool.max_output_chars
+        self._env = env
+
+    def start(self) -> None:
+        """The sandbox client: the one handed in, else the servers given or configured, else an embedded server."""
+        if self._sandbox is not None:
+            return
+        if self._env is None:
+            raise RuntimeError("PythonTool.start before bind(env): build it through zerotir.tools.Toolbox.build")
+        if self._env.sandbox is not None:
+            self._sandbox = self._env.sandbox
+            return
+        service = SandboxService(self._env.tool.sandbox, self._env.sandbox_urls)
+        service.start()  # raises SandboxUnavailable, naming every URL and the fix
+        self._service, self._sandbox = service, service.client
+
+    @property
+    def urls(self) -> list[str]:
+        """Where the code runs, as error messages name it (the sandbox's URLs); [] for a client handed in."""
+        return self._service.names if self._service is not None else []
+
+    def close(self) -> None:
+        service, self._service, self._sandbox = self._service, None, None
+        if service is not None:
+            service.close()
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
         from sandbox.result import format_for_model
 
+        if self._sandbox is None:
+            raise RuntimeError("the python tool is not started (Toolbox.start before the first rollout)")
         try:
-            result = await self._sandbox.run(arguments["code"], run_timeout=self._run_timeout)
+            result = await self._sandbox.run(arguments["code"], run_timeout=self._env.tool.run_timeout)
         except Exception as error:
             result = failed_call_result(error)
         status = result.status
-        return Observation(format_for_model(result, self._max_chars),
-                           str(status.value if isinstance(status, enum.Enum) else status),
+        return Observation(format_for_model(result, None), str(status.value if isinstance(status, enum.Enum) else status),
                            {"exec_seconds": float(result.elapsed)})
 
 
@@ -63,20 +89,12 @@ def failed_call_result(error: BaseException) -> Any:
     return ExecResult(ExecStatus.SANDBOX_ERROR, "", f"{type(error).__name__}: {error}", 0.0)
 
 
-def connect_sandbox(urls: list[str], options: dict[str, Any]) -> Any:
-    """The python tool's sandbox client for ``urls``, checked with one health call: the one client builder of a run,
-    for the trainer's ``SandboxService`` and each fleet engine host alike (a client belongs to the event loop of the
-    thread that uses it, so each builds its own).
+def sandbox_needed(tool: Any) -> bool:
+    """Whether the tools of ``tool`` (the ``model.tool`` group) include the python tool (a subclass counts), so the
+    run needs a sandbox: the fleet's trainer starts one for its engine hosts only then."""
+    return tool.enabled and any(issubclass(resolve(entry["class_path"]), PythonTool) for entry in tool.tools)
 
-    Args:
-        urls: the sandbox servers (``model.tool.sandbox.urls``, or the embedded server's).
-        options: ``sandbox.SandboxClient`` keywords (``SandboxConfig.client_options``).
 
-    Raises:
-        SandboxUnavailable: no server answered; it names every URL tried and the fix.
-    """
-    from sandbox import SandboxClient
-
-    client = SandboxClient(list(urls), **options)
-    client.check_health()
-    return client
+def sandbox_urls(tools: Any) -> list[str]:
+    """Where the python tools of a started ``Toolbox`` run their code (their sandboxes' URLs), for error messages."""
+    return [url for one in tools.entries if isinstance(one, PythonTool) for url in one.urls]

@@ -27,7 +27,7 @@ from zerotir.tools.formats import Call
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tools", "resolve", "tool_names", "tool_schemas"]
+__all__ = ["BUILT_IN", "Toolbox", "Used", "build_tool", "resolve", "tool_names", "tool_schemas"]
 
 BUILT_IN = {
     "python": "zerotir.tools.python.PythonTool",
@@ -51,18 +51,29 @@ def resolve(class_path: str) -> type[Tool]:
     return import_subclass(path, Tool, "zerotir.tools.Tool", where)
 
 
-def build_tools(entry: dict[str, Any], env: ToolEnv) -> list[Tool]:
-    """The tools of one ``{class_path, init_args}`` entry (one, or an MCP server's), bound to ``env``."""
-    tools = _expanded(entry)
-    for one in tools:
-        one.bind(env)
-    return tools
+def build_tool(entry: dict[str, Any], env: ToolEnv) -> Tool:
+    """The tool of one ``{class_path, init_args}`` entry (one, or an MCP server's), bound to ``env``, not started."""
+    tool = _built(entry)
+    tool.bind(env)
+    return tool
 
 
 def tool_schemas(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The function-calling schemas of the tools of ``model.tool.tools`` ``entries``, in order, without binding them
-    to a run (what a chat template shows the model: ``zerotir.data.prompts``)."""
-    return [tool.schema() for entry in entries for tool in _expanded(entry)]
+    to a run (what a chat template shows the model: ``zerotir.data.prompts``); an entry whose tools are listed only
+    once started (an MCP server's) is started for the listing and closed again."""
+    schemas = []
+    for entry in entries:
+        tool = _built(entry)
+        if not tool.listed_at_start:
+            schemas += [one.schema() for one in _named(tool.expand(), entry)]
+            continue
+        try:
+            tool.start()
+            schemas += [one.schema() for one in _named(tool.expand(), entry)]
+        finally:
+            tool.close()
+    return schemas
 
 
 def tool_names(entries: list[dict[str, Any]]) -> list[str]:
@@ -72,18 +83,25 @@ def tool_names(entries: list[dict[str, Any]]) -> list[str]:
     return [cls.name for cls in classes if cls.name]
 
 
-def _expanded(entry: dict[str, Any]) -> list[Tool]:
-    """The tools one entry stands for, built with its ``init_args``, not yet bound."""
+def _built(entry: dict[str, Any]) -> Tool:
+    """The tool of one entry, built with its ``init_args``, not yet bound nor started."""
     cls = resolve(entry["class_path"])
     try:
-        tool = cls(**entry.get("init_args") or {})
+        return cls(**entry.get("init_args") or {})
     except TypeError as error:
         raise ValueError(f"model.tool.tools {entry['class_path']!r} init_args: {error}") from error
-    tools = tool.expand()
+
+
+def _named(tools: list[Tool], entry: Any) -> list[Tool]:
+    """``tools`` (an entry's expansion), each checked to have a name."""
     for one in tools:
         if not one.name:
-            raise ValueError(f"model.tool.tools {entry['class_path']!r}: a tool has an empty name")
+            raise ValueError(f"model.tool.tools {_label(entry)}: a tool has an empty name")
     return tools
+
+
+def _label(entry: Any) -> str:
+    return repr(entry["class_path"]) if isinstance(entry, dict) else type(entry).__name__
 
 
 @dataclass(frozen=True)
@@ -96,18 +114,64 @@ class Used:
 
 
 class Toolbox:
-    """The tools of a run by name (see the module doc).
+    """The tools of a run by name, with their life (see the module doc).
 
     Args:
-        tools: the built tools; their names must be distinct.
+        tools: the built tools, one per ``model.tool.tools`` entry (``build``: bound to the run); their names, once
+            expanded at ``start``, must be distinct.
         max_chars: the character cap of every observation (``model.tool.max_output_chars``).
     """
 
     def __init__(self, tools: Iterable[Tool], max_chars: int):
+        self.entries = list(tools)
+        self.max_chars = max_chars
+        self.tools: dict[str, Tool] = {}  # by name, once started
+        self._validators: dict[str, Any] = {}
+        self.started = False
+
+    @classmethod
+    def build(cls, tool_config: Any, sandbox: Any = None, sandbox_urls: tuple[str, ...] | None = None) -> Toolbox:
+        """The tools of ``tool_config.tools`` (the ``model.tool`` group), bound to the run, not started; none
+        without tools (``max_tool_calls: 0``). ``sandbox``: a client handed to the python tool (a test's); else it
+        reaches ``sandbox_urls`` (an engine host's: the trainer's sandbox) or ``model.tool.sandbox`` at start."""
+        if not tool_config.enabled:
+            return cls([], tool_config.max_output_chars)
+        env = ToolEnv(tool_config, sandbox, sandbox_urls)
+        return cls([build_tool(entry, env) for entry in tool_config.tools], tool_config.max_output_chars)
+
+    def start(self) -> None:
+        """Start every tool, in order, and index the tools they stand for by name; idempotent. A tool that fails to
+        start closes those started before it, and its error is raised (it names the setting and the fix)."""
+        if self.started:
+            return
+        started: list[Tool] = []
+        try:
+            for entry in self.entries:
+                entry.start()
+                started.append(entry)
+            self._index([one for entry in self.entries for one in _named(entry.expand(), entry)])
+        except BaseException:
+            self.tools, self._validators = {}, {}
+            for entry in reversed(started):
+                entry.close()
+            raise
+        self.started = True
+
+    def close(self) -> None:
+        """Close every tool, in reverse order (each one's error logged, the others still closed); idempotent."""
+        started, self.started = self.started, False
+        self.tools, self._validators = {}, {}
+        if not started:
+            return
+        for entry in reversed(self.entries):
+            try:
+                entry.close()
+            except Exception as error:  # the others still close; the run is ending anyway
+                log.warning("closing the tool %s raised %s: %s", _label(entry), type(error).__name__, error)
+
+    def _index(self, tools: list[Tool]) -> None:
         import jsonschema
 
-        self.tools: dict[str, Tool] = {}
-        self._validators: dict[str, Any] = {}
         for tool in tools:
             if tool.name in self.tools:
                 raise ValueError(f"model.tool.tools: two tools are named {tool.name!r}; tool names must be distinct")
@@ -118,23 +182,21 @@ class Toolbox:
                     from None
             self.tools[tool.name] = tool
             self._validators[tool.name] = jsonschema.Draft202012Validator(tool.parameters)
-        self.max_chars = max_chars
-
-    @classmethod
-    def build(cls, tool_config: Any, sandbox: Any = None) -> Toolbox:
-        """The tools of ``tool_config.tools`` (the ``model.tool`` group), with ``sandbox`` for those that need one;
-        none without tools (``max_tool_calls: 0``)."""
-        if not tool_config.enabled:
-            return cls([], tool_config.max_output_chars)
-        env = ToolEnv(tool_config, sandbox)
-        return cls([t for entry in tool_config.tools for t in build_tools(entry, env)], tool_config.max_output_chars)
 
     @property
     def names(self) -> list[str]:
+        """The tools' names, in configuration order (once started)."""
+        self._check_started()
         return list(self.tools)
+
+    def _check_started(self) -> None:
+        if not self.started and self.entries:
+            raise RuntimeError("the toolbox is not started: call Toolbox.start() once before the first rollout (its "
+                               "tools connect, load or reach their sandbox there) and Toolbox.close() at teardown")
 
     def schemas(self) -> list[dict[str, Any]]:
         """Every tool's function-calling schema, in configuration order."""
+        self._check_started()
         return [t.schema() for t in self.tools.values()]
 
     async def run(self, call: Call) -> Used:
@@ -146,6 +208,7 @@ class Toolbox:
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Used:
         """Call tool ``name`` with ``arguments``; never raises for a bad call or a failing tool (module doc)."""
+        self._check_started()
         start = time.perf_counter()
         observation = await self._observe(name, arguments)
         observation = cap_observation(observation, self.max_chars)

@@ -3,7 +3,8 @@
 The corpus is a JSONL file (one passage per line, its text in ``text_field``, an optional ``title``) or a folder of
 ``.txt`` / ``.md`` files (each cut into paragraphs at blank lines). The index is built once and cached on disk under
 ``cache_dir``, keyed by the SHA-256 of the passages, so a changed corpus is indexed again and an unchanged one never
-is; in a process it is loaded once (a rollout that builds its tools again reuses it).
+is. The corpus is read and its index loaded (or built) once, at ``start``: the tool lives as long as its toolbox (one
+per source and per engine host), so nothing is read again per rollout.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from zerotir.tools.base import Observation, Tool
 
 log = logging.getLogger(__name__)
 
-_LOADED: dict[str, Any] = {}  # index folder (named by the content hash) -> retriever, loaded once per process
-_LOCK = threading.Lock()  # hosts build their tools on several threads
+MISSING = "no such file or folder; give a JSONL file of passages or a folder of .txt files"
+_LOCK = threading.Lock()  # engine hosts in threads of one process may build one index at once
 
 
 class SearchTool(Tool):
@@ -44,19 +45,33 @@ class SearchTool(Tool):
                  max_passage_chars: int = 600):
         if k < 1 or max_passage_chars < 1:
             raise ValueError(f"search init_args: k={k} and max_passage_chars={max_passage_chars} must be >= 1")
-        self.passages = load_passages(Path(corpus), text_field)
-        self.k, self.max_passage_chars = min(k, len(self.passages)), max_passage_chars
+        self.corpus, self.text_field, self.k, self.max_passage_chars = Path(corpus), text_field, k, max_passage_chars
+        if not self.corpus.exists():  # the cheap check at build; the passages are read at start
+            raise ValueError(f"search init_args.corpus={corpus!r}: {MISSING}")
+        self.root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "zerotir" / "bm25"
+        self.passages: list[str] = []
+        self.digest = ""  # the SHA-256 of the passages, naming the index folder: set by start
+        self.index_dir: Path | None = None
+        self.retriever: Any = None  # loaded by start
+
+    def start(self) -> None:
+        """Read the corpus and load its index (building it the first time): once per toolbox."""
+        if self.retriever is not None:
+            return
+        self.passages = load_passages(self.corpus, self.text_field)
         self.digest = hashlib.sha256(json.dumps(self.passages).encode()).hexdigest()
-        root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "zerotir" / "bm25"
-        self.index_dir = root / self.digest[:32]
+        self.index_dir = self.root / self.digest[:32]
         self.retriever = _retriever(self.passages, self.index_dir)
+
+    def close(self) -> None:
+        self.retriever, self.passages = None, []
 
     async def call(self, arguments: dict[str, Any]) -> Observation:
         bm25s = import_bm25s()
         tokens = bm25s.tokenize([arguments["query"]], stopwords="en", return_ids=False, show_progress=False)
         if not tokens[0]:
             return Observation("No passage matches: the query has no searchable word.", metrics={"passages": 0.0})
-        ids, scores = self.retriever.retrieve(tokens, k=self.k, show_progress=False)
+        ids, scores = self.retriever.retrieve(tokens, k=min(self.k, len(self.passages)), show_progress=False)
         hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
         if not hits:
             return Observation("No passage matches the query.", metrics={"passages": 0.0})
@@ -86,7 +101,7 @@ def load_passages(corpus: Path, text_field: str) -> list[str]:
             title = row.get("title")
             passages.append(f"{title}: {text}" if isinstance(title, str) and title else text)
     else:
-        raise ValueError(f"{where}: no such file or folder; give a JSONL file of passages or a folder of .txt files")
+        raise ValueError(f"{where}: {MISSING}")
     passages = [p for p in passages if p]
     if not passages:
         raise ValueError(f"{where}: the corpus holds no passage")
@@ -109,12 +124,10 @@ def import_bm25s() -> Any:
 
 
 def _retriever(passages: list[str], index_dir: Path) -> Any:
-    """The BM25 index of ``passages``: from this process, else from ``index_dir``, else built and saved there."""
+    """The BM25 index of ``passages``: from ``index_dir``, else built and saved there."""
     bm25s = import_bm25s()
 
     with _LOCK:
-        if str(index_dir) in _LOADED:
-            return _LOADED[str(index_dir)]
         if (index_dir / "params.index.json").is_file():
             retriever = bm25s.BM25.load(str(index_dir), show_progress=False, verbosity=0)
         else:
@@ -126,5 +139,4 @@ def _retriever(passages: list[str], index_dir: Path) -> Any:
             partial = index_dir.with_name(index_dir.name + ".partial")
             retriever.save(str(partial), show_progress=False)
             partial.replace(index_dir)  # whole or absent: a run killed mid-save leaves no half index
-        _LOADED[str(index_dir)] = retriever
         return retriever

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from sandbox import SandboxUnavailable, local_sandbox
-from zerotir.config import SandboxConfig, ToolConfig
-from zerotir.rollout.sandbox_service import SandboxService
+from zerotir.config import SandboxConfig
+from zerotir.tools.sandbox_service import SandboxService
 
 
 def _dead_url() -> str:
@@ -20,7 +20,7 @@ def _dead_url() -> str:
 
 def test_started_servers_are_used_instead_of_an_embedded_one() -> None:
     with local_sandbox(workers=1, log_level="warning") as urls:
-        service = SandboxService(SandboxConfig(), ToolConfig())
+        service = SandboxService(SandboxConfig())
         service.start(started=urls)
         try:
             assert service.urls == urls and service.names == urls and service.client.urls == urls
@@ -30,6 +30,6 @@ def test_started_servers_are_used_instead_of_an_embedded_one() -> None:
 
 def test_configured_urls_win_over_started_servers() -> None:
     configured = _dead_url()
-    service = SandboxService(SandboxConfig(urls=[configured]), ToolConfig())
+    service = SandboxService(SandboxConfig(urls=[configured]))
     with pytest.raises(SandboxUnavailable, match=configured):  # the configured server is the one reached
         service.start(started=["http://127.0.0.1:1"])
