@@ -7,7 +7,7 @@ Without tools (``model.tool.max_tool_calls: 0``, the paper's ZeroRL baseline) no
 rollouts get no client: a dead sandbox never quietly turns into a no-tool run, because a run with tools always starts
 one here first.
 
-A client belongs to one event loop, so each thread that runs the tool loop takes its own (``new_client``): the
+A client belongs to one event loop, so each thread that runs the tool loop takes its own: the
 trainer's in-line rollouts use ``client``; an engine host builds its own from ``urls``, both with the python tool's
 one builder (``zerotir.tools.python.connect_sandbox``).
 """
