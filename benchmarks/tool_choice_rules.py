@@ -189,7 +189,7 @@ def fig_selection(ref: list[tuple[str, Run]], path: Path) -> str | None:
 def section(results: dict[int, dict], command: str, swept: dict | None, figure: str | None) -> str:
     """The docs/findings.md section of this sweep (between ``START`` and ``END``)."""
     when = f"{swept['ended']}, {swept['minutes']} min" if swept else "runs already there"
-    lines = [START, "## Tool choice (issue #44, `tools` world)", "",
+    lines = [START, "## Tool choice (`tools` world)", "",
              f"`{command}` ({when}); rules written before the run in `benchmarks/tool_choice_rules.py`.", "",
              "| # | finding | rule | evidence | verdict |", "|---|---|---|---|---|"]
     for n in sorted(RULES):

@@ -13,7 +13,7 @@ the checkpoint folder's ``last.ckpt`` when that state is whole:
   the line names the last checkpoint saved, which ``--ckpt_path last`` resumes.
 
 On several processes each rank receives the signal and saves together (``trainer.save_checkpoint`` is collective);
-rank 0 says the line. The CLI adds the callback to every run (``zerotir.cli.RUN_CALLBACKS``).
+rank 0 says the line. The CLI adds the callback to every run (``zerotir.cli.app.RUN_CALLBACKS``).
 """
 
 from __future__ import annotations

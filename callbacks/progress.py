@@ -6,7 +6,7 @@ a terminal, print once at the end. A ZeroTIR run's prompt stream has no epochs t
 RL step is one training batch, and what the user watches is whether the reward and the tool use go up.
 
 This bar counts RL steps from each step's ``StepResult`` (``outputs["step"]``), so a resumed run goes on from its
-checkpoint's step, and the ETA is measured on this process's steps (``zerotir.console.StepDisplay``). In a terminal
+checkpoint's step, and the ETA is measured on this process's steps (``zerotir.cli.console.StepDisplay``). In a terminal
 it is a live bar, ended before a validation (whose report then prints on lines of its own); without one (a pipe,
 ``nohup``, CI) it prints one line per RL step and per evaluation batch. Reward and tool use (the share of responses
 that called a tool) are rank 0's trajectories; with several tools, each tool's share follows, the configured ones
@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 
-from zerotir.console import StepDisplay, percent
+from zerotir.cli.console import StepDisplay, percent
 from zerotir.rl.step import StepResult
 
 

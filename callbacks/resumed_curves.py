@@ -8,7 +8,7 @@ curve). TensorBoard's answer is the writer's purge step: a ``SessionLog.START`` 
 On a resumed fit this callback gives every ``TensorBoardLogger``'s ``SummaryWriter`` the purge step
 ``rl_steps_done + 1`` of the checkpoint (the first step the resumed run logs; read in ``on_load_checkpoint``), once
 training starts (``on_train_start``: under DeepSpeed the restore comes after the writer is created). The writer's current file is closed; its next event opens a
-new file that starts with the purge. The CLI adds it to every run (``zerotir.cli.RUN_CALLBACKS``).
+new file that starts with the purge. The CLI adds it to every run (``zerotir.cli.app.RUN_CALLBACKS``).
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ def check_steps(steps: list[dict[str, Any]]) -> list[str]:
 
 
 def run(config: Path, report: Path) -> int:
-    from zerotir.cli import ZeroTIRCLI
+    from zerotir.cli.app import ZeroTIRCLI
 
     lora = (yaml.safe_load(config.read_text())["model"]["base"].get("lora") is not None)
     recorder = StepRecorder(watch=".lora_B." if lora else "model.embed_tokens.weight")
@@ -232,7 +232,7 @@ REQUIRED = [("torch", "torch"), ("lightning", "lightning"), ("transformers", "tr
             ("sympy", "sympy"), ("rich", "rich"), ("scipy", "scipy"), ("pandas", "pandas"), ("pyarrow", "pyarrow"),
             ("matplotlib", "matplotlib"), ("peft", "peft"),
             # the project's own import chain: the CLI, the module, the sandbox service and the callbacks
-            ("zerotir.cli", "zerotir"), ("zerotir.module", "zerotir"), ("sandbox.server", "zerotir"),
+            ("zerotir.cli.app", "zerotir"), ("zerotir.module", "zerotir"), ("sandbox.server", "zerotir"),
             ("callbacks", "zerotir")]
 DEEPSPEED_TESTED = ((0, 19, 8), (0, 20))  # pyproject.toml pins deepspeed>=0.19.8,<0.20
 

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import zerotir.__main__ as entry
 from callbacks.progress import RLStepProgressBar, rl_step_description
 from zerotir import models
-from zerotir.cli import ZeroTIRCLI
+from zerotir.cli.app import ZeroTIRCLI
 from zerotir.config import HFRollout
 from zerotir.tools.mcp_server import RUN_DIR_ENV
 from zerotir.toy.pretrain import PretrainSettings
@@ -154,7 +154,7 @@ def test_export_command_writes_a_loadable_folder(tiny_dir, tmp_path, capsys, mon
 
 
 def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
-    import zerotir.cli
+    import zerotir.cli.app
 
     calls = []
 
@@ -163,7 +163,7 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
         if not (tmp_path / "toy" / "config.json").exists():
             build_tiny_model(build_byte_tokenizer(), save_dir=tmp_path / "toy", hidden_size=32, num_heads=2)
 
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
     own = tmp_path / "own.yaml"  # a config file naming the folder: the toy base's own folder
     own.write_text(f"model:\n  base:\n    path: {tmp_path / 'toy'}\n")
@@ -176,7 +176,7 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
 def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monkeypatch):
     """Any number and order of --config files: the last that sets model.base.path names the toy base's own folder;
     an overlay (a shipped one, or a user's ``model:`` without ``base.path``) is not parsed as a whole config."""
-    import zerotir.cli
+    import zerotir.cli.app
 
     calls = []
 
@@ -184,7 +184,7 @@ def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monk
         calls.append(path)
         build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
 
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", fake_build)
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
     own = tmp_path / "own.yaml"
     own.write_text(f"model:\n  base:\n    path: {tmp_path / 'toy'}\n")
@@ -198,12 +198,12 @@ def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monk
 
 
 def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path, monkeypatch):
-    import zerotir.cli
+    import zerotir.cli.app
 
     def no_build(*args, **kwargs):
         raise AssertionError("the toy base must not be built for a config that cannot train")
 
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", no_build)
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
     monkeypatch.chdir(REPO)
     toy = str(REPO / "configs" / "toy_cpu.yaml")  # the base of the two overlays below
     grpo = str(REPO / "configs" / "toy_cpu_grpo.yaml")
@@ -232,28 +232,28 @@ def test_help_describes_every_estimator_and_option(capsys):
 
 
 def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
-    import zerotir.cli_checks
+    import zerotir.cli.checks
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: True)
-    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
+    monkeypatch.setattr(zerotir.cli.checks.torch.cuda, "is_available", lambda: True)
+    zerotir.cli.checks.use_cpu_deepspeed_without_cuda()
     assert "DS_ACCELERATOR" not in os.environ  # a GPU machine keeps DeepSpeed's own detection
-    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: False)
-    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
+    monkeypatch.setattr(zerotir.cli.checks.torch.cuda, "is_available", lambda: False)
+    zerotir.cli.checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # an explicit choice wins
-    zerotir.cli_checks.use_cpu_deepspeed_without_cuda()
+    zerotir.cli.checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "xpu"
 
 
 @pytest.fixture
 def no_toy_build(monkeypatch):
-    import zerotir.cli
+    import zerotir.cli.app
 
     def no_build(*args, **kwargs):
         raise AssertionError("no toy base may be built here")
 
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", no_build)
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
     monkeypatch.chdir(REPO)
 
 
@@ -275,13 +275,13 @@ def test_a_real_model_folder_with_a_toy_config_names_toy_base_null(no_toy_build,
 
 
 def test_a_toy_base_elsewhere_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
-    import zerotir.cli
+    import zerotir.cli.app
 
     base = tmp_path / "other_base"
     build_tiny_model(build_byte_tokenizer(), save_dir=base, hidden_size=32, num_layers=2, num_heads=2)
     (base / "toy_base.json").write_text(json.dumps({"settings": PretrainSettings(head_dim=32).identity()}))
     calls = []
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", lambda path, **settings: calls.append(path))
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", lambda path, **settings: calls.append(path))
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match=r"other settings \(head_dim: 32 there, 0 in toy_base\).*--toy_base null"):
         toy_cli("--model.base.path", str(base), root=tmp_path)  # it would be rebuilt with head_dim 0
@@ -294,10 +294,10 @@ def test_an_overlay_without_a_model_path_keeps_the_base_configs_folder(tmp_path,
     """An overlay that does not name model.base.path (configs/toy_cpu_fleet.yaml, configs/rehearsal/zero3_fleet.yaml)
     on a toy config: the base is built at the folder the first file names. Looking for that folder once parsed each
     file alone, and the overlay alone failed the whole command line (its links need model.base.path)."""
-    import zerotir.cli
+    import zerotir.cli.app
 
     calls = []
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", lambda path, **settings: calls.append(path))
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", lambda path, **settings: calls.append(path))
     monkeypatch.chdir(REPO)
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("model:\n  seed: 3\n")
@@ -367,8 +367,8 @@ def test_validate_and_test_write_runs_of_their_own(tiny_dir, tmp_path, monkeypat
 
 
 def test_a_negative_number_on_the_command_line_is_a_value(capsys, monkeypatch):
-    from zerotir.cli import cli_main
-    from zerotir.cli_checks import join_negative_values
+    from zerotir.cli.app import cli_main
+    from zerotir.cli.checks import join_negative_values
 
     assert join_negative_values(["--a", "-1e-4", "--b", "-3", "--c=-2", "-h", "--d", "-.5"]) == \
         ["--a=-1e-4", "--b=-3", "--c=-2", "-h", "--d=-.5"]
@@ -381,9 +381,9 @@ def test_a_negative_number_on_the_command_line_is_a_value(capsys, monkeypatch):
 
 
 def test_a_gpu_config_without_cuda_names_the_accelerator_and_the_rehearsals(tmp_path, monkeypatch):
-    import zerotir.cli_checks
+    import zerotir.cli.checks
 
-    monkeypatch.setattr(zerotir.cli_checks.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(zerotir.cli.checks.torch.cuda, "is_available", lambda: False)
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match=r"trainer.accelerator='gpu'.*--trainer.accelerator cpu.*configs/rehearsal/"):
         ZeroTIRCLI(args=["--config", "configs/qwen2.5-7b_reinforce.yaml", "--trainer.default_root_dir",
@@ -444,7 +444,7 @@ def test_the_progress_bar_is_given_the_runs_tools(tiny_dir, tmp_path, no_toy_bui
 
 def test_the_start_line_names_the_tools_and_the_call_format(tiny_dir, tmp_path, no_toy_build, caplog):
     tools = json.dumps([{"class_path": "python"}, {"class_path": "calculator"}])
-    with caplog.at_level("INFO", logger="zerotir.cli"):
+    with caplog.at_level("INFO", logger="zerotir.cli.app"):
         toy_cli("--model.base.path", str(tiny_dir), "--toy_base", "null", "--model.tool.format", "hermes",
                 "--model.tool.tools", tools, "--model.tool.max_tool_calls", "3", root=tmp_path)
     assert (f"zerotir fit: tools python, calculator (call format hermes, up to 3 calls per response); run folder "

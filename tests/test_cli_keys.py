@@ -1,4 +1,4 @@
-"""The key check of ``python -m zerotir`` (``zerotir.cli_keys``): a mistyped key answered before torch loads, naming
+"""The key check of ``python -m zerotir`` (``zerotir.cli.keys``): a mistyped key answered before torch loads, naming
 the key, its file and the closest valid key; every valid command (the shipped configs, the documented commands, a
 printed full config, the command-line spellings of values) passes it; the committed index is the parser's."""
 
@@ -16,8 +16,8 @@ import yaml
 
 from tests.test_configs import CONFIGS, header_args
 from tests.test_doc_commands import COMMANDS
-from zerotir.cli_errors import key_hint, parse_error_text
-from zerotir.cli_keys import INDEX_FILE, REGENERATE, check_keys, generate_index
+from zerotir.cli.errors import key_hint, parse_error_text
+from zerotir.cli.keys import INDEX_FILE, REGENERATE, check_keys, generate_index
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = "configs/toy_cpu.yaml"
@@ -168,11 +168,11 @@ def test_a_printed_full_config_passes(config, tmp_path, capsys, monkeypatch):
 
 def test_the_committed_index_is_the_parsers():
     committed = json.loads(INDEX_FILE.read_text())
-    assert generate_index() == committed, f"zerotir/cli_keys.json is stale: regenerate it with `{REGENERATE}`"
+    assert generate_index() == committed, f"zerotir/cli/keys.json is stale: regenerate it with `{REGENERATE}`"
 
 
 def test_an_index_made_with_other_library_versions_leaves_every_key_to_the_parser(monkeypatch):
-    import zerotir.cli_keys as cli_keys
+    import zerotir.cli.keys as cli_keys
 
     assert cli_keys.load_index() is not None  # the committed index was made with the installed versions
     monkeypatch.setattr(cli_keys, "library_versions", lambda: {"lightning": "0.0.1", "jsonargparse": "0.0.1"})
@@ -184,7 +184,7 @@ def test_the_index_holds_zerotirs_own_classes_whatever_else_is_imported():
     """A reward class of a user's (here, the test's) imported in the same process is not indexed: the committed index
     and the test's comparison would depend on which modules ran before."""
     from zerotir.rewards import MathReward
-    from zerotir.rollout.scoring import Reward
+    from zerotir.rewards.protocol import Reward
 
     class UsersReward(Reward):  # a direct subclass of model.reward's type, as jsonargparse finds them
         score = MathReward.score
@@ -238,7 +238,7 @@ def test_a_settings_types_come_in_one_order_whatever_the_hints_spelling():
     process met first: typing caches a union, so the committed index went stale whenever another test imported first."""
     import typing
 
-    from zerotir.cli_values import value_spec
+    from zerotir.cli.values import value_spec
 
     for hint in (typing.Union[float, int, None], typing.Optional[typing.Union[int, float]], None | float | int):
         assert value_spec(hint)["types"] == ["int", "float", "null"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.test_cli import CONFIG, REPO, no_toy_build, toy_cli  # noqa: F401 - no_toy_build is a fixture
-from zerotir.cli import ZeroTIRCLI
-from zerotir.cli_checks import check_not_finished
+from zerotir.cli.app import ZeroTIRCLI
+from zerotir.cli.checks import check_not_finished
 
 
 def test_zero_max_steps_is_an_error_before_anything_starts(no_toy_build, tiny_dir, tmp_path):
@@ -80,7 +80,7 @@ def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_p
 
 def test_the_model_table_comes_after_the_sandbox_start(tiny_dir, tmp_path, monkeypatch):
     """No sandbox answering: its error is the first thing printed, not the line under a table of the model."""
-    from zerotir.cli import LateModelSummary
+    from zerotir.cli.app import LateModelSummary
     from zerotir.module import ZeroTIRModule
 
     def no_sandbox(self):

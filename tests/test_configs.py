@@ -12,7 +12,7 @@ import pytest
 import yaml
 from lightning.pytorch import Callback
 
-from zerotir.cli import ZeroTIRCLI
+from zerotir.cli.app import ZeroTIRCLI
 from zerotir.config import Algorithm
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from zerotir import console
-from zerotir.console import StepDisplay, StepRate, clock_text
+from zerotir.cli import console
+from zerotir.cli.console import StepDisplay, StepRate, clock_text
 
 
 class FakeClock:

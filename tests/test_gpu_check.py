@@ -69,7 +69,7 @@ def test_gpu_check_plumbing_runs_three_steps_on_cpu(tmp_path):
 def _assert_the_lora_config_builds_an_adapted_actor(config: Path) -> None:
     """The lora stage's config (written by the plumbing run, run on a GPU only) passes the CLI's checks and builds
     the module: rank-8 adapters on the actor, REINFORCE++ (no critic), in line."""
-    from zerotir.cli import ZeroTIRCLI
+    from zerotir.cli.app import ZeroTIRCLI
 
     cli = ZeroTIRCLI(args=["--config", str(config)], run=False)
     assert cli.model.rl.algorithm == "reinforce_pp" and cli.model.base.lora.rank == 8
@@ -137,7 +137,7 @@ def _script(monkeypatch, name: str):
 
 def test_the_fleet_stage_pushes_every_bucket_into_the_engine_and_says_when_it_cannot_run(tmp_path, monkeypatch,
                                                                                        capsys):
-    """Issue 46, A10: the fleet's push over gloo (CUDA tensors on a GPU; the same code with CPU tensors here), and
+    """The fleet's push over gloo (CUDA tensors on a GPU; the same code with CPU tensors here), and
     without CUDA a report that says it was skipped and why."""
     script = _script(monkeypatch, "gpu_check_fleet")
     assert script.main(["--report", str(tmp_path / "cpu.json"), "--device", "cpu"]) == 0

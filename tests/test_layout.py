@@ -287,11 +287,44 @@ def check_sizes(tree: Tree, limit: int, ceilings: dict[str, int]) -> list[str]:
     return problems
 
 
+MAX_TOP_LEVEL = 8  # modules directly under zerotir/ (``__init__.py`` aside): the rest live in packages of one idea
+APART = (("zerotir.rewards", "zerotir.rollout"),)  # (package, what it never imports): scoring knows no engine
+# A reference to an issue of this project: "issue 12", "Issue #12", "(#12)". History belongs to git.
+ISSUE_REF = re.compile(r"\bissues?\s*#?\d+|\(#\d+\)|(?<![\w/&])#\d+\b", re.IGNORECASE)
+
+
+def check_apart(tree: Tree) -> list[str]:
+    """Nothing of a package of ``APART`` imports the package named beside it."""
+    return [f"{tree.rel(module)}:{line}: `{written}` imports `{target}`: nothing of `{package}` imports "
+            f"`{banned}`" for package, banned in APART for module, found in tree.imports.items()
+            if _under(module, package) for line, written, target in found if _under(target, banned)]
+
+
+def check_top_level(root: Path, most: int = MAX_TOP_LEVEL) -> list[str]:
+    """At most ``most`` modules directly under ``zerotir/``."""
+    names = sorted(p.name for p in (root / "zerotir").glob("*.py") if p.name != "__init__.py")
+    if len(names) <= most:
+        return []
+    return [f"zerotir/: {len(names)} top-level modules ({', '.join(names)}), at most {most}: move one into the "
+            "package of its idea"]
+
+
+def check_issue_numbers(root: Path) -> list[str]:
+    """No issue number in the source of ``zerotir/``: a docstring says what and why; history belongs to git."""
+    problems = []
+    for path in sorted((root / "zerotir").rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if found := ISSUE_REF.search(line):
+                problems.append(f"{path.relative_to(root).as_posix()}:{number}: `{found.group(0)}` names an issue: "
+                                "say what and why instead")
+    return problems
+
+
 def check_all(root: Path) -> list[str]:
     doc = (root / DOC).read_text(encoding="utf-8")
     rows, (limit, ceilings), tree = parse_rows(doc), parse_sizes(doc), scan(root)
     return check_rows(tree, rows) + check_imports(tree, rows) + check_cycles(tree, rows) + \
-        check_sizes(tree, limit, ceilings)
+        check_sizes(tree, limit, ceilings) + check_apart(tree) + check_top_level(root) + check_issue_numbers(root)
 
 
 # The tests on the repository.
@@ -306,6 +339,9 @@ RULES = {
     "imports": lambda tree, doc: check_imports(tree, parse_rows(doc)),
     "cycles": lambda tree, doc: check_cycles(tree, parse_rows(doc)),
     "sizes": lambda tree, doc: check_sizes(tree, *parse_sizes(doc)),
+    "apart": lambda tree, doc: check_apart(tree),
+    "top_level": lambda tree, doc: check_top_level(tree.root),
+    "issue_numbers": lambda tree, doc: check_issue_numbers(tree.root),
 }
 
 
@@ -316,7 +352,7 @@ def test_repository_follows_its_layout(repo, rule):
     assert not problems, "\n".join(problems)
 
 
-MAX_MODULE_PARAMETERS = 12  # issue 43: settings belong in a group of zerotir.config, not in the signature
+MAX_MODULE_PARAMETERS = 12  # settings belong in a group of zerotir.config, not in the signature
 
 
 def module_parameters(root: Path) -> list[str]:
@@ -431,3 +467,38 @@ def test_checker_holds_oversize_files_to_their_listed_ceilings(tmp_path):
     assert f"zerotir/cli.py: 7 lines, above its ceiling of 6 in {DOC}: the listed oversize files may only shrink" \
         in problems
     assert f"{DOC}: `zerotir/config.py` has 2 lines, within the limit: remove it from the list" in problems
+
+
+def test_checker_keeps_the_rewards_apart_from_the_rollout_even_where_the_doc_allows_it(tmp_path):
+    doc = MINI_DOC.replace("| `callbacks/` |", "| `zerotir.rewards` | `math` | `rollout` |\n| `zerotir.rollout` | `sync` | "
+                                               "nothing |\n| `callbacks/` |")
+    for package in ("rewards", "rollout"):
+        (tmp_path / "zerotir" / package).mkdir(parents=True)
+        (tmp_path / "zerotir" / package / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "zerotir" / "rollout" / "sync.py").write_text("X = 1\n", encoding="utf-8")
+    math = "def f():\n    from zerotir.rollout.sync import X\n"
+    problems = _mini(tmp_path, doc, zerotir__rewards__math_py=math)
+    assert problems == ["zerotir/rewards/math.py:2: `from zerotir.rollout.sync import X` imports "
+                        "`zerotir.rollout.sync`: nothing of `zerotir.rewards` imports `zerotir.rollout`"]
+
+
+def test_checker_counts_the_top_level_modules(tmp_path):
+    extra = {f"zerotir__extra{i}_py": "" for i in range(MAX_TOP_LEVEL - 1)}  # with cli.py and config.py: one over
+    doc = MINI_DOC.replace("| `callbacks/` |", "".join(f"| `zerotir.extra{i}` | x | nothing |\n"
+                                                       for i in range(MAX_TOP_LEVEL - 1)) + "| `callbacks/` |")
+    problems = _mini(tmp_path, doc, **extra)
+    assert len(problems) == 1 and problems[0].startswith(f"zerotir/: {MAX_TOP_LEVEL + 1} top-level modules (cli.py, "
+                                                         f"config.py, extra0.py,"), problems
+    assert check_top_level(tmp_path, MAX_TOP_LEVEL + 1) == []
+
+
+@pytest.mark.parametrize("line", ["# see issue 46, A7", "# an old design (Issue #17)", "# fixed in (#12)",
+                                  "# as #41 asked"])
+def test_checker_finds_an_issue_number_in_the_source(tmp_path, line):
+    problems = _mini(tmp_path, zerotir__config_py=f"class Config:\n    pass  {line}\n")
+    assert len(problems) == 1 and problems[0].startswith("zerotir/config.py:2: `"), problems
+
+
+@pytest.mark.parametrize("line", ["# colour #fff", "# 2 issues at once", "# https://github.com/a/b/issues/19259"])
+def test_checker_leaves_what_is_no_issue_number(tmp_path, line):
+    assert _mini(tmp_path, zerotir__config_py=f"class Config:\n    pass  {line}\n") == []

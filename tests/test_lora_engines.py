@@ -22,7 +22,7 @@ from zerotir.config import (
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.scoring import Reward, Score
+from zerotir.rewards.protocol import Reward, Score
 from zerotir.rollout.source import InlineSource
 
 NO_TOOL = ToolConfig(max_tool_calls=0)

@@ -393,7 +393,7 @@ def test_the_module_trains_an_asynchronous_run_corrected_unless_the_config_says_
 
 
 def test_every_place_a_push_may_happen_releases_zero3s_prefetch_first(tiny_dir, train_file, tmp_path, monkeypatch):
-    """Issue 46, A1: a push gathers every parameter outside a forward, and under ZeRO-3 parameters the prefetch left
+    """A push gathers every parameter outside a forward, and under ZeRO-3 parameters the prefetch left
     in flight cannot be partitioned again; a fleet pushes inside ``training_step`` too (its first batch, a recovered
     engine), so ``release_for_push`` runs before each batch the source is asked for and before each push after the
     update (it does nothing without ZeRO-3: recorded here on CPU)."""

@@ -1,16 +1,16 @@
 """``python -m zerotir <command>`` (also the ``zerotir`` console script).
 
 Commands:
-    fit | validate | test | predict   the LightningCLI (``zerotir.cli``); ``--help`` and ``--print_config`` work.
+    fit | validate | test | predict   the LightningCLI (``zerotir.cli.app``); ``--help`` and ``--print_config`` work.
     toy-base                          pretrain the toy base model (``zerotir.toy.pretrain``).
     scaling                           the scaling report from TensorBoard logs (``zerotir.scaling.report``).
     rollouts                          what the model wrote: a run's rollouts on disk (``zerotir.rollout_log.cli``).
     export                            write a checkpoint's policy as a HF folder (``zerotir.models.export_policy``).
 
 A bad config or a failed check prints its message and exits non-zero without a traceback; ``--debug`` anywhere on
-the command line (or ``ZEROTIR_DEBUG=1``) shows the traceback (``zerotir.cli_errors``). A mistyped key of
+the command line (or ``ZEROTIR_DEBUG=1``) shows the traceback (``zerotir.cli.errors``). A mistyped key of
 fit / validate / test / predict (typed, or in a ``--config`` file), and a value of the wrong type or outside its
-choices, are answered before torch loads (``zerotir.cli_keys``, ``zerotir.cli_values``); a run's first line (the
+choices, are answered before torch loads (``zerotir.cli.keys``, ``zerotir.cli.values``); a run's first line (the
 command and its config files) comes before torch loads too.
 """
 
@@ -27,7 +27,7 @@ def export_main(args: list[str]) -> None:
     also the merged model, a second folder); the last line names every folder written."""
     from jsonargparse import CLI
 
-    from zerotir.cli_checks import use_cpu_deepspeed_without_cuda
+    from zerotir.cli.checks import use_cpu_deepspeed_without_cuda
     from zerotir.models import export_policy
 
     use_cpu_deepspeed_without_cuda()  # before DeepSpeed loads: no "Setting accelerator to CPU" warning
@@ -68,19 +68,19 @@ def say_starting(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from zerotir.cli_errors import reported_errors, take_debug_flag
+    from zerotir.cli.errors import reported_errors, take_debug_flag
 
     from_command_line = argv is None
     if from_command_line:
         sys.argv[1:] = take_debug_flag(sys.argv[1:])  # LightningCLI reads sys.argv itself
     argv = take_debug_flag(list(sys.argv[1:] if argv is None else argv))
-    from zerotir.cli_keys import check_keys
+    from zerotir.cli.keys import check_keys
 
     check_keys(argv)  # a mistyped key of fit/validate/test/predict answers here, before torch loads
     say_starting(argv)  # a first line within a second, before torch, Lightning and transformers load
-    from zerotir.console import quiet_library_output
+    from zerotir.cli.console import quiet_library_output
 
-    quiet_library_output()  # library noise filtered unless --debug / ZEROTIR_DEBUG (zerotir.console)
+    quiet_library_output()  # library noise filtered unless --debug / ZEROTIR_DEBUG (zerotir.cli.console)
     with reported_errors():
         _dispatch(argv, from_command_line)
 
@@ -104,7 +104,7 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
     elif command in ("-h", "--help", ""):
         print(USAGE)
     else:
-        from zerotir.cli import cli_main
+        from zerotir.cli.app import cli_main
 
         cli_main(None if from_command_line else argv)  # None: LightningCLI reads sys.argv itself
 

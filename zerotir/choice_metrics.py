@@ -1,6 +1,7 @@
-"""Tool-choice metrics of an RL step (issue #44): which tool each answer calls first, per tool and per question kind,
+"""Tool-choice metrics of an RL step: which tool each answer calls first, per tool and per question kind,
 the accuracy per kind and the share of its correct answers that called two different tools or more (a
-looked-up value computed on: issue #44's coordination), for any dataset whose rows carry a ``kind`` field (tags: ``zerotir.metric_names``).
+looked-up value computed on: coordination), for any dataset whose rows carry a ``kind`` field (tags:
+``zerotir.metric_names``).
 
 The first call of an answer is its first recorded call (``Trajectories.tool_calls``): the tool's name, ``none``
 without a call, ``invalid`` for a call that reached no tool (malformed, a name no tool has, arguments off its

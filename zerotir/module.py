@@ -389,5 +389,5 @@ class ZeroTIRModule(LightningModule):
 
     def configure_callbacks(self) -> list[Callback]:
         """The module's own callbacks, on what it owns (the source); those of ``callbacks/`` are the CLI's
-        (``zerotir.cli.RUN_CALLBACKS``): nothing of ``zerotir/`` imports them."""
+        (``zerotir.cli.app.RUN_CALLBACKS``): nothing of ``zerotir/`` imports them."""
         return [CloseOnException(self.close_run), WatchPeers(self.source.close)]

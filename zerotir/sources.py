@@ -17,7 +17,7 @@ from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, Sampling
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.fleet.transport import RayTransport
-from zerotir.rollout.scoring import Reward
+from zerotir.rewards.protocol import Reward
 from zerotir.rollout.source import InlineSource, RolloutSource
 
 

@@ -44,7 +44,7 @@ def test_the_curriculum_example_parses_and_draws_its_first_stage(tmp_path, monke
     """The YAML of docs/data.md's curriculum section, as an overlay of configs/toy_cpu.yaml (parsed by the real
     command line, the data module set up for fit: its kinds checked against the rows); its first batches are of the
     first stage's kinds, and the 10-step stage follows once the first stage's pass rate is met."""
-    from zerotir.cli import ZeroTIRCLI
+    from zerotir.cli.app import ZeroTIRCLI
 
     clone = in_a_clone(tmp_path)
     (clone / "curriculum.yaml").write_text(curriculum_block())

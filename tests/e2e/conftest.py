@@ -16,7 +16,7 @@ import torch
 
 from tests.e2e.base_model import TEMPLATE, unpack, write_problems
 from zerotir import metric_names as mn
-from zerotir.cli import ZeroTIRCLI
+from zerotir.cli.app import ZeroTIRCLI
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ rank 0 alone. What must hold:
   one rank: ``test_rehearsal_equivalence``). From step 2 on the runs sample with weights that differ in the last
   bits, and sampling at temperature 1 can turn such a difference into another token, so later rollouts may differ;
 - every step: each rank trains on its own share of the step's global batch (its problem ids, group ids from 0);
-- the engine is killed at the end of step 1, while it rolls out step 2's batch (issue 46, A1): Ray restarts it,
+- the engine is killed at the end of step 1, while it rolls out step 2's batch: Ray restarts it,
   rank 0 finds it dead inside step 2's ``training_step`` (inside ``DeepSpeedEngine.forward``, where ZeRO-3's
   prefetch leaves parameters in flight), both ranks release them and gather the recovery push, and step 2's batch
   runs again: the run counts one restart and trains on;

@@ -1,4 +1,4 @@
-"""Equivalence of the CPU rehearsal's parallel modes (issue #24): 2 ranks x B/2 prompts train the same parameters as
+"""Equivalence of the CPU rehearsal's parallel modes: 2 ranks x B/2 prompts train the same parameters as
 1 rank x B prompts, after 2 RL steps, within 1e-5 in fp32, under DDP, DeepSpeed ZeRO-2 and ZeRO-3
 (``zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy``), with PPO's critic and with a group estimator
 (REINFORCE++-baseline).

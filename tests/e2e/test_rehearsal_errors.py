@@ -1,4 +1,4 @@
-"""Errors on one rank of the CPU rehearsal (issue #24): the 2-process ZeRO-3 fit of
+"""Errors on one rank of the CPU rehearsal: the 2-process ZeRO-3 fit of
 ``configs/rehearsal/zero3_reinforce.yaml``, with rank 1 alone given a sandbox URL where nothing listens, or a vLLM
 engine whose KV cache cannot hold one request. Every rank stops with rank 1's message
 (``zerotir.scale.distributed.fail_together`` around ``EngineSource.start``), the run exits non-zero before step 1

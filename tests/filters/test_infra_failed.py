@@ -16,7 +16,8 @@ from zerotir.filters.decide import decide, infra_failed_rows
 from zerotir.filters.trajectory import FilterContext
 from zerotir.rewards import WeightedReward
 from zerotir.rl.update import RLConfig, compute_advantages
-from zerotir.rollout.scoring import Reward, Sample, Score, score_trajectories
+from zerotir.rewards.protocol import Reward, Sample, Score
+from zerotir.rollout.scoring import score_trajectories
 
 CTX = FilterContext.of(ToolConfig(), max_response_tokens=16)
 

@@ -21,7 +21,8 @@ from zerotir.config import FleetConfig, PipelineConfig, SamplingConfig, SandboxC
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.models import load_tokenizer
-from zerotir.rollout.scoring import Reward, Score, score_trajectories
+from zerotir.rewards.protocol import Reward, Score
+from zerotir.rollout.scoring import score_trajectories
 
 GROUPS = 3  # prompt groups of the batch; the last one is held at the gate
 N = 2  # trajectories per group

@@ -69,7 +69,7 @@ def test_an_actor_decodes_as_the_sender_after_a_push(cluster: None, tiny_dir: Pa
     model = sender_model(tiny_dir, seed=5)
     received = host.receive_weights.remote()
     # The host's default group is busy until the push below (as with a rollout in flight): its questions are answered
-    # meanwhile, so the trainer never waits for one queued behind a rollout (issue 46, A3).
+    # meanwhile, so the trainer never waits for one queued behind a rollout.
     assert set(ray.get(host.occupancy.remote(), timeout=CALL_TIMEOUT_S)) == {"busy"}
     assert ray.get(host.describe.remote(), timeout=CALL_TIMEOUT_S)["pid"] == built["pid"]
     assert ray.wait([received], timeout=0)[1] == [received]  # still waiting for the push
@@ -124,7 +124,7 @@ def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, f
 @pytest.mark.timeout(120)
 def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_dir: Path, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 46, A3, by observed order: stream batch 1 (step 2's) is held in the engine process until the test
+    """By observed order: stream batch 1 (step 2's) is held in the engine process until the test
     releases it, after step 1 has taken its batch and applied its update; a question queued behind that rollout
     (the engines' occupancy, asked after each batch) would hang here instead."""
     source = _gated_source(tiny_dir, tmp_path, monkeypatch, FleetConfig(engines=1, pin_cores=False, timeout_s=600.0),
@@ -139,7 +139,7 @@ def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_
 @pytest.mark.timeout(120)
 def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_timeout(
         cluster: None, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 46, A2, on gloo: the engine process is killed while it receives step 1's push (held in its first
+    """On gloo: the engine process is killed while it receives step 1's push (held in its first
     bucket); with model.fleet.timeout_s at 600 the push fails at once, Ray restarts the engine and the recovery
     pushes version 1 to the new process, well within the test's timeout."""
     import os

@@ -1,4 +1,4 @@
-"""LoRA RL through the Ray fleet (issue #41: "through the fleet (one engine process)"): a run with
+"""LoRA RL through the Ray fleet (one engine process): a run with
 ``model.base.lora`` and ``model.fleet.engines: 1`` rolls out on one ``EngineHost`` Ray actor, a process of its own
 that loads the model folder and takes the actor's adapters over the weight group. After 3 RL steps the actor's
 greedy output must equal the trainer's actor with its adapters merged, and every push must have moved the adapter's

@@ -39,7 +39,7 @@ def test_a_push_waits_for_the_devices_before_and_after_the_copy_inside_the_lock(
 
 
 def test_a_push_synchronizes_only_the_devices_in_use(monkeypatch):
-    """Synchronizing a CUDA device opens a context on it: only the trainer's and the engine's (issue 46, A9)."""
+    """Synchronizing a CUDA device opens a context on it: only the trainer's and the engine's."""
     seen = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: seen.append(str(device)))
     synchronize_devices(["cpu", "cuda:1", torch.device("cuda:1"), "cuda:0"])

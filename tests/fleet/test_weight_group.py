@@ -236,7 +236,7 @@ def test_bad_settings_are_refused_naming_them(kwargs: dict, error: str) -> None:
 
 
 def test_an_nccl_weight_group_is_built_to_raise_and_abandoned_by_abort(monkeypatch):
-    """Issue 46, A2 (the NCCL half runs only on GPUs): the backend is built with TORCH_NCCL_ASYNC_ERROR_HANDLING at
+    """The NCCL half runs only on GPUs: the backend is built with TORCH_NCCL_ASYNC_ERROR_HANDLING at
     CleanUpOnly (a failed broadcast raises instead of the watchdog tearing the trainer down), a value the user set is
     kept, gloo is left alone; abandoning an NCCL group aborts its communicator instead of waiting on a dead peer."""
     from zerotir.fleet import weight_group as wg
@@ -262,7 +262,7 @@ def test_an_nccl_weight_group_is_built_to_raise_and_abandoned_by_abort(monkeypat
 
 
 def test_an_interrupted_group_aborts_nccl_once_and_refuses_every_later_collective():
-    """Issue 46, A2: ``interrupt`` (the push watcher's call, from another thread) aborts an NCCL communicator so its
+    """``interrupt`` (the push watcher's call, from another thread) aborts an NCCL communicator so its
     pending collective raises, and is a no-op on gloo, whose waits cannot be cut from Python; either way the group's
     next collective raises at once, and ``abandon`` does not abort a second time."""
     from zerotir.fleet import weight_group as wg

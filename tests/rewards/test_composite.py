@@ -18,7 +18,8 @@ from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import records_from_trajectories
 from zerotir.filters.pass_rate import pass_rate
 from zerotir.module import ZeroTIRModule
-from zerotir.rewards import MathReward, Sample, ToolCallCost, WeightedReward, score_trajectories
+from zerotir.rewards import MathReward, Sample, ToolCallCost, WeightedReward
+from zerotir.rollout.scoring import score_trajectories
 from zerotir.types import ToolCall
 
 MATH = {"class_path": "zerotir.rewards.MathReward"}

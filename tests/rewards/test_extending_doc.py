@@ -7,7 +7,8 @@ import yaml
 
 from tests.callbacks.helpers import make_batch
 from tests.tools.test_extending_doc import block
-from zerotir.rewards import build_reward, score_trajectories
+from zerotir.rewards import build_reward
+from zerotir.rollout.scoring import score_trajectories
 
 ROWS = [{"id": "p0", "problem": "capital of France?", "answer": "Paris", "prompt_text": "", "prompt_ids": [1],
          "source": "s"}]

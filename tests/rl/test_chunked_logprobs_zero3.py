@@ -1,4 +1,4 @@
-"""The LM head in chunks under DeepSpeed ZeRO-3 (issue 46, A7), one rank on gloo: the head's partitioned weight is
+"""The LM head in chunks under DeepSpeed ZeRO-3, one rank on gloo: the head's partitioned weight is
 gathered as often as the full path gathers it (once in forward, once in backward), not once per chunk and again per
 chunk in backward's recompute, and the log-probs, entropies and every parameter's gradient are the full path's."""
 

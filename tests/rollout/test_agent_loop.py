@@ -305,7 +305,7 @@ def test_each_resubmission_carries_exactly_the_accumulated_ids():
 def test_slow_code_does_not_hold_back_the_other_trajectories():
     """Trajectory 0's code takes 0.3 s, the others' none: they run their code, go on and finish while the slow
     snippet still runs; trajectory 0 goes on the moment its result is back. (Scoring is the source's, once the
-    batch is back: ``zerotir.rewards.score_trajectories``.)"""
+    batch is back: ``zerotir.rollout.scoring.score_trajectories``.)"""
     fast, slow = "```python\nprint(1)\n```", "```python\nprint(2)\n```"
     scripts = {"S?": [["s" + slow, "\\boxed{2}"]], "F?": [["f" + fast, "then \\boxed{1}"]]}
     sandbox = ScriptedSandbox(default=ok("1"), delays={"\nprint(2)\n": 0.3})

@@ -20,7 +20,8 @@ from sandbox import ExecResult, ExecStatus
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rewards import MathReward, score_trajectories
+from zerotir.rewards import MathReward
+from zerotir.rollout.scoring import score_trajectories
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer

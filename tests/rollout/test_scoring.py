@@ -13,7 +13,8 @@ from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox, ok
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
-from zerotir.rollout.scoring import EarlyScores, Reward, Score, score_trajectories
+from zerotir.rewards.protocol import Reward, Score
+from zerotir.rollout.scoring import EarlyScores, score_trajectories
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()

@@ -14,7 +14,8 @@ from tests.callbacks.helpers import make_batch
 from tests.rollout.scripted import ScriptedEngine
 from tests.scripted_source import FixedStream
 from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
-from zerotir.rewards import MathReward, score_trajectories
+from zerotir.rewards import MathReward
+from zerotir.rollout.scoring import score_trajectories
 from zerotir.rollout import source as source_module
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.source import InlineSource

@@ -288,7 +288,7 @@ def _worker_process(rank: int, out: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_weights_train_only_with_deepspeeds_fp32_masters(dtype):
-    # Plain AdamW on bf16 weights rounds RL-sized updates away (issue 46, A6): refused with both fixes named.
+    # Plain AdamW on bf16 weights rounds RL-sized updates away: refused with both fixes named.
     plain = SimpleNamespace(strategy=object())
     with pytest.raises(ValueError, match=rf"model.base.dtype={dtype} without DeepSpeed.*model.base.dtype: float32 \(with "
                                          r"trainer.precision: bf16-mixed.*or train with a DeepSpeed strategy"):

@@ -257,7 +257,7 @@ def test_sync_bucket_peak_bounds_the_real_buckets() -> None:
 
 
 def test_the_plan_says_zero3_gathers_the_lm_head_once_per_pass():
-    # issue 46, A7: 152064 x 3584 bf16 = 1.09 GB (1.0 GiB), gathered once per pass; 9216 / 1024 = 9 chunks
+    # 152064 x 3584 bf16 = 1.09 GB (1.0 GiB), gathered once per pass; 9216 / 1024 = 9 chunks
     seven = PlanSettings(gpus=8, zero=3, seq_len=9216, logprob_chunk_tokens=1024)
     text = render_markdown(KNOWN["qwen2.5-7b"], seven)
     assert ("- ZeRO-3 with the LM head in chunks: the head (1.0 GiB) is gathered once in the forward and once in "

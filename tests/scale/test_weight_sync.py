@@ -1,6 +1,6 @@
 """Bucketed weight sync: name mapping and bucket plans (hand-worked), plain modules into HFEngine, and a DeepSpeed
 ZeRO-3 engine on CPU (gloo, world size 1) synced bucket by bucket into vLLM, which must then decode exactly like the
-trained model (issue 6's acceptance test)."""
+trained model."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def test_zero3_params_stay_partitioned_and_buckets_gather_one_at_a_time(zero3):
 
 
 def test_parameters_the_prefetch_left_in_flight_are_released_before_a_push(zero3):
-    """Issue 46, A1: inside ``DeepSpeedEngine.forward`` (a fleet's first push, its recovery push) ZeRO-3's prefetch
+    """Inside ``DeepSpeedEngine.forward`` (a fleet's first push, its recovery push) ZeRO-3's prefetch
     leaves parameters in flight, which a push's ``GatheredParameters`` cannot partition again ("Cannot partition a
     param in flight"); ``release_for_push`` waits for them first. The state is the prefetch's: an async gather
     registered with the engine's coordinator."""

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-2 with LoRA adapters (issue #41): PPO with adapters on the actor and on the critic, 2 RL steps of
+"""DeepSpeed ZeRO-2 with LoRA adapters: PPO with adapters on the actor and on the critic, 2 RL steps of
 the scripted rollout (``tests.scripted_source``) under ``CpuDeepSpeedStrategy`` with the rehearsal's ZeRO-2 config
 (``configs/rehearsal/zero2.json``), one rank on gloo, and a checkpoint at the end. The adapters and the value head
 must move, every base weight stay bit-identical (the optimizer DeepSpeed wraps holds only what trains), and the

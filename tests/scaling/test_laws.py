@@ -1,4 +1,4 @@
-"""Tests of the curve measurements of issue #17 (zerotir.scaling.laws) on hand-worked values."""
+"""Tests of the curve measurements (zerotir.scaling.laws) on hand-worked values."""
 
 import numpy as np
 import pandas as pd

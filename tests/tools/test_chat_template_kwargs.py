@@ -12,7 +12,7 @@ import pytest
 
 from tests.rollout.chat_model import QWEN3_TEMPLATE, QWEN25_TEMPLATE, call
 from tests.rollout.test_agent_loop_bpe import TurnEngine
-from zerotir.cli import ZeroTIRCLI
+from zerotir.cli.app import ZeroTIRCLI
 from zerotir.config import ToolConfig
 from zerotir.data.datamodule import PromptDataModule, build_prompts
 from zerotir.rollout.agent_loop import Schedule, rollout_sync

@@ -24,7 +24,7 @@ from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox
 from tests.scripted_source import Recorder, recorded
 from tests.tools.test_extending_doc import block
 from zerotir import metric_names as mn
-from zerotir.cli import prompt_tools
+from zerotir.cli.app import prompt_tools
 from zerotir.config import (BaseModelConfig, FilterConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig,
                             SandboxConfig, ToolConfig)
 from zerotir.data.datamodule import PromptDataModule
@@ -117,7 +117,7 @@ def test_the_example_format_registered_by_its_config_entry_trains_and_every_read
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"id": f"q{i}", "problem": ARITHMETIC, "answer": "6"}) + "\n"
                              for i in range(4)))
-    # The data module as the command line links it from model.tool (zerotir.cli: data.tools, data.tool_format).
+    # The data module as the command line links it from model.tool (zerotir.cli.app: data.tools, data.tool_format).
     data = PromptDataModule(train_files=[str(train)], template="orz_tool", tokenizer=str(tiny_dir),
                             tools=prompt_tools(tool.format, tool.tools), tool_format=tool.format, prompts_per_step=2,
                             test_files=[])

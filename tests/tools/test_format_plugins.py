@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from zerotir.cli import ZeroTIRCLI, prompt_tools
+from zerotir.cli.app import ZeroTIRCLI, prompt_tools
 from zerotir.config import ToolConfig
 from zerotir.tools.formats import CallFormat, FormatWatch, Hermes, build_format, call_format, markers
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zerotir.console import StepDisplay
+from zerotir.cli.console import StepDisplay
 from zerotir.toy import pretrain, worlds
 from zerotir.toy.base_folder import verify_checksums
 from zerotir.toy.base_stats import PROGRESS_EVERY, ReportingEngine

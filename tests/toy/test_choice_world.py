@@ -161,7 +161,7 @@ CI_BASE = dict(world="tools", mixed_share=0.9, probe_threshold=0.0, steps=200, d
 
 @pytest.mark.slow
 def test_small_base_meets_the_design(tmp_path):
-    """Issue #44's acceptance: the world's design check passes on a base built in CI (calls made, the tool picked
+    """The acceptance: the world's design check passes on a base built in CI (calls made, the tool picked
     at chance, lookups and combined questions rarely right)."""
     path = ensure_toy_base(tmp_path / "base", show_progress=False, **CI_BASE)
     record = read_info(path)["record"]

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from sandbox.result import ExecResult, ExecStatus, format_for_model
-from zerotir.reward import extract_boxed
+from zerotir.rewards.verify import extract_boxed
 from zerotir.config import ToolConfig
 from zerotir.rollout.tool_block import code_after_start, code_before_end
 from zerotir.toy.corpus import DOC_KINDS, CorpusSettings, build_corpus, code_document, mixed_document, qa_document

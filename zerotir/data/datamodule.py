@@ -158,7 +158,7 @@ class PromptDataModule(LightningDataModule):
         tools: the tools the prompt describes (``model.tool.tools`` under a format whose calls name their tool,
             hermes or chat: linked), else None.
         tool_format: the call format that writes its part of the prompt (``model.tool.format``, linked by
-            ``zerotir.cli``): a built-in name or a ``{class_path, init_args}`` entry.
+            ``zerotir.cli.app``): a built-in name or a ``{class_path, init_args}`` entry.
         chat_template_kwargs: given to the chat template of a ``chat`` prompt (``model.tool.chat_template_kwargs``,
             linked).
         prompts_per_step: prompts per training batch.

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from zerotir.config import ToolConfig
-from zerotir.reward import count_boxed, extract_boxed
+from zerotir.rewards.verify import count_boxed, extract_boxed
 from zerotir.tools.formats import markers
 
 
@@ -108,10 +108,10 @@ def has_closed_code(text: str, m: Markers) -> bool:
 
 def valid_answer(text: str, truncated: bool) -> bool:
     """The response ended by itself (not ``truncated`` at the budget) with a last ``\\boxed{}`` that parses: the
-    answer format the reward reads (``zerotir.reward.extract_boxed``)."""
+    answer format the reward reads (``zerotir.rewards.verify.extract_boxed``)."""
     return not truncated and extract_boxed(text) is not None
 
 
 def answer_count(text: str) -> int:
-    """How many ``\\boxed`` answers ``text`` writes (``zerotir.reward.count_boxed``)."""
+    """How many ``\\boxed`` answers ``text`` writes (``zerotir.rewards.verify.count_boxed``)."""
     return count_boxed(text)

@@ -127,7 +127,7 @@ def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpu
     weight-group calls (join, leave, receive) stay one at a time, in the order they were made (a group of one). Every
     host answers ``describe`` and ``occupancy`` in a group of their own (``QUESTIONS``): on a plain actor the
     trainer's question after taking batch k would queue behind the rollout of batch k + 1 (S >= 1), and step k
-    would train only once batch k + 1 was generated (issue 46, A3).
+    would train only once batch k + 1 was generated.
 
     Raises:
         RuntimeError: no cluster (``start_cluster`` first).
@@ -294,7 +294,7 @@ def watch_push(received: list[Any], group: WeightGroup) -> Iterator[None]:
     """While this thread pushes over ``group``: a thread waits on the engines' ``receive_weights`` calls
     (``received``), and the first that ends in an error (its engine died, or its receive failed) interrupts the
     group (``WeightGroup.interrupt``), so that the push raises now instead of waiting out ``model.fleet.timeout_s``
-    for a peer that is gone (an NCCL collective waits that long; issue 46, A2). The push's caller recovers."""
+    for a peer that is gone (an NCCL collective waits that long). The push's caller recovers."""
     ray, stop = _ray(), threading.Event()
 
     def watch() -> None:

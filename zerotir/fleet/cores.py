@@ -2,7 +2,7 @@
 cluster, where the OS allows) which cores each may run on, so that together they use the cores they have once.
 
 Without it the trainer keeps torch's thread count (every core) while each engine process runs its own threads on the
-same cores: both sides then wait on each other's threads (issue 46, section C: the update took 1.46 s beside an
+same cores: both sides then wait on each other's threads (measured: the update took 1.46 s beside an
 engine process against 0.67 s in line on 2 cores). The budget gives the engines ``model.fleet.engine_threads`` each
 and the trainer the rest of this process's cores (``model.fleet.trainer_threads`` to choose), and pins each to cores
 of its own (``os.sched_setaffinity``, Linux) when the budget fits them:

@@ -30,9 +30,11 @@ from zerotir.fleet.shares import Submitted
 from zerotir.fleet.transport import RayTransport, Transport
 from zerotir.fleet.weight_group import WeightGroupError
 from zerotir.lora import is_adapted, log_weight_path
+from zerotir.rewards.protocol import Reward
 from zerotir.rl.staleness import check_staleness, staleness_stats
 from zerotir.rollout.engine import SamplingParams, pad_id
-from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
+from zerotir.rewards.protocol import Reward
+from zerotir.rollout.scoring import EarlyScores, score_trajectories
 from zerotir.rollout.source import RolloutBatch, TrainStream
 from zerotir.tools.python import sandbox_needed
 from zerotir.tools.sandbox_service import SandboxService

@@ -30,7 +30,7 @@ class ProducerStopped(Exception):
 def synchronize_devices(devices: Iterable[Any] = ()) -> None:
     """Wait until the CUDA devices among ``devices`` (the trainer's and the engine's) have run all their queued work,
     on every stream; nothing to wait for on CPU. Only those: synchronizing a device opens a CUDA context on it, which
-    on every visible GPU would take memory from other processes' GPUs (issue 46, A9)."""
+    on every visible GPU would take memory from other processes' GPUs."""
     for device in {torch.device(d) for d in devices}:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

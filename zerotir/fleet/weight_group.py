@@ -229,7 +229,7 @@ def env_unless_set(name: str, value: str) -> Iterator[None]:
 def _errors_raise(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """While an NCCL backend is built (it reads the setting then): a failed or timed-out collective aborts the
     communicator and raises in ``Work.wait`` instead of torch's default, the watchdog tearing the whole process
-    down, so the fleet's restart logic runs (issue 46, A2). The trainer's own groups keep the default; a value the
+    down, so the fleet's restart logic runs. The trainer's own groups keep the default; a value the
     user set is kept. Nothing for gloo."""
     if device.type != "cuda":
         return contextlib.nullcontext()

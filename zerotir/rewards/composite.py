@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerotir.rollout.scoring import Reward, Sample, Score
+from zerotir.rewards.protocol import Reward, Sample, Score
 
 _TERM_KEYS = {"class_path", "init_args", "weight"}
 

@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Literal
 
 from zerotir.rewards.judge_http import backoff_wait, check_endpoint, over_long, passing, refusal, retry_after_s
 from zerotir.rewards.math import MathReward
-from zerotir.rollout.scoring import Reward, Sample, Score
+from zerotir.rewards.protocol import Reward, Sample, Score
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""``math``: the paper's outcome reward (``zerotir.reward``) behind the reward protocol, the default ``model.reward``.
+"""``math``: the paper's outcome reward (its engine: ``zerotir.rewards.verify``) behind the reward protocol, the
+default ``model.reward``.
 
 1 when the last ``\\boxed{}`` answer equals the reference (math-verify, in worker processes), else 0, and 0 when the
-response was truncated; correct exactly when the score is 1. Scores are those of ``zerotir.reward.score_batch``,
+response was truncated; correct exactly when the score is 1. Scores are those of ``zerotir.rewards.verify.score_batch``,
 bit for bit: the same scorer with the same settings.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zerotir.rollout.scoring import Reward, Sample, Score
+from zerotir.rewards.protocol import Reward, Sample, Score
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,7 +32,7 @@ class MathReward(Reward):
             raise ValueError(f"model.reward.init_args.max_workers={self.max_workers}: must be >= 1 (or null)")
 
     async def score(self, samples: Sequence[Sample]) -> list[Score]:
-        from zerotir.reward import score_batch
+        from zerotir.rewards.verify import score_batch
 
         scores = await score_batch([s.response for s in samples], [s.answer for s in samples],
                                    [s.truncated for s in samples], self.max_workers, self.timeout_s,
@@ -41,9 +42,9 @@ class MathReward(Reward):
     async def parses(self, samples: Sequence[Sample]) -> list[bool]:
         """Whether each sample's final answer is one math-verify reads (a boxed answer that parses): where it is
         not, the ``judge`` reward's ``fallback`` mode asks the judge."""
-        from zerotir.reward import _answer_or_none, _default_scorer
+        from zerotir.rewards.verify import answer_or_none, default_scorer
 
-        answers = [_answer_or_none(s.response, False, self.require_single_boxed) for s in samples]
-        scorer = _default_scorer(self.max_workers, self.timeout_s, self.require_single_boxed)
+        answers = [answer_or_none(s.response, False, self.require_single_boxed) for s in samples]
+        scorer = default_scorer(self.max_workers, self.timeout_s, self.require_single_boxed)
         read = iter(await scorer.parses([a for a in answers if a is not None]))
         return [answer is not None and next(read) for answer in answers]

@@ -9,7 +9,7 @@ over the chunks and handing it to the parameter once. The cost is a second LM-he
 (Liger's fused linear cross-entropy and verl's fused kernels make the same trade).
 
 Under DeepSpeed ZeRO-3 the head's weight is partitioned. Calling the head module once per chunk would gather it
-once per chunk (its forward hooks) and again per chunk in backward's recompute (issue 46, A7: 1.0 GiB at 7B each
+once per chunk (its forward hooks) and again per chunk in backward's recompute (1.0 GiB at 7B each
 time); here it is gathered once for the forward's chunks and once for backward's (``deepspeed.zero.
 GatheredParameters``), as often as the full path's one call of the head gathers it. Backward's gather is released
 by a node on the hidden states' path (``_ReleaseAfter``), which autograd runs after the parameter's gradient is

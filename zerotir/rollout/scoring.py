@@ -1,95 +1,28 @@
-"""The reward protocol (``model.reward``; the built-ins are ``zerotir.rewards``) and the one scoring path of every
-rollout source.
-
-A reward sees what a person judging the answer would: the prompt row (question, reference answer, metadata), the
-response and its tool trace, whether it was cut at the budget. It returns a ``Score``: the number the RL update
-trains on AND whether the answer counts as correct. The two are kept apart on purpose: the filters (pass rate, the
-overlong and correct-with-errors rules, GRPO-RoC) and the evaluation (avg@k, pass@k) read ``correct``, so a graded
-or composed reward (a tool-call cost, a judge's partial credit) never silently changes what "correct" means.
+"""The one scoring path of every rollout source: a batch's trajectories scored by the ``model.reward`` plug-in
+(its protocol, ``Reward`` / ``Sample`` / ``Score``, is ``zerotir.rewards.protocol``).
 
 ``score_trajectories`` is the only place a reward is applied: the in-line source, the thread host and the fleet
 all call it on the trainer once a batch's trajectories are back (rewards never cross to an engine host), and each
 starts it early (``EarlyScores``: each trajectory scored as it ends, or each prompt group as it comes back from an
-engine, while the others generate). It lives here, beside the sources, so that the rollout imports no reward
-implementation (``zerotir.rewards`` imports this).
+engine, while the others generate). It lives here, beside the sources, because it runs on the rollout's event loop
+(``sync``); the rewards know nothing of the rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
+from zerotir.rewards.protocol import Reward, Sample, Score
 from zerotir.rollout.sync import run_sync, thread_loop
-from zerotir.types import PromptRow, ToolCall, Trajectories
+from zerotir.types import PromptRow, Trajectories
 
 T = TypeVar("T")
 _ROW_TEXT_KEYS = ("problem", "answer", "prompt_ids")  # the row keys a Sample holds as fields, not metadata
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One finished trajectory as a reward sees it.
-
-    Attributes:
-        question: the problem text (the row's ``problem``).
-        answer: the reference answer (the row's ``answer``).
-        response: the decoded response (sampled text and the injected tool outputs).
-        truncated: the response reached the token budget.
-        tool_calls: the calls the trajectory made, in order (``ToolCall.tool`` names the tool).
-        metadata: the rest of the prompt row (``id``, ``source``, ``prompt_text``, ...).
-    """
-
-    question: str
-    answer: str
-    response: str
-    truncated: bool = False
-    tool_calls: tuple[ToolCall, ...] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Score:
-    """What a reward says of one sample: ``score`` (trained on) and ``correct`` (what filters and evaluation
-    count). ``infra_failed``: the reward could not judge the sample for a reason that is not the model's (a judge that
-    did not answer, answered without a verdict, or could not take the request): the score is a stand-in, and the
-    trajectory leaves the loss and its group's baseline (``model.filters.infra_failed``)."""
-
-    score: float
-    correct: bool
-    infra_failed: bool = False
-
-
-class Reward:
-    """Base of the ``model.reward`` choices: ``zerotir.rewards.MathReward`` (the default), ``JudgeReward``,
-    ``WeightedReward``, ``ToolCallCost``, or a subclass of your own (docs/extending.md).
-
-    A subclass is a dataclass of its settings (the CLI builds it from ``class_path`` / ``init_args``) and implements
-    ``score``. ``start`` runs once before step 1 (reach a service here: an unreachable one is an error then, not at
-    the first batch); ``close`` at teardown.
-    """
-
-    concurrent_calls: ClassVar[bool] = False
-    """Whether ``score`` may be called again before an earlier call returned (``EarlyScores`` then calls it for each
-    trajectory or group as it ends, side by side); a reward that says so bounds its work across all its calls."""
-
-    async def score(self, samples: Sequence[Sample]) -> list[Score]:
-        raise NotImplementedError(f"{type(self).__qualname__}.score: a Reward subclass must implement it")
-
-    def start(self) -> None:
-        """Check what the reward needs (an endpoint, a file) before the first rollout; nothing by default."""
-
-    def close(self) -> None:
-        """Release what ``start`` or ``score`` opened; nothing by default."""
-
-    def stats(self) -> dict[str, float]:
-        """Counts since the last call (a judge's calls, cache hits, parse failures), logged with the step as
-        ``pipeline/<name>`` and reset; none by default."""
-        return {}
 
 
 def samples_of(traj: Trajectories, rows: Sequence[PromptRow]) -> list[Sample]:

@@ -39,7 +39,8 @@ from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.lora import is_adapted, log_weight_path
 from zerotir.rollout.engines import check_engine_fits, create_engine
-from zerotir.rollout.scoring import EarlyScores, Reward, score_trajectories
+from zerotir.rewards.protocol import Reward
+from zerotir.rollout.scoring import EarlyScores, score_trajectories
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
 from zerotir.scale.deepspeed_setup import check_rollout_backend
 from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts

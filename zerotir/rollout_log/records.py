@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerotir.reward import extract_boxed
+from zerotir.rewards.verify import extract_boxed
 
 if TYPE_CHECKING:  # annotations only: reading a run's rollouts imports no torch
     from torch import Tensor

@@ -6,7 +6,8 @@
       ``gradient_accumulation_steps = 1`` keeps only the last micro-batch's gradient under ZeRO-2.
     * ``hf_zero3_config``: under ZeRO-3 ``from_pretrained`` must know it loads into partitioned parameters. Lightning
       calls ``configure_model`` inside ``deepspeed.zero.Init``; without a live ``HfDeepSpeedConfig`` transformers
-      loads the checkpoint into parameters of size 0 and fails with size mismatches (Lightning issue #19259).
+      loads the checkpoint into parameters of size 0 and fails with size mismatches
+      (https://github.com/Lightning-AI/pytorch-lightning/issues/19259).
     * ``count_skipped_step``: a skipped update must not call the DeepSpeed engine's ``step()`` (no backward ran, so
       there is nothing to reduce), but Lightning's step count must still advance.
     * ``begin_micro_batch``: Lightning runs the whole ``training_step`` (every micro-batch's backward and the
@@ -196,7 +197,7 @@ def check_half_precision(dtype: str, deepspeed: bool) -> None:
     """Refuse ``model.base.dtype`` bfloat16 / float16 for training without DeepSpeed.
 
     Plain AdamW on half-precision parameters adds each update to weights that keep 8 (bf16) or 11 (fp16) bits of
-    mantissa: at RL's learning rates most updates round away (issue 46, A6: 1.9% of the weights moved after 10 steps
+    mantissa: at RL's learning rates most updates round away (measured: 1.9% of the weights moved after 10 steps
     at lr 1e-6, against 99.99% in float32). DeepSpeed's bf16 / fp16 modes keep fp32 master weights and step those.
 
     Raises:

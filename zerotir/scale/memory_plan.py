@@ -386,7 +386,7 @@ def summary_lines(arch: Architecture, s: PlanSettings, rows: list[Row], total: R
     longest = longest_seq_len(arch, s)
     out.append(f"- longest sequence that fits: {longest:,} tokens = a response of "
                f"{max(longest - s.prompt_tokens, 0):,} after a {s.prompt_tokens}-token prompt")
-    if s.zero == 3 and s.logprob_chunk_tokens is not None:  # issue 46, A7: gathered once per pass, not per chunk
+    if s.zero == 3 and s.logprob_chunk_tokens is not None:  # the head gathered once per pass, not per chunk
         head = arch.embedding_params * 2
         out.append(f"- ZeRO-3 with the LM head in chunks: the head ({_fmt(head, unit)} {unit}) is gathered once in "
                    f"the forward and once in backward, as without chunks, and held while all "

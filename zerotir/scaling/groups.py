@@ -1,4 +1,4 @@
-"""Runs grouped by a setting (issue #17): by model size, call budget, algorithm or any config key, for the sweeps
+"""Runs grouped by a setting: by model size, call budget, algorithm or any config key, for the sweeps
 of ``benchmarks/toy_findings.py`` and ``python -m zerotir scaling --group-by KEY``.
 
 A run's settings are read from the ``config.yaml`` the CLI saves beside its TensorBoard events. ``KEY`` is a dotted

@@ -1,4 +1,4 @@
-"""Measurements on training curves beyond the fitted law (issue #17): how fast a curve reaches its plateau, whether
+"""Measurements on training curves beyond the fitted law: how fast a curve reaches its plateau, whether
 it dips before it rises, whether the law fitted on the first half of a run predicts the second half, and a proposed
 closed form across model sizes.
 

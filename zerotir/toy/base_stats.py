@@ -1,7 +1,7 @@
 """Measure a toy model on held-out questions with the real tool loop: how often it writes code, how often it is right.
 
 The same machinery as RL: ``HFEngine`` sampling, ``agent_loop.rollout_sync`` with a real sandbox server (a local one
-is started unless URLs are given), the outcome reward of ``zerotir.reward``. For the base model this answers the
+is started unless URLs are given), the outcome reward of ``zerotir.rewards.verify``. For the base model this answers the
 questions ZeroTIR starts from: does it rarely open a code block (aim < 20%)? is it almost never right without code on
 hard questions? and when it does write code, how often does that lead to the right boxed answer?
 
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from zerotir.console import StepDisplay
-from zerotir.reward import score
+from zerotir.cli.console import StepDisplay
 from zerotir.config import ToolConfig
+from zerotir.rewards.verify import score
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import EngineWrapper, SamplingParams
 from zerotir.rollout.hf_engine import HFEngine

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zerotir.console import StepDisplay
+from zerotir.cli.console import StepDisplay
 from zerotir.toy.probe import ProbeSet, run_probe
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class LoopRecord:
 
 
 class _Progress:
-    """What a person sees of the loop: ``zerotir.console.StepDisplay`` (a live bar in a terminal, a line per 100
+    """What a person sees of the loop: ``zerotir.cli.console.StepDisplay`` (a live bar in a terminal, a line per 100
     steps and at least one per 8 s in a log, each probe result on a line of its own), or, with ``show_progress``
     off, log messages (the probes, and every 100 steps)."""
 

@@ -1,4 +1,4 @@
-"""The tool-choice toy world, ``tools`` (issue #44): three tools (``python``, ``calculator``, ``search``) and
+"""The tool-choice toy world, ``tools``: three tools (``python``, ``calculator``, ``search``) and
 questions of four kinds, each answered by some of them: easy sums in text, products by either computing tool, codes
 of made-up items by ``search`` only (the fact table exists only in the search corpus), and combined questions by
 ``search`` then a computing tool. The pretraining corpus calls tools without regard to the question, so which tool to

@@ -1,6 +1,6 @@
 """What a ``tools``-world base must be at RL step 0, and its measurement with the real tool loop.
 
-The design (issue #44): the base calls tools (on a share of answers of each kind needing one) but picks them without
+The design: the base calls tools (on a share of answers of each kind needing one) but picks them without
 regard to the question, so its right-tool-first rate is near chance (a third of lookups and combined questions, two
 thirds of products: :data:`zerotir.toy.choice.tasks.ANSWERING` over the three tools), and it is rarely right where
 only search helps (lookups and combined questions below ``accuracy_max``): room for RL to learn the choice.
@@ -63,7 +63,7 @@ def measure(model_dir: str | Path, questions: list[Any], seed: int = 0, max_resp
     import torch
     from sandbox import SandboxClient, local_sandbox
 
-    from zerotir.reward import score
+    from zerotir.rewards.verify import score
     from zerotir.rollout.agent_loop import Schedule, rollout_sync
     from zerotir.rollout.engine import SamplingParams
     from zerotir.rollout.hf_engine import HFEngine

@@ -1,6 +1,6 @@
 """What a ``mixed``-world base must be at RL step 0, as a check on its measured base statistics.
 
-The design (issue #17): on easy questions the base answers in plain text with an accuracy inside a band (neither
+The design: on easy questions the base answers in plain text with an accuracy inside a band (neither
 never right, which would leave code as the only road to reward, nor always right, which would leave nothing to
 learn); it writes code now and then, not always; and the code it writes is sometimes wrong and sometimes right.
 Where the corpus asks multi-step questions (``multi_share`` > 0), the base must also leave room to learn on them (its

@@ -23,14 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from zerotir.console import DEBUG_ENV, debug_requested  # noqa: F401 (re-exported for the CLI)
+from zerotir.cli.console import DEBUG_ENV, debug_requested  # noqa: F401 (re-exported for the CLI)
 
 DEBUG_FLAG = "--debug"
 # The key a parse error is about: "unrecognized arguments: --model.rl.kl_coeff 0.1", "... does not accept option 'x'".
 _KEY_PATTERNS = (re.compile(r"unrecognized arguments: --([\w.\-]+)"), re.compile(r"accept option '([\w.\-]+)'"))
 
-# Keys that moved (issue 43: the module's parameters grouped), old -> new. An old key, typed or in a config file, is
-# an error that names its new place: before torch loads (``zerotir.cli_keys``) and in the real parser's error.
+# Keys that moved (the module's parameters grouped into config groups), old -> new. An old key, typed or in a config file, is
+# an error that names its new place: before torch loads (``zerotir.cli.keys``) and in the real parser's error.
 MOVED = {
     "model.model_path": "model.base.path", "model.dtype": "model.base.dtype",
     "model.gradient_checkpointing": "model.base.gradient_checkpointing",

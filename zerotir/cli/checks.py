@@ -1,5 +1,5 @@
 """Checks of a command line that Lightning would answer late, vaguely or not at all, each naming the setting and the
-fix (used by ``zerotir.cli``):
+fix (used by ``zerotir.cli.app``):
 
 * ``join_negative_values``: ``--model.optim.lr -1e-4`` is read as a value (argparse takes ``-1e-4`` for an option:
   its negative-number rule knows no exponent);

@@ -2,11 +2,11 @@
 
 The real parser (LightningCLI over ``ZeroTIRModule`` and ``Trainer``) can only say ``--model.rl.kl_coef abc`` is not
 a float once torch, Lightning and transformers are imported: seconds on a quiet machine, a minute under load.
-``check_values`` answers the plain cases from the index of ``zerotir.cli_keys`` (``cli_keys.json``, made from the
+``check_values`` answers the plain cases from the index of ``zerotir.cli.keys`` (``keys.json``, made from the
 real parser): for each setting whose type is made only of ``int``, ``float``, ``bool``, ``None`` and ``Literal``
 choices (``model.rl.algorithm``, ``model.optim.lr``, ``trainer.max_steps``), the value that wins (the last
 ``--config`` file or command-line value that sets it, in order) must be one of them. ``trainer.max_steps 0`` for
-``fit`` is answered here too (``zerotir.cli_checks.check_run_settings`` says the same after the parse).
+``fit`` is answered here too (``zerotir.cli.checks.check_run_settings`` says the same after the parse).
 
 Like the key check it never rejects what the parser accepts: a setting of any other type (a string, a path, a list, a
 class) and a value under ``init_args`` are left to the parser, and a number may be written as YAML or as Python
@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-# The type names an index spec lists (``cli_keys._value_spec``).
+# The type names an index spec lists (``keys._value_spec``).
 _NULL_WORDS = ("null", "none", "~")
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
 

@@ -1,4 +1,5 @@
-"""The outcome reward: the last ``\\boxed{}`` answer of a response, judged against the reference by math-verify.
+"""The math reward's engine (``MathReward``, ``rewards.math``): the last ``\\boxed{}`` answer of a response, judged
+against the reference by math-verify.
 
 +1 for a correct final answer, 0 otherwise, and 0 when the response was truncated or has no boxed answer (the paper's
 rule; extra format rules are options, off by default).
@@ -8,7 +9,7 @@ thread of a process (in any other thread it raises ``ValueError``). ``score_batc
 worker processes (pebble's ``ProcessPool``), where each task runs in the worker's main thread so math-verify's own
 timeouts hold; on top of that pebble kills and replaces a worker whose task outlives ``hard_timeout_s`` (a C-level
 loop that never returns to the interpreter cannot be stopped by a signal). The event loop only awaits futures, so a slow
-parse never stalls rollouts.
+parse never stalls rollouts. The coroutines run on the caller's event loop.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from concurrent.futures.process import BrokenProcessPool
-
-from zerotir.rollout.sync import run_sync
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +137,10 @@ def is_equivalent(pred: str, truth: str, timeout_s: float = 5.0) -> bool:
         return True
     if threading.current_thread() is threading.main_thread():
         return _verify_here(pred, truth, timeout_s)
-    return _default_scorer(timeout_s=timeout_s).verify_blocking(pred, truth)
+    return default_scorer(timeout_s=timeout_s).verify_blocking(pred, truth)
 
 
-def _answer_or_none(response: str, truncated: bool, require_single_boxed: bool) -> str | None:
+def answer_or_none(response: str, truncated: bool, require_single_boxed: bool) -> str | None:
     """The answer to verify, or None when the response scores 0 without verification."""
     if truncated:
         return None
@@ -162,7 +161,7 @@ def score(response: str, truth: str, truncated: bool, *, require_single_boxed: b
         require_single_boxed: option (off by default): score 0 unless the response has exactly one box.
         timeout_s: math-verify limit per step, seconds.
     """
-    answer = _answer_or_none(response, truncated, require_single_boxed)
+    answer = answer_or_none(response, truncated, require_single_boxed)
     if answer is None:
         return 0.0
     return 1.0 if is_equivalent(answer, truth, timeout_s=timeout_s) else 0.0
@@ -247,7 +246,7 @@ class RewardScorer:
         scores = [0.0] * len(responses)
         pending: dict[int, tuple[str, asyncio.Future]] = {}
         for i, (response, truth, trunc) in enumerate(zip(responses, truths, truncated)):
-            answer = _answer_or_none(response, bool(trunc), self.require_single_boxed)
+            answer = answer_or_none(response, bool(trunc), self.require_single_boxed)
             if answer is None or not truth.strip():
                 continue
             if _quick_match(answer, truth):
@@ -265,11 +264,6 @@ class RewardScorer:
                                                                  timeout=self.hard_timeout_s)) for a in answers]
         results = await asyncio.gather(*futures, return_exceptions=True)
         return [result is True for result in results]
-
-    def score_batch_sync(self, responses: Sequence[str], truths: Sequence[str],
-                         truncated: Sequence[bool]) -> list[float]:
-        """``score_batch`` for synchronous callers (must not be called from inside a running event loop)."""
-        return run_sync(self.score_batch(responses, truths, truncated), "RewardScorer.score_batch_sync")
 
     def close(self) -> None:
         """Stop the worker processes."""
@@ -296,7 +290,7 @@ _SCORERS: dict[tuple, RewardScorer] = {}
 _SCORERS_LOCK = threading.Lock()
 
 
-def _default_scorer(max_workers: int | None = None, timeout_s: float = 5.0,
+def default_scorer(max_workers: int | None = None, timeout_s: float = 5.0,
                     require_single_boxed: bool = False) -> RewardScorer:
     """A process-wide scorer per configuration, created on first use and closed at interpreter exit."""
     key = (max_workers, timeout_s, require_single_boxed)
@@ -329,13 +323,6 @@ async def score_batch(responses: Sequence[str], truths: Sequence[str], truncated
     Returns:
         One reward (1.0 or 0.0) per response, in order.
     """
-    scorer = _default_scorer(max_workers, timeout_s, require_single_boxed)
+    scorer = default_scorer(max_workers, timeout_s, require_single_boxed)
     return await scorer.score_batch(responses, truths, truncated)
 
-
-def score_batch_sync(responses: Sequence[str], truths: Sequence[str], truncated: Sequence[bool],
-                     max_workers: int | None = None, timeout_s: float = 5.0,
-                     require_single_boxed: bool = False) -> list[float]:
-    """Synchronous ``score_batch`` (must not be called from inside a running event loop)."""
-    return run_sync(score_batch(responses, truths, truncated, max_workers, timeout_s, require_single_boxed),
-                    "score_batch_sync")

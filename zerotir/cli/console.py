@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
-DEBUG_ENV = "ZEROTIR_DEBUG"  # set by ``--debug`` (``zerotir.cli_errors.take_debug_flag``) or by the user
+DEBUG_ENV = "ZEROTIR_DEBUG"  # set by ``--debug`` (``zerotir.cli.errors.take_debug_flag``) or by the user
 
 
 

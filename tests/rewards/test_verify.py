@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from zerotir.reward import (
-    RewardScorer, count_boxed, extract_boxed, is_equivalent, score, score_batch, score_batch_sync,
+from zerotir.rewards.verify import (
+    RewardScorer, count_boxed, extract_boxed, is_equivalent, score, score_batch,
 )
+from zerotir.rollout.sync import run_sync
 
 # (response, truth, expected reward) for untruncated responses.
 SCORE_TABLE = [
@@ -131,16 +132,16 @@ def scorer():
 def test_score_batch_matches_table(scorer: RewardScorer) -> None:
     responses, truths, expected = zip(*SCORE_TABLE)
     truncated = [False] * len(responses)
-    got = scorer.score_batch_sync(list(responses), list(truths), truncated)
+    got = run_sync(scorer.score_batch(list(responses), list(truths), truncated))
     assert got == list(expected)
     assert scorer.num_killed == 0
 
 
 def test_score_batch_truncation_and_lengths(scorer: RewardScorer) -> None:
-    got = scorer.score_batch_sync([r"\boxed{\frac12}", r"\boxed{\frac12}"], ["0.5", "0.5"], [True, False])
+    got = run_sync(scorer.score_batch([r"\boxed{\frac12}", r"\boxed{\frac12}"], ["0.5", "0.5"], [True, False]))
     assert got == [0.0, 1.0]
     with pytest.raises(ValueError, match="same length"):
-        scorer.score_batch_sync(["a"], ["b", "c"], [False])
+        run_sync(scorer.score_batch(["a"], ["b", "c"], [False]))
 
 
 def test_score_batch_does_not_block_the_event_loop(scorer: RewardScorer) -> None:
@@ -171,10 +172,10 @@ def test_score_batch_does_not_block_the_event_loop(scorer: RewardScorer) -> None
 def test_hard_timeout_kills_the_worker() -> None:
     # hard_timeout_s below math-verify's own timeout: the pool must kill the stuck worker, score 0, and carry on.
     with RewardScorer(max_workers=1, timeout_s=10, hard_timeout_s=1.0) as s:
-        got = s.score_batch_sync([r"\boxed{10^{10^{9}}+1}", r"\boxed{1/2}"], ["5", "0.5"], [False, False])
+        got = run_sync(s.score_batch([r"\boxed{10^{10^{9}}+1}", r"\boxed{1/2}"], ["5", "0.5"], [False, False]))
         assert got == [0.0, 1.0]
         assert s.num_killed == 1
-        assert s.score_batch_sync([r"\boxed{\frac{2}{4}}"], ["0.5"], [False]) == [1.0]  # the replaced worker works
+        assert run_sync(s.score_batch([r"\boxed{\frac{2}{4}}"], ["0.5"], [False])) == [1.0]  # the replaced worker works
 
 
 def test_module_level_score_batch() -> None:
@@ -187,12 +188,12 @@ def test_require_single_boxed_holds_on_the_batch_paths(scorer: RewardScorer) -> 
     # on a scorer object built with it (the quick exact match must not bypass the rule).
     twice, once = r"\boxed{3} and again \boxed{3}", r"\boxed{\frac{6}{2}}"
     truths, cut = ["3", "3"], [False, False]
-    assert scorer.score_batch_sync([twice, once], truths, cut) == [1.0, 1.0]  # off by default
-    assert score_batch_sync([twice, once], truths, cut, max_workers=1, require_single_boxed=True) == [0.0, 1.0]
+    assert run_sync(scorer.score_batch([twice, once], truths, cut)) == [1.0, 1.0]  # off by default
+    assert run_sync(score_batch([twice, once], truths, cut, max_workers=1, require_single_boxed=True)) == [0.0, 1.0]
     got = asyncio.run(score_batch([twice, once], truths, cut, max_workers=1, require_single_boxed=True))
     assert got == [0.0, 1.0]
     with RewardScorer(max_workers=1, timeout_s=2, require_single_boxed=True) as single:
-        assert single.score_batch_sync([twice, once], truths, cut) == [0.0, 1.0]
+        assert run_sync(single.score_batch([twice, once], truths, cut)) == [0.0, 1.0]
 
 
 def test_an_unguarded_script_gets_the_main_guard_named_not_a_broken_pool(tmp_path) -> None:
@@ -202,9 +203,10 @@ def test_an_unguarded_script_gets_the_main_guard_named_not_a_broken_pool(tmp_pat
     import sys
 
     script = tmp_path / "unguarded.py"
-    script.write_text("from zerotir.reward import RewardScorer\n"
-                      "print(RewardScorer(max_workers=1).score_batch_sync(['\\\\boxed{0.5}'], ['1/2'], [False]))\n")
-    repo = Path(__file__).resolve().parents[1]
+    script.write_text("from zerotir.rewards.verify import RewardScorer\n"
+                      "from zerotir.rollout.sync import run_sync\n"
+                      "print(run_sync(RewardScorer(max_workers=1).score_batch(['\\\\boxed{0.5}'], ['1/2'], [False])))\n")
+    repo = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(repo)})
     assert done.returncode != 0

@@ -3,9 +3,9 @@
 LightningCLI builds its parser from the signatures of ``ZeroTIRModule`` and ``Trainer``, so it cannot answer before
 torch, Lightning and transformers are imported (seconds on a quiet machine, tens under load). ``check_keys`` answers
 the commonest mistake, a mistyped key on the command line or inside a ``--config`` file, from an index of every valid
-key (``cli_keys.json`` beside this module) before anything heavy is imported; ``python -m zerotir`` calls it first.
+key (``keys.json`` beside this module) before anything heavy is imported; ``python -m zerotir`` calls it first.
 
-The index is generated from the real parser (``python -m zerotir.cli_keys`` rewrites it; a test regenerates it and
+The index is generated from the real parser (``python -m zerotir.cli.keys`` rewrites it; a test regenerates it and
 compares, so a field added without regenerating fails CI). It holds, per subcommand, every ``--key`` the parser knows
 (groups, ``.help`` keys, ``--config``, ``--ckpt_path``, ``trainer.*``, link targets) and the "open" keys whose inner
 keys only the real parser can judge: a ``class_path`` setting (``model.rollout``, ``trainer.callbacks``), a dict
@@ -28,13 +28,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from zerotir.cli_values import check_values, value_spec
+from zerotir.cli.values import check_values, value_spec
 
-INDEX_FILE = Path(__file__).with_name("cli_keys.json")
+INDEX_FILE = Path(__file__).with_name("keys.json")
 # The libraries whose signatures shape the parser: an index made with other versions of them is not used (a Trainer
 # argument added by a newer Lightning would otherwise be refused), and the real parser judges every key.
 LIBRARIES = ("lightning", "jsonargparse")
-REGENERATE = "python -m zerotir.cli_keys"
+REGENERATE = "python -m zerotir.cli.keys"
 PROG = "python -m zerotir"
 # Leaf types of a setting whose value is one value, not a mapping of keys (any other type makes the key open).
 _LEAF_TYPES = (str, int, float, bool, type(None), Path, timedelta)
@@ -165,10 +165,10 @@ def _check_class_name(key: str, class_path: Any, known: _Known) -> None:
 
 def _check_callback_settings(subcommand: str, path: str) -> None:
     """Exit naming the new place of a callback setting that moved into the module's groups
-    (``cli_errors.MOVED_INIT_ARGS``: ``PassRateFilter``'s bounds), given in the ``trainer.callbacks`` of ``path``."""
+    (``errors.MOVED_INIT_ARGS``: ``PassRateFilter``'s bounds), given in the ``trainer.callbacks`` of ``path``."""
     import yaml
 
-    from zerotir.cli_errors import moved_init_args
+    from zerotir.cli.errors import moved_init_args
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -186,7 +186,7 @@ def _check_callback_settings(subcommand: str, path: str) -> None:
 
 
 def _fail(subcommand: str, key: str, path: str | None, known: _Known) -> typing.NoReturn:
-    from zerotir.cli_errors import key_hint
+    from zerotir.cli.errors import key_hint
 
     where = f" in the config file {path}" if path else ""
     hint = key_hint(key, known.hint_keys())  # names the new place of a moved key first
@@ -196,8 +196,8 @@ def _fail(subcommand: str, key: str, path: str | None, known: _Known) -> typing.
 
 
 def generate_index() -> dict[str, Any]:
-    """The index, read from the real parser of ``zerotir.cli`` (imports torch and Lightning)."""
-    from zerotir.cli import ZeroTIRCLI
+    """The index, read from the real parser of ``zerotir.cli.app`` (imports torch and Lightning)."""
+    from zerotir.cli.app import ZeroTIRCLI
 
     class _Built(Exception):
         pass
@@ -273,7 +273,7 @@ def _is_leaf(hint: Any) -> bool:
 
 
 def main() -> None:
-    """Rewrite ``cli_keys.json`` from the real parser."""
+    """Rewrite ``keys.json`` from the real parser."""
     INDEX_FILE.write_text(json.dumps(generate_index(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {INDEX_FILE}")
 

@@ -23,9 +23,9 @@ What the subclass adds to Lightning's CLI:
     * ``toy_base``: when set (``toy_base: {}`` for the toy world's defaults), the toy base model is built at
       ``model.base.path`` before anything loads it, unless one with the same settings is there; it builds only at
       the folder the config file names (``zerotir.toy.base_path``), so a mistyped path fails instead;
-    * errors: a bad config prints its message, not the whole usage (``zerotir.cli_errors``); a mistyped key read
+    * errors: a bad config prints its message, not the whole usage (``zerotir.cli.errors``); a mistyped key read
       from a ``--config`` file names the file;
-    * the checks Lightning answers late or vaguely (``zerotir.cli_checks``): ``--key -1e-4`` is a value, a GPU
+    * the checks Lightning answers late or vaguely (``zerotir.cli.checks``): ``--key -1e-4`` is a value, a GPU
       without CUDA and ``trainer.max_steps 0`` fail before anything is built, a resume of a finished run says to
       raise ``trainer.max_steps``, ``--ckpt_path last`` with no ``last.ckpt`` names the folder it looked in; a run
       that fails before its first RL step removes the log folder it created;
@@ -55,9 +55,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import zerotir.toy.template  # noqa: F401  (registers the "toy" prompt template for the configs)
-from zerotir.cli_checks import (check_last_exists, check_not_finished, check_run_settings, join_negative_values,
+from zerotir.cli.checks import (check_last_exists, check_not_finished, check_run_settings, join_negative_values,
                                 urls_unset_the_embedded_server, use_cpu_deepspeed_without_cuda)
-from zerotir.cli_errors import debug_requested, parse_error_text, reported_errors
+from zerotir.cli.errors import debug_requested, parse_error_text, reported_errors
 from zerotir.config import FilterConfig, RLConfig, SamplingConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.eval.report import new_run_dir
@@ -92,7 +92,7 @@ docstring_parser.parse_from_object = functools.lru_cache(maxsize=None)(docstring
 
 class ZeroTIRArgumentParser(LightningArgumentParser):
     """Lightning's parser whose errors are the message, a hint for a mistyped key, and a pointer to ``--help``
-    instead of the whole usage (``zerotir.cli_errors``)."""
+    instead of the whole usage (``zerotir.cli.errors``)."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_requested() or os.environ.get("JSONARGPARSE_DEBUG", "false") != "false":
@@ -174,7 +174,7 @@ class ZeroTIRCLI(LightningCLI):
         if config.trainer.enable_model_summary is not False and not any(
                 _is_callback(cb, ModelSummary) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
-                Namespace(class_path="zerotir.cli.LateModelSummary", init_args=Namespace())]
+                Namespace(class_path="zerotir.cli.app.LateModelSummary", init_args=Namespace())]
         if config.trainer.enable_progress_bar is not False and not any(
                 _is_callback(cb, ProgressBar) for cb in _as_list(config.trainer.callbacks)):
             config.trainer.callbacks = _as_list(config.trainer.callbacks) + [
@@ -320,7 +320,7 @@ class LateModelSummary(ModelSummary):
 
 def cli_main(args: list[str] | None = None) -> ZeroTIRCLI:
     """Run ``fit`` / ``validate`` / ``test`` / ``predict`` with ``args`` (default: ``sys.argv[1:]``); a bad config
-    or a failed check ends in its message and exit status 1 (``zerotir.cli_errors``)."""
+    or a failed check ends in its message and exit status 1 (``zerotir.cli.errors``)."""
     with reported_errors():
         if args is None:
             sys.argv[1:] = join_negative_values(sys.argv[1:])
