@@ -14,11 +14,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v chromiu
     || echo "could not install chromium: the browser test will be skipped"
 fi
 # Two pytest workers (pytest-xdist), a test file kept whole on one of them (its module fixtures built once): the
-# suite's unit tests use one core each, and 2 cores is the machine it is sized for. ZEROTIR_TEST_WORKERS=0 runs it in
-# this one process (a debugger, -x, -s), any other number that many workers.
+# suite's unit tests use one core each, and 2 cores is the machine it is sized for. The files are handed out in the
+# suite's order (--no-loadscope-reorder: xdist would sort them by their number of tests), which puts those with a slow
+# test first (tests/conftest.py), so that no minute-long file is left to one worker at the end.
+# ZEROTIR_TEST_WORKERS=0 runs it in this one process (a debugger, -x, -s), any other number that many workers.
 LANE=()
 if [ "${1:-}" = "--fast" ]; then
   shift
   LANE=(-m "not e2e and not slow")
 fi
-exec .venv/bin/python -m pytest -q -n "${ZEROTIR_TEST_WORKERS:-2}" --dist loadfile "${LANE[@]}" "$@"
+exec .venv/bin/python -m pytest -q -n "${ZEROTIR_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "${LANE[@]}" "$@"
