@@ -190,8 +190,9 @@ class SandboxUnreachableOnRank(Callback):
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        service = pl_module.source.sandbox
-        service.config = dataclasses.replace(service.config, urls=[url], workers=None, server_options={})
+        source = pl_module.source  # its python tool reaches model.tool.sandbox when the source starts its tools
+        sandbox = dataclasses.replace(source.tool.sandbox, urls=[url], workers=None, server_options={})
+        source.tool = dataclasses.replace(source.tool, sandbox=sandbox)
 
 
 class EngineKVCacheOnRank(Callback):

@@ -24,6 +24,7 @@ from zerotir.module import ZeroTIRModule
 from zerotir.rewards import MathReward
 from zerotir.rollout.source import InlineSource
 from zerotir.rollout_log.server import serve_in_thread, url_of
+from zerotir.tools.registry import Toolbox
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -53,7 +54,8 @@ class ScriptedPython(InlineSource):
 
     def start(self, actor, tokenizer, device, stream) -> None:
         self.stream, self._tokenizer = stream, tokenizer
-        self.sandbox.client = ScriptedSandbox(default=ok("the printed value\n"))
+        self.toolbox = Toolbox.build(self.tool, ScriptedSandbox(default=ok("the printed value\n")))
+        self.toolbox.start()
         scripts = {PLAIN_TEMPLATE.format(problem=p): transcripts(a) for p, a in PROBLEMS.items()}
         self.engine = FitEngine(tokenizer, scripts, n=2)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from zerotir.types import ToolCall
+if TYPE_CHECKING:  # zerotir.types imports torch, which `zerotir rollouts` (reading extract_boxed here) never loads
+    from zerotir.types import ToolCall
 
 
 @dataclass(frozen=True)
