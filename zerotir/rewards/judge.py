@@ -54,6 +54,9 @@ _OVERLONG, _FAILED = object(), object()  # a call's outcome without a reply: too
 _sleep = asyncio.sleep  # the backoff's wait (a test records the waits instead of spending them)
 
 
+_REQUEST_FIELDS = ("model", "messages", "max_tokens", "temperature")  # what each call sets itself
+
+
 @dataclass(frozen=True, eq=False)
 class JudgeReward(Reward):
     """An LLM judge over an OpenAI-compatible endpoint (docs/rewards.md)."""
@@ -86,6 +89,10 @@ class JudgeReward(Reward):
     """Verdicts kept (least recently used dropped first; a few dozen bytes each); 0: no cache."""
     max_tokens: int = 16
     """The judge's reply budget (the verdict is one word; more for a judge that reasons first)."""
+    extra_body: dict[str, Any] | None = None
+    """Fields added to every chat completion the judge asks for, the check at start's included: the server's own
+    options, e.g. vLLM's ``chat_template_kwargs: {enable_thinking: false}``, or ``chat_template`` for a base model
+    served without one (vLLM takes it with ``--trust-request-chat-template``). None: none."""
 
     def __post_init__(self) -> None:
         missing = [k for k in ("{question}", "{answer}", "{response}") if k not in self.template]
@@ -100,6 +107,10 @@ class JudgeReward(Reward):
         for name in ("timeout_s", "backoff_s", "max_backoff_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.reward.init_args.{name}={getattr(self, name)}: must be > 0 seconds")
+        taken = sorted(set(self.extra_body or {}) & set(_REQUEST_FIELDS))
+        if taken:
+            raise ValueError(f"model.reward.init_args.extra_body sets {', '.join(taken)}, which the judge sets itself "
+                             f"({', '.join(_REQUEST_FIELDS)}): use model, max_tokens or template, or drop them")
         if self.api_key_env is not None and self.api_key_env not in os.environ:
             raise ValueError(f"model.reward.init_args.api_key_env={self.api_key_env!r}: that environment variable "
                              "is not set; export it or set api_key_env to null")
@@ -126,7 +137,7 @@ class JudgeReward(Reward):
     def start(self) -> None:
         """Before step 1: the endpoint answers, serves ``model`` and completes a chat (``judge_http.check_endpoint``);
         each failure is an error naming its cause and setting."""
-        check_endpoint(self.base_url, self.model, self.api_key_env, self._headers(), self.timeout_s)
+        check_endpoint(self.base_url, self.model, self.api_key_env, self._headers(), self.timeout_s, self.extra_body)
 
     def stats(self) -> dict[str, float]:
         """The judge's counts since the last call (one step): responses asked, calls made (retries included), cache
@@ -203,7 +214,7 @@ class JudgeReward(Reward):
         timed out or met a busy or broken server. Raises ``RuntimeError`` for a refusal no retry fixes."""
         import httpx
 
-        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+        body = {**(self.extra_body or {}), "model": self.model, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": self.max_tokens, "temperature": 0.0}
         url = self.base_url.rstrip("/") + "/chat/completions"
         for attempt in range(self.retries + 1):

@@ -87,8 +87,9 @@ def served_models(payload: Any) -> list[str]:
 
 
 def check_endpoint(base_url: str, model: str, api_key_env: str | None, headers: dict[str, str],
-                   timeout: float) -> None:
-    """The check at start: the endpoint answers, serves ``model``, and completes one token of a chat with it.
+                   timeout: float, extra_body: dict[str, Any] | None = None) -> None:
+    """The check at start: the endpoint answers, serves ``model``, and completes one token of a chat with it (the
+    request carrying ``extra_body``, as every call of the judge does).
 
     Raises:
         RuntimeError: naming the setting behind the failure (``base_url``, ``model`` with the served names,
@@ -105,8 +106,8 @@ def check_endpoint(base_url: str, model: str, api_key_env: str | None, headers: 
                 raise RuntimeError(f"{FIELD}.model={model!r} is not served at {base_url!r}; it serves: "
                                    f"{', '.join(served) or 'nothing'}: set model to one of them (or start the server "
                                    f"with --served-model-name {model})")
-            body = {"model": model, "messages": [{"role": "user", "content": PROBE}], "max_tokens": 1,
-                    "temperature": 0.0}
+            body = {**(extra_body or {}), "model": model, "messages": [{"role": "user", "content": PROBE}],
+                    "max_tokens": 1, "temperature": 0.0}
             answered = httpx.post(root + "/chat/completions", json=body, headers=headers, timeout=timeout)
     except (httpx.HTTPError, ValueError) as error:
         raise RuntimeError(f"the judge at {FIELD}.base_url={base_url!r} does not answer ({type(error).__name__}: "
