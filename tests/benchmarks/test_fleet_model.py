@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks import fleet_model
-from benchmarks.fleet_sim import Fleet, PhaseCosts, simulate
+from benchmarks.fleet_sim import Fleet, PhaseCosts, Simulation, simulate
 
 # a decode step of b trajectories: 0.01 + (b - 1) * 0.001 s; an update: 0.001 s a token on one device
 COSTS = PhaseCosts(tokens_per_s_batch1=100.0, tokens_per_s_saturated=1000.0, update_s_per_token=0.001)
@@ -42,6 +42,16 @@ def test_batch_shares_at_s1_overlap_generation_and_update(update_s_per_token, st
     p = simulate(costs, fleet("shares", max_staleness=1), [(100, 0)])
     assert p.steps_per_s == pytest.approx(1 / (step_s + 0.05))
     assert p.staleness_mean == 1 and p.staleness_max == 1
+    # the push queues behind the batch in flight, so the trainer's idle time is in its step, before the push, and
+    # the batch is there when the push ends: no wait for rollouts
+    assert p.trainer_wait_s == pytest.approx(0.0)
+
+
+def test_decode_step_follows_the_batch_as_it_shrinks():
+    # one group of 50 and 100 tokens: 50 steps of both (0.011 s) = 0.55 s, then 50 of the long one alone (0.01 s)
+    one = fleet("inline", prompts_per_step=1, samples_per_prompt=2, steps=3, warmup_steps=1)
+    p = Simulation(PhaseCosts(100.0, 1000.0, 0.0), one, [(50, 0), (100, 0)]).run()
+    assert p.steps_per_s == pytest.approx(1 / (0.55 + 0.5))
 
 
 def test_tool_call_waits_out_of_the_batch():
