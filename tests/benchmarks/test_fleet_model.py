@@ -90,13 +90,19 @@ def test_staleness_never_above_the_bound(mode, S):
         assert p.regenerated > 0  # the bound bit: groups that ended late were generated again
 
 
-def test_settings_that_cannot_apply_are_errors():
+def test_settings_that_cannot_apply_are_errors(capsys):
     with pytest.raises(ValueError, match="mode='async'"):
         fleet("async")
     with pytest.raises(ValueError, match="max_in_flight=1"):
         fleet("streaming", max_in_flight=1)
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        fleet("shares", max_staleness=-1)
     with pytest.raises(ValueError, match="distribution is empty"):
         simulate(COSTS, fleet("inline"), [])
+    for argv, field in ((["--gpus", "1"], "--gpus"), (["--calibrate", "--steps", "2"], "--steps"), ([], "nothing")):
+        with pytest.raises(SystemExit):
+            fleet_model.parse_args(argv)
+        assert field in capsys.readouterr().err
 
 
 def test_distribution_from_a_runs_dumps(tmp_path):
