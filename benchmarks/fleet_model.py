@@ -84,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.calibrate and not args.gpus:
         p.error("nothing to do: give --calibrate, --gpus 8 64, or both")
+    if args.steps < 3:
+        p.error(f"--steps {args.steps}: at least 3 (2 of warm-up, then the steps measured)")
+    if args.max_staleness < 0:
+        p.error(f"--max_staleness {args.max_staleness}: must be >= 0 (0: batch j generated with its own weights)")
     if any(g < 2 for g in args.gpus):
         p.error(f"--gpus {args.gpus}: a split needs at least 2 GPUs")
     return args

@@ -70,9 +70,13 @@ class Fleet:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}: choose one of {MODES}")
-        for name in ("engines", "train_devices", "prompts_per_step", "samples_per_prompt"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        sizes = dict(engines=self.engines, train_devices=self.train_devices, prompts_per_step=self.prompts_per_step,
+                     samples_per_prompt=self.samples_per_prompt)
+        for name, value in sizes.items():
+            if value < 1:
+                raise ValueError(f"{name}={value}: must be >= 1")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness}: must be >= 0")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps}: must be in [0, steps={self.steps})")
         if self.mode == "streaming" and 0 < self.max_in_flight < self.samples_per_prompt:
@@ -139,6 +143,8 @@ class Simulation:
         self.step, self.step_end, self.waits, self.stale = 0, [], [], []
         self.snapshots: list[tuple[float, float]] = []  # (area, busy) summed over engines at each step's end
         self.regenerated, self.batch_groups = 0, {}
+        self.handlers = {"segment_end": self.on_segment_end, "tool_return": self.on_tool_return,
+                         "unpause": self.on_unpause, "update_end": self.on_update_end, "push_end": self.on_push_end}
 
     # events ------------------------------------------------------------------------------------------------------
     def at(self, t: float, kind: str, *payload) -> None:
@@ -158,7 +164,7 @@ class Simulation:
             if not self.events:
                 raise RuntimeError(f"the simulation stalled at step {self.step} ({self.fleet})")
             self.now, _, kind, payload = heapq.heappop(self.events)
-            getattr(self, "on_" + kind)(*payload)
+            self.handlers[kind](*payload)
             self.schedule()
         return self.prediction()
 
