@@ -23,9 +23,12 @@ pytestmark = pytest.mark.slow
 def two_nodes(monkeypatch):
     """A head node with no CPU (the trainer's) and a worker node with one (the engine's); their processes import
     this checkout."""
+    import signal
+
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    before = signal.getsignal(signal.SIGTERM)  # a head node started here installs Ray's own handler
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 0, "include_dashboard": False})
     try:
@@ -34,6 +37,7 @@ def two_nodes(monkeypatch):
         yield cluster
     finally:
         cluster.shutdown()
+        signal.signal(signal.SIGTERM, before)  # or every later test of this worker would meet Ray's handler
 
 
 @pytest.mark.timeout(600)
