@@ -36,7 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from zerotir.rewards.judge_http import backoff_wait, check_endpoint, over_long, passing, refusal, retry_after_s
+from zerotir.rewards.judge_http import (
+    backoff_wait, chat_body, check_endpoint, over_long, passing, refusal, retry_after_s,
+)
 from zerotir.rewards.math import MathReward
 from zerotir.rewards.protocol import Reward, Sample, Score
 
@@ -214,8 +216,7 @@ class JudgeReward(Reward):
         timed out or met a busy or broken server. Raises ``RuntimeError`` for a refusal no retry fixes."""
         import httpx
 
-        body = {**(self.extra_body or {}), "model": self.model, "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": self.max_tokens, "temperature": 0.0}
+        body = chat_body(self.model, prompt, self.max_tokens, self.extra_body)
         url = self.base_url.rstrip("/") + "/chat/completions"
         for attempt in range(self.retries + 1):
             self._counts["judge_calls"] += 1

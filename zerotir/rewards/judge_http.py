@@ -86,6 +86,12 @@ def served_models(payload: Any) -> list[str]:
     return [str(m["id"]) for m in data or () if isinstance(m, dict) and "id" in m]
 
 
+def chat_body(model: str, prompt: str, max_tokens: int, extra_body: dict[str, Any] | None) -> dict[str, Any]:
+    """One greedy chat completion request of the judge: ``extra_body``'s fields, then the judge's own."""
+    return {**(extra_body or {}), "model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0.0}
+
+
 def check_endpoint(base_url: str, model: str, api_key_env: str | None, headers: dict[str, str],
                    timeout: float, extra_body: dict[str, Any] | None = None) -> None:
     """The check at start: the endpoint answers, serves ``model``, and completes one token of a chat with it (the
@@ -106,9 +112,8 @@ def check_endpoint(base_url: str, model: str, api_key_env: str | None, headers: 
                 raise RuntimeError(f"{FIELD}.model={model!r} is not served at {base_url!r}; it serves: "
                                    f"{', '.join(served) or 'nothing'}: set model to one of them (or start the server "
                                    f"with --served-model-name {model})")
-            body = {**(extra_body or {}), "model": model, "messages": [{"role": "user", "content": PROBE}],
-                    "max_tokens": 1, "temperature": 0.0}
-            answered = httpx.post(root + "/chat/completions", json=body, headers=headers, timeout=timeout)
+            answered = httpx.post(root + "/chat/completions", json=chat_body(model, PROBE, 1, extra_body),
+                                  headers=headers, timeout=timeout)
     except (httpx.HTTPError, ValueError) as error:
         raise RuntimeError(f"the judge at {FIELD}.base_url={base_url!r} does not answer ({type(error).__name__}: "
                            f"{error}): start the server (e.g. `vllm serve <model> --served-model-name judge`) or "
