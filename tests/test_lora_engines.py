@@ -1,6 +1,6 @@
 """LoRA RL (``model.base.lora``) through the engines of a run, each started from the run's config: after 3 RL steps
 the engine decodes greedily as the trainer's actor with its adapters merged, and it got there by adapter pushes
-(``RolloutEngine.adapter_path``). Here the engine host of ``model.pipeline`` (the thread host, the fleet's cheapest
+(``EngineWeights.adapter_path``). Here the engine host of ``model.pipeline`` (the thread host, the fleet's cheapest
 setup), whose transformers copy takes the adapters; the in-line vLLM engine's fit, started with ``lora_rank``, is
 ``tests/rollout/test_vllm_lora.py``'s (its one vLLM engine serves that file's other tests too), with the helpers
 here (``lora_fit``, ``EngineScriptedSource``)."""

@@ -45,7 +45,7 @@ from zerotir.fleet.versioned import synchronize_devices
 from zerotir.fleet.weight_push import receive_push
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule
-from zerotir.rollout.engine import RolloutEngine, SamplingParams, pad_id
+from zerotir.rollout.engine import EngineWeights, RolloutEngine, SamplingParams, pad_id
 from zerotir.rollout.engines import create_engine
 from zerotir.tools.python import sandbox_needed
 from zerotir.tools.registry import Toolbox
@@ -213,7 +213,7 @@ class EngineHost:
         its steps as ``version``, the devices synchronized around the copy (``GroupStream.push``); returns
         ``version``."""
 
-        def copy(engine: RolloutEngine) -> int:
+        def copy(engine: EngineWeights) -> int:
             engine.load_weights_from(actor)
             return version
 

@@ -266,7 +266,7 @@ class EngineSource:
     def close(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:
-            engine.close()  # now, not whenever the garbage collector gets to it (RolloutEngine.close)
+            engine.close()  # now, not whenever the garbage collector gets to it (EngineWeights.close)
         toolbox, self.toolbox = self.toolbox, None
         if toolbox is not None:
             toolbox.close()
