@@ -173,3 +173,18 @@ def test_an_asynchronous_schedule_turns_the_off_policy_correction_on_unless_it_i
     assert RLConfig().for_run(0, SamplingConfig(top_p=0.9)).off_policy_correction == "none"
     with pytest.raises(ValueError, match=r"greedy decoding is for evaluation only"):  # the sampling checks run too
         RLConfig().for_run(None, SamplingConfig(temperature=0.0))
+
+
+def test_the_vllm_engine_group_takes_the_actors_adapter_rank_and_refuses_another():
+    """``model.rollout.init_args.lora_rank`` is derived from ``model.base.lora.rank`` (``for_lora``): set on the vLLM
+    group, which serves adapters of that rank; the transformers group takes any rank and stays as it is."""
+    assert VLLMRollout().for_lora(8).lora_rank == 8
+    assert VLLMRollout().for_lora(None).lora_rank is None
+    assert VLLMRollout(lora_rank=8).for_lora(8) == VLLMRollout(lora_rank=8)
+    assert HFRollout().for_lora(8) == HFRollout()
+    with pytest.raises(ValueError, match=r"lora_rank=4 but model.base.lora.rank=8: .*drop model.rollout.init_args"):
+        VLLMRollout(lora_rank=4).for_lora(8)
+    with pytest.raises(ValueError, match=r"lora_rank=4 but model.base.lora is not set"):
+        VLLMRollout(lora_rank=4).for_lora(None)
+    with pytest.raises(ValueError, match=r"rollout.init_args.lora_rank=0"):
+        VLLMRollout(lora_rank=0)

@@ -320,11 +320,57 @@ def check_issue_numbers(root: Path) -> list[str]:
     return problems
 
 
+# Bases a user subclasses to plug in (the reward, a tool, a call format): their methods raise NotImplementedError
+# until the subclass implements them, which is the point of such a base, not a protocol a class claims.
+USER_BASES = {"Reward", "Tool", "CallFormat"}
+
+
+def _is_protocol(node: ast.ClassDef) -> bool:
+    return any(isinstance(b, ast.Name) and b.id == "Protocol" or isinstance(b, ast.Attribute) and b.attr == "Protocol"
+               for b in node.bases)
+
+
+def _stub(method: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.Raise | None:
+    """The statement that makes ``method`` a refusal: a ``raise NotImplementedError`` anywhere in it, or a body
+    (its docstring aside) of one unconditional ``raise``; None for a method that does its work."""
+    for node in ast.walk(method):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
+                return node
+    body = [s for s in method.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return body[0] if len(body) == 1 and isinstance(body[0], ast.Raise) else None
+
+
+def check_protocol_stubs(root: Path) -> list[str]:
+    """No class of ``zerotir/`` refuses a method named after a method of one of its Protocols: a class implements the
+    halves it supports (``rollout.engine.GenerationEngine``, ``EngineWeights``) and leaves out the rest, rather than
+    claiming a protocol and raising in the methods it cannot do. Bases meant for user subclassing (``USER_BASES``)
+    are left out."""
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted((root / "zerotir").rglob("*.py"))}
+    names = {item.name for tree in trees.values() for node in ast.walk(tree)
+             if isinstance(node, ast.ClassDef) and _is_protocol(node) for item in node.body
+             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    problems = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef) or _is_protocol(node) or node.name in USER_BASES:
+                continue
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in names and \
+                        (stub := _stub(item)) is not None:
+                    problems.append(f"{path.relative_to(root).as_posix()}:{stub.lineno}: {node.name}.{item.name} "
+                                    "refuses a protocol method: implement it, or drop it and claim only the "
+                                    "protocol the class supports")
+    return problems
+
+
 def check_all(root: Path) -> list[str]:
     doc = (root / DOC).read_text(encoding="utf-8")
     rows, (limit, ceilings), tree = parse_rows(doc), parse_sizes(doc), scan(root)
     return check_rows(tree, rows) + check_imports(tree, rows) + check_cycles(tree, rows) + \
-        check_sizes(tree, limit, ceilings) + check_apart(tree) + check_top_level(root) + check_issue_numbers(root)
+        check_sizes(tree, limit, ceilings) + check_apart(tree) + check_top_level(root) + check_issue_numbers(root) + \
+        check_protocol_stubs(root)
 
 
 # The tests on the repository.
@@ -342,6 +388,7 @@ RULES = {
     "apart": lambda tree, doc: check_apart(tree),
     "top_level": lambda tree, doc: check_top_level(tree.root),
     "issue_numbers": lambda tree, doc: check_issue_numbers(tree.root),
+    "protocol_stubs": lambda tree, doc: check_protocol_stubs(tree.root),
 }
 
 
@@ -502,3 +549,16 @@ def test_checker_finds_an_issue_number_in_the_source(tmp_path, line):
 @pytest.mark.parametrize("line", ["# colour #fff", "# 2 issues at once", "# https://github.com/a/b/issues/19259"])
 def test_checker_leaves_what_is_no_issue_number(tmp_path, line):
     assert _mini(tmp_path, zerotir__config_py=f"class Config:\n    pass  {line}\n") == []
+
+
+def test_checker_refuses_a_class_that_raises_in_a_protocol_method_but_not_a_user_base(tmp_path):
+    (tmp_path / "zerotir").mkdir()
+    (tmp_path / "zerotir" / "engine.py").write_text(
+        "from typing import Protocol\n\n\nclass Half(Protocol):\n    def step(self) -> None: ...\n\n"
+        "    def rest(self) -> None: ...\n\n\nclass Wrapper:\n    def step(self):\n        return 1\n\n"
+        "    def rest(self):\n        '''Never rests.'''\n        raise RuntimeError('no')\n\n\n"
+        "class Other:\n    def step(self):\n        if self:\n            raise NotImplementedError\n        return 2\n\n\n"
+        "class Tool:\n    def step(self):\n        raise NotImplementedError\n", encoding="utf-8")
+    problems = check_protocol_stubs(tmp_path)
+    assert [p.split(" refuses")[0] for p in problems] == ["zerotir/engine.py:16: Wrapper.rest",
+                                                         "zerotir/engine.py:22: Other.step"]

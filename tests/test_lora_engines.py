@@ -1,9 +1,9 @@
 """LoRA RL (``model.base.lora``) through the engines of a run, each started from the run's config: after 3 RL steps
 the engine decodes greedily as the trainer's actor with its adapters merged, and it got there by adapter pushes
-(``RolloutEngine.adapter_path``). Here the engine host of ``model.pipeline`` (the thread host, the fleet's cheapest
-setup), whose transformers copy takes the adapters; the in-line vLLM engine's fit, started with ``lora_rank``, is
-``tests/rollout/test_vllm_lora.py``'s (its one vLLM engine serves that file's other tests too), with the helpers
-here (``lora_fit``, ``EngineScriptedSource``)."""
+(``EngineWeights.adapter_path``). Here the engine host of ``model.pipeline`` (the thread host, the fleet's cheapest
+setup), whose transformers copy takes the adapters; the in-line vLLM engine's fit, started with the group's
+``lora_rank`` (``VLLMRollout.for_lora``), is ``tests/rollout/test_vllm_lora.py``'s (its one vLLM engine serves that
+file's other tests too), with the helpers here (``lora_fit``, ``EngineScriptedSource``)."""
 
 from __future__ import annotations
 
@@ -69,12 +69,12 @@ def trained_adapters(actor) -> bool:
 
 class EngineScriptedSource(ScriptedSource):
     """The scripted rollout with the real in-line start: the run's engine built from ``model.rollout`` and
-    ``model.base.lora`` (``create_engine``), fed every update's weights; no sandbox (no tool). Left open at the end
+    ``model.base.lora`` (``create_engine``: the module's group carries the adapter rank), fed every update's weights; no sandbox (no tool). Left open at the end
     for the test to decode with (the test closes it)."""
 
     def __init__(self, module: ZeroTIRModule):
         super().__init__(module)
-        self.backend, self.lora_rank, self.engine = module.backend, module.base.lora.rank, None
+        self.backend, self.engine = module.backend, None
         self.model_path = module.model_path
         self.tool = NO_TOOL  # start builds its toolbox: no tool, no sandbox
 
@@ -117,9 +117,19 @@ def test_fleet_engines_that_take_no_adapters_refuse_a_lora_actor_at_start(tiny_d
     from zerotir.fleet.thread_host import ThreadTransport
 
     source = FleetSource(FleetConfig(engines=1), PipelineConfig(max_staleness=0), HFRollout(), SandboxConfig(),
-                         NO_TOOL, SamplingConfig(), None, str(tiny_dir), 0, ThreadTransport(), lora_rank=4)
+                         NO_TOOL, SamplingConfig(), None, str(tiny_dir), 0, ThreadTransport())
     source.pool._where = [{"adapter_path": "merged"}]  # what the hosts' describe() declared at start
     actor = lora.add_adapters(models.load_causal_lm(tiny_dir), LORA)
     with pytest.raises(ValueError, match=r"model.base.lora: the fleet's engines \(HFRollout\) take no adapters"):
         source._check_adapters(actor)
     source._check_adapters(models.load_causal_lm(tiny_dir))  # full fine-tuning: any engine
+
+
+def test_the_run_sets_its_vllm_groups_adapter_rank_from_model_base_lora(tiny_dir):
+    """The one place the rank is derived: the module's engine group and its source's carry ``model.base.lora.rank``
+    (``create_engine`` starts the vLLM engine for it); the saved hyperparameters keep the config as given."""
+    from zerotir.config import VLLMRollout
+
+    module = lora_module(tiny_dir, rollout=VLLMRollout())
+    assert module.backend.lora_rank == LORA.rank and module.source.backend.lora_rank == LORA.rank
+    assert module.hparams["rollout"]["init_args"]["lora_rank"] is None

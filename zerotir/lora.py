@@ -11,7 +11,7 @@ What lives where:
 * the critic: ``model.base.lora.critic = adapters`` puts adapters of its own on the critic's backbone (a frozen copy
   of the base: the two models' adapters are trained by one backward each and peft switches one adapter per model
   at a time), the value head trains in full; ``full`` trains the whole value model as without LoRA.
-* the rollout engine: each engine declares how a LoRA actor's weights reach it (``RolloutEngine.adapter_path``):
+* the rollout engine: each engine declares how a LoRA actor's weights reach it (``EngineWeights.adapter_path``):
   the transformers engine that wraps the actor generates with the adapters on, in place; an engine with weights of
   its own takes the adapter tensors only (vLLM started with ``lora_rank``, an engine host's transformers copy); one
   that takes no adapters gets the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
@@ -166,7 +166,7 @@ def reference(actor: nn.Module | None, ref_model: nn.Module | None, kl_coef: flo
     return AdaptersOff(actor)
 
 
-# What each ``RolloutEngine.adapter_path`` means for a LoRA run, said at start (``log_weight_path``).
+# What each ``EngineWeights.adapter_path`` means for a LoRA run, said at start (``log_weight_path``).
 _WEIGHT_PATHS = {
     "in place": "the transformers engine generates with the actor itself, adapters on; nothing is pushed after an "
                 "update",
@@ -179,13 +179,13 @@ _WEIGHT_PATHS = {
 
 def log_weight_path(path: str, engine: str) -> None:
     """Say at the start of a LoRA run (INFO) how the rollout engine ``engine`` (its name) gets the adapted actor,
-    ``path`` being what the engine declares (``RolloutEngine.adapter_path``)."""
+    ``path`` being what the engine declares (``EngineWeights.adapter_path``)."""
     log.info("model.base.lora: %s: %s", engine, _WEIGHT_PATHS[path])
 
 
 def push_size(actor: nn.Module, path: str) -> tuple[int, int]:
     """Bytes and tensors one push of ``actor`` moves into an engine of adapter path ``path``
-    (``RolloutEngine.adapter_path``): a LoRA actor's adapter tensors into an engine that takes adapters, else every
+    (``EngineWeights.adapter_path``): a LoRA actor's adapter tensors into an engine that takes adapters, else every
     weight of the plain model (a LoRA actor's merged: its parameters less the adapters)."""
     if is_adapted(actor) and path == "adapter":
         tensors = list(_peft().get_peft_model_state_dict(actor).values())

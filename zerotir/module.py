@@ -110,6 +110,7 @@ class ZeroTIRModule(LightningModule):
         self.model_path = self.base.path
         rl = rl.for_run(pipeline.max_staleness, sampling)  # checked, its off-policy correction's default for S
         self.rl, self.optim, self.tool, self.sampling, self.eval_config = rl, optim, tool, sampling, eval
+        rollout = rollout.for_lora(base.lora.rank if base.lora else None)  # the engine serves the actor's adapters
         self.backend, self.sandbox_config, self.seed = rollout, tool.sandbox, seed
         filters.check_run(rl, sampling, tool)
         self.filters = filters
@@ -119,7 +120,7 @@ class ZeroTIRModule(LightningModule):
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
         self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
-                                          self.model_path, seed, base.lora.rank if base.lora else None, base.dtype)
+                                          self.model_path, seed, base.dtype)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, format_label(tool.format))
         self.format_watch = FormatWatch(tool)  # warns once: calls written in the other format

@@ -23,16 +23,16 @@ from zerotir.rollout.source import InlineSource, RolloutSource
 
 def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: RolloutBackend, sandbox: SandboxConfig,
                         tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str,
-                        seed: int, lora_rank: int | None = None, dtype: str = "float32") -> RolloutSource:
+                        seed: int, dtype: str = "float32") -> RolloutSource:
     """The source ``model.pipeline`` and ``model.fleet`` name, over the engine of ``model.rollout`` and the sandbox
     of ``model.tool.sandbox``.
 
     Args:
-        pipeline, fleet, backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
+        pipeline, fleet, backend, sandbox, tool, sampling: the ``model.*`` groups of those names (``backend`` with a
+            LoRA run's adapter rank: ``RolloutBackend.for_lora``).
         reward: the ``model.reward`` plug-in (``zerotir.rewards``) scoring each batch.
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed (training batch b samples with seed + b + 1: ``rollout.source.batch_seed``).
-        lora_rank: a LoRA run's ``model.base.lora.rank``: the engines are started to take the actor's adapters.
         dtype: the run's ``model.base.dtype``: the dtype of an engine host's own transformers copy of the actor.
 
     Raises:
@@ -41,7 +41,7 @@ def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: R
     if fleet.enabled:
         fleet.check_groups(pipeline, backend)
         return FleetSource(fleet, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed, RayTransport(),
-                           lora_rank, dtype)
+                           dtype)
     pipeline.check_backend(backend)
     if fleet.max_in_flight and not pipeline.enabled:
         raise ValueError(f"model.fleet.max_in_flight={fleet.max_in_flight} with model.pipeline.max_staleness: null: "
@@ -51,5 +51,5 @@ def make_rollout_source(pipeline: PipelineConfig, fleet: FleetConfig, backend: R
         host = FleetConfig(engines=1, pin_cores=False, timeout_s=pipeline.producer_timeout,
                            max_in_flight=fleet.max_in_flight)
         return FleetSource(host, pipeline, backend, sandbox, tool, sampling, reward, model_path, seed,
-                           ThreadTransport(pipeline.producer_device, pipeline.threads), lora_rank, dtype)
-    return InlineSource(backend, sandbox, tool, sampling, reward, model_path, seed, lora_rank)
+                           ThreadTransport(pipeline.producer_device, pipeline.threads), dtype)
+    return InlineSource(backend, sandbox, tool, sampling, reward, model_path, seed)

@@ -10,7 +10,7 @@ import torch
 
 from tests.rollout.scripted import ScriptedEngine
 from zerotir.fleet.versioned import ProducerStopped, VersionedEngine, synchronize_devices
-from zerotir.rollout.engine import SamplingParams
+from zerotir.rollout.engine import EngineWeights, GenerationEngine, SamplingParams
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -68,5 +68,6 @@ def test_a_push_during_a_segment_leaves_its_samples_at_the_submitted_version():
 def test_a_stopped_hosts_next_step_raises_and_weights_go_only_through_push():
     with pytest.raises(ProducerStopped):
         _engine(stopped=True).step()
-    with pytest.raises(RuntimeError, match="push weights with VersionedEngine.push"):
-        _engine().load_weights_from(None)
+    engine = _engine()  # a generation engine only: weights reach its engine through push, which stamps the version
+    assert isinstance(engine, GenerationEngine) and not isinstance(engine, EngineWeights)
+    assert not {"update_weights", "update_adapter", "load_weights_from", "reset_cache", "rest"} & set(dir(engine))

@@ -41,7 +41,7 @@ class Submission:
 
 @dataclass
 class ScriptedEngine:
-    """A ``RolloutEngine`` replaying transcripts (see the module docstring).
+    """A ``GenerationEngine`` replaying transcripts (see the module docstring).
 
     Each submitted request finishes after ``ceil(len / tokens_per_step)`` steps (its tokens appear as if decoded at
     that rate, all requests in parallel), so requests end in the order a real engine would end them.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from zerotir.config.checks import check_min
@@ -43,6 +43,12 @@ class RolloutBackend:
     def round_tokens(self) -> int:
         """Tokens per row and engine call of the "rounds" schedule."""
         return self.tokens_per_call or DEFAULT_TOKENS_PER_CALL
+
+    def for_lora(self, rank: int | None) -> RolloutBackend:
+        """This group for a run whose actor carries LoRA adapters of rank ``rank`` (``model.base.lora.rank``; None:
+        full fine-tuning), derived once where the run is built (``ZeroTIRModule``). The transformers engine takes
+        adapters of any rank as they come, so its group stays as it is."""
+        return self
 
     def _check_schedule(self) -> None:
         if self.tokens_per_call is not None:
@@ -118,10 +124,25 @@ class VLLMRollout(RolloutBackend):
     """Bucket size of the weight push (whole layers per bucket; the peak extra memory under ZeRO-3)."""
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.LLM`` arguments, passed as they are."""
+    lora_rank: int | None = None
+    """The rank of the LoRA adapters the engine serves, so that each push moves the adapter only (``update_adapter``):
+    set from ``model.base.lora.rank`` where the run is built (``for_lora``), so leave it out of a config. None: no
+    adapters, the actor's full (or merged) weights are pushed."""
 
     def __post_init__(self) -> None:
         self._check_schedule()
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"model.rollout.init_args.gpu_memory_utilization={self.gpu_memory_utilization}: must "
                              "be in (0, 1]")
-        check_min("rollout.init_args", self, ("tensor_parallel_size", "weight_sync_bucket_mb", "serving_threads"), 1)
+        check_min("rollout.init_args", self,
+                  ("tensor_parallel_size", "weight_sync_bucket_mb", "serving_threads", "lora_rank"), 1)
+
+    def for_lora(self, rank: int | None) -> VLLMRollout:
+        """The group with ``lora_rank`` set to the actor's adapter rank (``RolloutBackend.for_lora``): the vLLM engine
+        is started to serve adapters of that rank. A ``lora_rank`` given in the config must be that rank."""
+        if self.lora_rank is not None and self.lora_rank != rank:
+            actor = f"model.base.lora.rank={rank}" if rank is not None else "model.base.lora is not set"
+            raise ValueError(f"model.rollout.init_args.lora_rank={self.lora_rank} but {actor}: the engine serves the "
+                             "actor's adapters, its rank is set from model.base.lora.rank; drop "
+                             "model.rollout.init_args.lora_rank")
+        return replace(self, lora_rank=rank)

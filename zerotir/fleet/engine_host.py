@@ -45,7 +45,7 @@ from zerotir.fleet.versioned import synchronize_devices
 from zerotir.fleet.weight_push import receive_push
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule
-from zerotir.rollout.engine import RolloutEngine, SamplingParams, pad_id
+from zerotir.rollout.engine import EngineWeights, RolloutEngine, SamplingParams, pad_id
 from zerotir.rollout.engines import create_engine
 from zerotir.tools.python import sandbox_needed
 from zerotir.tools.registry import Toolbox
@@ -74,8 +74,6 @@ class HostSettings:
         cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
         own_process: the host has its process to itself (a Ray actor): ``threads`` are set process-wide. False: a
             thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.
-        lora_rank: a LoRA run's ``model.base.lora.rank``: the engine is started to take the actor's adapters
-            (``create_engine``), so a push moves the adapter tensors only. None: full fine-tuning.
         dtype: the parameter dtype of a transformers engine's own copy of the actor, the run's ``model.base.dtype``
             (a float32 copy of a bfloat16 7B actor would take 28 GiB of the GPU it shares with training).
     """
@@ -92,7 +90,6 @@ class HostSettings:
     stream_timeout_s: float = DEFAULT_TIMEOUT_S
     cores: tuple[int, ...] | None = None
     own_process: bool = True
-    lora_rank: int | None = None
     dtype: str = "float32"
 
     def check(self) -> None:
@@ -152,7 +149,7 @@ class EngineHost:
         actor = _engine_model(settings.rollout, settings.model_path, settings.dtype)
         self.engine: RolloutEngine | None = create_engine(
             settings.rollout, actor, self.tokenizer, settings.device, settings.model_path, settings.seed,
-            threads=settings.threads, lora_rank=settings.lora_rank)  # the model loaded here is the host's own
+            threads=settings.threads)  # the model loaded here is the host's own
         self.group: WeightGroup | None = None
         self.version: int | None = None  # of the last push received; None: the folder's weights
         self._process = uuid.uuid4().hex[:12]  # this host's own: a key queued by another process is never taken here
@@ -213,7 +210,7 @@ class EngineHost:
         its steps as ``version``, the devices synchronized around the copy (``GroupStream.push``); returns
         ``version``."""
 
-        def copy(engine: RolloutEngine) -> int:
+        def copy(engine: EngineWeights) -> int:
             engine.load_weights_from(actor)
             return version
 

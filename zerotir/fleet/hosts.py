@@ -58,7 +58,7 @@ class FleetHosts:
 
     @property
     def adapter_paths(self) -> list[str]:
-        """How a LoRA actor's pushes reach each engine, as it declared at start (``RolloutEngine.adapter_path``)."""
+        """How a LoRA actor's pushes reach each engine, as it declared at start (``EngineWeights.adapter_path``)."""
         return [where["adapter_path"] for where in self._where]
 
     def submit(self, shares: list[Share]) -> None:

@@ -57,19 +57,18 @@ class FleetSource:
         model_path: the HF folder every engine process loads.
         seed: the run's seed (training batch b samples with ``batch_seed``).
         transport: how the hosts run (``zerotir.fleet.transport``); None: Ray actors.
-        lora_rank: a LoRA run's ``model.base.lora.rank``: every engine is started to take the actor's adapters.
         dtype: the run's ``model.base.dtype``: the dtype of a transformers engine host's own copy of the actor.
     """
 
     def __init__(self, fleet: FleetConfig, pipeline: PipelineConfig, backend: RolloutBackend, sandbox: SandboxConfig,
                  tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int,
-                 transport: Transport | None = None, lora_rank: int | None = None, dtype: str = "float32"):
+                 transport: Transport | None = None, dtype: str = "float32"):
         if 0 < fleet.max_in_flight < sampling.n:
             raise ValueError(f"model.fleet.max_in_flight={fleet.max_in_flight} with model.sampling.n={sampling.n}: a "
                              f"prompt group streams whole; set max_in_flight >= {sampling.n} (or 0: no streaming)")
         self.fleet, self.max_staleness = fleet, pipeline.max_staleness
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
-        self.model_path, self.seed, self.lora_rank, self.dtype = model_path, seed, lora_rank, dtype
+        self.model_path, self.seed, self.dtype = model_path, seed, dtype
         self.sandbox = SandboxService(sandbox)  # the engines' python tool's: started only when the tools include it
         self.needs_sandbox = sandbox_needed(tool)
         self.transport = transport if transport is not None else RayTransport()
@@ -136,7 +135,7 @@ class FleetSource:
         settings = self.transport.settings(HostSettings(
             self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
             self.sandbox.config.client_options, fleet.engine_threads, fleet.device, fleet.max_in_flight,
-            2 * fleet.timeout_s, lora_rank=self.lora_rank, dtype=self.dtype), device)  # a call outlives the wait
+            2 * fleet.timeout_s, dtype=self.dtype), device)  # a call outlives the wait
         started = time.perf_counter()
         self.pool.start(settings, cores)
         self._check_adapters(actor)

@@ -38,7 +38,7 @@ from typing import Any
 
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout
-from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.engine import GenerationEngine, RolloutEngine, Sample, SamplingParams
 from zerotir.fleet.versioned import ProducerStopped, VersionedEngine, synchronize_devices
 from zerotir.tools.registry import Toolbox
 from zerotir.types import Trajectories
@@ -50,7 +50,7 @@ class EngineHub:
     """One engine stepped by several tool loops at once: each loop gets an ``EngineShare`` (its own keys), and the
     samples of every step go to the share that submitted them."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: GenerationEngine):
         self.engine = engine
         self.context_length = engine.context_length
         self._shares: dict[int, EngineShare] = {}
@@ -71,7 +71,7 @@ class EngineHub:
 
 
 class EngineShare:
-    """One tool loop's view of a shared engine (``RolloutEngine`` protocol): it submits and releases its own keys,
+    """One tool loop's view of a shared engine (a ``GenerationEngine``): it submits and releases its own keys,
     and its ``step`` returns its own finished samples, stepping the engine only when none is waiting. A sample
     another loop's step finished waits here, and counts as running until it is returned."""
 
@@ -150,7 +150,7 @@ class GroupStream:
         device: the engine's device, synchronized around each push's copy (``versioned.synchronize_devices``).
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
                  tools: Toolbox, max_in_flight: int, device: str = "cpu"):
         if max_in_flight < 0:
             raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): >= 1 to stream groups, or 0 for one job "

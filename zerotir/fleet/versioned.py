@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.engine import EngineWeights, RolloutEngine, Sample, SamplingParams
 
 
 class ProducerStopped(Exception):
@@ -37,17 +37,18 @@ def synchronize_devices(devices: Iterable[Any] = ()) -> None:
 
 
 class VersionedEngine:
-    """An engine behind one lock (see the module doc); implements the ``RolloutEngine`` protocol.
+    """An engine behind one lock (see the module doc): a ``GenerationEngine`` for the tool loop, whose weights
+    change only through ``push`` (it stamps the version), never through the engine's weights half.
 
     Args:
-        engine: the engine (``RolloutEngine``).
+        engine: the engine (``RolloutEngine``); ``push`` hands it to the weight copy.
         version: the version of its weights now (None: the folder's).
         beat: called after every engine step (progress).
         stopped: whether the rollouts should stop (the next step raises ``ProducerStopped``).
         synchronize: waits for the devices' queued work around each push's copy (``synchronize_devices``).
     """
 
-    def __init__(self, engine: Any, version: int | None, beat: Callable[[], None], stopped: Callable[[], bool],
+    def __init__(self, engine: RolloutEngine, version: int | None, beat: Callable[[], None], stopped: Callable[[], bool],
                  synchronize: Callable[[], None]):
         self.engine, self.version = engine, version
         self._synchronize = synchronize
@@ -78,7 +79,7 @@ class VersionedEngine:
     def num_running(self) -> int:
         return self.engine.num_running
 
-    def push(self, load: Callable[[Any], Any], version: int | None, timeout_s: float) -> float:
+    def push(self, load: Callable[[EngineWeights], Any], version: int | None, timeout_s: float) -> float:
         """Run ``load(engine)`` (the weight copy) between two steps and set the version (None: the one ``load``
         returns, the fleet's pushes carry theirs; it stays when that is None too); returns its seconds."""
         if not self.lock.acquire(timeout=timeout_s):
@@ -93,17 +94,3 @@ class VersionedEngine:
             return time.perf_counter() - start
         finally:
             self.lock.release()
-
-    # The rest of the protocol: pushes replace these, which the tool loop never calls.
-    def update_weights(self, named_tensors: Any) -> None:
-        raise RuntimeError("VersionedEngine: push weights with VersionedEngine.push (it stamps the version)")
-
-    def load_weights_from(self, actor: Any) -> None:
-        raise RuntimeError("VersionedEngine: push weights with VersionedEngine.push (it stamps the version)")
-
-    def reset_cache(self) -> None:
-        with self.lock:
-            self.engine.reset_cache()
-
-    def rest(self) -> None:
-        raise RuntimeError("a versioned engine never rests: it generates while the trainer updates")

@@ -27,7 +27,7 @@ from torch import nn
 
 from zerotir.fleet.weight_group import SENDER, WeightGroup, WeightGroupError
 from zerotir.lora import is_adapted
-from zerotir.rollout.engine import RolloutEngine
+from zerotir.rollout.engine import EngineWeights
 from zerotir.rollout.vllm_lora import actor_adapter
 from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, WeightReceiver, sync_weights
 
@@ -183,7 +183,7 @@ def push_adapter(sender: WeightSender, model: nn.Module, version: int) -> PushSt
     return sender.pushes[-1]
 
 
-def receive_push(group: WeightGroup, engine: RolloutEngine) -> int | None:
+def receive_push(group: WeightGroup, engine: EngineWeights) -> int | None:
     """On an engine process (rank >= 1): receive one push, each bucket into ``engine.update_weights`` as it arrives
     (one bucket in memory at a time). Returns the push's version, or None when the sender stopped the group (it is
     then closed here).
@@ -191,7 +191,7 @@ def receive_push(group: WeightGroup, engine: RolloutEngine) -> int | None:
     Raises:
         WeightGroupError: the sender aborted the push (the engine then holds a mix of two versions until the next
             one lands), sent something out of order, or did not answer within the group's timeout.
-        ValueError: a LoRA push into an engine that takes no adapters (``RolloutEngine.adapter_path``), raised once
+        ValueError: a LoRA push into an engine that takes no adapters (``EngineWeights.adapter_path``), raised once
             the push is received whole.
     """
     if group.rank == SENDER:

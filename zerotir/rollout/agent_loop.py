@@ -1,6 +1,6 @@
 """The tool loop: ZeroTIR's two-phase stop machine over token ids, one state machine per trajectory.
 
-Every trajectory (prompt x sample, a ``rows.Row``) is a request of the engine (``engine.RolloutEngine``) and is in
+Every trajectory (prompt x sample, a ``rows.Row``) is a request of the engine (``engine.GenerationEngine``) and is in
 one of three modes (``rows.Mode``). The markers are those of the call format (``model.tool.format``,
 ``zerotir.tools.formats``: "```python" / "```" with ``fences``, "<tool_call>" / "</tool_call>" with ``hermes``):
 
@@ -42,7 +42,7 @@ from typing import Any, get_args
 import torch
 
 from zerotir.config import DEFAULT_TOKENS_PER_CALL, ScheduleKind, ToolConfig
-from zerotir.rollout.engine import RolloutEngine, Sample, SamplingParams
+from zerotir.rollout.engine import GenerationEngine, Sample, SamplingParams
 from zerotir.rollout.rows import Mode, Row, stops
 from zerotir.rollout.sync import run_sync
 from zerotir.rollout.tool_block import (
@@ -84,7 +84,7 @@ class Schedule:
 class _Run:
     """What the drivers share: the rows, the settings and the callbacks of one rollout."""
 
-    engine: RolloutEngine
+    engine: GenerationEngine
     tokenizer: Any
     tools: Toolbox
     fmt: CallFormat
@@ -105,7 +105,7 @@ class _Run:
 
 
 async def rollout(
-    engine: RolloutEngine,
+    engine: GenerationEngine,
     tokenizer: Any,
     sandbox: Any,
     prompts: list[list[int]],
@@ -119,7 +119,7 @@ async def rollout(
     """Tool-integrated rollouts: ``params.n`` trajectories per prompt.
 
     Args:
-        engine: any ``RolloutEngine``.
+        engine: any ``GenerationEngine``.
         tokenizer: the model's tokenizer (decodes the calls, encodes the injected observations).
         sandbox: with ``tools`` None, the python tool's sandbox client, anything with ``async run(code, *,
             run_timeout=None) -> ExecResult`` (``sandbox.SandboxClient``, a test's scripted one); None where no tool

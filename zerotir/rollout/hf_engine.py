@@ -116,7 +116,7 @@ class HFEngine:
 
     # ---------------------------------------------------------------------------------------- the protocol
     def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
-        """Start or continue request ``key`` (``RolloutEngine.submit``).
+        """Start or continue request ``key`` (``GenerationEngine.submit``).
 
         Raises:
             ValueError: bad ids / params, ``key`` still running, or a temperature / top_p different from the
@@ -184,7 +184,7 @@ class HFEngine:
                 self._close()
 
     def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
-        """Generate through this LoRA adapter from now on (``RolloutEngine.update_adapter``): the first call puts
+        """Generate through this LoRA adapter from now on (``EngineWeights.update_adapter``): the first call puts
         adapters of ``config`` on the engine's own model (``peft.inject_adapter_in_model``: the model stays a plain
         transformers module, its base weights untouched), every call copies ``tensors`` into them
         (``peft.set_peft_model_state_dict``), then ``reset_cache``.

@@ -169,13 +169,12 @@ class EngineSource:
         reward: the ``model.reward`` plug-in, scoring each trajectory as it finishes (``EarlyScores``).
         model_path: the HF folder a separate engine loads at start.
         seed: the run's seed: the engine's own, and the base of every training batch's (``batch_seed``).
-        lora_rank: a LoRA run's ``model.base.lora.rank``, which the engine is started for (``create_engine``).
     """
 
     def __init__(self, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig, sampling: SamplingConfig,
-                 reward: Reward | None, model_path: str, seed: int, lora_rank: int | None = None):
+                 reward: Reward | None, model_path: str, seed: int):
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
-        self.model_path, self.seed, self.lora_rank = model_path, seed, lora_rank
+        self.model_path, self.seed = model_path, seed
         if sandbox != tool.sandbox:  # the group given is where the python tool's code runs
             self.tool = replace(tool, sandbox=sandbox)
         self.toolbox: Toolbox | None = None  # built and started by start, closed by close
@@ -208,8 +207,7 @@ class EngineSource:
         self.tp_group = TensorParallelGroup(self.backend.tensor_parallel_size)
         engine = None
         with fail_together(Exception):
-            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed,
-                                   lora_rank=self.lora_rank)
+            engine = create_engine(self.backend, actor, tokenizer, device, self.model_path, self.seed)
         self.engine, self._tokenizer = engine, tokenizer
         if is_adapted(actor):  # a LoRA run: how the actor's weights reach the engine, said at start
             log_weight_path(engine.adapter_path(actor), f"the in-line {type(engine).__name__}")
@@ -266,7 +264,7 @@ class EngineSource:
     def close(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:
-            engine.close()  # now, not whenever the garbage collector gets to it (RolloutEngine.close)
+            engine.close()  # now, not whenever the garbage collector gets to it (EngineWeights.close)
         toolbox, self.toolbox = self.toolbox, None
         if toolbox is not None:
             toolbox.close()

@@ -155,7 +155,7 @@ class VLLMEngine(VLLMWeights):
         return self._llm
 
     def close(self) -> None:
-        """Shut the in-process engine core down now (``RolloutEngine.close``): its worker, KV cache and vLLM's
+        """Shut the in-process engine core down now (``EngineWeights.close``): its worker, KV cache and vLLM's
         distributed state. Left to the garbage collector, that teardown runs whenever the LLM is collected, maybe
         under a newer engine of the same process, whose groups it then destroys mid-run. vLLM's teardown also
         destroys torch's default process group; one the caller had before the engine (a multi-rank trainer's) is
@@ -169,7 +169,7 @@ class VLLMEngine(VLLMWeights):
             llm.llm_engine.engine_core.shutdown()
 
     def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
-        """Add request ``key`` to the engine (``RolloutEngine.submit``); its seed, when set, makes its sample
+        """Add request ``key`` to the engine (``GenerationEngine.submit``); its seed, when set, makes its sample
         independent of what else runs.
 
         Raises:

@@ -36,7 +36,7 @@ from zerotir.scale.memory_plan import sleep_level
 
 
 class VLLMWeights:
-    """The weight methods of ``VLLMEngine`` (``RolloutEngine``'s weights half). The engine sets the attributes read
+    """The weight methods of ``VLLMEngine`` (``EngineWeights``, the protocol's weights half). The engine sets the attributes read
     here: ``llm`` (the ``vllm.LLM``), ``packed_modules``, ``bucket_bytes``, ``lora_rank``, ``sleep_mode``,
     ``serving_threads``, ``cuda_index``, ``_asleep`` and ``_adapter`` (the requests' ``LoRARequest``, None until the
     first ``update_adapter``)."""
