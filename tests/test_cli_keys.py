@@ -16,7 +16,7 @@ import yaml
 
 from tests.test_configs import CONFIGS, header_args
 from tests.test_doc_commands import COMMANDS
-from zerotir.cli.errors import key_hint, parse_error_text
+from zerotir.cli.errors import MOVED, key_hint, parse_error_text
 from zerotir.cli.keys import INDEX_FILE, REGENERATE, check_keys, generate_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +92,18 @@ def test_a_key_that_moved_names_its_new_place(old, new, capsys, tmp_path):
     assert moved in parse_error_text(parser, f"unrecognized arguments: --{old} 1")
     assert "moved" not in key_hint("model.rl.kl_coeff", ["model.rl.kl_coef"])
 
+
+
+@pytest.mark.parametrize("old", [k for k in MOVED if k.startswith(("model.pipeline.", "model.fleet."))])
+def test_each_key_of_the_two_engine_host_groups_names_its_key_in_model_hosts(old, capsys, tmp_path):
+    """``model.pipeline`` and ``model.fleet`` became ``model.hosts`` key by key: typed, and in a config file (where
+    the old group is not reported as a whole: each of its keys names its own new place)."""
+    moved = f"{old} moved: it is now {MOVED[old]} (write it there)"
+    assert MOVED[old].startswith("model.hosts.") and moved in key_error(["fit", f"--{old}", "1"], capsys)
+    mine = tmp_path / "old.yaml"
+    mine.write_text(yaml.safe_dump({"model": {old.split(".")[1]: {old.split(".")[2]: 1}}}))
+    err = key_error(["fit", "--config", str(mine)], capsys)
+    assert f'unknown key "{old}" in the config file {mine}\n{moved}\n' in err
 
 def test_a_callback_setting_that_moved_names_its_new_place(capsys, tmp_path):
     """PassRateFilter's bounds are model.filters settings now: said before torch loads and in the parser's error."""

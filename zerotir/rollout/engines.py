@@ -40,7 +40,7 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
             with the first ``load_weights_from``.
         seed: the engine's own seed (requests carry theirs).
         threads: torch threads a transformers engine decodes on when its group leaves ``num_threads`` unset (an
-            engine host's: ``model.fleet.threads``, ``model.pipeline.threads``); a vLLM engine keeps its
+            engine host's: ``model.hosts.threads``); a vLLM engine keeps its
             ``serving_threads``.
         lora_rank: a LoRA run's ``model.base.lora.rank``: a vLLM engine is started to serve adapters of that rank
             (each push then moves the adapter only); a transformers engine takes adapters of any rank as it is.
