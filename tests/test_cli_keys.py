@@ -16,7 +16,7 @@ import yaml
 
 from tests.test_configs import CONFIGS, header_args
 from tests.test_doc_commands import COMMANDS
-from zerotir.cli.errors import MOVED, key_hint, parse_error_text
+from zerotir.cli.errors import key_hint, parse_error_text
 from zerotir.cli.keys import INDEX_FILE, REGENERATE, check_keys, generate_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,12 +94,22 @@ def test_a_key_that_moved_names_its_new_place(old, new, capsys, tmp_path):
 
 
 
-@pytest.mark.parametrize("old", [k for k in MOVED if k.startswith(("model.pipeline.", "model.fleet."))])
-def test_each_key_of_the_two_engine_host_groups_names_its_key_in_model_hosts(old, capsys, tmp_path):
+# Every key the two former groups of the engine hosts had, and where it is now.
+OLD_HOST_KEYS = {**{f"model.pipeline.{k}": f"model.hosts.{k}" for k in ("max_staleness", "threads")},
+                 "model.pipeline.producer_device": "model.hosts.device",
+                 "model.pipeline.producer_timeout": "model.hosts.timeout_s",
+                 **{f"model.fleet.{k}": f"model.hosts.{k}" for k in (
+                     "engines", "cpus_per_engine", "gpus_per_engine", "threads", "trainer_threads", "pin_cores",
+                     "address", "weight_host", "weight_port", "max_restarts", "max_in_flight", "sandbox_per_node",
+                     "timeout_s")}}
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_HOST_KEYS.items())
+def test_each_key_of_the_two_engine_host_groups_names_its_key_in_model_hosts(old, new, capsys, tmp_path):
     """``model.pipeline`` and ``model.fleet`` became ``model.hosts`` key by key: typed, and in a config file (where
     the old group is not reported as a whole: each of its keys names its own new place)."""
-    moved = f"{old} moved: it is now {MOVED[old]} (write it there)"
-    assert MOVED[old].startswith("model.hosts.") and moved in key_error(["fit", f"--{old}", "1"], capsys)
+    moved = f"{old} moved: it is now {new} (write it there)"
+    assert moved in key_error(["fit", f"--{old}", "1"], capsys)
     mine = tmp_path / "old.yaml"
     mine.write_text(yaml.safe_dump({"model": {old.split(".")[1]: {old.split(".")[2]: 1}}}))
     err = key_error(["fit", "--config", str(mine)], capsys)
