@@ -6,8 +6,9 @@
 #            math-verify, tensorboard, accelerate, deepspeed, ...) and check CUDA: all problems reported at once;
 #   build    a random Qwen2.5-0.5B-shaped model (byte tokenizer, no download);
 #   vllm     the checks that need a vLLM wheel on the device (scripts/gpu_check_vllm.py: the prefix cache after a
-#            push, the thread host's device, the push's stream synchronisation): run when vllm imports, else listed as skipped
-#            and the output says plainly that vLLM is not checked (no vLLM wheel fits what a device run carries);
+#            push, the thread host's device, the push's stream synchronisation): run when vllm imports, else listed
+#            as skipped and the output says plainly that vLLM is not checked (no vLLM wheel fits what a device run
+#            carries);
 #   fleet    the fleet's weight push with CUDA tensors over gloo on one GPU (scripts/gpu_check_fleet.py: bucket
 #            views, receive into a transformers engine on the GPU, versions, stop); skipped, saying why, without CUDA
 #            (the CPU plumbing run leaves it out: tests/test_gpu_check.py runs it with CPU tensors in-process);

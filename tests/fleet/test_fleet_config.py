@@ -33,7 +33,8 @@ def test_fleet_errors_name_the_field(kwargs, message):
 
 
 def test_derived_settings():
-    assert not HostsConfig().enabled and HostsConfig(max_staleness=0).enabled and not HostsConfig(max_staleness=0).on_ray
+    thread = HostsConfig(max_staleness=0)
+    assert not HostsConfig().enabled and thread.enabled and not thread.on_ray
     ray = HostsConfig(max_staleness=0, engines=2)
     assert ray.enabled and ray.on_ray and ray.engine_device == "cpu"
     assert HostsConfig(max_staleness=0, engines=1, gpus_per_engine=1).engine_device == "cuda"
@@ -127,7 +128,7 @@ def test_an_embedded_sandbox_is_refused_once_the_cluster_has_other_nodes(urls, t
     (replace(JOINED, sandbox_per_node=False), None, ToolConfig(), False),
     (JOINED, ["http://10.0.0.9:8080"], ToolConfig(), False),  # urls win
     (JOINED, None, NO_TOOLS, False),  # no code runs
-    (HostsConfig(max_staleness=0, engines=2), None, ToolConfig(), False),  # a local cluster: one node, the embedded server
+    (HostsConfig(max_staleness=0, engines=2), None, ToolConfig(), False),  # a local cluster: one node, one server
     (HostsConfig(max_staleness=0, address="10.0.0.1:6379"), None, ToolConfig(), False),  # a thread host: no Ray
 ])
 def test_a_sandbox_on_each_node_only_on_a_joined_cluster_with_tools_and_no_urls(fleet, urls, tool, expected):

@@ -220,8 +220,8 @@ def test_the_pipelines_thread_host_refuses_trainers_it_cannot_serve():
     inline = make_rollout_source(HostsConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
                                  SamplingConfig(), None, "x", 0)
     assert isinstance(inline, InlineSource)
-    streamed = make_rollout_source(HostsConfig(max_staleness=1, max_in_flight=8), HFRollout(), SandboxConfig(), NO_TOOLS,
-                                   SamplingConfig(), None, "x", 0)
+    streamed = make_rollout_source(HostsConfig(max_staleness=1, max_in_flight=8), HFRollout(), SandboxConfig(),
+                                   NO_TOOLS, SamplingConfig(), None, "x", 0)
     assert streamed.fleet.max_in_flight == 8 and streamed.steps_take == "rows"  # the thread host streams
     with pytest.raises(ValueError, match=r"model.hosts.max_in_flight=8 with model.hosts.max_staleness: null.*set "
                                          r"model.hosts.max_staleness"):
