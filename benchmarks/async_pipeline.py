@@ -8,10 +8,10 @@ Method. One toy base (``configs/toy_cpu.yaml``'s, pretraining seed 0; built into
 ``--model_dir`` names one). Then, for each RL seed and in that order each arm (so that a change of the machine's
 load falls on every arm alike), ``python -m zerotir fit --config configs/toy_cpu.yaml`` from that base:
 
-- ``sync``: ``model.pipeline.max_staleness`` null, the default: each step generates its batch in line;
+- ``sync``: ``model.hosts.max_staleness`` null, the default: each step generates its batch in line;
 - ``s1`` / ``s2``: ``max_staleness`` 1 / 2: the engine host in a thread of the trainer's process, with its own copy
   of the weights, generates ahead (its engine's threads its own, the trainer's torch's); ``off_policy_correction: tis``;
-- ``fleet_s0`` / ``fleet_s1``: ``model.fleet.engines`` 1 (``configs/toy_cpu_fleet.yaml``): one engine process (a Ray
+- ``fleet_s0`` / ``fleet_s1``: ``model.hosts.engines`` 1 (``configs/toy_cpu_fleet.yaml``): one engine process (a Ray
   actor with one torch thread and one CPU of a local cluster), the weights broadcast after every update over gloo,
   S = 0 (the synchronous schedule through the fleet: its overhead) and S = 1 (``tis``).
 
@@ -19,8 +19,9 @@ Each run validates on 64 held-out questions (greedy) every ``--val_every`` steps
 accuracy (Lightning's ``EarlyStopping``) or ``--max_steps``. Measured per run, from its TensorBoard logs: RL steps per
 minute of training (steps / the sum of ``time/step``: the training loop's wall time, validation excluded), minutes
 from the process start to the first validation at the target, and the profile: mean seconds per step of
-generation, update, the trainer waiting for rollouts, the producer waiting for the trainer (logged by the former
-producer thread only) and the weights' push (``time/weight_sync``), and the mean staleness. Written to
+generation, update, the trainer waiting for rollouts, the engine host waiting for the trainer
+(``time/wait_for_trainer``, empty where no host logs it) and the weights' push (``time/weight_sync``), and the mean
+staleness. Written to
 ``<out>/async_pipeline.{json,md,png}``.
 
 Targets (issue #16): S = 1 at least 1.25x the steps per minute of the synchronous run, and no more minutes to 80%.
@@ -43,11 +44,11 @@ from zerotir.scaling.runs import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/toy_cpu.yaml"
-ARMS = {"sync": [], "s1": ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis"],
-        "s2": ["--model.pipeline.max_staleness", "2", "--model.rl.off_policy_correction", "tis"],
-        "fleet_s0": ["--model.pipeline.max_staleness", "0", "--model.fleet.engines", "1"],
-        "fleet_s1": ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
-                     "--model.fleet.engines", "1"]}
+ARMS = {"sync": [], "s1": ["--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "tis"],
+        "s2": ["--model.hosts.max_staleness", "2", "--model.rl.off_policy_correction", "tis"],
+        "fleet_s0": ["--model.hosts.max_staleness", "0", "--model.hosts.engines", "1"],
+        "fleet_s1": ["--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+                     "--model.hosts.engines", "1"]}
 PROFILE = {"generation": mn.TIME_GENERATION, "update": mn.TIME_UPDATE, "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
            "wait_for_trainer": mn.TIME_WAIT_TRAINER, "weight_sync": mn.TIME_WEIGHT_SYNC, "staleness": mn.STALENESS_MEAN}
 
@@ -117,7 +118,7 @@ def markdown(rows: list[dict], target: float) -> str:
         return "-" if v is None else fmt.format(v)
 
     lines = [f"| arm | seeds | RL steps / min | vs sync (range) | reached {target:.0%} | minutes to {target:.0%} | "
-             "s/step generation | s/step update | trainer waits s/step | producer waits s/step | weights s/step | "
+             "s/step generation | s/step update | trainer waits s/step | host waits s/step | weights s/step | "
              "staleness |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

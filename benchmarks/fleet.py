@@ -10,11 +10,11 @@ response budget of ``--max_response_tokens`` (256: twice the config's): most ans
 ones that ramble or call code run far longer, so a batch's last trajectory ends long after most of it. Arms, in this
 order for each RL seed (a change of the machine's load falls on every arm alike):
 
-- ``inline``: ``model.pipeline.max_staleness`` null: each step generates its batch in the trainer's process;
+- ``inline``: ``model.hosts.max_staleness`` null: each step generates its batch in the trainer's process;
 - ``thread_s1``: the engine host in a thread of the trainer's process, S = 1 (``off_policy_correction: tis``);
 - ``fleet_s1``: one engine process (``configs/toy_cpu_fleet.yaml``: a Ray actor with one CPU), S = 1, the batch's
   share rolled out in one tool loop: the engine is busy until its slowest trajectory ends;
-- ``stream_s1``: the same engine streaming (``model.fleet.max_in_flight`` = one batch's trajectories): every prompt
+- ``stream_s1``: the same engine streaming (``model.hosts.max_in_flight`` = one batch's trajectories): every prompt
   group on its own, the next batch's groups admitted as the last ones of this batch run, pushes between engine steps,
   each step training the first groups to end, whatever their batch (a group over the bound generated again).
 
@@ -43,9 +43,9 @@ from zerotir import metric_names as mn
 
 REPO = Path(__file__).resolve().parents[1]
 TIS = ["--model.rl.off_policy_correction", "tis"]
-FLEET = ["--model.pipeline.max_staleness", "1", *TIS, "--model.fleet.engines", "1"]
-ARMS = {"inline": [], "thread_s1": ["--model.pipeline.max_staleness", "1", *TIS], "fleet_s1": FLEET,
-        "stream_s1": [*FLEET, "--model.fleet.max_in_flight", "128"]}  # 16 prompts x 8 samples: one batch
+FLEET = ["--model.hosts.max_staleness", "1", *TIS, "--model.hosts.engines", "1"]
+ARMS = {"inline": [], "thread_s1": ["--model.hosts.max_staleness", "1", *TIS], "fleet_s1": FLEET,
+        "stream_s1": [*FLEET, "--model.hosts.max_in_flight", "128"]}  # 16 prompts x 8 samples: one batch
 PROFILE = {"generation": mn.TIME_GENERATION, "update": mn.TIME_UPDATE, "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
            "weight_sync": mn.TIME_WEIGHT_SYNC, "staleness": mn.STALENESS_MEAN}
 OCCUPANCY = {"busy": mn.FLEET_BUSY, "fill": mn.FLEET_FILL}

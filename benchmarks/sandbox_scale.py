@@ -9,7 +9,7 @@ turn) with ``--concurrency`` calls in flight, as an engine's rows do. The layout
 processes of this machine:
 
 - ``shared``: one server of W workers; every engine's client sends to it.
-- ``per-node``: N servers of W / N workers each (``model.fleet.sandbox_per_node``); engine k sends to server
+- ``per-node``: N servers of W / N workers each (``model.hosts.sandbox_per_node``); engine k sends to server
   k mod N only, as an engine reaches its own node's server.
 - ``pool``: the same N servers, each engine's client given all of them (``model.tool.sandbox.urls`` with several
   URLs: least-loaded routing, ``sandbox.client_pool``).

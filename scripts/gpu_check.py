@@ -92,7 +92,7 @@ def build(out: Path, tiny: bool) -> None:
 
 def make_config(model: Path, zero: int, root: Path, cpu: bool, variant: str = "ppo") -> dict[str, Any]:
     """The run config, 3 steps. ``ppo``: actor + critic + reference under one DeepSpeed engine, 8 prompts x 4 samples;
-    under ZeRO-2 the rollouts come from the engine host in a thread (``model.pipeline.max_staleness`` 1: its own
+    under ZeRO-2 the rollouts come from the engine host in a thread (``model.hosts.max_staleness`` 1: its own
     transformers copy of the actor on the GPU, in the run's dtype; ZeRO-3 refuses it), under ZeRO-3 in line. ``lora``: REINFORCE++ with rank-8 adapters on the actor (``model.base.lora``),
     the reference the base with adapters off, in line."""
     trainer: dict[str, Any] = {
@@ -120,7 +120,7 @@ def make_config(model: Path, zero: int, root: Path, cpu: bool, variant: str = "p
                  "max_prompt_tokens": 1024, "seed": 0},
     }
     if variant == "ppo" and zero == 2:
-        config["model"]["pipeline"] = {"max_staleness": 1}
+        config["model"]["hosts"] = {"max_staleness": 1}
         config["model"]["rl"]["off_policy_correction"] = "tis"
     elif variant == "lora":
         config["model"]["base"]["lora"] = {"rank": 8, "alpha": 16.0}

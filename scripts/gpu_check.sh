@@ -6,8 +6,9 @@
 #            math-verify, tensorboard, accelerate, deepspeed, ...) and check CUDA: all problems reported at once;
 #   build    a random Qwen2.5-0.5B-shaped model (byte tokenizer, no download);
 #   vllm     the checks that need a vLLM wheel on the device (scripts/gpu_check_vllm.py: the prefix cache after a
-#            push, producer_device, the push's stream synchronisation): run when vllm imports, else listed as skipped
-#            and the output says plainly that vLLM is not checked (no vLLM wheel fits what a device run carries);
+#            push, the thread host's device, the push's stream synchronisation): run when vllm imports, else listed
+#            as skipped and the output says plainly that vLLM is not checked (no vLLM wheel fits what a device run
+#            carries);
 #   fleet    the fleet's weight push with CUDA tensors over gloo on one GPU (scripts/gpu_check_fleet.py: bucket
 #            views, receive into a transformers engine on the GPU, versions, stop); skipped, saying why, without CUDA
 #            (the CPU plumbing run leaves it out: tests/test_gpu_check.py runs it with CPU tensors in-process);
@@ -19,7 +20,7 @@
 #            ZeRO-3's log-probs and gradients through the chunked LM head vs its full logits;
 #   zero2, zero3  3 `fit` steps (PPO: actor + critic + reference), transformers engine, printing per-step time, peak
 #            GPU memory and the time of a bucketed weight sync; zero2's rollouts come from the engine host in a
-#            thread (model.pipeline.max_staleness 1: its own copy of the actor on the GPU), zero3's in line;
+#            thread (model.hosts.max_staleness 1: its own copy of the actor on the GPU), zero3's in line;
 #   lora     3 `fit` steps of REINFORCE++ with rank-8 adapters (model.base.lora; peft carried as a wheel) under
 #            ZeRO-3 in bf16: the adapters' B matrices must change at every step; the CPU plumbing run writes its
 #            config only (the suite parses it; LoRA fits run in tests/e2e);

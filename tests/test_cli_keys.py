@@ -93,6 +93,28 @@ def test_a_key_that_moved_names_its_new_place(old, new, capsys, tmp_path):
     assert "moved" not in key_hint("model.rl.kl_coeff", ["model.rl.kl_coef"])
 
 
+
+# Every key the two former groups of the engine hosts had, and where it is now.
+OLD_HOST_KEYS = {**{f"model.pipeline.{k}": f"model.hosts.{k}" for k in ("max_staleness", "threads")},
+                 "model.pipeline.producer_device": "model.hosts.device",
+                 "model.pipeline.producer_timeout": "model.hosts.timeout_s",
+                 **{f"model.fleet.{k}": f"model.hosts.{k}" for k in (
+                     "engines", "cpus_per_engine", "gpus_per_engine", "threads", "trainer_threads", "pin_cores",
+                     "address", "weight_host", "weight_port", "max_restarts", "max_in_flight", "sandbox_per_node",
+                     "timeout_s")}}
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_HOST_KEYS.items())
+def test_each_key_of_the_two_engine_host_groups_names_its_key_in_model_hosts(old, new, capsys, tmp_path):
+    """``model.pipeline`` and ``model.fleet`` became ``model.hosts`` key by key: typed, and in a config file (where
+    the old group is not reported as a whole: each of its keys names its own new place)."""
+    moved = f"{old} moved: it is now {new} (write it there)"
+    assert moved in key_error(["fit", f"--{old}", "1"], capsys)
+    mine = tmp_path / "old.yaml"
+    mine.write_text(yaml.safe_dump({"model": {old.split(".")[1]: {old.split(".")[2]: 1}}}))
+    err = key_error(["fit", "--config", str(mine)], capsys)
+    assert f'unknown key "{old}" in the config file {mine}\n{moved}\n' in err
+
 def test_a_callback_setting_that_moved_names_its_new_place(capsys, tmp_path):
     """PassRateFilter's bounds are model.filters settings now: said before torch loads and in the parser's error."""
     old = tmp_path / "old.yaml"

@@ -8,7 +8,7 @@ from typing import get_args
 
 import pytest
 
-from zerotir.config import Algorithm, HFRollout, PipelineConfig, RLConfig, SamplingConfig, VLLMRollout
+from zerotir.config import Algorithm, HFRollout, HostsConfig, RLConfig, SamplingConfig, VLLMRollout
 
 
 def test_config_errors_name_the_field():
@@ -92,48 +92,50 @@ def test_combinations_that_work():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"max_staleness": -1}, r"model.pipeline.max_staleness=-1: must be >= 0"),
-    ({"threads": 0}, r"model.pipeline.threads=0: must be >= 1"),
-    ({"producer_timeout": 0}, r"model.pipeline.producer_timeout=0: must be > 0"),
+    ({"max_staleness": -1}, r"model.hosts.max_staleness=-1: must be >= 0"),
+    ({"threads": 0}, r"model.hosts.threads=0: must be >= 1"),
+    ({"timeout_s": 0}, r"model.hosts.timeout_s=0: must be > 0"),
 ])
-def test_pipeline_errors_name_the_field(kwargs, message):
+def test_hosts_errors_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PipelineConfig(**kwargs)
+        HostsConfig(**kwargs)
 
 
-@pytest.mark.parametrize(("pipeline", "backend", "message"), [
-    (PipelineConfig(max_staleness=1), VLLMRollout(enable_sleep_mode=True), r"enable_sleep_mode=true: a colocated"),
-    (PipelineConfig(max_staleness=0), VLLMRollout(tensor_parallel_size=2), r"tensor_parallel_size=2"),
+@pytest.mark.parametrize(("hosts", "backend", "message"), [
+    (HostsConfig(max_staleness=1), VLLMRollout(enable_sleep_mode=True), r"enable_sleep_mode=true: a colocated"),
+    (HostsConfig(max_staleness=0), VLLMRollout(tensor_parallel_size=2), r"tensor_parallel_size=2"),
     # Both would set the thread host's decode threads.
-    (PipelineConfig(max_staleness=1, threads=3), HFRollout(num_threads=2),
-     r"model.rollout.init_args.num_threads=2 with model.pipeline.threads=3: both set the engine host's decode "
+    (HostsConfig(max_staleness=1, threads=3), HFRollout(num_threads=2),
+     r"model.rollout.init_args.num_threads=2 with model.hosts.threads=3: both set the engine host's decode "
      r"threads; keep one"),
 ])
-def test_a_producer_that_cannot_run_with_the_engine_is_a_config_error(pipeline, backend, message):
+def test_a_thread_host_that_cannot_run_with_the_engine_is_a_config_error(hosts, backend, message):
     with pytest.raises(ValueError, match=message):
-        pipeline.check_backend(backend)
+        hosts.check_backend(backend)
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [
     ({"threads": 2}, "threads=2"),
-    ({"producer_device": "cuda:1"}, "producer_device='cuda:1'"),
-    ({"threads": 1, "producer_device": "cpu"}, "threads=1, producer_device='cpu'"),
+    ({"device": "cuda:1"}, "device='cuda:1'"),
+    ({"threads": 1, "device": "cpu"}, "threads=1, device='cpu'"),
+    ({"engines": 2, "max_in_flight": 8}, "engines=2, max_in_flight=8"),
 ])
-def test_producer_settings_without_a_producer_are_an_error(kwargs, named):
-    # max_staleness: null starts no producer, so these would be silently ignored.
-    with pytest.raises(ValueError, match=rf"model.pipeline.{named}: engine host settings, and max_staleness: null "
-                                         r"starts no engine host; set model.pipeline.max_staleness"):
-        PipelineConfig(**kwargs)
+def test_engine_host_settings_without_an_engine_host_are_an_error(kwargs, named):
+    # max_staleness: null starts no engine host, so these would be silently ignored.
+    with pytest.raises(ValueError, match=rf"model.hosts.{named} with model.hosts.max_staleness: null: engine host "
+                                         r"settings, and the in-line run starts no engine host; set "
+                                         r"model.hosts.max_staleness"):
+        HostsConfig(**kwargs)
 
 
-def test_pipeline_settings_that_work():
-    PipelineConfig().check_backend(VLLMRollout(enable_sleep_mode=True))  # synchronous: sleeping is fine
-    PipelineConfig(max_staleness=2, producer_device="cuda:1").check_backend(HFRollout())
-    PipelineConfig(max_staleness=1, producer_device="cuda:1").check_backend(VLLMRollout())
-    PipelineConfig(max_staleness=1, threads=2).check_backend(HFRollout())
-    PipelineConfig().check_backend(HFRollout(num_threads=2))  # in line: the engine's own thread count applies
-    PipelineConfig(max_staleness=1).check_backend(HFRollout(num_threads=2))  # the thread host's engine's
-    assert not PipelineConfig().enabled and PipelineConfig(max_staleness=0).enabled
+def test_hosts_settings_that_work():
+    HostsConfig().check_backend(VLLMRollout(enable_sleep_mode=True))  # synchronous: sleeping is fine
+    HostsConfig(max_staleness=2, device="cuda:1").check_backend(HFRollout())
+    HostsConfig(max_staleness=1, device="cuda:1").check_backend(VLLMRollout())
+    HostsConfig(max_staleness=1, threads=2).check_backend(HFRollout())
+    HostsConfig().check_backend(HFRollout(num_threads=2))  # in line: the engine's own thread count applies
+    HostsConfig(max_staleness=1).check_backend(HFRollout(num_threads=2))  # the thread host's engine's
+    assert not HostsConfig().enabled and HostsConfig(max_staleness=0).enabled
 
 
 @pytest.mark.parametrize("backend", [HFRollout, VLLMRollout])
@@ -166,7 +168,7 @@ def test_an_asynchronous_schedule_turns_the_off_policy_correction_on_unless_it_i
     assert RLConfig().for_run(None, sampling).off_policy_correction == "none"
     assert RLConfig(off_policy_correction="none").for_run(1, sampling).off_policy_correction == "none"
     assert RLConfig(off_policy_correction="decoupled").for_run(2, sampling).off_policy_correction == "decoupled"
-    with pytest.raises(ValueError, match=r"model.pipeline.max_staleness=1 turns model.rl.off_policy_correction on "
+    with pytest.raises(ValueError, match=r"model.hosts.max_staleness=1 turns model.rl.off_policy_correction on "
                                          r"\('tis'.*top_p=0.9.*set top_p: 1.0, or model.rl.off_policy_correction: "
                                          r"none"):
         RLConfig().for_run(1, SamplingConfig(top_p=0.9))

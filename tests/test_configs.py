@@ -247,7 +247,7 @@ RUN_AS_WRITTEN_BY = {"configs/toy_cpu.yaml": "tests/e2e/test_emergence.py",
 # Configs whose first line a documented command runs with one option more, for one RL step (tests/test_doc_commands.py):
 # the step here would repeat that run but for the option. toy_cpu_fleet's is docs/fleet.md's streaming line (the
 # fleet's batch shares at S = 1 run in tests/e2e/test_fleet.py).
-RUN_WITH_ONE_OPTION_BY_DOCS = {"configs/toy_cpu_fleet.yaml": "--model.fleet.max_in_flight 128"}
+RUN_WITH_ONE_OPTION_BY_DOCS = {"configs/toy_cpu_fleet.yaml": "--model.hosts.max_in_flight 128"}
 
 
 @pytest.mark.e2e

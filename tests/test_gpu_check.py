@@ -123,7 +123,7 @@ def test_hung_stages_are_cut_to_the_budget_and_their_logs_are_already_in_out(tmp
     assert (out / "grads.log").read_text() == "grads started\n"
     assert "FAILED: no report" in (out / "summary.md").read_text()
     checks = json.loads((out / "vllm.json").read_text())["checks"]
-    assert {c["name"] for c in checks} == {"prefix_cache_after_push", "producer_device", "push_stream_sync"}
+    assert {c["name"] for c in checks} == {"prefix_cache_after_push", "thread_host_device", "push_stream_sync"}
     assert all(c["status"].startswith("skipped: ") for c in checks)  # no GPU here: none of them ran
 
 
@@ -176,7 +176,7 @@ def test_the_nccl_stage_forms_pushes_aborts_and_leaves_the_environment_and_says_
 def test_the_summary_says_plainly_when_no_vllm_check_ran(tmp_path, monkeypatch):
     lines = _script(monkeypatch, "gpu_check")._vllm_lines
     report = tmp_path / "vllm.json"
-    skipped = {"name": "producer_device", "bug": "b", "status": "skipped: needs a vLLM wheel on the device"}
+    skipped = {"name": "thread_host_device", "bug": "b", "status": "skipped: needs a vLLM wheel on the device"}
     report.write_text(json.dumps({"vllm": False, "gpus": 1, "checks": [skipped]}))
     assert "**vLLM is NOT checked on this device**: no vLLM wheel here (a device run carries at most 64 MiB" in \
         "\n".join(lines(report))
@@ -203,7 +203,7 @@ def test_without_vllm_every_vllm_check_is_skipped_saying_it_needs_a_vllm_wheel(t
     assert [c["status"] for c in report["checks"]] == ["skipped: needs a vLLM wheel on the device"] * 3
     out = capsys.readouterr().out
     assert out.count("SKIPPED (needs a vLLM wheel on the device)") == 3 and "vLLM is NOT checked on this device" in out
-    two_gpus = next(c for c in script.CHECKS if c.name == "producer_device")
+    two_gpus = next(c for c in script.CHECKS if c.name == "thread_host_device")
     assert script.why_skipped(two_gpus, has_vllm=True, gpus=1) == "needs 2 GPUs, this machine has 1"
     assert script.why_skipped(two_gpus, has_vllm=True, gpus=2) is None
 

@@ -1,6 +1,6 @@
 """LoRA RL (``model.base.lora``) through the engines of a run, each started from the run's config: after 3 RL steps
 the engine decodes greedily as the trainer's actor with its adapters merged, and it got there by adapter pushes
-(``EngineWeights.adapter_path``). Here the engine host of ``model.pipeline`` (the thread host, the fleet's cheapest
+(``EngineWeights.adapter_path``). Here the engine host of ``model.hosts`` (the thread host, the fleet's cheapest
 setup), whose transformers copy takes the adapters; the in-line vLLM engine's fit, started with the group's
 ``lora_rank`` (``VLLMRollout.for_lora``), is ``tests/rollout/test_vllm_lora.py``'s (its one vLLM engine serves that
 file's other tests too), with the helpers here (``lora_fit``, ``EngineScriptedSource``)."""
@@ -17,7 +17,7 @@ from tests.rollout.test_hf_engine import reference_greedy
 from tests.scripted_source import Recorder, ScriptedSource, recorded
 from zerotir import lora, models
 from zerotir.config import (
-    BaseModelConfig, HFRollout, LoraConfig, OptimConfig, PipelineConfig, RLConfig, SamplingConfig, SandboxConfig,
+    BaseModelConfig, HFRollout, LoraConfig, HostsConfig, OptimConfig, RLConfig, SamplingConfig, SandboxConfig,
     ToolConfig)
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.module import ZeroTIRModule
@@ -96,7 +96,7 @@ class HostDecodes(pl.Callback):
 
 
 def test_the_thread_hosts_engine_takes_the_adapters_and_decodes_as_the_merged_actor(tiny_dir, train_file, tmp_path):
-    module = lora_module(tiny_dir, rollout=HFRollout(), reward=EvenLength(), pipeline=PipelineConfig(max_staleness=0))
+    module = lora_module(tiny_dir, rollout=HFRollout(), reward=EvenLength(), hosts=HostsConfig(max_staleness=0))
     seen = HostDecodes()
     lora_fit(module, tiny_dir, train_file, tmp_path, [seen])
     assert seen.paths == ["adapter"] and trained_adapters(module.actor)
@@ -112,11 +112,11 @@ def test_the_thread_hosts_engine_takes_the_adapters_and_decodes_as_the_merged_ac
 
 
 def test_fleet_engines_that_take_no_adapters_refuse_a_lora_actor_at_start(tiny_dir):
-    from zerotir.config import FleetConfig
+    from zerotir.config import HostsConfig
     from zerotir.fleet.source import FleetSource
     from zerotir.fleet.thread_host import ThreadTransport
 
-    source = FleetSource(FleetConfig(engines=1), PipelineConfig(max_staleness=0), HFRollout(), SandboxConfig(),
+    source = FleetSource(HostsConfig(max_staleness=0), HFRollout(), SandboxConfig(),
                          NO_TOOL, SamplingConfig(), None, str(tiny_dir), 0, ThreadTransport())
     source.pool._where = [{"adapter_path": "merged"}]  # what the hosts' describe() declared at start
     actor = lora.add_adapters(models.load_causal_lm(tiny_dir), LORA)

@@ -381,13 +381,13 @@ class SharedEngineGroup(TensorParallelGroup):
 
 
 def test_the_module_trains_an_asynchronous_run_corrected_unless_the_config_says_none(tiny_dir):
-    from zerotir.config import PipelineConfig
+    from zerotir.config import HostsConfig
 
-    s1 = PipelineConfig(max_staleness=1)
-    assert ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=s1).rl.off_policy_correction == "tis"
-    uncorrected = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=s1, rl=RLConfig(off_policy_correction="none"))
+    s1 = HostsConfig(max_staleness=1)
+    assert ZeroTIRModule(BaseModelConfig(str(tiny_dir)), hosts=s1).rl.off_policy_correction == "tis"
+    uncorrected = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), hosts=s1, rl=RLConfig(off_policy_correction="none"))
     assert uncorrected.rl.off_policy_correction == "none"
-    in_line = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=PipelineConfig(max_staleness=0))
+    in_line = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), hosts=HostsConfig(max_staleness=0))
     assert in_line.rl.off_policy_correction == "none"
     assert ZeroTIRModule(BaseModelConfig(str(tiny_dir))).rl.off_policy_correction == "none"
 
@@ -417,10 +417,10 @@ def test_the_source_reads_whole_batches_only_when_the_fleet_streams(tiny_dir, tm
     later in the record is refused)."""
     from types import SimpleNamespace
 
-    from zerotir.config import FleetConfig, PipelineConfig
+    from zerotir.config import HostsConfig
 
-    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=PipelineConfig(max_staleness=1),
-                           fleet=FleetConfig(engines=1, max_in_flight=in_flight))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), hosts=HostsConfig(max_staleness=1, engines=1,
+                                                                                   max_in_flight=in_flight))
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps({"problem": f"{k} + 1?", "answer": str(k + 1)}) + "\n" for k in range(6)))
     data = PromptDataModule(train_files=[str(path)], test_files=[], prompts_per_step=3)

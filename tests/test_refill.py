@@ -1,6 +1,6 @@
 """Dynamic sampling with refill in real module steps (Lightning's loop, the data stream, checkpoints), with a scripted
 rollout whose rewards depend on the prompt: a step fills its batch from rounds of the stream, stops at the round
-bound, resumes with nothing lost or repeated, and through the pipeline's producer too; a run whose steps train nothing
+bound, resumes with nothing lost or repeated, and through the thread host too; a run whose steps train nothing
 warns and stops, also across a resume."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.rollout.scripted import ScriptedEngine
 from tests.scripted_source import Recorder, ScriptedSource, recorded
 from zerotir import metric_names as mn
 from zerotir.config import (
-    BaseModelConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RefillConfig, RLConfig,
+    BaseModelConfig, FilterConfig, HFRollout, HostsConfig, OptimConfig, RefillConfig, RLConfig,
     SamplingConfig, SandboxConfig, ToolConfig,
 )
 from zerotir.data.datamodule import PromptDataModule
@@ -203,8 +203,8 @@ def _scripted_engine(backend: ScriptedRollout, *args: Any, **kwargs: Any) -> Pus
 def scripted_pipeline(module: ZeroTIRModule, engine: PushableEngine) -> FleetSource:
     """The pipeline's source (one engine host in a thread, S = 1) with the scripted engine (no sandbox: no tools);
     its schedule, capacity rule, version checks and batch checks are the real ones."""
-    pipeline = PipelineConfig(max_staleness=1, producer_timeout=20.0)  # a stuck host fails fast
-    return make_rollout_source(pipeline, FleetConfig(), ScriptedRollout(engine=engine), SandboxConfig(),
+    hosts = HostsConfig(max_staleness=1, timeout_s=20.0)  # a stuck host fails fast
+    return make_rollout_source(hosts, ScriptedRollout(engine=engine), SandboxConfig(),
                                ToolConfig(max_tool_calls=0), module.sampling, _BoxedReward(), module.model_path, SEED)
 
 

@@ -94,17 +94,17 @@ TIME_REWARD = "time/reward"
 TIME_UPDATE = "time/update"
 TIME_WEIGHT_SYNC = "time/weight_sync"
 TIME_STEP = "time/step"
-TIME_WAIT_ROLLOUT = "time/wait_for_rollout"  # the trainer waiting for the producer's batch (asynchronous pipeline)
-TIME_WAIT_TRAINER = "time/wait_for_trainer"  # the producer waiting at the capacity rule before starting this batch
+TIME_WAIT_ROLLOUT = "time/wait_for_rollout"  # the trainer waiting for the engine host's batch (asynchronous pipeline)
+TIME_WAIT_TRAINER = "time/wait_for_trainer"  # the engine host waiting at the capacity rule before starting this batch
 
-# The asynchronous pipeline (model.pipeline): weight versions the batch's sampled tokens lag the trainer's weights.
+# The asynchronous pipeline (model.hosts): weight versions the batch's sampled tokens lag the trainer's weights.
 STALENESS_MEAN = "pipeline/staleness_mean"
 STALENESS_MAX = "pipeline/staleness_max"
-# The rollout fleet (model.fleet): engine processes restarted so far, and the size of the step's weight push.
+# The rollout fleet (model.hosts): engine processes restarted so far, and the size of the step's weight push.
 FLEET_RESTARTS = "pipeline/fleet_restarts"
 PUSH_MB = "pipeline/push_mb"
 # The fleet's engines since they started, the mean over engines: the share of wall time with a rollout in flight,
-# and (streaming) the mean trajectories in flight over model.fleet.max_in_flight.
+# and (streaming) the mean trajectories in flight over model.hosts.max_in_flight.
 FLEET_BUSY = "pipeline/fleet_busy"
 FLEET_FILL = "pipeline/fleet_fill"
 # Streaming, where each step takes the prompt groups that have ended: groups dropped over the staleness bound and

@@ -31,7 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from zerotir import lora, models
 from zerotir.config import (
-    BaseModelConfig, EvalConfig, FilterConfig, FleetConfig, HFRollout, OptimConfig, PipelineConfig, RLConfig,
+    BaseModelConfig, EvalConfig, FilterConfig, HFRollout, HostsConfig, OptimConfig, RLConfig,
     RolloutBackend, SamplingConfig, ToolConfig, as_plain)
 from zerotir.data.curriculum import outcomes
 from zerotir.data.datamodule import PromptDataModule, batch_fields
@@ -75,10 +75,11 @@ class ZeroTIRModule(LightningModule):
             and math-verify, the default), ``JudgeReward`` (an LLM judge), ``WeightedReward`` (a weighted sum, e.g.
             with ``ToolCallCost``) or a ``Reward`` subclass of your own; it gives each trajectory a score and
             whether it counts as correct (what the filters and the evaluation count).
-        pipeline: asynchronous rollouts: an engine host with its own engine generating the next batches while the
-            trainer updates, at most ``max_staleness`` weight versions behind (``zerotir.fleet.thread_host``).
-        fleet: rollout engines in processes of their own (Ray actors), fed every update's weights over a process
-            group of their own, on the pipeline's schedule (``zerotir.fleet``); ``engines: 0`` (the default): none.
+        hosts: asynchronous rollouts: engine hosts with their own engine and weights generating the next batches
+            while the trainer updates, at most ``max_staleness`` weight versions behind; ``engines: 0``: one host in
+            a thread of the trainer's process (``zerotir.fleet.thread_host``), K >= 1: K Ray actors fed every
+            update's weights over a process group of their own (``zerotir.fleet``); ``max_staleness: null`` (the
+            default): none, each batch generated in line.
         filters: which trajectories and prompt groups leave the loss (trajectory rules, overlong handling,
             correct-with-errors downsampling), all off by default (``zerotir.filters``), and ``refill``: dynamic
             sampling, up to ``max_rounds`` batches per step, and how many steps in a row may train nothing before
@@ -97,8 +98,7 @@ class ZeroTIRModule(LightningModule):
         eval: EvalConfig = EvalConfig(),  # noqa: A002 (the key model.eval; never kept as self.eval, nn.Module's)
         rollout: RolloutBackend = HFRollout(),
         reward: Reward = MathReward(),
-        pipeline: PipelineConfig = PipelineConfig(),
-        fleet: FleetConfig = FleetConfig(),
+        hosts: HostsConfig = HostsConfig(),
         filters: FilterConfig = FilterConfig(),
         seed: int = 0,
     ):
@@ -108,7 +108,7 @@ class ZeroTIRModule(LightningModule):
         self.automatic_optimization = False
         self.base = replace(base, path=models.resolve_model_path(base.path, "model.base.path"))
         self.model_path = self.base.path
-        rl = rl.for_run(pipeline.max_staleness, sampling)  # checked, its off-policy correction's default for S
+        rl = rl.for_run(hosts.max_staleness, sampling)  # checked, its off-policy correction's default for S
         self.rl, self.optim, self.tool, self.sampling, self.eval_config = rl, optim, tool, sampling, eval
         rollout = rollout.for_lora(base.lora.rank if base.lora else None)  # the engine serves the actor's adapters
         self.backend, self.sandbox_config, self.seed = rollout, tool.sandbox, seed
@@ -119,7 +119,7 @@ class ZeroTIRModule(LightningModule):
         self.actor: torch.nn.Module | None = None
         self.ref_model: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
-        self.source = make_rollout_source(pipeline, fleet, rollout, tool.sandbox, tool, sampling, reward,
+        self.source = make_rollout_source(hosts, rollout, tool.sandbox, tool, sampling, reward,
                                           self.model_path, seed, base.dtype)
         self.sandbox_guard = SandboxErrorGuard(tool.sandbox.max_error_rate, tool.sandbox.error_patience)
         self.refill, self.fill_watch = filters.refill, FillWatch(filters.refill, format_label(tool.format))

@@ -93,7 +93,7 @@ class Trajectories:
                                       infrastructure fault).
         truncated:      (B,) bool     the response hit the token budget (finish_reason == "length").
         versions:       (B, T) long   or None: the weight version (updates the engine's weights had seen) that
-                                      sampled each action token; -1 off the action mask. A producer stamps each
+                                      sampled each action token; -1 off the action mask. An engine host stamps each
                                       segment with the version at its submission (exact unless a weight push landed
                                       while the segment ran: then the oldest that may have produced it). None from a
                                       rollout that does not record it (the module stamps in-line rollouts).

@@ -163,7 +163,7 @@ def test_file_stages_weight_the_train_files(tok, tmp_path):  # noqa: F811
 
 
 def test_results_decide_batches_only_where_batches_are_drawn_in_line(tok, tmp_path):  # noqa: F811
-    with pytest.raises(ValueError, match=r"model.pipeline.max_staleness: null.*or use steps rules alone"):
+    with pytest.raises(ValueError, match=r"model.hosts.max_staleness: null.*or use steps rules alone"):
         data(tok, tmp_path, Stage({"add": 1.0}, pass_rate=0.5), Stage({"mul": 1.0})).check_steps_take("ahead")
     with pytest.raises(ValueError, match="adaptive: true"):
         data(tok, tmp_path, Stage({"add": 1.0}), adaptive=True).check_steps_take("rows")
@@ -175,10 +175,10 @@ def test_the_module_refuses_at_fit_start_a_curriculum_on_results_with_a_pipeline
     """The wiring: ``ZeroTIRModule.on_fit_start`` asks the data module before the source (sandbox, engine) starts."""
     from types import SimpleNamespace
 
-    from zerotir.config import BaseModelConfig, PipelineConfig
+    from zerotir.config import BaseModelConfig, HostsConfig
     from zerotir.module import ZeroTIRModule
 
-    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), pipeline=PipelineConfig(max_staleness=1))
+    module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), hosts=HostsConfig(max_staleness=1))
     dm = data(tok, tmp_path, Stage({"add": 1.0}), adaptive=True)
     monkeypatch.setattr(module, "_trainer", SimpleNamespace(datamodule=dm), raising=False)
     monkeypatch.setattr(module, "_start_source", lambda: pytest.fail("the source started"))

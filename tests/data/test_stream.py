@@ -145,9 +145,9 @@ def test_a_loader_whose_steps_train_its_batch_yields_only_the_rows_left_and_skip
 
 
 def test_steps_that_take_batches_generated_ahead_refuse_a_record_with_a_batch_to_skip(tmp_path, tok):
-    """A producer / the fleet in batch shares generates the batches in order and cannot skip one all of whose rows a
+    """An engine host in batch shares generates the batches in order and cannot skip one all of whose rows a
     streaming run consumed: the loader refuses such a record when it starts, naming the settings that resume it; a
-    record without one resumes, the loader's first batch holding the rows left (what the producer generates)."""
+    record without one resumes, the loader's first batch holding the rows left (what the host generates)."""
     path = write_jsonl(tmp_path / "train.jsonl", make_rows(12))
     streaming = module(tok, train_files=[str(path)], prompts_per_step=3, seed=7, test_files=[])
     streaming.setup("fit")

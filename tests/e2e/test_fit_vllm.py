@@ -88,14 +88,14 @@ def test_the_toy_vllm_config_runs_end_to_end(tmp_path, monkeypatch):
 
 
 def test_fit_with_a_vllm_thread_host_one_step_ahead(e2e_base, e2e_data, tmp_path):
-    """``model.pipeline.max_staleness: 1`` on vLLM: the engine generates in the thread host, validation runs through
+    """``model.hosts.max_staleness: 1`` on vLLM: the engine generates in the thread host, validation runs through
     it, each update's weights are copied into it after the calls before them."""
     engine = {"dtype": "float32", "max_model_len": 512, "cpu_kv_cache_gib": 0.5}
     cli = run_cli(cli_args(
         "fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "3",
         "--trainer.val_check_interval", "2", "--trainer.enable_checkpointing", "false",
         "--model.rollout", json.dumps({"class_path": "zerotir.config.VLLMRollout", "init_args": engine}),
-        "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "decoupled",
+        "--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "decoupled",
     ))
     assert cli.model.rl_steps_done == 3
     scalars = read_scalars(tmp_path / "tensorboard")

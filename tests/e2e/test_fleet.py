@@ -1,11 +1,11 @@
-"""The rollout fleet end to end (``model.fleet``): the training run's rollouts on an engine process of its own (a
+"""The rollout fleet end to end (``model.hosts``): the training run's rollouts on an engine process of its own (a
 Ray actor), its weights broadcast after every update.
 
 S = 0 through the fleet must give the in-line run's rewards and parameters exactly: the engine process loads the
 same folder, gets the trainer's weights bit for bit before each batch, samples each trajectory with the seed of its
 global row and runs the code on the same sandbox (the trainer's embedded one, reached by URL), so only the process
 differs. Both runs use the "lockstep" schedule (see ``test_pipeline``) and one torch thread (the conftest's; the
-engine process's is ``model.fleet.threads``' default, cpus_per_engine = 1)."""
+engine process's is ``model.hosts.threads``' default, cpus_per_engine = 1)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from zerotir.data.stream import PromptStream
 pytest.importorskip("ray", reason='the fleet runs on Ray: pip install -e ".[fleet]"')
 pytestmark = pytest.mark.slow
 
-FLEET = ["--model.fleet.engines", "1", "--model.fleet.timeout_s", "300"]
+FLEET = ["--model.hosts.engines", "1", "--model.hosts.timeout_s", "300"]
 
 
 def _fit(root, e2e_base, e2e_data, *extra):
@@ -55,8 +55,8 @@ def test_s0_through_the_fleet_equals_the_in_line_run_through_two_engine_deaths(i
                    "--trainer.callbacks.engine", "0"]
     mid_rollout = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "2",
                    "--trainer.callbacks.engine", "0"]
-    port = ["--model.fleet.weight_port", str(free_port())]  # each new group forms on the configured port again
-    cli, scalars, rewards, params = _fit(tmp_path, e2e_base, e2e_data, "--model.pipeline.max_staleness", "0", *FLEET,
+    port = ["--model.hosts.weight_port", str(free_port())]  # each new group forms on the configured port again
+    cli, scalars, rewards, params = _fit(tmp_path, e2e_base, e2e_data, "--model.hosts.max_staleness", "0", *FLEET,
                                          *port, *before_push, *mid_rollout)
     _assert_equal(in_line, rewards, params)
     assert [v for _, v in scalars[mn.FLEET_RESTARTS]] == [1.0, 1.0, 2.0]
@@ -70,7 +70,7 @@ def test_s0_through_the_fleet_equals_the_in_line_run_through_two_engine_deaths(i
 
 @pytest.mark.timeout(900)
 def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(e2e_base, e2e_data, tmp_path):
-    """Streaming (``model.fleet.max_in_flight``: each prompt group a call of its own, the next batch's groups
+    """Streaming (``model.hosts.max_in_flight``: each prompt group a call of its own, the next batch's groups
     admitted as room frees up, pushes between engine steps) at S = 1 on two engine processes, one of them killed at
     the end of step 1 with the next batch in its stream: Ray restarts it and its groups run again. Each step trains
     the first groups to end, whatever their batch: every prompt at most once, each token at most one update old,
@@ -100,8 +100,8 @@ def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(
     assert [s for s, _ in scalars[f"heldout/{mn.EVAL_ACCURACY}"]] == [2, 4]
 
 
-STREAMING = ["--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
-             "--model.fleet.engines", "2", "--model.fleet.max_in_flight", "8", "--model.fleet.timeout_s", "300"]
+STREAMING = ["--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+             "--model.hosts.engines", "2", "--model.hosts.max_in_flight", "8", "--model.hosts.timeout_s", "300"]
 
 
 def _consumed_ids(datamodule) -> list[str]:
@@ -149,7 +149,7 @@ def test_s1_killed_with_batches_on_the_fleet_resumes_at_the_first_unconsumed_bat
     the killed run's cluster or the resumed one."""
     marker, log, steps = tmp_path / "hung_at_step", tmp_path / "fit.log", tmp_path / "steps.jsonl"
     common = ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",
-              "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis", *FLEET,
+              "--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "tis", *FLEET,
               "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
     hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "3",
             "--trainer.callbacks.marker", str(marker)]
@@ -221,7 +221,7 @@ def test_a_resume_whose_record_runs_batches_ahead_fills_its_steps_from_the_rows_
     that will never come. Steps 2-3 then train batch 0's row 0 and rows of batch 3 on, none of the record's."""
     steps = tmp_path / "steps.jsonl"
     common = ["--checkpoint.every_n_train_steps", "1", "--trainer.limit_val_batches", "0", *STREAMING,
-              "--model.fleet.engines", "1", "--trainer.callbacks+=tests.e2e.helpers.RecordSteps",
+              "--model.hosts.engines", "1", "--trainer.callbacks+=tests.e2e.helpers.RecordSteps",
               "--trainer.callbacks.path", str(steps)]
     run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "1", *common))
     last = tmp_path / "checkpoints" / "last.ckpt"

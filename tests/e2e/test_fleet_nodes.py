@@ -1,5 +1,5 @@
 """The fleet on a cluster of several nodes, all on this machine (``ray.cluster_utils.Cluster``): one sandbox server
-per node, placed and watched through Ray (``model.fleet.sandbox_per_node``, ``zerotir.fleet.sandboxes``).
+per node, placed and watched through Ray (``model.hosts.sandbox_per_node``, ``zerotir.fleet.sandboxes``).
 
 The head node (the trainer's: the driver joins the cluster there) has no CPU for Ray, the worker node one, so the
 engine's bundle lands on the worker node. A 2-step fit: the engine's code reaches its own node's server and none of
@@ -47,8 +47,8 @@ def test_each_engine_reaches_its_nodes_sandbox_which_is_restarted_after_a_kill(t
     cli = run_cli(cli_args(
         "fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "2",
         "--trainer.limit_val_batches", "0", "--trainer.enable_checkpointing", "false",
-        "--model.pipeline.max_staleness", "0", "--model.fleet.engines", "1", "--model.fleet.timeout_s", "300",
-        "--model.fleet.address", two_nodes.address,
+        "--model.hosts.max_staleness", "0", "--model.hosts.engines", "1", "--model.hosts.timeout_s", "300",
+        "--model.hosts.address", two_nodes.address,
         "--trainer.callbacks+=tests.e2e.helpers.KillNodeSandbox", "--trainer.callbacks.path", str(record),
         "--trainer.callbacks.step", "1"))
     assert cli.model.rl_steps_done == 2

@@ -47,7 +47,7 @@ COMMON = ["--model.rollout.init_args.schedule", "lockstep", "--model.rl.kl_coef"
           "2", "--model.optim.max_grad_norm", "0", "--model.optim.warmup_steps", "0", "--model.sampling.n", "2",
           "--data.prompts_per_step", "4", "--trainer.max_steps", str(STEPS), "--trainer.limit_val_batches", "0",
           "--trainer.enable_checkpointing", "false"]
-FLEET = ["--model.pipeline.max_staleness", "0", "--model.fleet.engines", "1", "--model.fleet.timeout_s", "300"]
+FLEET = ["--model.hosts.max_staleness", "0", "--model.hosts.engines", "1", "--model.hosts.timeout_s", "300"]
 
 
 class _Fit:
@@ -146,7 +146,7 @@ def test_the_zero3_fleet_rehearsal_validates_and_resumes_after_sigkill(e2e_base,
     config = ["--config", str(REPO / "configs" / "rehearsal" / "zero3_fleet.yaml"), "--trainer.default_root_dir",
               str(root)]  # after the overlay, which names its own
     common = cli_args("fit", "rehearsal/zero3_reinforce", e2e_base, e2e_data, root, *config,
-                      "--model.fleet.timeout_s", "300", "--trainer.max_steps", "2",
+                      "--model.hosts.timeout_s", "300", "--trainer.max_steps", "2",
                       "--checkpoint.every_n_train_steps", "1", "--trainer.val_check_interval", "1")
     hang = ["--trainer.callbacks+=tests.e2e.helpers.HangAfterStep", "--trainer.callbacks.step", "2",
             "--trainer.callbacks.marker", str(marker)]

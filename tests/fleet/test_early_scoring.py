@@ -17,7 +17,7 @@ from tests.fleet.gated_engine import HOLD, GatedRollout
 from tests.fleet.test_engine_host import NO_TOOL, sender_model
 from tests.scripted_source import FixedStream
 
-from zerotir.config import FleetConfig, PipelineConfig, SamplingConfig, SandboxConfig
+from zerotir.config import HostsConfig, SamplingConfig, SandboxConfig
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.models import load_tokenizer
@@ -53,8 +53,8 @@ class Opening(Reward):
 def test_the_fleet_scores_each_group_as_it_ends_with_the_scores_of_the_batch_path(tiny_dir: Path,
                                                                                   tmp_path: Path) -> None:
     reward = Opening(tmp_path)
-    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=30.0, max_in_flight=N),
-                         PipelineConfig(max_staleness=0), GatedRollout(gate=str(tmp_path)), SandboxConfig(), NO_TOOL,
+    source = FleetSource(HostsConfig(max_staleness=0, timeout_s=30.0, max_in_flight=N),
+                         GatedRollout(gate=str(tmp_path)), SandboxConfig(), NO_TOOL,
                          SamplingConfig(n=N, max_response_tokens=4), reward, str(tiny_dir), 0, ThreadTransport())
     source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", FixedStream(rows, GROUPS))
     try:

@@ -12,7 +12,7 @@ from tests.fleet.gated_engine import STREAM
 from tests.fleet.test_engine_host import sender_model
 
 import sandbox
-from zerotir.config import FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.config import HostsConfig, HFRollout, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet import engine_host
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.source import FleetSource
@@ -63,8 +63,8 @@ def test_a_host_builds_and_starts_its_tools_once_for_two_steps_of_streamed_group
     monkeypatch.setattr(agent_loop, "Toolbox", NoBuild)
     monkeypatch.setattr(sandbox, "local_sandbox", refuse)
     monkeypatch.setattr(SandboxService, "start", refuse)
-    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=60.0, max_in_flight=1),
-                         PipelineConfig(max_staleness=1), HFRollout(), SandboxConfig(), CALCULATOR,
+    source = FleetSource(HostsConfig(max_staleness=1, timeout_s=60.0, max_in_flight=1),
+                         HFRollout(), SandboxConfig(), CALCULATOR,
                          SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0, ThreadTransport())
     try:
         source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", STREAM)
@@ -88,6 +88,6 @@ def test_a_host_needs_sandbox_urls_only_for_the_python_tool(tiny_dir: Path) -> N
     HostSettings(str(tiny_dir), HFRollout(), CALCULATOR).check()  # no sandbox to reach
     with pytest.raises(ValueError, match=r"HostSettings.sandbox_urls is empty but model.tool.tools include python"):
         HostSettings(str(tiny_dir), HFRollout(), ToolConfig()).check()
-    python = FleetSource(FleetConfig(engines=1), PipelineConfig(max_staleness=0), HFRollout(), SandboxConfig(),
+    python = FleetSource(HostsConfig(max_staleness=0), HFRollout(), SandboxConfig(),
                          ToolConfig(), SamplingConfig(), None, str(tiny_dir), 0, ThreadTransport())
     assert python.needs_sandbox and python.sandbox_names == ["<embedded local sandbox>"]

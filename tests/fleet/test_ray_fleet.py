@@ -11,6 +11,7 @@ Every wait on the actor is bounded (``ray.get(..., timeout=...)``); the cluster 
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_
                                           sender_model)
 from tests.gloo import free_port
 
-from zerotir.config import FleetConfig, PipelineConfig, SamplingConfig, SandboxConfig
+from zerotir.config import HostsConfig, SamplingConfig, SandboxConfig
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
@@ -108,14 +109,14 @@ def test_the_local_clusters_workers_run_at_normal_priority(cluster: None) -> Non
 
 
 
-def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, fleet: FleetConfig,
+def _gated_source(tiny_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch, fleet: HostsConfig,
                   max_staleness: int) -> FleetSource:
     """A started ``FleetSource`` on the module's cluster, its engines gated at ``gate`` (``GatedRollout``)."""
     from zerotir.fleet import cluster
 
     monkeypatch.setattr(cluster, "fleet_cluster", lambda *args: None)  # the module's cluster serves the source
     monkeypatch.setattr(cluster, "stop_cluster", lambda: None)  # and outlives it
-    source = FleetSource(fleet, PipelineConfig(max_staleness=max_staleness), GatedRollout(gate=str(gate)),
+    source = FleetSource(replace(fleet, max_staleness=max_staleness), GatedRollout(gate=str(gate)),
                          SandboxConfig(), NO_TOOL, SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0)
     source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", STREAM)
     return source
@@ -127,7 +128,7 @@ def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_
     """By observed order: stream batch 1 (step 2's) is held in the engine process until the test
     releases it, after step 1 has taken its batch and applied its update; a question queued behind that rollout
     (the engines' occupancy, asked after each batch) would hang here instead."""
-    source = _gated_source(tiny_dir, tmp_path, monkeypatch, FleetConfig(engines=1, pin_cores=False, timeout_s=600.0),
+    source = _gated_source(tiny_dir, tmp_path, monkeypatch, HostsConfig(max_staleness=0, engines=1, pin_cores=False),
                            max_staleness=1)
     try:
         s1_with_batch_2_held(source, tmp_path)
@@ -140,14 +141,14 @@ def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_
 def test_an_engine_killed_during_a_push_is_recovered_without_waiting_out_the_timeout(
         cluster: None, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On gloo: the engine process is killed while it receives step 1's push (held in its first
-    bucket); with model.fleet.timeout_s at 600 the push fails at once, Ray restarts the engine and the recovery
+    bucket); with model.hosts.timeout_s at 600 the push fails at once, Ray restarts the engine and the recovery
     pushes version 1 to the new process, well within the test's timeout."""
     import os
     import signal
     import threading
 
     source = _gated_source(tiny_dir, tmp_path, monkeypatch,
-                           FleetConfig(engines=1, pin_cores=False, timeout_s=600.0, max_restarts=1), max_staleness=0)
+                           HostsConfig(max_staleness=0, engines=1, pin_cores=False, max_restarts=1), max_staleness=0)
     (tmp_path / "released").touch()  # no rollout is held here
     try:
         source.batch(1)

@@ -1,5 +1,5 @@
 """LoRA RL through the Ray fleet (one engine process): a run with
-``model.base.lora`` and ``model.fleet.engines: 1`` rolls out on one ``EngineHost`` Ray actor, a process of its own
+``model.base.lora`` and ``model.hosts.engines: 1`` rolls out on one ``EngineHost`` Ray actor, a process of its own
 that loads the model folder and takes the actor's adapters over the weight group. After 3 RL steps the actor's
 greedy output must equal the trainer's actor with its adapters merged, and every push must have moved the adapter's
 bytes only. The same fit on the thread host (in the trainer's process) and on the in-line vLLM engine are
@@ -16,7 +16,7 @@ import pytest
 from tests.test_lora_engines import NEW_TOKENS, PROMPTS, EvenLength, lora_fit, lora_module, merged_greedy, \
     trained_adapters
 from zerotir import lora
-from zerotir.config import FleetConfig, HFRollout, PipelineConfig
+from zerotir.config import HostsConfig, HFRollout
 from zerotir.rollout.engine import SamplingParams
 
 pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
@@ -46,8 +46,8 @@ class RayHostDecodes(pl.Callback):
 @pytest.mark.timeout(600)  # a hang guard: the engine process imports torch and transformers and builds its engine
 def test_one_ray_engine_takes_the_adapters_and_decodes_as_the_merged_actor(tiny_dir, train_file, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="zerotir.lora")
-    module = lora_module(tiny_dir, rollout=HFRollout(), reward=EvenLength(), pipeline=PipelineConfig(max_staleness=0),
-                         fleet=FleetConfig(engines=1, timeout_s=300))
+    module = lora_module(tiny_dir, rollout=HFRollout(), reward=EvenLength(),
+                         hosts=HostsConfig(max_staleness=0, engines=1, timeout_s=300))
     seen = RayHostDecodes()
     lora_fit(module, tiny_dir, train_file, tmp_path, [seen])
     assert seen.pid != os.getpid() and seen.paths == ["adapter"] and trained_adapters(module.actor)

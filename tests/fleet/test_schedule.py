@@ -14,7 +14,7 @@ import torch
 
 from tests.callbacks.helpers import make_batch
 from tests.scripted_source import FixedStream
-from zerotir.config import FleetConfig, SamplingConfig
+from zerotir.config import HostsConfig, SamplingConfig
 from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.schedule import FleetSchedule
 from zerotir.rl.staleness import trainer_version
@@ -77,7 +77,7 @@ def _no_death(cause: Exception, batches: list) -> None:
 
 def test_a_group_over_the_staleness_bound_is_generated_again_and_trained_by_a_later_step():
     engines = ScriptedEngines(held={(1, 1)})  # batch 1's second prompt stays in its engine until released
-    fleet = FleetConfig(engines=1, max_in_flight=4, timeout_s=5.0)
+    fleet = HostsConfig(max_staleness=0, engines=1, max_in_flight=4, timeout_s=5.0)
     hosts = FleetHosts(fleet, engines)
     hosts.handles = ["engine 0"]
     schedule = FleetSchedule(fleet, S, SamplingConfig(n=N), seed=0, hosts=hosts)

@@ -4,7 +4,7 @@ fleet's source over ``ThreadTransport`` on the tiny model of ``tiny_dir``.
 At S = 1 the host generates the next batch while the trainer takes this one and updates (the next batch held at a
 gate, ``tests.fleet.gated_engine``); the push lands after it, and its tokens keep the version they were sampled
 with. An engine that fails ends the trainer's wait with its error, naming the host and what it was doing; a host that
-makes no progress is a timeout naming ``model.pipeline.producer_timeout``; ``close`` ends a rollout in flight at its
+makes no progress is a timeout naming ``model.hosts.timeout_s``; ``close`` ends a rollout in flight at its
 next engine step. The host's threads are its engine's: torch's process-wide count is left as it was.
 """
 
@@ -20,11 +20,11 @@ import torch
 from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held
 from tests.fleet.test_engine_host import NO_TOOL, sender_model
 
-from zerotir.config import FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig
+from zerotir.config import HostsConfig, HFRollout, SamplingConfig, SandboxConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadHost, ThreadTransport
-from zerotir.fleet.versioned import ProducerStopped
+from zerotir.fleet.versioned import RolloutsStopped
 from zerotir.models import load_tokenizer
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.engines import _hf_engine, create_engine
@@ -65,8 +65,8 @@ def _broken_engine(backend: BrokenRollout, *args: Any, **kwargs: Any) -> BrokenE
 
 def _source(tiny_dir: Path, backend: HFRollout, max_staleness: int, timeout_s: float = 60.0,
             max_in_flight: int = 0) -> FleetSource:
-    source = FleetSource(FleetConfig(engines=1, pin_cores=False, timeout_s=timeout_s, max_in_flight=max_in_flight),
-                         PipelineConfig(max_staleness=max_staleness), backend, SandboxConfig(), NO_TOOL,
+    source = FleetSource(HostsConfig(max_staleness=max_staleness, timeout_s=timeout_s, max_in_flight=max_in_flight),
+                         backend, SandboxConfig(), NO_TOOL,
                          SamplingConfig(n=1, max_response_tokens=4), None, str(tiny_dir), 0, ThreadTransport())
     source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", STREAM)
     return source
@@ -89,7 +89,7 @@ def test_s1_trains_step_k_while_the_thread_host_generates_batch_k_plus_1(tiny_di
 
 @pytest.mark.timeout(120)
 def test_the_thread_host_streams_at_s1_within_the_staleness_bound(tiny_dir: Path) -> None:
-    """Streaming (model.fleet.max_in_flight) through the thread host: each step takes prompt groups as they end,
+    """Streaming (model.hosts.max_in_flight) through the thread host: each step takes prompt groups as they end,
     its rows recorded one by one, every sampled token at most S = 1 versions old, and the update reaches the engine
     while the next batch streams."""
     source = _source(tiny_dir, HFRollout(), max_staleness=1, max_in_flight=1)
@@ -128,7 +128,7 @@ def test_a_host_without_progress_is_a_timeout_naming_the_setting(tiny_dir: Path,
     source = _source(tiny_dir, GatedRollout(gate=str(tmp_path)), max_staleness=0, timeout_s=0.5)
     try:
         with pytest.raises(TimeoutError, match=r"did not finish rolling out the batch of step 2 \(stream batch 1\) "
-                                               r"within 0.5 s \(model.pipeline.producer_timeout\)"):
+                                               r"within 0.5 s \(model.hosts.timeout_s\)"):
             source.batch(1)
             source.after_update(source._actor, 1)
             source.batch(2)  # held at the gate
@@ -147,7 +147,7 @@ def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) 
     while host.host.engine.steps < 2:  # bounded by the test's timeout
         time.sleep(0.01)
     host.close()
-    assert isinstance(rollout.exception().__cause__, ProducerStopped)  # the tool loop names the rows it decoded
+    assert isinstance(rollout.exception().__cause__, RolloutsStopped)  # the tool loop names the rows it decoded
     assert host.host.engine is None  # closed: its engine too
 
 
@@ -192,7 +192,7 @@ def test_the_thread_hosts_copy_of_the_actor_takes_the_runs_dtype(tiny_dir: Path)
     from zerotir.module import ZeroTIRModule
 
     module = ZeroTIRModule(BaseModelConfig(str(tiny_dir), dtype="bfloat16"), rl=RLConfig(kl_coef=0.0), tool=NO_TOOL,
-                           pipeline=PipelineConfig(max_staleness=0), rollout=HFRollout())
+                           hosts=HostsConfig(max_staleness=0), rollout=HFRollout())
     actor = load_causal_lm(tiny_dir, "bfloat16")
     module.source.start(actor, load_tokenizer(tiny_dir), "cpu", STREAM)
     try:

@@ -1,7 +1,7 @@
 """``VersionedEngine`` (``zerotir.fleet.versioned``), the engine of a streaming host, on a scripted engine: a push
 lands between two engine steps and synchronizes the devices in use around its copy, inside the engine's lock; a
 sample keeps the version it was submitted with, though a push lands while it runs; a closed host's next step raises
-``ProducerStopped``. (Moved from the former producer's tests.)"""
+``RolloutsStopped``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.rollout.scripted import ScriptedEngine
-from zerotir.fleet.versioned import ProducerStopped, VersionedEngine, synchronize_devices
+from zerotir.fleet.versioned import RolloutsStopped, VersionedEngine, synchronize_devices
 from zerotir.rollout.engine import EngineWeights, GenerationEngine, SamplingParams
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
@@ -66,7 +66,7 @@ def test_a_push_during_a_segment_leaves_its_samples_at_the_submitted_version():
 
 
 def test_a_stopped_hosts_next_step_raises_and_weights_go_only_through_push():
-    with pytest.raises(ProducerStopped):
+    with pytest.raises(RolloutsStopped):
         _engine(stopped=True).step()
     engine = _engine()  # a generation engine only: weights reach its engine through push, which stamps the version
     assert isinstance(engine, GenerationEngine) and not isinstance(engine, EngineWeights)

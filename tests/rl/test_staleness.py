@@ -39,7 +39,7 @@ def test_staleness_of_sampled_tokens_only():
     stats = staleness_stats(versions, mask, step=4)
     assert stats == {"staleness_mean": 1.0, "staleness_max": 2.0, "oldest_version": 1.0}
     check_staleness(stats, 4, max_staleness=2)
-    with pytest.raises(RuntimeError, match="version 1, 2 updates old, over model.pipeline.max_staleness=1"):
+    with pytest.raises(RuntimeError, match="version 1, 2 updates old, over model.hosts.max_staleness=1"):
         check_staleness(stats, 4, max_staleness=1)
 
 

@@ -20,7 +20,7 @@ from tests.gloo import free_port, run_ranks
 from tests.rl.update_world import make_traj
 from tests.scripted_source import FixedStream
 from zerotir.config import (
-    FleetConfig, HFRollout, PipelineConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
+    HFRollout, HostsConfig, SamplingConfig, SandboxConfig, ToolConfig, VLLMRollout,
 )
 from zerotir.fleet.source import FleetSource
 from zerotir.fleet.thread_host import ThreadTransport
@@ -208,24 +208,24 @@ def test_start_checks_free_memory_before_building_a_vllm_engine_on_cuda(monkeypa
 
 
 def test_the_pipelines_thread_host_refuses_trainers_it_cannot_serve():
-    pipeline = PipelineConfig(max_staleness=1)
-    source = make_rollout_source(pipeline, FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
+    hosts = HostsConfig(max_staleness=1)
+    source = make_rollout_source(hosts, HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(),
                                  None, "x", 0)
     assert isinstance(source, FleetSource) and isinstance(source.transport, ThreadTransport)
     source.check_trainer(1, zero3=False)
     with pytest.raises(ValueError, match=r"max_staleness with 2 training processes.*max_staleness: null"):
         source.check_trainer(2, zero3=False)
-    with pytest.raises(ValueError, match=r"ZeRO-3.*rollout fleet \(model.fleet.engines >= 1\), use ZeRO stage 1 / 2"):
+    with pytest.raises(ValueError, match=r"ZeRO-3.*rollout fleet \(model.hosts.engines >= 1\), use ZeRO stage 1 / 2"):
         source.check_trainer(1, zero3=True)
-    inline = make_rollout_source(PipelineConfig(), FleetConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
+    inline = make_rollout_source(HostsConfig(), HFRollout(), SandboxConfig(), NO_TOOLS,
                                  SamplingConfig(), None, "x", 0)
     assert isinstance(inline, InlineSource)
-    streamed = make_rollout_source(pipeline, FleetConfig(max_in_flight=8), HFRollout(), SandboxConfig(), NO_TOOLS,
-                                   SamplingConfig(), None, "x", 0)
+    streamed = make_rollout_source(HostsConfig(max_staleness=1, max_in_flight=8), HFRollout(), SandboxConfig(),
+                                   NO_TOOLS, SamplingConfig(), None, "x", 0)
     assert streamed.fleet.max_in_flight == 8 and streamed.steps_take == "rows"  # the thread host streams
-    with pytest.raises(ValueError, match=r"model.fleet.max_in_flight=8 with model.pipeline.max_staleness: null.*set "
-                                         r"model.pipeline.max_staleness"):
-        make_rollout_source(PipelineConfig(), FleetConfig(max_in_flight=8), HFRollout(), SandboxConfig(), NO_TOOLS,
+    with pytest.raises(ValueError, match=r"model.hosts.max_in_flight=8 with model.hosts.max_staleness: null.*set "
+                                         r"model.hosts.max_staleness"):
+        make_rollout_source(HostsConfig(max_in_flight=8), HFRollout(), SandboxConfig(), NO_TOOLS,
                             SamplingConfig(), None, "x", 0)
     inline.check_trainer(8, zero3=False)  # an engine of the trainer's own on every rank
     inline.check_trainer(1, zero3=True)

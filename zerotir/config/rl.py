@@ -15,7 +15,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 GAEInjected = Literal["skip", "restart"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 OffPolicyCorrection = Literal["none", "tis", "decoupled", "seq_tis", "seq_mask", "geo_mask", "token_mask"]
-ASYNC_CORRECTION = "tis"  # model.rl.off_policy_correction when unset and model.pipeline.max_staleness >= 1
+ASYNC_CORRECTION = "tis"  # model.rl.off_policy_correction when unset and model.hosts.max_staleness >= 1
 MASKING_CORRECTIONS = ("seq_mask", "geo_mask", "token_mask")  # the corrections that keep a band and drop the rest
 Optimizer = Literal["adamw", "deepspeed_cpu_adam"]
 MICRO_BATCH_SIZE_DEFAULT = 8  # model.rl.micro_batch_size; it must stay so when max_tokens_per_micro_batch is set
@@ -77,7 +77,7 @@ class RLConfig:
     product of rho leaves [is_band_low, is_band_high] weighs 0, the others 1); "geo_mask" (the same on the geometric
     mean of rho); "token_mask" (IcePop: a token whose rho leaves the band weighs 0, the others 1). Corrects the
     engine / trainer mismatch (e.g. vLLM in bfloat16), and a behaviour policy some weight versions old. null (the
-    default): "tis" when model.pipeline.max_staleness >= 1 (tokens up to S versions old), "none" otherwise; an
+    default): "tis" when model.hosts.max_staleness >= 1 (tokens up to S versions old), "none" otherwise; an
     asynchronous run trains uncorrected only when the config says "none" (docs/pipeline.md)."""
     is_cap: float = 2.0
     """The cap of off_policy_correction tis, seq_tis and decoupled (> 1)."""
@@ -207,7 +207,7 @@ class RLConfig:
 
     def for_run(self, max_staleness: int | None, sampling: SamplingConfig) -> RLConfig:
         """This group checked against ``model.sampling`` (``check_training_sampling``), with ``off_policy_correction``
-        set for the schedule of ``model.pipeline.max_staleness`` when the config left it unset:
+        set for the schedule of ``model.hosts.max_staleness`` when the config left it unset:
         ``ASYNC_CORRECTION`` at S >= 1 (the tokens are up to S weight versions old, which a demanding user expects
         corrected, as TRL, prime-rl and NeMo-RL do by default), "none" otherwise (in line, or S = 0: the same
         rollouts and parameters as the in-line run).
@@ -222,7 +222,7 @@ class RLConfig:
         if max_staleness is None or max_staleness < 1:
             return replace(self, off_policy_correction="none")
         if sampling.top_p < 1:
-            raise ValueError(f"model.pipeline.max_staleness={max_staleness} turns model.rl.off_policy_correction on "
+            raise ValueError(f"model.hosts.max_staleness={max_staleness} turns model.rl.off_policy_correction on "
                              f"({ASYNC_CORRECTION!r}, its default at S >= 1), which needs the engine's log-probs of "
                              f"the full distribution, and model.sampling.top_p={sampling.top_p} truncates it; set "
                              f"top_p: 1.0, or model.rl.off_policy_correction: none to train uncorrected")

@@ -14,7 +14,7 @@ stage of ``b`` and the weights; nothing else. The stage of ``b`` follows from th
 put the run in and the batch it began at) and the ``steps`` rules after it, so with step rules alone every batch can
 be rebuilt from its index (an engine host reads batches ahead). Pass-rate rules and ``adaptive`` decide batch ``b``
 on the results of the batches before it (``observe``, in order), which only a rollout in line gives: with batches
-drawn ahead (``model.pipeline`` / ``model.fleet``) they are an error at start (``check_steps_take``). The state
+drawn ahead (``model.hosts`` / ``model.hosts``) they are an error at start (``check_steps_take``). The state
 (stage, its first batch, the results of its window) is saved with the data position, so a resumed run draws the
 same batches.
 """
@@ -96,8 +96,8 @@ class CurriculumConfig:
         if steps_take != "batch" and self.needs_results:
             raise ValueError("data.curriculum with a pass_rate rule or adaptive: true decides each batch on the "
                              "results of the batches before it, and this run draws batches ahead of the trainer "
-                             "(model.pipeline / model.fleet); roll out in line (model.pipeline.max_staleness: null, "
-                             "no model.fleet) or use steps rules alone")
+                             "(model.hosts); roll out in line (model.hosts.max_staleness: null) or use steps rules "
+                             "alone")
 
 
 # One trajectory's result as the curriculum reads it: (batch index, kind or None, source, correct).

@@ -140,11 +140,11 @@ class Consumption:
         """
         done = [b for b in sorted(self.rows) if len(self.rows[b]) == self.prompts_per_step]
         if steps == "ahead" and done:
-            raise ValueError(f"data: the checkpoint's record (of a streaming run, model.fleet.max_in_flight > 0) has "
+            raise ValueError(f"data: the checkpoint's record (of a streaming run, model.hosts.max_in_flight > 0) has "
                              f"every prompt of batch(es) {done} consumed after batch {self.whole}, the first not "
-                             "consumed whole, and this run trains the batches its producer / fleet generates in "
-                             "order, which cannot leave one out; resume with model.fleet.max_in_flight > 0 as the "
-                             "run that wrote it, or in line (model.pipeline.max_staleness: null)")
+                             "consumed whole, and this run trains the batches its engine hosts generate in "
+                             "order, which cannot leave one out; resume with model.hosts.max_in_flight > 0 as the "
+                             "run that wrote it, or in line (model.hosts.max_staleness: null)")
         return self.whole
 
     def state(self) -> dict[str, Any]:

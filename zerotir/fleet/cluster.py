@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
+from zerotir.config import HostsConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost
 from zerotir.fleet.sandboxes import NodeSandboxes
 from zerotir.fleet.weight_group import WeightGroup, env_unless_set
@@ -54,7 +54,7 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
 
     Without ``address`` the cluster is always a new one of this run: ``ray.init()`` alone would join whatever cluster
     ``RAY_ADDRESS`` or the last ``ray start`` on this machine names (another user's, another run's), with its
-    resources and its failures; joining one is what ``model.fleet.address`` says.
+    resources and its failures; joining one is what ``model.hosts.address`` says.
 
     A local cluster's workers run at the trainer's priority: Ray starts its workers at niceness 15 by default
     (``RAY_worker_niceness``), where every busy process of normal priority starves them (an engine host's import
@@ -81,8 +81,8 @@ def start_cluster(num_cpus: int | None = None, num_gpus: int | None = None, addr
         try:
             ray.init(address=address, **quiet)
         except ConnectionError as exc:
-            raise ConnectionError(f"model.fleet.address={address!r}: no Ray cluster there ({exc}); start one with "
-                                  "`ray start --head` on that node, or set model.fleet.address: null (a local "
+            raise ConnectionError(f"model.hosts.address={address!r}: no Ray cluster there ({exc}); start one with "
+                                  "`ray start --head` on that node, or set model.hosts.address: null (a local "
                                   "cluster)") from exc
         return
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
@@ -105,9 +105,9 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
-        raise ConnectionError(f"model.fleet.address={address!r}: nothing answers at {host}:{port} within "
+        raise ConnectionError(f"model.hosts.address={address!r}: nothing answers at {host}:{port} within "
                               f"{REACH_TIMEOUT_S:g} s ({exc}); start the cluster's head there (`ray start --head "
-                              f"--port {port}`), or set model.fleet.address: null (a local cluster)") from exc
+                              f"--port {port}`), or set model.hosts.address: null (a local cluster)") from exc
 
 
 def spawn_hosts(count: int, settings: HostSettings, num_cpus: float = 1, num_gpus: float = 0,
@@ -205,9 +205,9 @@ def _streaming_host(ray: Any) -> type:
     return StreamingEngineHost
 
 
-def fleet_cluster(fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
-    """The cluster of ``model.fleet``: a local one of engines x cpus_per_engine CPUs and engines x gpus_per_engine
-    GPUs, or the one at ``fleet.address``, joined and checked (``FleetConfig.check_sandbox_reach``: an embedded
+def fleet_cluster(fleet: HostsConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
+    """The cluster of ``model.hosts``: a local one of engines x cpus_per_engine CPUs and engines x gpus_per_engine
+    GPUs, or the one at ``fleet.address``, joined and checked (``HostsConfig.check_sandbox_reach``: an embedded
     sandbox serves the trainer's node only), and left again when the check fails."""
     if fleet.address is None:
         start_cluster(num_cpus=math.ceil(fleet.engines * fleet.cpus_per_engine),
@@ -253,7 +253,7 @@ def ray_get(refs: list[Any], timeout_s: float, doing: str, engines: list[int] | 
     the first failure raises at once, whichever engine it is (a live one still waiting does not hide a dead one).
 
     Raises:
-        TimeoutError: an engine had not finished within ``timeout_s`` (``model.fleet.timeout_s``).
+        TimeoutError: an engine had not finished within ``timeout_s`` (``model.hosts.timeout_s``).
         EngineDied: an engine's process died.
         RuntimeError: an engine's call raised (its error in the message).
     """
@@ -264,7 +264,7 @@ def ray_get(refs: list[Any], timeout_s: float, doing: str, engines: list[int] | 
         ready, _ = ray.wait([refs[i] for i in left], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
             raise TimeoutError(f"engine process {names[left[0]]} of the fleet did not finish {doing} within "
-                               f"{timeout_s:g} s (model.fleet.timeout_s)")
+                               f"{timeout_s:g} s (model.hosts.timeout_s)")
         done = set(ready)  # ObjectRefs hash and compare by the object's id
         for i in [i for i in left if refs[i] in done]:
             out[i] = _result(refs[i], names[i], doing)
@@ -293,7 +293,7 @@ def _result(ref: Any, k: int, doing: str) -> Any:
 def watch_push(received: list[Any], group: WeightGroup) -> Iterator[None]:
     """While this thread pushes over ``group``: a thread waits on the engines' ``receive_weights`` calls
     (``received``), and the first that ends in an error (its engine died, or its receive failed) interrupts the
-    group (``WeightGroup.interrupt``), so that the push raises now instead of waiting out ``model.fleet.timeout_s``
+    group (``WeightGroup.interrupt``), so that the push raises now instead of waiting out ``model.hosts.timeout_s``
     for a peer that is gone (an NCCL collective waits that long). The push's caller recovers."""
     ray, stop = _ray(), threading.Event()
 

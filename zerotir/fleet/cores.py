@@ -3,8 +3,8 @@ cluster, where the OS allows) which cores each may run on, so that together they
 
 Without it the trainer keeps torch's thread count (every core) while each engine process runs its own threads on the
 same cores: both sides then wait on each other's threads (measured: the update took 1.46 s beside an
-engine process against 0.67 s in line on 2 cores). The budget gives the engines ``model.fleet.engine_threads`` each
-and the trainer the rest of this process's cores (``model.fleet.trainer_threads`` to choose), and pins each to cores
+engine process against 0.67 s in line on 2 cores). The budget gives the engines ``model.hosts.engine_threads`` each
+and the trainer the rest of this process's cores (``model.hosts.trainer_threads`` to choose), and pins each to cores
 of its own (``os.sched_setaffinity``, Linux) when the budget fits them:
 
     budget = plan_cores(fleet, available_cores(), local=True)
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerotir.config import FleetConfig
+from zerotir.config import HostsConfig
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def available_cores() -> tuple[int, ...]:
     return tuple(range(os.cpu_count() or 1))
 
 
-def plan_cores(fleet: FleetConfig, available: tuple[int, ...], local: bool) -> CoreBudget:
+def plan_cores(fleet: HostsConfig, available: tuple[int, ...], local: bool) -> CoreBudget:
     """The budget of ``fleet`` on ``available`` cores; ``local``: the engines run on this machine (a local
     cluster), so they share its cores with the trainer.
 
@@ -93,7 +93,7 @@ def plan_cores(fleet: FleetConfig, available: tuple[int, ...], local: bool) -> C
     engines, each = fleet.engines, fleet.engine_threads
     if not local:
         if fleet.pin_cores:
-            raise ValueError(f"model.fleet.pin_cores=true with model.fleet.address={fleet.address!r}: the engines "
+            raise ValueError(f"model.hosts.pin_cores=true with model.hosts.address={fleet.address!r}: the engines "
                              "run on the cluster's nodes, whose cores this process cannot pin; set pin_cores: null")
         return CoreBudget(fleet.trainer_threads or len(available), each, available)
     trainer = fleet.trainer_threads or max(1, len(available) - engines * each)
@@ -103,8 +103,8 @@ def plan_cores(fleet: FleetConfig, available: tuple[int, ...], local: bool) -> C
         why = ("this OS cannot pin processes (no os.sched_setaffinity)" if needed <= len(available) else
                f"the trainer's {trainer} + {engines} engine(s) x {each} thread(s) = {needed} exceed the "
                f"{len(available)} core(s) this process may use")
-        raise ValueError(f"model.fleet.pin_cores=true: {why}; lower model.fleet.trainer_threads / engine threads "
-                         "(model.fleet.threads) or the engines, or set pin_cores: null (pin where it fits)")
+        raise ValueError(f"model.hosts.pin_cores=true: {why}; lower model.hosts.trainer_threads / engine threads "
+                         "(model.hosts.threads) or the engines, or set pin_cores: null (pin where it fits)")
     if fleet.pin_cores is False or not can_pin:
         return CoreBudget(trainer, each, available)
     cores = list(available)

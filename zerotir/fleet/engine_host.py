@@ -70,7 +70,7 @@ class HostSettings:
             ``roll_out`` call is a tool loop of its own, admitted while the trajectories in flight stay within this;
             0: each ``roll_out`` call is one tool loop over its whole share, one call at a time. Either way pushes
             land between engine steps (its Ray actor takes calls side by side: ``cluster.spawn_hosts``).
-        stream_timeout_s: the bound on a ``roll_out`` call's wait for its rollouts (``model.fleet.timeout_s``).
+        stream_timeout_s: the bound on a ``roll_out`` call's wait for its rollouts (``model.hosts.timeout_s``).
         cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
         own_process: the host has its process to itself (a Ray actor): ``threads`` are set process-wide. False: a
             thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.

@@ -12,7 +12,7 @@ their calls made again.
 
 What a death means for the weights (a new weight group, a push of the current version) is the source's to
 compose (``zerotir.fleet.source``); the pool knows the processes only. Every wait is bounded by
-``model.fleet.timeout_s``; an error names the engine, its node and pid, and the step.
+``model.hosts.timeout_s``; an error names the engine, its node and pid, and the step.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from zerotir.config import FleetConfig
+from zerotir.config import HostsConfig
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.shares import Share, Submitted, merge
 from zerotir.fleet.transport import Transport
@@ -31,14 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class FleetHosts:
-    """The engine processes of ``model.fleet`` (Ray actor handles of ``EngineHost``), in engine order.
+    """The engine processes of ``model.hosts`` (Ray actor handles of ``EngineHost``), in engine order.
 
     Args:
-        fleet: the ``model.fleet`` group: their count, resources, restarts allowed and the bound on every wait.
+        fleet: the ``model.hosts`` group: their count, resources, restarts allowed and the bound on every wait.
         transport: how the hosts run and are called (``zerotir.fleet.transport``: Ray actors or a thread).
     """
 
-    def __init__(self, fleet: FleetConfig, transport: Transport):
+    def __init__(self, fleet: HostsConfig, transport: Transport):
         self.fleet, self.transport = fleet, transport
         self.handles: list[Any] = []
         self.restarts = 0  # engine processes that died and were restarted
@@ -89,7 +89,7 @@ class FleetHosts:
 
     def restarted(self, cause: Exception, step: int) -> list[int]:
         """After an engine died: wait for Ray's restart and return the engines that are new processes, counted
-        against ``model.fleet.max_restarts`` (past it the run stops, naming the engine, its node and ``step``).
+        against ``model.hosts.max_restarts`` (past it the run stops, naming the engine, its node and ``step``).
 
         Raises:
             RuntimeError: Ray could not restart an engine, or the restarts passed the bound.
@@ -113,7 +113,7 @@ class FleetHosts:
         if self.restarts > self.fleet.max_restarts:
             names = ", ".join(f"{k} (node {self._where[k]['node']}, pid {self._where[k]['pid']})" for k in dead)
             raise RuntimeError(f"engine process {names} of the fleet died at step {step}: {self.restarts} "
-                               f"restarts, past model.fleet.max_restarts={self.fleet.max_restarts}: {cause}") from cause
+                               f"restarts, past model.hosts.max_restarts={self.fleet.max_restarts}: {cause}") from cause
         log.warning("rollout fleet: engine %s died at step %d (%s); restarted (%d of %d restarts allowed)", dead,
                     step, cause, self.restarts, self.fleet.max_restarts)
         self._where = now

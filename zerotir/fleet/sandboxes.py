@@ -1,4 +1,4 @@
-"""One sandbox server per node of the fleet, placed and watched through Ray (``model.fleet.sandbox_per_node``).
+"""One sandbox server per node of the fleet, placed and watched through Ray (``model.hosts.sandbox_per_node``).
 
 On a cluster of several nodes the trainer's embedded sandbox (127.0.0.1 of its node) serves no engine elsewhere,
 and one shared server would carry every node's code over the network. So each node that hosts engines, and the
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from zerotir.config import FleetConfig, SandboxConfig
+from zerotir.config import HostsConfig, SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class NodeSandboxes:
         self.trainer_node = trainer_node
 
     @classmethod
-    def start(cls, fleet: FleetConfig, sandbox: SandboxConfig) -> NodeSandboxes:
+    def start(cls, fleet: HostsConfig, sandbox: SandboxConfig) -> NodeSandboxes:
         """Reserve the engines' resources (one bundle each, placed by Ray), then start a server on every node that
         got a bundle and on the trainer's; each within ``fleet.timeout_s``.
 
@@ -117,15 +117,15 @@ class NodeSandboxes:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        # some resource is asked for: FleetConfig.sandbox_on_each_node refuses engines that ask for none
+        # some resource is asked for: HostsConfig.sandbox_on_each_node refuses engines that ask for none
         bundle = {k: v for k, v in (("CPU", fleet.cpus_per_engine), ("GPU", fleet.gpus_per_engine)) if v > 0}
         group = placement_group([bundle] * fleet.engines, strategy="PACK")
         try:
             ready, _ = ray.wait([group.ready()], timeout=fleet.timeout_s)
             if not ready:
                 raise TimeoutError(f"the cluster could not place {fleet.engines} engine(s) of {bundle} within "
-                                   f"{fleet.timeout_s:g} s (model.fleet.timeout_s); add nodes or lower "
-                                   "model.fleet.engines / cpus_per_engine / gpus_per_engine")
+                                   f"{fleet.timeout_s:g} s (model.hosts.timeout_s); add nodes or lower "
+                                   "model.hosts.engines / cpus_per_engine / gpus_per_engine")
             table = ray.util.placement_group_table(group)["bundles_to_node_id"]
             engine_nodes = [table[k] for k in range(fleet.engines)]
             trainer = ray.get_runtime_context().get_node_id()
@@ -199,7 +199,7 @@ def _urls(actors: dict[str, Any], timeout_s: float) -> dict[str, str]:
             urls[node] = ray.get(actor.describe.remote(), timeout=timeout_s)["url"]
         except GetTimeoutError as exc:
             raise TimeoutError(f"the sandbox server of node {node} did not start within {timeout_s:g} s "
-                               "(model.fleet.timeout_s)") from exc
+                               "(model.hosts.timeout_s)") from exc
         except RayError as exc:
             raise RuntimeError(f"the sandbox server of node {node} did not start: {exc}") from exc
     return urls

@@ -6,7 +6,7 @@ trains on.
               ``zerotir.rl.staleness.StreamCursor``); its shares go to the engines' streams
 
 Every call's trajectories come back as prompt groups (``shares.EndedGroups``), and a step takes the first ones in
-stream order: streaming (``model.fleet.max_in_flight`` > 0), among those that have ended, whatever their batch, one
+stream order: streaming (``model.hosts.max_in_flight`` > 0), among those that have ended, whatever their batch, one
 over the staleness bound dropped and generated again with the newest weights (``regenerated``); batch shares (0),
 only once every row before them has ended, so a step trains its own batch. Every batch samples with its rows' seeds
 (``source.batch_seed``), so a share made again samples as it first did.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from zerotir.config import FleetConfig, SamplingConfig
+from zerotir.config import HostsConfig, SamplingConfig
 from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.shares import Ended, EndedGroups, Submitted, collect_ended, cut_shares, merge
 from zerotir.rl.staleness import StreamCursor
@@ -36,15 +36,15 @@ class FleetSchedule:
     """The training batches on the engines and the groups that have ended (see the module doc).
 
     Args:
-        fleet: the ``model.fleet`` group (``max_in_flight`` > 0: a share per prompt group, taken as they end; the
+        fleet: the ``model.hosts`` group (``max_in_flight`` > 0: a share per prompt group, taken as they end; the
             bound on every wait).
-        max_staleness: S of ``model.pipeline``.
+        max_staleness: S of ``model.hosts``.
         sampling: the ``model.sampling`` group (training rollouts).
         seed: the run's seed (batch b samples with ``batch_seed``).
         hosts: the engines the batches go to.
     """
 
-    def __init__(self, fleet: FleetConfig, max_staleness: int, sampling: SamplingConfig, seed: int,
+    def __init__(self, fleet: HostsConfig, max_staleness: int, sampling: SamplingConfig, seed: int,
                  hosts: FleetHosts):
         self.fleet, self.max_staleness, self.sampling, self.seed = fleet, max_staleness, sampling, seed
         self.hosts = hosts
@@ -60,7 +60,7 @@ class FleetSchedule:
         """The first training batch, for ``step``: the cursor starts at the stream's first batch not consumed (as
         steps taking it as ``steps_take`` read it, ``TrainStream.train_batches``)."""
         if stream is None:
-            raise ValueError("model.fleet.engines: the fleet reads the batches of the next steps from zerotir's "
+            raise ValueError("model.hosts.engines: the fleet reads the batches of the next steps from zerotir's "
                              "PromptDataModule (train_batch); use it as the run's datamodule")
         index = next(stream.train_batches(steps_take))[0]["batch_index"]
         self._stream, self.cursor, self._next_submit = stream, StreamCursor(step, index), index

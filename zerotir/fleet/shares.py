@@ -2,7 +2,7 @@
 
 Every share is one call to an engine's stream (``zerotir.fleet.stream``), and every call's trajectories come back
 as the prompt groups of its rows (``collect_ended``), which a step takes from ``EndedGroups``. Streaming
-(``model.fleet.max_in_flight`` > 0) every prompt group is a share of its own (one call each, spread over the engines
+(``model.hosts.max_in_flight`` > 0) every prompt group is a share of its own (one call each, spread over the engines
 in turn), so the trainer learns of each group the moment it ends, and a step takes the first groups in stream order
 among those that have ended instead of waiting for its batch's slowest one. Batch shares (0): one contiguous share
 of a batch's prompts per engine, and a step takes its groups in stream order only, so it trains its own batch.

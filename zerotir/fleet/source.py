@@ -1,4 +1,4 @@
-"""The rollout source of the fleet (``model.fleet.engines`` >= 1): each batch is rolled out by engine processes of
+"""The rollout source of the fleet (``model.hosts.engines`` >= 1): each batch is rolled out by engine processes of
 their own (Ray actors running ``EngineHost``), and every update's weights are broadcast to them over the weight
 group (docs/fleet.md). Three parts, each of one idea, composed here: the engines (``fleet.hosts``: start, health,
 restart and the calls made again), their weights (``fleet.weights``: the weight group, pushes, versions) and the
@@ -8,7 +8,7 @@ checks the batch against the staleness bound. Rank 0 drives the fleet for every 
 (``zerotir.fleet.ranks``). Each engine host builds and starts its tools once; where their python tool runs code is
 the trainer's sandbox (``SandboxService``, started only when the tools include python), reached at its URLs, or
 on a cluster of several nodes one server per node (``zerotir.fleet.sandboxes``), each engine reaching its node's.
-Every wait is bounded by ``model.fleet.timeout_s``; an error names the engine, what it was doing and the step.
+Every wait is bounded by ``model.hosts.timeout_s``; an error names the engine, what it was doing and the step.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from zerotir.config import FleetConfig, PipelineConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
+from zerotir.config import HostsConfig, RolloutBackend, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.ranks import TrainerRanks, split_batch
@@ -49,8 +49,8 @@ class FleetSource:
     trajectories scored here.
 
     Args:
-        fleet: the ``model.fleet`` group (``engines`` >= 1).
-        pipeline: the ``model.pipeline`` group (``max_staleness`` set: the schedule).
+        fleet: the ``model.hosts`` group (``max_staleness`` set: the schedule; ``engines``: where the hosts run,
+            with ``transport``).
         backend, sandbox, tool, sampling: the ``model.*`` groups of those names.
         reward: the ``model.reward`` plug-in, scoring on the trainer each prompt group as an engine returns it, while
             the others generate (``EarlyScores``, ``score_trajectories``).
@@ -60,13 +60,13 @@ class FleetSource:
         dtype: the run's ``model.base.dtype``: the dtype of a transformers engine host's own copy of the actor.
     """
 
-    def __init__(self, fleet: FleetConfig, pipeline: PipelineConfig, backend: RolloutBackend, sandbox: SandboxConfig,
-                 tool: ToolConfig, sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int,
+    def __init__(self, fleet: HostsConfig, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig,
+                 sampling: SamplingConfig, reward: Reward | None, model_path: str, seed: int,
                  transport: Transport | None = None, dtype: str = "float32"):
         if 0 < fleet.max_in_flight < sampling.n:
-            raise ValueError(f"model.fleet.max_in_flight={fleet.max_in_flight} with model.sampling.n={sampling.n}: a "
+            raise ValueError(f"model.hosts.max_in_flight={fleet.max_in_flight} with model.sampling.n={sampling.n}: a "
                              f"prompt group streams whole; set max_in_flight >= {sampling.n} (or 0: no streaming)")
-        self.fleet, self.max_staleness = fleet, pipeline.max_staleness
+        self.fleet, self.max_staleness = fleet, fleet.max_staleness
         self.backend, self.tool, self.sampling, self.reward = backend, tool, sampling, reward
         self.model_path, self.seed, self.dtype = model_path, seed, dtype
         self.sandbox = SandboxService(sandbox)  # the engines' python tool's: started only when the tools include it
@@ -75,7 +75,7 @@ class FleetSource:
         self.ranks = TrainerRanks()  # read again at start, once the trainer's process group exists
         self.pool = FleetHosts(fleet, self.transport)
         self.weights = self.transport.weights(fleet, self.ranks)
-        self.schedule = FleetSchedule(fleet, pipeline.max_staleness, sampling, seed, self.pool)
+        self.schedule = FleetSchedule(fleet, fleet.max_staleness, sampling, seed, self.pool)
         # RolloutSource.steps_take: streaming, a step takes the groups that ended, whatever their batch
         self.steps_take = "rows" if fleet.max_in_flight else "ahead"
         self._actor: nn.Module | None = None
@@ -134,7 +134,7 @@ class FleetSource:
             self._start_trainer_sandbox()
         settings = self.transport.settings(HostSettings(
             self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
-            self.sandbox.config.client_options, fleet.engine_threads, fleet.device, fleet.max_in_flight,
+            self.sandbox.config.client_options, fleet.engine_threads, fleet.engine_device, fleet.max_in_flight,
             2 * fleet.timeout_s, dtype=self.dtype), device)  # a call outlives the wait
         started = time.perf_counter()
         self.pool.start(settings, cores)
@@ -285,7 +285,7 @@ class FleetSource:
 
     def _recover(self, cause: Exception, batches: list[Submitted], version: int | None = None) -> None:
         """After an engine died: the restarted engines (``FleetHosts.restarted``: counted, bounded by
-        ``model.fleet.max_restarts``), a new weight group of every engine, the actor's weights pushed as
+        ``model.hosts.max_restarts``), a new weight group of every engine, the actor's weights pushed as
         ``version`` (None: the engines' last), and the shares the dead engines held of ``batches`` and of every batch
         ahead submitted again (with the same seeds: the same trajectories where the weights are the same)."""
         dead = self.pool.restarted(cause, self._step)

@@ -1,4 +1,4 @@
-"""The rollouts of one engine host, streamed (``model.fleet.max_in_flight``): prompt groups are admitted as room
+"""The rollouts of one engine host, streamed (``model.hosts.max_in_flight``): prompt groups are admitted as room
 frees up, each group leaves the moment its last sample ends, and weight pushes land between two
 engine steps while the trajectories in flight go on. Groups that sample otherwise than those in flight (a greedy
 evaluation beside training samples) wait until those have ended: an engine may sample its running requests alike.
@@ -39,7 +39,7 @@ from typing import Any
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout
 from zerotir.rollout.engine import GenerationEngine, RolloutEngine, Sample, SamplingParams
-from zerotir.fleet.versioned import ProducerStopped, VersionedEngine, synchronize_devices
+from zerotir.fleet.versioned import RolloutsStopped, VersionedEngine, synchronize_devices
 from zerotir.tools.registry import Toolbox
 from zerotir.types import Trajectories
 
@@ -154,7 +154,7 @@ class GroupStream:
                  tools: Toolbox, max_in_flight: int, device: str = "cpu"):
         if max_in_flight < 0:
             raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): >= 1 to stream groups, or 0 for one job "
-                             "at a time (model.fleet.max_in_flight)")
+                             "at a time (model.hosts.max_in_flight)")
         self.tokenizer, self.tool, self.schedule, self.max_in_flight = tokenizer, tool, schedule, max_in_flight
         self.tools = tools
         self._cond = threading.Condition()
@@ -203,7 +203,7 @@ class GroupStream:
                     missing = [k for k in keys if k not in self._outbox]
                     raise TimeoutError(f"prompt groups {missing[:4]}{'...' if len(missing) > 4 else ''} had not "
                                        f"ended within {timeout_s:g} s ({self._in_flight} trajectories in flight, "
-                                       f"{len(self._inbox)} groups waiting; model.fleet.timeout_s)")
+                                       f"{len(self._inbox)} groups waiting; model.hosts.timeout_s)")
                 self._cond.wait(timeout=min(left, 1.0))
             done = [self._outbox.pop(k) for k in keys]
         for key, got in zip(keys, done):
@@ -237,7 +237,7 @@ class GroupStream:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"weight push: the rollouts submitted before it had not ended within "
-                                       f"{timeout_s:g} s (model.fleet.timeout_s / model.pipeline.producer_timeout)")
+                                       f"{timeout_s:g} s (model.hosts.timeout_s)")
                 self._cond.wait(timeout=min(left, 1.0))
             self._paused = True
 
@@ -259,7 +259,7 @@ class GroupStream:
             raise RuntimeError(f"the engine's rollout stream failed (while {doing}): {type(self._error).__name__}: "
                                f"{self._error}") from self._error
         if self._stop or not self._thread.is_alive():
-            raise RuntimeError(f"the engine's rollout stream is closed (while {doing})") from ProducerStopped()
+            raise RuntimeError(f"the engine's rollout stream is closed (while {doing})") from RolloutsStopped()
 
     def _fits(self, job: Job) -> bool:
         """Whether ``job`` may start now (with the condition held): nothing runs, or it fits within
@@ -321,11 +321,11 @@ class GroupStream:
             traj, timings = await rollout(share, self.tokenizer, None, job.prompts, job.params, self.tool,
                                           job.truths, self.schedule, self.tools)
             done = _Done(traj.to("cpu"), timings=timings)
-        except (ProducerStopped, asyncio.CancelledError):
+        except (RolloutsStopped, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - the group's failure, raised by take
             if self._stop:
-                raise ProducerStopped from exc
+                raise RolloutsStopped from exc
             done = _Done(None, exc)
         finally:
             hub.drop(share)

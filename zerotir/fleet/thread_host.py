@@ -1,5 +1,5 @@
-"""The thread transport: one ``EngineHost`` in threads of the trainer's process (``model.pipeline`` without
-``model.fleet.engines``: one machine, no Ray), called as the fleet calls a Ray actor, so the fleet's source,
+"""The thread transport: one ``EngineHost`` in threads of the trainer's process (``model.hosts`` without
+``model.hosts.engines``: one machine, no Ray), called as the fleet calls a Ray actor, so the fleet's source,
 schedule and capacity rule serve it unchanged (``zerotir.fleet.transport``).
 
     host = ThreadHost(settings)               # the engine built now, with weights of its own from the folder
@@ -9,7 +9,7 @@ schedule and capacity rule serve it unchanged (``zerotir.fleet.transport``).
 
 The host's engine has weights of its own (a frozen copy for transformers, the vLLM engine on its device), so it
 generates while the trainer updates. Its threads are its own setting (``HostSettings.threads``: a transformers
-engine's decode threads, ``model.pipeline.threads``); nothing here sets torch's process-wide count. Each push copies
+engine's decode threads, ``model.hosts.threads``); nothing here sets torch's process-wide count. Each push copies
 the whole actor (one process: no weight group, no ZeRO-3 gathers), so the thread host serves one training process
 whose parameters are whole.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
+from zerotir.config import HostsConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
 from zerotir.fleet.ranks import TrainerRanks
 from zerotir.fleet.weight_push import PushStats
@@ -105,11 +105,11 @@ class ThreadTransport:
     """The transport of one thread host (``zerotir.fleet.transport.Transport``).
 
     Args:
-        device: where the host's engine runs (``model.pipeline.producer_device``); None: the trainer's device.
-        threads: the host's threads (``model.pipeline.threads``); None: its engine's own default.
+        device: where the host's engine runs (``model.hosts.device``); None: the trainer's device.
+        threads: the host's threads (``model.hosts.threads``); None: its engine's own default.
     """
 
-    timeout_setting = "model.pipeline.producer_timeout"
+    timeout_setting = "model.hosts.timeout_s"
 
     def __init__(self, device: str | None = None, threads: int | None = None):
         self.device, self.threads = device, threads
@@ -117,33 +117,33 @@ class ThreadTransport:
     def check_trainer(self, world_size: int, zero3: bool) -> None:
         """One training process with whole parameters: the host copies the actor in this process."""
         if world_size > 1:
-            raise ValueError(f"model.pipeline.max_staleness with {world_size} training processes: the engine host "
+            raise ValueError(f"model.hosts.max_staleness with {world_size} training processes: the engine host "
                              "in a thread serves one trainer process; run the pipeline on the rollout fleet "
-                             "(model.fleet.engines >= 1), which serves every rank, set max_staleness: null, or train "
+                             "(model.hosts.engines >= 1), which serves every rank, set max_staleness: null, or train "
                              "on one device")
         if zero3:
-            raise ValueError("model.pipeline.max_staleness with DeepSpeed ZeRO-3: the engine host in a thread copies "
-                             "whole parameters; run the pipeline on the rollout fleet (model.fleet.engines >= 1), use "
+            raise ValueError("model.hosts.max_staleness with DeepSpeed ZeRO-3: the engine host in a thread copies "
+                             "whole parameters; run the pipeline on the rollout fleet (model.hosts.engines >= 1), use "
                              "ZeRO stage 1 / 2, or max_staleness: null")
 
     def settings(self, settings: HostSettings, trainer_device: Any) -> HostSettings:
         return replace(settings, device=str(self.device or trainer_device), threads=self.threads, own_process=False)
 
-    def plan(self, fleet: FleetConfig, world: int) -> tuple[None, Callable[[], Callable[[], None]], str]:
+    def plan(self, fleet: HostsConfig, world: int) -> tuple[None, Callable[[], Callable[[], None]], str]:
         """No core budget: the host's threads are its setting, the trainer's stay torch's."""
         threads = self.threads if self.threads is not None else "its engine's default"
         return None, lambda: (lambda: None), f"one engine host in a thread of the trainer's process ({threads} threads)"
 
     trainer_sandbox = None  # the hosts reach the trainer's sandbox
 
-    def up(self, fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
+    def up(self, fleet: HostsConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
         pass
 
     def down(self) -> None:
         pass
 
-    def spawn(self, fleet: FleetConfig, settings: HostSettings, cores: Any) -> list[ThreadHost]:
-        return [ThreadHost(settings) for _ in range(fleet.engines)]
+    def spawn(self, fleet: HostsConfig, settings: HostSettings, cores: Any) -> list[ThreadHost]:
+        return [ThreadHost(settings)]  # one host in a thread
 
     def roll_out(self, host: ThreadHost, args: tuple) -> cf.Future:
         """Its jobs queued in this thread, collected on the host's executor (``ThreadHost.roll_out``)."""
@@ -153,7 +153,7 @@ class ThreadTransport:
         """The results of the futures ``refs`` within ``timeout_s``, the first failure raised as it ends.
 
         Raises:
-            TimeoutError: one had not ended within ``timeout_s`` (``model.pipeline.producer_timeout``).
+            TimeoutError: one had not ended within ``timeout_s`` (``model.hosts.timeout_s``).
             RuntimeError: a call raised (its error in the message).
         """
         names = engines if engines is not None else list(range(len(refs)))
@@ -163,7 +163,7 @@ class ThreadTransport:
             if not done and left:
                 k = names[refs.index(next(iter(left)))]
                 raise TimeoutError(f"the engine host {k} (a thread of the trainer) did not finish {doing} within "
-                                   f"{timeout_s:g} s (model.pipeline.producer_timeout)")
+                                   f"{timeout_s:g} s (model.hosts.timeout_s)")
             for ref in done:
                 if ref.exception() is not None:
                     cause = ref.exception()
@@ -188,14 +188,14 @@ class ThreadTransport:
         for host in hosts:
             host.close()
 
-    def weights(self, fleet: FleetConfig, ranks: TrainerRanks) -> ThreadWeights:
+    def weights(self, fleet: HostsConfig, ranks: TrainerRanks) -> ThreadWeights:
         return ThreadWeights(fleet, self)
 
 
 class ThreadWeights:
     """The thread host's weights: each push copies the actor into its engine (``EngineHost.load_weights``)."""
 
-    def __init__(self, fleet: FleetConfig, transport: ThreadTransport):
+    def __init__(self, fleet: HostsConfig, transport: ThreadTransport):
         self.fleet, self.transport = fleet, transport
         self.version: int | None = None
         self.pushes: list[PushStats] = []

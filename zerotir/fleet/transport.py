@@ -1,9 +1,9 @@
 """How the fleet reaches its engine hosts: one interface over the two transports an ``EngineHost`` runs under.
 
 - ``RayTransport``: each host a Ray actor, a process of its own (``zerotir.fleet.cluster``), its weights pushed
-  over the weight group (``zerotir.fleet.weights``); ``model.fleet.engines`` >= 1.
+  over the weight group (``zerotir.fleet.weights``); ``model.hosts.engines`` >= 1.
 - ``ThreadTransport`` (``zerotir.fleet.thread_host``): one host in a thread of the trainer's process, its weights
-  copied from the actor between two of its engine steps; ``model.pipeline`` without ``model.fleet.engines``.
+  copied from the actor between two of its engine steps; ``model.hosts`` without ``model.hosts.engines``.
 
 Either way a host's rollouts are one call, ``transport.roll_out(handle, args)`` (Ray actor methods, or a future of
 the thread host's), their jobs queued in the order the calls were made, so the source, its schedule and its
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from zerotir.config import FleetConfig, SandboxConfig, ToolConfig
+from zerotir.config import HostsConfig, SandboxConfig, ToolConfig
 from zerotir.fleet.cores import available_cores, plan_cores
 from zerotir.fleet.engine_host import HostSettings
 from zerotir.fleet.ranks import TrainerRanks
@@ -38,24 +38,24 @@ class Transport(Protocol):
         """The hosts' settings as this transport runs them (device, threads, a process of their own)."""
         ...
 
-    def plan(self, fleet: FleetConfig, world: int) -> tuple[Any, Callable[[], Callable[[], None]], str]:
+    def plan(self, fleet: HostsConfig, world: int) -> tuple[Any, Callable[[], Callable[[], None]], str]:
         """The cores of each host (None: the OS places them), what sets the trainer's once the hosts run
         (returning what puts them back), and the plan in words."""
         ...
 
-    def weights(self, fleet: FleetConfig, ranks: TrainerRanks) -> Any:
+    def weights(self, fleet: HostsConfig, ranks: TrainerRanks) -> Any:
         """How the hosts get each update's weights (``FleetWeights``: form, push, last, close)."""
         ...
 
-    def up(self, fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
+    def up(self, fleet: HostsConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
         """Whatever the hosts run on (a Ray cluster, and a sandbox server on each of its nodes where
-        ``FleetConfig.sandbox_on_each_node``; nothing for threads)."""
+        ``HostsConfig.sandbox_on_each_node``; nothing for threads)."""
         ...
 
     def down(self) -> None:
         ...
 
-    def spawn(self, fleet: FleetConfig, settings: HostSettings, cores: tuple[tuple[int, ...], ...] | None) -> list[Any]:
+    def spawn(self, fleet: HostsConfig, settings: HostSettings, cores: tuple[tuple[int, ...], ...] | None) -> list[Any]:
         """The hosts' handles, in engine order."""
         ...
 
@@ -86,7 +86,7 @@ class Transport(Protocol):
 class RayTransport:
     """The hosts as Ray actors (``zerotir.fleet.cluster``; Ray imported there, inside each function)."""
 
-    timeout_setting = "model.fleet.timeout_s"
+    timeout_setting = "model.hosts.timeout_s"
 
     def __init__(self) -> None:
         self.sandboxes: Any = None  # zerotir.fleet.sandboxes.NodeSandboxes, while they run
@@ -102,7 +102,7 @@ class RayTransport:
     def settings(self, settings: HostSettings, trainer_device: Any) -> HostSettings:
         return settings
 
-    def plan(self, fleet: FleetConfig, world: int) -> tuple[Any, Callable[[], Callable[[], None]], str]:
+    def plan(self, fleet: HostsConfig, world: int) -> tuple[Any, Callable[[], Callable[[], None]], str]:
         """The thread budget (``zerotir.fleet.cores``): engines pinned to cores of their own where it fits, the
         trainer's threads and cores set (one training process: several share the node's cores as their launcher
         placed them) until ``close`` puts them back."""
@@ -110,10 +110,10 @@ class RayTransport:
         apply = budget.apply_to_trainer if world == 1 else lambda: (lambda: None)
         return budget.engine_cores, apply, budget.describe()
 
-    def weights(self, fleet: FleetConfig, ranks: TrainerRanks) -> FleetWeights:
+    def weights(self, fleet: HostsConfig, ranks: TrainerRanks) -> FleetWeights:
         return FleetWeights(fleet, ranks)
 
-    def up(self, fleet: FleetConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
+    def up(self, fleet: HostsConfig, sandbox: SandboxConfig, tool: ToolConfig) -> None:
         from zerotir.fleet.cluster import fleet_cluster, stop_cluster
         from zerotir.fleet.sandboxes import NodeSandboxes
 
@@ -135,7 +135,7 @@ class RayTransport:
         finally:
             stop_cluster()
 
-    def spawn(self, fleet: FleetConfig, settings: HostSettings, cores: tuple[tuple[int, ...], ...] | None) -> list[Any]:
+    def spawn(self, fleet: HostsConfig, settings: HostSettings, cores: tuple[tuple[int, ...], ...] | None) -> list[Any]:
         from zerotir.fleet.cluster import spawn_hosts
 
         return spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine, fleet.max_restarts,

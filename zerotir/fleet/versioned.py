@@ -23,7 +23,7 @@ import torch
 from zerotir.rollout.engine import EngineWeights, RolloutEngine, Sample, SamplingParams
 
 
-class ProducerStopped(Exception):
+class RolloutsStopped(Exception):
     """Raised inside a rollout at its next engine step once its host closes (ends the rollout quietly)."""
 
 
@@ -44,7 +44,7 @@ class VersionedEngine:
         engine: the engine (``RolloutEngine``); ``push`` hands it to the weight copy.
         version: the version of its weights now (None: the folder's).
         beat: called after every engine step (progress).
-        stopped: whether the rollouts should stop (the next step raises ``ProducerStopped``).
+        stopped: whether the rollouts should stop (the next step raises ``RolloutsStopped``).
         synchronize: waits for the devices' queued work around each push's copy (``synchronize_devices``).
     """
 
@@ -64,7 +64,7 @@ class VersionedEngine:
 
     def step(self) -> list[tuple[Hashable, Sample]]:
         if self._stopped():
-            raise ProducerStopped
+            raise RolloutsStopped
         with self.lock:
             out = self.engine.step()
         self._beat()
@@ -84,7 +84,7 @@ class VersionedEngine:
         returns, the fleet's pushes carry theirs; it stays when that is None too); returns its seconds."""
         if not self.lock.acquire(timeout=timeout_s):
             raise TimeoutError(f"weight push of version {version}: the engine stayed busy for {timeout_s:.0f} s "
-                               "(model.fleet.timeout_s / model.pipeline.producer_timeout); the engine is hung")
+                               "(model.hosts.timeout_s); the engine is hung")
         try:
             start = time.perf_counter()
             self._synchronize()  # the engine's last forward may still be queued on its own stream

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from zerotir.config import FleetConfig
+from zerotir.config import HostsConfig
 from zerotir.fleet.ranks import Discard, TrainerRanks
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group, free_port
 from zerotir.fleet.weight_push import PushStats, WeightSender, push_weights
@@ -33,17 +33,17 @@ class FleetWeights:
     """The sender's side of the fleet's weight group (see the module doc).
 
     Args:
-        fleet: the ``model.fleet`` group (where the group listens, its device and the bound on every wait).
+        fleet: the ``model.hosts`` group (where the group listens, its device and the bound on every wait).
         ranks: the training ranks, told of each push so that every rank joins its gathers.
     """
 
-    def __init__(self, fleet: FleetConfig, ranks: TrainerRanks):
+    def __init__(self, fleet: HostsConfig, ranks: TrainerRanks):
         self.fleet, self.ranks = fleet, ranks
         self.sender: WeightSender | None = None
         self.version: int | None = None  # of the last push the engines received; None: the folder's weights
 
     def form(self, hosts: Any) -> GroupAddress:
-        """A weight group of this process (the sender) and every engine, at ``model.fleet.weight_port`` (0: a free
+        """A weight group of this process (the sender) and every engine, at ``model.hosts.weight_port`` (0: a free
         one; a group formed again takes the same port, the abandoned group's store no longer holding it)."""
         from zerotir.fleet.cluster import ray_get
 
@@ -51,7 +51,7 @@ class FleetWeights:
         address = GroupAddress(fleet.weight_host, fleet.weight_port or free_port(fleet.weight_host))
         world = 1 + len(hosts)
         joined = [hosts[r].join_weights.remote(address, r + 1, world, fleet.timeout_s) for r in range(len(hosts))]
-        self.sender = WeightSender(form_weight_group(address, 0, world, fleet.device, fleet.timeout_s))
+        self.sender = WeightSender(form_weight_group(address, 0, world, fleet.engine_device, fleet.timeout_s))
         ray_get(joined, fleet.timeout_s, "joining the weight group")
         return address
 

@@ -4,7 +4,7 @@ clips to, per token or per sequence.
 Three policies meet in one update. The *behaviour* policy sampled the tokens (the engine's log-probs,
 ``Trajectories.logprobs``); the *proximal* policy is what the PPO ratio is clipped against (the trainer's recomputed
 old log-probs); the policy being trained carries the gradient. Synchronously they differ only by engine numerics
-(vLLM in bfloat16 against the trainer in float32, other kernels); with a rollout producer running ahead of the
+(vLLM in bfloat16 against the trainer in float32, other kernels); with an engine host running ahead of the
 trainer the behaviour policy is up to S weight versions old. With ``rho_t = exp(proximal_t - behaviour_t)``
 on the action tokens of a row (injected tool output and prompt are not in any sum or mean), each mode a function of
 the row's log-ratios in the registry ``CORRECTION_WEIGHTS`` (as the estimators are in ``rl.estimators.ESTIMATORS``):

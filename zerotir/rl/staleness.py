@@ -1,10 +1,10 @@
-"""Bounded staleness: when a rollout producer may start a batch, and how old the tokens of a trained batch are.
+"""Bounded staleness: when an engine host may start a batch, and how old the tokens of a trained batch are.
 
 Versions count updates: the trainer's weights at RL step k (1-based) have seen ``k - 1`` updates, and a token sampled
 by weights that had seen ``v`` updates has version ``v``. Its staleness when step k trains on it is ``k - 1 - v``.
 
 The capacity rule (AReaL's ``max_head_offpolicyness``, SkyRL's bound): the batch of step k may start generating only
-once the producer's weights have version ``>= k - 1 - S``. Versions only grow while it generates, so every token of
+once the host's weights have version ``>= k - 1 - S``. Versions only grow while it generates, so every token of
 that batch is then at most S versions old when step k trains on it; S = 0 is the synchronous schedule (each batch
 waits for the update before it). ``check_staleness`` verifies the bound on the batch itself before an update.
 """
@@ -56,7 +56,7 @@ def staleness_stats(versions: Tensor, mask: Tensor, step: int) -> dict[str, floa
                          "stamp it")
     if newest > now:
         raise ValueError(f"a sampled token has version {newest}, newer than the trainer's weights at step {step} "
-                         f"({now}): the producer's versions and the trainer's steps disagree")
+                         f"({now}): the engine host's versions and the trainer's steps disagree")
     age = (now - sampled).to(torch.float64)
     return {"staleness_mean": float(age.mean()), "staleness_max": float(age.max()), "oldest_version": float(oldest)}
 
@@ -69,13 +69,13 @@ def check_staleness(stats: dict[str, float], step: int, max_staleness: int) -> N
     """
     if stats["staleness_max"] > max_staleness:
         raise RuntimeError(f"step {step}: the batch's oldest token has version {int(stats['oldest_version'])}, "
-                           f"{int(stats['staleness_max'])} updates old, over model.pipeline.max_staleness="
-                           f"{max_staleness}; the producer broke the capacity rule")
+                           f"{int(stats['staleness_max'])} updates old, over model.hosts.max_staleness="
+                           f"{max_staleness}; the engine host broke the capacity rule")
 
 
 class StreamCursor:
     """Which batch of the training stream each RL step takes, and the latest step each batch can train at: the
-    capacity rule's bookkeeping, one for the producer thread and the fleet alike.
+    capacity rule's bookkeeping, one for the thread host and the Ray engines alike.
 
     Steps take the stream's batches in order from ``first_batch`` (``first_step``'s): each step one, and with
     refill (``model.filters.refill``) more, the step asking again. A batch not yet taken is trained at the latest at

@@ -42,7 +42,7 @@ def create_engine(backend: RolloutBackend, actor: nn.Module, tokenizer: PreTrain
             with the first ``load_weights_from``.
         seed: the engine's own seed (requests carry theirs).
         threads: torch threads a transformers engine decodes on when its group leaves ``num_threads`` unset (an
-            engine host's: ``model.fleet.threads``, ``model.pipeline.threads``); a vLLM engine keeps its
+            engine host's: ``model.hosts.threads``); a vLLM engine keeps its
             ``serving_threads``.
     """
     raise TypeError(f"model.rollout: {type(backend).__name__} is not a known engine; use zerotir.config.HFRollout or "

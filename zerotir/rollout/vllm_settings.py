@@ -35,7 +35,7 @@ def engine_settings(
     device there too. On CUDA with more than one rank the engine therefore always uses ``external_launcher``, which
     joins the caller's ``torch.distributed`` world and takes its GPU from ``LOCAL_RANK`` (set here from the trainer's
     device, with ``RANK``), for tensor-parallel size 1 too. With one process ``uni`` stays, and an engine on another
-    GPU than the first (``model.pipeline.producer_device: cuda:1``) gets ``device_ids=[1]``: the worker then maps its
+    GPU than the first (``model.hosts.device: cuda:1``) gets ``device_ids=[1]``: the worker then maps its
     logical device 0 to that GPU (``ParallelConfig.assigned_physical_gpu_ids``; ``device_ids`` index the GPUs that
     ``CUDA_VISIBLE_DEVICES`` leaves visible, as torch's ``cuda:<i>`` do).
 
@@ -56,7 +56,7 @@ def engine_settings(
         rank: this process's rank in the ``torch.distributed`` world.
         world_size: ranks in that world (1 without a process group).
         local_rank: the index of the engine's GPU on its node (the trainer's ``cuda:<local_rank>``, or the
-            pipeline's ``producer_device``).
+            thread host's ``model.hosts.device``).
 
     Returns:
         ``(env, llm_kwargs)``.
@@ -112,7 +112,7 @@ def check_llm_kwargs(on_cuda: bool, llm_kwargs: dict[str, Any]) -> None:
             "engine turns it off on CPU and prefills each prompt in one step).")
     if "device_ids" in llm_kwargs:
         raise ValueError(f"{field}.device_ids={llm_kwargs['device_ids']!r}: the engine's GPU comes from its device "
-                         "(the trainer's, or model.pipeline.producer_device); drop device_ids and set that instead.")
+                         "(the trainer's, or model.hosts.device); drop device_ids and set that instead.")
 
 
 def local_rank_of(device: str | torch.device | None) -> int:

@@ -1,31 +1,49 @@
-"""The rollout fleet: ``model.fleet``, engines in processes of their own (Ray actors), and its checks against the
-other groups."""
+"""The engine hosts of asynchronous rollouts: ``model.hosts``, one group for the one design (an engine host in a
+thread of the trainer's process, or K of them as Ray actors), and its checks against the other groups."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerotir.config.backends import RolloutBackend, VLLMRollout
+from zerotir.config.backends import HFRollout, RolloutBackend, VLLMRollout
 from zerotir.config.checks import check_min
-from zerotir.config.pipeline import PipelineConfig
 from zerotir.config.rollout import SandboxConfig, ToolConfig
 
 HEAD_RECIPE = ("start a Ray cluster whose nodes hold only the engines' GPUs (on the trainer's node: "
                "`CUDA_VISIBLE_DEVICES=<the engines' GPUs> ray start --head --num-gpus <their count>`) and set "
-               "model.fleet.address to it (docs/fleet.md, \"Running it\")")
+               "model.hosts.address to it (docs/fleet.md, \"Running it\")")
 
 
 @dataclass(frozen=True)
-class FleetConfig:
-    """Rollout engines as Ray actors beside the trainer (``model.fleet``, ``zerotir.fleet``): each engine process
-    loads the model folder and runs the tool loop with its own sandbox client; after every update the trainer
-    broadcasts the new weights to all of them over a process group of their own (gloo on CPU, NCCL on GPU). The
-    schedule is the pipeline's: ``model.pipeline.max_staleness`` S (0: each batch waits for the update before it;
-    S >= 1: the fleet generates up to S batches ahead while the trainer updates). Needs the ``fleet`` extra (Ray)."""
+class HostsConfig:
+    """Asynchronous rollouts (``model.hosts``): engine hosts, each with its own engine and its own copy of the
+    weights, generate the next batches while the trainer updates on this one. ``engines: 0``: one host in a thread
+    of the trainer's process (``zerotir.fleet.thread_host``, docs/pipeline.md); ``engines`` K >= 1: K hosts as Ray
+    actors, processes of their own (the fleet, ``zerotir.fleet``, docs/fleet.md), each loading the model folder and
+    running the tool loop with its own sandbox client, fed every update's weights over a process group of their
+    own (gloo on CPU, NCCL on GPU; needs the ``fleet`` extra, Ray).
 
+    Bounded staleness (AReaL's capacity rule): the batch of RL step k may start generating once the hosts' weights
+    have seen ``k - 1 - max_staleness`` updates, so every token the trainer sees at step k (weights k - 1) is at most
+    ``max_staleness`` versions old. Off-policy correction: ``model.rl.off_policy_correction``."""
+
+    max_staleness: int | None = None
+    """S. None (the default): no engine host, each step generates its batch in line with the trainer's engine. 0:
+    hosts that wait for every update: the synchronous schedule, the same rollouts and parameters for the same seed.
+    S >= 1: the hosts run up to S batches ahead of the trainer."""
     engines: int = 0
-    """Engine processes (Ray actors). 0 (the default): no fleet, the rollouts run in the trainer's process. Each
-    batch is split into one contiguous share of its prompts per engine."""
+    """Where the engine hosts run. 0 (the default): one host in a thread of the trainer's process (one machine, no
+    Ray). K >= 1: K engine processes (Ray actors, the fleet); each batch is split into one contiguous share of its
+    prompts per engine."""
+    threads: int | None = None
+    """Threads of each engine host. In a thread (engines 0): a transformers engine's decode threads where
+    model.rollout.init_args.num_threads is unset (a vLLM engine keeps its serving_threads), the trainer keeping
+    torch's own count; None: the engine's default (one thread for a model under its size threshold). On Ray: torch
+    intra-op threads of each engine process; None: cpus_per_engine rounded down (at least 1)."""
+    device: str | None = None
+    """Where the engine host in a thread (engines 0) runs: the transformers copy of the weights, or the vLLM engine
+    ("cuda:1": a GPU of its own, the trainer keeping its device); None: the trainer's device. Ray engines take
+    gpus_per_engine instead."""
     cpus_per_engine: float = 1.0
     """CPUs Ray reserves for each engine process."""
     gpus_per_engine: float = 0.0
@@ -67,8 +85,8 @@ class FleetConfig:
     have ended, whatever their batch, so no step waits for a slow group; a group over the staleness bound is
     dropped and generated again (pipeline/fleet_regenerated), and the checkpoint records the single prompts
     consumed. 0 (the default): each engine rolls out one batch share at a time, and each step trains its own
-    batch. At least model.sampling.n when set (a group runs whole). With engines 0 it sets the stream of the
-    pipeline's thread host (model.pipeline.max_staleness) alike."""
+    batch. At least model.sampling.n when set (a group runs whole). With engines 0 it streams the thread host's
+    rollouts alike."""
     sandbox_per_node: bool = True
     """On a cluster joined at address, with tools and model.tool.sandbox.urls null: a sandbox server on every node
     that hosts engines and on the trainer's node, each started and watched by a Ray actor of its node (a server that
@@ -77,31 +95,53 @@ class FleetConfig:
     instead. false: the embedded server on the trainer's node only (engines on other nodes cannot reach it). A
     local cluster (address null) is one node: the embedded server is its server."""
     timeout_s: float = 600.0
-    """Bound on every wait for the fleet: an engine's start, the weight group forming, one push, one batch of
-    rollouts (a batch generated ahead counts from when the trainer starts to wait for it)."""
+    """Bound on every wait for the engine hosts (in a thread or on Ray): a host's start, the weight group forming,
+    one push or weight copy, one batch of rollouts (a batch generated ahead counts from when the trainer starts to
+    wait for it); past it the run stops with an error naming what it waited for."""
 
     def __post_init__(self) -> None:
-        check_min("fleet", self, ("engines",), 0, " (0: no fleet)")
-        check_min("fleet", self, ("cpus_per_engine", "gpus_per_engine"), 0)
-        check_min("fleet", self, ("threads", "trainer_threads"), 1)
+        check_min("hosts", self, ("max_staleness",), 0, " (null: in line; 0: synchronous through an engine host)")
+        check_min("hosts", self, ("engines",), 0, " (0: one engine host in a thread of the trainer's process)")
+        check_min("hosts", self, ("cpus_per_engine", "gpus_per_engine"), 0)
+        check_min("hosts", self, ("threads", "trainer_threads"), 1)
         if self.gpus_per_engine != int(self.gpus_per_engine):
-            raise ValueError(f"model.fleet.gpus_per_engine={self.gpus_per_engine}: the weights reach a GPU engine "
+            raise ValueError(f"model.hosts.gpus_per_engine={self.gpus_per_engine}: the weights reach a GPU engine "
                              "over NCCL, which refuses two ranks on one GPU, so a fraction would put two engines on "
                              "one; give whole GPUs (1), or 0 for CPU engines")
-        check_min("fleet", self, ("max_restarts", "max_in_flight"), 0)
+        check_min("hosts", self, ("max_restarts", "max_in_flight"), 0)
         if not 0 <= self.weight_port < 65536:
-            raise ValueError(f"model.fleet.weight_port={self.weight_port}: a TCP port 1..65535, or 0 for a free one")
+            raise ValueError(f"model.hosts.weight_port={self.weight_port}: a TCP port 1..65535, or 0 for a free one")
         if not self.timeout_s > 0:
-            raise ValueError(f"model.fleet.timeout_s={self.timeout_s}: must be > 0 seconds")
+            raise ValueError(f"model.hosts.timeout_s={self.timeout_s}: must be > 0 seconds")
+        self._check_mode()
+
+    def _check_mode(self) -> None:
+        """Settings of an engine host where the schedule starts none, or of the other kind of host."""
+        given = [f"{k}={v!r}" for k, v in (("engines", self.engines), ("threads", self.threads),
+                                             ("device", self.device), ("max_in_flight", self.max_in_flight)) if v]
+        if given and not self.enabled:
+            raise ValueError(f"model.hosts.{', '.join(given)} with model.hosts.max_staleness: null: engine host "
+                             "settings, and the in-line run starts no engine host; set model.hosts.max_staleness "
+                             "(0: each batch waits for the update before it, 1: one batch generated ahead) or drop "
+                             "them")
+        if self.on_ray and self.device is not None:
+            raise ValueError(f"model.hosts.device={self.device!r} with model.hosts.engines={self.engines}: the device "
+                             "of the engine host in a thread; Ray engines take model.hosts.gpus_per_engine; drop it "
+                             "or set engines: 0")
 
     @property
     def enabled(self) -> bool:
-        """Rollouts run on the fleet's engine processes."""
+        """Engine hosts generate the batches (max_staleness is set)."""
+        return self.max_staleness is not None
+
+    @property
+    def on_ray(self) -> bool:
+        """The hosts are the fleet's engine processes (Ray actors), not one thread of the trainer's process."""
         return self.engines > 0
 
     @property
-    def device(self) -> str:
-        """Where each engine runs and its end of the weight group lives."""
+    def engine_device(self) -> str:
+        """Where each Ray engine runs and its end of the weight group lives."""
         return "cuda" if self.gpus_per_engine > 0 else "cpu"
 
     @property
@@ -118,10 +158,10 @@ class FleetConfig:
         """
         from zerotir.tools.python import sandbox_needed  # the tools import no config
 
-        applies = (self.enabled and self.sandbox_per_node and self.address is not None and sandbox_needed(tool)
+        applies = (self.on_ray and self.sandbox_per_node and self.address is not None and sandbox_needed(tool)
                    and sandbox.urls is None)
         if applies and self.cpus_per_engine == 0 and self.gpus_per_engine == 0:
-            raise ValueError("model.fleet.sandbox_per_node: true with model.fleet.cpus_per_engine=0 and "
+            raise ValueError("model.hosts.sandbox_per_node: true with model.hosts.cpus_per_engine=0 and "
                              "gpus_per_engine=0: an engine is placed on a node by the resources it asks for; give "
                              "cpus_per_engine > 0, set model.tool.sandbox.urls to servers the engines reach, or set "
                              "sandbox_per_node: false")
@@ -131,7 +171,7 @@ class FleetConfig:
         """Before a local cluster starts: one on a GPU node would hand the engines GPUs 0..K-1, the trainer's
         among them (vLLM's free-memory check fails, NCCL refuses two ranks on one GPU)."""
         if self.address is None and self.gpus_per_engine > 0 and device_type == "cuda":
-            raise ValueError(f"model.fleet.address: null with model.fleet.gpus_per_engine={self.gpus_per_engine:g} "
+            raise ValueError(f"model.hosts.address: null with model.hosts.gpus_per_engine={self.gpus_per_engine:g} "
                              "and the trainer on CUDA: a local Ray cluster gives the engines GPUs 0.., the "
                              f"trainer's too; {HEAD_RECIPE}")
 
@@ -142,33 +182,34 @@ class FleetConfig:
         from zerotir.tools.python import sandbox_needed  # the tools import no config
 
         if sandbox_needed(tool) and sandbox.urls is None and other_nodes and not self.sandbox_per_node:
-            raise ValueError(f"model.fleet.address={self.address!r} with model.tool.sandbox.urls: null: the cluster has "
+            raise ValueError(f"model.hosts.address={self.address!r} with model.tool.sandbox.urls: null: the cluster has "
                              f"nodes other than the trainer's ({', '.join(other_nodes)}), and the embedded sandbox "
                              "listens on 127.0.0.1 of the trainer's node, which their engines cannot reach; start "
                              "sandbox servers the engines reach (`python -m sandbox serve --host <an address the "
                              "engine nodes reach> --port 8080` on each) and set model.tool.sandbox.urls to them, or run "
-                             "the engines on the trainer's node only, or set model.fleet.sandbox_per_node: true (a "
+                             "the engines on the trainer's node only, or set model.hosts.sandbox_per_node: true (a "
                              "server on each node, docs/fleet.md, \"Several nodes\")")
 
-    def check_groups(self, pipeline: PipelineConfig, backend: RolloutBackend) -> None:
-        """The cross-group checks with ``model.pipeline`` and ``model.rollout``, naming both sides."""
+    def check_backend(self, backend: RolloutBackend) -> None:
+        """The cross-group checks with ``model.rollout``: what the engine hosts cannot run with fails here, naming
+        both sides."""
         if not self.enabled:
             return
-        if not pipeline.enabled:
-            raise ValueError(f"model.fleet.engines={self.engines} with model.pipeline.max_staleness: null: the fleet "
-                             "runs the pipeline's schedule; set model.pipeline.max_staleness (0: each batch waits "
-                             "for the update before it, 1: one batch generated ahead) or model.fleet.engines: 0")
-        producer = [f"model.pipeline.{k}={v!r}" for k, v in (("threads", pipeline.threads),
-                                                            ("producer_device", pipeline.producer_device)) if v]
-        if producer:
-            raise ValueError(f"{', '.join(producer)} with model.fleet.engines={self.engines}: settings of the "
-                             "in-process producer, which the fleet replaces; use model.fleet.threads / "
-                             "gpus_per_engine, or drop them")
-        if backend.tensor_parallel_size > 1:
-            raise ValueError(f"model.fleet.engines={self.engines} with model.rollout.init_args.tensor_parallel_size="
-                             f"{backend.tensor_parallel_size}: a fleet engine is one process; set "
-                             "tensor_parallel_size: 1 (tensor-parallel fleet engines are not built yet)")
+        where = (f"model.hosts.engines={self.engines}" if self.on_ray
+                 else f"model.hosts.max_staleness={self.max_staleness}")
         if isinstance(backend, VLLMRollout) and backend.enable_sleep_mode:
-            raise ValueError(f"model.fleet.engines={self.engines} with model.rollout.init_args.enable_sleep_mode="
-                             "true: a fleet engine has devices of its own and never gives them to the trainer; set "
-                             "enable_sleep_mode: false")
+            why = ("a fleet engine has devices of its own and never gives them to the trainer; set enable_sleep_mode: "
+                   "false" if self.on_ray else "a colocated engine that sleeps while the trainer updates cannot "
+                   "generate meanwhile. Set max_staleness: null (synchronous) or enable_sleep_mode: false with the "
+                   "engine on GPUs of its own")
+            raise ValueError(f"{where} with model.rollout.init_args.enable_sleep_mode=true: {why}")
+        if backend.tensor_parallel_size > 1:
+            why = ("a fleet engine is one process; set tensor_parallel_size: 1 (tensor-parallel fleet engines are not "
+                   "built yet)" if self.on_ray else "the engine host drives one engine of one process; set "
+                   "max_staleness: null or tensor_parallel_size: 1")
+            raise ValueError(f"{where} with model.rollout.init_args.tensor_parallel_size="
+                             f"{backend.tensor_parallel_size}: {why}")
+        if (not self.on_ray and isinstance(backend, HFRollout) and backend.num_threads is not None
+                and self.threads is not None):
+            raise ValueError(f"model.rollout.init_args.num_threads={backend.num_threads} with model.hosts.threads="
+                             f"{self.threads}: both set the engine host's decode threads; keep one of them")
