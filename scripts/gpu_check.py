@@ -16,7 +16,7 @@ itself only runs on CUDA under Lightning, so the CPU run says nothing about ZeRO
 
 Rollouts use the transformers engine (vLLM is not assumed on the GPU machine). That engine shares the actor module, so
 the run's own ``time/weight_sync`` is only a cache reset; the recorder therefore also times
-``zerotir.scale.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the
+``zerotir.parallel.weight_sync.sync_weights`` of the actor into a sink engine that copies every tensor on the device, the
 work a colocated vLLM engine's update does, with the real bucketed ZeRO-3 gather. A checksum of the synced embedding must
 change from step to step (the update reached the weights) and every step's gradient norm must be finite and > 0
 (PPO: the random critic's values make the advantages nonzero even though every reward is 0).
@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-from zerotir.scale.architecture import KNOWN, from_hf_config  # noqa: E402
+from zerotir.parallel.architecture import KNOWN, from_hf_config  # noqa: E402
 
 STEPS = 3
 GIB = 1 << 30
@@ -167,7 +167,7 @@ class StepRecorder(Callback):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        from zerotir.scale.weight_sync import sync_weights
+        from zerotir.parallel.weight_sync import sync_weights
 
         cuda = torch.cuda.is_available()
         if cuda:
@@ -257,7 +257,7 @@ def check_imports() -> tuple[list[str], list[str]]:
         low, high = DEEPSPEED_TESTED
         if not low <= version < high:
             problems.append(f"deepspeed {deepspeed.__version__} is outside the tested range >=0.19.8,<0.20 (its ZeRO-3 "
-                            "micro-step handling is what zerotir.scale.deepspeed_setup.begin_micro_batch relies on)")
+                            "micro-step handling is what zerotir.parallel.deepspeed_setup.begin_micro_batch relies on)")
     return lines, problems
 
 

@@ -27,7 +27,7 @@ from zerotir.fleet.weight_group import GroupAddress, form_weight_group, free_por
 from zerotir.fleet.weight_push import WeightSender, receive_push  # noqa: E402
 from zerotir.rollout.engine import SamplingParams, generate  # noqa: E402
 from zerotir.rollout.hf_engine import HFEngine  # noqa: E402
-from zerotir.scale.weight_sync import sync_weights  # noqa: E402
+from zerotir.parallel.weight_sync import sync_weights  # noqa: E402
 from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402
 from zerotir.toy.tokenizer import build_byte_tokenizer  # noqa: E402
 

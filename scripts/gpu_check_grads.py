@@ -106,7 +106,7 @@ def grads(model_dir: Path, report: Path, cpu: bool) -> int:
 
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     if cpu:  # without the CPU backend's shared-memory op, which it would JIT-build for nothing (the rehearsal's way)
-        from zerotir.scale.cpu_deepspeed import without_shm_allreduce
+        from zerotir.parallel.cpu_deepspeed import without_shm_allreduce
 
         with without_shm_allreduce():
             deepspeed.init_distributed(dist_backend="gloo")

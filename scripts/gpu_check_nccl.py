@@ -29,7 +29,7 @@ from zerotir.fleet.weight_group import (  # noqa: E402
     GroupAddress, WeightGroupError, form_weight_group, free_port,
 )
 from zerotir.fleet.weight_push import WeightSender  # noqa: E402
-from zerotir.scale.weight_sync import sync_weights  # noqa: E402
+from zerotir.parallel.weight_sync import sync_weights  # noqa: E402
 from zerotir.toy.tiny_model import build_tiny_model  # noqa: E402
 from zerotir.toy.tokenizer import build_byte_tokenizer  # noqa: E402
 

@@ -87,14 +87,14 @@ def test_skipped_update_keeps_step_count_and_weights(tiny_dir, train_file, tmp_p
 
 
 class CopyingEngine(IdleEngine):
-    """A separate engine, as vLLM is: its weights arrive through the real bucketed sync (``zerotir.scale.weight_sync``)
+    """A separate engine, as vLLM is: its weights arrive through the real bucketed sync (``zerotir.parallel.weight_sync``)
     and ``update_weights`` copies every tensor it is sent."""
 
     def __init__(self):
         self.weights: dict[str, torch.Tensor] = {}
 
     def load_weights_from(self, actor) -> None:
-        from zerotir.scale.weight_sync import sync_weights
+        from zerotir.parallel.weight_sync import sync_weights
 
         sync_weights(actor, self, 1 << 20)
 
@@ -285,7 +285,7 @@ def test_skip_path_keeps_lightnings_global_step_in_a_real_run(tiny_dir, train_fi
 
 
 def test_setup_checks_the_deepspeed_config_only_for_fit(tiny_dir):
-    from zerotir.scale.deepspeed_setup import DeepSpeedConfigError
+    from zerotir.parallel.deepspeed_setup import DeepSpeedConfigError
 
     module = ZeroTIRModule(BaseModelConfig(str(tiny_dir)), optim=OptimConfig(max_grad_norm=0.5))
     module._trainer = FakeTrainer(DeepSpeedStrategy(_ds_config("zero3.json")))

@@ -14,7 +14,7 @@ What lives where:
 * the rollout engine: each engine declares how a LoRA actor's weights reach it (``EngineWeights.adapter_path``):
   the transformers engine that wraps the actor generates with the adapters on, in place; an engine with weights of
   its own takes the adapter tensors only (vLLM started with ``lora_rank``, an engine host's transformers copy); one
-  that takes no adapters gets the merged weights (``zerotir.scale.weight_sync.merged_lora_bucket``).
+  that takes no adapters gets the merged weights (``zerotir.parallel.weight_sync.merged_lora_bucket``).
   ``is_adapted`` is the one check every part makes of whether a model is a LoRA actor.
 """
 

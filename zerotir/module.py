@@ -46,10 +46,10 @@ from zerotir.rl.step import BatchInfo, FilterDecision, Models, StepOptimizer, St
 from zerotir.rollout.engine import pad_id
 from zerotir.rollout.source import sampling_params
 from zerotir.sources import make_rollout_source
-from zerotir.scale.deepspeed_setup import (
+from zerotir.parallel.deepspeed_setup import (
     begin_micro_batch, check_fit_setup, count_skipped_step, hf_zero3_config, release_for_push, is_deepspeed, is_zero3)
-from zerotir.scale.distributed import gather_objects
-from zerotir.scale.peer_watch import CloseOnException, WatchPeers
+from zerotir.parallel.distributed import gather_objects
+from zerotir.parallel.peer_watch import CloseOnException, WatchPeers
 from zerotir.tools.formats import FormatWatch, format_label
 from zerotir.types import PromptRow, Trajectories
 

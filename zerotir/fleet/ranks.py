@@ -8,7 +8,7 @@ batch, scores it and pushes the weights. The other ranks follow rank 0 over the 
     other ranks:   follow(): join each push's gathers (sending nothing)     ... until "done" -> receive their part
 
 A push is announced before it starts because under ZeRO-3 every rank holds a shard of each parameter: gathering a
-bucket is a collective of all ranks (``zerotir.scale.weight_sync``), so every rank must run the same gathers in the
+bucket is a collective of all ranks (``zerotir.parallel.weight_sync``), so every rank must run the same gathers in the
 same order while only rank 0's receiver (the ``WeightSender``) sends. Pushes happen where rank 0 decides (the first
 batch, an evaluation before any training batch, a restarted engine's recovery), which is why the other ranks wait
 on messages rather than on a fixed schedule. Without ZeRO-3 the followers' gathers read their own parameters in place
@@ -30,8 +30,8 @@ import torch.distributed as dist
 
 from zerotir.rollout.source import RolloutBatch
 from zerotir.rollout.tp_group import own_trajectories
-from zerotir.scale.distributed import gather_objects, rank_and_world_size
-from zerotir.scale.weight_sync import Bucket
+from zerotir.parallel.distributed import gather_objects, rank_and_world_size
+from zerotir.parallel.weight_sync import Bucket
 
 _PUSH, _DONE, _FAILED = "push", "done", "failed"
 

@@ -1,6 +1,6 @@
 """One weight push from the trainer to the engine processes of a weight group, bucket by bucket, with its version.
 
-``WeightSender`` (rank 0) is a ``zerotir.scale.weight_sync.WeightReceiver``, so ``sync_weights(actor, sender,
+``WeightSender`` (rank 0) is a ``zerotir.parallel.weight_sync.WeightReceiver``, so ``sync_weights(actor, sender,
 bucket_bytes)`` drives a push unchanged, a bucket of whole layers at a time (ZeRO-3 gathers included). Each bucket
 goes as a small manifest (names, shapes, dtypes: a ``WeightGroup.share`` message) and then one flat broadcast per dtype
 (its tensors' bytes, concatenated, so any dtype crosses gloo and NCCL alike). ``receive_push`` in an engine process
@@ -29,7 +29,7 @@ from zerotir.fleet.weight_group import SENDER, WeightGroup, WeightGroupError
 from zerotir.lora import is_adapted
 from zerotir.rollout.engine import EngineWeights
 from zerotir.rollout.vllm_lora import actor_adapter
-from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, WeightReceiver, sync_weights
+from zerotir.parallel.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, WeightReceiver, sync_weights
 
 _BEGIN, _BUCKET, _END, _ABORT, _STOP = "begin", "bucket", "end", "abort", "stop"
 # The dtypes a push carries, by the name its manifest gives them.

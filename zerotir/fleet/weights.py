@@ -24,7 +24,7 @@ from zerotir.fleet.weight_group import GroupAddress, form_weight_group, free_por
 from zerotir.fleet.weight_push import PushStats, WeightSender, push_weights
 from zerotir.lora import is_adapted
 from zerotir.rollout.vllm_lora import actor_adapter
-from zerotir.scale.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
+from zerotir.parallel.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ Every estimator takes plain tensors and the ``model.rl`` group and returns ``(ad
       not in the rewards (``kl_coef`` 0, or ``use_kl_loss``: ``zerotir.rl.update.compute_advantages`` decides).
     * ``values`` (B, T) critic values (PPO only; the others ignore them).
     * ``all_reduce`` sums a small float64 vector over the data-parallel ranks, so that whitening uses the global
-      batch (``zerotir.scale.distributed.all_reduce_sum``); None: this process's batch only.
+      batch (``zerotir.parallel.distributed.all_reduce_sum``); None: this process's batch only.
     * The advantages are 0 off the mask; ``value_targets`` are the critic's targets (PPO), None for the estimators
       without a critic.
 

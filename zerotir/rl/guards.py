@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zerotir.scale.distributed import fail_together
+from zerotir.parallel.distributed import fail_together
 from zerotir.tools.base import STATUS_TOOL_ERROR
 from zerotir.types import Trajectories
 

@@ -66,7 +66,7 @@ def masked_mean_var(x: Tensor, mask: Tensor, unbiased: bool = True,
         mask: same shape as ``x``; nonzero = counted.
         unbiased: Bessel's correction (divide by count - 1). With fewer than 2 entries (unbiased) or none (biased)
             the variance is undefined and 0 is returned, so whitening leaves such a batch at 0 instead of NaN.
-        all_reduce: sums a small float64 vector over the ranks (``zerotir.scale.distributed.all_reduce_sum``);
+        all_reduce: sums a small float64 vector over the ranks (``zerotir.parallel.distributed.all_reduce_sum``);
             None = this tensor only.
 
     Returns:

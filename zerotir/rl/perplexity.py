@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from zerotir.config import RLConfig
 from zerotir.rl.micro_batches import micro_batches, row_lengths
 from zerotir.rl.update import forward_in_chunks, sequence_logprobs
-from zerotir.scale.distributed import global_max
+from zerotir.parallel.distributed import global_max
 from zerotir.types import Trajectories
 
 

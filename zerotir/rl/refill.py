@@ -29,7 +29,7 @@ from torch import Tensor
 from zerotir.config import RefillConfig
 from zerotir.rl.guards import EmptyStepsError
 from zerotir.rl.step import FilterDecision
-from zerotir.scale.distributed import gather_objects, global_group_counts, rank_and_world_size
+from zerotir.parallel.distributed import gather_objects, global_group_counts, rank_and_world_size
 from zerotir.types import PromptRow, Trajectories
 
 log = logging.getLogger(__name__)

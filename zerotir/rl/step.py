@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from zerotir.config import RLConfig
 from zerotir.rl.perplexity import reference_logprobs, sequence_perplexity
 from zerotir.rl.update import TrainBatch, check_temperature, placeholder, ppo_update, prepare_batch
-from zerotir.scale.distributed import global_sum
+from zerotir.parallel.distributed import global_sum
 from zerotir.types import Trajectories
 
 LOSS_KEYS = ("policy_loss", "value_loss", "kl_loss")

@@ -38,7 +38,7 @@ from zerotir.rl.micro_batches import aligned, iter_rows, micro_batches, row_leng
 from zerotir.rl.mismatch import mismatch_stats
 from zerotir.rl.packing import pack, packed_inputs, unpack
 from zerotir.rl.off_policy import behaviour_weights
-from zerotir.scale.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
+from zerotir.parallel.distributed import all_reduce_sum, global_max, global_sum, rank_and_world_size
 from zerotir.types import Trajectories
 
 __all__ = ["RLConfig", "TrainBatch", "compute_advantages", "iter_rows", "micro_batch_loss", "placeholder",

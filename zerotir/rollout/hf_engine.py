@@ -221,7 +221,7 @@ class HFEngine:
         """Generate with ``actor``'s current weights from now on. The engine that wraps the trained actor itself has
         them already: only its cached keys / values (of the old weights) are dropped (``reset_cache``). An engine on
         a model of its own (an engine host's) gets a LoRA actor's adapter (``update_adapter``), else every weight
-        copied in buckets (``zerotir.scale.weight_sync.sync_weights``)."""
+        copied in buckets (``zerotir.parallel.weight_sync.sync_weights``)."""
         if actor is self.model:
             self.reset_cache()
             return
@@ -229,7 +229,7 @@ class HFEngine:
             with actor_adapter(actor) as adapter:
                 self.update_adapter(*adapter)
             return
-        from zerotir.scale.weight_sync import sync_weights
+        from zerotir.parallel.weight_sync import sync_weights
 
         sync_weights(actor, self)
 

@@ -42,8 +42,8 @@ from zerotir.rollout.engines import check_engine_fits, create_engine
 from zerotir.rewards.protocol import Reward
 from zerotir.rollout.scoring import EarlyScores, score_trajectories
 from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
-from zerotir.scale.deepspeed_setup import check_rollout_backend
-from zerotir.scale.distributed import fail_together, rank_and_world_size, shard_prompts
+from zerotir.parallel.deepspeed_setup import check_rollout_backend
+from zerotir.parallel.distributed import fail_together, rank_and_world_size, shard_prompts
 from zerotir.tools.python import sandbox_urls
 from zerotir.tools.registry import Toolbox
 from zerotir.types import PromptRow, Trajectories

@@ -10,7 +10,7 @@ broadcasts the finished trajectories, which every rank of the group then returns
 ``DistributedSampler`` (different rows on every rank), first merges the group's rows (``share_rows``) so that the
 group rolls out one batch and each rank keeps its own part.
 
-Groups are consecutive ranks ``[g * tp, (g + 1) * tp)``, as ``zerotir.scale.distributed.shard_prompts`` and vLLM's
+Groups are consecutive ranks ``[g * tp, (g + 1) * tp)``, as ``zerotir.parallel.distributed.shard_prompts`` and vLLM's
 tensor-parallel groups over the torch world lay them out. Without a process group, or with tp = 1, nothing is shared.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from zerotir.scale.distributed import rank_and_world_size, training_share
+from zerotir.parallel.distributed import rank_and_world_size, training_share
 from zerotir.types import Trajectories
 
 T = TypeVar("T")

@@ -109,7 +109,7 @@ class VLLMEngine(VLLMWeights):
         ok, why = vllm_available()
         if not ok:
             raise ImportError(f"VLLMEngine: {why}; {INSTALL_HINT}")
-        from zerotir.scale.distributed import rank_and_world_size
+        from zerotir.parallel.distributed import rank_and_world_size
 
         on_cuda = torch.cuda.is_available()
         rank, world_size = rank_and_world_size()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from zerotir.lora import is_adapted
-from zerotir.scale.weight_sync import _gathered  # the read-only ZeRO-3 gather of the weight sync
+from zerotir.parallel.weight_sync import _gathered  # the read-only ZeRO-3 gather of the weight sync
 
 ADAPTER_ID = 1  # the lora_int_id of every adapter version (module doc)
 ADAPTER_PATH = "zerotir-in-memory-adapter (zerotir.rollout.vllm_lora registers it from tensors)"

@@ -77,7 +77,7 @@ class PackedTracker:
                 raise ValueError(
                     f"update_weights: {fused} got only {sorted(seen)} of {parts} in this call. vLLM rebuilds a fused "
                     "layer only from all its parts in one call, so that layer now holds invalid values; send the "
-                    "whole layer in one call (zerotir.scale.weight_sync buckets whole decoder layers).")
+                    "whole layer in one call (zerotir.parallel.weight_sync buckets whole decoder layers).")
 
 
 def _fused_part(fused_name: str, packed_modules: dict[str, list[str]]) -> str:

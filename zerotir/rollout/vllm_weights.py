@@ -10,11 +10,11 @@ sampling), because vLLM refuses to reset a cache any running request holds a blo
 into a streaming engine host is requests running. vLLM fuses some HF tensors into one layer (``q_proj``/``k_proj``/
 ``v_proj`` into ``qkv_proj``, ``gate_proj``/``up_proj`` into ``gate_up_proj``) and rebuilds a fused layer only when
 *all* its parts arrive in the same reload; a part sent alone leaves that layer with uninitialised memory. So every
-``update_weights`` call must hold whole layers (``zerotir.scale.weight_sync`` buckets whole decoder layers); a call
+``update_weights`` call must hold whole layers (``zerotir.parallel.weight_sync`` buckets whole decoder layers); a call
 that splits one raises after the fact, naming the layer, instead of generating garbage silently. With ``lora_rank``
 the engine keeps its base weights and a push swaps only the LoRA adapter (``zerotir.rollout.vllm_lora``).
 
-Sleep level (``zerotir.scale.memory_plan.sleep_level``, the one the memory plan counts with): a full-weight engine
+Sleep level (``zerotir.parallel.memory_plan.sleep_level``, the one the memory plan counts with): a full-weight engine
 sleeps at level 2 (weights and KV cache freed; the push after the update rewrites every weight). A LoRA engine
 sleeps at level 1: vLLM copies its weights to CPU memory and restores them on wake, because its push carries the
 adapter only, and at level 2 it would decode with that adapter on freed memory.
@@ -32,7 +32,7 @@ import torch
 from zerotir.rollout.engine import AdapterPath, torch_threads
 from zerotir.rollout.vllm_lora import actor_adapter, adapter_request, load_adapter_in_worker
 from zerotir.rollout.vllm_reload import PackedTracker, quiet_reload_logs, reload_in_worker
-from zerotir.scale.memory_plan import sleep_level
+from zerotir.parallel.memory_plan import sleep_level
 
 
 class VLLMWeights:
@@ -111,7 +111,7 @@ class VLLMWeights:
         """Generate with ``actor``'s weights from now on: sent in buckets of whole layers (``sync_weights``), with
         ``lora_rank`` its adapter only (``update_adapter``). A sleeping engine wakes its weights (a LoRA engine's
         come back from CPU memory, ``memory_plan.sleep_level``), then its KV cache."""
-        from zerotir.scale.weight_sync import sync_weights
+        from zerotir.parallel.weight_sync import sync_weights
 
         if self._asleep:
             self.llm.wake_up(tags=["weights"])

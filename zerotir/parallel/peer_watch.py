@@ -117,7 +117,7 @@ class PeerWatch:
 class WatchPeers(Callback):
     """A ``PeerWatch`` for the length of ``fit`` on several ranks (added by ``ZeroTIRModule.configure_callbacks``):
     started when fitting starts, stopped when training ends, on an exception (each rank then stops on its own
-    error, ``zerotir.scale.distributed.fail_together``) and at teardown. A lost peer runs ``on_lost`` (the module's
+    error, ``zerotir.parallel.distributed.fail_together``) and at teardown. A lost peer runs ``on_lost`` (the module's
     rollout source's ``close``: its sandbox and engine) before the process ends.
 
     Args:

@@ -31,7 +31,7 @@ class CpuDeepSpeedStrategy(DeepSpeedStrategy):
     def setup_environment(self) -> None:
         """Lightning's environment setup without the CUDA-only check of ``DeepSpeedStrategy``."""
         if not isinstance(self.accelerator, CPUAccelerator):
-            raise ValueError(f"trainer.strategy=zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy runs on CPU processes "
+            raise ValueError(f"trainer.strategy=zerotir.parallel.cpu_deepspeed.CpuDeepSpeedStrategy runs on CPU processes "
                              f"but trainer.accelerator is {type(self.accelerator).__name__}. Fix: set trainer.accelerator: "
                              "cpu, or use lightning.pytorch.strategies.DeepSpeedStrategy on GPUs")
         DDPStrategy.setup_environment(self)

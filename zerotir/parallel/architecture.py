@@ -1,6 +1,6 @@
 """Decoder-only transformer shapes and their exact parameter counts (Llama / Mistral / Qwen2 / Qwen3 families).
 
-The memory plan (``zerotir.scale.memory_plan``) starts from these counts. They are exact for the supported HF model types
+The memory plan (``zerotir.parallel.memory_plan``) starts from these counts. They are exact for the supported HF model types
 (a test checks them against ``numel`` of real transformers models) and the known Qwen2.5 base models come out at
 0.494B / 7.62B / 32.76B parameters, as their model cards say.
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from zerotir.scale import architecture as arch_mod
-from zerotir.scale.architecture import KNOWN, Architecture, from_hf_config, resolve
-from zerotir.scale.memory_plan import PlanSettings, plan_rows, render_markdown, totals
+from zerotir.parallel import architecture as arch_mod
+from zerotir.parallel.architecture import KNOWN, Architecture, from_hf_config, resolve
+from zerotir.parallel.memory_plan import PlanSettings, plan_rows, render_markdown, totals
 
 # ----- parameter counts -----
 
@@ -148,7 +148,7 @@ def test_hand_worked_plan_table() -> None:
 def test_sync_bucket_peak_is_the_largest_layer_when_that_exceeds_the_bucket() -> None:
     from dataclasses import replace
 
-    from zerotir.scale.memory_plan import sync_bucket_bytes
+    from zerotir.parallel.memory_plan import sync_bucket_bytes
 
     assert sync_bucket_bytes(HAND, HAND_SETTINGS) == 1216  # a 1216-byte layer in 1024-byte buckets
     assert sync_bucket_bytes(HAND, replace(HAND_SETTINGS, sync_bucket_mb=2**-9)) == 2048  # the bucket is larger
@@ -210,7 +210,7 @@ def test_token_budget_and_chunked_head_size_the_update() -> None:
 def test_longest_seq_len_is_the_last_length_that_fits() -> None:
     from dataclasses import replace
 
-    from zerotir.scale.memory_plan import fits, longest_seq_len
+    from zerotir.parallel.memory_plan import fits, longest_seq_len
 
     assert longest_seq_len(HAND, HAND_SETTINGS) == 23  # by hand above
     # Chunks of one token: 304 + 18 x 32 / L ... the logits stop growing, so 37954 + 608 L + 576 <= 65536 -> 44.
@@ -241,8 +241,8 @@ def test_bad_settings_name_the_field(kwargs: dict, match: str) -> None:
 def test_sync_bucket_peak_bounds_the_real_buckets() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from zerotir.scale.memory_plan import sync_bucket_bytes
-    from zerotir.scale.weight_sync import param_nbytes, plan_buckets
+    from zerotir.parallel.memory_plan import sync_bucket_bytes
+    from zerotir.parallel.weight_sync import param_nbytes, plan_buckets
 
     config = Qwen2Config(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
@@ -270,7 +270,7 @@ def test_the_plan_says_zero3_gathers_the_lm_head_once_per_pass():
 def test_lora_rows_count_the_adapters_peft_makes_and_the_frozen_base_once(tiny_dir):
     from zerotir import lora, models
     from zerotir.config import LoraConfig
-    from zerotir.scale.memory_plan import lora_params
+    from zerotir.parallel.memory_plan import lora_params
 
     arch = resolve(str(tiny_dir))
     adapted = lora.add_adapters(models.load_causal_lm(tiny_dir), LoraConfig(rank=4))

@@ -1,9 +1,9 @@
-"""The memory plan's command line (``zerotir.scale.memory_plan`` computes the plan; this module reads its settings
+"""The memory plan's command line (``zerotir.parallel.memory_plan`` computes the plan; this module reads its settings
 from flags or from a run config and prints it):
 
-    python -m zerotir.scale.memory_plan_cli --model qwen2.5-7b --gpus 8 --zero 3 --critic true
-    python -m zerotir.scale.memory_plan_cli --model path/to/config.json --gpus 8 --nodes 4 --offload_optimizer true
-    python -m zerotir.scale.memory_plan_cli --run_config configs/qwen2.5-7b_ppo.yaml   # a run's settings
+    python -m zerotir.parallel.memory_plan_cli --model qwen2.5-7b --gpus 8 --zero 3 --critic true
+    python -m zerotir.parallel.memory_plan_cli --model path/to/config.json --gpus 8 --nodes 4 --offload_optimizer true
+    python -m zerotir.parallel.memory_plan_cli --run_config configs/qwen2.5-7b_ppo.yaml   # a run's settings
 
 A run config gives the model, the layout (``trainer.devices`` / ``num_nodes`` / ``strategy``: a DeepSpeed stage and
 its offloads), the RL settings that size the update (``model.rl``: the critic, the reference, ``micro_batch_size``,
@@ -19,8 +19,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
-from zerotir.scale.architecture import resolve
-from zerotir.scale.memory_plan import PlanSettings, render_markdown
+from zerotir.parallel.architecture import resolve
+from zerotir.parallel.memory_plan import PlanSettings, render_markdown
 
 _STRATEGY_NAMES = {  # Lightning's registered DeepSpeed strategy names -> (stage, offload optimizer, offload params)
     "deepspeed_stage_2": (2, False, False),
@@ -117,8 +117,8 @@ def build_parser() -> Any:
     """The command line: ``--model`` / ``--run_config`` / ``--unit`` and every ``PlanSettings`` field."""
     from jsonargparse import ArgumentParser
 
-    parser = ArgumentParser(prog="python -m zerotir.scale.memory_plan_cli",
-                            description="Per-GPU memory plan of a colocated RL run (see zerotir/scale/memory_plan.py).")
+    parser = ArgumentParser(prog="python -m zerotir.parallel.memory_plan_cli",
+                            description="Per-GPU memory plan of a colocated RL run (see zerotir/parallel/memory_plan.py).")
     parser.add_argument("--model", type=str | None, default=None,
                         help="qwen2.5-0.5b / qwen2.5-7b / qwen2.5-32b (or hub ids), a config.json or a model folder")
     parser.add_argument("--run_config", type=str | None, default=None,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from zerotir.scale.peer_watch import LOST_PEER_EXIT_CODE, PeerWatch, alive
+from zerotir.parallel.peer_watch import LOST_PEER_EXIT_CODE, PeerWatch, alive
 
 
 def _sleeper() -> subprocess.Popen:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from zerotir.config import HFRollout, VLLMRollout
-from zerotir.scale.deepspeed_setup import (
+from zerotir.parallel.deepspeed_setup import (
     DeepSpeedConfigError,
     check_deepspeed_config,
     check_fit_setup,
@@ -279,7 +279,7 @@ def _critic_head_worker(hidden_size: int = 256) -> dict:
 
 def _worker_process(rank: int, out: str) -> None:
     """The new process of ``_run_worker``: both workers, their results as JSON in ``out``."""
-    from zerotir.scale.cpu_deepspeed import without_shm_allreduce
+    from zerotir.parallel.cpu_deepspeed import without_shm_allreduce
 
     with without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these workers never use (minutes)
         results = {"accumulation": _accumulation_worker(), "critic": _critic_head_worker()}

@@ -8,8 +8,8 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from zerotir.scale.cpu_deepspeed import CpuDeepSpeedStrategy
-from zerotir.scale.deepspeed_setup import is_deepspeed
+from zerotir.parallel.cpu_deepspeed import CpuDeepSpeedStrategy
+from zerotir.parallel.deepspeed_setup import is_deepspeed
 
 
 class _Trainer:

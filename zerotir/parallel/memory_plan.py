@@ -1,5 +1,5 @@
 """Per-GPU memory plan of a colocated RL run: actor, critic, reference and vLLM on the same GPUs, from parameter counts.
-The command line is ``python -m zerotir.scale.memory_plan_cli`` (flags, or the settings of a run config).
+The command line is ``python -m zerotir.parallel.memory_plan_cli`` (flags, or the settings of a run config).
 
 Two phases share each GPU. *Rollout*: vLLM is awake and holds its whole budget (``gpu_memory_utilization`` x GPU
 memory: weights, activations and CUDA graphs, and the KV cache in what is left), while the training states stay where
@@ -30,7 +30,7 @@ Fixed assumptions (flags): ``overhead_gib`` for the CUDA context, NCCL buffers a
 peak plus CUDA graphs ``vllm_overhead_gib`` (vLLM measures the real figure when it starts); ``vllm_sleep_gib`` left on
 the GPU while vLLM sleeps; ``sync_bucket_mb`` for the bucket size of the weight sync.
 Weight sync (rollout): one gathered bucket in bf16. A bucket holds whole layers and never splits one
-(``zerotir.scale.weight_sync.plan_buckets``), so the peak is ``max(sync_bucket_mb, the largest layer)``; for Qwen2.5 that
+(``zerotir.parallel.weight_sync.plan_buckets``), so the peak is ``max(sync_bucket_mb, the largest layer)``; for Qwen2.5 that
 is the embedding / LM head (vocab x hidden: about 1.0 GiB for 7B, 1.45 GiB for 32B), not the 256 MiB bucket.
 The longest sequence a layout fits (``longest_seq_len``): the largest ``seq_len`` at which both phases fit and one
 engine's KV cache holds at least one sequence of that length; the longest response is that less ``prompt_tokens``.
@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from zerotir.scale.architecture import Architecture
+from zerotir.parallel.architecture import Architecture
 
 GIB = 1 << 30
 MIB = 1 << 20

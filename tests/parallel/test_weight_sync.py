@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
-from zerotir.scale.weight_sync import hf_name, iter_bucketed_params, layer_key, plan_buckets, sync_weights
+from zerotir.parallel.weight_sync import hf_name, iter_bucketed_params, layer_key, plan_buckets, sync_weights
 from tests.gloo import one_deepspeed_rank
 
 MAX_LEN = 128
@@ -167,7 +167,7 @@ def test_parameters_the_prefetch_left_in_flight_are_released_before_a_push(zero3
     registered with the engine's coordinator."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    from zerotir.scale.deepspeed_setup import release_for_push
+    from zerotir.parallel.deepspeed_setup import release_for_push
 
     full = _full_state(zero3)
     engine = zero3.engine

@@ -1,4 +1,4 @@
-"""The memory plan's command line (zerotir.scale.memory_plan_cli): settings read from a run config (the token
+"""The memory plan's command line (zerotir.parallel.memory_plan_cli): settings read from a run config (the token
 budget and the chunked head included), flags overriding them, the plan printed."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from zerotir.scale import memory_plan_cli as cli
-from zerotir.scale.architecture import KNOWN
-from zerotir.scale.memory_plan import GIB, PlanSettings, render_markdown
+from zerotir.parallel import memory_plan_cli as cli
+from zerotir.parallel.architecture import KNOWN
+from zerotir.parallel.memory_plan import GIB, PlanSettings, render_markdown
 
 RUN_CONFIG = """\
 trainer:

@@ -32,7 +32,7 @@ def _worker(root: Path) -> dict:
     from zerotir.config import BaseModelConfig, LoraConfig, OptimConfig, RLConfig, SamplingConfig
     from zerotir.data.datamodule import PromptDataModule
     from zerotir.module import ZeroTIRModule
-    from zerotir.scale.cpu_deepspeed import CpuDeepSpeedStrategy
+    from zerotir.parallel.cpu_deepspeed import CpuDeepSpeedStrategy
     from zerotir.toy.tiny_model import build_tiny_model
     from zerotir.toy.tokenizer import build_byte_tokenizer
 

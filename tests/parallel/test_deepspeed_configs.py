@@ -8,7 +8,7 @@ gradient; ``"managed_gradient_accumulation": false`` makes ``step()`` the bounda
 backward calls and one SGD step move the weights exactly like one full-batch gradient step, and that the same run with
 the flag removed does not (so the check can fail). The checks run in one new process (``tests.gloo.spawned``:
 DeepSpeed must see DS_ACCELERATOR before it is imported), one process group for all of them and a new model, optimizer
-and engine for each, as ``tests/scale/test_deepspeed_setup.py`` runs both ZeRO stages in one process.
+and engine for each, as ``tests/parallel/test_deepspeed_setup.py`` runs both ZeRO stages in one process.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _checks_process(rank: int, checks: list[tuple[str, bool]], out: str) -> None
     """The new process of ``run_checks``: one process group for every check, their results as one JSON list."""
     import torch.distributed as dist
 
-    from zerotir.scale.cpu_deepspeed import without_shm_allreduce
+    from zerotir.parallel.cpu_deepspeed import without_shm_allreduce
 
     dist.init_process_group("gloo", rank=rank, world_size=1)
     with without_shm_allreduce():  # DeepSpeed's CPU backend would JIT-build an op these checks never use (minutes)

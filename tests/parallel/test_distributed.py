@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from zerotir.rl import algorithms as A
-from zerotir.scale import distributed as D
+from zerotir.parallel import distributed as D
 from tests.gloo import free_port, run_ranks
 
 WORLD = 2
