@@ -39,14 +39,9 @@ logger = logging.getLogger(__name__)
 
 # Bundled sources: config name -> file under data/ (see data/README.md for origins and licenses).
 BUNDLED: dict[str, str] = {
-    "math500": "math500_test.jsonl",
-    "aime24": "aime24_test.jsonl",
-    "aime25": "aime25_test.jsonl",
-    "amc23": "amc23_test.jsonl",
-    "gsm8k": "gsm8k_test.jsonl",
-    "minerva": "minerva_math_test.jsonl",
-    "olympiadbench": "olympiadbench_test.jsonl",
-    "simplelr_math_level3to5": "simplelr_math_level3to5_train.jsonl",
+    "math500": "math500_test.jsonl", "aime24": "aime24_test.jsonl", "aime25": "aime25_test.jsonl",
+    "amc23": "amc23_test.jsonl", "gsm8k": "gsm8k_test.jsonl", "minerva": "minerva_math_test.jsonl",
+    "olympiadbench": "olympiadbench_test.jsonl", "simplelr_math_level3to5": "simplelr_math_level3to5_train.jsonl",
     "gsm8k_train": "gsm8k_train.jsonl",
 }
 BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "gsm8k", "minerva", "olympiadbench")
