@@ -98,9 +98,9 @@ def check_rollouts(root, module, validated: bool) -> None:
     assert "**prompt**" in tensor_util.make_ndarray(best[0].tensor_proto).item().decode()
     out = io.StringIO()
     shown = show(root, filters=["tool"], limit=2, console=Console(file=out, width=100, color_system=None))
-    code_rows = sum(r["calls"] > 0 for r in R.read_step(folder, 2))
+    tool_rows = sum(r["calls"] > 0 for r in R.read_step(folder, 2))
     text = out.getvalue()
-    assert shown == min(2, code_rows) and f"step 2: {code_rows} of {per_step} trajectories matching code" in text
+    assert shown == min(2, tool_rows) and f"step 2: {tool_rows} of {per_step} trajectories matching tool" in text
     assert "step 1 | " in text and "step 2 | " in text
 
 
