@@ -56,8 +56,8 @@ def jobs(seeds: list[int], rounds: int) -> list[Job]:
             for arm, extra in arms(rounds).items()]
 
 
-def _heldout_code_rate(run: Run) -> float | None:
-    values = [run.get(f"heldout_{group}/{mn.EVAL_CODE_RATE}") for group in ("easy", "hard")]
+def _heldout_tool_call_rate(run: Run) -> float | None:
+    values = [run.get(f"heldout_{group}/{mn.EVAL_TOOL_CALL_RATE}") for group in ("easy", "hard")]
     if any(v is None or v.empty for v in values):
         return None
     return float(np.mean([v.iloc[-1] for v in values]))
@@ -140,7 +140,7 @@ def report(out: Path, seeds: list[int], rounds: int, steps: int, mid_step: int) 
         shares, costs = [step_shares(r) for r in present], [per_step_cost(r) for r in present]
         lines.append(f"| {arm} | {_spread([mean_acc(r, GROUPS) for r in present])} "
                      f"| {_spread([heldout_acc_at(r, mid_step) for r in present])} "
-                     f"| {_spread([_heldout_code_rate(r) for r in present])} | {_spread(speed[arm], '.1f')} "
+                     f"| {_spread([_heldout_tool_call_rate(r) for r in present])} | {_spread(speed[arm], '.1f')} "
                      f"| {_spread([removed_by_rules(r) for r in present], '.3f')} "
                      f"| {_spread([s['skipped'] for s in shares])} | {_spread([s['shrunk'] for s in shares])} "
                      f"| {_spread([c['rounds'] for c in costs])} | {_spread([c['prompts'] for c in costs], '.1f')} "

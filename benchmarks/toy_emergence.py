@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from zerotir import metric_names as mn
 from zerotir.toy.pretrain import PretrainSettings, ensure_toy_base, read_info
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def val_curve(run_dir: Path, start: float) -> list[dict]:
 
     acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
-    code = {e.step: e.value for e in acc.Scalars(f"{VAL_NAME}/code_rate")}
+    code = {e.step: e.value for e in acc.Scalars(f"{VAL_NAME}/{mn.EVAL_TOOL_CALL_RATE}")}
     return [{"step": e.step, "minutes": (e.wall_time - start) / 60, "accuracy": e.value, "code_rate": code[e.step]}
             for e in acc.Scalars(f"{VAL_NAME}/accuracy")]
 

@@ -58,7 +58,7 @@ def fig_headline(result: dict, path: Path) -> str | None:
 def fig_dynamics(ref: list[tuple[str, Run]], path: Path) -> str | None:
     if not ref:
         return None
-    panels = [(mn.CODE_RATE, "code proportion (finding 1)"), (mn.CODE_IN_CORRECT, "code in correct (finding 2)"),
+    panels = [(mn.TOOL_CALL_RATE, "code proportion (finding 1)"), (mn.TOOL_IN_CORRECT, "code in correct (finding 2)"),
               (mn.REWARD_MEAN, "reward (finding 2)"), (mn.RESPONSE_LENGTH, "response length, tokens (finding 3)")]
     fig = Figure(figsize=(14, 3.6), layout="constrained")
     for ax, (tag, title) in zip(fig.subplots(1, 4), panels):
@@ -96,7 +96,7 @@ def fig_selective(ref: list[tuple[str, Run]], path: Path) -> str | None:
     ax = fig.subplots()
     for i, (label, r) in enumerate(ref):
         for g, style in (("easy", "--"), ("hard", "-"), ("multi", ":")):
-            series = r.get(f"heldout_{g}/code_rate")
+            series = r.get(f"heldout_{g}/{mn.EVAL_TOOL_CALL_RATE}")
             if series is not None:
                 ax.plot(series.index, series.to_numpy(), style, marker="o", color=f"C{i}", label=f"{label} {g}")
     ax.set_title("held-out code rate: easy dashed, hard solid, multi-step dotted (finding 8)", fontsize=10)

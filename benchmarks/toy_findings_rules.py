@@ -173,7 +173,7 @@ def f0(runs: Runs, seeds: list[int]) -> dict:
 
 
 def f1(ref: list[tuple[str, Run]]) -> dict:
-    rows = [{"run": k, **laws.dip(r.get(mn.CODE_RATE))} for k, r in ref]
+    rows = [{"run": k, **laws.dip(r.get(mn.TOOL_CALL_RATE))} for k, r in ref]
     if not rows:
         return {}
     ev = (f"depth {spread([r['depth'] for r in rows], 3)}, dips in {sum(r['dips'] for r in rows)} of {len(rows)} "
@@ -186,7 +186,7 @@ def f1(ref: list[tuple[str, Run]]) -> dict:
 def f2(ref: list[tuple[str, Run]]) -> dict:
     rows = []
     for k, r in ref:
-        frame = pd.DataFrame({"cic": r.get(mn.CODE_IN_CORRECT), "reward": r.get(mn.REWARD_MEAN)}).dropna()
+        frame = pd.DataFrame({"cic": r.get(mn.TOOL_IN_CORRECT), "reward": r.get(mn.REWARD_MEAN)}).dropna()
         if len(frame) < 3 or frame["cic"].nunique() < 2:
             rows.append({"run": k, "r": None, "p": None, "points": len(frame)})
             continue
@@ -301,7 +301,7 @@ def f7(runs: Runs, seeds: list[int]) -> dict:
 
 
 def f8(ref: list[tuple[str, Run]]) -> dict:
-    rows = [{"run": k, **{g: last_val(r, g, "code_rate") for g in GROUPS}} for k, r in ref]
+    rows = [{"run": k, **{g: last_val(r, g, mn.EVAL_TOOL_CALL_RATE) for g in GROUPS}} for k, r in ref]
     if not rows:
         return {}
     gaps = [r["hard"] - r["easy"] for r in rows]

@@ -72,9 +72,9 @@ def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> float:
 def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dict[str, float]:
     """Rollout statistics of one RL step, keyed by ``zerotir.metric_names``.
 
-    Means are over trajectories; the execution rates are per execution (errors / calls, 0 when no code ran);
-    code-in-correct is the share of correct trajectories that used code (0 when none is correct). The repeat score
-    is the mean of ``repeat_score(text, repeat_ngram)`` over the response texts.
+    Means are over trajectories; the execution rates are per call (errors / calls, 0 when no tool was called);
+    tool-in-correct is the share of correct trajectories that called a tool, any tool (0 when none is correct). The
+    repeat score is the mean of ``repeat_score(text, repeat_ngram)`` over the response texts.
 
     Args:
         batch: the scored trajectories of the step (before filtering), with one response text per row.
@@ -92,13 +92,13 @@ def rollout_metrics(batch: Trajectories, repeat_ngram: int | None = None) -> dic
             f"batch.response_texts has {len(batch.response_texts)} entries for {size} trajectories; "
             "the rollout must fill one decoded response per row"
         )
-    correct, used = batch.correct, batch.used_code
+    correct, used = batch.correct, batch.used_tool
     calls = batch.num_calls
     metrics = {
         mn.REWARD_MEAN: float(batch.rewards.double().mean().item()),
         mn.ACCURACY: float(correct.double().mean().item()),
-        mn.CODE_RATE: float(used.double().mean().item()),
-        mn.CODE_IN_CORRECT: _ratio(correct & used, correct),
+        mn.TOOL_CALL_RATE: float(used.double().mean().item()),
+        mn.TOOL_IN_CORRECT: _ratio(correct & used, correct),
         mn.CALLS_PER_RESPONSE: float(calls.double().mean().item()),
         mn.RESPONSE_LENGTH: float(batch.response_lens.double().mean().item()),
         mn.REPEAT_SCORE: sum(repeat_score(text, repeat_ngram) for text in batch.response_texts) / size,

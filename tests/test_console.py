@@ -12,6 +12,7 @@ import pytest
 
 from zerotir.cli import console
 from zerotir.cli.console import StepDisplay, StepRate, clock_text
+from zerotir.metric_names import EVAL_METRICS, EVAL_TOOL_CALL_RATE
 
 
 class FakeClock:
@@ -82,6 +83,21 @@ def test_noise_is_filtered_by_message_and_kept_with_debug(monkeypatch):
     assert [str(w.message) for w in caught] == ["It is recommended to use `self.log('my_metric', ..., sync_dist=True)`",
                                                 "something else"]
 
+
+
+@pytest.mark.parametrize("tag", EVAL_METRICS)
+def test_lightnings_sync_dist_advice_is_filtered_for_every_evaluation_tag(tag):
+    """The advice is dropped for each tag a benchmark logs, by its name in ``metric_names`` (a renamed tag such as
+    ``tool_call_rate`` included), and kept for a tag of the same benchmark that is not one of them."""
+    assert EVAL_TOOL_CALL_RATE in EVAL_METRICS
+    advice = "It is recommended to use `self.log('math500/{}', ..., sync_dist=True)` when logging on epoch level"
+    with warnings.catch_warnings(record=True) as caught:  # restores the filters
+        warnings.simplefilter("always")
+        for message, category in console.WARNING_NOISE:  # what quiet_library_output installs
+            warnings.filterwarnings("ignore", message=message, category=category)
+        warnings.warn(advice.format(tag), UserWarning)
+        warnings.warn(advice.format(f"{tag}_of_mine"), UserWarning)
+    assert [str(w.message) for w in caught] == [advice.format(f"{tag}_of_mine")]
 
 def test_rays_token_note_is_filtered_and_its_security_warning_kept(monkeypatch):
     ray_log = logging.getLogger("ray._private.authentication.authentication_token_setup")

@@ -5,15 +5,15 @@
 # Rollout statistics, one value per RL step, over all trajectories of the step (before pass-rate filtering).
 REWARD_MEAN = "rollout/reward_mean"  # raw reward average (paper: raw reward avg)
 ACCURACY = "rollout/accuracy"  # share of trajectories with a correct final answer
-CODE_RATE = "rollout/code_rate"  # share of responses with >= 1 code call (paper: code proportion)
-CODE_IN_CORRECT = "rollout/code_in_correct"  # share of correct responses that used code (paper: code in correct)
-CALLS_PER_RESPONSE = "rollout/calls_per_response"  # mean code calls per response (paper: code count avg)
+TOOL_CALL_RATE = "rollout/tool_call_rate"  # share of responses with >= 1 call to any tool (paper: code proportion)
+TOOL_IN_CORRECT = "rollout/tool_in_correct"  # share of correct responses with >= 1 tool call (paper: code in correct)
+CALLS_PER_RESPONSE = "rollout/calls_per_response"  # mean tool calls per response (paper: code count avg)
 CALLS_HIST = "rollout/calls"  # histogram of calls per response
 RESPONSE_LENGTH = "rollout/response_length"  # mean response tokens (sampled + injected)
 REPEAT_SCORE = "rollout/repeat_score"  # mean repetition score in [0, 1] (paper: avg repeat score)
-EXEC_ERROR_RATE = "rollout/exec_error_rate"  # executions whose code raised, per execution
-TIMEOUT_RATE = "rollout/timeout_rate"  # executions killed at a limit, per execution
-SANDBOX_ERROR_RATE = "rollout/sandbox_error_rate"  # executions the service failed to run, per execution
+EXEC_ERROR_RATE = "rollout/exec_error_rate"  # the model's faulty calls (code that raised, an invalid call), per call
+TIMEOUT_RATE = "rollout/timeout_rate"  # calls stopped at a limit, per call
+SANDBOX_ERROR_RATE = "rollout/sandbox_error_rate"  # calls the python tool's sandbox failed to run, per call
 TRUNCATION_RATE = "rollout/truncation_rate"  # share of responses that hit the token budget
 # Count of correct trajectories of the step with exactly k calls (k = 0, 1, 2) or 3 and more.
 CORRECT_BY_CALLS = ("rollout/correct_calls_0", "rollout/correct_calls_1", "rollout/correct_calls_2",
@@ -115,10 +115,14 @@ FLEET_SPREAD = "pipeline/fleet_spread"
 # Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
 EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)
 EVAL_PASS_AT_K = "pass_at_k"
-EVAL_CODE_RATE = "code_rate"
+EVAL_TOOL_CALL_RATE = "tool_call_rate"  # share of responses with >= 1 call to any tool
 EVAL_CALLS_PER_RESPONSE = "calls_per_response"
 EVAL_RESPONSE_LENGTH = "response_length"
 EVAL_SANDBOX_ERROR_RATE = "sandbox_error_rate"
+EVAL_TRUNCATION_RATE = "truncation_rate"
+# The tags every benchmark logs (its per-tool calls aside), in the order of its reports.
+EVAL_METRICS = (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_TOOL_CALL_RATE, EVAL_CALLS_PER_RESPONSE, EVAL_RESPONSE_LENGTH,
+                EVAL_SANDBOX_ERROR_RATE, EVAL_TRUNCATION_RATE)
 # One tool's calls per response: f"{EVAL_TOOL_CALLS}/{tool}" (eval_tool_tag).
 EVAL_TOOL_CALLS = "tool_calls_per_response"
 

@@ -86,9 +86,10 @@ class Trajectories:
         response_lens:  (B,) long     number of response tokens (sampled + injected), i.e. real tokens after the prompt.
         group_ids:      (B,) long     index of the prompt this trajectory answers; the n samples of a prompt share it.
         rewards:        (B,) float    outcome reward (1 correct final boxed answer, else 0); filled by the reward step.
-        num_calls:      (B,) long     code blocks executed.
-        num_exec_errors:(B,) long     executions whose code raised / exited non-zero (the model's fault).
-        num_timeouts:   (B,) long     executions killed at the time or memory limit.
+        num_calls:      (B,) long     tool calls made (to any tool, python or another).
+        num_exec_errors:(B,) long     calls that were the model's fault: code that raised / exited non-zero, a
+                                      tool's error answer, an invalid call.
+        num_timeouts:   (B,) long     calls stopped at the time or memory limit.
         num_sandbox_errors: (B,) long executions the sandbox service failed to run (the python tool's
                                       infrastructure fault).
         truncated:      (B,) bool     the response hit the token budget (finish_reason == "length").
@@ -191,8 +192,8 @@ class Trajectories:
         return Trajectories(**values)
 
     @property
-    def used_code(self) -> torch.Tensor:
-        """(B,) bool: the trajectory executed at least one code block."""
+    def used_tool(self) -> torch.Tensor:
+        """(B,) bool: the trajectory made at least one tool call (to any tool)."""
         return self.num_calls > 0
 
     @property

@@ -86,7 +86,7 @@ RISE = [0.20, 0.20, 0.20, 0.25, 0.30, 0.40, 0.50, 0.60, 0.70, 0.75, 0.80, 0.80]
 
 
 def f1_runs(curves: list[list[float]]) -> list[tuple[str, Run]]:
-    return reference(lambda n, s: make_run(n, **{mn.CODE_RATE: curves[s]}))
+    return reference(lambda n, s: make_run(n, **{mn.TOOL_CALL_RATE: curves[s]}))
 
 
 def test_f1_verdict_both_ways():
@@ -102,7 +102,7 @@ def test_f1_verdict_both_ways():
 def f2_runs(sign: float) -> list[tuple[str, Run]]:
     reward = np.linspace(0.1, 0.8, 12)
     cic = 0.5 + sign * (reward - 0.45)
-    return reference(lambda n, s: make_run(n, **{mn.CODE_IN_CORRECT: cic, mn.REWARD_MEAN: reward}))
+    return reference(lambda n, s: make_run(n, **{mn.TOOL_IN_CORRECT: cic, mn.REWARD_MEAN: reward}))
 
 
 def test_f2_verdict_both_ways():
@@ -112,7 +112,7 @@ def test_f2_verdict_both_ways():
 
 def test_f2_constant_code_in_correct_counts_against():
     """A run whose code-in-correct never changes has no correlation (r None): not reproduced."""
-    runs = reference(lambda n, s: make_run(n, **{mn.CODE_IN_CORRECT: [1.0] * 12,
+    runs = reference(lambda n, s: make_run(n, **{mn.TOOL_IN_CORRECT: [1.0] * 12,
                                                  mn.REWARD_MEAN: np.linspace(0, 1, 12)}))
     out = rules.f2(runs)
     assert out["verdict"] == "not reproduced" and all(row["r"] is None for row in out["data"])
@@ -270,7 +270,7 @@ def test_spread_gives_the_mean_its_interval_and_the_range():
 
 
 def f8_runs(easy: float, hard: float) -> list[tuple[str, Run]]:
-    return reference(lambda n, s: make_run(n, **heldout(easy, hard, "code_rate")))
+    return reference(lambda n, s: make_run(n, **heldout(easy, hard, mn.EVAL_TOOL_CALL_RATE)))
 
 
 def test_f8_verdict_both_ways():

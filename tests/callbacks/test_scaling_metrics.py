@@ -30,8 +30,8 @@ def test_rollout_metrics_hand_worked():
     expected = {
         mn.REWARD_MEAN: 0.75,  # (1 + 0 + 1 + 1) / 4
         mn.ACCURACY: 0.75,
-        mn.CODE_RATE: 0.5,  # rows 0 and 3 made calls
-        mn.CODE_IN_CORRECT: 2 / 3,  # correct rows 0, 2, 3; rows 0 and 3 used code
+        mn.TOOL_CALL_RATE: 0.5,  # rows 0 and 3 made calls
+        mn.TOOL_IN_CORRECT: 2 / 3,  # correct rows 0, 2, 3; rows 0 and 3 used code
         mn.CALLS_PER_RESPONSE: 1.0,  # (1 + 0 + 0 + 3) / 4
         mn.RESPONSE_LENGTH: 25.0,  # (10 + 20 + 30 + 40) / 4
         mn.REPEAT_SCORE: 0.225,  # (0.6 + 0 + 0.3 + 0) / 4, see test_text_metrics
@@ -62,7 +62,7 @@ def test_rollout_metrics_carry_the_per_tool_metrics_of_the_tools_called():
 
 def test_rollout_metrics_without_calls_or_correct_answers_are_zero_not_nan():
     m = rollout_metrics(make_batch([0, 0], [0, 0], exec_errors=[0, 0]))
-    assert m[mn.CODE_IN_CORRECT] == 0.0 and m[mn.EXEC_ERROR_RATE] == 0.0 and m[mn.SANDBOX_ERROR_RATE] == 0.0
+    assert m[mn.TOOL_IN_CORRECT] == 0.0 and m[mn.EXEC_ERROR_RATE] == 0.0 and m[mn.SANDBOX_ERROR_RATE] == 0.0
 
 
 def test_rollout_metrics_repeat_ngram_and_bad_input():

@@ -79,7 +79,7 @@ def test_tags_steps_and_resume(tmp_path):
     events = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
     scalar_tags = set(events.Tags()["scalars"])
-    rollout_tags = {mn.REWARD_MEAN, mn.ACCURACY, mn.CODE_RATE, mn.CODE_IN_CORRECT, mn.CALLS_PER_RESPONSE,
+    rollout_tags = {mn.REWARD_MEAN, mn.ACCURACY, mn.TOOL_CALL_RATE, mn.TOOL_IN_CORRECT, mn.CALLS_PER_RESPONSE,
                     mn.RESPONSE_LENGTH, mn.REPEAT_SCORE, mn.EXEC_ERROR_RATE, mn.TIMEOUT_RATE, mn.SANDBOX_ERROR_RATE,
                     mn.TRUNCATION_RATE, *mn.CORRECT_BY_CALLS}
     update_tags = {mn.KL, mn.ENTROPY, mn.POLICY_LOSS, mn.VALUE_LOSS, mn.CLIP_FRACTION, mn.GRAD_NORM, mn.LEARNING_RATE}

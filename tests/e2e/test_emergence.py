@@ -33,7 +33,7 @@ def test_tool_use_and_reward_rise_under_outcome_reward(tmp_path, monkeypatch):
             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     run_cli(args)
     scalars = read_scalars(tmp_path / "runs" / "toy_cpu" / "tensorboard")
-    code = [v for _, v in scalars[mn.CODE_RATE]]
+    code = [v for _, v in scalars[mn.TOOL_CALL_RATE]]
     reward = [v for _, v in scalars[mn.REWARD_MEAN]]
     assert len(code) == len(reward) == RL_STEPS
 

@@ -21,7 +21,7 @@ from zerotir import metric_names as mn
 from zerotir.rollout_log import records as R
 from zerotir.rollout_log.cli import show
 
-ROLLOUT_TAGS = {mn.REWARD_MEAN, mn.ACCURACY, mn.CODE_RATE, mn.CODE_IN_CORRECT, mn.CALLS_PER_RESPONSE,
+ROLLOUT_TAGS = {mn.REWARD_MEAN, mn.ACCURACY, mn.TOOL_CALL_RATE, mn.TOOL_IN_CORRECT, mn.CALLS_PER_RESPONSE,
                 mn.RESPONSE_LENGTH, mn.REPEAT_SCORE, mn.EXEC_ERROR_RATE, mn.TIMEOUT_RATE, mn.SANDBOX_ERROR_RATE,
                 mn.TRUNCATION_RATE, *mn.CORRECT_BY_CALLS, mn.KEPT_FRACTION, mn.CALLS_HIST}
 TIME_TAGS = {mn.TIME_GENERATION, mn.TIME_SANDBOX, mn.TIME_REWARD, mn.TIME_UPDATE, mn.TIME_WEIGHT_SYNC, mn.TIME_STEP}
@@ -97,10 +97,10 @@ def check_rollouts(root, module, validated: bool) -> None:
     assert [e.step for e in best] == [1, 2]
     assert "**prompt**" in tensor_util.make_ndarray(best[0].tensor_proto).item().decode()
     out = io.StringIO()
-    shown = show(root, filters=["code"], limit=2, console=Console(file=out, width=100, color_system=None))
-    code_rows = sum(r["calls"] > 0 for r in R.read_step(folder, 2))
+    shown = show(root, filters=["tool"], limit=2, console=Console(file=out, width=100, color_system=None))
+    tool_rows = sum(r["calls"] > 0 for r in R.read_step(folder, 2))
     text = out.getvalue()
-    assert shown == min(2, code_rows) and f"step 2: {code_rows} of {per_step} trajectories matching code" in text
+    assert shown == min(2, tool_rows) and f"step 2: {tool_rows} of {per_step} trajectories matching tool" in text
     assert "step 1 | " in text and "step 2 | " in text
 
 

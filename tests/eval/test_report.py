@@ -11,7 +11,6 @@ import torch
 from zerotir.eval.report import (
     NUM_PROBLEMS,
     SAMPLES_PER_PROBLEM,
-    TRUNCATION_RATE,
     EvalRecord,
     K,
     average_row,
@@ -26,10 +25,11 @@ from zerotir.eval.report import (
 from zerotir.metric_names import (
     EVAL_ACCURACY,
     EVAL_CALLS_PER_RESPONSE,
-    EVAL_CODE_RATE,
     EVAL_PASS_AT_K,
     EVAL_RESPONSE_LENGTH,
     EVAL_SANDBOX_ERROR_RATE,
+    EVAL_TOOL_CALL_RATE,
+    EVAL_TRUNCATION_RATE,
     eval_tool_tag,
 )
 from zerotir.types import ToolCall, Trajectories
@@ -65,12 +65,12 @@ def test_benchmark_metrics_hand_worked() -> None:
     assert m[EVAL_PASS_AT_K] == pytest.approx(2 / 3)
     assert m[K] == 4 and m[NUM_PROBLEMS] == 3 and m[SAMPLES_PER_PROBLEM] == 4
     # 5 of 12 responses called code; 6 calls in all; one sandbox failure per 6 executions.
-    assert m[EVAL_CODE_RATE] == pytest.approx(5 / 12)
+    assert m[EVAL_TOOL_CALL_RATE] == pytest.approx(5 / 12)
     assert m[EVAL_CALLS_PER_RESPONSE] == pytest.approx(6 / 12)
     assert m[EVAL_SANDBOX_ERROR_RATE] == pytest.approx(1 / 6)
     # lengths: 100 + 200 + 20 = 320 over 12.
     assert m[EVAL_RESPONSE_LENGTH] == pytest.approx(320 / 12)
-    assert m[TRUNCATION_RATE] == pytest.approx(1 / 12)
+    assert m[EVAL_TRUNCATION_RATE] == pytest.approx(1 / 12)
     # pass@2: A 1 - C(2,2)/C(4,2) = 5/6, B 0, C 1 -> 11/18.
     assert benchmark_metrics(records, k=2)[EVAL_PASS_AT_K] == pytest.approx(11 / 18)
 
@@ -109,11 +109,11 @@ def test_records_from_trajectories() -> None:
 
 
 RESULTS = {
-    "math500": {EVAL_ACCURACY: 0.5, EVAL_PASS_AT_K: 0.75, EVAL_CODE_RATE: 0.25, EVAL_CALLS_PER_RESPONSE: 0.5,
-                EVAL_RESPONSE_LENGTH: 120.0, EVAL_SANDBOX_ERROR_RATE: 0.0, TRUNCATION_RATE: 0.125,
+    "math500": {EVAL_ACCURACY: 0.5, EVAL_PASS_AT_K: 0.75, EVAL_TOOL_CALL_RATE: 0.25, EVAL_CALLS_PER_RESPONSE: 0.5,
+                EVAL_RESPONSE_LENGTH: 120.0, EVAL_SANDBOX_ERROR_RATE: 0.0, EVAL_TRUNCATION_RATE: 0.125,
                 NUM_PROBLEMS: 3, SAMPLES_PER_PROBLEM: 4, K: 4},
-    "aime24": {EVAL_ACCURACY: 0.1, EVAL_PASS_AT_K: 0.25, EVAL_CODE_RATE: 0.75, EVAL_CALLS_PER_RESPONSE: 1.5,
-               EVAL_RESPONSE_LENGTH: 300.0, EVAL_SANDBOX_ERROR_RATE: 0.5, TRUNCATION_RATE: 0.375,
+    "aime24": {EVAL_ACCURACY: 0.1, EVAL_PASS_AT_K: 0.25, EVAL_TOOL_CALL_RATE: 0.75, EVAL_CALLS_PER_RESPONSE: 1.5,
+               EVAL_RESPONSE_LENGTH: 300.0, EVAL_SANDBOX_ERROR_RATE: 0.5, EVAL_TRUNCATION_RATE: 0.375,
                NUM_PROBLEMS: 2, SAMPLES_PER_PROBLEM: 4, K: 4},
 }
 
@@ -182,7 +182,7 @@ def test_each_tool_gets_its_calls_per_response_in_the_metrics_the_table_and_the_
     mean = average_row(results)
     assert mean[eval_tool_tag("python")] == 0.5 and mean[eval_tool_tag("search")] == 0.25
     lines = markdown_table(results).splitlines()
-    assert lines[0].startswith("| benchmark | problems | k | avg@k % | pass@k % | code use % | calls / response | "
+    assert lines[0].startswith("| benchmark | problems | k | avg@k % | pass@k % | tool use % | calls / response | "
                                "calculator calls / response | invalid calls / response | python calls / response | "
                                "search calls / response | response tokens |")
     assert lines[2].startswith("| math | 2 | 1 | 75.0 | 75.0 | 66.7 | 2.00 | 0.33 | 0.67 | 1.00 | 0.00 |")

@@ -44,11 +44,11 @@ def test_a_segment_without_one_logprob_per_id_is_refused_and_nothing_is_kept():
 def test_each_mode_stops_on_its_own_fence_then_the_callers_stops():
     tool = call_format(ToolConfig())
     assert stops(Mode.TEXT, tool, ["</answer>", tool.call_start]) == ["```python", "</answer>"]
-    assert stops(Mode.CODE, tool, ["</answer>"]) == ["```", "</answer>"]
+    assert stops(Mode.CALL, tool, ["</answer>"]) == ["```", "</answer>"]
     assert stops(Mode.FINAL, tool, ["</answer>"]) == ["</answer>"]
     hermes = call_format(ToolConfig(format="hermes"))
     assert stops(Mode.TEXT, hermes, ["</answer>"]) == ["<tool_call>", "</answer>"]
-    assert stops(Mode.CODE, hermes, []) == ["</tool_call>"]
+    assert stops(Mode.CALL, hermes, []) == ["</tool_call>"]
 
 
 def test_schedule_accepts_every_kind_of_the_config_and_names_them_when_refusing():

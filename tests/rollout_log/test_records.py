@@ -86,12 +86,12 @@ def test_prune_keeps_the_latest_steps_of_one_split(tmp_path):
 def test_filters_and_summary():
     records = R.trajectory_records(batch(), ["p0", "p1"], ["a", "b"], step=1)
     pick = {kind: [r["index"] for r in records if R.matches(r, kind)] for kind in R.FILTERS}
-    assert pick == {"correct": [0], "wrong": [1, 2], "error": [2], "code": [0, 2], "no-code": [1]}
+    assert pick == {"correct": [0], "wrong": [1, 2], "error": [2], "tool": [0, 2], "no-tool": [1]}
     with pytest.raises(ValueError, match="filter 'odd'"):
         R.matches(records[0], "odd")
     s = R.summary(records)
     # 1 of 3 correct, 2 of 3 used code, 2 calls of which 1 failed, every response 3 tokens
-    assert s == {"trajectories": 3, "accuracy": 1 / 3, "code_rate": 2 / 3, "calls_per_response": 2 / 3,
+    assert s == {"trajectories": 3, "accuracy": 1 / 3, "tool_call_rate": 2 / 3, "calls_per_response": 2 / 3,
                  "failed_call_rate": 0.5, "response_tokens": 3.0, "truncated": 0.0}
     assert R.summary([]) == {"trajectories": 0}
 

@@ -74,8 +74,8 @@ def test_a_dump_written_before_calls_named_their_tool_shows_them_as_python():
 
 
 def test_summary_line():
-    assert summary_line(4, records()) == ("step 4 | 3 trajectories | accuracy 0.33 | code 0.67 | calls/response 0.67 "
-                                          "| failed calls 0.50 | 3.0 tokens | truncated 0.00")
+    assert summary_line(4, records()) == ("step 4 | 3 trajectories | accuracy 0.33 | tool calls 0.67 | calls/response "
+                                          "0.67 | failed calls 0.50 | 3.0 tokens | truncated 0.00")
 
 
 def test_terminal_view_prints_summaries_and_filters_one_step(tmp_path):
@@ -95,7 +95,7 @@ def test_terminal_view_prints_summaries_and_filters_one_step(tmp_path):
     shown, text = view(step=1, filters=["error"])
     assert shown == 1 and "step 1: 1 of 3 trajectories matching error" in text and "1/0" in text
     assert "print(3 + 4)" not in text
-    shown, text = view(filters=["wrong", "no-code"], limit=5)
+    shown, text = view(filters=["wrong", "no-tool"], limit=5)
     assert shown == 1 and "answer 6" in text
     assert view(filters=["correct"], limit=0)[0] == 0
     with pytest.raises(RolloutsInputError, match=r"--step 7: no train rollouts .* \(on disk: 1, 2\)"):

@@ -154,7 +154,8 @@ def _write_run(log_dir: Path, steps: int, m: float, tags: set[str] | None = None
         code = float(sf.law(s, 0.08, 0.95, m, 3.0) + rng.normal(0, 0.01))
         acc = float(sf.law(s, 0.02, 0.8, 1.2 * m, 2.5) + rng.normal(0, 0.01))
         correct = int(acc * 128)
-        values = {mn.CODE_RATE: code, mn.ACCURACY: acc, mn.REWARD_MEAN: acc, mn.CODE_IN_CORRECT: min(1.0, code + 0.05),
+        values = {mn.TOOL_CALL_RATE: code, mn.ACCURACY: acc, mn.REWARD_MEAN: acc,
+                  mn.TOOL_IN_CORRECT: min(1.0, code + 0.05),
                   mn.RESPONSE_LENGTH: 40 + 30 * code + rng.normal(0, 1), mn.CALLS_PER_RESPONSE: 1.05 * code,
                   mn.REPEAT_SCORE: 0.1 + rng.normal(0, 0.01), mn.CORRECT_BY_CALLS[0]: correct // 10,
                   mn.CORRECT_BY_CALLS[1]: correct - correct // 10 - correct // 20 - s % 2,
@@ -170,8 +171,8 @@ def logs(tmp_path_factory) -> Path:
     """Lightning's layout: two algorithms, version_0 each; the PPO run logged no repeat score and no 3+ calls."""
     root = tmp_path_factory.mktemp("logs")
     _write_run(root / "reinforce_pp" / "version_0", steps=40, m=12.0, seed=0)
-    every = {mn.CODE_RATE, mn.ACCURACY, mn.REWARD_MEAN, mn.CODE_IN_CORRECT, mn.RESPONSE_LENGTH, mn.CALLS_PER_RESPONSE,
-             *mn.CORRECT_BY_CALLS[:3]}
+    every = {mn.TOOL_CALL_RATE, mn.ACCURACY, mn.REWARD_MEAN, mn.TOOL_IN_CORRECT, mn.RESPONSE_LENGTH,
+             mn.CALLS_PER_RESPONSE, *mn.CORRECT_BY_CALLS[:3]}
     _write_run(root / "ppo" / "version_0", steps=40, m=22.0, tags=every, seed=1)
     return root
 
@@ -195,10 +196,10 @@ def test_report_of_two_runs(logs, tmp_path, capsys):
     assert sorted(report["runs"]) == ["ppo/version_0", "reinforce_pp/version_0"]
     for name, run in report["runs"].items():
         assert run["steps"] == [0, 39] and run["num_steps"] == 40
-        for key in ("accuracy", "code_proportion"):
+        for key in ("accuracy", "tool_call_rate"):
             assert run["fits"][key]["r2"] > 0.97, (name, key)
         table = run["correlation"]
-        cols = ["steps", "code_proportion", "response_length", "accuracy"]
+        cols = ["steps", "tool_call_rate", "response_length", "accuracy"]
         assert list(table) == cols
         matrix = np.array([[table[r][c] for c in cols] for r in cols])
         assert np.allclose(matrix, matrix.T) and np.allclose(np.diag(matrix), 1.0)
@@ -208,7 +209,7 @@ def test_report_of_two_runs(logs, tmp_path, capsys):
             assert block["shares"]["1"] > 0.8  # most correct answers made exactly one call, as written
         assert run["correct_by_calls"]["last_5_steps"]["steps"] == [35, 39]
     # The faster run's code proportion reaches half-way sooner.
-    fits = {name: run["fits"]["code_proportion"] for name, run in report["runs"].items()}
+    fits = {name: run["fits"]["tool_call_rate"] for name, run in report["runs"].items()}
     assert fits["reinforce_pp/version_0"]["m"] == pytest.approx(13.0, rel=0.15)
     assert fits["ppo/version_0"]["m"] == pytest.approx(23.0, rel=0.15)
     ppo = report["runs"]["ppo/version_0"]
@@ -263,11 +264,11 @@ def test_a_run_is_named_after_its_folder_not_its_tensorboard_folder(tmp_path):
 def test_short_run_is_reported_with_notes(tmp_path):
     # Three steps, accuracy and code proportion only: no fit (too short), no correlation (length missing), no shares.
     run_dir = tmp_path / "short"
-    _write_run(run_dir, steps=3, m=5.0, tags={mn.ACCURACY, mn.CODE_RATE})
+    _write_run(run_dir, steps=3, m=5.0, tags={mn.ACCURACY, mn.TOOL_CALL_RATE})
     assert scaling.main(["--logdir", str(run_dir)]) == 0
     report = json.loads((run_dir / "scaling" / "scaling.json").read_text())
     run = report["runs"]["short"]
-    assert set(run["panels"]) == {"code_proportion"}
+    assert set(run["panels"]) == {"tool_call_rate"}
     assert f"at least {sf.MIN_FIT_POINTS}" in run["fits"]["accuracy"]["skipped"]
     assert run["correlation"] is None and run["correct_by_calls"] is None
     notes = " ".join(run["notes"])

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
+
+from zerotir.metric_names import EVAL_METRICS
 
 DEBUG_ENV = "ZEROTIR_DEBUG"  # set by ``--debug`` (``zerotir.cli.errors.take_debug_flag``) or by the user
 
@@ -66,8 +69,8 @@ LOG_NOISE = {"lightning.pytorch.utilities.rank_zero": LIGHTNING_INFO_NOISE,
 # (message regex, category) of warnings that are expected in a zerotir run.
 WARNING_NOISE: tuple[tuple[str, type[Warning]], ...] = (
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
-    (r"It is recommended to use `self\.log\('[^']+/(accuracy|pass_at_k|code_rate|calls_per_response|"
-     r"response_length|sandbox_error_rate|truncation_rate)', \.\.\., sync_dist=True\)`", UserWarning),
+    (r"It is recommended to use `self\.log\('[^']+/(" + "|".join(map(re.escape, EVAL_METRICS)) +
+     r")', \.\.\., sync_dist=True\)`", UserWarning),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
     # vLLM's Triton dispatcher, walking the attributes of torch.distributed
     (r"`torch\.distributed\.reduce_op` is deprecated", FutureWarning),

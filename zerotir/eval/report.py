@@ -20,11 +20,13 @@ from typing import Any
 from zerotir.metric_names import (
     EVAL_ACCURACY,
     EVAL_CALLS_PER_RESPONSE,
-    EVAL_CODE_RATE,
+    EVAL_METRICS,
     EVAL_PASS_AT_K,
     EVAL_RESPONSE_LENGTH,
     EVAL_SANDBOX_ERROR_RATE,
+    EVAL_TOOL_CALL_RATE,
     EVAL_TOOL_CALLS,
+    EVAL_TRUNCATION_RATE,
     eval_tool_tag,
 )
 from zerotir.tools.stats import tool_label
@@ -33,9 +35,6 @@ from zerotir.tools.stats import tool_label
 NUM_PROBLEMS = "num_problems"
 SAMPLES_PER_PROBLEM = "samples_per_problem"
 K = "k"
-TRUNCATION_RATE = "truncation_rate"
-METRIC_KEYS = (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_CODE_RATE, EVAL_CALLS_PER_RESPONSE, EVAL_RESPONSE_LENGTH,
-               EVAL_SANDBOX_ERROR_RATE, TRUNCATION_RATE)
 
 
 @dataclass
@@ -114,7 +113,8 @@ def benchmark_metrics(records: Iterable[EvalRecord], k: int | None = None) -> di
 
     Returns:
         ``accuracy`` (avg@k: per problem the share of correct samples, averaged over problems), ``pass_at_k``
-        (mean unbiased estimator), ``code_rate`` (share of responses with >= 1 call), ``calls_per_response``,
+        (mean unbiased estimator), ``tool_call_rate`` (share of responses with >= 1 call to any tool),
+        ``calls_per_response``,
         ``response_length`` (mean tokens), ``sandbox_error_rate`` (sandbox failures per execution),
         ``truncation_rate``, ``tool_calls_per_response/<tool>`` for every tool called (``eval_tool_tag``), and the
         counts ``num_problems``, ``samples_per_problem`` (mean), ``k``.
@@ -140,11 +140,11 @@ def benchmark_metrics(records: Iterable[EvalRecord], k: int | None = None) -> di
     return {
         EVAL_ACCURACY: sum(c / n for n, c in corrects) / len(corrects),
         EVAL_PASS_AT_K: sum(pass_at_k(n, c, k) for n, c in corrects) / len(corrects),
-        EVAL_CODE_RATE: sum(r.num_calls > 0 for r in records) / len(records),
+        EVAL_TOOL_CALL_RATE: sum(r.num_calls > 0 for r in records) / len(records),
         EVAL_CALLS_PER_RESPONSE: num_calls / len(records),
         EVAL_RESPONSE_LENGTH: sum(r.response_length for r in records) / len(records),
         EVAL_SANDBOX_ERROR_RATE: _ratio(sum(r.num_sandbox_errors for r in records), num_calls),
-        TRUNCATION_RATE: sum(r.truncated for r in records) / len(records),
+        EVAL_TRUNCATION_RATE: sum(r.truncated for r in records) / len(records),
         **{eval_tool_tag(tool): calls / len(records) for tool, calls in sorted(per_tool.items())},
         NUM_PROBLEMS: len(by_problem),
         SAMPLES_PER_PROBLEM: len(records) / len(by_problem),
@@ -160,14 +160,14 @@ def tool_keys(results: dict[str, dict[str, float]]) -> list[str]:
 
 def tensorboard_scalars(results: dict[str, dict[str, float]]) -> dict[str, float]:
     """``{f"{benchmark}/{metric}": value}`` for the curve metrics (not the counts), the per-tool calls included."""
-    keys = (*METRIC_KEYS, *tool_keys(results))
+    keys = (*EVAL_METRICS, *tool_keys(results))
     return {f"{name}/{key}": float(metrics[key]) for name, metrics in results.items() for key in keys if key in metrics}
 
 
 def average_row(results: dict[str, dict[str, float]]) -> dict[str, float]:
     """Unweighted mean over benchmarks of each metric (the paper averages benchmarks this way); a tool a benchmark
     did not call counts there as 0 calls."""
-    keys = [key for key in METRIC_KEYS if all(key in m for m in results.values())]
+    keys = [key for key in EVAL_METRICS if all(key in m for m in results.values())]
     mean = {key: sum(m[key] for m in results.values()) / len(results) for key in keys}
     mean.update({key: sum(m.get(key, 0.0) for m in results.values()) / len(results) for key in tool_keys(results)})
     return mean
@@ -179,11 +179,11 @@ _COLUMNS = (
     ("k", K, "d"),
     ("avg@k %", EVAL_ACCURACY, "pct"),
     ("pass@k %", EVAL_PASS_AT_K, "pct"),
-    ("code use %", EVAL_CODE_RATE, "pct"),
+    ("tool use %", EVAL_TOOL_CALL_RATE, "pct"),
     ("calls / response", EVAL_CALLS_PER_RESPONSE, ".2f"),
     ("response tokens", EVAL_RESPONSE_LENGTH, ".0f"),
     ("sandbox errors %", EVAL_SANDBOX_ERROR_RATE, "pct"),
-    ("truncated %", TRUNCATION_RATE, "pct"),
+    ("truncated %", EVAL_TRUNCATION_RATE, "pct"),
 )
 
 

@@ -6,7 +6,7 @@ one of three modes (``rows.Mode``). The markers are those of the call format (``
 
     text  -- generating with stop ``call_start``; on it the trajectory enters a call and is resubmitted at once with
              the closing marker as its stop;
-    code  -- generating with stop ``call_end``; on it the call's text is extracted from the decoded text, parsed by
+    call  -- generating with stop ``call_end``; on it the call's text is extracted from the decoded text, parsed by
              the format and sent to its tool that moment (``zerotir.tools``: the python tool runs it in the
              sandbox); when the observation is back it is injected in the format's output block and the
              trajectory is resubmitted (its ids + the output: the engine computes only the new ids);
@@ -217,17 +217,17 @@ async def _run_rounds(run: _Run, per_call: int | None) -> None:
             row = run.rows[key]
             if row.finish is not None:
                 _end(run, key)
-            elif row.code is not None:
-                _send_code(run, row)
+            elif row.call_text is not None:
+                _send_call(run, row)
 
 
 def _go_on(run: _Run, key: int) -> None:
-    """Whatever trajectory ``key`` does next: end, send its code, or generate its next segment."""
+    """Whatever trajectory ``key`` does next: end, send its call, or generate its next segment."""
     row = run.rows[key]
     if row.finish is not None:
         _end(run, key)
-    elif row.code is not None:
-        _send_code(run, row)
+    elif row.call_text is not None:
+        _send_call(run, row)
     elif row.pending is None and not row.in_engine:
         _submit(run, key, None)
 
@@ -278,9 +278,9 @@ def _end(run: _Run, key: int) -> None:
         run.on_end(key, run.rows[key])
 
 
-def _send_code(run: _Run, row: Row) -> None:
+def _send_call(run: _Run, row: Row) -> None:
     """Send the trajectory's call to its tool now, without waiting for it."""
-    row.running, row.code = row.code, None
+    row.running, row.call_text = row.call_text, None
     row.pending = asyncio.ensure_future(run.tools.run(run.fmt.parse(row.running)))  # never raises (Toolbox.run)
 
 
@@ -319,7 +319,7 @@ def _initial_rows(tokenizer: Any, prompts: list[list[int]], n: int, fmt: CallFor
         head, mode = None, Mode.FINAL
         if max_calls > 0:
             head = open_block_head(tokenizer.decode(prompt, skip_special_tokens=True), fmt.call_start, fmt.call_end)
-            mode = Mode.TEXT if head is None else Mode.CODE
+            mode = Mode.TEXT if head is None else Mode.CALL
         rows += [Row(group, list(prompt), mode, head) for _ in range(n)]
     return rows
 
@@ -346,15 +346,15 @@ def _absorb(run: _Run, key: int, sample: Sample) -> None:
         if full:
             row.finish = FINISH_LENGTH
     elif row.mode is Mode.TEXT and stop == fmt.call_start:
-        row.mode, row.block_from, row.mode_start, row.head = Mode.CODE, row.mode_start, len(row.response), None
-    elif row.mode is Mode.CODE and stop == fmt.call_end:
+        row.mode, row.block_from, row.mode_start, row.head = Mode.CALL, row.mode_start, len(row.response), None
+    elif row.mode is Mode.CALL and stop == fmt.call_end:
         text = tokenizer.decode(row.response.ids[row.block_from :], skip_special_tokens=True)
         block = row.head + text if row.head is not None else code_after_start(text, fmt.call_start)
-        row.code, row.tail = code_before_end(block, fmt.call_end), text_after_end(block, fmt.call_end)
+        row.call_text, row.tail = code_before_end(block, fmt.call_end), text_after_end(block, fmt.call_end)
     else:  # one of the caller's stop strings
         row.finish = FINISH_STOP
     if row.finish is None and full:  # a phase stop at the budget: no room to go on
-        row.finish, row.code = FINISH_LENGTH, None
+        row.finish, row.call_text = FINISH_LENGTH, None
 
 
 def _inject_ready(run: _Run) -> list[int]:

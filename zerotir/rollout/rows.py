@@ -26,7 +26,7 @@ class Mode(enum.Enum):
     ``agent_loop``)."""
 
     TEXT = "text"  # prose: stops on the format's ``call_start``, which opens a call
-    CODE = "code"  # inside a call: stops on ``call_end``, whose call then goes to its tool
+    CALL = "call"  # inside a call: stops on ``call_end``, whose call then goes to its tool
     FINAL = "final"  # the call budget is spent: no call stop at all, the model finishes in text
 
 
@@ -34,7 +34,7 @@ def stops(mode: Mode, fmt: CallFormat, extra: Sequence[str]) -> list[str]:
     """The stop strings of a segment in ``mode``: its own marker first, then the caller's ``extra`` ones."""
     if mode is Mode.TEXT:
         own = [fmt.call_start]
-    elif mode is Mode.CODE:
+    elif mode is Mode.CALL:
         own = [fmt.call_end]
     else:
         own = []
@@ -119,7 +119,7 @@ class Row:
     mode_start: int = 0  # response index where the current mode began
     block_from: int = 0  # response index from which the decoded text holds the current block's opening
     response: Response = field(default_factory=Response)
-    code: str | None = None  # the call extracted from the last segment, to send to its tool
+    call_text: str | None = None  # the call extracted from the last segment, to send to its tool
     tail: str = ""  # text the closing fence's token held after the fence (tool_block.injection_text)
     running: str = ""  # the call in flight (recorded with its observation in tool_calls)
     pending: asyncio.Future | None = None  # the tool call of this trajectory, in flight

@@ -114,7 +114,7 @@ def step_list(reader: RunReader, split: str) -> list[dict[str, Any]]:
         line: dict[str, Any] = {"step": step, "ranks": len(files), "reward": _mean([r["reward"] for r in records])}
         stats = summary(records)
         line.update(trajectories=stats["trajectories"], accuracy=stats.get("accuracy"),
-                    tool_rate=stats.get("code_rate"), failed_call_rate=stats.get("failed_call_rate"),
+                    tool_rate=stats.get("tool_call_rate"), failed_call_rate=stats.get("failed_call_rate"),
                     response_tokens=stats.get("response_tokens"), truncated=stats.get("truncated"))
         out.append(line)
     return out

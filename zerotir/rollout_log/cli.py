@@ -39,8 +39,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--step", type=int, default=None, help="the RL step to show (default: the latest on disk)")
     parser.add_argument("--split", choices=SPLITS, default="train", help="training rollouts or an evaluation's")
     parser.add_argument("--filter", dest="filters", action="append", choices=FILTERS, default=[],
-                        help="keep trajectories that are correct / wrong / had a failed execution (error) / used "
-                             "code / used none; repeat to combine (all must hold)")
+                        help="keep trajectories that are correct / wrong / had a failed execution (error) / called "
+                             "a tool, any tool / called none; repeat to combine (all must hold)")
     parser.add_argument("--limit", type=int, default=5, help="trajectories shown at most (0: only the summaries)")
     parser.add_argument("--width", type=int, default=None, help="terminal width (default: detected)")
     parser.add_argument("--color", choices=OVERLAYS, default=None,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # annotations only: reading a run's rollouts imports no torch
     from zerotir.types import Trajectories
 
 SPLITS = ("train", "val", "test")
-FILTERS = ("correct", "wrong", "error", "code", "no-code")
+FILTERS = ("correct", "wrong", "error", "tool", "no-tool")  # "tool": a call to any tool
 _NAME = re.compile(r"^(?:(val|test)_)?step_(\d+)(?:\.rank(\d+))?\.jsonl\.gz$")
 # Statuses of calls that failed (the model's code raised, ran out of time / memory, the sandbox failed, the tool
 # raised, or the call was malformed).
@@ -176,15 +176,16 @@ def matches(record: dict[str, Any], kind: str) -> bool:
         return not record["correct"]
     if kind == "error":
         return has_failed_call(record)
-    if kind == "code":
+    if kind == "tool":
         return record["calls"] > 0
-    if kind == "no-code":
+    if kind == "no-tool":
         return record["calls"] == 0
     raise ValueError(f"filter {kind!r}: choose one of {FILTERS}")
 
 
 def summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Counts and means of one step: trajectories, accuracy, code rate, calls, failed-call rate, length, truncation."""
+    """Counts and means of one step: trajectories, accuracy, tool-call rate (a call to any tool), calls, failed-call
+    rate, length, truncation."""
     n = len(records)
     if n == 0:
         return {"trajectories": 0}
@@ -193,7 +194,7 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {
         "trajectories": n,
         "accuracy": sum(bool(r["correct"]) for r in records) / n,
-        "code_rate": sum(r["calls"] > 0 for r in records) / n,
+        "tool_call_rate": sum(r["calls"] > 0 for r in records) / n,
         "calls_per_response": calls / n,
         "failed_call_rate": failed / calls if calls else 0.0,
         "response_tokens": sum(r["response_tokens"] for r in records) / n,

@@ -89,12 +89,12 @@ def markdown_sample(record: dict[str, Any], title: str = "") -> str:
 
 
 def summary_line(step: int, records: Sequence[dict[str, Any]]) -> str:
-    """``step k | n trajectories | accuracy | code rate | calls | failed calls | tokens | truncated``."""
+    """``step k | n trajectories | accuracy | tool-call rate | calls | failed calls | tokens | truncated``."""
     s = summary(records)
     if not s["trajectories"]:
         return f"step {step} | 0 trajectories"
-    return (f"step {step} | {s['trajectories']} trajectories | accuracy {s['accuracy']:.2f} | code "
-            f"{s['code_rate']:.2f} | calls/response {s['calls_per_response']:.2f} | failed calls "
+    return (f"step {step} | {s['trajectories']} trajectories | accuracy {s['accuracy']:.2f} | tool "
+            f"calls {s['tool_call_rate']:.2f} | calls/response {s['calls_per_response']:.2f} | failed calls "
             f"{s['failed_call_rate']:.2f} | {s['response_tokens']:.1f} tokens | truncated {s['truncated']:.2f}")
 
 

@@ -173,7 +173,7 @@ def correlation_table(columns: dict[str, pd.Series], steps_column: str | None = 
 
 
 def call_shares(counts: dict[str, pd.Series], last_n: int | None = None) -> dict:
-    """Share of correct trajectories by number of code calls, from per-step counts summed over the steps.
+    """Share of correct trajectories by number of tool calls, from per-step counts summed over the steps.
 
     Args:
         counts: bucket ("0", "1", "2", "3plus") -> series of per-step counts indexed by step.

@@ -71,7 +71,8 @@ def plot_figure4(runs: list[Run], path: Path, smooth_weight: float, dpi: int = 1
 
 
 def plot_fits(runs: list[Run], report: dict, path: Path, dpi: int = 120) -> None:
-    """Accuracy and code proportion with their fitted law per run; the share of correct trajectories by call count."""
+    """Accuracy and tool-call proportion with their fitted law per run; the share of correct trajectories by call
+    count."""
 
     colors = _colors(runs)
     fig = Figure(figsize=(15, 4.8), layout="constrained")
@@ -98,8 +99,8 @@ def plot_fits(runs: list[Run], report: dict, path: Path, dpi: int = 120) -> None
 
 
 def _plot_call_shares(ax, runs: list[Run], report: dict, colors: dict[str, str]) -> None:
-    ax.set_title("correct trajectories by code calls (all steps)")
-    ax.set_xlabel("code calls in the trajectory")
+    ax.set_title("correct trajectories by tool calls (all steps)")
+    ax.set_xlabel("tool calls in the trajectory")
     ax.set_ylabel("share of correct trajectories")
     with_shares = [run for run in runs if (report["runs"][run.name]["correct_by_calls"] or {}).get("all_steps", {})
                    .get("total")]
@@ -180,7 +181,7 @@ def write_markdown(report: dict, path: Path) -> None:
         rows = [[row] + [_num(table[row][c], 3) for c in cols] for row in cols]
         lines += [f"{name}:", ""] + _table([""] + cols, rows)
         lines.append("")
-    lines += ["## Correct trajectories by number of code calls", ""]
+    lines += ["## Correct trajectories by number of tool calls", ""]
     rows = []
     for name, r in runs.items():
         for window, block in (r["correct_by_calls"] or {}).items():

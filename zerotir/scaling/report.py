@@ -2,13 +2,14 @@
 
 Writes into ``--out``:
   * ``figure4.png``: the paper's Figure 4 panels against training step (avg repeat score, response length, raw
-    reward, code calls per response, code in correct, code proportion), one line per run, smoothed like TensorBoard
+    reward, tool calls per response, tool in correct, tool-call proportion: the paper's code count, code in
+    correct and code proportion, over calls to any tool), one line per run, smoothed like TensorBoard
     (raw values faint);
-  * ``fits.png``: accuracy and code proportion with the fitted law (``zerotir.scaling.fit``), and the share of correct
-    trajectories by number of code calls;
-  * ``scaling.json``: the law, per run the fitted parameters with R^2, the Pearson correlation table of steps, code
-    proportion, response length and accuracy, the call shares over the run and over its last N steps, and a note for
-    every part skipped;
+  * ``fits.png``: accuracy and tool-call proportion with the fitted law (``zerotir.scaling.fit``), and the share of
+    correct trajectories by number of tool calls;
+  * ``scaling.json``: the law, per run the fitted parameters with R^2, the Pearson correlation table of steps,
+    tool-call proportion, response length and accuracy, the call shares over the run and over its last N steps, and
+    a note for every part skipped;
   * ``scaling.md``: the same in short, with the two figures;
   * with ``--group-by KEY`` (a dotted config key such as ``model.tool.max_tool_calls``, or ``params`` for model size):
     ``groups.png`` and a ``groups`` section: per value, final accuracy, calls per response and steps to 80% of the

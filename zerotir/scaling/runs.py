@@ -14,17 +14,18 @@ import pandas as pd
 from zerotir import metric_names as mn
 from zerotir.scaling import fit as sf
 
-# (key, tag, title) of the paper's Figure 4 panels, in the paper's order.
+# (key, tag, title) of the paper's Figure 4 panels, in the paper's order. The paper's model has one tool, python, so
+# its "code" quantities are here the calls to any tool.
 PANELS = (
     ("repeat_score", mn.REPEAT_SCORE, "avg repeat score"),
     ("response_length", mn.RESPONSE_LENGTH, "avg response length (tokens)"),
     ("raw_reward", mn.REWARD_MEAN, "raw reward avg"),
-    ("calls_per_response", mn.CALLS_PER_RESPONSE, "code calls per response"),
-    ("code_in_correct", mn.CODE_IN_CORRECT, "code in correct"),
-    ("code_proportion", mn.CODE_RATE, "code proportion"),
+    ("calls_per_response", mn.CALLS_PER_RESPONSE, "tool calls per response (paper: code count avg)"),
+    ("tool_in_correct", mn.TOOL_IN_CORRECT, "tool in correct (paper: code in correct)"),
+    ("tool_call_rate", mn.TOOL_CALL_RATE, "tool-call proportion (paper: code proportion)"),
 )
-FITTED = (("accuracy", mn.ACCURACY, "accuracy"), ("code_proportion", mn.CODE_RATE, "code proportion"))
-CORRELATED = (("code_proportion", mn.CODE_RATE), ("response_length", mn.RESPONSE_LENGTH), ("accuracy", mn.ACCURACY))
+FITTED = (("accuracy", mn.ACCURACY, "accuracy"), ("tool_call_rate", mn.TOOL_CALL_RATE, "tool-call proportion"))
+CORRELATED = (("tool_call_rate", mn.TOOL_CALL_RATE), ("response_length", mn.RESPONSE_LENGTH), ("accuracy", mn.ACCURACY))
 CALL_TAGS = dict(zip(sf.CALL_BUCKETS, mn.CORRECT_BY_CALLS))
 EVENT_PREFIX = "events.out.tfevents."
 

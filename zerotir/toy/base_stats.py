@@ -139,7 +139,7 @@ def measure_questions(
         engine.display.close()
     rewards = [score(text, truth, bool(cut)) for text, truth, cut
                in zip(traj.response_texts, traj.ground_truths, traj.truncated.tolist(), strict=True)]
-    used = traj.used_code.tolist()
+    used = traj.used_tool.tolist()  # the toy prompt's one tool is python
     code_hits = sum(r for r, u in zip(rewards, used, strict=True) if u)
     plain_hits = sum(r for r, u in zip(rewards, used, strict=True) if not u)
     total, with_code = len(rewards), sum(used)
