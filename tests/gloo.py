@@ -1,24 +1,20 @@
-"""Multi-process test plumbing: a free loopback port, and N gloo ranks (new processes) whose results are read back."""
+"""Multi-process test plumbing: N gloo ranks (new processes) whose results are read back, a rank's side of that
+(its group, its saved result), and one DeepSpeed rank."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import free_port
 
 
 # The workers fork from multiprocessing's fork server, one fresh single-threaded interpreter that imported torch and
@@ -57,10 +53,29 @@ def spawned(worker: Callable[..., None], args: tuple, world: int, timeout_s: flo
 
 def run_ranks(worker: Callable[..., None], args: tuple, world: int, out: Path, timeout_s: float) -> list[Any]:
     """Spawn ``worker(rank, *args)`` on ``world`` processes, wait at most ``timeout_s`` (``spawned``), and load each
-    rank's ``out/rank<r>.pt``."""
+    rank's ``out/rank<r>.pt`` (``save_rank``)."""
     with spawned(worker, args, world, timeout_s):
         pass
     return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int, timeout_s: float = 60.0) -> Iterator[None]:
+    """In a spawned worker: this process as ``rank`` of a ``world``-rank gloo group on ``127.0.0.1:port`` while the
+    block runs (a collective waits at most ``timeout_s``); the group is destroyed after it, also when it raises."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def save_rank(result: Any, out_dir: str | Path, rank: int) -> None:
+    """In a spawned worker: ``result`` as ``out_dir/rank<rank>.pt``, where ``run_ranks`` reads it back."""
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
 
 
 @contextlib.contextmanager

@@ -16,23 +16,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import zerotir.__main__ as entry
 from callbacks.progress import RLStepProgressBar, rl_step_description
+from tests.tiny_models import save_tiny_model
 from zerotir import models
 from zerotir.cli.app import ZeroTIRCLI
 from zerotir.config import HFRollout
 from zerotir.tools.mcp_server import RUN_DIR_ENV
 from zerotir.toy.pretrain import PretrainSettings
-from zerotir.toy.tiny_model import build_tiny_model
-from zerotir.toy.tokenizer import build_byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "tiny_cpu_ppo.yaml")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
-    return path
 
 
 def parse_error(args: list[str], capsys) -> str:
@@ -97,17 +89,14 @@ def test_a_setting_of_another_engine_is_an_error(capsys, monkeypatch):
         HFRollout(tokens_per_call=8)
 
 
-def test_help_lists_every_group_with_its_meaning(capsys):
-    with pytest.raises(SystemExit):
-        ZeroTIRCLI(args=["fit", "--help"])
-    out = capsys.readouterr().out
+def test_help_lists_every_group_with_its_meaning(fit_help):
     for group, field, meaning in (("rl", "clip_low", "Lower clip epsilon"), ("optim", "warmup_steps", "Linear warmup"),
                                   ("tool", "max_tool_calls", "ZeroRL baseline"), ("sampling", "n", "Samples per"),
                                   ("eval.sampling", "temperature", "greedy"), ("tool.sandbox", "urls", "embedded"),
                                   ("rollout", "", "HFRollout"), ("filters.refill", "max_rounds", "max_num_gen_batches"),
                                   ("base", "path", "hub id of the base model")):
-        assert f"--model.{group}" + (f".{field}" if field else "") in out, group
-        assert meaning in out, meaning
+        assert f"--model.{group}" + (f".{field}" if field else "") in fit_help, group
+        assert meaning in fit_help, meaning
 
 
 def test_progress_bar_names_rl_steps():
@@ -161,7 +150,7 @@ def test_toy_base_is_built_before_anything_loads_it(tmp_path, monkeypatch):
     def fake_build(path, **settings):  # stands in for the minutes-long toy pretraining
         calls.append((path, settings))
         if not (tmp_path / "toy" / "config.json").exists():
-            build_tiny_model(build_byte_tokenizer(), save_dir=tmp_path / "toy", hidden_size=32, num_heads=2)
+            save_tiny_model(tmp_path / "toy")
 
     monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
@@ -182,7 +171,7 @@ def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monk
 
     def fake_build(path, **settings):  # stands in for the toy pretraining
         calls.append(path)
-        build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
+        save_tiny_model(path)
 
     monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", fake_build)
     monkeypatch.chdir(REPO)
@@ -197,14 +186,7 @@ def test_the_toy_base_folder_is_read_from_the_merged_config_files(tmp_path, monk
     assert cli.model.rl.algorithm == "ppo" and cli.model.optim.lr == 3.0e-05  # every file's settings merged
 
 
-def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path, monkeypatch):
-    import zerotir.cli.app
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the toy base must not be built for a config that cannot train")
-
-    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
-    monkeypatch.chdir(REPO)
+def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(no_toy_build, tmp_path):
     toy = str(REPO / "configs" / "toy_cpu.yaml")  # the base of the two overlays below
     grpo = str(REPO / "configs" / "toy_cpu_grpo.yaml")
     with pytest.raises(ValueError, match="kl_coef=0.01 and use_kl_loss=false.*grpo_kl_in_reward: true"):
@@ -219,16 +201,13 @@ def test_rl_settings_that_cannot_work_fail_before_the_toy_base_is_built(tmp_path
                    run=False)
 
 
-def test_help_describes_every_estimator_and_option(capsys):
-    with pytest.raises(SystemExit):
-        ZeroTIRCLI(args=["fit", "--help"])
-    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+def test_help_describes_every_estimator_and_option(fit_help):
     for words in ('"reinforce_baseline" (REINFORCE++-baseline', '"rloo" (leave-one-out group baseline',
                   "--model.rl.dual_clip", "--model.rl.loss_agg_mode", "Dr. GRPO", "--model.rl.gae_injected",
                   '"restart" (the paper\'s code', "--model.rl.whiten_eps", "--model.rl.grpo_std_eps",
                   "--model.rl.grpo_kl_in_reward", "--model.rl.kl_clamp", "--model.rl.is_band_low",
                   "--model.rl.is_band_high", '"token_mask" (IcePop'):
-        assert words in text, words
+        assert words in fit_help, words
 
 
 def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
@@ -244,17 +223,6 @@ def test_deepspeed_uses_its_cpu_accelerator_without_cuda(monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # an explicit choice wins
     zerotir.cli.checks.use_cpu_deepspeed_without_cuda()
     assert os.environ["DS_ACCELERATOR"] == "xpu"
-
-
-@pytest.fixture
-def no_toy_build(monkeypatch):
-    import zerotir.cli.app
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("no toy base may be built here")
-
-    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
-    monkeypatch.chdir(REPO)
 
 
 def toy_cli(*args: str, root: Path) -> ZeroTIRCLI:
@@ -278,7 +246,7 @@ def test_a_toy_base_elsewhere_is_reused_only_with_the_same_settings(tmp_path, mo
     import zerotir.cli.app
 
     base = tmp_path / "other_base"
-    build_tiny_model(build_byte_tokenizer(), save_dir=base, hidden_size=32, num_layers=2, num_heads=2)
+    save_tiny_model(base)
     (base / "toy_base.json").write_text(json.dumps({"settings": PretrainSettings(head_dim=32).identity()}))
     calls = []
     monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", lambda path, **settings: calls.append(path))

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_cli import CONFIG, REPO, no_toy_build, toy_cli  # noqa: F401 - no_toy_build is a fixture
+from tests.ports import dead_url
+from tests.test_cli import CONFIG, REPO, toy_cli
 from zerotir.cli.app import ZeroTIRCLI
 from zerotir.cli.checks import check_not_finished
 
@@ -64,11 +65,7 @@ def test_only_rank_zero_removes_the_log_folder_of_a_failed_run(tiny_dir, tmp_pat
 
 def test_a_run_whose_sandbox_is_unreachable_leaves_no_log_folder(tiny_dir, tmp_path, monkeypatch):
     """The sandbox health check fails before step 1 (a closed loopback port): the error names it, no folder stays."""
-    import socket
-
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = dead_url()
     monkeypatch.chdir(REPO)
     with pytest.raises(Exception, match="sandbox") as failed:
         ZeroTIRCLI(args=["fit", "--config", CONFIG, "--model.base.path", str(tiny_dir), "--toy_base", "null",

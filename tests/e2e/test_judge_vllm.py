@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import cli_args, read_scalars, run_cli
+from tests.ports import free_port
 from zerotir.rewards import JudgeReward, Sample
 from zerotir.rollout.sync import run_sync
 
@@ -32,12 +32,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("needs
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}\nVerdict: "
 MAX_MODEL_LEN = 1024  # the default judge prompt of an 80-token response fits; a 1400-token response does not
 START_TIMEOUT_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

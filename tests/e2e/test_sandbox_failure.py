@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ import torch
 
 from sandbox import SandboxUnavailable
 from tests.e2e.conftest import REPO, cli_args, read_scalars, run_cli, run_subprocess
+from tests.ports import dead_url, free_port
 from zerotir import metric_names as mn
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(port: int) -> subprocess.Popen:
@@ -64,7 +58,7 @@ def checkpointed_steps(folder: Path) -> list[int]:
 
 
 def test_no_sandbox_at_start_fails_before_any_step(e2e_base, e2e_data, tmp_path):
-    url = f"http://127.0.0.1:{free_port()}"
+    url = dead_url()
     args = cli_args("fit", "tiny_cpu_grpo", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "2",
                     "--model.tool.sandbox.workers", "null", "--model.tool.sandbox.urls", json.dumps([url]))
     with pytest.raises(SandboxUnavailable, match=rf"{url}.*python -m sandbox serve"):

@@ -72,24 +72,14 @@ def test_the_block_rules_need_a_tool_and_an_output_marker():
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_command_line_checks_the_filters_before_the_toy_base_is_built(tmp_path, monkeypatch):
-    import zerotir.cli.app
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the toy base must not be built for a config that cannot train")
-
-    monkeypatch.setattr(zerotir.cli.app, "ensure_toy_base", no_build)
-    monkeypatch.chdir(REPO)
+def test_the_command_line_checks_the_filters_before_the_toy_base_is_built(no_toy_build, tmp_path):
     with pytest.raises(ValueError, match=r"model.filters.perplexity=true with model.rl.kl_coef=0"):
         ZeroTIRCLI(args=["--config", str(REPO / "configs" / "toy_cpu.yaml"), "--model.filters.perplexity", "true",
                          "--model.base.path", str(tmp_path / "toy"), "--trainer.default_root_dir", str(tmp_path)],
                    run=False)
 
 
-def test_help_lists_the_filters_with_their_meaning(capsys):
-    with pytest.raises(SystemExit):
-        ZeroTIRCLI(args=["fit", "--help"])
-    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+def test_help_lists_the_filters_with_their_meaning(fit_help):
     for words in ("--model.filters.void_turn", "(SimpleTIR)", "--model.filters.overlong_buffer",
                   "mask_truncated_completions", "--model.filters.roc_correct_keep", "GRPO-RoC"):
-        assert words in text, words
+        assert words in fit_help, words

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gloo import free_port
+from tests.ports import free_port
 
 ray = pytest.importorskip("ray", reason='the fleet tests need Ray: pip install -e ".[fleet]"')
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from tests.gloo import free_port, spawned
+from tests.gloo import spawned
+from tests.ports import free_port
 
 from zerotir.config import HFRollout, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost

@@ -20,6 +20,7 @@ JOINED = HostsConfig(max_staleness=0, engines=2, address="10.0.0.1:6379")  # a c
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_staleness": -1}, r"model.hosts.max_staleness=-1: must be >= 0"),
     ({"engines": -1}, r"model.hosts.engines=-1: must be >= 0 \(0: one engine host in a thread"),
     ({"cpus_per_engine": -1}, r"model.hosts.cpus_per_engine=-1: must be >= 0"),
     ({"threads": 0}, r"model.hosts.threads=0: must be >= 1"),

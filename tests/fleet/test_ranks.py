@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.gloo import free_port, run_ranks
+from tests.gloo import run_ranks
+from tests.ports import free_port
 from tests.rl.update_world import make_traj
 from zerotir.fleet.ranks import TrainerRanks, split_batch
 from zerotir.rollout.source import RolloutBatch

@@ -21,7 +21,7 @@ import torch
 from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held, wait_for
 from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_greedy, prompt_ids, sampled_ids,
                                           sender_model)
-from tests.gloo import free_port
+from tests.ports import free_port
 
 from zerotir.config import HostsConfig, SamplingConfig, SandboxConfig
 from zerotir.fleet.source import FleetSource

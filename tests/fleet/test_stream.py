@@ -42,41 +42,6 @@ def _alone(world, prompt: list[int], params: SamplingParams) -> list[list[int]]:
     return sampled_ids(traj)
 
 
-class _ScriptedEngine:
-    """Finishes request k after k + 1 steps (so keys of several shares end in different steps)."""
-
-    context_length = 1 << 20
-
-    def __init__(self):
-        self.running: dict = {}
-
-    def submit(self, key, ids, params):
-        self.running[key] = 1 + key[1]
-
-    def step(self):
-        done = []
-        for key in list(self.running):
-            self.running[key] -= 1
-            if self.running[key] == 0:
-                del self.running[key]
-                done.append((key, Sample([7], [0.0], "eos")))
-        return done
-
-    def release(self, key):
-        self.running.pop(key, None)
-
-
-def test_the_samples_of_a_shared_engine_go_to_the_share_that_submitted_them():
-    hub = EngineHub(_ScriptedEngine())
-    a, b = hub.share(), hub.share()
-    a.submit(0, [1], greedy(1))
-    b.submit(1, [1], greedy(1))
-    assert (a.num_running, b.num_running) == (1, 1)
-    assert [k for k, _ in a.step()] == [0]  # b's request 1 is still running
-    assert [k for k, _ in a.step()] == [] and b.num_running == 1  # a's step finished b's: it waits in b
-    assert [k for k, _ in b.step()] == [1] and b.num_running == 0
-
-
 class _CountingEngine:
     """Ends every request after ``steps`` engine steps, and records the most requests it ever held at once."""
 
@@ -87,8 +52,12 @@ class _CountingEngine:
         self.running: dict = {}
         self.peak = self.submitted = 0
 
+    def steps_of(self, key) -> int:
+        """How many engine steps request ``key`` runs for."""
+        return self.steps
+
     def submit(self, key, ids, params):
-        self.running[key] = self.steps
+        self.running[key] = self.steps_of(key)
         self.submitted += 1
         self.peak = max(self.peak, len(self.running))
 
@@ -103,6 +72,27 @@ class _CountingEngine:
 
     def release(self, key):
         self.running.pop(key, None)
+
+
+class _ScriptedEngine(_CountingEngine):
+    """Finishes request k after k + 1 steps (so keys of several shares end in different steps)."""
+
+    def __init__(self):
+        super().__init__(eos=7)
+
+    def steps_of(self, key) -> int:
+        return 1 + key[1]
+
+
+def test_the_samples_of_a_shared_engine_go_to_the_share_that_submitted_them():
+    hub = EngineHub(_ScriptedEngine())
+    a, b = hub.share(), hub.share()
+    a.submit(0, [1], greedy(1))
+    b.submit(1, [1], greedy(1))
+    assert (a.num_running, b.num_running) == (1, 1)
+    assert [k for k, _ in a.step()] == [0]  # b's request 1 is still running
+    assert [k for k, _ in a.step()] == [] and b.num_running == 1  # a's step finished b's: it waits in b
+    assert [k for k, _ in b.step()] == [1] and b.num_running == 0
 
 
 def test_the_room_is_counted_in_trajectories_prompts_times_n():

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from tests.gloo import free_port, run_ranks
+from tests.gloo import run_ranks
+from tests.ports import free_port
 
 from zerotir.fleet.weight_group import GroupAddress, WeightGroupError, form_weight_group
 from zerotir.fleet.weight_push import PushStats, WeightSender, receive_push

@@ -6,7 +6,7 @@ then one ``optimizer.step()``. Under ZeRO-2 DeepSpeed's default *managed* accumu
 gradient; ``"managed_gradient_accumulation": false`` makes ``step()`` the boundary. This test runs each shipped config
 (bf16 off so the comparison is exact, clipping off) on a small MLP on CPU with gloo, and checks that two half-batch
 backward calls and one SGD step move the weights exactly like one full-batch gradient step, and that the same run with
-the flag removed does not (so the check can fail). The checks run in one new process (``tests.gloo.spawned``:
+the flag removed does not (so the check can fail). The checks run in one new process (``tests.parallel.accumulation``:
 DeepSpeed must see DS_ACCELERATOR before it is imported), one process group for all of them and a new model, optimizer
 and engine for each, as ``tests/parallel/test_deepspeed_setup.py`` runs both ZeRO stages in one process.
 """
@@ -18,16 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.gloo import free_port, spawned
+from tests.parallel.accumulation import deepspeed_importable, exact_on_cpu, full_batch, run_one_cpu_rank
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "deepspeed").glob("*.json"))
-
-
-def _deepspeed_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("deepspeed") is not None
 
 
 # (config, drop the flag): each shipped ZeRO config as shipped, and ZeRO-2 without the flag (the check can fail).
@@ -37,13 +31,7 @@ CHECKS = [("zero2.json", False), ("zero2.json", True), ("zero3.json", False)]
 def run_checks(checks: list[tuple[str, bool]], out: Path) -> dict[tuple[str, bool], dict]:
     """Every check in one new process, its results written to ``out``: ``{(config name, drop_flag): {"config",
     "drop_flag", "max_err"}}``."""
-    env = {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        with spawned(_checks_process, (checks, str(out)), 1, timeout_s=480):
-            pass
+    run_one_cpu_rank(_checks_process, (checks, str(out)), timeout_s=480)
     return {(r["config"], r["drop_flag"]): r for r in json.loads(out.read_text())}
 
 
@@ -63,7 +51,7 @@ def test_every_config_sets_the_flag() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+@pytest.mark.skipif(not deepspeed_importable(), reason="deepspeed is not installed")
 @pytest.mark.parametrize("name", ["zero2.json", "zero3.json"])
 def test_micro_batches_accumulate_like_one_batch(name: str, accumulation_errors) -> None:
     result = accumulation_errors[(name, False)]
@@ -74,35 +62,23 @@ def test_micro_batches_accumulate_like_one_batch(name: str, accumulation_errors)
 
 def _worker(config_path: Path, drop_flag: bool) -> dict:
     """One check, inside the process group the caller set up."""
-    import copy
-
     import deepspeed
     import torch
 
-    config = json.loads(config_path.read_text())
-    config["bf16"] = {"enabled": False}  # exact fp32 comparison on CPU
-    config["gradient_clipping"] = 0.0
-    config["zero_optimization"].pop("offload_optimizer", None)  # SGD as the client optimizer; offload needs CPU Adam
+    config = exact_on_cpu(json.loads(config_path.read_text()))
     if drop_flag:
         config.pop("managed_gradient_accumulation")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    before = [p.detach().clone() for p in model.parameters()]
-    x, y = torch.randn(6, 4), torch.randn(6, 1)
-    full = copy.deepcopy(model)
-    torch.nn.functional.mse_loss(full(x), y).backward()
-    grads = [p.grad.clone() for p in full.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config,
-                                           model_parameters=model.parameters())
+    problem = full_batch()
+    x, y = problem.x, problem.y
+    opt = torch.optim.SGD(problem.net.parameters(), lr=1.0)
+    engine, _, _, _ = deepspeed.initialize(model=problem.net, optimizer=opt, config=config,
+                                           model_parameters=problem.net.parameters())
     for rows in (slice(0, 3), slice(3, 6)):  # two micro-batches of 3, each weighted by its share (1/2)
         engine.backward(torch.nn.functional.mse_loss(engine(x[rows]), y[rows]) * 0.5)
     engine.step()
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
         after = [p.detach().clone() for p in engine.module.parameters()]
-    # SGD with lr 1: after = before - full-batch gradient.
-    err = max(float((b - a - g).abs().max()) for b, a, g in zip(before, after, grads))
-    return {"config": config_path.name, "drop_flag": drop_flag, "max_err": err}
+    return {"config": config_path.name, "drop_flag": drop_flag, "max_err": problem.error(after)}
 
 
 def _checks_process(rank: int, checks: list[tuple[str, bool]], out: str) -> None:

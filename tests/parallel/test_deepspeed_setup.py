@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from tests.parallel.accumulation import deepspeed_importable, exact_on_cpu, full_batch, run_one_cpu_rank
 from zerotir.config import HFRollout, VLLMRollout
 from zerotir.parallel.deepspeed_setup import (
     DeepSpeedConfigError,
@@ -138,24 +139,10 @@ def test_skipped_step_runs_only_lightnings_counting_hooks():
 
 # ----- ZeRO-3 gradient accumulation inside one engine.forward (Lightning's call structure) -----
 
-def _deepspeed_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("deepspeed") is not None
-
-
 def _run_worker(out: Path) -> dict:
     """Both workers in one new process (``tests.gloo.spawned``) on DeepSpeed's CPU accelerator, gloo; what they
     return, through ``out``."""
-    from tests.gloo import free_port, spawned
-
-    env = {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        with spawned(_worker_process, (str(out),), 1, timeout_s=560):
-            pass
+    run_one_cpu_rank(_worker_process, (str(out),), timeout_s=560)
     return json.loads(out.read_text())
 
 
@@ -167,7 +154,7 @@ def worker(tmp_path_factory) -> dict:
 
 
 @pytest.mark.timeout(600)  # a hang guard: the first test runs the worker of both (fixture)
-@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+@pytest.mark.skipif(not deepspeed_importable(), reason="deepspeed is not installed")
 def test_critic_value_head_is_initialised_under_zero3(worker):
     """Loaded inside ``deepspeed.zero.Init`` (as Lightning's ZeRO-3 strategy runs ``configure_model``), the critic's
     value head is partitioned as soon as it is built: its init must reach the gathered parameters (std 1 / (h + 1),
@@ -179,7 +166,7 @@ def test_critic_value_head_is_initialised_under_zero3(worker):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not _deepspeed_importable(), reason="deepspeed is not installed")
+@pytest.mark.skipif(not deepspeed_importable(), reason="deepspeed is not installed")
 def test_micro_batches_accumulate_inside_one_engine_forward(worker):
     """Lightning runs the whole training_step inside one ``DeepSpeedEngine.forward``: two micro-batch backward calls
     (through ``ZeroTIRModule._backward``, as ``ppo_update`` makes them) and the optimizer step happen in there. Both
@@ -193,7 +180,6 @@ def test_micro_batches_accumulate_inside_one_engine_forward(worker):
 
 def _accumulation_worker() -> dict[str, float]:
     """One process, gloo, DeepSpeed's CPU accelerator: the error of each shipped ZeRO config against the full batch."""
-    import copy
     from types import SimpleNamespace
 
     import deepspeed
@@ -220,17 +206,9 @@ def _accumulation_worker() -> dict[str, float]:
     dist.init_process_group("gloo", rank=0, world_size=1)
     errors = {}
     for name in ("zero2.json", "zero3.json"):
-        config = ds_config(name)
-        config["bf16"] = {"enabled": False}  # exact fp32 comparison on CPU
-        config["gradient_clipping"] = 0.0
-        config["zero_optimization"].pop("offload_optimizer", None)
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        before = [p.detach().clone() for p in net.parameters()]
-        x, y = torch.randn(6, 4), torch.randn(6, 1)
-        full = copy.deepcopy(net)
-        torch.nn.functional.mse_loss(full(x), y).backward()
-        grads = [p.grad.clone() for p in full.parameters()]
+        config = exact_on_cpu(ds_config(name))
+        problem = full_batch()
+        net = problem.net
         wrapper = TrainingStepInForward(net)
         opt = torch.optim.SGD(wrapper.parameters(), lr=1.0)
         engine, _, _, _ = deepspeed.initialize(model=wrapper, optimizer=opt, config=config,
@@ -239,10 +217,10 @@ def _accumulation_worker() -> dict[str, float]:
         module = SimpleNamespace(trainer=Trainer(DeepSpeedStrategy(config)), manual_backward=engine.backward)
         module.trainer.model = engine
         wrapper.steps.append((lambda loss: ZeroTIRModule._backward(module, loss), engine.step))
-        engine(x, y)
+        engine(problem.x, problem.y)
         with deepspeed.zero.GatheredParameters(list(net.parameters()), modifier_rank=None):
             after = [p.detach().clone() for p in net.parameters()]
-        errors[name] = max(float((b - a - g).abs().max()) for b, a, g in zip(before, after, grads))
+        errors[name] = problem.error(after)
         engine.destroy()
     dist.destroy_process_group()
     return errors

@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from zerotir.rl import algorithms as A
 from zerotir.parallel import distributed as D
-from tests.gloo import free_port, run_ranks
+from tests.gloo import gloo_group, run_ranks, save_rank
+from tests.ports import free_port
 
 WORLD = 2
 SPAWN_TIMEOUT_S = 90.0
@@ -70,9 +71,7 @@ def keep_masks() -> list[torch.Tensor]:
 
 
 def _worker(rank: int, port: int, out_dir: str, keeps: list[torch.Tensor]) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
-    try:
+    with gloo_group(rank, WORLD, port, timeout_s=60):
         results = {"is_distributed": D.is_distributed(), "rank_world": D.rank_and_world_size()}
         x, m = hand_data(rank)
         results["hand"] = A.masked_whiten(x, m, all_reduce=D.all_reduce_sum)
@@ -91,9 +90,7 @@ def _worker(rank: int, port: int, out_dir: str, keeps: list[torch.Tensor]) -> No
         results["max"] = D.global_max(rank * 5)
         results["gathered"] = D.gather_objects({"rank": rank, "text": "r" * (rank + 1)})
         results["errors"] = _errors_on_one_rank(rank)  # the same ranks: one spawn (most of the tests' time)
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        save_rank(results, out_dir, rank)
 
 
 @pytest.fixture(scope="module")

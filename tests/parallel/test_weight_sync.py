@@ -12,18 +12,17 @@ from torch import nn
 from transformers import LlamaForCausalLM
 
 from zerotir.rollout.engine import SamplingParams, generate
-from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.parallel.weight_sync import hf_name, iter_bucketed_params, layer_key, plan_buckets, sync_weights
 from tests.gloo import one_deepspeed_rank
+from tests.tiny_models import vllm_sized_model
 
 MAX_LEN = 128
 
 
 def tiny(seed=0, save_dir=None):
     tok = build_byte_tokenizer()
-    return tok, build_tiny_model(tok, save_dir=save_dir, seed=seed, hidden_size=64, num_layers=2, num_heads=2,
-                                 max_position_embeddings=MAX_LEN)
+    return tok, vllm_sized_model(tok, MAX_LEN, save_dir=save_dir, seed=seed)
 
 
 # Sizes of the tiny model (float32, vocab 259, hidden 64, MLP 256, 2 layers), worked by hand:
@@ -191,18 +190,8 @@ def reference_greedy(model, prompt, steps):
     return ids[0, len(prompt):].tolist()
 
 
-@pytest.fixture(scope="module")
-def vllm_ok():
-    """Skip (with the import error) before the DeepSpeed setup when vllm is not importable."""
-    from zerotir.rollout.vllm_settings import vllm_available
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(why)
-
-
 @pytest.mark.vllm
-def test_zero3_sync_into_vllm_matches_trained_model(vllm_ok, zero3):
+def test_zero3_sync_into_vllm_matches_trained_model(needs_vllm, zero3):  # skips before the DeepSpeed setup
     from zerotir.rollout.vllm_engine import VLLMEngine
     trained = LlamaForCausalLM.from_pretrained(zero3.folder, dtype=torch.float32).eval()
     start = {k: v.clone() for k, v in trained.state_dict().items()}

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,15 +30,14 @@ def _worker(root: Path) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from tests.scripted_source import ScriptedSource
+    from tests.tiny_models import save_tiny_model
     from zerotir.config import BaseModelConfig, LoraConfig, OptimConfig, RLConfig, SamplingConfig
     from zerotir.data.datamodule import PromptDataModule
     from zerotir.module import ZeroTIRModule
     from zerotir.parallel.cpu_deepspeed import CpuDeepSpeedStrategy
-    from zerotir.toy.tiny_model import build_tiny_model
-    from zerotir.toy.tokenizer import build_byte_tokenizer
 
     tiny, train = root / "tiny", root / "train.jsonl"
-    build_tiny_model(build_byte_tokenizer(), save_dir=tiny, hidden_size=32, num_layers=2, num_heads=2)
+    save_tiny_model(tiny)
     train.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"{i} + {i}", "answer": str(2 * i)}) + "\n"
                              for i in range(6)))
     pl.seed_everything(0)
@@ -69,10 +69,7 @@ def _worker(root: Path) -> dict:
 
 def _run(root: Path) -> dict:
     """This file as a one-process gloo job on DeepSpeed's CPU accelerator; the JSON its worker prints."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, __file__, str(root)], env=env, capture_output=True, text=True, timeout=560,
                           cwd=REPO)

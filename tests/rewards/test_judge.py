@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from tests.ports import dead_url
 from zerotir.rewards import JudgeReward, Sample
 
 # The judge's reply per response (the word after "Student's response:" in its prompt). "hang-once" never answers
@@ -220,9 +221,7 @@ def test_fallback_asks_the_judge_only_where_math_verify_cannot_read_the_answer(j
 
 
 def test_an_unreachable_judge_or_a_refused_call_is_an_error_naming_the_setting(judge):
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        nobody = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    nobody = dead_url("/v1")
     with pytest.raises(RuntimeError, match="model.reward.init_args.base_url=.*does not answer"):
         JudgeReward(base_url=nobody, timeout_s=2.0).start()
     with pytest.raises(RuntimeError, match="model.reward.init_args.model='other'"):

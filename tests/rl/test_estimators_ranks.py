@@ -4,14 +4,11 @@ rows together."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from tests.gloo import free_port, run_ranks
+from tests.gloo import gloo_group, run_ranks, save_rank
+from tests.ports import free_port
 from tests.callbacks.helpers import make_batch
 from zerotir.config import RLConfig
 from zerotir.rl.update import compute_advantages
@@ -30,14 +27,10 @@ def _rank_traj(rank: int) -> Trajectories:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
-    try:
+    with gloo_group(rank, 2, port, timeout_s=60):
         traj = _rank_traj(rank)
         advantages, _ = compute_advantages(CFG, traj, traj.action_mask, None, None)
-        torch.save(advantages, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        save_rank(advantages, out_dir, rank)
 
 
 @pytest.mark.timeout(180)

@@ -5,14 +5,12 @@ two gloo ranks (every rank the same rounds, the kept groups taken rank by rank).
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from tests.gloo import free_port, run_ranks
+from tests.gloo import gloo_group, run_ranks, save_rank
+from tests.ports import free_port
 from tests.rl.update_world import make_traj
 from zerotir.config import FilterConfig, RefillConfig
 from zerotir.filters.pass_rate import pass_rate
@@ -138,15 +136,13 @@ def test_fill_watch_counts_steps_whose_refill_rounds_ran_out(caplog):
 def _fill_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
     """Each rank holds 2 of the step's 4 prompts (n = 2). Round 1 keeps 1 group on rank 0 and none on rank 1; round 2
     keeps 2 on rank 0 and 2 on rank 1: 4 for the 3 still needed, so rank 0 gives its 2 and rank 1 the first of its."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
-    rewards = {0: ([1, 0, 1, 1], [1, 0, 0, 1]), 1: ([0, 0, 1, 1], [0, 1, 1, 0])}[rank]
-    fill = BatchFill(target=4, max_rounds=4)
-    done = [fill.add(a_round(r, batch_index=b)) for b, r in enumerate(rewards)]
-    out = fill.result(pad_token_id=0)
-    torch.save({"done": done, "keep": out.decision.keep.tolist(), "kept": out.decision.kept_groups,
-                "groups": out.decision.groups}, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    with gloo_group(rank, 2, port):
+        rewards = {0: ([1, 0, 1, 1], [1, 0, 0, 1]), 1: ([0, 0, 1, 1], [0, 1, 1, 0])}[rank]
+        fill = BatchFill(target=4, max_rounds=4)
+        done = [fill.add(a_round(r, batch_index=b)) for b, r in enumerate(rewards)]
+        out = fill.result(pad_token_id=0)
+        save_rank({"done": done, "keep": out.decision.keep.tolist(), "kept": out.decision.kept_groups,
+                   "groups": out.decision.groups}, out_dir, rank)
 
 
 @pytest.mark.timeout(180)

@@ -10,14 +10,11 @@ passes would pair one rank's reduction with another's different one and stop at 
 
 from __future__ import annotations
 
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from tests.gloo import free_port, run_ranks
+from tests.gloo import gloo_group, run_ranks, save_rank
+from tests.ports import free_port
 from tests.rl.long_rows import all_reduced_backward, long_rows, models, run_update, value_critic
 from tests.rl.test_packed_update import ALGORITHMS, MODES, PACKED
 from zerotir.config import RLConfig
@@ -51,9 +48,7 @@ def _traj():
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=30))
-    try:
+    with gloo_group(rank, WORLD, port, timeout_s=30):
         torch.set_num_threads(1)
         actor, ref, critic = models()
         traj = _traj().select(RANK_ROWS[rank])
@@ -69,9 +64,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             _, losses, grads, _ = run_update(_packed_cfg(algorithm, mode, **PACKED), traj, actor, ref, value_model,
                                              backward_fn=all_reduced_backward(calls, WORLD))
             out[algorithm, mode] = {"backward_calls": calls[0], "losses": losses, "grads": grads}
-        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        save_rank(out, out_dir, rank)
 
 
 @pytest.fixture(scope="module")

@@ -149,6 +149,16 @@ class ScriptedEngine:
         return Sample(ids, [fake_logprob(t, i) for i, t in enumerate(ids)], reason, stop)
 
 
+class InlineEngine(ScriptedEngine):
+    """The scripted engine as the in-line source holds it: nothing to load between updates, nothing to put to rest."""
+
+    def load_weights_from(self, actor: torch.nn.Module) -> None:
+        pass
+
+    def rest(self) -> None:
+        pass
+
+
 def _consistent(script: list[str], written: list[str]) -> bool:
     turn = len(written) - 1
     if turn >= len(script):

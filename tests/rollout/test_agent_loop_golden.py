@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from sandbox import ExecResult, ExecStatus
+from tests.tiny_models import vllm_sized_model
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import rollout_sync
 from zerotir.rollout.engine import SamplingParams
 from zerotir.rewards import MathReward
 from zerotir.rollout.scoring import score_trajectories
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 from zerotir.types import Trajectories
 
@@ -58,8 +58,7 @@ def tool_config() -> ToolConfig:
 
 
 def tiny_model(save_dir: Path | None = None):
-    return build_tiny_model(TOK, save_dir=save_dir, hidden_size=64, num_layers=2, num_heads=2,
-                            max_position_embeddings=MAX_LEN).eval()
+    return vllm_sized_model(TOK, MAX_LEN, save_dir=save_dir).eval()
 
 
 ANSWERS = ["7", "5", "", "408"]

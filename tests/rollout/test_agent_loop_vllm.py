@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from tests.rollout.scripted import ScriptedSandbox, ok
+from tests.tiny_models import vllm_sized_model
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.hf_engine import HFEngine
-from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("one_thread")]
@@ -30,16 +30,11 @@ PARAMS = SamplingParams(n=2, temperature=0.0, max_new_tokens=160)
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def engines(tmp_path_factory, needs_vllm):
     from zerotir.rollout.vllm_engine import VLLMEngine
-    from zerotir.rollout.vllm_settings import vllm_available
 
-    ok_, why = vllm_available()
-    if not ok_:
-        pytest.skip(why)
     folder = tmp_path_factory.mktemp("tiny_tool_llama")
-    model = build_tiny_model(TOK, save_dir=folder, hidden_size=64, num_layers=2, num_heads=2,
-                             max_position_embeddings=MAX_LEN).eval()
+    model = vllm_sized_model(TOK, MAX_LEN, save_dir=folder).eval()
     vllm = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25, block_size=32)
     yield HFEngine(model, TOK), vllm
     vllm.close()

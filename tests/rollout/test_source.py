@@ -8,15 +8,12 @@ pipeline's thread host refuses the trainers it cannot serve, naming the fix."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from tests.gloo import free_port, run_ranks
+from tests.gloo import gloo_group, run_ranks, save_rank
+from tests.ports import free_port
 from tests.rl.update_world import make_traj
 from tests.scripted_source import FixedStream
 from zerotir.config import (
@@ -249,28 +246,26 @@ def test_sandbox_urls_that_no_tool_would_use_stop_the_run_at_start():
 def _start_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
     """Rank 1 alone has too little free GPU memory, then rank 1 alone fails to build its engine: each time both
     ranks must leave ``start`` with rank 1's error (without it rank 0 would go on into its next collective)."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
-    built: list[int] = []
+    with gloo_group(rank, 2, port):
+        built: list[int] = []
 
-    def create_engine(*args, **kwargs):
-        if rank == 1:
-            raise RuntimeError("rank 1 could not build its engine")
-        built.append(rank)
-        return FakeEngine()
+        def create_engine(*args, **kwargs):
+            if rank == 1:
+                raise RuntimeError("rank 1 could not build its engine")
+            built.append(rank)
+            return FakeEngine()
 
-    source_module.create_engine = create_engine
-    torch.cuda.mem_get_info = lambda device: ((10 if rank == 1 else 60) * GIB, 80 * GIB)
-    results = {}
-    for name, backend in (("memory", VLLMRollout(gpu_memory_utilization=0.5)), ("build", HFRollout())):
-        rt = InlineSource(backend, SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "unused", 0)
-        try:
-            rt.start(Actor(), None, torch.device("cuda:0"), None)
-            results[name] = ("started", rt.engine is not None, list(built))
-        except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
-            results[name] = (type(exc).__name__, str(exc), list(built))
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+        source_module.create_engine = create_engine
+        torch.cuda.mem_get_info = lambda device: ((10 if rank == 1 else 60) * GIB, 80 * GIB)
+        results = {}
+        for name, backend in (("memory", VLLMRollout(gpu_memory_utilization=0.5)), ("build", HFRollout())):
+            rt = InlineSource(backend, SandboxConfig(), NO_TOOLS, SamplingConfig(), None, "unused", 0)
+            try:
+                rt.start(Actor(), None, torch.device("cuda:0"), None)
+                results[name] = ("started", rt.engine is not None, list(built))
+            except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
+                results[name] = (type(exc).__name__, str(exc), list(built))
+        save_rank(results, out_dir, rank)
 
 
 @pytest.mark.timeout(180)

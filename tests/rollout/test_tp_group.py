@@ -9,13 +9,10 @@ merged, rolled out once by the group, and each rank gets back its own problems.
 
 from __future__ import annotations
 
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
-import torch
-import torch.distributed as dist
-from tests.gloo import free_port, run_ranks
+
+from tests.gloo import gloo_group, run_ranks, save_rank
+from tests.ports import free_port
 
 WORLD = 2
 SPAWN_TIMEOUT_S = 90.0
@@ -32,9 +29,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from zerotir.rollout.tp_group import TensorParallelGroup, own_trajectories
     from zerotir.toy.tokenizer import build_byte_tokenizer
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=30))
-    try:
+    with gloo_group(rank, WORLD, port, timeout_s=30):
         tok = build_byte_tokenizer()
         scripts = {PROMPT: [[STEP, ANSWER]], OTHER: [[STEP, ANSWER]]}
         engine = ScriptedEngine(tok, scripts, n=2)
@@ -67,9 +62,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             group.rollout(engine, lambda e: (_ for _ in ()).throw(ValueError("boom in the tool loop")))
         except Exception as exc:  # noqa: BLE001 (compared below)
             results["error"] = (type(exc).__name__, str(exc))
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        save_rank(results, out_dir, rank)
 
 
 @pytest.fixture(scope="module")

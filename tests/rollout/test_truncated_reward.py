@@ -6,12 +6,10 @@ the byte tokenizer with a scripted engine: prompt "A:" answers ``\\boxed{1}`` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from tests.callbacks.helpers import make_batch
-from tests.rollout.scripted import ScriptedEngine
+from tests.rollout.scripted import InlineEngine
 from tests.scripted_source import FixedStream
 from zerotir.config import HFRollout, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.rewards import MathReward
@@ -36,19 +34,8 @@ def assert_cut_scores_zero(traj) -> None:
     assert traj.rewards.tolist() == [1.0, 0.0]
 
 
-@dataclass
-class Engine(ScriptedEngine):
-    """The scripted engine with what a source asks of its engine besides the tool loop."""
-
-    def load_weights_from(self, actor) -> None:
-        pass
-
-    def rest(self) -> None:
-        pass
-
-
 def test_the_in_line_source_scores_a_cut_response_zero_in_training_and_evaluation(monkeypatch):
-    monkeypatch.setattr(source_module, "create_engine", lambda *args, **kwargs: Engine(TOK, SCRIPTS))
+    monkeypatch.setattr(source_module, "create_engine", lambda *args, **kwargs: InlineEngine(TOK, SCRIPTS))
     source = InlineSource(HFRollout(), SandboxConfig(), NO_TOOLS, SamplingConfig(n=1, max_response_tokens=BUDGET),
                           MathReward(), "unused", seed=0)
     source.start(torch.nn.Linear(1, 1), TOK, "cpu", FixedStream(lambda b: ROWS, len(ROWS)))

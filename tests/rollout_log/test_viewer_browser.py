@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import pytest
 
 from callbacks import RolloutDumper
-from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox, ok
+from tests.rollout.scripted import InlineEngine, ScriptedSandbox, ok
 from zerotir.config import BaseModelConfig, HFRollout, OptimConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig
 from zerotir.data.datamodule import PromptDataModule
 from zerotir.data.prompts import PLAIN_TEMPLATE
@@ -41,14 +41,6 @@ def transcripts(answer: str) -> list[list[str]]:
             ["I guess \\boxed{0}."]]
 
 
-class FitEngine(ScriptedEngine):
-    def load_weights_from(self, actor) -> None:
-        pass
-
-    def rest(self) -> None:
-        pass
-
-
 class ScriptedPython(InlineSource):
     """The in-line source of the run (its tool loop over the python tool, the reward) with scripted sampling."""
 
@@ -57,7 +49,7 @@ class ScriptedPython(InlineSource):
         self.toolbox = Toolbox.build(self.tool, ScriptedSandbox(default=ok("the printed value\n")))
         self.toolbox.start()
         scripts = {PLAIN_TEMPLATE.format(problem=p): transcripts(a) for p, a in PROBLEMS.items()}
-        self.engine = FitEngine(tokenizer, scripts, n=2)
+        self.engine = InlineEngine(tokenizer, scripts, n=2)
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,20 @@ class Server:
         if off:
             pytest.skip("protection unavailable on this machine: " + "; ".join(f"{k} {v}" for k, v in off.items()))
 
+    def reset_peak_rss(self) -> None:
+        """Set the server's peak RSS (VmHWM) to its current RSS, so that ``peak_rss_bytes`` measures from now; skip
+        the calling test where that is refused (it needs root)."""
+        try:
+            with open(f"/proc/{self.pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError as e:
+            pytest.skip(f"cannot reset the server's peak RSS (needs root): {e}")
+
+    def peak_rss_bytes(self) -> int:
+        """The server's peak resident memory (VmHWM) since it started or since ``reset_peak_rss``."""
+        with open(f"/proc/{self.pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
     def health_now(self) -> dict[str, Any]:
         """The server's ``/health`` right now."""
         return httpx.get(self.url + "/health", timeout=10, trust_env=False).json()

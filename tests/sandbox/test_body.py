@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
-import pytest
 
 from sandbox.body import INLINE_BYTES, parse_body
 from sandbox.bounds import MAX_BODY_BYTES
@@ -21,21 +20,12 @@ def tiny_entries_batch() -> bytes:
     return b'{"requests": [' + b", ".join([ENTRY] * count) + b"]}"
 
 
-def _peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-
 def test_a_print_sent_during_a_16_mib_batch_is_answered_first_and_the_server_does_not_parse_it(
         sandbox_server: Server) -> None:
     """The small request goes out once the whole big body is sent; inline parsing answered it only after the
     batch's 413 (the event loop was busy for seconds) and grew the server by ~500 MB."""
-    try:
-        with open(f"/proc/{sandbox_server.pid}/clear_refs", "w") as f:
-            f.write("5")  # resets the peak RSS (VmHWM) to the current RSS
-    except OSError as e:
-        pytest.skip(f"cannot reset the server's peak RSS (needs root): {e}")
-    before = _peak_rss_bytes(sandbox_server.pid)
+    sandbox_server.reset_peak_rss()
+    before = sandbox_server.peak_rss_bytes()
     body = tiny_entries_batch()
     finished: list[str] = []
 
@@ -65,7 +55,7 @@ def test_a_print_sent_during_a_16_mib_batch_is_answered_first_and_the_server_doe
             return await asyncio.gather(big(), small())
 
     big_answer, small_answer = asyncio.run(scenario())
-    growth = _peak_rss_bytes(sandbox_server.pid) - before
+    growth = sandbox_server.peak_rss_bytes() - before
     assert small_answer.json()["run_result"]["stdout"] == "2\n"
     assert big_answer.status_code == 413 and "exceeds the server queue" in big_answer.json()["detail"]
     assert finished == ["small", "big"]

@@ -6,7 +6,6 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from sandbox import client as client_module
 from sandbox import CodeSession, ExecStatus, SandboxClient, SandboxUnavailable, local_sandbox
+from tests.ports import dead_url
 from tests.sandbox.conftest import Server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -131,14 +131,8 @@ def test_bad_url_is_refused_naming_the_field_and_the_fix() -> None:
         SandboxClient("127.0.0.1:8080")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_health_with_no_server_raises_naming_every_url_and_the_fix() -> None:
-    urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    urls = [dead_url(), dead_url()]
     with pytest.raises(SandboxUnavailable) as info:
         SandboxClient(urls).check_health()
     message = str(info.value)
@@ -270,7 +264,7 @@ def test_run_many_batch_429_is_retried_and_request_ids_are_checked() -> None:
 
 
 def test_run_many_with_no_server_gives_sandbox_errors_not_an_exception() -> None:
-    (results,) = run_many_with(None, [f"http://127.0.0.1:{free_port()}"], ["print(1)", "print(2)"], retries=1)
+    (results,) = run_many_with(None, [dead_url()], ["print(1)", "print(2)"], retries=1)
     assert [r.status for r in results] == [ExecStatus.SANDBOX_ERROR] * 2
     assert all("after 2 attempts" in r.stderr for r in results)
 

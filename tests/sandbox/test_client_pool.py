@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Iterator
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 
 from sandbox import ExecStatus, SandboxClient, local_sandbox
 from sandbox.client_pool import ServerPool
+from tests.ports import dead_url
 
 SLOW = "import time\nstart = time.time()\ntime.sleep({s})\nprint(start, time.time())"
 
@@ -31,13 +31,6 @@ def two_servers() -> Iterator[list[str]]:
 def _code_requests(url: str) -> int:
     answer = httpx.get(url + "/metrics", timeout=10, trust_env=False).json()
     return answer["requests"].get("run_code", 0)
-
-
-def _dead_url() -> str:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def test_pick_takes_the_least_loaded_and_rotates_between_equals() -> None:
@@ -99,7 +92,7 @@ def test_bound_per_server_keeps_calls_one_at_a_time(two_servers: list[str]) -> N
 def test_a_dead_server_is_skipped_by_the_retry(two_servers: list[str]) -> None:
     """A pool of a dead URL and a live server, one retry: every call succeeds on the live one (a retry avoids
     the server that just failed it)."""
-    dead, live = _dead_url(), two_servers[0]
+    dead, live = dead_url(), two_servers[0]
     before = _code_requests(live)
 
     async def scenario() -> list:
@@ -113,7 +106,7 @@ def test_a_dead_server_is_skipped_by_the_retry(two_servers: list[str]) -> None:
 
 def test_no_server_answering_is_a_sandbox_error_naming_every_server() -> None:
     """Two dead URLs and no retry: the one attempt fails, and the error names both servers (one not tried)."""
-    urls = [_dead_url(), _dead_url()]
+    urls = [dead_url(), dead_url()]
 
     async def scenario():
         async with SandboxClient(urls, retries=0) as client:

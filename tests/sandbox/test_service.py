@@ -304,11 +304,6 @@ def test_a_killed_zygote_loses_no_job_and_its_worker_is_replaced(sandbox_server:
 OVERSIZED_BYTES = 96 * 2**20  # 6x the body limit
 
 
-def _peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-
 def _post_declared(server: Server, size: int) -> bytes:
     """POST a ``size``-byte body with its Content-Length, sending it whole unless the server hangs up first."""
     host, port = server.url.removeprefix("http://").split(":")
@@ -329,12 +324,8 @@ def test_oversized_bodies_do_not_grow_the_servers_memory(sandbox_server: Server)
     """Two declared and two chunked 96 MiB bodies: refused before they are read whole, so the server's peak RSS
     stays within the one chunked body it buffers up to the 16 MiB limit (a margin of 40 MiB; reading one body whole
     would add at least 96 MiB)."""
-    try:
-        with open(f"/proc/{sandbox_server.pid}/clear_refs", "w") as f:
-            f.write("5")  # resets the peak RSS (VmHWM) to the current RSS
-    except OSError as e:
-        pytest.skip(f"cannot reset the server's peak RSS (needs root): {e}")
-    before = _peak_rss_bytes(sandbox_server.pid)
+    sandbox_server.reset_peak_rss()
+    before = sandbox_server.peak_rss_bytes()
 
     def chunks() -> Iterator[bytes]:
         yield b'{"code": "'
@@ -346,7 +337,7 @@ def test_oversized_bodies_do_not_grow_the_servers_memory(sandbox_server: Server)
     statuses += [str(httpx.post(sandbox_server.url + "/run_code", content=chunks(), timeout=60, trust_env=False,
                                 headers={"content-type": "application/json"}).status_code).encode()
                  for _ in range(2)]
-    growth = _peak_rss_bytes(sandbox_server.pid) - before
+    growth = sandbox_server.peak_rss_bytes() - before
     assert growth < 40 * 2**20, f"the server's peak RSS grew by {growth / 2**20:.1f} MiB"
     assert statuses == [b"413"] * 4
 

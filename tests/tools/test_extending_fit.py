@@ -20,7 +20,7 @@ import yaml
 from lightning.pytorch.loggers import CSVLogger
 
 from callbacks import PassRateFilter, ScalingMetrics
-from tests.rollout.scripted import ScriptedEngine, ScriptedSandbox
+from tests.rollout.scripted import InlineEngine, ScriptedSandbox
 from tests.scripted_source import Recorder, recorded
 from tests.tools.test_extending_doc import block
 from zerotir import metric_names as mn
@@ -39,16 +39,6 @@ CALL = '<tool_call>{"name": "days_between", "arguments": {"start": "2024-01-01",
 RIGHT, WRONG = [CALL, "So \\boxed{60}."], ["Let me count. " + CALL, "So \\boxed{59}."]  # two samples a prompt
 
 
-class FitEngine(ScriptedEngine):
-    """The scripted engine as the in-line source holds it: nothing to load between updates."""
-
-    def load_weights_from(self, actor) -> None:
-        pass
-
-    def rest(self) -> None:
-        pass
-
-
 class ScriptedStart:
     """A start for an in-line source of the run (its real ``roll_out``: the tool loop over ``model.tool``, the
     reward) with a scripted engine; the ``python`` entry of the doc's config gets a sandbox that is never called."""
@@ -57,7 +47,7 @@ class ScriptedStart:
         self.stream, self._tokenizer = stream, tokenizer
         self.toolbox = Toolbox.build(self.tool, ScriptedSandbox())  # an unexpected python call fails the test
         self.toolbox.start()
-        self.engine = FitEngine(tokenizer, {PLAIN_TEMPLATE.format(problem=PROBLEM): [RIGHT, WRONG]}, n=2)
+        self.engine = InlineEngine(tokenizer, {PLAIN_TEMPLATE.format(problem=PROBLEM): [RIGHT, WRONG]}, n=2)
 
 
 def test_the_example_tool_and_rollout_mode_train_in_a_fit_and_are_logged(tiny_dir, tmp_path, monkeypatch):
@@ -129,7 +119,7 @@ def test_the_example_format_registered_by_its_config_entry_trains_and_every_read
     class ScriptedInline(ScriptedStart, InlineSource):
         def start(self, actor, tokenizer, device, stream) -> None:
             super().start(actor, tokenizer, device, stream)
-            self.engine = FitEngine(tokenizer, {prompt: [TAGGED_RIGHT, TAGGED_OPEN, TAGGED_WRONG]}, n=3,
+            self.engine = InlineEngine(tokenizer, {prompt: [TAGGED_RIGHT, TAGGED_OPEN, TAGGED_WRONG]}, n=3,
                                     injected=re.compile(r"<result>.*?</result>", re.S))
 
     pl.seed_everything(0)

@@ -3,19 +3,12 @@ used instead of an embedded server, and ``model.tool.sandbox.urls`` still win ov
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from sandbox import SandboxUnavailable, local_sandbox
+from tests.ports import dead_url
 from zerotir.config import SandboxConfig
 from zerotir.tools.sandbox_service import SandboxService
-
-
-def _dead_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def test_started_servers_are_used_instead_of_an_embedded_one() -> None:
@@ -29,7 +22,7 @@ def test_started_servers_are_used_instead_of_an_embedded_one() -> None:
 
 
 def test_configured_urls_win_over_started_servers() -> None:
-    configured = _dead_url()
+    configured = dead_url()
     service = SandboxService(SandboxConfig(urls=[configured]))
     with pytest.raises(SandboxUnavailable, match=configured):  # the configured server is the one reached
         service.start(started=["http://127.0.0.1:1"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +141,14 @@ def write_jsonl(questions: list[Question], path: str | Path, prefix: str) -> Pat
             row = {"id": f"{prefix}-{i}", "problem": q.problem, "answer": q.answer, "kind": q.kind}
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def write_heldout(out_dir: str | Path, groups: Iterable[str], heldout: Callable[[str], list[Question]],
+                  prefix: str) -> dict[str, Path]:
+    """Write ``heldout_<group>.jsonl`` into ``out_dir`` for each group, its rows ``heldout(group)`` with ids
+    ``<prefix>-heldout-<group>-<i>``; returns the paths by group (a world's held-out files, one a kind)."""
+    return {group: write_jsonl(heldout(group), Path(out_dir) / f"heldout_{group}.jsonl", f"{prefix}-heldout-{group}")
+            for group in groups}
 
 
 def read_jsonl(path: str | Path) -> list[Question]:

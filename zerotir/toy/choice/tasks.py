@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from zerotir.metric_names import NO_CALL  # the first-call label of an answer without a call
-from zerotir.toy.tasks import Question, distinct_questions, write_jsonl
+from zerotir.toy.tasks import Question, distinct_questions, write_heldout, write_jsonl
 
 KINDS = ("easy", "arith", "lookup", "combined")
 TOOLS = ("python", "calculator", "search")
@@ -146,10 +146,7 @@ def write_task_files(out_dir: str | Path, n_train: int = 4096, n_heldout: int = 
     paths = {"facts": write_facts(out / "facts.jsonl", fact_table())}
     stream = train_stream(seed, n_heldout, heldout_seed)
     paths["train"] = write_jsonl([next(stream) for _ in range(n_train)], out / "train.jsonl", "tools-train")
-    for kind in KINDS:
-        paths[kind] = write_jsonl(heldout_set(kind, n_heldout, heldout_seed), out / f"heldout_{kind}.jsonl",
-                                  f"tools-heldout-{kind}")
-    return paths
+    return paths | write_heldout(out, KINDS, lambda kind: heldout_set(kind, n_heldout, heldout_seed), "tools")
 
 
 if __name__ == "__main__":

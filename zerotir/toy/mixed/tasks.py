@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
-from zerotir.toy.tasks import Question, distinct_questions, evaluate, write_jsonl
+from zerotir.toy.tasks import Question, distinct_questions, evaluate, write_heldout, write_jsonl
 
 
 def _n(rng: random.Random, digits: int) -> int:
@@ -157,11 +157,9 @@ def write_task_files(out_dir: str | Path, n_train: int = 4096, n_heldout: int = 
         if q.kind in MEMORISED or q.problem not in seen:
             seen.add(q.problem)
             train.append(q)
-    paths = {"train": write_jsonl(train, out / "train.jsonl", "mixed-train")}
-    for group in [g for g in GROUPS if g not in MULTI_STEP or multi_share > 0]:
-        paths[group] = write_jsonl(heldout_set(group, n_heldout, heldout_seed), out / f"heldout_{group}.jsonl",
-                                   f"mixed-heldout-{group}")
-    return paths
+    groups = [g for g in GROUPS if g not in MULTI_STEP or multi_share > 0]
+    return {"train": write_jsonl(train, out / "train.jsonl", "mixed-train"),
+            **write_heldout(out, groups, lambda group: heldout_set(group, n_heldout, heldout_seed), "mixed")}
 
 
 if __name__ == "__main__":
