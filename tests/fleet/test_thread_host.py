@@ -214,8 +214,9 @@ def _held_rows(index: int) -> list[dict]:
 def test_the_thread_host_aborts_a_group_a_push_leaves_stale_and_trains_it_once_fresh(tiny_dir: Path) -> None:
     """Streaming at S = 1, row (1, 0) is held in the engine from version 0 (sample 0 ended, sample 1 held). Push 1
     leaves it trainable; push 2 aborts it (the engine releases its request), the host generates it again with
-    version 2, and step 3 trains it (stream batch 3 is held, so step 3 waits for it). Every step stays within the
-    bound, no row trains twice, the aborted tokens reach no batch, and the abort is counted in step 3's figures."""
+    version 2, and step 3 trains it (stream batch 3 is held until then, so step 3 waits for it). Every step stays
+    within the bound, no row trains twice, the aborted tokens reach no batch, and the abort is counted in step 3's
+    figures only (they are the aborts since the last step)."""
     source = FleetSource(HostsConfig(max_staleness=1, timeout_s=60.0, max_in_flight=4), HeldRollout(),
                          SandboxConfig(), NO_TOOL, SamplingConfig(n=2, max_response_tokens=4), None, str(tiny_dir), 0,
                          ThreadTransport())
@@ -224,19 +225,21 @@ def test_the_thread_host_aborts_a_group_a_push_leaves_stale_and_trains_it_once_f
     engine.hold((1, 0, 1), *[(3, p, j) for p in range(2) for j in range(2)])
     batches, figures = [], []
     try:
-        for step in (1, 2, 3):
+        for step in (1, 2, 3, 4):
             batches.append(source.batch(step))
             figures.append((source.stats()["fleet_aborted_groups"], source.stats()["fleet_aborted_tokens"]))
             source.after_update(source._actor, step)
             if step == 2:
                 engine.wait("the abort of row (1, 0) at push 2", lambda: (1, 0, 1) in engine.aborted)
                 engine.let_go((1, 0, 1))
+            if step == 3:
+                engine.let_go(*[(3, p, j) for p in range(2) for j in range(2)])
         aborted = list(engine.aborted)  # before close, which releases batch 3's requests too
     finally:
         source.close()
-    assert aborted == [(1, 0, 1)] and figures == [(0, 0), (0, 0), (1, 2)]  # sample 0's 2 tokens wasted
+    assert aborted == [(1, 0, 1)] and figures == [(0, 0), (0, 0), (1, 2), (0, 0)]  # sample 0's 2 tokens wasted
     taken = [row for got in batches for row in got.taken]
-    assert len(taken) == len(set(taken)) == 6 and (1, 0) in batches[2].taken
+    assert len(taken) == len(set(taken)) == 8 and (1, 0) in batches[2].taken
     for step, got in enumerate(batches, start=1):
         traj = got.trajectories
         assert int(traj.versions[traj.action_mask].min()) >= step - 1 - 1  # trainer_version(step) - S
