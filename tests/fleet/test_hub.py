@@ -54,16 +54,17 @@ def test_a_group_a_push_leaves_over_the_bound_is_aborted_and_generated_again_wit
         _group_in_flight(stream, engine)
         _push(stream, engine, 1)  # floor 1 - S = 0: the group's oldest segment (version 0) can still train
         assert engine.aborted == []
-        _push(stream, engine, 2)  # floor 1: no later step can train a token of version 0
-        assert engine.aborted == [(0, 0, 1)]  # the held request released in the engine while it ran
+        stream.push(lambda _: 2, TIMEOUT_S)  # floor 1: no later step can train a token of version 0
+        engine.wait("the abort of the held request", lambda: engine.aborted)
+        assert engine.aborted == [(0, 0, 1)]  # released in the engine while it ran
         engine.let_go((0, 0, 1))
         (traj,) = stream.take(["g"], TIMEOUT_S)
         stats = stream.stats()
     finally:
         stream.close()
-    assert engine.finished.count((0, 0, 0)) == 2  # sample 0 generated again
-    assert len(traj) == 2 and sampled_ids(traj) == [[TOKEN, TOK.eos_token_id]] * 2
     assert set(traj.versions[traj.action_mask].tolist()) == {2}  # nothing of the aborted group came back
+    assert len(traj) == 2 and sampled_ids(traj) == [[TOKEN, TOK.eos_token_id]] * 2
+    assert engine.finished.count((0, 0, 0)) == 2  # sample 0 generated again
     assert (stats.aborted_groups, stats.aborted_tokens, stats.groups) == (1, 2, 1)  # sample 0's 2 tokens wasted
 
 
