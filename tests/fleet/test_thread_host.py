@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held
-from tests.fleet.held_engine import HeldRollout, prompt
+from tests.fleet.held_engine import HeldRollout, abort_at_push_2, held_rows
 from tests.fleet.test_engine_host import NO_TOOL, sender_model
 from tests.scripted_source import FixedStream
 
@@ -205,44 +205,15 @@ def test_the_thread_hosts_copy_of_the_actor_takes_the_runs_dtype(tiny_dir: Path)
         module.source.close()
 
 
-def _held_rows(index: int) -> list[dict]:
-    return [{"id": f"{index}-{p}", "prompt_ids": prompt(index, p), "answer": "0", "batch_index": index,
-             "position": p} for p in range(2)]
-
 
 @pytest.mark.timeout(120)
-def test_the_thread_host_aborts_a_group_a_push_leaves_stale_and_trains_it_once_fresh(tiny_dir: Path) -> None:
-    """Streaming at S = 1, row (1, 0) is held in the engine from version 0 (sample 0 ended, sample 1 held). Push 1
-    leaves it trainable; push 2 aborts it (the engine releases its request), the host generates it again with
-    version 2, and step 3 trains it (stream batch 3 is held until then, so step 3 waits for it). Every step stays
-    within the bound, no row trains twice, the aborted tokens reach no batch, and the abort is counted in step 3's
-    figures only (they are the aborts since the last step)."""
-    source = FleetSource(HostsConfig(max_staleness=1, timeout_s=60.0, max_in_flight=4), HeldRollout(),
+def test_the_thread_host_aborts_a_group_a_push_leaves_stale_and_trains_it_once_fresh(tiny_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    source = FleetSource(HostsConfig(max_staleness=1, timeout_s=60.0, max_in_flight=4), HeldRollout(gate=str(tmp_path)),
                          SandboxConfig(), NO_TOOL, SamplingConfig(n=2, max_response_tokens=4), None, str(tiny_dir), 0,
                          ThreadTransport())
-    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", FixedStream(_held_rows, 2))
-    engine = source.hosts[0].host.engine
-    engine.hold((1, 0, 1), *[(3, p, j) for p in range(2) for j in range(2)])
-    batches, figures = [], []
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", FixedStream(held_rows, 2))
     try:
-        for step in (1, 2, 3, 4):
-            batches.append(source.batch(step))
-            figures.append((source.stats()["fleet_aborted_groups"], source.stats()["fleet_aborted_tokens"]))
-            source.after_update(source._actor, step)
-            if step == 2:
-                engine.wait("the abort of row (1, 0) at push 2", lambda: (1, 0, 1) in engine.aborted)
-                engine.let_go((1, 0, 1))
-            if step == 3:
-                engine.let_go(*[(3, p, j) for p in range(2) for j in range(2)])
-        aborted = list(engine.aborted)  # before close, which releases batch 3's requests too
+        abort_at_push_2(source, tmp_path)  # the checks: see its doc
     finally:
         source.close()
-    assert aborted == [(1, 0, 1)] and figures == [(0, 0), (0, 0), (1, 2), (0, 0)]  # sample 0's 2 tokens wasted
-    taken = [row for got in batches for row in got.taken]
-    assert len(taken) == len(set(taken)) == 8 and (1, 0) in batches[2].taken
-    for step, got in enumerate(batches, start=1):
-        traj = got.trajectories
-        assert int(traj.versions[traj.action_mask].min()) >= step - 1 - 1  # trainer_version(step) - S
-    again = batches[2].taken.index((1, 0))
-    traj = batches[2].trajectories
-    assert set(traj.versions[traj.action_mask & (traj.group_ids == again)[:, None]].tolist()) == {2}

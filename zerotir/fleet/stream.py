@@ -15,9 +15,9 @@ the capacity rule already let in take the free room. Each segment of a trajector
 the weights when it was submitted (``VersionedEngine``), the oldest that may have produced its tokens, so the
 staleness bound the trainer checks stays a guarantee. A group in flight that a push leaves over that bound (a
 segment older than the push's version minus ``max_staleness``: it could train at no later step) is aborted in the
-engine at the next step and queued again first, so it is generated anew with fresh weights (``zerotir.fleet.hub``). A group samples with the seeds it would have in a batch (the
-trainer gives each group its batch's seed offset by its row), so with vLLM, which seeds every request, its
-trajectories do not depend on what else runs beside it.
+engine at the next step and queued again first, so it is generated anew with fresh weights (``zerotir.fleet.hub``).
+A group samples with the seeds it would have in a batch (the trainer gives each group its batch's seed offset by its
+row), so with vLLM, which seeds every request, its trajectories do not depend on what else runs beside it.
 
 A batch share is a stream too: with ``max_in_flight`` 0 every job is a whole share (all its prompts one tool loop,
 as the in-line rollout runs them) admitted alone, once the one before it has ended, so a share samples as it would
