@@ -111,6 +111,10 @@ FLEET_FILL = "pipeline/fleet_fill"
 # generated again (so far), and the stream batches the step's groups came from.
 FLEET_REGENERATED = "pipeline/fleet_regenerated"
 FLEET_SPREAD = "pipeline/fleet_spread"
+# Streaming: prompt groups in flight aborted at a weight push since the last step (over the staleness bound: they
+# could train at no later step) and generated again, and the tokens their finished segments had sampled (wasted).
+FLEET_ABORTED_GROUPS = "pipeline/fleet_aborted_groups"
+FLEET_ABORTED_TOKENS = "pipeline/fleet_aborted_tokens"
 
 # Evaluation (validation during training, and `zerotir test`), prefixed by the benchmark name: f"{name}/{tag}".
 EVAL_ACCURACY = "accuracy"  # mean over k samples (avg@k)

@@ -18,7 +18,7 @@ from tests.gloo import spawned
 from tests.ports import free_port
 
 from zerotir.config import HFRollout, ToolConfig
-from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost
+from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost, combine_occupancy
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
@@ -202,3 +202,10 @@ def test_a_streaming_host_samples_each_prompt_of_a_call_with_its_rows_seed(tiny_
         host.close()
     assert traj.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
     assert [seeds[tuple(p)] for p in prompts] == [{100, 101}, {102, 103}, {104, 105}]
+
+
+def test_the_hosts_figures_average_their_shares_of_time_and_add_up_their_counts():
+    each = [{"busy": 0.5, "fill": 0.25, "aborted_groups": 1.0, "aborted_tokens": 30.0},
+            {"busy": 1.0, "fill": 0.75, "aborted_groups": 2.0, "aborted_tokens": 12.0}]
+    assert combine_occupancy(each) == {"fleet_busy": 0.75, "fleet_fill": 0.5, "fleet_aborted_groups": 3.0,
+                                       "fleet_aborted_tokens": 42.0}

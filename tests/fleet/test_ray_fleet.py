@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held, wait_for
+from tests.fleet.held_engine import HeldRollout, abort_at_push_2, held_rows
 from tests.fleet.test_engine_host import (GREEDY, NO_TOOL, host_settings, local_greedy, prompt_ids, sampled_ids,
                                           sender_model)
 from tests.ports import free_port
+from tests.scripted_source import FixedStream
 
 from zerotir.config import HostsConfig, SamplingConfig, SandboxConfig
 from zerotir.fleet.source import FleetSource
@@ -134,6 +136,25 @@ def test_s1_trains_step_k_while_batch_k_plus_1_is_generated(cluster: None, tiny_
         s1_with_batch_2_held(source, tmp_path)
     finally:
         (tmp_path / "released").touch()
+        source.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_process_aborts_a_group_a_push_leaves_stale_and_trains_it_once_fresh(
+        cluster: None, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread host's abort scenario (``held_engine.abort_at_push_2``) in an engine process of its own: the
+    bound reaches the actor in its settings, and its abort counts reach the trainer's figures."""
+    from zerotir.fleet import cluster as fleet_cluster
+
+    monkeypatch.setattr(fleet_cluster, "fleet_cluster", lambda *args: None)  # the module's cluster serves the source
+    monkeypatch.setattr(fleet_cluster, "stop_cluster", lambda: None)  # and outlives it
+    source = FleetSource(HostsConfig(max_staleness=1, engines=1, pin_cores=False, timeout_s=60.0, max_in_flight=4),
+                         HeldRollout(gate=str(tmp_path)), SandboxConfig(), NO_TOOL,
+                         SamplingConfig(n=2, max_response_tokens=4), None, str(tiny_dir), 0)
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", FixedStream(held_rows, 2))
+    try:
+        abort_at_push_2(source, tmp_path)
+    finally:
         source.close()
 
 

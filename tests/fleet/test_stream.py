@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from tests.fleet.test_engine_host import NO_TOOL, sampled_ids
-from zerotir.fleet.stream import EngineHub, GroupStream, Job
+from zerotir.fleet.hub import EngineHub
+from zerotir.fleet.stream import GroupStream, Job
+from zerotir.fleet.versioned import VersionedEngine
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
 from zerotir.rollout.agent_loop import Schedule, rollout_sync
 from zerotir.rollout.engine import Sample, SamplingParams
@@ -85,7 +87,7 @@ class _ScriptedEngine(_CountingEngine):
 
 
 def test_the_samples_of_a_shared_engine_go_to_the_share_that_submitted_them():
-    hub = EngineHub(_ScriptedEngine())
+    hub = EngineHub(VersionedEngine(_ScriptedEngine(), 0, lambda: None, lambda: False, lambda: None))
     a, b = hub.share(), hub.share()
     a.submit(0, [1], greedy(1))
     b.submit(1, [1], greedy(1))

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import torch
 from tests.fleet.gated_engine import STREAM, GatedRollout, s1_with_batch_2_held
+from tests.fleet.held_engine import HeldRollout, abort_at_push_2, held_rows
 from tests.fleet.test_engine_host import NO_TOOL, sender_model
+from tests.scripted_source import FixedStream
 
 from zerotir.config import HostsConfig, HFRollout, SamplingConfig, SandboxConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings
@@ -201,3 +203,17 @@ def test_the_thread_hosts_copy_of_the_actor_takes_the_runs_dtype(tiny_dir: Path)
         assert {p.dtype for p in copy.parameters()} == {torch.bfloat16}
     finally:
         module.source.close()
+
+
+
+@pytest.mark.timeout(120)
+def test_the_thread_host_aborts_a_group_a_push_leaves_stale_and_trains_it_once_fresh(tiny_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    source = FleetSource(HostsConfig(max_staleness=1, timeout_s=60.0, max_in_flight=4), HeldRollout(gate=str(tmp_path)),
+                         SandboxConfig(), NO_TOOL, SamplingConfig(n=2, max_response_tokens=4), None, str(tiny_dir), 0,
+                         ThreadTransport())
+    source.start(sender_model(tiny_dir, seed=1), load_tokenizer(tiny_dir), "cpu", FixedStream(held_rows, 2))
+    try:
+        abort_at_push_2(source, tmp_path)  # the checks: see its doc
+    finally:
+        source.close()

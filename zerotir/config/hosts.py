@@ -82,9 +82,10 @@ class HostsConfig:
     of this one still runs), hands each group back the moment its last sample ends, and takes each weight push
     between two of its steps, the trajectories in flight going on under the new weights (their tokens stamped with
     the version that sampled them). Each step then trains the first prompt groups in stream order among those that
-    have ended, whatever their batch, so no step waits for a slow group; a group over the staleness bound is
-    dropped and generated again (pipeline/fleet_regenerated), and the checkpoint records the single prompts
-    consumed. 0 (the default): each engine rolls out one batch share at a time, and each step trains its own
+    have ended, whatever their batch, so no step waits for a slow group; a group still in flight that a push
+    leaves over the staleness bound is aborted in the engine and generated again (pipeline/fleet_aborted_groups),
+    one that ended over it is dropped and generated again (pipeline/fleet_regenerated), and the checkpoint records
+    the single prompts consumed. 0 (the default): each engine rolls out one batch share at a time, and each step trains its own
     batch. At least model.sampling.n when set (a group runs whole). With engines 0 it streams the thread host's
     rollouts alike."""
     sandbox_per_node: bool = True

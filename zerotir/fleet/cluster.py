@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from zerotir.config import HostsConfig, SandboxConfig, ToolConfig
-from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost
+from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost, combine_occupancy
 from zerotir.fleet.sandboxes import NodeSandboxes
 from zerotir.fleet.weight_group import WeightGroup, env_unless_set
 
@@ -334,8 +334,9 @@ def ray_ready(refs: list[Any], timeout_s: float) -> list[int]:
 
 
 def mean_occupancy(hosts: list[Any], timeout_s: float, before: dict[str, float]) -> dict[str, float]:
-    """``EngineHost.occupancy`` of every host as ``fleet_<key>``, the mean over them; ``before`` (the figures of
-    the last call) when a host died: it is recovered where its batches are collected.
+    """``EngineHost.occupancy`` of every host as ``fleet_<key>`` (``combine_occupancy``: shares of time averaged,
+    counts added up); ``before`` (the figures of the last call) when a host died: it is recovered where its batches
+    are collected.
 
     Raises:
         TimeoutError, RuntimeError: as ``ray_get``.
@@ -344,7 +345,7 @@ def mean_occupancy(hosts: list[Any], timeout_s: float, before: dict[str, float])
         each = ray_get([h.occupancy.remote() for h in hosts], timeout_s, "reporting its occupancy")
     except EngineDied:
         return before
-    return {f"fleet_{key}": sum(e[key] for e in each) / len(each) for key in each[0]}
+    return combine_occupancy(each)
 
 
 def describe_hosts(hosts: list[Any], timeout_s: float, doing: str, wait: bool = False) -> list[dict[str, Any]]:

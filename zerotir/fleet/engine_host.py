@@ -71,6 +71,8 @@ class HostSettings:
             0: each ``roll_out`` call is one tool loop over its whole share, one call at a time. Either way pushes
             land between engine steps (its Ray actor takes calls side by side: ``cluster.spawn_hosts``).
         stream_timeout_s: the bound on a ``roll_out`` call's wait for its rollouts (``model.hosts.timeout_s``).
+        max_staleness: S of ``model.hosts``: a prompt group in flight that a push leaves more than S versions
+            behind is aborted and generated again (``zerotir.fleet.hub``); None: none is.
         cores: the cores the process is pinned to (``zerotir.fleet.cores``); None: the OS places it.
         own_process: the host has its process to itself (a Ray actor): ``threads`` are set process-wide. False: a
             thread of the trainer's process (``zerotir.fleet.thread_host``): ``threads`` are its engine's alone.
@@ -91,6 +93,7 @@ class HostSettings:
     cores: tuple[int, ...] | None = None
     own_process: bool = True
     dtype: str = "float32"
+    max_staleness: int | None = None
 
     def check(self) -> None:
         """Refuse settings the host cannot run, naming the setting and the fix."""
@@ -108,6 +111,9 @@ class HostSettings:
             raise ValueError(f"HostSettings.threads={self.threads}: must be >= 1, or None for torch's setting")
         if self.max_in_flight < 0:
             raise ValueError(f"HostSettings.max_in_flight={self.max_in_flight}: >= 1 to stream, or 0")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"HostSettings.max_staleness={self.max_staleness}: >= 0 (model.hosts.max_staleness), "
+                             "or None: no group aborted at a push")
 
 
 class JobsLost(RuntimeError):
@@ -155,7 +161,7 @@ class EngineHost:
         self._process = uuid.uuid4().hex[:12]  # this host's own: a key queued by another process is never taken here
         self._calls = itertools.count()  # with it, tags the jobs of each roll_out call
         self.stream = GroupStream(self.engine, self.tokenizer, settings.tool, self.schedule, self.toolbox,
-                                  settings.max_in_flight, settings.device)
+                                  settings.max_in_flight, settings.device, settings.max_staleness)
 
     def describe(self) -> dict[str, Any]:
         """What the host runs: its engine's type, context length, how a LoRA actor's pushes reach it
@@ -270,14 +276,17 @@ class EngineHost:
 
     def occupancy(self) -> dict[str, float]:
         """How busy the engine has been since the host started: ``busy``, the share of wall time with a rollout in
-        flight, and (streaming) ``fill``, the mean trajectories in flight over ``max_in_flight``. A batch share keeps
-        the engine busy until its slowest trajectory ends, however few still run by then, which ``fill`` shows."""
+        flight, and (streaming) ``fill``, the mean trajectories in flight over ``max_in_flight``, with the counts
+        so far of the groups aborted at a push (``aborted_groups``) and of their wasted tokens
+        (``aborted_tokens``). A batch share keeps the engine busy until its slowest trajectory ends, however few
+        still run by then, which ``fill`` shows; nothing is in flight at its pushes, so nothing is aborted."""
         stats = self._stream().stats()
         wall = max(stats.wall, 1e-9)
         busy = {"busy": stats.busy / wall}
         if not self.settings.max_in_flight:  # whole shares: no room to fill
             return busy
-        return {**busy, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight)}
+        return {**busy, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight),
+                "aborted_groups": float(stats.aborted_groups), "aborted_tokens": float(stats.aborted_tokens)}
 
     def close(self) -> None:
         """Close the engine, leave the weight group and close the tools; idempotent."""
@@ -302,6 +311,15 @@ class EngineHost:
         if self.engine is None:
             raise RuntimeError("EngineHost is closed (close() ran); start a new host")
         return self.engine
+
+
+COUNTS = ("aborted_groups", "aborted_tokens")  # the occupancy figures that add up over hosts; the others average
+
+
+def combine_occupancy(each: list[dict[str, float]]) -> dict[str, float]:
+    """The hosts' ``EngineHost.occupancy`` as the fleet's ``fleet_<key>``: the mean of the shares of time over the
+    hosts, the sum of the counts (``COUNTS``)."""
+    return {f"fleet_{key}": sum(e[key] for e in each) / (1 if key in COUNTS else len(each)) for key in each[0]}
 
 
 @functools.singledispatch

@@ -84,6 +84,7 @@ class FleetSource:
         self._step = 0  # the step in progress, named by errors
         self._stats: dict[str, float] = {}  # a following rank's copy of rank 0's counters
         self._occupancy: dict[str, float] = {}  # the engines', as of the last training batch
+        self._aborted: dict[str, float] = {}  # the engines' abort counts so far, as of the last training batch
         self._restore = lambda: None  # puts the trainer's threads and cores back (zerotir.fleet.cores)
         self._early = EarlyScores(reward)  # each group scored on the trainer as it comes back from an engine
 
@@ -135,7 +136,8 @@ class FleetSource:
         settings = self.transport.settings(HostSettings(
             self.model_path, self.backend, self.tool, self.seed, tuple(self.sandbox.urls),
             self.sandbox.config.client_options, fleet.engine_threads, fleet.engine_device, fleet.max_in_flight,
-            2 * fleet.timeout_s, dtype=self.dtype), device)  # a call outlives the wait
+            2 * fleet.timeout_s, dtype=self.dtype, max_staleness=fleet.max_staleness),
+            device)  # a call outlives the wait
         started = time.perf_counter()
         self.pool.start(settings, cores)
         self._check_adapters(actor)
@@ -217,7 +219,7 @@ class FleetSource:
         taken = [(r["batch_index"], r["position"]) for r in rows]
         timings["reward"] = score_trajectories(self.reward, traj, rows, self._early)
         check_staleness(staleness_stats(traj.versions, traj.action_mask, step), step, self.max_staleness)
-        self._occupancy = self.pool.occupancy()
+        self._occupancy = self._step_figures(self.pool.occupancy())
         schedule.cursor.handed(step)
         schedule.top_up(self.version)  # the next batches generate while this one trains (S >= 1)
         return RolloutBatch(rows, traj, timings, self.sandbox_names, taken)
@@ -263,6 +265,15 @@ class FleetSource:
             if self.steps_take == "rows" else {}
         return {"fleet_restarts": float(self.restarts), "push_mb": (last.bytes if last else 0) / 2**20,
                 **self._occupancy, **more}
+
+    def _step_figures(self, occupancy: dict[str, float]) -> dict[str, float]:
+        """The engines' figures for the step: their shares of time as they are, their abort counts (so far) as
+        the aborts since the last training batch. A restarted engine counts from 0 again: what the dead one
+        counted since then is lost, never negative."""
+        counts = {key: occupancy[key] for key in ("fleet_aborted_groups", "fleet_aborted_tokens") if key in occupancy}
+        step = {key: max(0.0, value - self._aborted.get(key, 0.0)) for key, value in counts.items()}
+        self._aborted = counts
+        return {**occupancy, **step}
 
     def _parts(self, whole: RolloutBatch, counts: list[int], n: int) -> list[tuple[RolloutBatch, dict[str, float]]]:
         """Each rank's part of ``whole`` with rank 0's counters (``stats``), what ``scatter`` hands out."""

@@ -13,9 +13,11 @@ evaluation beside training samples) wait until those have ended: an engine may s
 So an engine never waits for the slowest trajectory of a batch: while it runs, the groups of the next batches that
 the capacity rule already let in take the free room. Each segment of a trajectory is stamped with the version of
 the weights when it was submitted (``VersionedEngine``), the oldest that may have produced its tokens, so the
-staleness bound the trainer checks stays a guarantee. A group samples with the seeds it would have in a batch (the
-trainer gives each group its batch's seed offset by its row), so with vLLM, which seeds every request, its
-trajectories do not depend on what else runs beside it.
+staleness bound the trainer checks stays a guarantee. A group in flight that a push leaves over that bound (a
+segment older than the push's version minus ``max_staleness``: it could train at no later step) is aborted in the
+engine at the next step and queued again first, so it is generated anew with fresh weights (``zerotir.fleet.hub``).
+A group samples with the seeds it would have in a batch (the trainer gives each group its batch's seed offset by its
+row), so with vLLM, which seeds every request, its trajectories do not depend on what else runs beside it.
 
 A batch share is a stream too: with ``max_in_flight`` 0 every job is a whole share (all its prompts one tool loop,
 as the in-line rollout runs them) admitted alone, once the one before it has ended, so a share samples as it would
@@ -38,70 +40,13 @@ from typing import Any
 
 from zerotir.config import ToolConfig
 from zerotir.rollout.agent_loop import Schedule, rollout
-from zerotir.rollout.engine import GenerationEngine, RolloutEngine, Sample, SamplingParams
+from zerotir.fleet.hub import EngineHub
+from zerotir.rollout.engine import RolloutEngine, SamplingParams
 from zerotir.fleet.versioned import RolloutsStopped, VersionedEngine, synchronize_devices
 from zerotir.tools.registry import Toolbox
 from zerotir.types import Trajectories
 
 log = logging.getLogger(__name__)
-
-
-class EngineHub:
-    """One engine stepped by several tool loops at once: each loop gets an ``EngineShare`` (its own keys), and the
-    samples of every step go to the share that submitted them."""
-
-    def __init__(self, engine: GenerationEngine):
-        self.engine = engine
-        self.context_length = engine.context_length
-        self._shares: dict[int, EngineShare] = {}
-        self._next = 0
-
-    def share(self) -> EngineShare:
-        self._next += 1
-        share = self._shares[self._next] = EngineShare(self, self._next)
-        return share
-
-    def drop(self, share: EngineShare) -> None:
-        self._shares.pop(share.tag, None)
-
-    def step(self) -> None:
-        """One engine step; its finished samples to their shares."""
-        for (tag, key), sample in self.engine.step():
-            self._shares[tag].finished(key, sample)
-
-
-class EngineShare:
-    """One tool loop's view of a shared engine (a ``GenerationEngine``): it submits and releases its own keys,
-    and its ``step`` returns its own finished samples, stepping the engine only when none is waiting. A sample
-    another loop's step finished waits here, and counts as running until it is returned."""
-
-    def __init__(self, hub: EngineHub, tag: int):
-        self.hub, self.tag = hub, tag
-        self.context_length = hub.context_length
-        self._running: set[Hashable] = set()
-        self._done: list[tuple[Hashable, Sample]] = []
-
-    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
-        self.hub.engine.submit((self.tag, key), ids, params)
-        self._running.add(key)
-
-    def step(self) -> list[tuple[Hashable, Sample]]:
-        if not self._done:
-            self.hub.step()
-        out, self._done = self._done, []
-        return out
-
-    def release(self, key: Hashable) -> None:
-        self.hub.engine.release((self.tag, key))
-        self._running.discard(key)
-
-    def finished(self, key: Hashable, sample: Sample) -> None:
-        self._running.discard(key)
-        self._done.append((key, sample))
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running) + len(self._done)
 
 
 @dataclass
@@ -129,12 +74,15 @@ class _Done:
 @dataclass
 class StreamStats:
     """What the stream did so far: wall seconds since it started, seconds with at least one trajectory in flight,
-    and trajectory-seconds in flight (their integral over time)."""
+    trajectory-seconds in flight (their integral over time), groups done, and the groups aborted at a push over the
+    staleness bound (``zerotir.fleet.hub``) with the tokens their finished segments had sampled (wasted)."""
 
     wall: float = 0.0
     busy: float = 0.0
     trajectory_seconds: float = 0.0
     groups: int = 0
+    aborted_groups: int = 0
+    aborted_tokens: int = 0
 
 
 class GroupStream:
@@ -148,15 +96,17 @@ class GroupStream:
         tools: the host's started toolbox (``zerotir.tools.Toolbox``), shared by every group's tool loop.
         max_in_flight: trajectories in flight at most (a job larger than that runs alone); 0: every job alone.
         device: the engine's device, synchronized around each push's copy (``versioned.synchronize_devices``).
+        max_staleness: S of ``model.hosts``: at a push of version V, a group in flight with a segment older than
+            V - S is aborted and queued again first (``zerotir.fleet.hub``); None: none is.
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
-                 tools: Toolbox, max_in_flight: int, device: str = "cpu"):
+                 tools: Toolbox, max_in_flight: int, device: str = "cpu", max_staleness: int | None = None):
         if max_in_flight < 0:
             raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): >= 1 to stream groups, or 0 for one job "
                              "at a time (model.hosts.max_in_flight)")
         self.tokenizer, self.tool, self.schedule, self.max_in_flight = tokenizer, tool, schedule, max_in_flight
-        self.tools = tools
+        self.tools, self.max_staleness = tools, max_staleness
         self._cond = threading.Condition()
         self._inbox: list[Job] = []
         self._outbox: dict[Hashable, _Done] = {}
@@ -293,7 +243,7 @@ class GroupStream:
                     self._cond.notify_all()
 
     async def _main(self) -> None:
-        hub = EngineHub(self.engine)
+        hub = EngineHub(self.engine, self.max_staleness)
         tasks: set[asyncio.Task] = set()
         while True:
             with self._cond:
@@ -307,37 +257,60 @@ class GroupStream:
                     tasks.add(asyncio.ensure_future(self._group(job, hub)))
             if tasks:
                 done, tasks = await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()  # a group's own errors are in its outcome; this raises only the stream's
+                for task in done:  # a group's own errors are in its outcome; this raises only the stream's
+                    if not task.cancelled():  # cancelled: aborted at a push as it ended, queued again already
+                        task.result()
             else:
                 await asyncio.sleep(0.005)
         for task in tasks:
             task.cancel()
 
     async def _group(self, job: Job, hub: EngineHub) -> None:
-        """One group's tool loop on its share of the engine; its outcome to the outbox."""
+        """One group's tool loop on its share of the engine; its outcome to the outbox, or, aborted at a push,
+        the group back at the head of the inbox (its tokens counted as wasted)."""
         share = hub.share()
+        share.task = asyncio.current_task()
         try:
             traj, timings = await rollout(share, self.tokenizer, None, job.prompts, job.params, self.tool,
                                           job.truths, self.schedule, self.tools)
-            done = _Done(traj.to("cpu"), timings=timings)
-        except (RolloutsStopped, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the group's failure, raised by take
-            if self._stop:
-                raise RolloutsStopped from exc
-            done = _Done(None, exc)
+            done = None if share.aborted else _Done(traj.to("cpu"), timings=timings)
+        except BaseException as exc:  # noqa: BLE001 - sorted by _failed
+            done = self._failed(exc, share.aborted)
         finally:
             hub.drop(share)
             with self._cond:
                 self._account()
                 self._in_flight -= job.size
-                self._finished += 1
+                self._finished += not share.aborted
                 self._cond.notify_all()
+        if done is None:
+            self._requeue(job, share.tokens)
+            return
         with self._cond:
             self._outbox[job.key] = done
             self._stats.groups += 1
             self._cond.notify_all()
+
+    def _failed(self, exc: BaseException, aborted: bool) -> _Done | None:
+        """What a tool loop's exception means: None for a group aborted at a push (queued again), else its
+        failure, raised by ``take``; raised again when the stream stops (``RolloutsStopped``) or cancels it."""
+        if aborted and not self._stop:
+            return None
+        if not isinstance(exc, Exception) or isinstance(exc, RolloutsStopped):
+            raise exc
+        if self._stop:
+            raise RolloutsStopped from exc
+        return _Done(None, exc)
+
+    def _requeue(self, job: Job, tokens: int) -> None:
+        """An aborted group back at the head of the inbox, generated again with the newest weights."""
+        with self._cond:
+            self._inbox.insert(0, job)
+            self._stats.aborted_groups += 1
+            self._stats.aborted_tokens += tokens
+            self._cond.notify_all()
+        log.info("prompt group %s aborted at a push (a segment over model.hosts.max_staleness=%s), %d sampled tokens "
+                 "wasted; queued again", job.key, self.max_staleness, tokens)
 
 
 def _kind(params: SamplingParams) -> tuple[float, float]:

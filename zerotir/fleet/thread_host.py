@@ -25,7 +25,7 @@ from typing import Any
 from torch import nn
 
 from zerotir.config import HostsConfig, SandboxConfig, ToolConfig
-from zerotir.fleet.engine_host import EngineHost, HostSettings
+from zerotir.fleet.engine_host import EngineHost, HostSettings, combine_occupancy
 from zerotir.fleet.ranks import TrainerRanks
 from zerotir.fleet.weight_push import PushStats
 from zerotir.lora import push_size
@@ -182,7 +182,7 @@ class ThreadTransport:
 
     def occupancy(self, hosts: list[ThreadHost], timeout_s: float, before: dict[str, float]) -> dict[str, float]:
         each = self.get([h.occupancy.remote() for h in hosts], timeout_s, "reporting its occupancy")
-        return {f"fleet_{key}": sum(e[key] for e in each) / len(each) for key in each[0]}
+        return combine_occupancy(each)
 
     def kill(self, hosts: list[ThreadHost]) -> None:
         for host in hosts:

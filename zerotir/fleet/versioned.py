@@ -57,10 +57,12 @@ class VersionedEngine:
         self._beat, self._stopped = beat, stopped
         self._submitted: dict[Hashable, int] = {}
 
-    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
+    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> int | None:
+        """Submit request ``key``; returns the version it is stamped with (that of the weights now)."""
         with self.lock:
             self.engine.submit(key, ids, params)
             self._submitted[key] = self.version
+            return self.version
 
     def step(self) -> list[tuple[Hashable, Sample]]:
         if self._stopped():
