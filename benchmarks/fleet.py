@@ -23,7 +23,9 @@ minutes to the held-out target (``--target``, checked every ``--val_every`` step
 step of generation, update, the trainer waiting for rollouts, the weights' push) and the fleet's occupancy at the
 end: ``pipeline/fleet_busy`` (the share of wall time the engine had a rollout in flight) and ``pipeline/fleet_fill``
 (streaming: the mean trajectories in flight over ``max_in_flight``); streaming, the mean stream batches a step's
-groups came from (``pipeline/fleet_spread``) and the groups generated again (``pipeline/fleet_regenerated``).
+groups came from (``pipeline/fleet_spread``), the groups generated again (``pipeline/fleet_regenerated``) and, per
+step, the groups a push left over the bound, aborted in the engine, and their wasted tokens
+(``pipeline/fleet_aborted_groups``, ``pipeline/fleet_aborted_tokens``).
 Written to ``<out>/fleet.{json,md,png}``.
 
 Targets (issue #27): the fleet at S = 1 at least 1.5x the steps per minute of in line and no slower to 80%;
@@ -49,6 +51,7 @@ ARMS = {"inline": [], "thread_s1": ["--model.hosts.max_staleness", "1", *TIS], "
 PROFILE = {"generation": mn.TIME_GENERATION, "update": mn.TIME_UPDATE, "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
            "weight_sync": mn.TIME_WEIGHT_SYNC, "staleness": mn.STALENESS_MEAN}
 OCCUPANCY = {"busy": mn.FLEET_BUSY, "fill": mn.FLEET_FILL}
+ABORTED = {"aborted_groups": mn.FLEET_ABORTED_GROUPS, "aborted_tokens": mn.FLEET_ABORTED_TOKENS}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +80,9 @@ def run(args: argparse.Namespace, arm: str, seed: int) -> dict:
     if mn.FLEET_SPREAD in series:  # streaming
         out["occupancy"]["spread"] = float(series[mn.FLEET_SPREAD].mean())
         out["occupancy"]["regenerated"] = float(series[mn.FLEET_REGENERATED].iloc[-1])
+    for key, tag in ABORTED.items():  # per step: the groups a push left over the bound, and their wasted tokens
+        if tag in series and len(series[tag]):
+            out["occupancy"][key] = float(series[tag].mean())
     return out
 
 
@@ -86,17 +92,19 @@ def markdown(runs: list[dict], rows: list[dict], target: float) -> str:
 
     lines = [f"| arm | seeds | RL steps / min | vs in line (range) | reached {target:.0%} | minutes to {target:.0%} | "
              "s/step generation | s/step update | trainer waits s/step | push s/step | engine busy | engine fill | "
-             "batches per step | groups regenerated |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "batches per step | groups regenerated | groups aborted / step | tokens aborted / step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, rng = r["profile"], r["speedup_range"]
         occ = [x["occupancy"] for x in runs if x["arm"] == r["arm"]]
-        mean = {k: statistics.fmean(o[k] for o in occ) for k in [*OCCUPANCY, "spread", "regenerated"]
+        mean = {k: statistics.fmean(o[k] for o in occ) for k in [*OCCUPANCY, "spread", "regenerated", *ABORTED]
                 if occ and all(k in o for o in occ)}
         lines.append(f"| {r['arm']} | {r['seeds']} | {r['steps_per_minute']:.1f} | {cell(r['speedup'])}x "
                      f"({cell(rng and rng[0])}-{cell(rng and rng[1])}) | {r['reached']}/{r['seeds']} | "
                      f"{cell(r['minutes_to_target'])} | {cell(p.get('generation'))} | {cell(p.get('update'))} | "
                      f"{cell(p.get('wait_for_rollout'))} | {cell(p.get('weight_sync'))} | {cell(mean.get('busy'))} | "
-                     f"{cell(mean.get('fill'))} | {cell(mean.get('spread'))} | {cell(mean.get('regenerated'), '{:.1f}')} |")
+                     f"{cell(mean.get('fill'))} | {cell(mean.get('spread'))} | {cell(mean.get('regenerated'), '{:.1f}')} | "
+                     f"{cell(mean.get('aborted_groups'))} | {cell(mean.get('aborted_tokens'), '{:.0f}')} |")
     return "\n".join(lines) + "\n"
 
 
