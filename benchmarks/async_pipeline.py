@@ -24,7 +24,7 @@ generation, update, the trainer waiting for rollouts, the engine host waiting fo
 staleness. Written to
 ``<out>/async_pipeline.{json,md,png}``.
 
-Targets (issue #16): S = 1 at least 1.25x the steps per minute of the synchronous run, and no more minutes to 80%.
+Targets: S = 1 at least 1.25x the steps per minute of the synchronous run, and no more minutes to 80%.
 """
 
 from __future__ import annotations

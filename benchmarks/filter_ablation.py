@@ -1,5 +1,5 @@
 """What trains, ablated in the mixed toy world: the paper's trajectory filters, refill and overlong masking, side by
-side over RL seeds (issue #28).
+side over RL seeds.
 
     python -m benchmarks.filter_ablation                               # the runs, then the table
     python -m benchmarks.filter_ablation --out /tmp/fa --report-only   # the table from the runs already there

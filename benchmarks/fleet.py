@@ -28,7 +28,7 @@ step, the groups a push left over the bound, aborted in the engine, and their wa
 (``pipeline/fleet_aborted_groups``, ``pipeline/fleet_aborted_tokens``).
 Written to ``<out>/fleet.{json,md,png}``.
 
-Targets (issue #27): the fleet at S = 1 at least 1.5x the steps per minute of in line and no slower to 80%;
+Targets: the fleet at S = 1 at least 1.5x the steps per minute of in line and no slower to 80%;
 streaming engine fill at least 0.9 on this workload against the batch shares' figure.
 """
 

@@ -24,7 +24,7 @@ or only the adapter (``push_adapter``).
 * Update tokens per second: the batch's real tokens over the measured update's wall time.
 * Push bytes and seconds: the push's ``PushStats`` (tensor bytes sent; begin to end).
 
-Targets (issue #41): LoRA's push bytes >= 50x smaller, its peak update memory >= 2x lower.
+Targets: LoRA's push bytes >= 50x smaller, its peak update memory >= 2x lower.
 
 ``--toy-world``: the toy world's finding instead, ``benchmarks.lora_toy`` with its defaults: does LoRA RL reach 80%
 held-out accuracy and code use from the shipped base, and in how many steps against full fine-tuning (RL seeds 0 1 2,

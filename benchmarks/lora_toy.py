@@ -1,4 +1,4 @@
-"""The toy world's LoRA finding (issue #41): does LoRA RL reach 80% held-out accuracy and code use from the shipped
+"""The toy world's LoRA finding: does LoRA RL reach 80% held-out accuracy and code use from the shipped
 base, and in how many RL steps against full fine-tuning on the same RL seed.
 
     python -m benchmarks.lora_toy                              # 3 RL seeds x 2 arms into runs/lora_toy (alone)

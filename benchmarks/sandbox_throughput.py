@@ -3,7 +3,7 @@
     python -m benchmarks.sandbox_throughput --workers 2
     python -m benchmarks.sandbox_throughput --workers 2 --compare 4f6f0c1
 
-``--layers`` prints instead what each per-snippet layer of issue 45 costs on its own (root only): entering an IPC
+``--layers`` prints instead what each per-snippet layer costs on its own (root only): entering an IPC
 namespace and loading the seccomp filter, timed inside children forked from this process (numpy and sympy loaded,
 like a worker), and mounting + detaching the run dir's tmpfs (in a private mount namespace); medians of 200.
 

@@ -1,4 +1,4 @@
-"""Which tool to call, learned by RL alone: the sweep of issue #44's findings 1-5 in the ``tools`` world, then its
+"""Which tool to call, learned by RL alone: the sweep of the tool-choice findings 1-5 in the ``tools`` world, then its
 rows of docs/findings.md.
 
     python -m benchmarks.tool_choice                                 # the sweep (its time on 2 cores: docs/results.md)

@@ -1,4 +1,4 @@
-"""The findings of ``tool_choice.py`` computed from its runs (issue #44): one function per finding, each returning
+"""The findings of ``tool_choice.py`` computed from its runs: one function per finding, each returning
 its evidence and a verdict by the rule written in ``RULES`` before any run, and the docs/findings.md section with
 its figures. A finding whose runs are missing is "not measured".
 

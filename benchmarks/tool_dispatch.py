@@ -1,4 +1,4 @@
-"""The plug-in tools' own cost against a direct sandbox call (issue 40), for ``benchmarks.rollout_overhead``.
+"""The plug-in tools' own cost against a direct sandbox call, for ``benchmarks.rollout_overhead``.
 
 ``DirectSandbox`` is the tool loop's path before the tools were plug-ins: the code of a block straight to
 ``sandbox.run``, the result formatted and cut by ``sandbox.format_for_model``. ``rollout_overhead`` runs the loop

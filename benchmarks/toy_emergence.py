@@ -26,7 +26,7 @@ minutes, RL steps and minutes to the target, total minutes (pretraining + RL), t
 that point and on all 256 questions, and (JSON) the 1-minute load average before and after the RL run. The PNG shows
 held-out accuracy and code use against wall minutes, pretraining included. ``python -m zerotir scaling --logdir <out>`` draws the paper's Figure-4 panels for the same runs.
 
-Target (issue #5): accuracy >= 80% and code use >= 80% on held-out questions within 15 minutes including pretraining.
+Target: accuracy >= 80% and code use >= 80% on held-out questions within 15 minutes including pretraining.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m benchmarks.toy_findings                                  # the whole sweep, then the report
     python -m benchmarks.toy_findings --out /tmp/f30 --report-only     # the report from the runs already there
 
-Method (issues #17, #30). ``configs/toy_multi.yaml``: easy questions a tiny base answers in text, hard ones it
+Method. ``configs/toy_multi.yaml``: easy questions a tiny base answers in text, hard ones it
 cannot, and multi-step ones (``digitsum(a * b)``) whose reliable answer takes two calls, so the call budget can buy
 something and "one call" is measured rather than given by the corpus. Bases of three sizes (about 0.23M, 0.85M and
 1.9M parameters), each pretrained with two seeds (``--pseeds``) until its copy probe passes (a quality criterion: a

@@ -1,4 +1,4 @@
-"""The fleet's weight push with CUDA tensors on one GPU (the ``fleet`` stage of scripts/gpu_check.sh, issue 46, A10).
+"""The fleet's weight push with CUDA tensors on one GPU (the ``fleet`` stage of scripts/gpu_check.sh).
 
 One GPU cannot hold an NCCL group of two ranks, but gloo carries CUDA tensors (host-staged), so the fleet's own code
 from the GPU side runs here: the sender's bucket views of a model on the GPU (``sync_weights``), the receiver's

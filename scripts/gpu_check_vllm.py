@@ -38,13 +38,13 @@ class VLLMCheck:
 
 
 CHECKS = (
-    VLLMCheck("prefix_cache_after_push", "stale prefix cache after a push in flight (issue 24, B1)",
+    VLLMCheck("prefix_cache_after_push", "stale prefix cache after a push in flight",
               "after a weight update with a request running, no request reuses keys / values of the old weights",
               ("tests/rollout/test_vllm_engine.py",)),
-    VLLMCheck("thread_host_device", "model.hosts.device ignored by vLLM's uni executor (issue 24, B2)",
+    VLLMCheck("thread_host_device", "model.hosts.device ignored by vLLM's uni executor",
               "the thread host's engine lands on model.hosts.device, not on cuda:0 beside the trainer",
               ("tests/rollout/test_source.py", "tests/fleet/test_thread_host.py"), min_gpus=2),
-    VLLMCheck("push_stream_sync", "CUDA stream race in an engine host's push (issue 24, B3)",
+    VLLMCheck("push_stream_sync", "CUDA stream race in an engine host's push",
               "a push between two engine steps waits for the forward still queued on the engine's stream",
               ("tests/fleet/test_versioned.py", "tests/rollout/test_agent_loop_vllm.py")),
 )

@@ -329,10 +329,15 @@ def check_top_level(root: Path, most: int = MAX_TOP_LEVEL) -> list[str]:
             "package of its idea"]
 
 
+ISSUE_FREE = ("zerotir", "callbacks", "sandbox", "benchmarks", "scripts")  # the source a reader opens
+
+
 def check_issue_numbers(root: Path) -> list[str]:
-    """No issue number in the source of ``zerotir/``: a docstring says what and why; history belongs to git."""
+    """No issue number in the source (``ISSUE_FREE``: Python and shell): a docstring says what and why; history
+    belongs to git."""
     problems = []
-    for path in sorted((root / "zerotir").rglob("*.py")):
+    paths = [p for top in ISSUE_FREE for pattern in ("*.py", "*.sh") for p in (root / top).rglob(pattern)]
+    for path in sorted(paths):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if found := ISSUE_REF.search(line):
                 problems.append(f"{path.relative_to(root).as_posix()}:{number}: `{found.group(0)}` names an issue: "
