@@ -129,6 +129,19 @@ def test_a_callback_setting_that_moved_names_its_new_place(capsys, tmp_path):
         argparse.ArgumentParser(prog="python -m zerotir"), message)
 
 
+@pytest.mark.parametrize("old, new", [
+    ("zerotir.scale.cpu_deepspeed.CpuDeepSpeedStrategy", "zerotir.parallel.cpu_deepspeed.CpuDeepSpeedStrategy"),
+    ("zerotir.cli.LateModelSummary", "zerotir.cli.app.LateModelSummary")])
+def test_a_class_path_that_moved_names_its_new_place(old, new):
+    """A saved config naming a class where it used to live (``zerotir.scale``: now ``zerotir.parallel``) gets the
+    new path in the parser's error, not only "No module named"."""
+    message = f"Problem with given class_path '{old}': No module named 'x'\n  Given value: {{'class_path': '{old}'}}"
+    text = parse_error_text(argparse.ArgumentParser(prog="python -m zerotir"), message)
+    assert f"{old} moved: it is now {new} (write that in the config's class_path)\n" in text
+    assert "moved" not in parse_error_text(argparse.ArgumentParser(prog="python -m zerotir"),
+                                           "Problem with given class_path 'zerotir.parallel.x.Y'")
+
+
 def _nested(keys: list[str], value: object) -> object:
     return value if not keys else {keys[0]: _nested(keys[1:], value)}
 

@@ -56,6 +56,9 @@ MOVED = {
     "model.fleet.sandbox_per_node": "model.hosts.sandbox_per_node",
     "model.fleet.timeout_s": "model.hosts.timeout_s",
 }
+# Modules and classes that moved, old dotted prefix -> new: a ``class_path`` in a saved config that names the old one.
+MOVED_CLASS_PATHS = {"zerotir.scale.": "zerotir.parallel.",
+                     "zerotir.cli.LateModelSummary": "zerotir.cli.app.LateModelSummary"}
 # Callback settings that moved into the module's groups: class name -> {init_args key: its new key}.
 MOVED_INIT_ARGS = {"PassRateFilter": {"low": "model.filters.pass_rate_low", "high": "model.filters.pass_rate_high",
                                       "min_keep_groups": "model.filters.min_keep_groups",
@@ -102,6 +105,15 @@ def moved_init_args(text: str) -> list[str]:
     return lines
 
 
+def moved_class_paths(text: str) -> list[str]:
+    """A line for each ``class_path`` in ``text`` (a parse error) under a prefix that moved (``MOVED_CLASS_PATHS``)."""
+    lines = []
+    for old, new in MOVED_CLASS_PATHS.items():
+        for found in sorted(set(re.findall(rf"{re.escape(old)}[\w.]*", text))):
+            lines.append(f"{found} moved: it is now {new + found[len(old):]} (write that in the config's class_path)")
+    return lines
+
+
 def key_hint(key: str, known: list[str]) -> str:
     """"did you mean" for a mistyped ``key``, and the keys of the group it (or its best match) belongs to; for a key
     that moved (``MOVED``), its new place instead."""
@@ -140,6 +152,7 @@ def parse_error_text(parser: argparse.ArgumentParser, message: str, args: list[s
         hint += ("\n" if hint else "") + f"in the config file {', '.join(where)}"
     if "init_args" in message:
         hint = "\n".join([hint, *moved_init_args(message)]).strip("\n")
+    hint = "\n".join([hint, *moved_class_paths(message)]).strip("\n")
     return f"error: {message}\n" + (f"{hint}\n" if hint else "") + f"(every option with its meaning: {prog} --help)\n"
 
 
