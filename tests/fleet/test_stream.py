@@ -160,8 +160,9 @@ def test_no_engine_step_while_a_share_holds_finished_samples_not_taken():
 
 
 def test_groups_on_lockstep_rounds_share_the_engine_to_the_end():
-    """The rounds schedules step a share until none of its requests runs: a share that waits for another to take
-    its samples yields meanwhile, so groups in rounds end together."""
+    """The rounds schedules step a share until none of its requests runs, yielding after each step: the groups
+    admitted beside it submit and decode in the same engine steps (4 requests at once, not one group's 2), and a
+    share whose step waits for another to take its samples lets it."""
     tokenizer = build_byte_tokenizer()
     engine = _CountingEngine(tokenizer.eos_token_id, steps=2)
     stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule("lockstep"), Toolbox.build(NO_TOOL), max_in_flight=4)

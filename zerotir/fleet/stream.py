@@ -4,7 +4,8 @@ engine steps while the trajectories in flight go on. Groups that sample otherwis
 evaluation beside training samples) wait until those have ended: an engine may sample its running requests alike.
 
     trainer -> submit(jobs)          groups wait in the inbox
-    thread:    admit while the trajectories in flight stay within max_in_flight; every group is a tool loop of its
+    thread:    admit while the trajectories in flight stay within max_in_flight (each frees its room the moment it
+               ends, and the next waiting group starts then); every group is a tool loop of its
                own (``agent_loop.rollout`` over ``EngineShare``: its own keys on the one engine), all stepping the
                one engine together; a group that ends goes to the outbox
     trainer -> take(jobs)            the groups of a batch, as soon as each has ended
