@@ -112,6 +112,68 @@ def test_the_room_is_counted_in_trajectories_prompts_times_n():
     assert engine.peak == 4  # a job of 2 prompts x 2 samples fills the room alone; two of 1 x 2 share it
 
 
+class _LongSecondEngine(_CountingEngine):
+    """Request 1 of the prompt ``[65]`` runs 5 steps, every other 1; records which prompts run at each submit."""
+
+    def __init__(self, eos: int):
+        super().__init__(eos)
+        self.prompts: dict = {}
+        self.beside: list[tuple[int, set[tuple[int, int]]]] = []  # (prompt's first id, {(first id, key)} running)
+
+    def steps_of(self, key) -> int:
+        return 5 if (self.prompts[key], key[1]) == (65, 1) else 1
+
+    def submit(self, key, ids, params):
+        self.prompts[key] = ids[0]
+        self.beside.append((ids[0], {(self.prompts[k], k[1]) for k in self.running}))
+        super().submit(key, ids, params)
+
+
+def test_an_ended_trajectory_frees_its_room_for_a_waiting_group_at_once():
+    """Group A (2 samples) fills the room of 2; its sample 0 ends after 1 step while sample 1 runs 5: group B starts
+    beside A's sample 1 instead of waiting for A's last trajectory."""
+    tokenizer = build_byte_tokenizer()
+    engine = _LongSecondEngine(tokenizer.eos_token_id)
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2)
+    try:
+        stream.submit([Job("A", [[65]], [""], greedy(n=2)), Job("B", [[67]], [""], greedy(n=1))])
+        got = stream.take(["A", "B"], TIMEOUT_S)
+    finally:
+        stream.close()
+    assert [len(traj) for traj in got] == [2, 1] and engine.peak == 2
+    (started,) = [running for first, running in engine.beside if first == 67]
+    assert started == {(65, 1)}  # B joined while A's last trajectory was still decoding
+
+
+def test_no_engine_step_while_a_share_holds_finished_samples_not_taken():
+    """A step that finished another share's sample waits for that share to take it (and resubmit) before the engine
+    steps again, so every step decodes every request that can go on."""
+    engine = _ScriptedEngine()
+    hub = EngineHub(VersionedEngine(engine, 0, lambda: None, lambda: False, lambda: None))
+    a, b = hub.share(), hub.share()
+    a.submit(2, [1], greedy(1))  # 3 steps
+    b.submit(0, [1], greedy(1))  # 1 step
+    assert a.step() == [] and (engine.running, b.has_done) == ({(1, 2): 2}, True)
+    assert a.step() == [] and engine.running == {(1, 2): 2}  # b's sample not taken yet: no step
+    assert [k for k, _ in b.step()] == [0] and engine.running == {(1, 2): 2}  # b's own, without a step
+    assert a.step() == [] and engine.running == {(1, 2): 1}
+
+
+def test_groups_on_lockstep_rounds_share_the_engine_to_the_end():
+    """The rounds schedules step a share until none of its requests runs, yielding after each step: the groups
+    admitted beside it submit and decode in the same engine steps (4 requests at once, not one group's 2), and a
+    share whose step waits for another to take its samples lets it."""
+    tokenizer = build_byte_tokenizer()
+    engine = _CountingEngine(tokenizer.eos_token_id, steps=2)
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule("lockstep"), Toolbox.build(NO_TOOL), max_in_flight=4)
+    try:
+        stream.submit([Job(k, [[65 + k]], [""], greedy(n=2)) for k in range(3)])
+        got = stream.take([0, 1, 2], 30.0)  # a hang guard: these end within a second
+    finally:
+        stream.close()
+    assert [len(traj) for traj in got] == [2, 2, 2] and engine.submitted == 6 and engine.peak == 4
+
+
 def test_streamed_groups_equal_their_rollouts_alone(world):
     tokenizer, _, prompts = world
     params = greedy(n=2)

@@ -58,6 +58,11 @@ class EngineHub:
     def drop(self, share: EngineShare) -> None:
         self._shares.pop(share.tag, None)
 
+    def waiting(self) -> bool:
+        """Whether a share holds finished samples its tool loop has not taken yet: until it takes them (and
+        resubmits what goes on), an engine step would decode without those requests."""
+        return any(share.has_done for share in self._shares.values())
+
     def step(self) -> None:
         """One engine step, after aborting the shares a push since the last step left over the bound; its
         finished samples to their shares."""
@@ -81,8 +86,10 @@ class EngineHub:
 
 class EngineShare:
     """One tool loop's view of a shared engine (a ``GenerationEngine``): it submits and releases its own keys,
-    and its ``step`` returns its own finished samples, stepping the engine only when none is waiting. A sample
-    another loop's step finished waits here, and counts as running until it is returned.
+    and its ``step`` returns its own finished samples, stepping the engine only when no share of the hub holds
+    finished samples waiting (else it returns none: the loop yields, the others take theirs and resubmit, so every
+    engine step decodes every request that can go on). A sample another loop's step finished waits here, and
+    counts as running until it is returned.
 
     Attributes:
         oldest: the lowest version its segments were submitted with (``NO_VERSION`` before any push); a group
@@ -108,7 +115,7 @@ class EngineShare:
 
     def step(self) -> list[tuple[Hashable, Sample]]:
         self._check()
-        if not self._done:
+        if not self._done and not self.hub.waiting():
             self.hub.step()
         out, self._done = self._done, []
         return out
@@ -131,6 +138,11 @@ class EngineShare:
         self.aborted = True
         if self.task is not None:
             self.task.cancel()
+
+    @property
+    def has_done(self) -> bool:
+        """Whether finished samples wait here for the tool loop's next ``step``."""
+        return bool(self._done)
 
     @property
     def num_running(self) -> int:

@@ -4,7 +4,8 @@ engine steps while the trajectories in flight go on. Groups that sample otherwis
 evaluation beside training samples) wait until those have ended: an engine may sample its running requests alike.
 
     trainer -> submit(jobs)          groups wait in the inbox
-    thread:    admit while the trajectories in flight stay within max_in_flight; every group is a tool loop of its
+    thread:    admit while the trajectories in flight stay within max_in_flight (each frees its room the moment it
+               ends, and the next waiting group starts then); every group is a tool loop of its
                own (``agent_loop.rollout`` over ``EngineShare``: its own keys on the one engine), all stepping the
                one engine together; a group that ends goes to the outbox
     trainer -> take(jobs)            the groups of a batch, as soon as each has ended
@@ -110,7 +111,8 @@ class GroupStream:
         self._cond = threading.Condition()
         self._inbox: list[Job] = []
         self._outbox: dict[Hashable, _Done] = {}
-        self._in_flight = 0
+        self._in_flight = 0  # trajectories admitted that have not ended
+        self._tasks: set[asyncio.Task] = set()  # the tool loops running (the stream's thread alone touches it)
         self._queued = self._finished = 0  # jobs submitted, and those that have ended (done, failed or stopped)
         self._paused = False  # a push waits for the jobs before it (max_in_flight 0): none admitted meanwhile
         self._kind: tuple[float, float] | None = None  # how the groups in flight sample: (temperature, top_p)
@@ -244,35 +246,52 @@ class GroupStream:
 
     async def _main(self) -> None:
         hub = EngineHub(self.engine, self.max_staleness)
-        tasks: set[asyncio.Task] = set()
         while True:
             with self._cond:
                 if self._stop:
                     break
-                while self._inbox and self._fits(self._inbox[0]):
-                    job = self._inbox.pop(0)
-                    self._account()
-                    self._in_flight += job.size
-                    self._kind = _kind(job.params)
-                    tasks.add(asyncio.ensure_future(self._group(job, hub)))
-            if tasks:
-                done, tasks = await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+            self._admit(hub)
+            if self._tasks:
+                done, _ = await asyncio.wait(self._tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+                self._tasks -= done  # not the pending set: a trajectory's end may have admitted groups meanwhile
                 for task in done:  # a group's own errors are in its outcome; this raises only the stream's
                     if not task.cancelled():  # cancelled: aborted at a push as it ended, queued again already
                         task.result()
             else:
                 await asyncio.sleep(0.005)
-        for task in tasks:
+        for task in self._tasks:
             task.cancel()
+
+    def _admit(self, hub: EngineHub) -> None:
+        """Start every waiting job that fits now, in order, each a tool loop of its own on the event loop."""
+        with self._cond:
+            while not self._stop and self._inbox and self._fits(self._inbox[0]):
+                job = self._inbox.pop(0)
+                self._account()
+                self._in_flight += job.size
+                self._kind = _kind(job.params)
+                self._tasks.add(asyncio.ensure_future(self._group(job, hub)))
 
     async def _group(self, job: Job, hub: EngineHub) -> None:
         """One group's tool loop on its share of the engine; its outcome to the outbox, or, aborted at a push,
-        the group back at the head of the inbox (its tokens counted as wasted)."""
+        the group back at the head of the inbox (its tokens counted as wasted). Streaming, each trajectory frees
+        its room the moment it ends, and the next waiting job that fits starts at once; a whole share
+        (``max_in_flight`` 0) holds its room until it ends, so it runs alone."""
         share = hub.share()
         share.task = asyncio.current_task()
+        freed = 0
+
+        def on_end(key: int, row: object) -> None:
+            nonlocal freed
+            freed += 1
+            with self._cond:
+                self._account()
+                self._in_flight -= 1
+            self._admit(hub)
+
         try:
             traj, timings = await rollout(share, self.tokenizer, None, job.prompts, job.params, self.tool,
-                                          job.truths, self.schedule, self.tools)
+                                          job.truths, self.schedule, self.tools, on_end if self.max_in_flight else None)
             done = None if share.aborted else _Done(traj.to("cpu"), timings=timings)
         except BaseException as exc:  # noqa: BLE001 - sorted by _failed
             done = self._failed(exc, share.aborted)
@@ -280,7 +299,7 @@ class GroupStream:
             hub.drop(share)
             with self._cond:
                 self._account()
-                self._in_flight -= job.size
+                self._in_flight -= job.size - freed
                 self._finished += not share.aborted
                 self._cond.notify_all()
         if done is None:

@@ -212,6 +212,7 @@ async def _run_rounds(run: _Run, per_call: int | None) -> None:
         finished: list[tuple[Hashable, Sample]] = []
         while run.engine.num_running:
             finished += _step(run)
+            await asyncio.sleep(0)  # a shared engine (fleet.hub): the other loops submit and take theirs too
         for key, sample in finished:
             _absorb(run, key, sample)
             row = run.rows[key]
