@@ -22,7 +22,9 @@ Measured per run from its TensorBoard logs: RL steps per minute of training (ste
 minutes to the held-out target (``--target``, checked every ``--val_every`` steps), the profile (mean seconds per
 step of generation, update, the trainer waiting for rollouts, the weights' push) and the fleet's occupancy at the
 end: ``pipeline/fleet_busy`` (the share of wall time the engine had a rollout in flight) and ``pipeline/fleet_fill``
-(streaming: the mean trajectories in flight over ``max_in_flight``); streaming, the mean stream batches a step's
+(streaming: the mean trajectories in flight over ``max_in_flight``) with ``pipeline/fleet_fill_waiting`` (the same
+mean over only the time a prompt group waited to be admitted: how full the engine stayed while there was work);
+streaming, the mean stream batches a step's
 groups came from (``pipeline/fleet_spread``), the groups generated again (``pipeline/fleet_regenerated``) and, per
 step, the groups a push left over the bound, aborted in the engine, and their wasted tokens
 (``pipeline/fleet_aborted_groups``, ``pipeline/fleet_aborted_tokens``).
@@ -50,7 +52,7 @@ ARMS = {"inline": [], "thread_s1": ["--model.hosts.max_staleness", "1", *TIS], "
         "stream_s1": [*FLEET, "--model.hosts.max_in_flight", "128"]}  # 16 prompts x 8 samples: one batch
 PROFILE = {"generation": mn.TIME_GENERATION, "update": mn.TIME_UPDATE, "wait_for_rollout": mn.TIME_WAIT_ROLLOUT,
            "weight_sync": mn.TIME_WEIGHT_SYNC, "staleness": mn.STALENESS_MEAN}
-OCCUPANCY = {"busy": mn.FLEET_BUSY, "fill": mn.FLEET_FILL}
+OCCUPANCY = {"busy": mn.FLEET_BUSY, "fill": mn.FLEET_FILL, "fill_waiting": mn.FLEET_FILL_WAITING}
 ABORTED = {"aborted_groups": mn.FLEET_ABORTED_GROUPS, "aborted_tokens": mn.FLEET_ABORTED_TOKENS}
 
 
@@ -92,8 +94,9 @@ def markdown(runs: list[dict], rows: list[dict], target: float) -> str:
 
     lines = [f"| arm | seeds | RL steps / min | vs in line (range) | reached {target:.0%} | minutes to {target:.0%} | "
              "s/step generation | s/step update | trainer waits s/step | push s/step | engine busy | engine fill | "
+             "fill while work waits | "
              "batches per step | groups regenerated | groups aborted / step | tokens aborted / step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, rng = r["profile"], r["speedup_range"]
         occ = [x["occupancy"] for x in runs if x["arm"] == r["arm"]]
@@ -103,7 +106,8 @@ def markdown(runs: list[dict], rows: list[dict], target: float) -> str:
                      f"({cell(rng and rng[0])}-{cell(rng and rng[1])}) | {r['reached']}/{r['seeds']} | "
                      f"{cell(r['minutes_to_target'])} | {cell(p.get('generation'))} | {cell(p.get('update'))} | "
                      f"{cell(p.get('wait_for_rollout'))} | {cell(p.get('weight_sync'))} | {cell(mean.get('busy'))} | "
-                     f"{cell(mean.get('fill'))} | {cell(mean.get('spread'))} | {cell(mean.get('regenerated'), '{:.1f}')} | "
+                     f"{cell(mean.get('fill'))} | {cell(mean.get('fill_waiting'))} | {cell(mean.get('spread'))} | "
+                     f"{cell(mean.get('regenerated'), '{:.1f}')} | "
                      f"{cell(mean.get('aborted_groups'))} | {cell(mean.get('aborted_tokens'), '{:.0f}')} |")
     return "\n".join(lines) + "\n"
 

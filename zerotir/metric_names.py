@@ -104,9 +104,11 @@ STALENESS_MAX = "pipeline/staleness_max"
 FLEET_RESTARTS = "pipeline/fleet_restarts"
 PUSH_MB = "pipeline/push_mb"
 # The fleet's engines since they started, the mean over engines: the share of wall time with a rollout in flight,
-# and (streaming) the mean trajectories in flight over model.hosts.max_in_flight.
+# and (streaming) the mean trajectories in flight over model.hosts.max_in_flight, over all the time and over the
+# time at least one prompt group waited to be admitted (work there was).
 FLEET_BUSY = "pipeline/fleet_busy"
 FLEET_FILL = "pipeline/fleet_fill"
+FLEET_FILL_WAITING = "pipeline/fleet_fill_waiting"
 # Streaming, where each step takes the prompt groups that have ended: groups dropped over the staleness bound and
 # generated again (so far), and the stream batches the step's groups came from.
 FLEET_REGENERATED = "pipeline/fleet_regenerated"

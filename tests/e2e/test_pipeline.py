@@ -18,6 +18,7 @@ import torch
 from tests.e2e.conftest import (VLLM_STEPS, cli_args, fit_lockstep, fit_vllm_lockstep, killed_at_step_3, read_scalars,
                                 run_cli)
 from zerotir import metric_names as mn
+from zerotir.data.stream import PromptStream
 
 pytestmark = pytest.mark.slow
 
@@ -94,3 +95,38 @@ def test_s1_killed_with_the_hosts_batch_in_flight_resumes_at_the_first_unconsume
     staleness = dict(scalars[mn.STALENESS_MAX])
     assert staleness[1] == 0.0 and staleness[3] == 0.0  # the first batch of a run (and of a resume) waits for nobody
     assert all(v <= 1.0 for v in staleness.values())
+
+
+def _ids_of(state: dict, stream: PromptStream) -> list[str]:
+    """The ids of the stream rows a data record (``PromptDataModule.state_dict``) counts as consumed: its whole
+    batches and its single rows."""
+    out = [r["id"] for b in range(state["consumed"]) for r in stream.batch(b)]
+    for b, positions in state["rows"].items():
+        out += [r["id"] for r in stream.batch(int(b)) if r["position"] in positions]
+    return out
+
+
+def test_streaming_through_the_thread_host_resumes_training_no_prompt_twice_and_dropping_none(e2e_base, e2e_data,
+                                                                                            tmp_path):
+    """Streaming at S = 1 through the thread host (each step takes the prompt groups that have ended, from several
+    batches, so a step's checkpoint records single rows of a batch), 1 step with its checkpoint while the host holds
+    later groups, then resumed to step 3: the checkpoint's data record holds exactly the prompts of step 1; the
+    resumed steps train none of them again, and the final record holds every prompt trained."""
+    steps = tmp_path / "steps.jsonl"
+    common = ["--checkpoint.every_n_train_steps", "1", "--trainer.limit_val_batches", "0",
+              "--model.hosts.max_staleness", "1", "--model.rl.off_policy_correction", "tis",
+              "--model.hosts.max_in_flight", "32", "--trainer.callbacks+=tests.e2e.helpers.RecordSteps",
+              "--trainer.callbacks.path", str(steps)]
+    run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "1", *common))
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["zerotir"]["rl_steps_done"] == 1
+    cli = run_cli(cli_args("fit", "tiny_cpu_reinforce", e2e_base, e2e_data, tmp_path, "--trainer.max_steps", "3",
+                           "--ckpt_path", "last", *common))
+    assert cli.model.rl_steps_done == 3
+    records = [r for r in _records(steps) if "start" not in r]
+    assert [r["rl_step"] for r in records] == [1, 2, 3]
+    dm = cli.datamodule
+    stream = PromptStream(dm.train_rows, dm.prompts_per_step, dm.seed)
+    assert sorted(_ids_of(ckpt["PromptDataModule"], stream)) == sorted(records[0]["trained"])
+    trained = [i for r in records for i in r["trained"]]
+    assert len(set(trained)) == len(trained) and sorted(trained) == sorted(_ids_of(dm.state_dict(), stream))

@@ -18,7 +18,8 @@ from tests.gloo import spawned
 from tests.ports import free_port
 
 from zerotir.config import HFRollout, ToolConfig
-from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost, combine_occupancy
+from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost, combine_occupancy, stream_occupancy
+from zerotir.fleet.stream import StreamStats
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
@@ -209,3 +210,14 @@ def test_the_hosts_figures_average_their_shares_of_time_and_add_up_their_counts(
             {"busy": 1.0, "fill": 0.75, "aborted_groups": 2.0, "aborted_tokens": 12.0}]
     assert combine_occupancy(each) == {"fleet_busy": 0.75, "fleet_fill": 0.5, "fleet_aborted_groups": 3.0,
                                        "fleet_aborted_tokens": 42.0}
+
+
+def test_a_streams_fill_while_work_waits_divides_by_the_waiting_seconds_alone():
+    """Hand-worked: 100 s of wall, 2 s of it with a group waiting while 3 of a room of 4 trajectories ran (a group of
+    2 did not fit): fill 60 / (100 x 4) over all the time, 6 / (2 x 4) while work waited."""
+    stats = StreamStats(wall=100.0, busy=50.0, trajectory_seconds=60.0, waiting=2.0, trajectory_seconds_waiting=6.0,
+                        aborted_groups=1, aborted_tokens=7)
+    assert stream_occupancy(stats, 4) == {"busy": 0.5, "fill": 0.15, "fill_waiting": 0.75, "aborted_groups": 1.0,
+                                          "aborted_tokens": 7.0}
+    assert stream_occupancy(StreamStats(wall=10.0, busy=10.0, trajectory_seconds=40.0), 4)["fill_waiting"] == 1.0
+    assert stream_occupancy(stats, 0) == {"busy": 0.5}  # whole shares: no room to fill

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fleet.held_engine import HeldEngine, prompt
 from tests.fleet.test_engine_host import NO_TOOL, sampled_ids
+from zerotir.fleet.engine_host import stream_occupancy
 from zerotir.fleet.hub import EngineHub
 from zerotir.fleet.stream import GroupStream, Job
 from zerotir.fleet.versioned import VersionedEngine
@@ -248,3 +250,80 @@ def test_a_stream_refuses_a_negative_room(world):
     tokenizer, _, _ = world
     with pytest.raises(ValueError, match=r"max_in_flight=-1\): >= 1 to stream groups, or 0 for one job at a time"):
         GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=-1)
+
+
+def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
+    """Room for 2 on a clock the test sets, every request held until let go: 5 s with group A's 2 trajectories in
+    flight and nothing waiting, 10 s with B waiting behind them (the room full: fill 1 while work waited), then A's
+    sample 0 ends, B takes its room, and 5 s more with nothing waiting. Hand-worked: wall 20, 2 trajectories in
+    flight throughout (40 trajectory-seconds), 10 s waiting (5 to 15) with 20 trajectory-seconds."""
+    tokenizer = build_byte_tokenizer()
+    engine = HeldEngine(tokenizer.eos_token_id)
+    engine.hold((0, 0, 0), (0, 0, 1), (0, 1, 0))
+    now = [0.0]
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2,
+                         clock=lambda: now[0])
+    try:
+        stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2))])
+        engine.wait("group A admitted", lambda: engine.num_running == 2)
+        now[0] = 5.0
+        stream.submit([Job("B", [prompt(0, 1)], [""], greedy(n=1))])  # no room: it waits
+        now[0] = 15.0
+        behind = stream.stats()
+        engine.let_go((0, 0, 0))
+        engine.wait("B admitted in A's freed room", lambda: engine.num_running == 2 and (0, 0, 0) in engine.finished)
+        now[0] = 20.0
+        after = stream.stats()
+        engine.let_go((0, 0, 1), (0, 1, 0))
+        assert [len(traj) for traj in stream.take(["A", "B"], TIMEOUT_S)] == [2, 1]
+    finally:
+        stream.close()
+    assert (behind.wall, behind.trajectory_seconds, behind.waiting, behind.trajectory_seconds_waiting) == \
+        (15, 30, 10, 20)
+    assert (after.wall, after.busy, after.trajectory_seconds, after.waiting, after.trajectory_seconds_waiting) == \
+        (20, 20, 40, 10, 20)  # no job waited from 15 to 20: the waiting seconds stayed
+    assert stream_occupancy(after, 2)["fill_waiting"] == 1.0
+
+
+def test_with_no_job_waiting_no_second_counts_as_waiting():
+    """Room for 2, group A's 2 trajectories held in flight 5 s and nothing else submitted: busy and full, never
+    waiting."""
+    tokenizer = build_byte_tokenizer()
+    engine = HeldEngine(tokenizer.eos_token_id)
+    engine.hold((0, 0, 0), (0, 0, 1))
+    now = [0.0]
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2,
+                         clock=lambda: now[0])
+    try:
+        stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2))])
+        engine.wait("group A admitted", lambda: engine.num_running == 2)
+        now[0] = 5.0
+        stats = stream.stats()
+        engine.let_go((0, 0, 0), (0, 0, 1))
+        assert len(stream.take(["A"], TIMEOUT_S)[0]) == 2
+    finally:
+        stream.close()
+    assert (stats.wall, stats.busy, stats.trajectory_seconds, stats.waiting, stats.trajectory_seconds_waiting) == \
+        (5, 5, 10, 0, 0)
+
+
+def test_a_group_too_large_for_the_room_left_waits_beside_a_part_filled_room():
+    """Room for 3 and group A's 2 trajectories held in flight: group B of 2 does not fit and waits 10 s, with 2 of
+    3 running: fill 20 / (3 x 10) while work waited."""
+    tokenizer = build_byte_tokenizer()
+    engine = HeldEngine(tokenizer.eos_token_id)
+    engine.hold((0, 0, 0), (0, 0, 1))
+    now = [0.0]
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=3,
+                         clock=lambda: now[0])
+    try:
+        stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2)), Job("B", [prompt(0, 1)], [""], greedy(n=2))])
+        engine.wait("group A admitted", lambda: engine.num_running == 2)
+        now[0] = 10.0
+        stats = stream.stats()
+        engine.let_go((0, 0, 0), (0, 0, 1))
+        assert [len(traj) for traj in stream.take(["A", "B"], TIMEOUT_S)] == [2, 2]
+    finally:
+        stream.close()
+    assert (stats.waiting, stats.trajectory_seconds_waiting) == (10, 20)
+    assert stream_occupancy(stats, 3)["fill_waiting"] == pytest.approx(2 / 3)

@@ -108,7 +108,9 @@ def test_the_thread_host_streams_at_s1_within_the_staleness_bound(tiny_dir: Path
             sampled = got.trajectories.versions[got.trajectories.action_mask]
             assert sampled.numel() and int(sampled.min()) >= step - 1 - 1  # trainer_version(step) - S
         assert torch.equal(source.hosts[0].host.engine.model.lm_head.weight, actor.lm_head.weight)
-        assert source.stats()["fleet_fill"] > 0  # a streaming host reports how full it kept its room
+        stats = source.stats()
+        assert stats["fleet_fill"] > 0  # a streaming host reports how full it kept its room
+        assert stats["fleet_fill_waiting"] >= 0  # and how full while work waited (a group of 2 > the room runs alone)
     finally:
         source.close()
 

@@ -40,7 +40,7 @@ from torch import nn
 from zerotir.config import RolloutBackend, ToolConfig, VLLMRollout
 from zerotir.fleet.cores import pin_process
 from zerotir.fleet.weight_group import DEFAULT_TIMEOUT_S, SENDER, GroupAddress, WeightGroup, form_weight_group
-from zerotir.fleet.stream import GroupStream, Job
+from zerotir.fleet.stream import GroupStream, Job, StreamStats
 from zerotir.fleet.versioned import synchronize_devices
 from zerotir.fleet.weight_push import receive_push
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
@@ -276,17 +276,14 @@ class EngineHost:
 
     def occupancy(self) -> dict[str, float]:
         """How busy the engine has been since the host started: ``busy``, the share of wall time with a rollout in
-        flight, and (streaming) ``fill``, the mean trajectories in flight over ``max_in_flight``, with the counts
-        so far of the groups aborted at a push (``aborted_groups``) and of their wasted tokens
-        (``aborted_tokens``). A batch share keeps the engine busy until its slowest trajectory ends, however few
-        still run by then, which ``fill`` shows; nothing is in flight at its pushes, so nothing is aborted."""
-        stats = self._stream().stats()
-        wall = max(stats.wall, 1e-9)
-        busy = {"busy": stats.busy / wall}
-        if not self.settings.max_in_flight:  # whole shares: no room to fill
-            return busy
-        return {**busy, "fill": stats.trajectory_seconds / (wall * self.settings.max_in_flight),
-                "aborted_groups": float(stats.aborted_groups), "aborted_tokens": float(stats.aborted_tokens)}
+        flight, and (streaming) ``fill``, the mean trajectories in flight over ``max_in_flight``, and
+        ``fill_waiting``, the same mean over only the time at least one job waited to be admitted (1 while none has
+        waited yet: the room was never short of the work there was), with the counts so far of the groups aborted at
+        a push (``aborted_groups``) and of their wasted tokens (``aborted_tokens``). ``fill`` counts the time the
+        trainer gave no work; ``fill_waiting`` only how full the room stayed while there was some. A batch share
+        keeps the engine busy until its slowest trajectory ends, however few still run by then, which ``fill``
+        shows; nothing is in flight at its pushes, so nothing is aborted."""
+        return stream_occupancy(self._stream().stats(), self.settings.max_in_flight)
 
     def close(self) -> None:
         """Close the engine, leave the weight group and close the tools; idempotent."""
@@ -311,6 +308,18 @@ class EngineHost:
         if self.engine is None:
             raise RuntimeError("EngineHost is closed (close() ran); start a new host")
         return self.engine
+
+
+def stream_occupancy(stats: StreamStats, max_in_flight: int) -> dict[str, float]:
+    """``EngineHost.occupancy`` of a stream's ``stats`` with room for ``max_in_flight`` trajectories (0: whole
+    shares, ``busy`` alone)."""
+    wall = max(stats.wall, 1e-9)
+    busy = {"busy": stats.busy / wall}
+    if not max_in_flight:  # whole shares: no room to fill
+        return busy
+    waiting = stats.trajectory_seconds_waiting / (stats.waiting * max_in_flight) if stats.waiting else 1.0
+    return {**busy, "fill": stats.trajectory_seconds / (wall * max_in_flight), "fill_waiting": waiting,
+            "aborted_groups": float(stats.aborted_groups), "aborted_tokens": float(stats.aborted_tokens)}
 
 
 COUNTS = ("aborted_groups", "aborted_tokens")  # the occupancy figures that add up over hosts; the others average

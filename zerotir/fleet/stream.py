@@ -75,12 +75,16 @@ class _Done:
 @dataclass
 class StreamStats:
     """What the stream did so far: wall seconds since it started, seconds with at least one trajectory in flight,
-    trajectory-seconds in flight (their integral over time), groups done, and the groups aborted at a push over the
-    staleness bound (``zerotir.fleet.hub``) with the tokens their finished segments had sampled (wasted)."""
+    trajectory-seconds in flight (their integral over time), the seconds with at least one job waiting in the inbox
+    (work there was, admitted or not: room full, sampling otherwise than the groups in flight, or a push pausing
+    admission) and the trajectory-seconds in flight during those, groups done, and the groups aborted at a push over
+    the staleness bound (``zerotir.fleet.hub``) with the tokens their finished segments had sampled (wasted)."""
 
     wall: float = 0.0
     busy: float = 0.0
     trajectory_seconds: float = 0.0
+    waiting: float = 0.0
+    trajectory_seconds_waiting: float = 0.0
     groups: int = 0
     aborted_groups: int = 0
     aborted_tokens: int = 0
@@ -99,10 +103,12 @@ class GroupStream:
         device: the engine's device, synchronized around each push's copy (``versioned.synchronize_devices``).
         max_staleness: S of ``model.hosts``: at a push of version V, a group in flight with a segment older than
             V - S is aborted and queued again first (``zerotir.fleet.hub``); None: none is.
+        clock: the seconds the stats count (``stats``); a test gives its own to know exactly what elapsed.
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, tool: ToolConfig, schedule: Schedule,
-                 tools: Toolbox, max_in_flight: int, device: str = "cpu", max_staleness: int | None = None):
+                 tools: Toolbox, max_in_flight: int, device: str = "cpu", max_staleness: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if max_in_flight < 0:
             raise ValueError(f"GroupStream(max_in_flight={max_in_flight}): >= 1 to stream groups, or 0 for one job "
                              "at a time (model.hosts.max_in_flight)")
@@ -118,7 +124,8 @@ class GroupStream:
         self._kind: tuple[float, float] | None = None  # how the groups in flight sample: (temperature, top_p)
         self._stop = False
         self._error: BaseException | None = None
-        self._stats, self._since = StreamStats(), time.monotonic()
+        self._clock = clock
+        self._stats, self._since = StreamStats(), clock()
         self.engine = VersionedEngine(engine, None, lambda: None, lambda: self._stop,
                                       functools.partial(synchronize_devices, (device,)))
         self._thread = threading.Thread(target=self._run, name="zerotir-fleet-stream", daemon=True)
@@ -129,6 +136,7 @@ class GroupStream:
         """Queue ``jobs``; they start as room frees up, in order."""
         with self._cond:
             self._check("queueing prompt groups")
+            self._account()  # the time before counts with the inbox as it was
             self._inbox.extend(jobs)
             self._queued += len(jobs)
             self._cond.notify_all()
@@ -194,7 +202,7 @@ class GroupStream:
             self._paused = True
 
     def stats(self) -> StreamStats:
-        """Wall, busy and trajectory-seconds since the stream started, and groups done."""
+        """Wall, busy, waiting and trajectory-seconds since the stream started, and groups done."""
         with self._cond:
             self._account()
             return replace(self._stats)
@@ -225,13 +233,17 @@ class GroupStream:
         return self._in_flight + job.size <= self.max_in_flight and _kind(job.params) == self._kind
 
     def _account(self) -> None:
-        """Add the time since the last call to the stats (with the condition held)."""
-        now = time.monotonic()
+        """Add the time since the last call to the stats (with the condition held), counted with the trajectories in
+        flight and the inbox as they were over that time: every change to either calls this first."""
+        now = self._clock()
         elapsed, self._since = now - self._since, now
         self._stats.wall += elapsed
         if self._in_flight:
             self._stats.busy += elapsed
             self._stats.trajectory_seconds += elapsed * self._in_flight
+        if self._inbox:
+            self._stats.waiting += elapsed
+            self._stats.trajectory_seconds_waiting += elapsed * self._in_flight
 
     # ------------------------------------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -266,8 +278,8 @@ class GroupStream:
         """Start every waiting job that fits now, in order, each a tool loop of its own on the event loop."""
         with self._cond:
             while not self._stop and self._inbox and self._fits(self._inbox[0]):
-                job = self._inbox.pop(0)
                 self._account()
+                job = self._inbox.pop(0)
                 self._in_flight += job.size
                 self._kind = _kind(job.params)
                 self._tasks.add(asyncio.ensure_future(self._group(job, hub)))
@@ -324,6 +336,7 @@ class GroupStream:
     def _requeue(self, job: Job, tokens: int) -> None:
         """An aborted group back at the head of the inbox, generated again with the newest weights."""
         with self._cond:
+            self._account()
             self._inbox.insert(0, job)
             self._stats.aborted_groups += 1
             self._stats.aborted_tokens += tokens
