@@ -8,6 +8,9 @@ group, with sampled tokens already in it. Nothing is timed: the tests wait for t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from tests.fleet.held_engine import TOKEN, HeldEngine, prompt
@@ -46,13 +49,23 @@ def _group_in_flight(stream: GroupStream, engine: HeldEngine) -> None:
     engine.wait("sample 0 ending while sample 1 is held", lambda: (0, 0, 0) in engine.finished)
 
 
-@pytest.mark.timeout(120)
-def test_a_group_a_push_leaves_over_the_bound_is_aborted_and_generated_again_with_fresh_weights():
+@contextmanager
+def _group_pushed(version: int, max_staleness: int | None = S) -> Iterator[tuple[HeldEngine, GroupStream]]:
+    """A stream whose group went in at version 0 (``_group_in_flight``) and saw the push of ``version`` land while
+    its sample 1 was held; closed on leaving."""
     engine = HeldEngine(TOK.eos_token_id)
-    stream = _stream(engine)
+    stream = _stream(engine, max_staleness)
     try:
         _group_in_flight(stream, engine)
-        _push(stream, engine, 1)  # floor 1 - S = 0: the group's oldest segment (version 0) can still train
+        _push(stream, engine, version)
+        yield engine, stream
+    finally:
+        stream.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_group_a_push_leaves_over_the_bound_is_aborted_and_generated_again_with_fresh_weights():
+    with _group_pushed(1) as (engine, stream):  # floor 1 - S = 0: the group's oldest segment (version 0) can train
         assert engine.aborted == []
         stream.push(lambda _: 2, TIMEOUT_S)  # floor 1: no later step can train a token of version 0
         engine.wait("the abort of the held request", lambda: engine.aborted)
@@ -60,8 +73,6 @@ def test_a_group_a_push_leaves_over_the_bound_is_aborted_and_generated_again_wit
         engine.let_go((0, 0, 1))
         (traj,) = stream.take(["g"], TIMEOUT_S)
         stats = stream.stats()
-    finally:
-        stream.close()
     assert set(traj.versions[traj.action_mask].tolist()) == {2}  # nothing of the aborted group came back
     assert len(traj) == 2 and sampled_ids(traj) == [[TOKEN, TOK.eos_token_id]] * 2
     assert engine.finished.count((0, 0, 0)) == 2  # sample 0 generated again
@@ -70,16 +81,10 @@ def test_a_group_a_push_leaves_over_the_bound_is_aborted_and_generated_again_wit
 
 @pytest.mark.timeout(120)
 def test_a_group_within_the_bound_runs_on_across_a_push_with_the_version_of_its_submission():
-    engine = HeldEngine(TOK.eos_token_id)
-    stream = _stream(engine)
-    try:
-        _group_in_flight(stream, engine)
-        _push(stream, engine, 1)  # in the middle of sample 1's request
+    with _group_pushed(1) as (engine, stream):  # in the middle of sample 1's request
         engine.let_go((0, 0, 1))
         (traj,) = stream.take(["g"], TIMEOUT_S)
         stats = stream.stats()
-    finally:
-        stream.close()
     assert engine.aborted == [] and engine.finished.count((0, 0, 0)) == 1
     assert set(traj.versions[traj.action_mask].tolist()) == {0}  # the oldest weights that may have sampled them
     assert (stats.aborted_groups, stats.aborted_tokens) == (0, 0)
@@ -87,15 +92,9 @@ def test_a_group_within_the_bound_runs_on_across_a_push_with_the_version_of_its_
 
 @pytest.mark.timeout(120)
 def test_without_a_bound_a_group_is_never_aborted():
-    engine = HeldEngine(TOK.eos_token_id)
-    stream = _stream(engine, max_staleness=None)
-    try:
-        _group_in_flight(stream, engine)
-        _push(stream, engine, 5)
+    with _group_pushed(5, max_staleness=None) as (engine, stream):
         engine.let_go((0, 0, 1))
         (traj,) = stream.take(["g"], TIMEOUT_S)
-    finally:
-        stream.close()
     assert engine.aborted == [] and set(traj.versions[traj.action_mask].tolist()) == {0}
 
 

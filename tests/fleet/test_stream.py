@@ -252,17 +252,24 @@ def test_a_stream_refuses_a_negative_room(world):
         GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=-1)
 
 
+def _held_stream(room: int, *held: tuple) -> tuple[HeldEngine, GroupStream, list[float]]:
+    """A stream with ``room`` on a held engine (``held``: the requests it holds until let go) and a clock the test
+    sets (``now[0]``, seconds)."""
+    tokenizer = build_byte_tokenizer()
+    engine = HeldEngine(tokenizer.eos_token_id)
+    engine.hold(*held)
+    now = [0.0]
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=room,
+                         clock=lambda: now[0])
+    return engine, stream, now
+
+
 def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
     """Room for 2 on a clock the test sets, every request held until let go: 5 s with group A's 2 trajectories in
     flight and nothing waiting, 10 s with B waiting behind them (the room full: fill 1 while work waited), then A's
     sample 0 ends, B takes its room, and 5 s more with nothing waiting. Hand-worked: wall 20, 2 trajectories in
     flight throughout (40 trajectory-seconds), 10 s waiting (5 to 15) with 20 trajectory-seconds."""
-    tokenizer = build_byte_tokenizer()
-    engine = HeldEngine(tokenizer.eos_token_id)
-    engine.hold((0, 0, 0), (0, 0, 1), (0, 1, 0))
-    now = [0.0]
-    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2,
-                         clock=lambda: now[0])
+    engine, stream, now = _held_stream(2, (0, 0, 0), (0, 0, 1), (0, 1, 0))
     try:
         stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2))])
         engine.wait("group A admitted", lambda: engine.num_running == 2)
@@ -288,12 +295,7 @@ def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
 def test_with_no_job_waiting_no_second_counts_as_waiting():
     """Room for 2, group A's 2 trajectories held in flight 5 s and nothing else submitted: busy and full, never
     waiting."""
-    tokenizer = build_byte_tokenizer()
-    engine = HeldEngine(tokenizer.eos_token_id)
-    engine.hold((0, 0, 0), (0, 0, 1))
-    now = [0.0]
-    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=2,
-                         clock=lambda: now[0])
+    engine, stream, now = _held_stream(2, (0, 0, 0), (0, 0, 1))
     try:
         stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2))])
         engine.wait("group A admitted", lambda: engine.num_running == 2)
@@ -310,12 +312,7 @@ def test_with_no_job_waiting_no_second_counts_as_waiting():
 def test_a_group_too_large_for_the_room_left_waits_beside_a_part_filled_room():
     """Room for 3 and group A's 2 trajectories held in flight: group B of 2 does not fit and waits 10 s, with 2 of
     3 running: fill 20 / (3 x 10) while work waited."""
-    tokenizer = build_byte_tokenizer()
-    engine = HeldEngine(tokenizer.eos_token_id)
-    engine.hold((0, 0, 0), (0, 0, 1))
-    now = [0.0]
-    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=3,
-                         clock=lambda: now[0])
+    engine, stream, now = _held_stream(3, (0, 0, 0), (0, 0, 1))
     try:
         stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2)), Job("B", [prompt(0, 1)], [""], greedy(n=2))])
         engine.wait("group A admitted", lambda: engine.num_running == 2)
