@@ -30,7 +30,7 @@ import torch
 from zerotir.config import ToolConfig
 from zerotir.fleet.stream import GroupStream, Job
 from zerotir.rollout.agent_loop import Schedule
-from zerotir.rollout.engine import Sample, SamplingParams
+from zerotir.rollout.engine import EngineWrapper, Sample, SamplingParams
 from zerotir.rollout.hf_engine import HFEngine
 from zerotir.toy.tiny_model import build_tiny_model
 from zerotir.toy.tokenizer import build_byte_tokenizer
@@ -41,28 +41,17 @@ STOPS = ["q", "z", "x", "j", "k", "Q", "Z", "X"]  # rare enough that lengths spr
 TIMEOUT_S = 600.0
 
 
-class MeteredEngine:
+class MeteredEngine(EngineWrapper):
     """An engine's protocol calls, counting its steps and the requests running at each."""
 
     def __init__(self, engine: HFEngine):
-        self.engine = engine
-        self.context_length = engine.context_length
+        super().__init__(engine)
         self.steps = self.running = 0
-
-    def submit(self, key: Hashable, ids: list[int], params: SamplingParams) -> None:
-        self.engine.submit(key, ids, params)
 
     def step(self) -> list[tuple[Hashable, Sample]]:
         self.steps += 1
         self.running += self.engine.num_running
         return self.engine.step()
-
-    def release(self, key: Hashable) -> None:
-        self.engine.release(key)
-
-    @property
-    def num_running(self) -> int:
-        return self.engine.num_running
 
 
 @dataclass
