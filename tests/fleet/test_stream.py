@@ -5,6 +5,9 @@ then do not depend on what runs beside it, so each must equal its rollout alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from tests.fleet.held_engine import HeldEngine, prompt
@@ -252,16 +255,20 @@ def test_a_stream_refuses_a_negative_room(world):
         GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=-1)
 
 
-def _held_stream(room: int, *held: tuple) -> tuple[HeldEngine, GroupStream, list[float]]:
+@contextmanager
+def _held_stream(room: int, *held: tuple) -> Iterator[tuple[HeldEngine, GroupStream, list[float]]]:
     """A stream with ``room`` on a held engine (``held``: the requests it holds until let go) and a clock the test
-    sets (``now[0]``, seconds)."""
+    sets (``now[0]``, seconds); closed on leaving."""
     tokenizer = build_byte_tokenizer()
     engine = HeldEngine(tokenizer.eos_token_id)
     engine.hold(*held)
     now = [0.0]
     stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=room,
                          clock=lambda: now[0])
-    return engine, stream, now
+    try:
+        yield engine, stream, now
+    finally:
+        stream.close()
 
 
 def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
@@ -269,8 +276,7 @@ def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
     flight and nothing waiting, 10 s with B waiting behind them (the room full: fill 1 while work waited), then A's
     sample 0 ends, B takes its room, and 5 s more with nothing waiting. Hand-worked: wall 20, 2 trajectories in
     flight throughout (40 trajectory-seconds), 10 s waiting (5 to 15) with 20 trajectory-seconds."""
-    engine, stream, now = _held_stream(2, (0, 0, 0), (0, 0, 1), (0, 1, 0))
-    try:
+    with _held_stream(2, (0, 0, 0), (0, 0, 1), (0, 1, 0)) as (engine, stream, now):
         stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2))])
         engine.wait("group A admitted", lambda: engine.num_running == 2)
         now[0] = 5.0
@@ -283,8 +289,6 @@ def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
         after = stream.stats()
         engine.let_go((0, 0, 1), (0, 1, 0))
         assert [len(traj) for traj in stream.take(["A", "B"], TIMEOUT_S)] == [2, 1]
-    finally:
-        stream.close()
     assert (behind.wall, behind.trajectory_seconds, behind.waiting, behind.trajectory_seconds_waiting) == \
         (15, 30, 10, 20)
     assert (after.wall, after.busy, after.trajectory_seconds, after.waiting, after.trajectory_seconds_waiting) == \
@@ -295,16 +299,13 @@ def test_the_fill_while_work_waits_counts_only_the_time_a_group_waited():
 def test_with_no_job_waiting_no_second_counts_as_waiting():
     """Room for 2, group A's 2 trajectories held in flight 5 s and nothing else submitted: busy and full, never
     waiting."""
-    engine, stream, now = _held_stream(2, (0, 0, 0), (0, 0, 1))
-    try:
+    with _held_stream(2, (0, 0, 0), (0, 0, 1)) as (engine, stream, now):
         stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2))])
         engine.wait("group A admitted", lambda: engine.num_running == 2)
         now[0] = 5.0
         stats = stream.stats()
         engine.let_go((0, 0, 0), (0, 0, 1))
         assert len(stream.take(["A"], TIMEOUT_S)[0]) == 2
-    finally:
-        stream.close()
     assert (stats.wall, stats.busy, stats.trajectory_seconds, stats.waiting, stats.trajectory_seconds_waiting) == \
         (5, 5, 10, 0, 0)
 
@@ -312,15 +313,12 @@ def test_with_no_job_waiting_no_second_counts_as_waiting():
 def test_a_group_too_large_for_the_room_left_waits_beside_a_part_filled_room():
     """Room for 3 and group A's 2 trajectories held in flight: group B of 2 does not fit and waits 10 s, with 2 of
     3 running: fill 20 / (3 x 10) while work waited."""
-    engine, stream, now = _held_stream(3, (0, 0, 0), (0, 0, 1))
-    try:
+    with _held_stream(3, (0, 0, 0), (0, 0, 1)) as (engine, stream, now):
         stream.submit([Job("A", [prompt(0, 0)], [""], greedy(n=2)), Job("B", [prompt(0, 1)], [""], greedy(n=2))])
         engine.wait("group A admitted", lambda: engine.num_running == 2)
         now[0] = 10.0
         stats = stream.stats()
         engine.let_go((0, 0, 0), (0, 0, 1))
         assert [len(traj) for traj in stream.take(["A", "B"], TIMEOUT_S)] == [2, 2]
-    finally:
-        stream.close()
     assert (stats.waiting, stats.trajectory_seconds_waiting) == (10, 20)
     assert stream_occupancy(stats, 3)["fill_waiting"] == pytest.approx(2 / 3)
