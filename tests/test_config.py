@@ -8,7 +8,8 @@ from typing import get_args
 
 import pytest
 
-from zerotir.config import Algorithm, HFRollout, HostsConfig, RLConfig, SamplingConfig, VLLMRollout
+from zerotir.config import (Algorithm, HFRollout, HostsConfig, RLConfig, SamplingConfig, SandboxConfig, ToolConfig,
+                            VLLMRollout)
 
 
 def test_config_errors_name_the_field():
@@ -180,3 +181,16 @@ def test_the_vllm_engine_group_takes_the_actors_adapter_rank_and_refuses_another
         VLLMRollout(lora_rank=4).for_lora(None)
     with pytest.raises(ValueError, match=r"rollout.init_args.lora_rank=0"):
         VLLMRollout(lora_rank=0)
+
+
+def test_sandbox_urls_that_no_tool_would_use_are_refused_where_the_group_is_built():
+    """Servers named in ``model.tool.sandbox.urls`` with no python tool among the run's tools (a calculator-only run;
+    the no-tool baseline has its own message) would never be called: an error naming the field, not a setting
+    silently unused."""
+    urls = SandboxConfig(urls=["http://127.0.0.1:9"])
+    with pytest.raises(ValueError, match=r"model.tool.sandbox.urls=\['http://127.0.0.1:9'\] but the tools of "
+                                         r"model.tool include no python tool.*drop model.tool.sandbox.urls"):
+        ToolConfig(tools=[{"class_path": "calculator"}], format="hermes", sandbox=urls)
+    with pytest.raises(ValueError, match=r"model.tool.sandbox.urls is set but model.tool.max_tool_calls=0"):
+        ToolConfig(max_tool_calls=0, sandbox=urls)
+    assert ToolConfig(sandbox=urls).sandbox.urls == ["http://127.0.0.1:9"]  # the default tools: python

@@ -19,7 +19,6 @@ from zerotir.fleet.thread_host import ThreadTransport
 from zerotir.fleet.transport import RayTransport
 from zerotir.rewards.protocol import Reward
 from zerotir.rollout.source import InlineSource, RolloutSource
-from zerotir.tools.python import sandbox_needed
 
 
 def make_rollout_source(hosts: HostsConfig, backend: RolloutBackend, sandbox: SandboxConfig, tool: ToolConfig,
@@ -37,13 +36,9 @@ def make_rollout_source(hosts: HostsConfig, backend: RolloutBackend, sandbox: Sa
         dtype: the run's ``model.base.dtype``: the dtype of an engine host's own transformers copy of the actor.
 
     Raises:
-        ValueError: groups that cannot run together, naming both; sandbox URLs that no tool of the run would use.
+        ValueError: groups that cannot run together, naming both.
     """
     hosts.check_backend(backend)
-    if sandbox.urls is not None and not sandbox_needed(tool):
-        raise ValueError(f"model.tool.sandbox.urls={sandbox.urls} but the tools of model.tool include no python tool "
-                         "(or model.tool.max_tool_calls is 0): nothing would run code on those servers; drop "
-                         "model.tool.sandbox.urls or add the python tool to model.tool.tools")
     if not hosts.enabled:
         return InlineSource(backend, sandbox, tool, sampling, reward, model_path, seed)
     transport = RayTransport() if hosts.on_ray else ThreadTransport(hosts.device, hosts.threads)

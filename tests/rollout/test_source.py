@@ -230,19 +230,6 @@ def test_the_pipelines_thread_host_refuses_trainers_it_cannot_serve():
         inline.check_trainer(8, zero3=True)  # the transformers engine decodes with the partitioned actor
 
 
-def test_sandbox_urls_that_no_tool_would_use_stop_the_run_at_start():
-    """Servers named in ``model.tool.sandbox.urls`` with no python tool among the run's tools (a calculator-only run,
-    the no-tool baseline) would never be called: an error naming the field, not a setting silently unused."""
-    urls = SandboxConfig(urls=["http://127.0.0.1:9"])
-    calculator = ToolConfig(tools=[{"class_path": "calculator"}], format="hermes")
-    for tool in (NO_TOOLS, calculator):
-        with pytest.raises(ValueError, match=r"model.tool.sandbox.urls=\['http://127.0.0.1:9'\] but the tools of "
-                                             r"model.tool include no python tool.*drop model.tool.sandbox.urls"):
-            make_rollout_source(HostsConfig(), HFRollout(), urls, tool, SamplingConfig(), None, "x", 0)
-    assert isinstance(make_rollout_source(HostsConfig(), HFRollout(), urls, ToolConfig(), SamplingConfig(), None,
-                                          "x", 0), InlineSource)  # the default tools: python
-
-
 def _start_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
     """Rank 1 alone has too little free GPU memory, then rank 1 alone fails to build its engine: each time both
     ranks must leave ``start`` with rank 1's error (without it rank 0 would go on into its next collective)."""

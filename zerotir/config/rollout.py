@@ -128,6 +128,16 @@ class ToolConfig:
         if self.run_timeout <= 0:
             raise ValueError(f"model.tool.run_timeout={self.run_timeout}: must be > 0 seconds")
         self._check_format_and_tools()
+        self._check_sandbox_used()
+
+    def _check_sandbox_used(self) -> None:
+        """Sandbox servers named with no python tool among the tools would never be called: refused, not unused."""
+        from zerotir.tools.python import sandbox_needed  # the tools import no config
+
+        if self.sandbox.urls is not None and not sandbox_needed(self):
+            raise ValueError(f"model.tool.sandbox.urls={self.sandbox.urls} but the tools of model.tool include no "
+                             "python tool: nothing would run code on those servers; drop model.tool.sandbox.urls or "
+                             "add the python tool to model.tool.tools")
 
     def _check_format_and_tools(self) -> None:
         from zerotir.tools.formats import build_format, format_class, format_label  # the tools import no config
