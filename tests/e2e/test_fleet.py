@@ -75,8 +75,7 @@ def test_streaming_at_s1_on_two_engines_keeps_the_bound_through_an_engine_death(
     the end of step 1 with the next batch in its stream: Ray restarts it and its groups run again. Each step trains
     the first groups to end, whatever their batch: every prompt at most once, each token at most one update old,
     and the data record holds exactly the prompts trained. Validation every 2 steps goes through the stream too,
-    its greedy groups waiting for the training groups in flight (the transformers engine samples its running
-    requests alike)."""
+    its greedy groups decoding beside the training groups in flight."""
     steps = tmp_path / "steps.jsonl"
     kill = ["--trainer.callbacks+=tests.e2e.helpers.KillFleetEngine", "--trainer.callbacks.step", "1",
             "--trainer.callbacks.engine", "0"]

@@ -19,7 +19,7 @@ from tests.ports import free_port
 
 from zerotir.config import HFRollout, ToolConfig
 from zerotir.fleet.engine_host import EngineHost, HostSettings, JobsLost, combine_occupancy, stream_occupancy
-from zerotir.fleet.stream import StreamStats
+from zerotir.fleet.stream import GroupStream, StreamStats
 from zerotir.fleet.weight_group import GroupAddress, form_weight_group
 from zerotir.fleet.weight_push import WeightSender
 from zerotir.models import freeze, load_causal_lm, load_tokenizer
@@ -177,11 +177,12 @@ def test_a_host_never_collects_jobs_another_host_queued(tiny_dir: Path) -> None:
     job of its own that happens to have the same number."""
     first, second = EngineHost(host_settings(tiny_dir)), EngineHost(host_settings(tiny_dir))
     try:
-        keys = first.queue(prompt_ids(tiny_dir), None, GREEDY)
-        assert [key[1] for key in second.queue(prompt_ids(tiny_dir), None, GREEDY)] == [key[1] for key in keys]
+        queued = first.queue([(prompt_ids(tiny_dir), None, GREEDY)])
+        assert [key[1] for key in second.queue([(prompt_ids(tiny_dir), None, GREEDY)])[0]] == \
+            [key[1] for key in queued[0]]
         with pytest.raises(JobsLost, match="queued on engine process .*, not this one"):
-            second.collect(keys)
-        traj, _ = first.collect(keys)
+            second.collect(queued, 0)
+        traj, _ = first.collect(queued, 0)
         assert sampled_ids(traj) == local_greedy(load_causal_lm(tiny_dir), tiny_dir)
     finally:
         first.close()
@@ -203,6 +204,29 @@ def test_a_streaming_host_samples_each_prompt_of_a_call_with_its_rows_seed(tiny_
         host.close()
     assert traj.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
     assert [seeds[tuple(p)] for p in prompts] == [{100, 101}, {102, 103}, {104, 105}]
+
+
+@pytest.mark.timeout(60)
+def test_calls_queued_together_reach_the_stream_in_one_submit(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two calls queued at once: every job of both in one submit (the stream admits them in one turn), each call
+    collected on its own, its groups in its row order with its rows' seeds."""
+    submits: list[int] = []
+    submit = GroupStream.submit
+    monkeypatch.setattr(GroupStream, "submit", lambda self, jobs: submits.append(len(jobs)) or submit(self, jobs))
+    host = EngineHost(HostSettings(str(tiny_dir), SeedRecordingRollout(), NO_TOOL, threads=1, max_in_flight=8,
+                                   own_process=False))
+    tok = load_tokenizer(tiny_dir)
+    first, second = [tok.encode(p) for p in ("Hello", "x")], [tok.encode("2+3=")]
+    try:
+        queued = host.queue([(first, None, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=10)),
+                             (second, None, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=50))])
+        got = [host.collect(queued, i) for i in (1, 0)]
+    finally:
+        seeds = host.engine.seeds
+        host.close()
+    assert submits == [3] and [len(q) for q in queued] == [2, 1]
+    assert got[0][0].group_ids.tolist() == [0, 0] and got[1][0].group_ids.tolist() == [0, 0, 1, 1]
+    assert [seeds[tuple(p)] for p in [*first, *second]] == [{10, 11}, {12, 13}, {50, 51}]
 
 
 def test_the_hosts_figures_average_their_shares_of_time_and_add_up_their_counts():

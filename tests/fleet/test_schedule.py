@@ -17,7 +17,9 @@ from tests.scripted_source import FixedStream
 from zerotir.config import HostsConfig, SamplingConfig
 from zerotir.fleet.hosts import FleetHosts
 from zerotir.fleet.schedule import FleetSchedule
+from zerotir.fleet.shares import Share
 from zerotir.rl.staleness import trainer_version
+from zerotir.rollout.engine import SamplingParams
 
 N = 2  # samples per prompt
 S = 1  # max_staleness
@@ -50,11 +52,10 @@ class ScriptedEngines:
     held: set[tuple[int, int]] = field(default_factory=set)
     calls: list[_Call] = field(default_factory=list)
 
-    def roll_out(self, host: Any, args: tuple) -> _Call:
-        prompts, _, params = args
-        call = _Call([row_of(p) for p in prompts], self.version, params.seed)
-        self.calls.append(call)
-        return call
+    def roll_out(self, host: Any, calls: list[tuple]) -> list[_Call]:
+        made = [_Call([row_of(p) for p in prompts], self.version, params.seed) for prompts, _, params in calls]
+        self.calls.extend(made)
+        return made
 
     def ready(self, refs: list[_Call], timeout_s: float) -> list[int]:
         done = [k for k, ref in enumerate(refs) if not set(ref.rows) & self.held]
@@ -103,3 +104,24 @@ def test_a_group_over_the_staleness_bound_is_generated_again_and_trained_by_a_la
     assert schedule.regenerated == 1
     made = [call for call in engines.calls if call.rows == [(1, 1)]]
     assert [call.version for call in made] == [0, 2] and made[0].seed == made[1].seed  # its row's seed both times
+
+
+class _RecordingTransport:
+    """Records each ``roll_out``: the host and the calls' first prompts; a reference per call."""
+
+    def __init__(self):
+        self.made: list[tuple[str, list[int]]] = []
+
+    def roll_out(self, host: Any, calls: list[tuple]) -> list[tuple[str, int]]:
+        self.made.append((host, [prompts[0][0] for prompts, _, _ in calls]))
+        return [(host, prompts[0][0]) for prompts, _, _ in calls]
+
+
+def test_the_shares_of_each_engine_are_queued_together_in_their_order():
+    transport = _RecordingTransport()
+    hosts = FleetHosts(HostsConfig(max_staleness=1, engines=2, max_in_flight=4), transport)
+    hosts.handles = ["engine 0", "engine 1"]
+    shares = [Share(k, k % 2, ([[100 + k]], None, SamplingParams())) for k in range(5)]
+    hosts.submit(shares)
+    assert transport.made == [("engine 0", [100, 102, 104]), ("engine 1", [101, 103])]
+    assert [share.ref for share in shares] == [(f"engine {k % 2}", 100 + k) for k in range(5)]

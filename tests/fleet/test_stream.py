@@ -197,9 +197,23 @@ def test_streamed_groups_equal_their_rollouts_alone(world):
     assert stats.trajectory_seconds <= 4 * stats.busy + 1e-9  # never more than max_in_flight in flight
 
 
-def test_a_group_that_samples_otherwise_waits_for_those_in_flight(world):
-    """The transformers engine samples every running request alike: a greedy (evaluation) group submitted beside
-    training groups starts once they have ended, and they after it."""
+def test_groups_that_sample_otherwise_run_side_by_side():
+    """Each request brings its own sampling settings: a greedy (evaluation) group is admitted beside the sampled
+    training groups in flight, and they beside it, whenever the room has space (5 requests at once in a room of 8)."""
+    tokenizer = build_byte_tokenizer()
+    engine = _CountingEngine(tokenizer.eos_token_id, steps=3)
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=5)
+    stream = GroupStream(engine, tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=8)
+    try:
+        stream.submit([Job("train0", [[65]], [""], sampled), Job("eval", [[66]], [""], greedy(n=1)),
+                       Job("train1", [[67]], [""], sampled)])
+        got = stream.take(["train0", "eval", "train1"], TIMEOUT_S)
+    finally:
+        stream.close()
+    assert [len(t) for t in got] == [2, 1, 2] and engine.peak == 5
+
+
+def test_a_greedy_group_beside_sampled_groups_decodes_as_it_would_alone(world):
     tokenizer, _, prompts = world
     sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=5)
     stream = GroupStream(_engine(world), tokenizer, NO_TOOL, Schedule(), Toolbox.build(NO_TOOL), max_in_flight=8)

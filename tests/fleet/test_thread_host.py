@@ -147,7 +147,7 @@ def test_close_ends_a_rollout_in_flight_at_its_next_engine_step(tiny_dir: Path) 
     settings = ThreadTransport().settings(HostSettings(str(tiny_dir), slow, NO_TOOL), "cpu")
     host = ThreadHost(settings)
     long = SamplingParams(n=1, temperature=1.0, max_new_tokens=10_000, seed=0)
-    rollout = host.roll_out.remote([[40]], None, long)
+    (rollout,) = host.roll_out.remote([([[40]], None, long)])
     while host.host.engine.steps < 2:  # bounded by the test's timeout
         time.sleep(0.01)
     host.close()
@@ -162,10 +162,10 @@ def test_rollout_calls_start_in_the_order_they_were_made(tiny_dir: Path, monkeyp
     threads gets there first (under load a later batch's group overtook an earlier one's)."""
     queue = EngineHost.queue
 
-    def slow_first(self: EngineHost, prompts: list[list[int]], *args: Any) -> Any:
-        if prompts == [[40]]:
+    def slow_first(self: EngineHost, calls: list[tuple]) -> Any:
+        if calls[0][0] == [[40]]:
             time.sleep(0.3)
-        return queue(self, prompts, *args)
+        return queue(self, calls)
 
     monkeypatch.setattr(EngineHost, "queue", slow_first)
     slow = BrokenRollout(broken=False, step_s=0.01)
@@ -173,7 +173,7 @@ def test_rollout_calls_start_in_the_order_they_were_made(tiny_dir: Path, monkeyp
     host = ThreadHost(settings)
     try:
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=3, seed=0)
-        calls = [ThreadTransport().roll_out(host, ([[40 + i]], None, params)) for i in range(12)]
+        calls = [ThreadTransport().roll_out(host, [([[40 + i]], None, params)])[0] for i in range(12)]
         for call in calls:
             call.result(timeout=60)
         assert host.host.engine.prompts == [[40 + i] for i in range(12)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zerotir.rewards.verify import (
-    RewardScorer, count_boxed, extract_boxed, is_equivalent, score, score_batch,
+    RewardScorer, _verify_here, count_boxed, extract_boxed, is_equivalent, quick_verdict, score, score_batch,
 )
 from zerotir.rollout.sync import run_sync
 
@@ -127,6 +127,28 @@ def test_is_equivalent_off_the_main_thread() -> None:
 def scorer():
     with RewardScorer(max_workers=2, timeout_s=2) as s:
         yield s
+
+
+INTEGER_PAIRS = [("182590", "138570"), ("007", "7"), ("+5", "5"), ("-3", "3"), ("0", "-0"), ("1000000", "1000001"),
+                 ("12345678901234567890", "12345678901234567891"), (" 42 ", "42"), ("42", "42")]
+
+
+@pytest.mark.parametrize("pred, truth", INTEGER_PAIRS)
+def test_plain_integers_get_math_verifys_verdict_without_a_parse(pred: str, truth: str) -> None:
+    assert quick_verdict(pred, truth) is _verify_here(pred, truth, 5.0)
+
+
+@pytest.mark.parametrize("pred, truth", [("5", "5.0"), ("1,000", "1000"), ("2^{10}", "1024"), ("x=3", "3"),
+                                         ("\u0665", "5"), ("5", "\\frac{10}{2}")])
+def test_anything_but_two_plain_integers_goes_to_math_verify(pred: str, truth: str) -> None:
+    assert quick_verdict(pred, truth) is None
+
+
+def test_integer_answers_are_scored_without_the_worker_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    scorer = RewardScorer(max_workers=1)
+    monkeypatch.setattr(scorer, "_submit", lambda *a: pytest.fail(f"sent to the worker pool: {a}"))
+    responses = [r"so \boxed{182590}", r"\boxed{007}", r"\boxed{-3}", r"\boxed{ 42 }"]
+    assert asyncio.run(scorer.score_batch(responses, ["138570", "7", "3", "42"], [False] * 4)) == [0.0, 1.0, 0.0, 1.0]
 
 
 def test_score_batch_matches_table(scorer: RewardScorer) -> None:

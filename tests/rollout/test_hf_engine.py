@@ -179,15 +179,22 @@ def test_a_finished_request_continues_from_its_ids_feeding_only_the_new_ones(mod
     assert engine.num_running == 0
 
 
-def test_requests_of_one_session_share_a_sampler(engine):
-    engine.submit(0, PROMPTS[0], SamplingParams(temperature=0.0))
-    with pytest.raises(ValueError, match="differ from the requests running now"):
-        engine.submit(1, PROMPTS[1], SamplingParams(temperature=1.0))
+def test_each_request_samples_with_its_own_settings(engine, model):
+    """A greedy request beside a sampled one decodes as it would alone, and the sampled one draws as it would alone
+    (the session's generator, seeded by its first request, gives the greedy row no draw)."""
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=6, seed=7)
+    alone = generate(engine, [PROMPTS[0]], sampled)[0][0].token_ids
+    engine.submit("s", PROMPTS[0], sampled)
+    engine.submit("g", PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=6))
     with pytest.raises(ValueError, match="still running"):
-        engine.submit(0, PROMPTS[0], SamplingParams(temperature=0.0))
-    engine.release(0)
-    engine.submit(1, PROMPTS[1], SamplingParams(temperature=1.0, max_new_tokens=2))  # a new session: any sampler
-    engine.release(1)
+        engine.submit("g", PROMPTS[1], SamplingParams(temperature=0.0))
+    got = {}
+    while engine.num_running:
+        got.update(engine.step())
+    assert got["g"].token_ids == reference_greedy(model, PROMPTS[1], 6)[0]
+    assert got["s"].token_ids == alone
+    engine.release("s")
+    engine.release("g")
 
 
 def test_update_weights_loads_another_model_and_drops_parked_requests():

@@ -46,7 +46,7 @@ def alone(engine, prompts, params):
 
 
 def open_session(engine, params) -> DecodeSession:
-    return DecodeSession(engine, params.temperature, params.top_p, params.seed)
+    return DecodeSession(engine, params.seed)
 
 
 def assert_same(want, got) -> None:

@@ -66,7 +66,7 @@ def test_rows_attended_apart_decode_what_each_row_decodes_alone(model, monkeypat
     want = [generate(engine, [p], params)[0] for p in prompts]  # one row each: nothing to split
     assert not plans
     attention = model.config._attn_implementation
-    with hf_session.DecodeSession(engine, params.temperature, params.top_p, params.seed) as session:
+    with hf_session.DecodeSession(engine, params.seed) as session:
         for i, p in enumerate(prompts):
             session.add(i, p, params)
         got = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
+from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_rows, sample_tokens
 from zerotir.toy.tokenizer import build_byte_tokenizer
 
 TOK = build_byte_tokenizer()
@@ -54,6 +54,25 @@ def test_same_seed_same_draws():
     a = sample_tokens(logits, 1.0, 1.0, torch.Generator().manual_seed(3))[0]
     b = sample_tokens(logits, 1.0, 1.0, torch.Generator().manual_seed(3))[0]
     assert torch.equal(a, b)
+
+
+def test_each_row_samples_with_its_own_settings():
+    """Rows 0 and 2 greedy, 1 and 3 at temperature 1: the greedy rows take their argmax (with the raw
+    log-prob), the sampled ones draw exactly as the two of them alone would, from the same generator."""
+    logits = torch.tensor([[0.0, 3.0, 1.0], [1.0, 1.0, 1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 5.0]])
+    samplers = [(0.0, 1.0), (1.0, 1.0), (0.0, 1.0), (1.0, 1.0)]
+    tokens, logps = sample_rows(logits, samplers, torch.Generator().manual_seed(4))
+    alone, alone_lp = sample_tokens(logits[[1, 3]], 1.0, 1.0, torch.Generator().manual_seed(4))
+    assert tokens[[0, 2]].tolist() == [1, 0] and torch.equal(tokens[[1, 3]], alone)
+    raw = torch.log_softmax(logits, dim=-1)
+    assert torch.allclose(logps[[0, 2]], torch.stack([raw[0, 1], raw[2, 0]]))
+    assert torch.allclose(logps[[1, 3]], alone_lp)
+
+
+def test_rows_of_one_sampler_draw_as_one_batch():
+    logits = torch.randn(6, 40)
+    one = sample_rows(logits, [(0.7, 0.9)] * 6, torch.Generator().manual_seed(2))
+    assert all(torch.equal(a, b) for a, b in zip(one, sample_tokens(logits, 0.7, 0.9, torch.Generator().manual_seed(2))))
 
 
 def test_stop_matcher_finds_the_first_listed_stop_in_the_tail():

@@ -15,6 +15,7 @@ a host is told where code runs.
     host.receive_weights()                                    # one push into the engine: its version (None: stopped)
     host.load_weights(actor, version)                         # or, in the trainer's process, a copy of the actor
     host.roll_out(prompt_ids, truths, params)                 # the tool loop: (Trajectories on the CPU, timings)
+    host.collect(host.queue(calls), i)                        # or several calls queued at once, each collected
     host.close()
 
 Rewards are left at 0 (no reward function crosses to the host): the trainer scores the trajectories it gets back.
@@ -114,6 +115,9 @@ class HostSettings:
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"HostSettings.max_staleness={self.max_staleness}: >= 0 (model.hosts.max_staleness), "
                              "or None: no group aborted at a push")
+
+
+Call = tuple[list[list[int]], list[str] | None, SamplingParams]  # one ``roll_out``'s prompts, truths and params
 
 
 class JobsLost(RuntimeError):
@@ -236,34 +240,38 @@ class EngineHost:
         trajectories per prompt, rewards 0, collected in order (``queue`` then ``collect``). Returns the
         trajectories on the CPU, each segment's tokens stamped with the weights' version when it was submitted, and
         the tool loop's timings (seconds; of several jobs, the slowest's)."""
-        return self.collect(self.queue(prompts, truths, params))
+        return self.collect(self.queue([(prompts, truths, params)]), 0)
 
-    def queue(self, prompts: list[list[int]], truths: list[str] | None, params: SamplingParams) -> list[Hashable]:
-        """Queue the jobs of one ``roll_out`` call on the host's stream, behind those queued before; their keys.
-        The stream admits jobs in the order they were queued, so a caller that queues in the order it made its
-        calls gets its groups started in that order (the thread host queues in the caller's thread).
+    def queue(self, calls: list[Call]) -> list[list[Hashable]]:
+        """Queue the jobs of ``calls`` (each the arguments of a ``roll_out``) on the host's stream in one submit,
+        behind those queued before; each call's keys. The stream admits jobs in the order they were queued, so a
+        caller that queues in the order it made its calls gets its groups started in that order (the thread host
+        queues in the caller's thread). Queued together, the calls' groups start in the stream's same turn and
+        prefill in the engine's same steps, where calls queued one by one would each wait for its next turn.
 
-        Streaming (``max_in_flight`` > 0) each prompt is a job of its own, seeded as row i of the call (trajectory k
-        of a call samples with ``params.seed + k``); else the call is one job, as the in-line rollout runs it."""
-        n, stream = params.n, self._stream()
+        Streaming (``max_in_flight`` > 0) each prompt is a job of its own, seeded as row i of its call (trajectory
+        k of a call samples with ``params.seed + k``); else each call is one job, as the in-line rollout runs it."""
+        each = [self._jobs(*call) for call in calls]
+        self._stream().submit([job for jobs in each for job in jobs])
+        return [[job.key for job in jobs] for jobs in each]
+
+    def _jobs(self, prompts: list[list[int]], truths: list[str] | None, params: SamplingParams) -> list[Job]:
+        n, tag = params.n, (self._process, next(self._calls))
         truths = truths if truths is not None else [""] * len(prompts)
-        tag = (self._process, next(self._calls))
         if self.settings.max_in_flight:
-            jobs = [Job((tag, i), [p], [t], params if params.seed is None else
+            return [Job((tag, i), [p], [t], params if params.seed is None else
                         replace(params, seed=params.seed + i * n)) for i, (p, t) in enumerate(zip(prompts, truths))]
-        else:
-            jobs = [Job((tag, 0), prompts, truths, params)]
-        stream.submit(jobs)
-        return [job.key for job in jobs]
+        return [Job((tag, 0), prompts, truths, params)]
 
-    def collect(self, keys: list[Hashable]) -> tuple[Trajectories, dict[str, float]]:
-        """The trajectories of the jobs ``keys`` of one ``queue`` call, waiting for the last, in one batch (group
-        ids in row order) with the slowest job's timings.
+    def collect(self, queued: list[list[Hashable]], index: int) -> tuple[Trajectories, dict[str, float]]:
+        """The trajectories of call ``index`` of one ``queue`` (``queued``: what it returned), waiting for its last
+        job, in one batch (group ids in row order) with the slowest job's timings.
 
         Raises:
             JobsLost: the keys were queued by another host (Ray restarted this actor after its ``queue`` call ran
                 there, and sent the ``collect`` here): its jobs died with that process.
         """
+        keys = queued[index]
         foreign = sorted({key[0][0] for key in keys} - {self._process})
         if foreign:
             raise JobsLost(f"the jobs of this call were queued on engine process {foreign[0]}, not this one "

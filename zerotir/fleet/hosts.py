@@ -4,7 +4,7 @@ their calls made again.
 
     hosts = FleetHosts(fleet, transport)
     hosts.start(settings, cores)                 # the actors, each built (model loaded) before this returns
-    hosts.submit(shares)                         # one roll_out call per share, on the share's engine
+    hosts.submit(shares)                         # one roll_out call per share, each engine's queued together
     hosts.collect(submitted, what, recover)      # a batch's shares in row order; a dead engine recovered first
     dead = hosts.restarted(cause, step)          # after a death: which engines are new processes (bounded)
     hosts.resubmit(dead, batches)                # their shares made again, with the same seeds
@@ -62,9 +62,14 @@ class FleetHosts:
         return [where["adapter_path"] for where in self._where]
 
     def submit(self, shares: list[Share]) -> None:
-        """One ``roll_out`` call per share on its engine; the share keeps the call's reference."""
+        """One ``roll_out`` call per share, the calls of each engine queued together (in the shares' order); each
+        share keeps its call's reference."""
+        by_engine: dict[int, list[Share]] = {}
         for share in shares:
-            share.ref = self.transport.roll_out(self.handles[share.engine], share.args)
+            by_engine.setdefault(share.engine, []).append(share)
+        for engine, theirs in by_engine.items():
+            for share, ref in zip(theirs, self.transport.roll_out(self.handles[engine], [s.args for s in theirs])):
+                share.ref = ref
 
     def collect(self, submitted: Submitted, what: str, pad: int,
                 recover: Callable[[Exception, list[Submitted]], None]) -> tuple[Trajectories, dict[str, float]]:

@@ -1,7 +1,7 @@
 """The rollouts of one engine host, streamed (``model.hosts.max_in_flight``): prompt groups are admitted as room
 frees up, each group leaves the moment its last sample ends, and weight pushes land between two
-engine steps while the trajectories in flight go on. Groups that sample otherwise than those in flight (a greedy
-evaluation beside training samples) wait until those have ended: an engine may sample its running requests alike.
+engine steps while the trajectories in flight go on. Every request brings its own sampling settings, so a greedy
+evaluation group decodes beside the training groups in flight.
 
     trainer -> submit(jobs)          groups wait in the inbox
     thread:    admit while the trajectories in flight stay within max_in_flight (each frees its room the moment it
@@ -76,8 +76,7 @@ class _Done:
 class StreamStats:
     """What the stream did so far: wall seconds since it started, seconds with at least one trajectory in flight,
     trajectory-seconds in flight (their integral over time), the seconds with at least one job waiting in the inbox
-    (work there was, admitted or not: room full, sampling otherwise than the groups in flight, or a push pausing
-    admission) and the trajectory-seconds in flight during those, groups done, and the groups aborted at a push over
+    (work there was, admitted or not: room full, a push pausing admission, or the thread not yet at its next turn) and the trajectory-seconds in flight during those, groups done, and the groups aborted at a push over
     the staleness bound (``zerotir.fleet.hub``) with the tokens their finished segments had sampled (wasted)."""
 
     wall: float = 0.0
@@ -121,9 +120,10 @@ class GroupStream:
         self._tasks: set[asyncio.Task] = set()  # the tool loops running (the stream's thread alone touches it)
         self._queued = self._finished = 0  # jobs submitted, and those that have ended (done, failed or stopped)
         self._paused = False  # a push waits for the jobs before it (max_in_flight 0): none admitted meanwhile
-        self._kind: tuple[float, float] | None = None  # how the groups in flight sample: (temperature, top_p)
         self._stop = False
         self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the thread's, once it runs (``_wake_thread``)
+        self._wake: asyncio.Event | None = None
         self._clock = clock
         self._stats, self._since = StreamStats(), clock()
         self.engine = VersionedEngine(engine, None, lambda: None, lambda: self._stop,
@@ -140,6 +140,7 @@ class GroupStream:
             self._inbox.extend(jobs)
             self._queued += len(jobs)
             self._cond.notify_all()
+            self._wake_thread()
 
     def take(self, keys: list[Hashable], timeout_s: float) -> list[Trajectories]:
         """The trajectories of the groups ``keys`` (in that order), waiting at most ``timeout_s`` for the last
@@ -185,6 +186,7 @@ class GroupStream:
             with self._cond:
                 self._paused = False
                 self._cond.notify_all()
+                self._wake_thread()
         return loaded[0]
 
     def _pause_after_queued(self, timeout_s: float) -> None:
@@ -212,7 +214,14 @@ class GroupStream:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+            self._wake_thread()
         self._thread.join(timeout=60)
+
+    def _wake_thread(self) -> None:
+        """Have the stream's thread look at the inbox at its next turn (with the condition held): between two
+        engine steps, not at its next poll."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     def _check(self, doing: str) -> None:
         if self._error is not None:
@@ -222,15 +231,11 @@ class GroupStream:
             raise RuntimeError(f"the engine's rollout stream is closed (while {doing})") from RolloutsStopped()
 
     def _fits(self, job: Job) -> bool:
-        """Whether ``job`` may start now (with the condition held): nothing runs, or it fits within
-        ``max_in_flight`` and samples as the groups in flight do (the transformers engine samples every running
-        request alike, so a greedy evaluation group waits for the training groups in flight to end, and they
-        for it)."""
+        """Whether ``job`` may start now (with the condition held): no push pauses admission, and nothing runs or
+        it fits within ``max_in_flight``."""
         if self._paused:
             return False
-        if not self._in_flight:
-            return True
-        return self._in_flight + job.size <= self.max_in_flight and _kind(job.params) == self._kind
+        return not self._in_flight or self._in_flight + job.size <= self.max_in_flight
 
     def _account(self) -> None:
         """Add the time since the last call to the stats (with the condition held), counted with the trajectories in
@@ -257,22 +262,31 @@ class GroupStream:
                     self._cond.notify_all()
 
     async def _main(self) -> None:
+        """Admit what fits, then wait for a group to end or for a caller's wake (a submit, a push's end, close)."""
         hub = EngineHub(self.engine, self.max_staleness)
-        while True:
-            with self._cond:
-                if self._stop:
-                    break
-            self._admit(hub)
-            if self._tasks:
-                done, _ = await asyncio.wait(self._tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+        wake = asyncio.Event()
+        with self._cond:
+            self._loop, self._wake = asyncio.get_running_loop(), wake
+        try:
+            while True:
+                wake.clear()  # before looking: a wake from here on is seen by the wait below
+                with self._cond:
+                    if self._stop:
+                        break
+                self._admit(hub)
+                waiter = asyncio.ensure_future(wake.wait())
+                done, _ = await asyncio.wait({*self._tasks, waiter}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                done.discard(waiter)
                 self._tasks -= done  # not the pending set: a trajectory's end may have admitted groups meanwhile
                 for task in done:  # a group's own errors are in its outcome; this raises only the stream's
                     if not task.cancelled():  # cancelled: aborted at a push as it ended, queued again already
                         task.result()
-            else:
-                await asyncio.sleep(0.005)
-        for task in self._tasks:
-            task.cancel()
+        finally:
+            with self._cond:
+                self._loop = None
+            for task in self._tasks:
+                task.cancel()
 
     def _admit(self, hub: EngineHub) -> None:
         """Start every waiting job that fits now, in order, each a tool loop of its own on the event loop."""
@@ -281,7 +295,6 @@ class GroupStream:
                 self._account()
                 job = self._inbox.pop(0)
                 self._in_flight += job.size
-                self._kind = _kind(job.params)
                 self._tasks.add(asyncio.ensure_future(self._group(job, hub)))
 
     async def _group(self, job: Job, hub: EngineHub) -> None:
@@ -343,7 +356,3 @@ class GroupStream:
             self._cond.notify_all()
         log.info("prompt group %s aborted at a push (a segment over model.hosts.max_staleness=%s), %d sampled tokens "
                  "wasted; queued again", job.key, self.max_staleness, tokens)
-
-
-def _kind(params: SamplingParams) -> tuple[float, float]:
-    return params.temperature, params.top_p

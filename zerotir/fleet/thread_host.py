@@ -3,7 +3,7 @@
 schedule and capacity rule serve it unchanged (``zerotir.fleet.transport``).
 
     host = ThreadHost(settings)               # the engine built now, with weights of its own from the folder
-    host.roll_out.remote(prompts, truths, p)  # a Future; queued now, in call order; admitted by the host's stream
+    host.roll_out.remote(calls)               # a Future per call; queued now, in call order; admitted by its stream
     host.load_weights.remote(actor, version)  # the actor's weights copied in between two engine steps
     host.close()                              # a rollout in flight ends at its next engine step
 
@@ -44,21 +44,22 @@ class _Method:
 
 
 class _Queued(_Method):
-    """``roll_out``: its jobs queued on the host's stream now, in the caller's thread (so they start in the order
-    the calls were made, as the schedule made them), then collected on the host's executor, a Future."""
+    """``roll_out``: the calls' jobs queued on the host's stream now, together, in the caller's thread (so they start
+    in the order the calls were made, as the schedule made them), then each call collected on the host's executor,
+    a Future per call."""
 
     def __init__(self, pool: cf.ThreadPoolExecutor, queue: Callable[..., Any], collect: Callable[..., Any]):
         super().__init__(pool, collect)
         self._queue = queue
 
-    def remote(self, *args: Any) -> cf.Future:
+    def remote(self, calls: list[tuple]) -> list[cf.Future]:
         try:
-            keys = self._queue(*args)
+            queued = self._queue(calls)
         except Exception as exc:  # noqa: BLE001 - raised by the transport's get, naming the engine
             failed: cf.Future = cf.Future()
             failed.set_exception(exc)
-            return failed
-        return super().remote(keys)
+            return [failed] * len(calls)
+        return [super(_Queued, self).remote(queued, i) for i in range(len(calls))]
 
 
 class _Now(_Method):
@@ -145,9 +146,10 @@ class ThreadTransport:
     def spawn(self, fleet: HostsConfig, settings: HostSettings, cores: Any) -> list[ThreadHost]:
         return [ThreadHost(settings)]  # one host in a thread
 
-    def roll_out(self, host: ThreadHost, args: tuple) -> cf.Future:
-        """Its jobs queued in this thread, collected on the host's executor (``ThreadHost.roll_out``)."""
-        return host.roll_out.remote(*args)
+    def roll_out(self, host: ThreadHost, calls: list[tuple]) -> list[cf.Future]:
+        """The calls' jobs queued in this thread, each call collected on the host's executor
+        (``ThreadHost.roll_out``)."""
+        return host.roll_out.remote(calls)
 
     def get(self, refs: list[cf.Future], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
         """The results of the futures ``refs`` within ``timeout_s``, the first failure raised as it ends.

@@ -5,8 +5,8 @@
 - ``ThreadTransport`` (``zerotir.fleet.thread_host``): one host in a thread of the trainer's process, its weights
   copied from the actor between two of its engine steps; ``model.hosts`` without ``model.hosts.engines``.
 
-Either way a host's rollouts are one call, ``transport.roll_out(handle, args)`` (Ray actor methods, or a future of
-the thread host's), their jobs queued in the order the calls were made, so the source, its schedule and its
+Either way a host's rollouts are calls, ``transport.roll_out(handle, calls)`` (Ray actor methods, or futures of the
+thread host's): the jobs of every call made together queued at once, and in the order the calls were made, so the source, its schedule and its
 recovery are one code path (``zerotir.fleet.source``); the transport answers what differs: starting the hosts,
 waiting on their calls and ending them.
 """
@@ -59,9 +59,10 @@ class Transport(Protocol):
         """The hosts' handles, in engine order."""
         ...
 
-    def roll_out(self, host: Any, args: tuple) -> Any:
-        """One ``roll_out(*args)`` call on ``host``; its reference. The calls' jobs reach the host's stream in the
-        order they were made, so its groups start oldest first, as the schedule submitted them."""
+    def roll_out(self, host: Any, calls: list[tuple]) -> list[Any]:
+        """The rollout ``calls`` (each the arguments of ``EngineHost.roll_out``) on ``host``, queued together; a
+        reference per call. The jobs reach the host's stream in the order the calls were made, so its groups
+        start oldest first, as the schedule submitted them."""
         ...
 
     def get(self, refs: list[Any], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
@@ -141,10 +142,12 @@ class RayTransport:
         return spawn_hosts(fleet.engines, settings, fleet.cpus_per_engine, fleet.gpus_per_engine, fleet.max_restarts,
                            cores, self.sandboxes)
 
-    def roll_out(self, host: Any, args: tuple) -> Any:
-        """The jobs queued by a call in the host's ordered group (``cluster.QUEUE``: Ray runs a group of one in
-        submission order), collected by a call that waits for it in its rollouts group (side by side)."""
-        return host.collect.remote(host.queue.remote(*args))
+    def roll_out(self, host: Any, calls: list[tuple]) -> list[Any]:
+        """The calls' jobs queued by one call in the host's ordered group (``cluster.QUEUE``: Ray runs a group of one
+        in submission order), each call collected by a call that waits for it in its rollouts group (side by
+        side)."""
+        queued = host.queue.remote(calls)
+        return [host.collect.remote(queued, i) for i in range(len(calls))]
 
     def get(self, refs: list[Any], timeout_s: float, doing: str, engines: list[int] | None = None) -> list[Any]:
         from zerotir.fleet.cluster import ray_get

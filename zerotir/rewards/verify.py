@@ -113,9 +113,20 @@ def _parses_here(pred: str, timeout_s: float) -> bool:
     return bool(parse(f"\\boxed{{{pred}}}", parsing_timeout=_alarm_seconds(timeout_s)))
 
 
-def _quick_match(pred: str, truth: str) -> bool:
-    # Identical answers (up to whitespace) need no parse: this skips the pool for the common exact hit.
-    return "".join(pred.split()) == "".join(truth.split())
+_INTEGER_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def quick_verdict(pred: str, truth: str) -> bool | None:
+    """The verdict on answers that need no parse, else None (math-verify decides): identical up to whitespace
+    (equal), or both plain integers (equal exactly when their values are, as math-verify finds them: ``007`` and
+    ``7``, ``+5`` and ``5`` agree, two integers that differ in their last of 20 digits do not). Most answers of an
+    integer-answer set (the toy world, GSM8K, AIME) are decided here, with no trip to the worker pool."""
+    pred, truth = "".join(pred.split()), "".join(truth.split())
+    if pred == truth:
+        return True
+    if _INTEGER_RE.fullmatch(pred) and _INTEGER_RE.fullmatch(truth):
+        return int(pred) == int(truth)
+    return None
 
 
 def is_equivalent(pred: str, truth: str, timeout_s: float = 5.0) -> bool:
@@ -131,10 +142,12 @@ def is_equivalent(pred: str, truth: str, timeout_s: float = 5.0) -> bool:
         truth: the reference answer.
         timeout_s: limit per parse / comparison step, seconds.
     """
+    _alarm_seconds(timeout_s)  # a bad limit is refused whatever the answers
     if not pred.strip() or not truth.strip():
         return False
-    if _quick_match(pred, truth):
-        return True
+    verdict = quick_verdict(pred, truth)
+    if verdict is not None:
+        return verdict
     if threading.current_thread() is threading.main_thread():
         return _verify_here(pred, truth, timeout_s)
     return default_scorer(timeout_s=timeout_s).verify_blocking(pred, truth)
@@ -241,7 +254,8 @@ class RewardScorer:
 
     async def score_batch(self, responses: Sequence[str], truths: Sequence[str],
                           truncated: Sequence[bool]) -> list[float]:
-        """Rewards of a batch, in order. Extraction runs here (cheap); math-verify runs in the workers."""
+        """Rewards of a batch, in order. Extraction and the answers that need no parse (``quick_verdict``) run
+        here; math-verify runs in the workers."""
         _check_lengths(responses, truths, truncated)
         scores = [0.0] * len(responses)
         pending: dict[int, tuple[str, asyncio.Future]] = {}
@@ -249,8 +263,9 @@ class RewardScorer:
             answer = answer_or_none(response, bool(trunc), self.require_single_boxed)
             if answer is None or not truth.strip():
                 continue
-            if _quick_match(answer, truth):
-                scores[i] = 1.0
+            verdict = quick_verdict(answer, truth)
+            if verdict is not None:
+                scores[i] = float(verdict)
                 continue
             pending[i] = (answer, asyncio.wrap_future(self._submit(answer, truth)))
         results = await asyncio.gather(*(fut for _, fut in pending.values()), return_exceptions=True)

@@ -35,8 +35,9 @@ _SMALL_MODEL_PARAMS = 20_000_000
 class HFEngine:
     """``RolloutEngine`` over a transformers causal LM (see the module doc).
 
-    All requests running at one time share one sampler: the first submit after the engine was idle fixes the
-    temperature, top_p and seed until the last request is released; each request brings its own stops and budget.
+    All requests running at one time draw from one random generator: the first submit after the engine was idle
+    seeds it until the last request is released; each request brings its own temperature, top_p, stops and budget
+    (a greedy evaluation request decodes beside sampled ones, as in vLLM).
 
     Attributes:
         eos_ids: token ids that end a sample (tokenizer EOS + the generation config's); clear it to decode a fixed
@@ -119,17 +120,12 @@ class HFEngine:
         """Start or continue request ``key`` (``GenerationEngine.submit``).
 
         Raises:
-            ValueError: bad ids / params, ``key`` still running, or a temperature / top_p different from the
-                requests that run now (one sampler per session).
+            ValueError: bad ids / params, or ``key`` still running.
         """
         check_request(key, ids, params, self.vocab_size, self.context_length)
         session = self._session
         if session is None:
-            session = self._session = DecodeSession(self, params.temperature, params.top_p, params.seed)
-        elif (params.temperature, params.top_p) != (session.temperature, session.top_p):
-            raise ValueError(f"submit({key!r}): temperature={params.temperature}, top_p={params.top_p} differ from "
-                             f"the requests running now ({session.temperature}, {session.top_p}); HFEngine samples "
-                             "the requests of one session alike: release them first")
+            session = self._session = DecodeSession(self, params.seed)
         session.add(key, list(ids), params)
 
     def step(self) -> list[tuple[Hashable, Sample]]:

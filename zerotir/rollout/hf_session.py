@@ -37,7 +37,7 @@ import torch
 from zerotir.rollout.engine import Sample, SamplingParams, torch_threads
 from zerotir.rollout.hf_adapter import RaggedCache, attention_implementation, decode_forward
 from zerotir.rollout.ragged_attention import RaggedPlan, row_cost_cells, split_width
-from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_tokens
+from zerotir.rollout.sampling import StopMatcher, ended_rows, sample_rows
 
 # Attention implementations whose mask this module can build (a custom 4D mask is passed to them as is).
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -55,6 +55,7 @@ class _Slot:
     matcher: StopMatcher | None = None
     running: bool = False
     evictable: bool = False  # its request's ``SamplingParams.evictable``
+    sampler: tuple[float, float] = (1.0, 1.0)  # its request's temperature and top_p
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
 
@@ -62,14 +63,14 @@ class _Slot:
 class DecodeSession:
     """Rows decoded together, each leaving on its own stop and rejoining with new tokens (see the module doc).
 
-    Made and closed by ``HFEngine`` (its ``submit`` / ``release``); usable as a context manager. All rows share temperature, top_p
-    and seed (one sampler); each ``add`` brings its own stops and token limit.
+    Made and closed by ``HFEngine`` (its ``submit`` / ``release``); usable as a context manager. All rows draw from
+    one random generator (seeded by the session's first request); each ``add`` brings its own temperature, top_p,
+    stops and token limit, so a greedy evaluation row decodes beside sampled training rows.
     """
 
-    def __init__(self, engine, temperature: float, top_p: float, seed: int | None):
+    def __init__(self, engine, seed: int | None):
         self.engine = engine
         self.model = engine.model
-        self.temperature, self.top_p = temperature, top_p
         self.device = engine.device
         self.generator = None if seed is None else torch.Generator(self.device).manual_seed(seed)
         config = self.model.config.get_text_config()
@@ -146,7 +147,7 @@ class DecodeSession:
             slot = _Slot(key, [], list(ids))
             self.queue.append(slot)
         slot.limit, slot.matcher, slot.running, slot.ids, slot.lps = limit, matcher, True, [], []
-        slot.evictable = params.evictable
+        slot.evictable, slot.sampler = params.evictable, (params.temperature, params.top_p)
 
     def release(self, key: Hashable) -> None:
         """Forget row ``key`` (it has finished): its slot is free for another row."""
@@ -317,7 +318,7 @@ class DecodeSession:
         """Sample the next id of every running row; end rows on EOS, a stop string or their limit."""
         logits = (self.next_logits if len(running) == len(self.slots)
                   else self.next_logits[torch.tensor(running, device=self.device)])
-        tokens, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator)
+        tokens, logps = sample_rows(logits, [self.slots[i].sampler for i in running], self.generator)
         for i, tok, lp in zip(running, tokens.tolist(), logps.tolist()):
             slot = self.slots[i]
             slot.ids.append(tok)

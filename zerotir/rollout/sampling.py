@@ -34,6 +34,23 @@ def sample_tokens(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def sample_rows(
+    logits: torch.Tensor, samplers: list[tuple[float, float]], generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_tokens`` with each row's own ``(temperature, top_p)`` (``samplers[i]`` for row i of ``logits``): the
+    rows of each sampler drawn together, so a batch of one sampler draws exactly as ``sample_tokens`` does, and a
+    greedy row beside sampled ones draws no random number."""
+    kinds = dict.fromkeys(samplers)
+    if len(kinds) == 1:
+        return sample_tokens(logits, *samplers[0], generator)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    logps = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for kind in kinds:
+        rows = torch.tensor([i for i, k in enumerate(samplers) if k == kind], device=logits.device)
+        tokens[rows], logps[rows] = sample_tokens(logits.index_select(0, rows), *kind, generator)
+    return tokens, logps
+
+
 def _top_p_filter(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     """Set to -inf the logits outside the smallest set of top tokens whose probability mass reaches ``top_p``."""
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
