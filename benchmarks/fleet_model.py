@@ -158,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         args.save.write_text(json.dumps(measured, indent=None, separators=(",", ":")) + "\n")
         print(f"Wrote {args.save}.", flush=True)
     if args.calibrate:
-        measured = measured or load_measured(args.measured_file or MEASURED_FILE)
+        path = args.measured_file or MEASURED_FILE
+        read = f"measured now from --measured {' '.join(map(str, args.measured))}" if measured else f"read from {path}"
+        measured = measured or load_measured(path)
         out["calibration"] = fleet_calibration.calibrate(measured)
-        print(fleet_calibration.calibration_table(out["calibration"], measured) + "\n", flush=True)
+        print(fleet_calibration.calibration_table(out["calibration"], measured) + f"\n\nInputs {read}.\n",
+              flush=True)
     if args.gpus:
         dumps = fleet_measure.distribution_from_dumps(args.dumps) if args.dumps else None
         out["plan"] = [row for g in args.gpus for row in plan(g, dumps or GPU_DISTRIBUTION, args.max_staleness,
