@@ -101,6 +101,17 @@ def test_measured_file_written_from_a_benchmark_and_calibrated(tmp_path, capsys)
     assert "| inline | steps_per_min |" in out and "500 tokens/s at batch 1" in out
 
 
+def test_calibration_counts_every_step_the_first_included():
+    # batch shares, S = 1: 128 trajectories of 100 tokens decode in 100 x (0.01 + 127 x 0.001) = 13.7 s; the trainer's
+    # step is other (21 - 20 - 0 - 0.5 + 0.5 = 1 s) + update 20 s: update-bound, so 3 steps take 13.7 (the first
+    # waits for batch 0, nothing generated ahead) + 3 x 21 s, as the benchmark's steps / min counts them
+    seconds = dict(step=21.0, update=20.0, push=0.0, wait=0.5, reward=0.5, sandbox=0.0)
+    arm = dict(steps=3, seconds=seconds, other_s=fleet_measure.other_s(seconds, asynchronous=True),
+               batches=[dict(tokens=12800, calls=0)], responses=[[100, 0, 128]])
+    p = fleet_calibration.predict("fleet_s1", arm, (100.0, 1000.0))
+    assert 60 * p.steps_per_s == pytest.approx(60 * 3 / (13.7 + 3 * 21))
+
+
 def test_committed_measurement_is_predicted_within_the_target():
     rows = fleet_calibration.calibrate(fleet_model.load_measured(fleet_model.MEASURED_FILE))
     speeds = {r["arm"]: r["error"] for r in rows if r["metric"] == "steps_per_min"}
