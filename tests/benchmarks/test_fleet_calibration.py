@@ -64,6 +64,17 @@ def test_run_inputs_refuse_a_run_whose_dumps_miss_steps(tmp_path):
         fleet_measure.distribution_from_dumps(tmp_path / "nothing")
 
 
+def test_arms_read_the_inputs_a_fleet_json_stores(tmp_path):
+    # benchmarks.fleet stores each run's inputs: no run folder needed beside its fleet.json
+    write_run(tmp_path / "inline_s0")
+    stored = {"arm": "inline", "seed": 0, "steps": 3, "steps_per_minute": 40.0,
+              "model_inputs": fleet_measure.run_inputs(tmp_path / "inline_s0")}
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "moved" / "fleet.json").write_text(json.dumps({"command": "c", "runs": [stored]}))
+    arm = fleet_measure.arms_from(tmp_path / "moved" / "fleet.json")["arms"]["inline"]
+    assert arm["seconds"] == stored["model_inputs"]["seconds"] and arm["seeds"] == 1
+
+
 def test_decode_fit_recovers_the_decode_step():
     batches = [dict(generation=g, max_tokens=max(t), tokens=sum(t)) for t, g in STEPS]
     batch1, saturated = fleet_calibration.decode_fit(batches)
