@@ -101,6 +101,11 @@ def measure(fleet_json: Path, inline_1t_json: Path, save: Path | None = None) ->
             "arms": fleet["arms"], "inline_1t": one_thread["arms"]["inline"]}
 
 
+def shown(path: Path) -> Path:
+    """``path`` relative to the working folder where it is under it (as a reader would type it)."""
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
 def load_measured(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"--measured_file {path}: no such file; write one with --measured FLEET_JSON "
@@ -158,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         args.save.write_text(json.dumps(measured, indent=None, separators=(",", ":")) + "\n")
         print(f"Wrote {args.save}.", flush=True)
     if args.calibrate:
-        path = args.measured_file or MEASURED_FILE
+        path = args.measured_file or shown(MEASURED_FILE)
         read = f"measured now from --measured {' '.join(map(str, args.measured))}" if measured else f"read from {path}"
         measured = measured or load_measured(path)
         out["calibration"] = fleet_calibration.calibrate(measured)
