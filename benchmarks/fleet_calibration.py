@@ -100,9 +100,10 @@ def inputs_table(measured: dict) -> list[str]:
     for name, arm in measured["arms"].items():
         decode = decode_fit(arm["batches"]) if name == "inline" else one_thread
         c = arm_costs(arm, decode)
-        lines.append(f"- {name} ({arm['seeds']} seeds, {arm['steps']:.0f} steps): update {c.update_s_per_token * 1e3:.3f}"
-                     f" ms a token (time/update), trainer other {c.trainer_other_s:.2f} s a step (time/step less the "
-                     f"simulated phases), push {c.push_s():.3f} s (time/weight_sync), tool call "
+        lines.append(f"- {name} ({arm['seeds']} seeds, {arm['steps']:.0f} steps): update "
+                     f"{c.update_s_per_token * 1e3:.3f} ms a token (time/update), trainer other "
+                     f"{c.trainer_other_s:.2f} s a step (time/step less the simulated phases), push "
+                     f"{c.push_s():.3f} s (time/weight_sync), tool call "
                      f"{c.tool_call_latency_s:.3f} s (time/sandbox over calls), responses: "
                      f"{sum(n for *_, n in arm['responses'])} dumped records"
                      + (f", decode {decode[0]:.0f} tokens/s at batch 1, {1e3 / decode[1]:.3f} ms a trajectory "

@@ -76,7 +76,8 @@ def run_inputs(run_dir: Path) -> dict:
     batches = [dict(generation=seconds["generation"][i] if "generation" in seconds else None,
                     max_tokens=max(t for t, _ in pairs), tokens=sum(t for t, _ in pairs),
                     calls=sum(c for _, c in pairs)) for i, pairs in enumerate(records.values())]
-    return {"steps": steps, "started": started(run_dir), "seconds": {k: statistics.fmean(v) for k, v in seconds.items()},
+    return {"steps": steps, "started": started(run_dir),
+            "seconds": {k: statistics.fmean(v) for k, v in seconds.items()},
             "occupancy": {k: float(series[tag].iloc[-1]) for k, tag in OCCUPANCY.items() if tag in series},
             "batches": batches, "responses": histogram([p for pairs in records.values() for p in pairs])}
 
@@ -110,13 +111,14 @@ def arms_from(fleet_json: Path) -> dict:
     out = {}
     for arm, found in arms.items():
         runs, inputs = [r for r, _ in found["runs"]], [i for _, i in found["runs"]]
-        mean = lambda values: statistics.fmean(values)  # noqa: E731
-        seconds = {k: mean(i["seconds"][k] for i in inputs) for k in inputs[0]["seconds"]}
+        mean = {part: {k: statistics.fmean(i[part][k] for i in inputs) for k in inputs[0][part]}
+                for part in ("seconds", "occupancy")}
+        seconds = mean["seconds"]
         pairs = [p for i in inputs for p in expand(i["responses"])]
-        out[arm] = {"seeds": len(runs), "steps": mean(r["steps"] for r in runs),
-                    "steps_per_min": mean(r["steps_per_minute"] for r in runs), "seconds": seconds,
+        out[arm] = {"seeds": len(runs), "steps": statistics.fmean(r["steps"] for r in runs),
+                    "steps_per_min": statistics.fmean(r["steps_per_minute"] for r in runs), "seconds": seconds,
                     "other_s": other_s(seconds, asynchronous="wait" in seconds),
-                    "occupancy": {k: mean(i["occupancy"][k] for i in inputs) for k in inputs[0]["occupancy"]},
+                    "occupancy": mean["occupancy"],
                     "batches": [b for i in inputs for b in i["batches"]], "responses": histogram(pairs)}
     times = [i["started"] for found in arms.values() for _, i in found["runs"]]
     span = [time.strftime("%Y-%m-%d %H:%M", time.gmtime(t)) for t in (min(times), max(times))]

@@ -1,7 +1,7 @@
-"""The fleet model's measured inputs and its calibration (``benchmarks.fleet_measure``, ``benchmarks.fleet_calibration``,
-``benchmarks.fleet_model --measured``): a run folder written here by hand (TensorBoard scalars, rollout dumps) read
-back into the model's inputs, the decode-speed fit and the trainer's other seconds against hand-worked numbers, and
-the committed measurement predicted within the model's target."""
+"""The fleet model's measured inputs and its calibration (``benchmarks.fleet_measure``,
+``benchmarks.fleet_calibration``, ``benchmarks.fleet_model --measured``): a run folder written here by hand
+(TensorBoard scalars, rollout dumps) read back into the model's inputs, the decode-speed fit and the trainer's other
+seconds against hand-worked numbers, and the committed measurement predicted within the model's target."""
 
 import gzip
 import json

@@ -123,7 +123,7 @@ def test_command_prints_calibration_and_plan(capsys):
     assert fleet_model.main(["--calibrate", "--gpus", "8"]) == 0
     out = capsys.readouterr().out
     assert "| stream_s1 | steps_per_min |" in out and "| 8 |" in out and "assumption" in out
-    assert f"Inputs read from {fleet_model.shown(fleet_model.MEASURED_FILE)}." in out  # where the measured inputs came from
+    assert f"Inputs read from {fleet_model.shown(fleet_model.MEASURED_FILE)}." in out  # where they came from
 
 
 def test_no_warm_up_counts_the_cold_first_step():
