@@ -141,3 +141,15 @@ def test_measured_settings_that_cannot_apply_are_errors(tmp_path, capsys):
     fleet_json = write_benchmark(tmp_path / "bench", arm="fleet_s1")
     with pytest.raises(ValueError, match="no in-line arm"):
         fleet_model.measure(fleet_json, fleet_json)
+
+
+def test_the_models_arms_run_the_benchmarks_settings():
+    from benchmarks import fleet
+
+    assert set(fleet_calibration.ARMS) == set(fleet.ARMS)
+    for name, flags in fleet.ARMS.items():
+        setting = dict(zip(flags, flags[1:]))
+        schedule = fleet_calibration.ARMS[name]
+        assert schedule["max_staleness"] == int(setting.get("--model.hosts.max_staleness", 0)), name
+        assert schedule["max_in_flight"] == int(setting.get("--model.hosts.max_in_flight", 0)), name
+        assert (schedule["mode"] == "streaming") == ("--model.hosts.max_in_flight" in setting), name
