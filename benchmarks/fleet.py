@@ -28,7 +28,9 @@ streaming, the mean stream batches a step's
 groups came from (``pipeline/fleet_spread``), the groups generated again (``pipeline/fleet_regenerated``) and, per
 step, the groups a push left over the bound, aborted in the engine, and their wasted tokens
 (``pipeline/fleet_aborted_groups``, ``pipeline/fleet_aborted_tokens``).
-Written to ``<out>/fleet.{json,md,png}``.
+Written to ``<out>/fleet.{json,md,png}``; ``fleet.json`` holds, per run, the fleet model's inputs as well
+(``benchmarks.fleet_measure.run_inputs``: phase seconds a step, each step's batch size, the response distribution),
+which ``python -m benchmarks.fleet_model --calibrate --measured <out>/fleet.json <1-thread out>/fleet.json`` reads.
 
 Targets: the fleet at S = 1 at least 1.5x the steps per minute of in line and no slower to 80%;
 streaming engine fill at least 0.9 on this workload against the batch shares' figure.
@@ -38,11 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
 
-from benchmarks import async_pipeline
+from benchmarks import async_pipeline, fleet_measure
 from zerotir import metric_names as mn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace, arm: str, seed: int) -> dict:
     for key, tag in ABORTED.items():  # per step: the groups a push left over the bound, and their wasted tokens
         if tag in series and len(series[tag]):
             out["occupancy"][key] = float(series[tag].mean())
+    out["model_inputs"] = fleet_measure.run_inputs(run_dir)  # benchmarks.fleet_model --measured reads them
     return out
 
 
@@ -118,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run(args, arm, seed) for seed in args.seeds for arm in args.arms]
     rows = async_pipeline.summary(runs, args.arms, PROFILE, baseline="inline")
     table = markdown(runs, rows, args.target)
-    command = "python -m benchmarks.fleet " + " ".join(argv if argv is not None else sys.argv[1:])
+    threads = os.environ.get("OMP_NUM_THREADS")  # the 1-thread in-line run is told apart by it
+    command = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m benchmarks.fleet " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     (args.out / "fleet.json").write_text(json.dumps({"command": command.strip(), "runs": runs, "summary": rows},
                                                     indent=1) + "\n")
     (args.out / "fleet.md").write_text(f"`{command.strip()}`\n\n{table}")

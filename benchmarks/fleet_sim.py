@@ -314,11 +314,11 @@ class Simulation:
         span = self.step_end[-1] - t0
         area0, busy0 = self.snapshots[w - 1] if w else (0.0, 0.0)
         area, busy = self.snapshots[-1]
-        K = len(self.engines)
-        stale = [s for step in self.stale[w:] for s in step]
+        K, n = len(self.engines), len(self.step_end)  # an update begun after the last step's end is not counted
+        stale = [s for step in self.stale[w:n] for s in step]
         return Prediction(steps_per_s=(len(self.step_end) - w) / span, engine_busy=(busy - busy0) / (K * span),
                           engine_fill=(area - area0) / (K * self.cap * span),
-                          trainer_wait_s=sum(self.waits[w:]) / len(self.waits[w:]),
+                          trainer_wait_s=sum(self.waits[w:n]) / (n - w),
                           staleness_mean=sum(stale) / len(stale), staleness_max=max(stale),
                           regenerated=self.regenerated)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import fleet_model
+from benchmarks import fleet_measure, fleet_model
 from benchmarks.fleet_sim import Fleet, PhaseCosts, Simulation, simulate
 
 # a decode step of b trajectories: 0.01 + (b - 1) * 0.001 s; an update: 0.001 s a token on one device
@@ -108,22 +108,31 @@ def test_settings_that_cannot_apply_are_errors(capsys):
 def test_distribution_from_a_runs_dumps(tmp_path):
     rollouts = tmp_path / "rollouts"
     rollouts.mkdir()
-    rows = [{"response_tokens": 30, "calls": 0}, {"response_tokens": 250, "calls": 2}]
+    rows = [{"response_tokens": 30, "sampled_tokens": 30, "calls": 0},
+            {"response_tokens": 250, "sampled_tokens": 200, "calls": 2}]  # 50 tokens of tool output, prefilled
     with gzip.open(rollouts / "step_1.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     with gzip.open(rollouts / "val_step_1.jsonl.gz", "wt") as f:  # held-out rows are not the training workload
-        f.write(json.dumps({"response_tokens": 999, "calls": 9}) + "\n")
-    assert fleet_model.distribution_from_dumps(tmp_path) == [(30, 0), (250, 2)]
-    with pytest.raises(FileNotFoundError, match="--dumps"):
-        fleet_model.distribution_from_dumps(tmp_path / "nothing")
+        f.write(json.dumps({"response_tokens": 999, "sampled_tokens": 999, "calls": 9}) + "\n")
+    assert fleet_measure.distribution_from_dumps(tmp_path) == [(30, 0), (200, 2)]
+    with pytest.raises(FileNotFoundError, match="no step_"):
+        fleet_measure.distribution_from_dumps(tmp_path / "nothing")
 
 
 def test_command_prints_calibration_and_plan(capsys):
     assert fleet_model.main(["--calibrate", "--gpus", "8"]) == 0
     out = capsys.readouterr().out
-    assert "| batch shares, S = 1 |" in out and "| 8 |" in out and "assumption" in out
+    assert "| stream_s1 | steps_per_min |" in out and "| 8 |" in out and "assumption" in out
+    assert f"Inputs read from {fleet_model.shown(fleet_model.MEASURED_FILE)}." in out  # where they came from
 
 
+def test_no_warm_up_counts_the_cold_first_step():
+    # shares, S = 1, update-bound (generation 1.3 s, update 4.0 s, push 0.05 s), every step counted: the first waits
+    # for batch 0's generation with nothing ahead (1.3 s), then 3 x (4.0 + 0.05): 3 steps in 13.45 s
+    costs = PhaseCosts(100.0, 1000.0, 0.01, push_s_per_gb=0.5, weights_gb=0.1)
+    p = simulate(costs, fleet("shares", max_staleness=1, steps=3, warmup_steps=0), [(100, 0)])
+    assert p.steps_per_s == pytest.approx(3 / 13.45)
+    assert p.trainer_wait_s == pytest.approx(1.3 / 3)  # the first step's wait, over the 3 steps
 def test_admission_is_paid_once_a_share_and_once_a_streamed_group():
     # in line: one admission (0.2 s) for the batch, then 100 steps at 4 trajectories (1.3 s)
     costs = PhaseCosts(100.0, 1000.0, 0.0, admission_s=0.2)
