@@ -15,7 +15,8 @@ Where each input comes from (every one printed with it by ``inputs_table``):
 - the trainer's other seconds a step: each arm's step less what the model simulates (``fleet_measure.other_s``);
 - the response (tokens, calls) pairs: each arm's own dumps, every training record of every seed.
 
-The in-line arm with torch's threads decodes at its own fitted speed; the asynchronous arms at the 1-thread one.
+The in-line arm with torch's threads decodes on the 1-thread curve scaled to its own steps (one parameter: its
+steps vary too little to separate the two); the asynchronous arms at the 1-thread speed.
 Measured steps per minute count every step of a run, the first (nothing generated ahead) included, so the
 simulation does too (no warm-up left out).
 """
@@ -36,15 +37,21 @@ TOY = dict(prompts_per_step=16, samples_per_prompt=8, engines=1, train_devices=1
 TARGET = 0.15  # steps per minute within 15% of each measured arm
 
 
-def decode_fit(batches: list[dict]) -> tuple[float, float]:
+def decode_fit(batches: list[dict], shape: tuple[float, float] | None = None) -> tuple[float, float]:
     """(tokens_per_s_batch1, tokens_per_s_saturated) fitted to in-line steps: ``generation`` seconds against the
-    batch's ``max_tokens`` decode steps and its ``tokens - max_tokens`` extra trajectory-steps."""
+    batch's ``max_tokens`` decode steps and its ``tokens - max_tokens`` extra trajectory-steps. ``shape``: another
+    fit of the same model (the 1-thread arm's), whose curve is kept and only scaled to these steps (one parameter,
+    for an arm whose steps vary too little to separate the two)."""
     rows = [b for b in batches if b["generation"] is not None]
     if len(rows) < 3:
         raise ValueError(f"decode fit: {len(rows)} in-line steps with time/generation; give an in-line arm's "
                          "fleet.json with 3 steps or more")
     x = np.array([[b["max_tokens"], b["tokens"] - b["max_tokens"]] for b in rows], dtype=float)
     y = np.array([b["generation"] for b in rows])
+    if shape is not None:
+        curve = x @ np.array([1.0 / shape[0], 1.0 / shape[1]])
+        scale = float(curve @ y / (curve @ curve))
+        return shape[0] / scale, shape[1] / scale
     (per_step, per_extra), *_ = np.linalg.lstsq(x, y, rcond=None)
     if per_step <= 0 or per_extra <= 0:
         raise ValueError(f"decode fit: seconds a decode step {per_step:.3g}, a trajectory more {per_extra:.3g}; "
@@ -76,7 +83,7 @@ def calibrate(measured: dict) -> list[dict]:
     for name, arm in measured["arms"].items():
         if name not in ARMS:
             raise ValueError(f"arm {name!r}: the model knows benchmarks.fleet's arms {sorted(ARMS)}")
-        decode = decode_fit(arm["batches"]) if name == "inline" else one_thread
+        decode = decode_fit(arm["batches"], one_thread) if name == "inline" else one_thread
         p = predict(name, arm, decode)
         s = arm["seconds"]
         pairs = [("steps_per_min", 60 * p.steps_per_s, arm["steps_per_min"])]
@@ -98,7 +105,7 @@ def inputs_table(measured: dict) -> list[str]:
              f"{1e3 / one_thread[1]:.3f} ms a decode step: fitted to the 1-thread in-line arm's "
              f"{len(measured['inline_1t']['batches'])} steps (time/generation against each batch's dumped lengths)"]
     for name, arm in measured["arms"].items():
-        decode = decode_fit(arm["batches"]) if name == "inline" else one_thread
+        decode = decode_fit(arm["batches"], one_thread) if name == "inline" else one_thread
         c = arm_costs(arm, decode)
         lines.append(f"- {name} ({arm['seeds']} seeds, {arm['steps']:.0f} steps): update "
                      f"{c.update_s_per_token * 1e3:.3f} ms a token (time/update), trainer other "
@@ -107,7 +114,7 @@ def inputs_table(measured: dict) -> list[str]:
                      f"{c.tool_call_latency_s:.3f} s (time/sandbox over calls), responses: "
                      f"{sum(n for *_, n in arm['responses'])} dumped records"
                      + (f", decode {decode[0]:.0f} tokens/s at batch 1, {1e3 / decode[1]:.3f} ms a trajectory "
-                        "more (its own fit)" if name == "inline" else ""))
+                        "more (the 1-thread curve scaled to its steps)" if name == "inline" else ""))
     return lines
 
 

@@ -87,6 +87,15 @@ def test_decode_fit_recovers_the_decode_step():
         fleet_calibration.decode_fit(batches[:2])
 
 
+def test_a_decode_fit_on_a_given_curve_scales_it_alone():
+    """Steps decoding twice as fast as the curve 2 ms a step + 0.1 ms a trajectory more: the curve halved, its
+    shape kept, however little the steps vary."""
+    batches = [dict(generation=(0.002 * max(t) + 0.0001 * (sum(t) - max(t))) / 2, max_tokens=max(t), tokens=sum(t))
+               for t, _ in STEPS]
+    batch1, saturated = fleet_calibration.decode_fit(batches, (1 / 0.002, 1 / 0.0001))
+    assert batch1 == pytest.approx(2 / 0.002) and saturated == pytest.approx(2 / 0.0001)
+
+
 def test_the_trainers_other_seconds_are_the_step_less_the_simulated_phases():
     seconds = dict(step=2.0, update=1.0, push=0.1, wait=0.6, reward=0.2, generation=0.5, sandbox=0.05)
     # asynchronous: 2.0 - 1.0 - 0.1 - 0.6 (the wait, simulated) + 0.2 (the scoring within the wait) = 0.5
