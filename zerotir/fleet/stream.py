@@ -76,8 +76,9 @@ class _Done:
 class StreamStats:
     """What the stream did so far: wall seconds since it started, seconds with at least one trajectory in flight,
     trajectory-seconds in flight (their integral over time), the seconds with at least one job waiting in the inbox
-    (work there was, admitted or not: room full, a push pausing admission, or the thread not yet at its next turn) and the trajectory-seconds in flight during those, groups done, and the groups aborted at a push over
-    the staleness bound (``zerotir.fleet.hub``) with the tokens their finished segments had sampled (wasted)."""
+    (work there was, admitted or not: room full, a push pausing admission, or the thread not yet at its next turn)
+    and the trajectory-seconds in flight during those, groups done, and the groups aborted at a push over the
+    staleness bound (``zerotir.fleet.hub``) with the tokens their finished segments had sampled (wasted)."""
 
     wall: float = 0.0
     busy: float = 0.0

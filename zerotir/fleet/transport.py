@@ -6,9 +6,9 @@
   copied from the actor between two of its engine steps; ``model.hosts`` without ``model.hosts.engines``.
 
 Either way a host's rollouts are calls, ``transport.roll_out(handle, calls)`` (Ray actor methods, or futures of the
-thread host's): the jobs of every call made together queued at once, and in the order the calls were made, so the source, its schedule and its
-recovery are one code path (``zerotir.fleet.source``); the transport answers what differs: starting the hosts,
-waiting on their calls and ending them.
+thread host's): the jobs of the calls made together queued at once, in the order the calls were made, so the
+source, its schedule and its recovery are one code path (``zerotir.fleet.source``); the transport answers what
+differs: starting the hosts, waiting on their calls and ending them.
 """
 
 from __future__ import annotations
