@@ -2,7 +2,7 @@
 
 The findings and their verdict rules are ``toy_findings_rules.py``; this file draws the figures with matplotlib's
 object API into ``<docs>/findings/`` and writes the Markdown. The size and budget sweeps also get the scaling report
-of ``python -m zerotir scaling --group-by`` (``zerotir.scaling.report``).
+of ``zerotir.scaling.report`` (``python -m zerotir scaling``), grouped by size and by budget.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def markdown(results: dict, figures: dict, bases: list[dict], command: str, swep
         if name and name not in seen:
             seen.append(name)
             lines += [f"Finding {k}: ![finding {k}](findings/{name})", ""]
-    lines += ["The size and budget sweeps also have the full scaling report (`python -m zerotir scaling --group-by "
-              "params` / `--group-by model.tool.max_tool_calls`): findings/sizes/scaling.md, "
+    lines += ["The size and budget sweeps also have the full scaling report (`zerotir.scaling.report` over the "
+              "sweep's runs, grouped by `params` / `model.tool.max_tool_calls`): findings/sizes/scaling.md, "
               "findings/budgets/scaling.md. Numbers: findings/findings.json."]
     return "\n".join(lines) + "\n"

@@ -14,17 +14,27 @@ Each other command is classified with a reason the test checks (``plan``):
 * one that needs a GPU (``trainer.accelerator: gpu``), several processes (``trainer.devices`` > 1), a toy base not
   built yet (minutes of pretraining), a previous run's checkpoint or exported model: ``--print_config`` as written;
 * ``--help``, ``--print_config``: as written; the other subcommands (``toy-base``, ``scaling``, ``rollouts``,
-  ``export``) and a bare ``fit``: their ``--help``, and each option the command names is one of theirs;
-* ``bash scripts/...``, ``python -m benchmarks.<name>`` and ``tensorboard``: the script, module or program is there;
+  ``export``): their arguments parsed as written, values included (a stale choice fails), stopped before they run
+  (``parse_only``); a bare ``fit``: its ``--help``;
+* ``python -m benchmarks.<name> ...``: the module run as written up to its argument parser, which reads every
+  argument and value, then stopped (``parse_only``);
+* ``bash scripts/...`` and ``tensorboard``: the script or program is there;
 * a placeholder (``...``, ``X``, ``a | b``, ``[OPTIONAL]``): not a command; the placeholder is checked to be there.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import re
+import runpy
 import shlex
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import jsonargparse
 
 import pytest
 
@@ -88,11 +98,15 @@ def plan(command: str) -> tuple[str, str]:
         return "header", "a config's first line: tests/test_configs.py parses it and runs it"
     if PLACEHOLDER.search(command):
         return "placeholder", f"{PLACEHOLDER.search(command).group(0).strip()!r} stands for the reader's value"
+    if command.startswith("python -m benchmarks"):
+        return "parses", "a benchmark: its parser reads the arguments as written"
     if not command.startswith("python -m zerotir "):
         return "exists", "not a zerotir run: what it names must be there"
     args = shlex.split(command)[3:]
-    if args[0] not in CLI_COMMANDS or args == [args[0]]:
-        return "options", "a subcommand named (with its options): its --help lists them"
+    if args == ["fit"]:
+        return "options", "a bare fit: its --help answers"
+    if args[0] not in CLI_COMMANDS:
+        return "parses", "a subcommand: its parser reads the arguments as written"
     if "--help" in args or "--print_config" in args:
         return "in_process", "parses its arguments and answers"
     files = config_files(args)
@@ -132,9 +146,40 @@ def run_main(args: list[str]) -> int:
     return 0
 
 
-def _subcommand_options(command: str, capsys) -> str:
-    assert run_main([command, "--help"]) == 0, f"{command} --help fails"
-    return capsys.readouterr().out
+class _Parsed(BaseException):
+    """Raised by a parser once it has read a command's arguments: the command stops there, before it runs (a
+    BaseException, so no ``except Exception`` of the command takes it for a failure)."""
+
+
+@contextmanager
+def parse_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """argparse's and jsonargparse's ``parse_args`` read the arguments (an unknown option, a value of the wrong type
+    or outside its choices exits as for a reader), then raise ``_Parsed``."""
+    for parser in (argparse.ArgumentParser, jsonargparse.ArgumentParser):
+        def stop(self, *args, _parse=parser.parse_args, **kwargs):
+            _parse(self, *args, **kwargs)
+            raise _Parsed
+
+        monkeypatch.setattr(parser, "parse_args", stop)
+    yield
+
+
+def parsed(run: Callable[[], object], monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """None when ``run`` got as far as its parser having read its arguments, else what happened instead."""
+    with parse_only(monkeypatch):
+        try:
+            run()
+        except _Parsed:
+            return None
+        except SystemExit as exc:
+            return f"exits with {exc.code} before its arguments were read"
+    return "returned without reading its arguments"
+
+
+def run_module(module: str, args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m <module> <args>`` in this process."""
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 @pytest.mark.e2e
@@ -151,15 +196,18 @@ def test_the_documented_command_runs(command, tmp_path, monkeypatch, capsys):
     elif kind == "exists":
         if words[0] == "bash":
             assert (REPO / words[1]).is_file(), f"{where}: {words[1]} is not there"
-        elif words[0] == "tensorboard":  # the logs it names are a run's; the program comes with the install
+        else:  # tensorboard: the logs it names are a run's; the program comes with the install
             assert importlib.util.find_spec("tensorboard") is not None, f"{where}: tensorboard is not installed"
-        else:
+    elif kind == "parses":
+        if words[2].startswith("benchmarks"):
             module = words[2]
             assert importlib.util.find_spec(module) is not None, f"{where}: no module {module}"
-    elif kind == "options":  # toy-base, scaling, rollouts, export; a bare `fit`
-        options = _subcommand_options(words[3], capsys)
-        for option in (w.split("=")[0] for w in words[4:] if w.startswith("--")):
-            assert option in options, f"{where}: {words[3]} has no option {option}"
+            failed = parsed(lambda: run_module(module, words[3:], monkeypatch), monkeypatch)
+        else:
+            failed = parsed(lambda: entry.main(words[3:]), monkeypatch)
+        assert failed is None, f"{where}: `{command}` {failed}:\n{capsys.readouterr().err[-2000:]}"
+    elif kind == "options":  # a bare `fit`
+        assert run_main([words[3], "--help"]) == 0, f"{where}: {words[3]} --help fails"
     elif kind in ("in_process", "print_config"):
         args = words[3:] + ([] if kind == "in_process" or "--print_config" in words else ["--print_config"])
         status = run_main(args)
@@ -191,3 +239,18 @@ def test_the_commands_are_collected_from_code_blocks_spans_and_headers():
     every_config = {str(p.relative_to(REPO)) for p in REPO.joinpath("configs").rglob("*.yaml")}
     headers = {f for c, files in COMMANDS.items() for f in files if f.endswith(".yaml")}
     assert headers == every_config  # every config's first line is collected
+
+
+def test_a_stale_value_fails_where_its_option_name_alone_would_pass(monkeypatch, capsys):
+    """The check reads values too: a ``--filter`` choice or a benchmark arm that no longer exists fails, while the
+    option names are the commands' own."""
+    monkeypatch.chdir(REPO)
+    rollouts = ["rollouts", "runs/toy_cpu", "--filter"]
+    assert parsed(lambda: entry.main([*rollouts, "tool"]), monkeypatch) is None
+    assert parsed(lambda: entry.main([*rollouts, "code"]), monkeypatch) == \
+        "exits with 2 before its arguments were read"
+    assert "invalid choice: 'code'" in capsys.readouterr().err
+    assert parsed(lambda: run_module("benchmarks.fleet", ["--arms", "stream_s1"], monkeypatch), monkeypatch) is None
+    assert parsed(lambda: run_module("benchmarks.fleet", ["--arms", "stream_s2"], monkeypatch), monkeypatch) is not None
+    assert parsed(lambda: run_module("benchmarks.stream_fill", ["--prompts", "many"], monkeypatch), monkeypatch) \
+        is not None
